@@ -1,0 +1,57 @@
+"""Exceptions raised by Pynox itself.
+
+A failure of the *sandboxed* code (it raised, timed out, hit a limit, was
+denied a path) is never an exception: it is a :class:`pynox.Result`. These
+exceptions are for our failures and for misuse by the host application::
+
+    PynoxError
+    ├── ConfigError            a bad pynox.toml, a bad unit, a bad option
+    ├── RequestError           a request the pool refuses before anything runs
+    ├── KernelSupportError     this kernel cannot enforce the policy (fail closed)
+    ├── SandboxSetupError      the policy could not be applied to one job
+    └── PoolError              the pool process or a template broke
+        └── PoolWorkerError    one worker (template) died under a job
+
+The names ``RequestError``, ``SandboxSetupError`` and ``PoolWorkerError`` are
+also the ``error.type`` strings of the matching results in the protocol.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "KernelSupportError",
+    "PoolError",
+    "PoolWorkerError",
+    "PynoxError",
+    "RequestError",
+    "SandboxSetupError",
+]
+
+
+class PynoxError(Exception):
+    """Base class of every exception Pynox raises."""
+
+
+class ConfigError(PynoxError, ValueError):
+    """A configuration value, file or option is invalid."""
+
+
+class RequestError(PynoxError, ValueError):
+    """A request was refused before anything ran: malformed, or outside the ceiling."""
+
+
+class KernelSupportError(PynoxError):
+    """The kernel lacks a feature the policy needs; Pynox refuses to run code unconfined."""
+
+
+class SandboxSetupError(PynoxError):
+    """Applying the policy to a job failed, so its code never ran."""
+
+
+class PoolError(PynoxError):
+    """The pool process or one of its templates failed."""
+
+
+class PoolWorkerError(PoolError):
+    """A worker (template process) died or misbehaved while serving a job."""

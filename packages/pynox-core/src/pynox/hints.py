@@ -1,0 +1,77 @@
+"""Hints written for a model: what the sandbox refused and which grant the host could give.
+
+The model cannot grant itself anything; a hint tells it what to ask for, or to
+work within what it has. ``style`` says how grants are spelled: keyword
+arguments of the API (``allow_read=["/data"]``) or flags of ``pynox run``
+(``--allow-read /data``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+from .units import format_duration, format_size
+
+__all__ = [
+    "memory_hint",
+    "network_hint",
+    "path_hint",
+    "subprocess_hint",
+    "timeout_hint",
+]
+
+Style = Literal["api", "cli"]
+
+
+def _grant(style: Style, flag: str, value: str) -> str:
+    if style == "cli":
+        return f"--{flag.replace('_', '-')} {value}"
+    return f'{flag}=["{value}"]'
+
+
+def _beneath(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def path_hint(path: str, cwd: str, read: Sequence[str], write: Sequence[str], style: Style) -> str:
+    """Why ``path`` was denied and which grant would allow it."""
+    absolute = os.path.normpath(os.path.join(cwd, path))
+    if any(_beneath(absolute, granted) for granted in read):
+        return (f"{absolute} is readable but not writable in this sandbox. To modify it the host must grant "
+                f"{_grant(style, 'allow_write', absolute)}.")
+    granted = ", ".join(sorted({*read, *write})) or "none"
+    return (f"{absolute} is outside the paths this sandbox may access (granted: {granted}). Work within "
+            f"the granted paths, or ask the host to grant {_grant(style, 'allow_read', absolute)} to read it "
+            f"({_grant(style, 'allow_write', absolute)} to write it).")
+
+
+def subprocess_hint() -> str:
+    return ("Starting programs or processes (subprocess, os.system, os.fork, multiprocessing) is not allowed "
+            "in this sandbox, and no grant allows it. Do the work in Python within this process; threads work.")
+
+
+def network_hint(network: bool, style: Style) -> str:
+    if network:
+        return "This kind of socket is not allowed in this sandbox, even with the network granted."
+    grant = "--allow-network" if style == "cli" else "allow_network=True"
+    return f"Network access is not allowed in this sandbox. The host can grant it with {grant}."
+
+
+def memory_hint(memory: int, style: Style) -> str:
+    grant = f"--memory {format_size(memory * 2)}" if style == "cli" else f'memory="{format_size(memory * 2)}"'
+    return (f"The code ran out of memory (limit {format_size(memory)}). Reduce allocations (process data "
+            f"in chunks, use smaller types), or ask the host for more, e.g. {grant}.")
+
+
+def timeout_hint(timeout: float, style: Style) -> str:
+    grant = "--timeout" if style == "cli" else "timeout="
+    return (f"The code ran longer than its {format_duration(timeout)} limit and was stopped. Make it faster "
+            f"(check for endless loops or waits), or ask the host for a longer {grant}.")
+
+
+def file_size_hint(max_file_size: int, style: Style) -> str:
+    grant = "--max-file-size" if style == "cli" else "max_file_size="
+    return (f"A file grew past the {format_size(max_file_size)} limit on file size. Write less, or ask the "
+            f"host for a larger {grant}.")

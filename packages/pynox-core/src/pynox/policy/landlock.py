@@ -1,0 +1,153 @@
+"""Landlock through raw system calls: files, TCP and scoping, for every right the ABI knows.
+
+Landlock denies every access right a ruleset *handles* unless a rule grants it.
+We handle every right the running kernel's ABI defines, so an access type the
+policy forgot about is denied rather than silently allowed, and grant:
+
+* read-only (execute, read file, read directory) on the runtime paths and the
+  request's ``allow_read``;
+* every right on the request's ``allow_write``;
+* no TCP bind or connect unless the network is granted (ABI 4 and later);
+* signal and abstract unix socket scoping (ABI 6 and later), so a job can
+  neither signal nor connect to anything outside its own domain: not the
+  template, not the pool, not another job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from collections.abc import Iterable
+
+from ._libc import syscall
+
+__all__ = [
+    "ACCESS_FS_READ",
+    "abi_version",
+    "build_ruleset",
+    "fs_rights",
+    "restrict_self",
+]
+
+_SYS_CREATE_RULESET = 444  # the same number on every architecture
+_SYS_ADD_RULE = 445
+_SYS_RESTRICT_SELF = 446
+_CREATE_RULESET_VERSION = 1 << 0
+_RULE_PATH_BENEATH = 1
+
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+REFER = 1 << 13  # ABI 2
+TRUNCATE = 1 << 14  # ABI 3
+IOCTL_DEV = 1 << 15  # ABI 5
+ACCESS_FS_READ = EXECUTE | READ_FILE | READ_DIR
+# Rights that mean something on a file (not a directory); a file rule with any other is EINVAL.
+_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+
+NET_BIND_TCP = 1 << 0  # ABI 4
+NET_CONNECT_TCP = 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def abi_version() -> int:
+    """The Landlock ABI of the running kernel, or 0 when Landlock is absent or disabled."""
+    try:
+        return syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION,
+                       what="landlock_create_ruleset")
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+            return 0
+        raise
+
+
+def fs_rights(abi: int) -> int:
+    """Every filesystem right the ABI defines."""
+    rights = (1 << 13) - 1  # EXECUTE .. MAKE_SYM, ABI 1
+    if abi >= 2:
+        rights |= REFER
+    if abi >= 3:
+        rights |= TRUNCATE
+    if abi >= 5:
+        rights |= IOCTL_DEV
+    return rights
+
+
+def _attr_size(abi: int) -> int:
+    # The struct grew with the ABI; an older kernel rejects a larger one with non-zero tail.
+    if abi >= 6:
+        return 24
+    if abi >= 4:
+        return 16
+    return 8
+
+
+def build_ruleset(
+    abi: int,
+    read: Iterable[str],
+    write: Iterable[str],
+    *,
+    network: bool,
+    optional_read: Iterable[str] = (),
+) -> int:
+    """Create a ruleset and return its descriptor; the caller enforces it with :func:`restrict_self`.
+
+    ``read`` and ``write`` must exist (a missing grant is an error: a typo must
+    not pass unnoticed); ``optional_read`` paths are skipped when absent (runtime
+    paths that differ between distributions).
+    """
+    handled_fs = fs_rights(abi)
+    attr = _RulesetAttr(handled_fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and not network else 0,
+                        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    ruleset = syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_attr_size(abi)), 0,
+                      what="landlock_create_ruleset")
+    try:
+        for path in optional_read:
+            _add_path(ruleset, path, ACCESS_FS_READ, missing_ok=True)
+        for path in read:
+            _add_path(ruleset, path, ACCESS_FS_READ, missing_ok=False)
+        for path in write:
+            _add_path(ruleset, path, handled_fs, missing_ok=False)
+    except BaseException:
+        os.close(ruleset)
+        raise
+    return ruleset
+
+
+def _add_path(ruleset: int, path: str, rights: int, *, missing_ok: bool) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise FileNotFoundError(errno.ENOENT, "granted path does not exist", path) from None
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            rights &= _FILE_RIGHTS
+        rule = _PathBeneathAttr(rights, fd)
+        syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0,
+                what=f"landlock_add_rule({path})")
+    finally:
+        os.close(fd)
+
+
+def restrict_self(ruleset: int) -> None:
+    """Enforce the ruleset on this thread (the child is single-threaded); needs no_new_privs."""
+    syscall(_SYS_RESTRICT_SELF, ruleset, 0, what="landlock_restrict_self")

@@ -1,0 +1,37 @@
+"""Resource limits of one job: memory, CPU, file size, descriptors, no core dumps.
+
+Memory is bounded by ``RLIMIT_DATA`` (private writable memory: heap, anonymous
+mmap), which is what a Python allocation consumes. ``RLIMIT_AS`` would count
+address space that is reserved but never used (thread stacks, glibc arenas,
+BLAS buffers) and make a 256 MiB limit unusable with numpy loaded; it is kept
+as a looser backstop for shared mappings, which ``RLIMIT_DATA`` does not see.
+The wall-clock timeout is enforced from outside by the pool (SIGKILL);
+``RLIMIT_CPU`` is only a backstop should that ever fail.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import signal
+
+__all__ = ["ADDRESS_SPACE_HEADROOM", "apply_limits"]
+
+ADDRESS_SPACE_HEADROOM = 1 << 30
+
+
+def _set(which: int, value: int) -> None:
+    resource.setrlimit(which, (value, value))
+
+
+def apply_limits(*, memory: int, timeout: float, max_file_size: int | None, max_open_files: int) -> None:
+    _set(resource.RLIMIT_CORE, 0)
+    _set(resource.RLIMIT_DATA, memory)
+    _set(resource.RLIMIT_AS, memory + ADDRESS_SPACE_HEADROOM)
+    cpu = math.ceil(timeout) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    _set(resource.RLIMIT_NOFILE, max_open_files)
+    if max_file_size is not None:
+        # Ignored, SIGXFSZ becomes EFBIG: Python raises OSError instead of the process dying.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        _set(resource.RLIMIT_FSIZE, max_file_size)

@@ -1,0 +1,89 @@
+"""Privileges: an optional unprivileged identity, then no capabilities and no way to gain any.
+
+The pool often runs as root. A job keeps uid 0 unless the operator asks for
+another, but without a single capability, with every capability dropped from
+the bounding and ambient sets, with ``SECBIT_NOROOT`` locked and with
+``no_new_privs``, root in the sandbox is no stronger than any user.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from ._libc import libc, prctl
+
+__all__ = ["drop_privileges", "switch_user"]
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_SET_SECUREBITS = 28
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+# NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE, each with its lock bit.
+_SECURE_NOROOT = 1 << 0
+_SECURE_NOROOT_LOCKED = 1 << 1
+_SECURE_NO_SETUID_FIXUP = 1 << 2
+_SECURE_NO_SETUID_FIXUP_LOCKED = 1 << 3
+_SECURE_KEEP_CAPS_LOCKED = 1 << 5
+_SECURE_NO_CAP_AMBIENT_RAISE = 1 << 6
+_SECURE_NO_CAP_AMBIENT_RAISE_LOCKED = 1 << 7
+_SECUREBITS = (
+    _SECURE_NOROOT | _SECURE_NOROOT_LOCKED | _SECURE_NO_SETUID_FIXUP | _SECURE_NO_SETUID_FIXUP_LOCKED
+    | _SECURE_KEEP_CAPS_LOCKED | _SECURE_NO_CAP_AMBIENT_RAISE | _SECURE_NO_CAP_AMBIENT_RAISE_LOCKED
+)
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _last_capability() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 63  # drop every bit that could ever exist; unknown ones fail with EINVAL and are skipped
+
+
+def switch_user(uid: int, gid: int) -> None:
+    """Become ``uid:gid`` with no supplementary groups (root only; an error otherwise)."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """Die with ``signum`` when the parent dies; cleared by a credential change, so set it after one."""
+    prctl(_PR_SET_PDEATHSIG, signum, what="PR_SET_PDEATHSIG")
+
+
+def drop_privileges() -> None:
+    """Drop every capability from every set, lock the securebits, set no_new_privs and non-dumpable."""
+    if os.geteuid() == 0:
+        # Without NOROOT, root would regain a full set of capabilities on exec (exec is also denied).
+        prctl(_PR_SET_SECUREBITS, _SECUREBITS, what="PR_SET_SECUREBITS")
+    prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, what="clear ambient capabilities")
+    for cap in range(_last_capability() + 1):
+        try:
+            prctl(_PR_CAPBSET_DROP, cap, what="PR_CAPBSET_DROP")
+        except OSError as exc:
+            # EPERM: we had no CAP_SETPCAP to begin with, so the bounding set cannot matter.
+            if exc.errno not in (22, 1):
+                raise
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset: {os.strerror(err)}")
+    prctl(_PR_SET_NO_NEW_PRIVS, 1, what="PR_SET_NO_NEW_PRIVS")
+    # Non-dumpable: no core file, and /proc/<pid> of the job is not open to other same-uid processes.
+    prctl(_PR_SET_DUMPABLE, 0, what="PR_SET_DUMPABLE")

@@ -1,0 +1,72 @@
+"""The paths a confined CPython needs to start, import and format text, granted read-only to every job.
+
+Computed once in the template, after preloading, from the live interpreter: its
+prefixes, every ``sys.path`` entry, the shared libraries it links, locale,
+time zone and certificate data. Nothing here is writable by a job, and a write
+grant that overlaps any of these paths is refused, so a job can never change
+the code the next job imports.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+from collections.abc import Iterable
+
+__all__ = ["DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "overlapping", "runtime_paths"]
+
+_SYSTEM = (
+    "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+    "/usr/share/locale", "/usr/lib/locale", "/etc/locale.alias",
+    "/usr/share/zoneinfo", "/etc/localtime", "/etc/timezone",
+    "/etc/ssl", "/etc/pki", "/etc/ca-certificates", "/usr/share/ca-certificates",
+    "/sys/devices/system/cpu",  # BLAS libraries size their thread pools from it
+)
+DEVICE_READ = ("/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
+DEVICE_WRITE = ("/dev/null",)
+# Name resolution; granted only with the network.
+NETWORK_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf",
+                 "/etc/host.conf", "/etc/services", "/etc/protocols")
+
+
+def _python_paths(package_dirs: Iterable[str]) -> list[str]:
+    paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths.update(site.getsitepackages())
+    paths.update(entry for entry in sys.path if entry)
+    paths.update(package_dirs)
+    return sorted(paths)
+
+
+def runtime_paths(package_dirs: Iterable[str] = ()) -> list[str]:
+    """Existing runtime paths, each also by its resolved name (Landlock rules attach to inodes)."""
+    found: set[str] = set()
+    for path in (*_python_paths(package_dirs), *_SYSTEM):
+        if os.path.exists(path):
+            found.add(os.path.abspath(path))
+            found.add(os.path.realpath(path))
+    # A child of another listed path adds nothing to the read grant; keep the list short.
+    return _minimal(found)
+
+
+def _minimal(paths: Iterable[str]) -> list[str]:
+    result: list[str] = []
+    for path in sorted(paths):
+        if not any(_beneath(path, kept) for kept in result):
+            result.append(path)
+    return result
+
+
+def _beneath(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def overlapping(path: str, runtime: Iterable[str]) -> str | None:
+    """The runtime path that ``path`` lies beneath or contains, if any."""
+    real = os.path.realpath(path)
+    for entry in runtime:
+        for candidate in {path, real}:
+            if _beneath(candidate, entry) or _beneath(entry, candidate):
+                return entry
+    return None

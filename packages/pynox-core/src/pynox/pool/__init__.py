@@ -1,0 +1,1 @@
+"""The pool: server, templates and the confined child."""

@@ -1,0 +1,198 @@
+"""The confined job child: the only code that runs after the policy is applied.
+
+The template forks, and the child calls :func:`run_job`, which never returns:
+it confines itself, runs the code as ``__main__``, writes one report and exits.
+If any step of the policy fails, the code never runs: the report carries
+``setup_error`` and the exit status is 125.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import errno
+import os
+import sys
+import threading
+import traceback
+import types
+from typing import NoReturn
+
+import msgspec
+
+from .. import hints
+from ..job import ErrorInfo, JobSpec, Report
+from ..policy import Runtime, confine
+
+__all__ = ["REPORT_FD", "SETUP_FAILED", "run_job"]
+
+SETUP_FAILED = 125
+STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
+_OWN_FILES = (__file__, msgspec.__file__)
+_MAX_FD = 1 << 20
+
+
+def run_job(spec: JobSpec, runtime: Runtime, stdout: int, stderr: int, report: int) -> NoReturn:
+    stage = "start a new session"
+    try:
+        os.setsid()
+        stage = "arrange descriptors"
+        _arrange_descriptors(stdout, stderr, report)
+        report = REPORT_FD
+        stage = "apply the policy"
+        _check_memory_headroom(spec.memory)
+        confine(spec, runtime)
+    except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
+        _finish(report, Report(exit=SETUP_FAILED, setup_error=f"could not {stage}: {exc}"))
+    _finish(REPORT_FD, _execute(spec))
+
+
+def _arrange_descriptors(stdout: int, stderr: int, report: int) -> None:
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    # dup2 in an order that never overwrites a descriptor still to be moved.
+    moved = [os.dup(fd) for fd in (stdout, stderr, report)]
+    for target, fd in zip((STDOUT_FD, STDERR_FD, REPORT_FD), moved, strict=True):
+        os.dup2(fd, target)
+    os.dup2(devnull, 0)
+    # Everything above the report descriptor goes, whatever the template had open.
+    os.closerange(REPORT_FD + 1, _MAX_FD)
+
+
+def _check_memory_headroom(memory: int) -> None:
+    with open("/proc/self/statm") as statm:
+        data_pages = int(statm.read().split()[5])
+    used = data_pages * os.sysconf("SC_PAGE_SIZE")
+    # The child inherits the template's heap (preloaded modules): a limit below it could not even start.
+    if memory < used + (16 << 20):
+        raise MemoryError(f"memory limit {memory >> 20} MiB is below what the runtime already uses "
+                          f"({used >> 20} MiB with its preloaded modules) plus 16 MiB to run; raise it")
+
+
+def _execute(spec: JobSpec) -> Report:
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=spec.name, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    sys.argv = [spec.name, *spec.args]
+    if spec.script is not None:
+        sys.path.insert(0, os.path.dirname(spec.script))
+    sys.path[:0] = spec.package_dirs
+    _reseed()
+    try:
+        source = spec.code if spec.code is not None else _read_script(spec.script or "")
+        exec(compile(source, spec.name, "exec"), main.__dict__)
+        _shutdown()
+    except SystemExit as exc:
+        return Report(exit=_exit_status(exc))
+    except BaseException as exc:
+        _print_traceback(exc)
+        return Report(exit=1, error=_describe(exc, spec))
+    return Report(exit=0)
+
+
+def _read_script(path: str) -> str:
+    with open(path, encoding="utf-8") as script:
+        return script.read()
+
+
+def _reseed() -> None:
+    # `random` reseeds itself at fork; numpy's legacy global generator does not.
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _shutdown() -> None:
+    # What the interpreter would do at exit: wait for non-daemon threads, run atexit hooks.
+    threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001 - no public equivalent
+    atexit._run_exitfuncs()
+
+
+def _exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    # Drop our own frames from the front: the model should see its code, not ours.
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
+    return tb
+
+
+def _print_traceback(exc: BaseException) -> None:
+    try:
+        sys.stdout.flush()
+        traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__), file=sys.stderr)
+    except Exception:  # a broken sys.stderr must not hide the report
+        pass
+
+
+def _location(exc: BaseException, name: str) -> int | None:
+    if isinstance(exc, SyntaxError) and exc.filename == name:
+        return exc.lineno
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == name:
+            line = lineno
+    return line
+
+
+def _frames_in(exc: BaseException, *modules: str) -> bool:
+    names = {os.path.basename(frame.f_code.co_filename) for frame, _ in traceback.walk_tb(exc.__traceback__)}
+    return any(module in names for module in modules)
+
+
+def _describe(exc: BaseException, spec: JobSpec) -> ErrorInfo:
+    line = _location(exc, spec.name)
+    path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
+    return ErrorInfo(type=type(exc).__name__, message=str(exc), file=spec.name if line else None,
+                     line=line, path=path, hint=_hint(exc, path, spec))
+
+
+def _hint(exc: BaseException, path: str | None, spec: JobSpec) -> str | None:
+    style = spec.hint_style
+    if isinstance(exc, MemoryError):
+        return hints.memory_hint(spec.memory, style)
+    if not isinstance(exc, OSError):
+        return None
+    if exc.errno == errno.EFBIG and spec.max_file_size is not None:
+        return hints.file_size_hint(spec.max_file_size, style)
+    if exc.errno not in (errno.EPERM, errno.EACCES, errno.ENOSYS):
+        return None
+    if _frames_in(exc, "subprocess.py", "popen_fork.py", "context.py", "pool.py", "os.py", "pty.py"):
+        return hints.subprocess_hint()
+    if _frames_in(exc, "socket.py", "ssl.py", "client.py", "request.py", "connection.py"):
+        return hints.network_hint(spec.network, style)
+    if path is not None:
+        return hints.path_hint(path, spec.cwd, spec.allow_read, spec.allow_write, style)
+    if exc.errno == errno.EPERM:
+        return ("The sandbox denied this operation (starting processes, sockets and kernel-level "
+                "operations are not allowed).")
+    return None
+
+
+def _finish(report_fd: int, report: Report) -> NoReturn:
+    """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner)."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # the job may have closed or replaced its streams
+            pass
+    try:
+        data = msgspec.json.encode(report)
+        while data:
+            data = data[os.write(report_fd, data):]
+    except OSError:
+        pass
+    for fd in (STDOUT_FD, STDERR_FD, report_fd):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os._exit(report.exit)

@@ -1,0 +1,108 @@
+"""What happened to one job, and the protocol result that says so.
+
+The exit status comes from the kernel (the template's ``wait4``), never from
+the job: a job can write anything on its report descriptor, but it cannot fake
+having been killed, or not.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from .. import hints
+from ..job import ErrorInfo, JobSpec
+from ..policy import BACKEND
+from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult
+from ..units import format_duration
+
+__all__ = ["TIMEOUT_EXIT", "Outcome", "to_result"]
+
+TIMEOUT_EXIT = 124
+SETUP_FAILED_EXIT = 125
+
+
+@dataclass
+class Outcome:
+    exit: int = 0
+    error: ErrorInfo | None = None
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
+    signal: int | None = None
+    setup_error: str | None = None
+    duration_us: int = 0
+    cpu_us: int = 0
+    max_rss_kb: int = 0
+
+    def conclude(self, spec: JobSpec) -> None:
+        """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
+        if self.timed_out or self.signal == signal.SIGXCPU:
+            self.exit = TIMEOUT_EXIT
+            self.error = ErrorInfo(type="TimeoutError",
+                                   message=f"the code did not finish within {format_duration(spec.timeout)}",
+                                   hint=hints.timeout_hint(spec.timeout, spec.hint_style))
+        elif self.setup_error is not None:
+            self.exit = SETUP_FAILED_EXIT
+            self.error = ErrorInfo(type="SandboxSetupError", message=self.setup_error)
+        elif self.signal is not None:
+            name = _signal_name(self.signal)
+            self.error = ErrorInfo(type="SignalError", message=f"the process was killed by {name}",
+                                   hint=_signal_hint(self.signal, spec))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _signal_hint(number: int, spec: JobSpec) -> str:
+    if number == signal.SIGSEGV:
+        return ("Native code crashed (segmentation fault), often a bad ctypes call or an extension module "
+                "fed invalid data.")
+    if number == signal.SIGKILL:
+        return hints.memory_hint(spec.memory, spec.hint_style) + " (killed without warning: memory is the usual cause)"
+    if number == signal.SIGABRT:
+        return "The process aborted (os.abort() or a failed assertion in native code)."
+    return "The process was ended by a signal."
+
+
+def _text(data: bytearray) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def to_result(
+    request_id: str | int | float | None,
+    outcome: Outcome,
+    spec: JobSpec,
+    *,
+    max_output: int,
+    python: str,
+    preloaded: list[str],
+    landlock_abi: int,
+    mode: str,
+    queue_us: int = 0,
+    session: str | None = None,
+    step: int | None = None,
+    session_ended: bool = False,
+) -> Result:
+    fields = dict(
+        id=request_id, exit=outcome.exit, stdout=_text(outcome.stdout), stderr=_text(outcome.stderr),
+        error=outcome.error, stdout_truncated=outcome.stdout_truncated,
+        stderr_truncated=outcome.stderr_truncated, duration_ms=outcome.duration_us // 1000,
+        duration_us=outcome.duration_us, queue_us=queue_us,
+        runtime=ResultRuntime(name="pynox", python=python, mode=mode, preloaded_modules=preloaded),
+        policy=ResultPolicy(
+            allow_read=spec.allow_read, allow_write=spec.allow_write,
+            network="allow" if spec.network else "deny", subprocesses="deny",
+            timeout_ms=round(spec.timeout * 1000), memory_bytes=spec.memory, max_output=max_output,
+            max_file_size=spec.max_file_size, backend=BACKEND, landlock_abi=landlock_abi,
+        ),
+    )
+    if session is None:
+        return Result(**fields)  # type: ignore[arg-type]
+    return SessionResult(**fields, session=session, step=step, session_ended=session_ended)  # type: ignore[arg-type]

@@ -1,0 +1,134 @@
+"""The template: a clean, warm interpreter that forks one confined child per job.
+
+Started by exec with a scrubbed environment (every job inherits this
+process's memory and its ``/proc/self/environ``, so nothing secret may ever be
+in it). It preloads the operator's modules, proves it is single-threaded and
+holds only its expected descriptors, prepares the policy once, then serves
+jobs one at a time: fork, hand the child's pidfd to the server, reap, report.
+
+Run as ``python -I -c ... <socket fd>`` by :mod:`pynox.pool.worker`.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+
+from ..policy import Runtime, prepare_runtime
+from ..policy.privileges import set_parent_death_signal
+from .child import run_job
+from .frames import Ended, Init, Ready, Started, TemplateFailed, init_decoder, job_decoder, recv_raw, send_frame
+
+__all__ = ["main"]
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    # Ctrl-C reaches the whole process group; the server decides how the pool ends, not us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() == 1:  # the server died before we could arm the death signal
+        os._exit(1)
+    try:
+        payload, _ = recv_raw(sock)
+    except EOFError:
+        return
+    init = init_decoder.decode(payload)
+    try:
+        runtime = _warm_up(init, sock.fileno())
+    except Exception as exc:
+        send_frame(sock, TemplateFailed(message=str(exc)))
+        return
+    send_frame(sock, Ready(python=platform.python_version(), pid=os.getpid(), preloaded=init.preload,
+                           landlock_abi=runtime.landlock_abi, read_paths=list(runtime.read_paths),
+                           seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.unknown})))
+    _serve(sock, runtime)
+
+
+def _warm_up(init: Init, sock_fd: int) -> Runtime:
+    sys.path.extend(d for d in init.package_dirs if d not in sys.path)
+    for module in init.preload:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise RuntimeError(f"preloading {module!r} failed: {type(exc).__name__}: {exc}") from None
+    _prove_single_threaded(init.preload)
+    _prove_descriptors({0, 1, 2, sock_fd}, init.preload)
+    runtime = prepare_runtime(tuple(init.package_dirs))
+    # Children inherit the heap: objects frozen here are never scanned by a child's collector.
+    gc.collect()
+    gc.freeze()
+    return runtime
+
+
+def _prove_single_threaded(preload: list[str]) -> None:
+    # fork() copies only the calling thread: a lock held by another one would deadlock a child.
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) != 1 or threading.active_count() != 1:
+        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        raise RuntimeError(f"the template must stay single-threaded, but after preloading {preload} it runs "
+                           f"{len(tasks)} threads {names or ''}: remove the module that starts them")
+
+
+def _prove_descriptors(expected: set[int], preload: list[str]) -> None:
+    listing = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        listed = {int(fd) for fd in os.listdir(listing)} - expected - {listing}
+    finally:
+        os.close(listing)
+    # listdir works on a duplicate of `listing`, closed by now: keep only descriptors still open.
+    extra = sorted(fd for fd in listed if _is_open(fd))
+    if extra:
+        targets = []
+        for fd in extra:
+            try:
+                targets.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+            except OSError:
+                targets.append(str(fd))
+        raise RuntimeError(f"after preloading {preload} the template holds unexpected descriptors "
+                           f"({', '.join(targets)}): jobs would inherit them")
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _serve(sock: socket.socket, runtime: Runtime) -> None:
+    while True:
+        try:
+            payload, fds = recv_raw(sock)
+        except EOFError:
+            return
+        spec = job_decoder.decode(payload)
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError(f"a job frame must carry 3 descriptors, got {len(fds)}")
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            run_job(spec, runtime, *fds)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        try:
+            send_frame(sock, Started(pid=pid), [pidfd])
+        finally:
+            os.close(pidfd)
+        _, status, usage = os.wait4(pid, 0)
+        send_frame(sock, Ended(status=status, cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6),
+                               max_rss_kb=usage.ru_maxrss))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""The JSON Lines protocol of ``pynox pool``: message shapes and line parsing, with no I/O.
+
+Every message the pool reads or writes is defined here. Parsing is strict:
+unknown fields, wrong types and over-long lines are refused with a message
+that says which field broke which rule, and the request's ``id`` is recovered
+whenever the line was JSON at all, so the client can match the refusal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .job import ErrorInfo
+
+__all__ = [
+    "MAX_LINE",
+    "CallEvent",
+    "Closed",
+    "ErrorInfo",
+    "Reply",
+    "ReplyBody",
+    "Request",
+    "Result",
+    "ResultPolicy",
+    "ResultRuntime",
+    "encode",
+    "parse_line",
+    "refusal",
+]
+
+MAX_LINE = 1 << 20  # bytes, without the newline
+
+RequestId = str | int | float | None
+Units = str | int | float
+
+
+class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One request line. Exactly one of ``code`` and ``script`` (or ``stats``/``close`` alone)."""
+
+    id: RequestId = None
+    code: str | None = None
+    script: str | None = None
+    name: str | None = None
+    args: list[str] | None = None
+    allow_read: list[str] | None = None
+    allow_write: list[str] | None = None
+    allow_network: bool | None = None
+    env: dict[str, str] | None = None
+    timeout: Units | None = None
+    memory: Units | None = None
+    max_output: Units | None = None
+    max_file_size: Units | None = None
+    package_dirs: list[str] | None = None
+    profile: str | None = None
+    functions: list[str] | None = None
+    session: str | None = None
+    close: bool | None = None
+    stats: bool | None = None
+
+    def grant_fields(self) -> list[str]:
+        """The permission and limit fields this request sets (a session step may set none of them)."""
+        names = ("allow_read", "allow_write", "allow_network", "env", "memory", "max_file_size",
+                 "package_dirs", "profile", "functions", "script")
+        return [name for name in names if getattr(self, name) is not None]
+
+
+class ReplyBody(msgspec.Struct, forbid_unknown_fields=True):
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class Reply(msgspec.Struct, forbid_unknown_fields=True):
+    """The client's answer to a host-function call event."""
+
+    reply: ReplyBody
+
+
+class ResultRuntime(msgspec.Struct):
+    name: str
+    python: str
+    mode: str
+    preloaded_modules: list[str]
+
+
+class ResultPolicy(msgspec.Struct):
+    allow_read: list[str]
+    allow_write: list[str]
+    network: str
+    subprocesses: str
+    timeout_ms: int
+    memory_bytes: int
+    max_output: int
+    max_file_size: int | None
+    backend: str
+    landlock_abi: int
+
+
+class Result(msgspec.Struct, omit_defaults=False):
+    id: RequestId
+    exit: int
+    stdout: str = ""
+    stderr: str = ""
+    error: ErrorInfo | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: int = 0
+    duration_us: int = 0
+    queue_us: int = 0
+    runtime: ResultRuntime | None = None
+    policy: ResultPolicy | None = None
+
+
+class SessionResult(Result):
+    session: str | None = None
+    step: int | None = None
+    session_ended: bool = False
+
+
+class Closed(msgspec.Struct):
+    id: RequestId
+    session: str
+    closed: bool = True
+
+
+class CallEvent(msgspec.Struct, tag_field="event", tag="call"):
+    id: RequestId
+    call_id: int
+    function: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+# Exit status of a result that never ran because the request was refused.
+REFUSED_EXIT = 2
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: msgspec.Struct | dict[str, Any]) -> bytes:
+    """One output line, newline included."""
+    return _encoder.encode(message) + b"\n"
+
+
+def refusal(request_id: RequestId, message: str) -> Result:
+    """The result of a request refused before anything ran."""
+    return Result(id=request_id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message))
+
+
+class LineError(Exception):
+    """A line that is not a valid request; ``request_id`` is recovered when the line was JSON."""
+
+    def __init__(self, request_id: RequestId, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+def _find_id(raw: Any) -> RequestId:
+    if isinstance(raw, dict):
+        candidate = raw.get("id")  # type: ignore[union-attr]
+        if isinstance(candidate, str | int | float) and not isinstance(candidate, bool):
+            return candidate
+    return None
+
+
+def parse_line(line: bytes) -> Request | Reply:
+    """Parse one line (without its newline). Raises :class:`LineError` with a message for the client."""
+    if len(line) > MAX_LINE:
+        raise LineError(None, f"line of {len(line)} bytes exceeds the {MAX_LINE}-byte limit; it was discarded")
+    try:
+        raw = msgspec.json.decode(line)
+    except msgspec.DecodeError as exc:
+        raise LineError(None, f"not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise LineError(None, f"a request must be a JSON object, got {type(raw).__name__}")
+    request_id = _find_id(raw)
+    try:
+        if "reply" in raw:
+            return msgspec.convert(raw, Reply)
+        request = msgspec.convert(raw, Request)
+    except msgspec.ValidationError as exc:
+        raise LineError(request_id, f"invalid request: {exc}") from None
+    _check_shape(request)
+    return request
+
+
+def _check_shape(request: Request) -> None:
+    def refuse(message: str) -> LineError:
+        return LineError(request.id, message)
+
+    if request.stats:
+        extra = [f for f in request.__struct_fields__ if f not in ("id", "stats") and getattr(request, f) is not None]
+        if extra:
+            raise refuse(f"a stats request takes only id, got {', '.join(extra)}")
+        return
+    if request.close:
+        if request.session is None:
+            raise refuse("close needs the session to close")
+        return
+    if (request.code is None) == (request.script is None):
+        raise refuse("exactly one of code and script is required")
+    if request.name is not None and (not request.name or "\0" in request.name):
+        raise refuse("name must be a non-empty file name without NUL")

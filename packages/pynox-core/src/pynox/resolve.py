@@ -1,0 +1,122 @@
+"""From a request to a job: defaults, units, resolved paths, and what is refused before anything runs.
+
+Paths are resolved against the caller's working directory and through every
+symlink, because Landlock grants the inode a path names: ``data/link -> /etc``
+grants ``/etc``, and that is what a ceiling must be checked against and what
+the result's ``policy`` reports.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import ConfigError, RequestError
+from .job import JobSpec
+from .policy.runtime import overlapping
+from .protocol import Request
+from .units import parse_duration, parse_size
+
+__all__ = ["DEFAULTS", "Defaults", "resolve_path", "to_job"]
+
+
+@dataclass(frozen=True)
+class Defaults:
+    timeout: float = 30.0
+    memory: int = 1 << 30
+    max_output: int = 1 << 20
+    name: str = "agent.py"
+
+
+DEFAULTS = Defaults()
+_MAX_ARGS = 4096
+
+
+def resolve_path(path: str, base: str, field: str) -> str:
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise RequestError(f"{field}: {path!r} is not a path")
+    return os.path.realpath(os.path.join(base, os.path.expanduser(path) if path.startswith("~") else path))
+
+
+def _existing(paths: Iterable[str], base: str, field: str) -> list[str]:
+    resolved: list[str] = []
+    for path in paths:
+        real = resolve_path(path, base, field)
+        if not os.path.exists(real):
+            raise RequestError(f"{field}: {path} does not exist")
+        if real not in resolved:
+            resolved.append(real)
+    return resolved
+
+
+def _units(value: str | int | float | None, default: float | int | None, parse, field: str):  # type: ignore[no-untyped-def]
+    if value is None:
+        return default
+    try:
+        return parse(value, field)
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _check_env(env: dict[str, str]) -> None:
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise RequestError(f"env: {key!r} is not a valid variable (no '=' or NUL, not empty)")
+
+
+def to_job(
+    request: Request,
+    *,
+    cwd: str,
+    runtime_paths: Sequence[str],
+    hint_style: Literal["api", "cli"] = "api",
+    defaults: Defaults = DEFAULTS,
+    uid: int | None = None,
+    gid: int | None = None,
+) -> tuple[JobSpec, int]:
+    """Return the job and its output cap, or raise :class:`RequestError` saying what is wrong."""
+    allow_read = _existing(request.allow_read or (), cwd, "allow_read")
+    allow_write = _existing(request.allow_write or (), cwd, "allow_write")
+    for path in allow_write:
+        runtime = overlapping(path, runtime_paths)
+        if runtime is not None:
+            raise RequestError(f"allow_write: {path} overlaps the runtime path {runtime}; a job may never "
+                               "write where the interpreter and its packages live")
+    package_dirs = _existing(request.package_dirs or (), cwd, "package_dirs")
+    script = None
+    if request.script is not None:
+        script = resolve_path(request.script, cwd, "script")
+        if not os.path.isfile(script):
+            raise RequestError(f"script: {request.script} is not a file")
+    args = list(request.args or ())
+    if len(args) > _MAX_ARGS or any("\0" in arg for arg in args):
+        raise RequestError("args: at most 4096 arguments, none containing NUL")
+    env = dict(request.env or {})
+    _check_env(env)
+    functions = list(request.functions or ())
+    for function in functions:
+        if not function.isidentifier() or function.startswith("_"):
+            raise RequestError(f"functions: {function!r} is not a public Python identifier")
+    spec = JobSpec(
+        code=request.code,
+        script=script,
+        name=request.name or request.script or defaults.name,
+        args=args,
+        cwd=cwd,
+        env=env,
+        # The script itself must be readable, and only it: its directory is not granted.
+        allow_read=[*allow_read, *package_dirs, *([script] if script else [])],
+        allow_write=allow_write,
+        network=bool(request.allow_network),
+        timeout=_units(request.timeout, defaults.timeout, parse_duration, "timeout"),
+        memory=_units(request.memory, defaults.memory, parse_size, "memory"),
+        max_file_size=_units(request.max_file_size, None, parse_size, "max_file_size"),
+        package_dirs=package_dirs,
+        functions=functions,
+        uid=uid,
+        gid=gid,
+        hint_style=hint_style,
+    )
+    return spec, _units(request.max_output, defaults.max_output, parse_size, "max_output")

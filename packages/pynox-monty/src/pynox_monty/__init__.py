@@ -1,0 +1,3 @@
+"""Pynox for monty: not yet built; the package exists so the workspace is whole."""
+
+__all__: list[str] = []

@@ -30,6 +30,12 @@ SETUP_FAILED = 125
 STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
 _OWN_FILES = (__file__, msgspec.__file__)
 _MAX_FD = 1 << 20
+_MAX_MESSAGE = 2000
+_DEFAULT_MESSAGES: dict[type[BaseException], str] = {
+    MemoryError: "out of memory",
+    KeyboardInterrupt: "interrupted",
+    RecursionError: "maximum recursion depth exceeded",
+}
 
 
 def run_job(spec: JobSpec, runtime: Runtime, stdout: int, stderr: int, report: int) -> NoReturn:
@@ -150,7 +156,10 @@ def _frames_in(exc: BaseException, *modules: str) -> bool:
 def _describe(exc: BaseException, spec: JobSpec) -> ErrorInfo:
     line = _location(exc, spec.name)
     path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
-    return ErrorInfo(type=type(exc).__name__, message=str(exc), file=spec.name if line else None,
+    message = str(exc) or _DEFAULT_MESSAGES.get(type(exc), "")
+    if len(message) > _MAX_MESSAGE:
+        message = message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
+    return ErrorInfo(type=type(exc).__name__, message=message, file=spec.name if line else None,
                      line=line, path=path, hint=_hint(exc, path, spec))
 
 

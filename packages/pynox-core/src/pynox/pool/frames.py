@@ -43,6 +43,8 @@ class Ready(msgspec.Struct, tag=True):
 
 class TemplateFailed(msgspec.Struct, tag=True):
     message: str
+    # "kernel": this kernel cannot confine jobs (fail closed); "warmup": preload or self-check failed.
+    kind: str = "warmup"
 
 
 class Started(msgspec.Struct, tag=True):

@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 
+from ..errors import KernelSupportError
 from ..policy import Runtime, prepare_runtime
 from ..policy.privileges import set_parent_death_signal
 from .child import run_job
@@ -42,6 +43,9 @@ def main() -> None:
     init = init_decoder.decode(payload)
     try:
         runtime = _warm_up(init, sock.fileno())
+    except KernelSupportError as exc:
+        send_frame(sock, TemplateFailed(message=str(exc), kind="kernel"))
+        return
     except Exception as exc:
         send_frame(sock, TemplateFailed(message=str(exc)))
         return

@@ -21,7 +21,7 @@ import msgspec
 
 import pynox
 
-from ..errors import PoolWorkerError
+from ..errors import KernelSupportError, PoolWorkerError
 from ..job import JobSpec, Report
 from .outcome import Outcome
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
@@ -77,7 +77,7 @@ class Template:
             raise PoolWorkerError(f"the template did not start: {exc}") from None
         if isinstance(frame, TemplateFailed):
             self.close()
-            raise PoolWorkerError(frame.message)
+            raise (KernelSupportError if frame.kind == "kernel" else PoolWorkerError)(frame.message)
         if not isinstance(frame, Ready):
             self.close()
             raise PoolWorkerError(f"the template sent {type(frame).__name__} instead of Ready")

@@ -1,0 +1,144 @@
+"""The ``pynox`` command: ``pynox run``, ``pynox check`` and ``pynox pool``. The only module that prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import msgspec
+
+from .errors import PynoxError, RequestError
+from .protocol import Request, Result
+
+__all__ = ["main"]
+
+_USAGE_EXIT = 2
+
+
+def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser("run", help="run one Python file or snippet under the kernel policy",
+                         description="Run FILE (or -c CODE) confined; the exit status is the job's.")
+    run.add_argument("-c", dest="code", metavar="CODE", help="run this code instead of a file")
+    run.add_argument("file", nargs="?", metavar="FILE", help="a Python script (granted read-only to the job)")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for the script")
+    run.add_argument("--name", help="file name shown in tracebacks for -c code (default agent.py)")
+    run.add_argument("--allow-read", action="append", default=[], metavar="PATH", help="grant read access")
+    run.add_argument("--allow-write", action="append", default=[], metavar="PATH", help="grant read-write access")
+    run.add_argument("--allow-network", action="store_true", help="grant TCP, UDP and unix sockets")
+    run.add_argument("--timeout", help="wall-clock limit, e.g. 5s or 500ms (default 30s)")
+    run.add_argument("--memory", help="memory limit, e.g. 256m or 1g (default 1g)")
+    run.add_argument("--max-output", help="bytes of stdout and of stderr kept (default 1m)")
+    run.add_argument("--max-file-size", help="largest file the job may write, e.g. 10m")
+    run.add_argument("--env", action="append", default=[], metavar="K=V", help="set a variable for the job")
+    run.add_argument("--json", action="store_true", help="print the protocol's result object instead")
+
+
+def _request_from(args: argparse.Namespace) -> Request:
+    env: dict[str, str] = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise RequestError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    if args.code is not None:
+        # With -c, FILE (if any) is just the first argument, as with `python -c`.
+        code, script, extra = args.code, None, ([args.file] if args.file else []) + args.args
+    elif args.file is not None:
+        code, script, extra = None, args.file, args.args
+    else:
+        raise RequestError("give a FILE to run or -c CODE")
+    return Request(code=code, script=script, args=extra, name=args.name, allow_read=args.allow_read,
+                   allow_write=args.allow_write, allow_network=args.allow_network, env=env,
+                   timeout=args.timeout, memory=args.memory, max_output=args.max_output,
+                   max_file_size=args.max_file_size)
+
+
+def _print_human(result: Result) -> None:
+    sys.stdout.write(result.stdout)
+    sys.stdout.flush()
+    sys.stderr.write(result.stderr)
+    for stream, truncated in (("stdout", result.stdout_truncated), ("stderr", result.stderr_truncated)):
+        if truncated:
+            print(f"pynox: {stream} was truncated at the output limit", file=sys.stderr)
+    error = result.error
+    if error is not None and (error.type in ("TimeoutError", "SignalError", "SandboxSetupError") or error.hint):
+        where = f" ({error.file}:{error.line})" if error.file and error.line else ""
+        print(f"pynox: {error.type}: {error.message}{where}", file=sys.stderr)
+        if error.hint:
+            print(f"hint: {error.hint}", file=sys.stderr)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .runner import run_once
+
+    result = run_once(_request_from(args), hint_style="cli")
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode(result) + b"\n")
+    else:
+        _print_human(result)
+    return result.exit
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .check import run_check
+
+    report = run_check()
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.render())
+    return 0 if report.ok else 1
+
+
+def _cmd_pool(args: argparse.Namespace) -> int:
+    from .pool.server import serve
+
+    return serve(args)
+
+
+def _pool_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pool = sub.add_parser("pool", help="serve jobs over JSON Lines on stdin/stdout",
+                          description="Keep warm templates and run one confined child per request line.")
+    pool.add_argument("--workers", type=int, help="concurrent jobs (default 2)")
+    pool.add_argument("--preload", help="comma-separated modules imported once in every template")
+    pool.add_argument("--package-dir", action="append", dest="package_dirs", metavar="PATH",
+                      help="a directory of packages readable and importable in every job")
+    pool.add_argument("--config", help="a pynox.toml with [pool], [pool.limits] and [profiles.*]")
+    pool.add_argument("--log", choices=("json", "none"), help="one JSON line per finished job on stderr")
+    pool.add_argument("--max-sessions", type=int, help="concurrent sessions (default 16)")
+    pool.add_argument("--session-idle", help="close a session idle this long (default 10m)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pynox", description="Run model-written Python under a Linux kernel policy.")
+    parser.add_argument("--version", action="version", version=f"pynox {__import__('pynox').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check,pool}")
+    _run_parser(sub)
+    sub.add_parser("check", help="report what this kernel enforces and prove it").add_argument(
+        "--json", action="store_true", help="machine-readable report")
+    _pool_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    commands = {"run": _cmd_run, "check": _cmd_check, "pool": _cmd_pool}
+    try:
+        return commands[args.command](args)
+    except PynoxError as exc:
+        print(f"pynox {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return _USAGE_EXIT if isinstance(exc, RequestError) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,32 @@
+"""One job outside a pool: start a template, run the job, stop the template.
+
+``pynox run`` and the self-test of ``pynox check`` use it. It pays the
+template start (about 90 ms) per call; anything that runs more than one job
+belongs on a pool.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from .pool.outcome import to_result
+from .pool.worker import Template
+from .protocol import Request, Result
+from .resolve import to_job
+
+__all__ = ["run_once"]
+
+
+def run_once(request: Request, *, hint_style: Literal["api", "cli"] = "api", cwd: str | None = None) -> Result:
+    """Run ``request`` in a fresh template. Raises ``RequestError`` for a bad request, ``PoolError`` if the
+    template cannot start (``KernelSupportError``'s message arrives inside it)."""
+    template = Template([], [])
+    try:
+        spec, max_output = to_job(request, cwd=cwd or os.getcwd(), runtime_paths=template.ready.read_paths,
+                                  hint_style=hint_style)
+        outcome = template.run(spec, max_output=max_output)
+        return to_result(request.id, outcome, spec, max_output=max_output, python=template.ready.python,
+                         preloaded=[], landlock_abi=template.ready.landlock_abi, mode="run")
+    finally:
+        template.close()

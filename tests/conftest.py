@@ -1,0 +1,35 @@
+"""Shared fixtures: the host probe, and the rule that CI never skips for want of a kernel feature.
+
+Sandbox tests need Landlock and seccomp. On a machine without them a test is
+skipped with the reason, except in CI (``CI`` set), where a missing feature
+fails the run: a green CI must mean the policy was really proven.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pynox.policy import landlock, seccomp
+
+
+def _missing_kernel_features() -> list[str]:
+    missing = []
+    if landlock.abi_version() < 1:
+        missing.append("Landlock")
+    if not seccomp.supported():
+        missing.append("seccomp")
+    return missing
+
+
+MISSING = _missing_kernel_features()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_features() -> None:
+    if MISSING:
+        reason = f"this kernel lacks {', '.join(MISSING)}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: CI must prove the policy, not skip it", pytrace=False)
+        pytest.skip(reason)

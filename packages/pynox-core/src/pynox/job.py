@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["ErrorInfo", "JobSpec", "Report"]
+__all__ = ["ErrorInfo", "JobSpec", "Report", "StepSpec"]
 
 
 class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -32,8 +32,18 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_open_files: int = 1024
     uid: int | None = None
     gid: int | None = None
+    # A session child serves steps on its control channel until it is closed.
+    session: bool = False
     # How hints name a grant: keyword arguments ("api") or command-line flags ("cli").
     hint_style: Literal["api", "cli"] = "api"
+
+
+class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One step of a session: only code and how to name it; permissions were fixed by the first request."""
+
+    code: str
+    name: str
+    args: list[str]
 
 
 class ErrorInfo(msgspec.Struct, omit_defaults=False):
@@ -51,3 +61,5 @@ class Report(msgspec.Struct):
     exit: int
     error: ErrorInfo | None = None
     setup_error: str | None = None
+    # The code called sys.exit(): in a session, the process ends with this step.
+    exited: bool = False

@@ -48,7 +48,7 @@ def confine(spec: JobSpec, runtime: Runtime) -> None:
 
     The caller has already started a new session and arranged the descriptors.
     """
-    apply_limits(memory=spec.memory, timeout=spec.timeout, max_file_size=spec.max_file_size,
+    apply_limits(memory=spec.memory, timeout=None if spec.session else spec.timeout, max_file_size=spec.max_file_size,
                  max_open_files=spec.max_open_files)
     _clean_environment(spec)
     os.chdir(spec.cwd)

@@ -24,12 +24,14 @@ def _set(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def apply_limits(*, memory: int, timeout: float, max_file_size: int | None, max_open_files: int) -> None:
+def apply_limits(*, memory: int, timeout: float | None, max_file_size: int | None, max_open_files: int) -> None:
+    """``timeout=None`` sets no CPU backstop: a session lives through many steps, each with its own deadline."""
     _set(resource.RLIMIT_CORE, 0)
     _set(resource.RLIMIT_DATA, memory)
     _set(resource.RLIMIT_AS, memory + ADDRESS_SPACE_HEADROOM)
-    cpu = math.ceil(timeout) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if timeout is not None:
+        cpu = math.ceil(timeout) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     _set(resource.RLIMIT_NOFILE, max_open_files)
     if max_file_size is not None:
         # Ignored, SIGXFSZ becomes EFBIG: Python raises OSError instead of the process dying.

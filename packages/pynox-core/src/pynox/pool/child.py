@@ -12,6 +12,7 @@ import atexit
 import builtins
 import errno
 import os
+import socket
 import sys
 import threading
 import traceback
@@ -21,14 +22,18 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
-from ..job import ErrorInfo, JobSpec, Report
+from ..job import ErrorInfo, JobSpec, Report, StepSpec
 from ..policy import Runtime, confine
+from . import host_module
+from .frames import recv_raw
 
-__all__ = ["REPORT_FD", "SETUP_FAILED", "run_job"]
+__all__ = ["CHANNEL_FD", "CONTROL_FD", "REPORT_FD", "SETUP_FAILED", "run_job"]
 
 SETUP_FAILED = 125
 STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
-_OWN_FILES = (__file__, msgspec.__file__)
+CHANNEL_FD = 4  # host-function calls, when the job declares functions
+CONTROL_FD = 5  # session steps, when the job is a session
+_OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
 _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
@@ -36,32 +41,59 @@ _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     KeyboardInterrupt: "interrupted",
     RecursionError: "maximum recursion depth exceeded",
 }
+_step_decoder = msgspec.json.Decoder(StepSpec)
 
 
-def run_job(spec: JobSpec, runtime: Runtime, stdout: int, stderr: int, report: int) -> NoReturn:
+def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
+    """``fds``: stdout, stderr, report, then the host channel (if functions) and the control channel (if session)."""
     stage = "start a new session"
+    report = fds[2]
     try:
         os.setsid()
         stage = "arrange descriptors"
-        _arrange_descriptors(stdout, stderr, report)
+        _arrange_descriptors(spec, fds)
         report = REPORT_FD
         stage = "apply the policy"
         _check_memory_headroom(spec.memory)
         confine(spec, runtime)
+        if spec.functions:
+            host_module.install_host_module(spec.functions, CHANNEL_FD)
     except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
         _finish(report, Report(exit=SETUP_FAILED, setup_error=f"could not {stage}: {exc}"))
-    _finish(REPORT_FD, _execute(spec))
+    main = _new_main(spec)
+    if spec.session:
+        _serve_session(spec, main)
+    source = spec.code if spec.code is not None else None
+    _finish(REPORT_FD, _execute(main, source, spec.script, spec.name, spec))
 
 
-def _arrange_descriptors(stdout: int, stderr: int, report: int) -> None:
+def _arrange_descriptors(spec: JobSpec, fds: list[int]) -> None:
+    targets = [STDOUT_FD, STDERR_FD, REPORT_FD]
+    if spec.functions:
+        targets.append(CHANNEL_FD)
+    if spec.session:
+        targets.append(CONTROL_FD)
+    if len(fds) != len(targets):
+        raise ValueError(f"expected {len(targets)} descriptors, got {len(fds)}")
     devnull = os.open("/dev/null", os.O_RDONLY)
-    # dup2 in an order that never overwrites a descriptor still to be moved.
-    moved = [os.dup(fd) for fd in (stdout, stderr, report)]
-    for target, fd in zip((STDOUT_FD, STDERR_FD, REPORT_FD), moved, strict=True):
+    # dup first, then dup2: no target overwrites a descriptor still to be moved.
+    moved = [os.dup(fd) for fd in fds]
+    for target, fd in zip(targets, moved, strict=True):
         os.dup2(fd, target)
     os.dup2(devnull, 0)
-    # Everything above the report descriptor goes, whatever the template had open.
-    os.closerange(REPORT_FD + 1, _MAX_FD)
+    # Everything above the job's own descriptors goes, whatever the template had open.
+    os.closerange(CONTROL_FD + 1, _MAX_FD)
+    if not spec.functions:
+        _close_quietly(CHANNEL_FD)
+    if not spec.session:
+        _close_quietly(CONTROL_FD)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _check_memory_headroom(memory: int) -> None:
@@ -74,25 +106,57 @@ def _check_memory_headroom(memory: int) -> None:
                           f"({used >> 20} MiB with its preloaded modules) plus 16 MiB to run; raise it")
 
 
-def _execute(spec: JobSpec) -> Report:
+def _new_main(spec: JobSpec) -> types.ModuleType:
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=spec.name, __builtins__=builtins)
     sys.modules["__main__"] = main
-    sys.argv = [spec.name, *spec.args]
     if spec.script is not None:
         sys.path.insert(0, os.path.dirname(spec.script))
     sys.path[:0] = spec.package_dirs
     _reseed()
+    return main
+
+
+def _execute(main: types.ModuleType, code: str | None, script: str | None, name: str, spec: JobSpec,
+             args: list[str] | None = None, *, shutdown: bool = True) -> Report:
+    sys.argv = [name, *(spec.args if args is None else args)]
+    main.__file__ = name
     try:
-        source = spec.code if spec.code is not None else _read_script(spec.script or "")
-        exec(compile(source, spec.name, "exec"), main.__dict__)
-        _shutdown()
+        source = code if code is not None else _read_script(script or "")
+        exec(compile(source, name, "exec"), main.__dict__)
+        if shutdown:
+            _shutdown()
     except SystemExit as exc:
-        return Report(exit=_exit_status(exc))
+        return Report(exit=_exit_status(exc), exited=True)
     except BaseException as exc:
         _print_traceback(exc)
-        return Report(exit=1, error=_describe(exc, spec))
+        return Report(exit=1, error=_describe(exc, name, spec))
     return Report(exit=0)
+
+
+def _serve_session(spec: JobSpec, main: types.ModuleType) -> NoReturn:
+    """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it."""
+    control = socket.socket(fileno=CONTROL_FD)
+    devnull = os.open("/dev/null", os.O_WRONLY)
+    while True:
+        try:
+            payload, fds = recv_raw(control)
+        except (EOFError, OSError):
+            os._exit(0)
+        if len(fds) != 3:
+            os._exit(SETUP_FAILED)  # the pool broke its own protocol: end the session rather than guess
+        step = _step_decoder.decode(payload)
+        for target, fd in zip((STDOUT_FD, STDERR_FD, REPORT_FD), fds, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        report = _execute(main, step.code, None, step.name, spec, step.args, shutdown=False)
+        if report.exited:  # sys.exit() or exit(): the session ends with this step
+            _finish(REPORT_FD, report)
+        _flush_streams()
+        _write_report(REPORT_FD, report)
+        # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next.
+        for fd in (STDOUT_FD, STDERR_FD, REPORT_FD):
+            os.dup2(devnull, fd)
 
 
 def _read_script(path: str) -> str:
@@ -153,13 +217,13 @@ def _frames_in(exc: BaseException, *modules: str) -> bool:
     return any(module in names for module in modules)
 
 
-def _describe(exc: BaseException, spec: JobSpec) -> ErrorInfo:
-    line = _location(exc, spec.name)
+def _describe(exc: BaseException, name: str, spec: JobSpec) -> ErrorInfo:
+    line = _location(exc, name)
     path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
     message = str(exc) or _DEFAULT_MESSAGES.get(type(exc), "")
     if len(message) > _MAX_MESSAGE:
         message = message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
-    return ErrorInfo(type=type(exc).__name__, message=message, file=spec.name if line else None,
+    return ErrorInfo(type=type(exc).__name__, message=message, file=name if line else None,
                      line=line, path=path, hint=_hint(exc, path, spec))
 
 
@@ -185,23 +249,28 @@ def _hint(exc: BaseException, path: str | None, spec: JobSpec) -> str | None:
     return None
 
 
-def _finish(report_fd: int, report: Report) -> NoReturn:
-    """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner)."""
+def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             if stream is not None:
                 stream.flush()
         except Exception:  # the job may have closed or replaced its streams
             pass
+
+
+def _write_report(report_fd: int, report: Report) -> None:
     try:
         data = msgspec.json.encode(report)
         while data:
             data = data[os.write(report_fd, data):]
     except OSError:
         pass
+
+
+def _finish(report_fd: int, report: Report) -> NoReturn:
+    """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner)."""
+    _flush_streams()
+    _write_report(report_fd, report)
     for fd in (STDOUT_FD, STDERR_FD, report_fd):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+        _close_quietly(fd)
     os._exit(report.exit)

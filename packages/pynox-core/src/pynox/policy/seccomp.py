@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import platform
 import socket
 import tempfile
 from dataclasses import dataclass
@@ -46,9 +47,23 @@ _ATTACK_SURFACE = (
     "msgget", "msgsnd", "msgrcv", "msgctl",
     "acct", "swapon", "swapoff", "reboot", "quotactl", "open_by_handle_at", "name_to_handle_at",
     "fanotify_init", "lookup_dcookie", "sethostname", "setdomainname", "iopl", "ioperm", "uselib",
-    "vhangup", "syslog", "adjtimex", "clock_adjtime", "settimeofday", "clock_settime",
+    "vhangup", "syslog", "adjtimex", "clock_adjtime", "settimeofday", "clock_settime", "open_tree_attr",
 )
-DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE)
+# Changing a file's mode, owner, extended attributes (ACLs are xattrs) or times. Landlock does not
+# govern metadata, and a job that keeps uid 0 owns most of the host's files: without these rules it
+# could chmod /etc/shadow world-readable or set the setuid bit on a runtime binary it may only read.
+# The price: chmod and utime fail on the job's own files too (shutil.copyfile still works, copy does not).
+_FILE_METADATA = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "setxattrat", "removexattrat", "file_setattr", "utime", "utimes", "futimesat", "utimensat",
+)
+DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE, *_FILE_METADATA)
+# System calls numbered from 424 on have one number on every architecture below; a libseccomp older
+# than the kernel does not know their names but can still deny them by number.
+_UNIFIED_NUMBERS = {"fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "open_tree_attr": 467,
+                    "file_setattr": 469}
+_UNIFIED_ARCHES = ("x86_64", "aarch64", "riscv64", "s390x", "ppc64le", "loongarch64")
 
 
 @dataclass(frozen=True)
@@ -59,12 +74,19 @@ class CompiledFilter:
     unknown: tuple[str, ...]
 
 
-def _deny(f: pyseccomp.SyscallFilter, name: str, *args: pyseccomp.Arg, err: int = errno.EPERM) -> bool:
+def _deny(f: pyseccomp.SyscallFilter, name: str | int, *args: pyseccomp.Arg, err: int = errno.EPERM) -> bool:
     try:
         f.add_rule(pyseccomp.ERRNO(err), name, *args)
     except (OSError, ValueError, RuntimeError):
         return False
     return True
+
+
+def _deny_named(f: pyseccomp.SyscallFilter, name: str) -> bool:
+    if _deny(f, name):
+        return True
+    number = _UNIFIED_NUMBERS.get(name)
+    return number is not None and platform.machine() in _UNIFIED_ARCHES and _deny(f, number)
 
 
 def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
@@ -84,7 +106,7 @@ def compile_filter(network: bool) -> CompiledFilter:
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # A syscall through a foreign ABI (int 0x80 on x86_64) would dodge the rules: refuse it.
     f.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.ERRNO(errno.ENOSYS))
-    unknown = [name for name in DENIED_SYSCALLS if not _deny(f, name)]
+    unknown = [name for name in DENIED_SYSCALLS if not _deny_named(f, name)]
     # clone without CLONE_THREAD is fork; threads keep working.
     _deny(f, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, _CLONE_THREAD, 0))
     # clone3 passes its flags in memory seccomp cannot read: ENOSYS makes glibc fall back to clone.
@@ -94,6 +116,9 @@ def compile_filter(network: bool) -> CompiledFilter:
     for request in (_TIOCSTI, _TIOCLINUX):
         _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
     _deny(f, "personality", pyseccomp.Arg(0, pyseccomp.NE, _PER_QUERY))
+    # Resource limits of another process: the kernel allows it between processes of one uid, so a job
+    # keeping uid 0 could lower the template's or the pool's limits (RLIMIT_CPU kills). Its own (pid 0) only.
+    _deny(f, "prlimit64", pyseccomp.Arg(0, pyseccomp.NE, 0))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)

@@ -54,4 +54,13 @@ class PoolError(PynoxError):
 
 
 class PoolWorkerError(PoolError):
-    """A worker (template process) died or misbehaved while serving a job."""
+    """A worker (template process) died or misbehaved while serving a job.
+
+    ``started`` says whether the job's process had been created: a job that
+    never started may safely be retried, one that started may not (its side
+    effects may have happened).
+    """
+
+    def __init__(self, message: str, *, started: bool = True) -> None:
+        super().__init__(message)
+        self.started = started

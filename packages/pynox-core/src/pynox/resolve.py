@@ -19,7 +19,9 @@ from .policy.runtime import overlapping
 from .protocol import Request
 from .units import parse_duration, parse_size
 
-__all__ = ["DEFAULTS", "Defaults", "resolve_path", "to_job"]
+__all__ = [
+    "DEFAULTS", "Defaults", "parse_request_duration", "parse_request_size", "resolve_path", "to_job",
+]
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,14 @@ def _units(value: str | int | float | None, default: float | int | None, parse, 
         raise RequestError(str(exc)) from None
 
 
+def parse_request_duration(value: str | int | float | None, default: float) -> float:
+    return _units(value, default, parse_duration, "timeout")
+
+
+def parse_request_size(value: str | int | float | None, default: int) -> int:
+    return _units(value, default, parse_size, "max_output")
+
+
 def _check_env(env: dict[str, str]) -> None:
     for key, value in env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
@@ -75,6 +85,7 @@ def to_job(
     defaults: Defaults = DEFAULTS,
     uid: int | None = None,
     gid: int | None = None,
+    session: bool = False,
 ) -> tuple[JobSpec, int]:
     """Return the job and its output cap, or raise :class:`RequestError` saying what is wrong."""
     allow_read = _existing(request.allow_read or (), cwd, "allow_read")
@@ -118,5 +129,6 @@ def to_job(
         uid=uid,
         gid=gid,
         hint_style=hint_style,
+        session=session,
     )
     return spec, _units(request.max_output, defaults.max_output, parse_size, "max_output")

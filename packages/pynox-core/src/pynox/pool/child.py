@@ -61,10 +61,9 @@ def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
     except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
         _finish(report, Report(exit=SETUP_FAILED, setup_error=f"could not {stage}: {exc}"))
     main = _new_main(spec)
-    if spec.session:
-        _serve_session(spec, main)
-    source = spec.code if spec.code is not None else None
-    _finish(REPORT_FD, _execute(main, source, spec.script, spec.name, spec))
+    if spec.session:  # the first step came with the job itself
+        _serve_session(spec, main, StepSpec(code=spec.code or "", name=spec.name, args=spec.args))
+    _finish(REPORT_FD, _execute(main, spec.code, spec.script, spec.name, spec))
 
 
 def _arrange_descriptors(spec: JobSpec, fds: list[int]) -> None:
@@ -134,21 +133,23 @@ def _execute(main: types.ModuleType, code: str | None, script: str | None, name:
     return Report(exit=0)
 
 
-def _serve_session(spec: JobSpec, main: types.ModuleType) -> NoReturn:
+def _serve_session(spec: JobSpec, main: types.ModuleType, first: StepSpec) -> NoReturn:
     """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it."""
     control = socket.socket(fileno=CONTROL_FD)
     devnull = os.open("/dev/null", os.O_WRONLY)
+    step: StepSpec | None = first
     while True:
-        try:
-            payload, fds = recv_raw(control)
-        except (EOFError, OSError):
-            os._exit(0)
-        if len(fds) != 3:
-            os._exit(SETUP_FAILED)  # the pool broke its own protocol: end the session rather than guess
-        step = _step_decoder.decode(payload)
-        for target, fd in zip((STDOUT_FD, STDERR_FD, REPORT_FD), fds, strict=True):
-            os.dup2(fd, target)
-            os.close(fd)
+        if step is None:
+            try:
+                payload, fds = recv_raw(control)
+            except (EOFError, OSError):
+                os._exit(0)
+            if len(fds) != 3:
+                os._exit(SETUP_FAILED)  # the pool broke its own protocol: end the session rather than guess
+            step = _step_decoder.decode(payload)
+            for target, fd in zip((STDOUT_FD, STDERR_FD, REPORT_FD), fds, strict=True):
+                os.dup2(fd, target)
+                os.close(fd)
         report = _execute(main, step.code, None, step.name, spec, step.args, shutdown=False)
         if report.exited:  # sys.exit() or exit(): the session ends with this step
             _finish(REPORT_FD, report)
@@ -157,6 +158,7 @@ def _serve_session(spec: JobSpec, main: types.ModuleType) -> NoReturn:
         # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next.
         for fd in (STDOUT_FD, STDERR_FD, REPORT_FD):
             os.dup2(devnull, fd)
+        step = None
 
 
 def _read_script(path: str) -> str:
@@ -173,7 +175,7 @@ def _reseed() -> None:
 
 def _shutdown() -> None:
     # What the interpreter would do at exit: wait for non-daemon threads, run atexit hooks.
-    threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001 - no public equivalent
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
 
 

@@ -9,7 +9,6 @@ checks here only give the model a clear error sooner.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import threading

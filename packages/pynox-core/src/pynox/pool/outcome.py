@@ -16,10 +16,13 @@ from ..policy import BACKEND
 from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult
 from ..units import format_duration
 
-__all__ = ["TIMEOUT_EXIT", "Outcome", "to_result"]
+__all__ = [
+    "SETUP_FAILED_EXIT", "TIMEOUT_EXIT", "WORKER_ERROR_EXIT", "Outcome", "to_result", "to_session_result",
+]
 
 TIMEOUT_EXIT = 124
 SETUP_FAILED_EXIT = 125
+WORKER_ERROR_EXIT = 70  # the pool's own failure (EX_SOFTWARE), not the job's
 
 
 @dataclass
@@ -36,14 +39,23 @@ class Outcome:
     duration_us: int = 0
     cpu_us: int = 0
     max_rss_kb: int = 0
+    # The process ended (always for a job; for a session step, the session is over).
+    ended: bool = False
+    # The code called sys.exit().
+    exited: bool = False
+    # The job broke the host-call protocol and was killed.
+    protocol_violation: str | None = None
 
-    def conclude(self, spec: JobSpec) -> None:
+    def conclude(self, spec: JobSpec, timeout: float) -> None:
         """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
-        if self.timed_out or self.signal == signal.SIGXCPU:
+        if self.protocol_violation is not None:
+            self.exit = WORKER_ERROR_EXIT
+            self.error = ErrorInfo(type="PoolWorkerError", message=f"the job was killed: {self.protocol_violation}")
+        elif self.timed_out or self.signal == signal.SIGXCPU:
             self.exit = TIMEOUT_EXIT
             self.error = ErrorInfo(type="TimeoutError",
-                                   message=f"the code did not finish within {format_duration(spec.timeout)}",
-                                   hint=hints.timeout_hint(spec.timeout, spec.hint_style))
+                                   message=f"the code did not finish within {format_duration(timeout)}",
+                                   hint=hints.timeout_hint(timeout, spec.hint_style))
         elif self.setup_error is not None:
             self.exit = SETUP_FAILED_EXIT
             self.error = ErrorInfo(type="SandboxSetupError", message=self.setup_error)
@@ -75,22 +87,10 @@ def _text(data: bytearray) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def to_result(
-    request_id: str | int | float | None,
-    outcome: Outcome,
-    spec: JobSpec,
-    *,
-    max_output: int,
-    python: str,
-    preloaded: list[str],
-    landlock_abi: int,
-    mode: str,
-    queue_us: int = 0,
-    session: str | None = None,
-    step: int | None = None,
-    session_ended: bool = False,
-) -> Result:
-    fields = dict(
+def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,
+                   python: str, preloaded: list[str], landlock_abi: int, mode: str,
+                   queue_us: int) -> dict[str, object]:
+    return dict(
         id=request_id, exit=outcome.exit, stdout=_text(outcome.stdout), stderr=_text(outcome.stderr),
         error=outcome.error, stdout_truncated=outcome.stdout_truncated,
         stderr_truncated=outcome.stderr_truncated, duration_ms=outcome.duration_us // 1000,
@@ -103,6 +103,17 @@ def to_result(
             max_file_size=spec.max_file_size, backend=BACKEND, landlock_abi=landlock_abi,
         ),
     )
-    if session is None:
-        return Result(**fields)  # type: ignore[arg-type]
+
+
+def to_result(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,
+              python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int = 0) -> Result:
+    return Result(**_result_fields(request_id, outcome, spec, max_output=max_output, python=python,  # type: ignore[arg-type]
+                                   preloaded=preloaded, landlock_abi=landlock_abi, mode=mode, queue_us=queue_us))
+
+
+def to_session_result(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,
+                      python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int,
+                      session: str, step: int, session_ended: bool) -> SessionResult:
+    fields = _result_fields(request_id, outcome, spec, max_output=max_output, python=python,
+                            preloaded=preloaded, landlock_abi=landlock_abi, mode=mode, queue_us=queue_us)
     return SessionResult(**fields, session=session, step=step, session_ended=session_ended)  # type: ignore[arg-type]

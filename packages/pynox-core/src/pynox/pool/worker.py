@@ -16,6 +16,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 
@@ -23,10 +25,11 @@ import pynox
 
 from ..errors import KernelSupportError, PoolWorkerError
 from ..job import JobSpec, Report
-from .outcome import Outcome
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
+from .hostcalls import JobCalls, ProtocolViolation
+from .outcome import Outcome
 
-__all__ = ["Template", "template_environment"]
+__all__ = ["SessionChannels", "Template", "template_environment"]
 
 _READ_CHUNK = 1 << 16
 _MAX_REPORT = 1 << 20
@@ -36,6 +39,14 @@ _START_TIMEOUT = 300.0  # preloading pandas on a cold disk takes seconds, not mi
 # Hardware tuning the host may need for BLAS on this processor (see the env notes); not secrets.
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _report_decoder = msgspec.json.Decoder(Report)
+CallSink = Callable[[socket.socket], JobCalls]
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def template_environment() -> dict[str, str]:
@@ -47,6 +58,27 @@ def template_environment() -> dict[str, str]:
         env[name] = "1"
     env.update({name: os.environ[name] for name in _PASSTHROUGH if name in os.environ})
     return env
+
+
+@dataclass
+class SessionChannels:
+    """The pool's and the child's ends of a session's control and host-call channels."""
+
+    control: socket.socket
+    job_control: socket.socket
+    channel: socket.socket | None
+    job_channel: socket.socket | None
+
+    @classmethod
+    def create(cls, with_functions: bool) -> SessionChannels:
+        control, job_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel, job_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if with_functions else (None, None)
+        return cls(control, job_control, channel, job_channel)
+
+    def close(self) -> None:
+        for sock in (self.control, self.job_control, self.channel, self.job_channel):
+            if sock is not None:
+                sock.close()
 
 
 class Template:
@@ -82,6 +114,9 @@ class Template:
             self.close()
             raise PoolWorkerError(f"the template sent {type(frame).__name__} instead of Ready")
         self.ready: Ready = frame
+        # The child being served: its pidfd (for SIGKILL) and, once the template reaped it, how it ended.
+        self.child_pidfd: int | None = None
+        self.child_ended: Ended | None = None
 
     @property
     def pid(self) -> int:
@@ -96,53 +131,90 @@ class Template:
             self.process.kill()
             self.process.wait()
 
-    def run(self, spec: JobSpec, *, max_output: int) -> Outcome:
-        """Run one job to its end. Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails."""
+    def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
+            session: SessionChannels | None = None) -> Outcome:
+        """Run one job (or a session's first step) to its end.
+
+        Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails. With ``session``,
+        the call returns when the first step is over and the child stays alive for the next ones.
+        """
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
-        outcome = Outcome()
+        extra: list[socket.socket] = []
+        channel = session.channel if session is not None else None
+        if spec.functions:
+            if session is None:
+                channel, job_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            else:
+                job_end = session.job_channel
+            extra.append(job_end)
+        if session is not None:
+            extra.append(session.job_control)
         start = time.monotonic_ns()
         try:
-            send_frame(self.sock, spec, [w for _, w in pipes])
+            send_frame(self.sock, spec, [w for _, w in pipes] + [s.fileno() for s in extra])
         except OSError as exc:
             self.broken = True
             for r, w in pipes:
                 os.close(r)
                 os.close(w)
-            raise PoolWorkerError(f"the template is gone: {exc}") from None
-        for _, w in pipes:
-            os.close(w)
-        try:
-            report = self._collect(pipes[0][0], pipes[1][0], pipes[2][0], outcome, start, spec, max_output)
+            if channel is not None and session is None:
+                channel.close()
+            raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
         finally:
-            for r, _ in pipes:
-                try:
-                    os.close(r)
-                except OSError:
-                    pass
+            for _, w in pipes:
+                _close_quietly(w)
+            for sock in extra:  # the child has its own copies now
+                sock.close()
+        return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
+                            calls=calls, channel=channel, session=session is not None)
+
+    def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
+                calls: CallSink | None, channel: socket.socket | None, session: bool) -> Outcome:
+        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude."""
+        outcome = Outcome()
+        job_calls = calls(channel) if calls is not None and channel is not None else None
+        try:
+            report = self._loop(reads, outcome, start, start + int(timeout * 1e9), max_output, job_calls, session)
+        finally:
+            for fd in reads:
+                _close_quietly(fd)
+            if job_calls is not None:
+                job_calls.close()
+            if channel is not None and not session:  # a session's channel lives as long as the session
+                channel.close()
         self._read_report(outcome, report)
-        outcome.conclude(spec)
+        outcome.conclude(spec, timeout)
         return outcome
 
-    def _collect(self, out: int, err: int, rep: int, outcome: Outcome, start: int, spec: JobSpec,
-                 max_output: int) -> bytes:
+    def kill_child(self) -> None:
+        if self.child_pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.child_pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _loop(self, reads: list[int], outcome: Outcome, start: int, deadline: int, max_output: int,
+              job_calls: JobCalls | None, session: bool) -> bytes:
+        out, _err, rep = reads
         report = bytearray()
-        deadline = start + int(spec.timeout * 1e9)
-        pidfd: int | None = None
-        ended: Ended | None = None
         kill_deadline: int | None = None
         with selectors.DefaultSelector() as sel:
-            for fd in (out, err, rep):
+            for fd in reads:
                 sel.register(fd, selectors.EVENT_READ)
-            sel.register(self.sock, selectors.EVENT_READ)
+            if self.child_ended is None:
+                sel.register(self.sock, selectors.EVENT_READ)
+            if job_calls is not None:
+                sel.register(job_calls.channel, selectors.EVENT_READ)
             open_pipes = 3
             try:
-                while ended is None or open_pipes:
+                # A job is over when its process ended and its pipes closed; a session step when its
+                # pipes closed (the child hands them back), unless the child died or exited meanwhile.
+                while open_pipes or (self.child_ended is None and (not session or self._step_ended(report))):
                     now = time.monotonic_ns()
                     if kill_deadline is None and now >= deadline:
                         outcome.timed_out = True
                         kill_deadline = now + int(_KILL_GRACE * 1e9)
-                        if pidfd is not None:
-                            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                        self.kill_child()
                     if kill_deadline is not None and now >= kill_deadline:
                         self.broken = True
                         raise PoolWorkerError("the template did not reap a killed job in time")
@@ -150,15 +222,13 @@ class Template:
                     for key, _ in sel.select(max(limit, 0) / 1e9):
                         fd = key.fd
                         if fd == self.sock.fileno():
-                            frame, fds = self._receive()
-                            if isinstance(frame, Started):
-                                pidfd = fds[0] if fds else None
-                                if outcome.timed_out and pidfd is not None:
-                                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                            elif isinstance(frame, Ended):
-                                ended = frame
-                                outcome.duration_us = (time.monotonic_ns() - start) // 1000
+                            if self._receive(outcome):
                                 sel.unregister(self.sock)
+                            continue
+                        if job_calls is not None and fd == job_calls.channel.fileno():
+                            if not self._relay(job_calls, sel):
+                                outcome.protocol_violation = job_calls.violation
+                                self.kill_child()
                             continue
                         chunk = os.read(fd, _READ_CHUNK)
                         if not chunk:
@@ -172,33 +242,74 @@ class Template:
                         else:
                             self._capture(outcome, fd == out, chunk, max_output)
             except BaseException:
-                if pidfd is not None and ended is None:
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                if self.child_ended is None:
+                    self.kill_child()
                 raise
-            finally:
-                if pidfd is not None:
-                    os.close(pidfd)
-        outcome.cpu_us, outcome.max_rss_kb = ended.cpu_us, ended.max_rss_kb
-        status = ended.status
-        if os.WIFSIGNALED(status):
-            outcome.signal = os.WTERMSIG(status)
-            outcome.exit = 128 + outcome.signal
-        else:
-            outcome.exit = os.waitstatus_to_exitcode(status)
+        outcome.duration_us = (time.monotonic_ns() - start) // 1000
+        ended = self.child_ended
+        if ended is not None:
+            self._close_child()
+            outcome.ended = True
+            outcome.cpu_us, outcome.max_rss_kb = ended.cpu_us, ended.max_rss_kb
+            if os.WIFSIGNALED(ended.status):
+                outcome.signal = os.WTERMSIG(ended.status)
+                outcome.exit = 128 + outcome.signal
+            else:
+                outcome.exit = os.waitstatus_to_exitcode(ended.status)
         return bytes(report)
 
-    def _receive(self) -> tuple[Started | Ended, list[int]]:
+    @staticmethod
+    def _step_ended(report: bytearray) -> bool:
+        """After a step's pipes closed: wait for the child's end only if the step ended the process."""
+        if not report:
+            return True  # no report: the child died mid-step
+        try:
+            return _report_decoder.decode(report).exited
+        except msgspec.DecodeError:
+            return True
+
+    def _relay(self, job_calls: JobCalls, sel: selectors.BaseSelector) -> bool:
+        try:
+            chunk = job_calls.channel.recv(_READ_CHUNK)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            sel.unregister(job_calls.channel)
+            return True
+        try:
+            job_calls.readable(chunk)
+        except ProtocolViolation as exc:
+            job_calls.violation = str(exc)
+            sel.unregister(job_calls.channel)
+            return False
+        return True
+
+    def _receive(self, outcome: Outcome) -> bool:
+        """Handle one frame from the template; True once the child has ended."""
         try:
             frame, fds = recv_frame(self.sock)
         except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:
             self.broken = True
-            raise PoolWorkerError(f"the template died while running the job ({exc})") from None
-        if not isinstance(frame, Started | Ended):
-            self.broken = True
-            for fd in fds:
-                os.close(fd)
-            raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
-        return frame, fds
+            # Even before Started, the template may have forked: the job counts as started.
+            raise PoolWorkerError(f"the template died while serving the job ({exc})") from None
+        if isinstance(frame, Started) and fds:
+            self.child_pidfd = fds[0]
+            for extra in fds[1:]:
+                os.close(extra)
+            return False
+        if isinstance(frame, Ended):
+            self.child_ended = frame
+            return True
+        for fd in fds:
+            os.close(fd)
+        self.broken = True
+        raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
+
+    def _close_child(self) -> None:
+        if self.child_pidfd is not None:
+            os.close(self.child_pidfd)
+        self.child_pidfd = None
+        self.child_ended = None
 
     @staticmethod
     def _capture(outcome: Outcome, is_stdout: bool, chunk: bytes, max_output: int) -> None:
@@ -222,3 +333,6 @@ class Template:
             return  # the job wrote garbage over its report channel: the exit status stands alone
         outcome.error = report.error
         outcome.setup_error = report.setup_error
+        outcome.exited = report.exited
+        if not outcome.ended:  # a session step: the process lives on, the step's status is in its report
+            outcome.exit = report.exit

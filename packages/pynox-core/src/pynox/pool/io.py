@@ -1,0 +1,106 @@
+"""The pool's two pipes: request lines in (bounded, interruptible by signals) and result lines out.
+
+Input is read with ``os.read`` under ``select`` together with the signal
+wake-up descriptor, so SIGTERM stops intake cleanly between lines instead of
+raising inside a half-handled request. A line longer than the limit is
+discarded as it streams past, never buffered whole.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from ..protocol import MAX_LINE
+
+__all__ = ["LineReader", "Output", "TooLong", "watch_for_client_death"]
+
+_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class TooLong:
+    size: int
+
+
+class LineReader:
+    def __init__(self, fd: int, wakeup_fd: int, stopping: Callable[[], bool]) -> None:
+        self._fd = fd
+        self._wakeup = wakeup_fd
+        self._stopping = stopping
+
+    def __iter__(self) -> Iterator[bytes | TooLong]:
+        buffer = bytearray()
+        discarding = 0  # bytes of an over-long line skipped so far
+        while not self._stopping():
+            ready, _, _ = select.select([self._fd, self._wakeup], [], [])
+            if self._wakeup in ready:
+                os.read(self._wakeup, 512)
+                continue
+            chunk = os.read(self._fd, _CHUNK)
+            if not chunk:
+                break
+            buffer += chunk
+            while True:
+                newline = buffer.find(b"\n")
+                if newline < 0:
+                    if len(buffer) > MAX_LINE:
+                        discarding += len(buffer)
+                        buffer.clear()
+                    break
+                line = bytes(buffer[:newline])
+                del buffer[: newline + 1]
+                if discarding:
+                    yield TooLong(discarding + len(line))
+                    discarding = 0
+                elif len(line) > MAX_LINE:
+                    yield TooLong(len(line))
+                elif line.strip():
+                    yield line
+        if self._stopping():
+            return
+        if discarding:
+            yield TooLong(discarding + len(buffer))
+        elif buffer.strip():  # a last line without its newline still counts
+            yield bytes(buffer) if len(buffer) <= MAX_LINE else TooLong(len(buffer))
+
+
+class Output:
+    """Result lines to stdout, one writer at a time. A blocked pipe blocks the writer: that is backpressure."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write(self, line: bytes) -> None:
+        with self._lock:
+            self._stream.write(line)
+            self._stream.flush()
+
+
+def watch_for_client_death(fd: int, on_death: Callable[[], None]) -> None:
+    """When the reader of our stdout pipe is gone, call ``on_death`` (the client died; nobody will read us)."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return  # a file or a terminal: there is no reader to lose
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                    on_death()
+                    return
+
+    threading.Thread(target=watch, name="pynox-client-watch", daemon=True).start()
+
+
+def stdio() -> tuple[int, BinaryIO]:
+    return sys.stdin.fileno(), sys.stdout.buffer

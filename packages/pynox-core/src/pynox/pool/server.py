@@ -1,0 +1,328 @@
+"""``pynox pool``: JSON Lines in, one confined child per request, results out in completion order.
+
+The server parses and validates every line, applies the config's profiles and
+ceiling, schedules jobs onto worker threads (one warm template each), relays
+results with their counters and log lines. It never forks job code itself: it
+has threads and open descriptors that a job must never inherit.
+
+Flow control: the accepted queue holds twice the worker count; when it is
+full, intake stops reading stdin. A client that stops reading results blocks
+the writers, then the workers, then intake: memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config import EMPTY, Config, load_config
+from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
+from ..job import ErrorInfo, JobSpec
+from ..protocol import LineError, Reply, Request, Result, encode, parse_line, refusal
+from ..resolve import parse_request_duration, parse_request_size, to_job
+from ..units import parse_duration
+from .hostcalls import CallRegistry
+from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
+from .outcome import WORKER_ERROR_EXIT, Outcome, to_result
+from .session import SessionRegistry, Step
+from .stats import Stats, log_line
+from .worker import CallSink, Template
+
+__all__ = ["PoolOptions", "serve"]
+
+_MAX_WORKERS = 256
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    workers: int
+    preload: list[str]
+    package_dirs: list[str]
+    config: Config
+    log: str | None
+    max_sessions: int
+    session_idle: float
+
+
+@dataclass
+class _Job:
+    id: str | int | float | None
+    spec: JobSpec
+    max_output: int
+    accepted_ns: int
+
+
+def options_from(args: argparse.Namespace) -> PoolOptions:
+    """Merge the command line over ``[pool]`` of the config file (the command line wins)."""
+    config = load_config(args.config) if args.config else EMPTY
+    settings = config.pool
+    workers = args.workers if args.workers is not None else (settings.workers or 2)
+    if not 1 <= workers <= _MAX_WORKERS:
+        raise ConfigError(f"--workers must be between 1 and {_MAX_WORKERS}, got {workers}")
+    preload = [m.strip() for m in args.preload.split(",") if m.strip()] if args.preload else list(settings.preload)
+    cli_dirs = [os.path.realpath(d) for d in (args.package_dirs or [])]
+    for directory in cli_dirs:
+        if not os.path.isdir(directory):
+            raise ConfigError(f"--package-dir {directory} is not a directory")
+    return PoolOptions(
+        workers=workers,
+        preload=preload,
+        package_dirs=cli_dirs or list(settings.package_dirs),
+        config=config,
+        log=args.log if args.log is not None else settings.log,
+        max_sessions=args.max_sessions if args.max_sessions is not None else settings.max_sessions,
+        session_idle=(parse_duration(args.session_idle, "--session-idle") if args.session_idle
+                      else settings.session_idle),
+    )
+
+
+class _Worker(threading.Thread):
+    """One worker thread and its template. The template is started from this thread, which lives as long
+    as the pool: a template dies with the thread that started it (its parent-death signal)."""
+
+    def __init__(self, index: int, server: Server) -> None:
+        super().__init__(name=f"pynox-worker-{index}", daemon=True)
+        self.server = server
+        self.template: Template | None = None
+        self.started_event = threading.Event()
+        self.start_error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.template = self.server.new_template()
+        except BaseException as exc:
+            self.start_error = exc
+            self.started_event.set()
+            return
+        self.started_event.set()
+        try:
+            while (job := self.server.jobs.get()) is not None:
+                self.server.finish(self._serve(job), session=None, step=None)
+                self.server.jobs.task_done()
+        finally:
+            if self.template is not None:
+                self.template.close()
+
+    def _serve(self, job: _Job) -> Result:
+        queue_us = (time.monotonic_ns() - job.accepted_ns) // 1000
+        for attempt in range(2):
+            template = self._healthy_template()
+            if template is None:
+                return self._worker_error(job, queue_us, "no template could be started for this job")
+            try:
+                outcome = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job))
+            except PoolWorkerError as exc:
+                # A job that never reached the template is safe to retry once on a fresh one.
+                if not exc.started and attempt == 0:
+                    continue
+                return self._worker_error(job, queue_us, str(exc))
+            return to_result(job.id, outcome, job.spec, max_output=job.max_output,
+                             python=template.ready.python, preloaded=template.ready.preloaded,
+                             landlock_abi=template.ready.landlock_abi, mode="pool", queue_us=queue_us)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop always returns
+
+    def _calls_for(self, job: _Job) -> CallSink | None:
+        if not job.spec.functions:
+            return None
+        return lambda channel: self.server.calls.open(job.id, job.spec.functions, channel)
+
+    def _healthy_template(self) -> Template | None:
+        template = self.template
+        if template is not None and not template.broken and template.process.poll() is None:
+            return template
+        if template is not None:
+            template.close()
+        self.template = None
+        try:
+            self.template = self.server.new_template()
+        except PynoxError as exc:
+            self.server.log_event({"event": "template_error", "message": str(exc)})
+        return self.template
+
+    def _worker_error(self, job: _Job, queue_us: int, message: str) -> Result:
+        outcome = Outcome(exit=WORKER_ERROR_EXIT, error=ErrorInfo(type="PoolWorkerError", message=message))
+        ready = self.server.ready_info
+        return to_result(job.id, outcome, job.spec, max_output=job.max_output, python=ready["python"],
+                         preloaded=ready["preloaded_modules"], landlock_abi=ready["landlock_abi"],
+                         mode="pool", queue_us=queue_us)
+
+
+class Server:
+    def __init__(self, options: PoolOptions, output: Output, log: Callable[[bytes], None]) -> None:
+        self.options = options
+        self.output = output
+        self._log = log
+        self.stats = Stats(options.workers)
+        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=2 * options.workers)
+        self.cwd = os.getcwd()
+        self.ready_info: dict[str, object] = {}
+        self.read_paths: list[str] = []
+        self._stopping = False
+        self.calls = CallRegistry(output.write, self.stats.record_host_call)
+        self.sessions: SessionRegistry  # created once the first template has reported the runtime
+
+    # -- templates and results -------------------------------------------------------------------------
+    def new_template(self) -> Template:
+        return Template(self.options.preload, self.options.package_dirs)
+
+    def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
+        self.stats.record(result)
+        self.output.write(encode(result))
+        if self.options.log == "json":
+            self._log(encode(log_line(result, session=session, step=step)))
+
+    def log_event(self, event: dict[str, object]) -> None:
+        if self.options.log == "json":
+            self._log(encode({"ts_ms": int(time.time() * 1000), **event}))
+
+    # -- startup -----------------------------------------------------------------------------------------
+    def start(self) -> list[_Worker]:
+        workers = [_Worker(i, self) for i in range(self.options.workers)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.started_event.wait()
+        failed = next((w.start_error for w in workers if w.start_error is not None), None)
+        if failed is not None:
+            for worker in workers:
+                if worker.start_error is None:
+                    self.jobs.put(None)
+            raise failed
+        ready = workers[0].template.ready  # type: ignore[union-attr]  # started without error
+        self.read_paths = ready.read_paths
+        self.ready_info = {
+            "event": "ready",
+            "workers": self.options.workers,
+            "runtime": "pynox",
+            "python": ready.python,
+            "preloaded_modules": ready.preloaded,
+            "package_dirs": self.options.package_dirs,
+            "config": self.options.config.path,
+            "profiles": sorted(self.options.config.profiles),
+            "landlock_abi": ready.landlock_abi,
+            "backend": "landlock+seccomp",
+        }
+        self.sessions = SessionRegistry(
+            max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
+            finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
+            landlock_abi=ready.landlock_abi)
+        self.output.write(encode(self.ready_info))
+        return workers
+
+    # -- intake ------------------------------------------------------------------------------------------
+    def stop_intake(self) -> None:
+        self._stopping = True
+
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def handle_line(self, line: bytes | TooLong) -> None:
+        if isinstance(line, TooLong):
+            self._refuse(None, f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
+            return
+        try:
+            message = parse_line(line)
+        except LineError as exc:
+            self._refuse(exc.request_id, str(exc))
+            return
+        if isinstance(message, Reply):
+            body = message.reply
+            problem = self.calls.reply(body.call_id, body.result, body.error)
+            if problem is not None:
+                self._refuse(None, problem)
+            return
+        if message.stats:
+            self.output.write(encode(self.stats.snapshot(message.id, sessions_active=self.sessions.active)))
+            return
+        try:
+            if message.session is not None:
+                self._session_request(message, message.session)
+                return
+            job = self._accept(message)
+        except RequestError as exc:
+            self._refuse(message.id, str(exc))
+            return
+        self.jobs.put(job)
+
+    def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
+        request = self.options.config.apply(request, self.cwd)
+        run_as = self.options.config.pool.run_as
+        return to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
+                      uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None)
+
+    def _accept(self, request: Request) -> _Job:
+        spec, max_output = self._resolve(request)
+        return _Job(request.id, spec, max_output, time.monotonic_ns())
+
+    def _session_request(self, request: Request, name: str) -> None:
+        if not name or len(name) > 256:
+            raise RequestError("session: a name of 1 to 256 characters is required")
+        if request.close:
+            if not self.sessions.close(name, request.id):
+                raise RequestError(f"close: there is no open session named {name!r}")
+            return
+        if request.script is not None:
+            raise RequestError("sessions take inline code, not script")
+        existing = self.sessions.get(name)
+        if existing is not None and not existing.closing:
+            fields = request.grant_fields()
+            if fields:
+                raise RequestError(f"session {name!r} already exists and its permissions are fixed by its first "
+                                   f"request; a later step may carry only code, name, args, timeout and "
+                                   f"max_output, not {', '.join(fields)}")
+            spec, max_output = existing.spec, existing.max_output
+        else:
+            spec, max_output = self._resolve(request, session=True)
+        # A step's own timeout and output cap are still bounded by the ceiling.
+        step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
+                               max_output=request.max_output)
+        self.options.config.apply(step_request, self.cwd)
+        timeout = parse_request_duration(request.timeout, spec.timeout)
+        step_max_output = parse_request_size(request.max_output, max_output)
+        step = Step(id=request.id, code=request.code or "", name=request.name or spec.name,
+                    args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
+                    accepted_ns=time.monotonic_ns())
+        self.sessions.submit(name, step, lambda: (spec, max_output))
+
+    def _refuse(self, request_id: str | int | float | None, message: str) -> None:
+        self.finish(refusal(request_id, message), session=None, step=None)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the pool until stdin ends or SIGTERM; returns the process exit status."""
+    stdin_fd, stdout = stdio()
+    output = Output(stdout)
+    try:
+        options = options_from(args)
+        server = Server(options, output, lambda line: (sys.stderr.buffer.write(line), sys.stderr.buffer.flush()))
+        workers = server.start()
+    except (PynoxError, OSError) as exc:
+        kind = type(exc).__name__
+        output.write(encode({"event": "error", "error": {"type": kind, "message": str(exc)}}))
+        print(f"pynox pool: {kind}: {exc}", file=sys.stderr)
+        return 1 if not isinstance(exc, KernelSupportError) else 125
+    # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
+    watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
+    wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wakeup_w)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop_intake())
+    signal.signal(signal.SIGINT, lambda *_: server.stop_intake())
+    try:
+        for line in LineReader(stdin_fd, wakeup_r, server.stopping):
+            server.handle_line(line)
+    except BrokenPipeError:
+        os._exit(1)
+    # Drain: every accepted job finishes and is answered, then the workers stop.
+    for _ in workers:
+        server.jobs.put(None)
+    for worker in workers:
+        worker.join()
+    server.sessions.shutdown()
+    return 0

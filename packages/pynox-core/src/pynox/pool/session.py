@@ -1,0 +1,266 @@
+"""Sessions: one confined process per name whose ``__main__`` survives between steps, like a notebook.
+
+Each session owns a template (started on its first step) and one long-lived
+child confined once with the permissions of the session's first request.
+Steps queue behind each other on the session's own thread, so sessions and
+plain jobs never wait for each other. A Python exception keeps the session;
+a timeout, a crash or ``exit()`` ends it, and the next request under the same
+name starts a fresh process with the permissions that request brings.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import PynoxError, RequestError
+from ..job import ErrorInfo, JobSpec, StepSpec
+from ..protocol import REFUSED_EXIT, Closed, RequestId, SessionResult, encode
+from .frames import send_frame
+from .outcome import WORKER_ERROR_EXIT, Outcome, to_session_result
+from .worker import CallSink, SessionChannels, Template
+
+__all__ = ["MAX_PENDING_STEPS", "Session", "SessionRegistry", "Step"]
+
+MAX_PENDING_STEPS = 8
+
+
+@dataclass
+class Step:
+    id: RequestId
+    code: str
+    name: str
+    args: list[str]
+    timeout: float
+    max_output: int
+    accepted_ns: int
+
+
+@dataclass
+class _Close:
+    id: RequestId | None  # None: closed by the pool (idle, shutdown), nobody to answer
+
+
+class Session(threading.Thread):
+    def __init__(self, name: str, spec: JobSpec, max_output: int, registry: SessionRegistry) -> None:
+        super().__init__(name=f"pynox-session-{name}", daemon=True)
+        self.session_name = name
+        self.spec = spec
+        self.max_output = max_output
+        self.registry = registry
+        self.items: queue.Queue[Step | _Close] = queue.Queue()
+        self.pending = 0  # steps accepted and not yet answered
+        self.steps = 0
+        self.last_used = time.monotonic()
+        self.closing = False
+        self._template: Template | None = None
+        self._channels: SessionChannels | None = None
+        self._alive = False
+
+    # -- on the session's thread -------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while True:
+                item = self.items.get()
+                if isinstance(item, _Close):
+                    self.registry.forget(self)
+                    self._stop_process()
+                    if item.id is not None:
+                        self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
+                    return
+                if self._serve(item):
+                    # Later requests under this name start afresh; steps already queued here are refused.
+                    self.registry.forget(self)
+                    return
+        finally:
+            self._stop_process()
+            self._drain_after_end()
+
+    def _drain_after_end(self) -> None:
+        while True:
+            try:
+                item = self.items.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Step):
+                self._answer(item, self._refused(item, "the session ended before this step ran; send the step "
+                                                       "again to start a new session"))
+            elif item.id is not None:
+                self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
+
+    def _serve(self, step: Step) -> bool:
+        """Run one step; True if the session ended with it."""
+        self.steps += 1
+        queue_us = (time.monotonic_ns() - step.accepted_ns) // 1000
+        try:
+            outcome = self._run_step(step)
+        except PynoxError as exc:
+            self._answer(step, self._failure(step, str(exc), queue_us))
+            return True
+        ended = outcome.ended or outcome.timed_out
+        result = to_session_result(step.id, outcome, self.spec, max_output=step.max_output,
+                           python=self._ready_python(), preloaded=self._preloaded(),
+                           landlock_abi=self._abi(), mode="session", queue_us=queue_us,
+                           session=self.session_name, step=self.steps, session_ended=ended)
+        self._answer(step, result)
+        return ended
+
+    def _run_step(self, step: Step) -> Outcome:
+        calls: CallSink | None = None
+        if self.spec.functions:
+            calls = lambda channel: self.registry.calls.open(step.id, self.spec.functions, channel)  # noqa: E731
+        if not self._alive:
+            if self._template is None:
+                self._template = self.registry.new_template()
+            self._channels = SessionChannels.create(bool(self.spec.functions))
+            first = JobSpec(**{**_fields(self.spec), "code": step.code, "name": step.name, "args": step.args,
+                               "timeout": step.timeout})
+            self._alive = True
+            return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels)
+        template, channels = self._template, self._channels
+        assert template is not None and channels is not None
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+        start = time.monotonic_ns()
+        try:
+            send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args),
+                       [w for _, w in pipes])
+        except OSError:
+            pass  # the child is gone; the template's Ended frame says how, the empty pipes end the step
+        finally:
+            for _, w in pipes:
+                os.close(w)
+        return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
+                                calls=calls, channel=channels.channel, session=True)
+
+    def _stop_process(self) -> None:
+        self._alive = False
+        if self._channels is not None:
+            self._channels.close()  # EOF on control: the child exits
+            self._channels = None
+        if self._template is not None:
+            self._template.close()
+            self._template = None
+
+    def _answer(self, step: Step, result: SessionResult) -> None:
+        self.last_used = time.monotonic()
+        self.registry.finish(result, session=self.session_name, step=result.step)
+        with self.registry.lock:
+            self.pending -= 1
+
+    def _failure(self, step: Step, message: str, queue_us: int = 0) -> SessionResult:
+        outcome = Outcome(exit=WORKER_ERROR_EXIT, error=ErrorInfo(type="PoolWorkerError", message=message))
+        return to_session_result(step.id, outcome, self.spec, max_output=step.max_output, python=self._ready_python(),
+                         preloaded=self._preloaded(), landlock_abi=self._abi(), mode="session",
+                         queue_us=queue_us, session=self.session_name, step=self.steps, session_ended=True)
+
+    def _refused(self, step: Step, message: str) -> SessionResult:
+        return SessionResult(id=step.id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
+                             session=self.session_name, step=None, session_ended=True)
+
+    def _ready_python(self) -> str:
+        return self._template.ready.python if self._template else self.registry.python
+
+    def _preloaded(self) -> list[str]:
+        return self._template.ready.preloaded if self._template else []
+
+    def _abi(self) -> int:
+        return self._template.ready.landlock_abi if self._template else self.registry.landlock_abi
+
+
+def _fields(spec: JobSpec) -> dict[str, object]:
+    return {name: getattr(spec, name) for name in spec.__struct_fields__}
+
+
+class SessionRegistry:
+    """Named sessions of one pool: creation, the step queue limit, idle closing, shutdown."""
+
+    def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[[], Template],
+                 finish: Callable[..., None], emit: Callable[[bytes], None], calls: object,
+                 python: str, landlock_abi: int) -> None:
+        self.max_sessions = max_sessions
+        self.idle = idle
+        self.new_template = new_template
+        self.finish = finish
+        self.emit = emit
+        self.calls = calls  # type: ignore[assignment]  # CallRegistry; kept loose to avoid an import cycle
+        self.python = python
+        self.landlock_abi = landlock_abi
+        self.lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._reaper = threading.Thread(target=self._reap_idle, name="pynox-session-reaper", daemon=True)
+        self._reaper.start()
+
+    @property
+    def active(self) -> int:
+        with self.lock:
+            return len(self._sessions)
+
+    def get(self, name: str) -> Session | None:
+        with self.lock:
+            return self._sessions.get(name)
+
+    def submit(self, name: str, step: Step, create: Callable[[], tuple[JobSpec, int]] | None) -> None:
+        """Queue a step. ``create`` resolves the first request's permissions when the session is new.
+
+        Raises :class:`RequestError` when the step cannot be accepted."""
+        with self.lock:
+            session = self._sessions.get(name)
+            if session is None:
+                if create is None:  # pragma: no cover - the server always passes it for a new session
+                    raise RequestError(f"no session named {name!r}")
+                if len(self._sessions) >= self.max_sessions:
+                    raise RequestError(f"the pool already has {self.max_sessions} sessions (max_sessions); close "
+                                       "one or wait until an idle one is closed")
+                spec, max_output = create()
+                session = Session(name, spec, max_output, self)
+                self._sessions[name] = session
+                session.start()
+            elif session.closing:
+                raise RequestError(f"session {name!r} is closing; send the step again after its result or "
+                                   "closed reply")
+            elif session.pending >= MAX_PENDING_STEPS:
+                raise RequestError(f"session {name!r} already has {MAX_PENDING_STEPS} pending steps; wait for "
+                                   "their results before sending more")
+            session.pending += 1
+            session.last_used = time.monotonic()
+            session.items.put(step)
+
+    def close(self, name: str, request_id: RequestId) -> bool:
+        with self.lock:
+            session = self._sessions.get(name)
+            if session is None or session.closing:
+                return False
+            session.closing = True
+            session.items.put(_Close(request_id))
+            return True
+
+    def forget(self, session: Session) -> None:
+        with self.lock:
+            session.closing = True  # nothing more is queued on it
+            if self._sessions.get(session.session_name) is session:
+                del self._sessions[session.session_name]
+
+    def shutdown(self) -> None:
+        """Sessions end with the pool: pending steps are answered, then every session closes."""
+        with self.lock:
+            sessions = list(self._sessions.values())
+            for session in sessions:
+                if not session.closing:
+                    session.closing = True
+                    session.items.put(_Close(None))
+        for session in sessions:
+            session.join()
+
+    def _reap_idle(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.idle / 4))
+            now = time.monotonic()
+            with self.lock:
+                for session in self._sessions.values():
+                    if not session.closing and session.pending == 0 and now - session.last_used >= self.idle:
+                        session.closing = True
+                        session.items.put(_Close(None))

@@ -1,0 +1,93 @@
+"""The pool's counters and its per-job log line.
+
+Outcome counters are disjoint and add up to ``jobs``: every finished request
+(a refused one included) is exactly one of ok, failed, timeouts, signals,
+setup_errors, request_errors or worker_errors. ``errors`` counts by error type.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from ..protocol import Result
+
+__all__ = ["Stats", "classify", "log_line"]
+
+OUTCOMES = ("ok", "failed", "timeouts", "signals", "setup_errors", "request_errors", "worker_errors")
+_BY_ERROR_TYPE = {
+    "TimeoutError": "timeouts",
+    "SignalError": "signals",
+    "SandboxSetupError": "setup_errors",
+    "RequestError": "request_errors",
+    "PoolWorkerError": "worker_errors",
+}
+
+
+def classify(result: Result) -> str:
+    error_type = result.error.type if result.error is not None else None
+    if error_type in _BY_ERROR_TYPE:
+        return _BY_ERROR_TYPE[error_type]
+    # A job killed by SIGXCPU is a timeout, already typed so; a Python error or a non-zero exit is failed.
+    return "ok" if result.exit == 0 and error_type is None else "failed"
+
+
+class Stats:
+    def __init__(self, workers: int) -> None:
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self.workers = workers
+        self._outcomes: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._duration_ms_total = 0
+        self._queue_us_total = 0
+        self._host_calls = 0
+
+    def record(self, result: Result) -> None:
+        with self._lock:
+            self._outcomes[classify(result)] += 1
+            if result.error is not None:
+                self._errors[result.error.type] += 1
+            self._duration_ms_total += result.duration_ms
+            self._queue_us_total += result.queue_us
+
+    def record_host_call(self) -> None:
+        with self._lock:
+            self._host_calls += 1
+
+    def snapshot(self, request_id: object, sessions_active: int) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "id": request_id,
+                "event": "stats",
+                "uptime_ms": int((time.monotonic() - self._started) * 1000),
+                "workers": self.workers,
+                "sessions_active": sessions_active,
+                "jobs": sum(self._outcomes.values()),
+                **{name: self._outcomes[name] for name in OUTCOMES},
+                "host_calls": self._host_calls,
+                "duration_ms_total": self._duration_ms_total,
+                "queue_us_total": self._queue_us_total,
+                "errors": dict(self._errors),
+            }
+
+
+def log_line(result: Result, *, session: str | None = None, step: int | None = None) -> dict[str, Any]:
+    """One line per finished job: identifiers, outcome and timing; never output or code."""
+    error = result.error
+    return {
+        "ts_ms": int(time.time() * 1000),
+        "event": "job",
+        "id": result.id,
+        "session": session,
+        "step": step,
+        "exit": result.exit,
+        "error": error.type if error else None,
+        "message": error.message if error else None,
+        "duration_ms": result.duration_ms,
+        "queue_us": result.queue_us,
+        "network": result.policy.network if result.policy else None,
+        "truncated": result.stdout_truncated or result.stderr_truncated,
+    }

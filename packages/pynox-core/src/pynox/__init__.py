@@ -1,7 +1,23 @@
-"""Pynox: run model-written Python in a fresh, kernel-confined process, in milliseconds."""
+"""Pynox: run model-written Python in a fresh, kernel-confined process, in milliseconds.
 
+    run_python = pynox.tool(allow_write=["out"], timeout="10s")
+    run_python("print(2 + 2)")          # '4'
+
+``tool()`` gives a model a ``run_python(code) -> str`` function; ``run()``
+returns a :class:`Result`; :class:`Pool` and :class:`Session` give explicit
+control. Every failure of the sandboxed code is a ``Result``; exceptions are
+for Pynox's own failures (see :mod:`pynox.errors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .client import Pool, Session, default_pool
 from .errors import (
     ConfigError,
+    JobError,
     KernelSupportError,
     PoolError,
     PoolWorkerError,
@@ -9,16 +25,43 @@ from .errors import (
     RequestError,
     SandboxSetupError,
 )
+from .result import Result
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "JobError",
     "KernelSupportError",
+    "Pool",
     "PoolError",
     "PoolWorkerError",
     "PynoxError",
     "RequestError",
+    "Result",
     "SandboxSetupError",
+    "Session",
     "__version__",
+    "run",
+    "tool",
 ]
+
+
+def run(code: str | None = None, *, functions: Mapping[str, Callable[..., Any]] | None = None,
+        **grants: Any) -> Result:
+    """Run code on the default pool (started on first use, closed at exit); see :meth:`Pool.run`."""
+    return default_pool().run(code, functions=functions, **grants)
+
+
+def tool(profile: str | None = None, *, session: bool = False,
+         functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Any) -> Callable[[str], str]:
+    """A ``run_python(code: str) -> str`` function for a model, on the default pool.
+
+    Permissions come from ``profile`` (in ``$PYNOX_CONFIG`` or ``./pynox.toml``) and from ``grants``
+    (allow_read, allow_write, allow_network, env, timeout, memory, max_output, max_file_size,
+    package_dirs): never from the model. ``session=True`` keeps variables between calls;
+    ``functions`` lets the code call the host's own functions through ``pynox_host``.
+    """
+    from .model_tool import make_tool
+
+    return make_tool(None, profile=profile, session=session, functions=functions, grants=grants)

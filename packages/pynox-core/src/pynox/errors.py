@@ -9,8 +9,9 @@ exceptions are for our failures and for misuse by the host application::
     ├── RequestError           a request the pool refuses before anything runs
     ├── KernelSupportError     this kernel cannot enforce the policy (fail closed)
     ├── SandboxSetupError      the policy could not be applied to one job
-    └── PoolError              the pool process or a template broke
-        └── PoolWorkerError    one worker (template) died under a job
+    ├── PoolError              the pool process or a template broke
+    │   └── PoolWorkerError    one worker (template) died under a job
+    └── JobError               raised only on request, by Result.raise_for_error()
 
 The names ``RequestError``, ``SandboxSetupError`` and ``PoolWorkerError`` are
 also the ``error.type`` strings of the matching results in the protocol.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "JobError",
     "KernelSupportError",
     "PoolError",
     "PoolWorkerError",
@@ -64,3 +66,11 @@ class PoolWorkerError(PoolError):
     def __init__(self, message: str, *, started: bool = True) -> None:
         super().__init__(message)
         self.started = started
+
+
+class JobError(PynoxError):
+    """The sandboxed code failed; raised only by :meth:`pynox.Result.raise_for_error`. ``result`` has the details."""
+
+    def __init__(self, message: str, *, result: object) -> None:
+        super().__init__(message)
+        self.result = result

@@ -1,0 +1,458 @@
+"""The Python client: ``Pool`` and ``Session`` drive a ``pynox pool`` process over its JSON Lines pipes.
+
+One reader thread reads every line the pool writes and completes the matching
+future; host-function calls it finds there run on a thread pool, so a slow
+function never stalls other jobs or the reader. Any number of threads (and
+asyncio tasks, through ``arun``) may have runs in flight at once.
+
+The client keeps at most as many plain jobs in flight as the pool can accept
+without blocking its intake (running plus queued: three per worker). A pool
+whose intake blocked could not read the replies its jobs' host calls wait for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import concurrent.futures
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from .errors import ConfigError, KernelSupportError, PoolError, RequestError
+from .result import Result
+
+__all__ = ["Pool", "Session", "pool_command"]
+
+PathLike = str | os.PathLike[str]
+Units = str | int | float
+HostFunction = Callable[..., Any]
+_READY_TIMEOUT = 300.0  # preloading large libraries on a cold machine
+_STDERR_LINES = 50
+_START_ERRORS: dict[str, type[Exception]] = {"KernelSupportError": KernelSupportError, "ConfigError": ConfigError}
+
+
+def pool_command(binary: PathLike | None) -> list[str]:
+    """``binary``, else ``$PYNOX_BIN``, else this interpreter's ``pynox`` module."""
+    chosen = binary if binary is not None else os.environ.get("PYNOX_BIN")
+    if chosen:
+        return [os.fspath(chosen)]
+    return [sys.executable, "-m", "pynox"]
+
+
+def _paths(paths: Sequence[PathLike] | None) -> list[str] | None:
+    if paths is None:
+        return None
+    if isinstance(paths, str | os.PathLike):
+        raise TypeError("paths must be a list, e.g. allow_read=['data'], not a single string")
+    return [os.fspath(p) for p in paths]
+
+
+def build_request(code: str | None = None, *, script: PathLike | None = None, name: str | None = None,
+                  args: Sequence[str] | None = None, allow_read: Sequence[PathLike] | None = None,
+                  allow_write: Sequence[PathLike] | None = None, allow_network: bool | None = None,
+                  env: Mapping[str, str] | None = None, timeout: Units | None = None,
+                  memory: Units | None = None, max_output: Units | None = None,
+                  max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
+                  profile: str | None = None, functions: Sequence[str] | None = None) -> dict[str, Any]:
+    """A request object with only the fields that were given (the pool applies defaults and the ceiling)."""
+    fields: dict[str, Any] = {
+        "code": code, "script": os.fspath(script) if script is not None else None, "name": name,
+        "args": list(args) if args is not None else None, "allow_read": _paths(allow_read),
+        "allow_write": _paths(allow_write), "allow_network": allow_network,
+        "env": dict(env) if env is not None else None, "timeout": timeout, "memory": memory,
+        "max_output": max_output, "max_file_size": max_file_size, "package_dirs": _paths(package_dirs),
+        "profile": profile, "functions": list(functions) if functions else None,
+    }
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+class _Process:
+    """One running ``pynox pool`` and its reader thread."""
+
+    def __init__(self, command: list[str], on_line: Callable[[dict[str, Any]], None],
+                 on_exit: Callable[[_Process], None]) -> None:
+        self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, close_fds=True)
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
+        self.ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        self._on_line = on_line
+        self._on_exit = on_exit
+        self._write_lock = threading.Lock()
+        self.dead = False
+        threading.Thread(target=self._read_stdout, name="pynox-client-reader", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name="pynox-client-stderr", daemon=True).start()
+
+    def write(self, message: dict[str, Any]) -> None:
+        line = msgspec.json.encode(message) + b"\n"
+        stdin = self.popen.stdin
+        assert stdin is not None
+        with self._write_lock:
+            try:
+                stdin.write(line)
+                stdin.flush()
+            except (BrokenPipeError, ValueError, OSError) as exc:
+                raise PoolError(f"the pool process is gone: {self.describe_exit()}") from exc
+
+    def _read_stdout(self) -> None:
+        stdout = self.popen.stdout
+        assert stdout is not None
+        try:
+            for raw in stdout:
+                try:
+                    message = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue  # not ours to interpret; the pool only writes JSON lines
+                if not self.ready.done():
+                    self.ready.set_result(message)
+                    continue
+                self._on_line(message)
+        finally:
+            self.dead = True
+            self.popen.wait()
+            if not self.ready.done():
+                self.ready.set_exception(PoolError(f"the pool process exited before it was ready: "
+                                                   f"{self.describe_exit()}"))
+            self._on_exit(self)
+
+    def _read_stderr(self) -> None:
+        stderr = self.popen.stderr
+        assert stderr is not None
+        for raw in stderr:
+            self.stderr_tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def describe_exit(self) -> str:
+        status = self.popen.poll()
+        tail = " | ".join(list(self.stderr_tail)[-5:])
+        return f"exit status {status}" + (f"; it said: {tail}" if tail else "")
+
+    def close(self, timeout: float) -> None:
+        stdin = self.popen.stdin
+        with self._write_lock:
+            try:
+                if stdin is not None:
+                    stdin.close()
+            except OSError:
+                pass
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+class _Pending:
+    __slots__ = ("functions", "future", "is_job")
+
+    def __init__(self, functions: Mapping[str, HostFunction] | None, is_job: bool) -> None:
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.functions = functions
+        self.is_job = is_job
+
+
+class Pool:
+    """A ``pynox pool`` process: warm templates, one confined child per run.
+
+    ``binary`` (or ``$PYNOX_BIN``) names the ``pynox`` executable; by default this interpreter runs it.
+    If the pool process dies, runs in flight raise :class:`pynox.PoolError` and the next run starts a
+    new pool.
+    """
+
+    def __init__(self, workers: int = 2, *, preload: Sequence[str] = (), package_dirs: Sequence[PathLike] = (),
+                 config: PathLike | None = None, binary: PathLike | None = None, log: str | None = None,
+                 max_sessions: int | None = None, session_idle: Units | None = None,
+                 host_threads: int = 8) -> None:
+        if workers < 1:
+            raise ConfigError(f"workers must be at least 1, got {workers}")
+        self.workers = workers
+        self.config_path = os.path.abspath(os.fspath(config)) if config is not None else None
+        command = [*pool_command(binary), "pool", f"--workers={workers}"]
+        if preload:
+            command.append("--preload=" + ",".join(preload))
+        command += [f"--package-dir={os.path.abspath(os.fspath(d))}" for d in package_dirs]
+        if self.config_path:
+            command.append(f"--config={self.config_path}")
+        if log:
+            command.append(f"--log={log}")
+        if max_sessions is not None:
+            command.append(f"--max-sessions={max_sessions}")
+        if session_idle is not None:
+            command.append(f"--session-idle={session_idle}")
+        self._command = command
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._prefix = uuid.uuid4().hex[:8]
+        # Plain jobs in flight, at most what the pool takes without blocking its intake (see module doc).
+        self._slots = threading.BoundedSemaphore(3 * workers)
+        self._host = concurrent.futures.ThreadPoolExecutor(host_threads, thread_name_prefix="pynox-host")
+        self._process: _Process | None = None
+        self._closed = False
+        self.ready: dict[str, Any] = {}
+        self._ensure_process()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def _ensure_process(self) -> _Process:
+        with self._lock:
+            if self._closed:
+                raise PoolError("this pool is closed")
+            process = self._process
+            if process is not None and not process.dead:
+                return process
+            process = _Process(self._command, self._dispatch, self._process_exited)
+            self._process = process
+        try:
+            ready = process.ready.result(timeout=_READY_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            process.close(timeout=1)
+            raise PoolError(f"the pool did not become ready within {_READY_TIMEOUT:.0f}s") from None
+        if ready.get("event") == "error":
+            process.close(timeout=5)
+            error = ready.get("error") or {}
+            kind = _START_ERRORS.get(error.get("type", ""), PoolError)
+            raise kind(error.get("message") or "the pool could not start")
+        if ready.get("event") != "ready":
+            process.close(timeout=1)
+            raise PoolError(f"the pool's first line was not its ready event: {ready!r}")
+        self.ready = ready
+        return process
+
+    def close(self) -> None:
+        """Let runs in flight finish, then stop the pool process. Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            process, self._process = self._process, None
+        if process is not None:
+            process.close(timeout=60)
+        self._host.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _process_exited(self, process: _Process) -> None:
+        with self._lock:
+            stale = [(key, p) for key, p in self._pending.items()]
+            for key, _ in stale:
+                del self._pending[key]
+        error = PoolError(f"the pool process exited while this run was in flight ({process.describe_exit()})")
+        for _, pending in stale:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def _submit(self, message: dict[str, Any], functions: Mapping[str, HostFunction] | None = None,
+                *, is_job: bool = False) -> concurrent.futures.Future[Any]:
+        process = self._ensure_process()
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        pending = _Pending(functions, is_job)
+        with self._lock:
+            self._pending[request_id] = pending
+        try:
+            process.write({"id": request_id, **message})
+        except PoolError as exc:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            pending.future.set_exception(exc)
+        return pending.future
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        """On the reader thread: complete a future, or start a host function call."""
+        if message.get("event") == "call":
+            self._host_call(message)
+            return
+        request_id = message.get("id")
+        if not isinstance(request_id, str):
+            return  # a refusal without an id (a late host reply): nothing is waiting for it
+        with self._lock:
+            pending = self._pending.pop(request_id, None)
+        if pending is not None and not pending.future.done():
+            pending.future.set_result(message)
+
+    def _host_call(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            pending = self._pending.get(event.get("id"))  # type: ignore[arg-type]
+        functions = pending.functions if pending is not None else None
+        function = functions.get(event.get("function", "")) if functions else None
+        self._host.submit(self._answer_call, event["call_id"], function, event)
+
+    def _answer_call(self, call_id: int, function: HostFunction | None, event: dict[str, Any]) -> None:
+        reply = {"call_id": call_id, **_call_host_function(function, event)}
+        process = self._process
+        if process is not None:
+            try:
+                process.write({"reply": reply})
+            except PoolError:
+                pass  # the pool died; the job's caller hears about it
+
+    # -- public API --------------------------------------------------------------------------------------
+    def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
+            **grants: Any) -> Result:
+        """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
+
+        ``grants``: name, args, allow_read, allow_write, allow_network, env, timeout, memory, max_output,
+        max_file_size, package_dirs, profile. Raises :class:`pynox.RequestError` if the pool refused the
+        request before running it; every failure of the code itself is in the result.
+        """
+        message = build_request(code, functions=list(functions or ()), **grants)
+        self._slots.acquire()
+        try:
+            reply = self._submit(message, functions, is_job=True).result()
+        finally:
+            self._slots.release()
+        return _result(reply)
+
+    async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
+                   **grants: Any) -> Result:
+        """``run`` for asyncio: no thread is held while the job runs."""
+        message = build_request(code, functions=list(functions or ()), **grants)
+        if not self._slots.acquire(blocking=False):
+            await asyncio.to_thread(self._slots.acquire)
+        try:
+            reply = await asyncio.wrap_future(self._submit(message, functions, is_job=True))
+        finally:
+            self._slots.release()
+        return _result(reply)
+
+    def session(self, *, functions: Mapping[str, HostFunction] | None = None, **grants: Any) -> Session:
+        """A stateful process: variables survive between ``run`` calls. Permissions are fixed here."""
+        return Session(self, functions, grants)
+
+    def stats(self) -> dict[str, Any]:
+        """The pool's counters (see the protocol's stats event)."""
+        return self._submit({"stats": True}).result()
+
+    def tool(self, profile: str | None = None, *, session: bool = False,
+             functions: Mapping[str, HostFunction] | None = None, **grants: Any) -> Callable[[str], str]:
+        """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
+        from .model_tool import make_tool
+
+        return make_tool(self, profile=profile, session=session, functions=functions, grants=grants)
+
+
+def _call_host_function(function: HostFunction | None, event: dict[str, Any]) -> dict[str, Any]:
+    """Run one host function; its result or its failure as the reply's ``result`` or ``error``."""
+    name = event.get("function")
+    if function is None:
+        return {"error": f"no host function {name!r} is registered for this run"}
+    try:
+        value = function(*event.get("args", []), **event.get("kwargs", {}))
+    except Exception as exc:  # the host function's own failure becomes HostError in the job
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        return {"result": msgspec.json.decode(msgspec.json.encode(value))}
+    except (TypeError, msgspec.EncodeError) as exc:
+        return {"error": f"{name}() returned a value that is not JSON ({type(value).__name__}): {exc}"}
+
+
+def _result(reply: dict[str, Any]) -> Result:
+    error = reply.get("error")
+    if reply.get("exit") == 2 and isinstance(error, dict) and error.get("type") == "RequestError":
+        raise RequestError(error.get("message", "the pool refused the request"))
+    return Result.from_message(reply)
+
+
+class Session:
+    """One process whose ``__main__`` survives between runs. A timeout or crash ends it; the next
+    ``run`` starts a fresh one with the same permissions."""
+
+    def __init__(self, pool: Pool, functions: Mapping[str, HostFunction] | None, grants: dict[str, Any]) -> None:
+        if "script" in grants:
+            raise RequestError("sessions take inline code, not script")
+        self.pool = pool
+        self.functions = dict(functions or {})
+        self.grants = grants
+        self.steps = 0
+        self._name: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        """Whether a process holds this session's state (false before the first run and after an end)."""
+        return self._name is not None
+
+    def _message(self, code: str, step: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The request, and whether it creates the session (carrying its permissions)."""
+        with self._lock:
+            if self._name is None:
+                self._name = f"session-{uuid.uuid4().hex[:12]}"
+                first = build_request(code, functions=list(self.functions), **{**self.grants, **step})
+                return {"session": self._name, **first}, True
+            return {"session": self._name, **build_request(code, **step)}, False
+
+    def _after(self, reply: dict[str, Any], first: bool) -> Result:
+        try:
+            result = _result(reply)
+        except RequestError:
+            if first:  # refused before it existed: the next run must bring the permissions again
+                with self._lock:
+                    self._name = None
+            raise
+        with self._lock:
+            self.steps += 1
+            if result.session_ended:
+                self._name = None
+        return result
+
+    def run(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
+            timeout: Units | None = None, max_output: Units | None = None) -> Result:
+        step = {k: v for k, v in {"name": name, "args": args, "timeout": timeout, "max_output": max_output}.items()
+                if v is not None}
+        message, first = self._message(code, step)
+        return self._after(self.pool._submit(message, self.functions).result(), first)
+
+    async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
+                   timeout: Units | None = None, max_output: Units | None = None) -> Result:
+        step = {k: v for k, v in {"name": name, "args": args, "timeout": timeout, "max_output": max_output}.items()
+                if v is not None}
+        message, first = self._message(code, step)
+        return self._after(await asyncio.wrap_future(self.pool._submit(message, self.functions)), first)
+
+    def close(self) -> None:
+        """End the process. The session object stays usable: a later ``run`` starts a fresh one."""
+        with self._lock:
+            name, self._name = self._name, None
+        if name is not None:
+            try:
+                self.pool._submit({"session": name, "close": True}).result()
+            except PoolError:
+                pass  # the pool is gone, and the session with it
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_default: Pool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> Pool:
+    """The process-wide pool behind :func:`pynox.run` and :func:`pynox.tool`: started on first use,
+    closed at exit."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Pool()
+            atexit.register(_close_default)
+        return _default
+
+
+def _close_default() -> None:
+    global _default
+    with _default_lock:
+        pool, _default = _default, None
+    if pool is not None:
+        pool.close()

@@ -88,8 +88,10 @@ class _Process:
         self._on_exit = on_exit
         self._write_lock = threading.Lock()
         self.dead = False
-        threading.Thread(target=self._read_stdout, name="pynox-client-reader", daemon=True).start()
-        threading.Thread(target=self._read_stderr, name="pynox-client-stderr", daemon=True).start()
+        self._readers = [threading.Thread(target=self._read_stdout, name="pynox-client-reader", daemon=True),
+                         threading.Thread(target=self._read_stderr, name="pynox-client-stderr", daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def write(self, message: dict[str, Any]) -> None:
         line = msgspec.json.encode(message) + b"\n"
@@ -116,8 +118,10 @@ class _Process:
                     continue
                 self._on_line(message)
         finally:
+            stdout.close()
             self.dead = True
             self.popen.wait()
+            self._close_stdin()
             if not self.ready.done():
                 self.ready.set_exception(PoolError(f"the pool process exited before it was ready: "
                                                    f"{self.describe_exit()}"))
@@ -126,27 +130,34 @@ class _Process:
     def _read_stderr(self) -> None:
         stderr = self.popen.stderr
         assert stderr is not None
-        for raw in stderr:
-            self.stderr_tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        with stderr:
+            for raw in stderr:
+                self.stderr_tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
 
     def describe_exit(self) -> str:
         status = self.popen.poll()
         tail = " | ".join(list(self.stderr_tail)[-5:])
         return f"exit status {status}" + (f"; it said: {tail}" if tail else "")
 
-    def close(self, timeout: float) -> None:
+    def _close_stdin(self) -> None:
         stdin = self.popen.stdin
         with self._write_lock:
             try:
                 if stdin is not None:
                     stdin.close()
             except OSError:
-                pass
+                pass  # already broken: the process is gone
+
+    def close(self, timeout: float) -> None:
+        self._close_stdin()  # EOF: the pool drains what it accepted and exits
         try:
             self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+        for reader in self._readers:
+            if reader is not threading.current_thread():
+                reader.join(timeout=5)
 
 
 class _Pending:

@@ -50,6 +50,8 @@ def default_config_path() -> str | None:
 
 def _signature(name: str, function: HostFunction) -> str:
     try:
+        signature = str(inspect.signature(function, eval_str=True))
+    except NameError:  # an annotation names something not importable here: show it as written
         signature = str(inspect.signature(function))
     except (TypeError, ValueError):
         signature = "(*args, **kwargs)"

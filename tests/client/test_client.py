@@ -1,0 +1,225 @@
+"""The Python client against the real pool: results, concurrency, tools, sessions, host functions, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import pynox
+from pynox import Pool, PoolError, RequestError, Result
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    with Pool(workers=2) as pool:
+        yield pool
+
+
+def test_ok_result_fields(pool: Pool) -> None:
+    result = pool.run("print('hi')")
+    assert result.ok and result.exit == 0 and result.error is None
+    assert result.stdout == "hi\n" and result.text == "hi"
+    assert result.policy["backend"] == "landlock+seccomp" and result.policy["network"] == "deny"
+    assert result.runtime["mode"] == "pool" and result.duration_us > 0
+
+
+def test_raised_result_points_at_the_models_line(pool: Pool) -> None:
+    result = pool.run("x = 1\nraise ValueError('bad value')", name="step.py")
+    assert not result.ok and result.exit == 1
+    assert result.error == {"type": "ValueError", "message": "bad value", "file": "step.py", "line": 2,
+                            "path": None, "hint": None}
+    assert result.text == "ValueError: bad value (step.py:2)"
+    with pytest.raises(pynox.JobError) as caught:
+        result.raise_for_error()
+    assert caught.value.result is result
+
+
+def test_timed_out_result(pool: Pool) -> None:
+    started = time.monotonic()
+    result = pool.run("while True:\n    pass", timeout="500ms")
+    assert time.monotonic() - started < 5
+    assert result.exit == 124 and result.error is not None and result.error["type"] == "TimeoutError"
+    assert "500ms" in result.text and "Hint:" in result.text
+
+
+def test_truncated_result(pool: Pool) -> None:
+    result = pool.run("print('x' * 100_000)", max_output="1k")
+    assert result.ok and result.stdout_truncated and result.truncated
+    assert len(result.stdout) == 1024
+    assert "truncated" in result.text
+
+
+def test_denied_path_is_a_result_with_a_hint(pool: Pool) -> None:
+    result = pool.run("open('/etc/passwd').read()")
+    assert result.error is not None and result.error["type"] == "PermissionError"
+    assert 'allow_read=["/etc/passwd"]' in result.error["hint"]
+    assert "root:" not in result.text
+
+
+def test_paths_may_be_pathlike_and_units_numbers(pool: Pool, tmp_path: os.PathLike[str]) -> None:
+    from pathlib import Path
+
+    out = Path(tmp_path)
+    result = pool.run(f"open({str(out / 'f.txt')!r}, 'w').write('data')", allow_write=[out], timeout=5,
+                      memory=512 << 20)
+    assert result.ok, result.text
+    assert (out / "f.txt").read_text() == "data"
+    assert result.policy["timeout_ms"] == 5000 and result.policy["memory_bytes"] == 512 << 20
+
+
+def test_refused_request_raises_request_error(pool: Pool) -> None:
+    with pytest.raises(RequestError, match="timeout"):
+        pool.run("print(1)", timeout="soon")
+    with pytest.raises(RequestError, match="does not exist"):
+        pool.run("print(1)", allow_read=["/no/such/dir"])
+
+
+def test_fifty_concurrent_runs_from_threads_get_their_own_results(pool: Pool) -> None:
+    results: dict[int, Result] = {}
+
+    def one(i: int) -> None:
+        results[i] = pool.run(f"print({i} * 3)")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(results) == list(range(50))
+    assert all(results[i].stdout == f"{i * 3}\n" for i in range(50))
+
+
+def test_fifty_concurrent_aruns_get_their_own_results(pool: Pool) -> None:
+    async def main() -> list[Result]:
+        return await asyncio.gather(*(pool.arun(f"print({i} + 1000)") for i in range(50)))
+
+    results = asyncio.run(main())
+    assert [r.stdout for r in results] == [f"{i + 1000}\n" for i in range(50)]
+
+
+def test_tool_is_a_plain_function_the_frameworks_accept(pool: Pool, tmp_path: os.PathLike[str]) -> None:
+    def search(query: str, limit: int = 5) -> list[str]:
+        """Search the catalog."""
+        return [query] * limit
+
+    run_python = pool.tool(allow_read=[tmp_path], timeout="7s", memory="256m", functions={"search": search})
+    assert inspect.isfunction(run_python) and run_python.__name__ == "run_python"
+    signature = inspect.signature(run_python)
+    assert list(signature.parameters) == ["code"]
+    assert signature.parameters["code"].annotation in (str, "str")
+    assert signature.return_annotation in (str, "str")
+    doc = run_python.__doc__ or ""
+    assert os.path.realpath(tmp_path) in doc and "7s" in doc and "256m" in doc
+    assert "search(query: str, limit: int = 5) -> list[str]: Search the catalog." in doc
+    assert "from pynox_host import search" in doc and "Args:\n    code:" in doc
+    assert run_python("from pynox_host import search\nprint(search('a', limit=2))") == "['a', 'a']"
+
+
+def test_tool_refuses_a_non_string_and_never_raises_for_the_model(pool: Pool) -> None:
+    run_python = pool.tool()
+    assert run_python(42).startswith("Error: code must be a string")  # type: ignore[arg-type]
+    assert "ZeroDivisionError" in run_python("1/0")
+
+
+def test_session_tool_keeps_state_and_recovers_after_a_timeout(pool: Pool) -> None:
+    notebook = pool.tool(session=True, timeout="1s")
+    notebook("x = 41")
+    assert notebook("x += 1\nprint(x)") == "42"
+    text = notebook("while True:\n    pass")
+    assert "TimeoutError" in text and "session ended" in text
+    assert "NameError" in notebook("print(x)")
+    notebook("x = 1")
+    assert notebook("print(x)") == "1"
+
+
+def test_session_object(pool: Pool) -> None:
+    with pool.session() as session:
+        assert not session.alive
+        session.run("import math\nr = 2")
+        result = session.run("print(round(math.pi * r * r, 2))")
+        assert result.stdout == "12.57\n" and result.step == 2 and session.steps == 2 and session.alive
+        assert session.run("1/0").error["type"] == "ZeroDivisionError"  # type: ignore[index]
+        assert session.run("print(r)").stdout == "2\n"
+    assert not session.alive
+
+
+def test_host_function_exception_arrives_as_host_error(pool: Pool) -> None:
+    def lookup(key: str) -> str:
+        raise LookupError(f"no {key}")
+
+    def not_json() -> object:
+        return object()
+
+    result = pool.run(
+        "from pynox_host import lookup, not_json, HostError\n"
+        "for f, a in ((lookup, ('k',)), (not_json, ())):\n"
+        "    try:\n        f(*a)\n    except HostError as e:\n        print(type(e).__name__, e)\n",
+        functions={"lookup": lookup, "not_json": not_json},
+    )
+    assert result.ok, result.text
+    lines = result.stdout.splitlines()
+    assert lines[0] == "HostError LookupError: no k"
+    assert lines[1].startswith("HostError not_json() returned a value that is not JSON")
+
+
+def test_slow_host_function_does_not_block_other_jobs(pool: Pool) -> None:
+    release = threading.Event()
+
+    def wait() -> str:
+        release.wait(10)
+        return "done"
+
+    slow: list[Result] = []
+    thread = threading.Thread(target=lambda: slow.append(
+        pool.run("from pynox_host import wait\nprint(wait())", functions={"wait": wait})))
+    thread.start()
+    time.sleep(0.3)
+    assert pool.run("print('other')").stdout == "other\n"  # served while the host function blocks
+    release.set()
+    thread.join(timeout=20)
+    assert slow[0].stdout == "done\n"
+
+
+def test_stats(pool: Pool) -> None:
+    before = pool.stats()["jobs"]
+    pool.run("print(1)")
+    stats = pool.stats()
+    assert stats["event"] == "stats" and stats["jobs"] == before + 1 and stats["workers"] == 2
+
+
+def test_pool_process_killed_under_the_client_then_the_next_call_works() -> None:
+    with Pool(workers=1) as pool:
+        assert pool.run("print(1)").ok
+        process = pool._process
+        assert process is not None
+        errors: list[BaseException] = []
+
+        def in_flight() -> None:
+            try:
+                pool.run("import time\ntime.sleep(30)")
+            except PoolError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=in_flight)
+        thread.start()
+        time.sleep(0.5)
+        os.kill(process.popen.pid, signal.SIGKILL)
+        thread.join(timeout=10)
+        assert errors and "exited" in str(errors[0])
+        assert pool.run("print('again')").stdout == "again\n"
+        assert pool._process is not process
+
+
+def test_closed_pool_refuses() -> None:
+    pool = Pool(workers=1)
+    pool.close()
+    pool.close()
+    with pytest.raises(PoolError, match="closed"):
+        pool.run("print(1)")

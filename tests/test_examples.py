@@ -1,0 +1,41 @@
+"""Every example runs as a user would run it, and prints what its docstring promises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_example(name: str) -> str:
+    done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_agent_tool() -> None:
+    out = run_example("agent_tool.py")
+    assert out.startswith("Run Python code in an isolated sandbox")
+    assert "Write files: /tmp." in out
+    assert "Hello from an agent tool ['agent.py']" in out
+    assert "PermissionError: [Errno 13] Permission denied: '/etc/passwd' (agent.py:1)" in out
+    assert 'allow_read=["/etc/passwd"]' in out
+    assert "root:x:0:0" not in out
+
+
+def test_notebook_session() -> None:
+    lines = run_example("notebook_session.py").splitlines()
+    assert "3 orders, total 50.75" in lines
+    assert any(line.startswith("NameError: name 'undefined_name'") for line in lines)
+    assert "still here: 50.75" in lines
+    assert any(line.startswith("TimeoutError") for line in lines)
+    assert lines[-1] == "False"
+
+
+def test_codeact() -> None:
+    out = run_example("codeact.py")
+    assert "2 products: lamp, lamp shade; total 37.00 EUR" in out
+    assert "host said: KeyError: \"no product named 'sofa'\"" in out

@@ -1,0 +1,420 @@
+"""``pynox.toml``: the one home of pool settings, the ``[pool.limits]`` ceiling and ``[profiles.*]`` presets.
+
+A file has three kinds of table and nothing else::
+
+    [pool]              defaults for ``pynox pool`` that its command line overrides
+    [pool.limits]       a ceiling every request must fit under, checked before anything runs
+    [profiles.NAME]     grant presets a request names with ``"profile": "NAME"``
+
+Loading is strict: an unknown table or key, a wrong type or a bad unit is a
+:class:`~pynox.errors.ConfigError` naming the file, the table and the key.
+Relative paths resolve against the file's directory. The ceiling compares
+fully resolved paths (every symlink and ``..`` followed, exactly as the job's
+grant will be), component by component, so ``/srv/data2`` is not beneath
+``/srv/data`` and ``data/link -> /etc`` is ``/etc``.
+
+Apart from reading the file and resolving paths this module does no I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import ConfigError, RequestError
+from .protocol import Request
+from .resolve import DEFAULTS, Defaults, resolve_path
+from .units import format_duration, format_size, parse_duration, parse_size
+
+__all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config"]
+
+_T = TypeVar("_T")
+
+# The request fields a profile may preset: grants and limits, never code, script, name or args.
+_PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
+                "max_file_size", "package_dirs", "functions")
+_LIST_FIELDS = ("allow_read", "allow_write", "package_dirs", "functions")
+_SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_size", "name")
+_POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "limits")
+_LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
+               "max_file_size")
+_MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """``[pool]``: defaults for ``pynox pool``; the command line overrides each of them."""
+
+    workers: int | None = None
+    preload: tuple[str, ...] = ()
+    package_dirs: tuple[str, ...] = ()  # absolute and resolved
+    max_sessions: int = 16
+    session_idle: float = 600.0  # seconds
+    log: str | None = None  # "json" or None
+    run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``[pool.limits]``: a ceiling. A missing path list allows no paths of that kind (fail closed)."""
+
+    allow_read: tuple[str, ...] = ()  # resolved, existing paths
+    allow_write: tuple[str, ...] = ()
+    allow_network: bool = False
+    timeout: float | None = None  # seconds
+    memory: int | None = None  # bytes
+    max_output: int | None = None
+    max_file_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """A loaded ``pynox.toml`` (or :data:`EMPTY`): settings, the ceiling and the profiles."""
+
+    path: str | None
+    pool: PoolSettings = field(default_factory=PoolSettings)
+    limits: Limits | None = None  # None: no [pool.limits] table, so no ceiling
+    profiles: Mapping[str, Request] = field(default_factory=lambda: MappingProxyType({}))
+
+    def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS) -> Request:
+        """The request with its profile merged under it and the ceiling enforced.
+
+        Raises :class:`~pynox.errors.RequestError` for an unknown profile or a
+        request outside the ceiling, saying which limit and what it allows. The
+        result names no profile; relative paths in it are still relative to ``cwd``.
+
+        Unset limits are filled in from the ceiling, so a later session step
+        (which may carry no grant fields) must be checked for its shape first.
+        """
+        if request.profile is not None:
+            request = _merge(self._profile(request.profile), request)
+        if self.limits is not None:
+            request = _enforce(self.limits, request, cwd, defaults)
+        return request
+
+    def _profile(self, name: str) -> Request:
+        try:
+            return self.profiles[name]
+        except KeyError:
+            known = ", ".join(sorted(self.profiles)) if self.profiles else "none are configured"
+            where = f" in {self.path}" if self.path else ""
+            raise RequestError(f"profile: unknown profile {name!r}{where} (known: {known})") from None
+
+
+EMPTY = Config(path=None)
+
+
+# --- merging and the ceiling --------------------------------------------------------------------
+
+
+def _dedupe(items: Iterable[_T]) -> list[_T]:
+    seen: list[_T] = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+def _merge(profile: Request, request: Request) -> Request:
+    """The profile under the request: lists are the profile's then the request's; set scalars win."""
+    changes: dict[str, Any] = {"profile": None}
+    for name in _LIST_FIELDS:
+        mine, theirs = getattr(request, name), getattr(profile, name)
+        if theirs is not None:
+            changes[name] = _dedupe([*theirs, *(mine or ())])
+    if profile.env is not None:
+        changes["env"] = {**profile.env, **(request.env or {})}
+    for name in _SCALAR_FIELDS:
+        if getattr(request, name) is None:
+            changes[name] = getattr(profile, name)
+    return msgspec.structs.replace(request, **changes)
+
+
+def _beneath(path: str, parent: str) -> bool:
+    """Equal or a proper descendant, by whole components. Both must be absolute and normalised."""
+    return os.path.commonpath((path, parent)) == parent
+
+
+def _shown(paths: Sequence[str]) -> str:
+    return ", ".join(paths) if paths else "none"
+
+
+def _check_paths(field_name: str, paths: Iterable[str], allowed: Sequence[str], cwd: str) -> None:
+    for path in paths:
+        # The same resolution to_job applies, so the ceiling judges exactly what would be granted.
+        real = resolve_path(path, cwd, field_name)
+        if not any(_beneath(real, parent) for parent in allowed):
+            named = path if path == real else f"{path} (resolves to {real})"
+            raise RequestError(f"{field_name}: {named} is outside the [pool.limits] ceiling "
+                               f"(allowed: {_shown(allowed)})")
+
+
+def _show_duration(seconds: float) -> str:
+    """format_duration, unless it rounds (``30.0001`` must not read as the ceiling's ``30s``)."""
+    text = format_duration(seconds)
+    try:
+        exact = parse_duration(text) == seconds
+    except ConfigError:  # "0ms" for anything under half a millisecond
+        exact = False
+    return text if exact else f"{seconds!r}s"
+
+
+def _parsed(parse: Callable[[Any, str], _T], value: Any, field_name: str) -> _T:
+    try:
+        return parse(value, field_name)
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
+    except OverflowError:  # units cannot turn a number this large into a float
+        raise RequestError(f"{field_name}: {value!r} is too large") from None
+
+
+def _enforce(limits: Limits, request: Request, cwd: str, defaults: Defaults) -> Request:
+    readable = _dedupe([*limits.allow_read, *limits.allow_write])
+    _check_paths("allow_read", request.allow_read or (), readable, cwd)
+    _check_paths("package_dirs", request.package_dirs or (), readable, cwd)
+    if request.script is not None:
+        _check_paths("script", [request.script], readable, cwd)
+    _check_paths("allow_write", request.allow_write or (), limits.allow_write, cwd)
+    if request.allow_network and not limits.allow_network:
+        raise RequestError("allow_network: the [pool.limits] ceiling does not allow the network "
+                           "(allow_network = false)")
+
+    changes: dict[str, Any] = {}
+    checks: tuple[tuple[str, Callable[[Any, str], Any], Any, Any, Callable[[Any], str]], ...] = (
+        ("timeout", parse_duration, limits.timeout, defaults.timeout, _show_duration),
+        ("memory", parse_size, limits.memory, defaults.memory, format_size),
+        ("max_output", parse_size, limits.max_output, defaults.max_output, format_size),
+        # No default: a max_file_size limit applies to every request that sets none.
+        ("max_file_size", parse_size, limits.max_file_size, None, format_size),
+    )
+    for name, parse, limit, default, show in checks:
+        value = getattr(request, name)
+        if value is not None:
+            parsed = _parsed(parse, value, name)
+            if limit is not None and parsed > limit:
+                raise RequestError(f"{name}: {show(parsed)} exceeds the [pool.limits] ceiling "
+                                   f"of {show(limit)}")
+        elif limit is not None and (default is None or default > limit):
+            changes[name] = limit
+    return msgspec.structs.replace(request, **changes) if changes else request
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+class _Table:
+    """One TOML table being read, with errors that name the file, the table and the key."""
+
+    def __init__(self, file: str, name: str, raw: Any) -> None:
+        self.file, self.name = file, name
+        if not isinstance(raw, dict):
+            raise self.error(f"must be a table, got {_type_name(raw)}")
+        self.raw: dict[str, Any] = raw
+
+    def error(self, message: str, key: str | None = None) -> ConfigError:
+        where = f"[{self.name}] {key}" if key else f"[{self.name}]"
+        return ConfigError(f"{self.file}: {where}: {message}")
+
+    def refuse_unknown(self, known: Sequence[str]) -> None:
+        unknown = sorted(set(self.raw) - set(known))
+        if unknown:
+            raise self.error(f"unknown key {', '.join(map(repr, unknown))} (known keys: {', '.join(known)})")
+
+    def get(self, key: str, kind: type[_T] | tuple[type, ...], what: str) -> _T | None:
+        value = self.raw.get(key)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # bool is an int in Python, never in TOML.
+        wrong = not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+        if value is not None and wrong:
+            raise self.error(f"expected {what}, got {_type_name(value)} {value!r}", key)
+        return value  # type: ignore[return-value]
+
+    def strings(self, key: str) -> list[str] | None:
+        value = self.get(key, list, "a list of strings")
+        if value is not None:
+            for item in value:
+                if not isinstance(item, str) or not item or "\0" in item:
+                    raise self.error(f"expected a list of non-empty strings, got {item!r} in it", key)
+        return value
+
+    def positive_int(self, key: str) -> int | None:
+        value = self.get(key, int, "a positive integer")
+        if value is not None and value <= 0:
+            raise self.error(f"must be a positive integer, got {value}", key)
+        return value
+
+    def units(self, key: str, parse: Callable[[Any, str], _T]) -> _T | None:
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        try:
+            return parse(value, key)
+        except ConfigError as exc:
+            raise self.error(str(exc).removeprefix(f"{key}: "), key) from None
+        except OverflowError:  # units cannot turn a number this large into a float
+            raise self.error(f"{value!r} is too large", key) from None
+
+    def paths(self, key: str, base: str, *, must_exist: bool) -> list[str] | None:
+        values = self.strings(key)
+        if values is None:
+            return None
+        resolved: list[str] = []
+        for value in values:
+            real = os.path.realpath(os.path.join(base, os.path.expanduser(value)))
+            if must_exist and not os.path.exists(real):
+                raise self.error(f"{value} does not exist (resolved to {real})", key)
+            resolved.append(real)
+        return _dedupe(resolved)
+
+
+def _type_name(value: object) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a float"}.get(type(value), type(value).__name__)
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and check a ``pynox.toml``. Raises :class:`~pynox.errors.ConfigError` naming file and key.
+
+    Relative paths in the file resolve against the directory the file is named
+    in (a symlinked config resolves against the link's directory, where the
+    operator sees it). Every profile must fit under ``[pool.limits]``, and the
+    file may not lie beneath any write grant of its own.
+    """
+    file = os.path.abspath(os.fspath(path))
+    try:
+        with open(file, "rb") as handle:
+            raw = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read the config file: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    base = os.path.dirname(file)
+
+    for table in sorted(set(raw) - {"pool", "profiles"}):
+        if table == "permissions":
+            raise ConfigError(f"{file}: [permissions] is the command line's table and does not apply to the "
+                              "pool; use [pool.limits] for a ceiling and [profiles.NAME] for grants")
+        raise ConfigError(f"{file}: unknown table or key {table!r} (known tables: [pool], [pool.limits], "
+                          "[profiles.NAME])")
+
+    pool_table = _Table(file, "pool", raw.get("pool", {}))
+    pool_table.refuse_unknown(_POOL_KEYS)
+    pool = _pool_settings(pool_table, base)
+    limits = None
+    if "limits" in pool_table.raw:
+        limits = _limits(_Table(file, "pool.limits", pool_table.raw["limits"]), base)
+
+    profiles: dict[str, Request] = {}
+    profiles_raw = raw.get("profiles", {})
+    if not isinstance(profiles_raw, dict):
+        raise ConfigError(f"{file}: profiles must be tables [profiles.NAME], got {_type_name(profiles_raw)}")
+    for name, body in profiles_raw.items():
+        table = _Table(file, f"profiles.{name}", body)
+        profile = _profile(table, base)
+        if limits is not None:
+            try:
+                _enforce(limits, profile, base, DEFAULTS)
+            except RequestError as exc:
+                raise table.error(f"the profile does not fit under [pool.limits]: {exc}") from None
+        profiles[name] = profile
+
+    _refuse_self_writable(file, limits, profiles)
+    return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles))
+
+
+def _pool_settings(table: _Table, base: str) -> PoolSettings:
+    preload = table.strings("preload") or []
+    for module in preload:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise table.error(f"{module!r} is not a module name", "preload")
+    log = table.get("log", str, 'the string "json"')
+    if log is not None and log != "json":
+        raise table.error(f'the only log format is "json", got {log!r}', "log")
+    idle = table.units("session_idle", parse_duration)
+    max_sessions = table.positive_int("max_sessions")
+    return PoolSettings(
+        workers=table.positive_int("workers"),
+        preload=tuple(_dedupe(preload)),
+        package_dirs=tuple(table.paths("package_dirs", base, must_exist=True) or ()),
+        max_sessions=PoolSettings.max_sessions if max_sessions is None else max_sessions,
+        session_idle=PoolSettings.session_idle if idle is None else idle,
+        log=log,
+        run_as=_run_as(table),
+    )
+
+
+def _run_as(table: _Table) -> tuple[int, int] | None:
+    """``"uid:gid"``, ``"uid"`` or an integer uid; a lone uid is also the gid. Never root."""
+    value = table.get("run_as", (str, int), 'a numeric "uid:gid" or "uid"')
+    if value is None:
+        return None
+    text = str(value)
+    parts = text.split(":")
+    if len(parts) > 2 or not all(part.isascii() and part.isdigit() for part in parts):
+        raise table.error(f'expected a numeric "uid:gid" or "uid", got {value!r}', "run_as")
+    uid, gid = int(parts[0]), int(parts[-1])
+    if not (0 < uid <= _MAX_ID and 0 < gid <= _MAX_ID):
+        raise table.error(f"{value!r}: jobs must run as an unprivileged user and group (not 0, at most "
+                          f"{_MAX_ID})", "run_as")
+    return uid, gid
+
+
+def _limits(table: _Table, base: str) -> Limits:
+    table.refuse_unknown(_LIMIT_KEYS)
+    network = table.get("allow_network", bool, "true or false")
+    return Limits(
+        allow_read=tuple(table.paths("allow_read", base, must_exist=True) or ()),
+        allow_write=tuple(table.paths("allow_write", base, must_exist=True) or ()),
+        allow_network=bool(network),
+        timeout=table.units("timeout", parse_duration),
+        memory=table.units("memory", parse_size),
+        max_output=table.units("max_output", parse_size),
+        max_file_size=table.units("max_file_size", parse_size),
+    )
+
+
+def _profile(table: _Table, base: str) -> Request:
+    table.refuse_unknown(_PROFILE_KEYS)
+    env = table.get("env", dict, "a table of strings")
+    if env is not None:
+        for key, value in env.items():
+            if not isinstance(value, str) or not key or "=" in key or "\0" in key or "\0" in value:
+                raise table.error(f"{key!r} = {value!r}: names must be non-empty without '=' or NUL, "
+                                  "values strings without NUL", "env")
+    functions = table.strings("functions")
+    for function in functions or ():
+        if not function.isidentifier() or function.startswith("_"):
+            raise table.error(f"{function!r} is not a public Python identifier", "functions")
+    return Request(
+        allow_read=table.paths("allow_read", base, must_exist=False),
+        allow_write=table.paths("allow_write", base, must_exist=False),
+        package_dirs=table.paths("package_dirs", base, must_exist=False),
+        allow_network=table.get("allow_network", bool, "true or false"),
+        env=dict(env) if env is not None else None,
+        functions=_dedupe(functions) if functions is not None else None,
+        timeout=table.units("timeout", parse_duration),
+        memory=table.units("memory", parse_size),
+        max_output=table.units("max_output", parse_size),
+        max_file_size=table.units("max_file_size", parse_size),
+    )
+
+
+def _refuse_self_writable(file: str, limits: Limits | None, profiles: Mapping[str, Request]) -> None:
+    """A job that could write the config file could rewrite its own ceiling on the next start."""
+    # Both where the file is named (a writable directory could swap a symlink) and where it really is.
+    names = _dedupe([os.path.join(os.path.realpath(os.path.dirname(file)), os.path.basename(file)),
+                     os.path.realpath(file)])
+    grants = [("[pool.limits] allow_write", path) for path in (limits.allow_write if limits else ())]
+    grants += [(f"[profiles.{name}] allow_write", path)
+               for name, profile in profiles.items() for path in profile.allow_write or ()]
+    for where, grant in grants:
+        for name in names:
+            if _beneath(name, grant):
+                raise ConfigError(f"{file}: {where}: {grant} contains this config file ({name}); a job could "
+                                  "rewrite its own ceiling, so keep the file outside every write grant")

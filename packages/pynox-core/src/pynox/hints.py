@@ -15,8 +15,10 @@ from typing import Literal
 from .units import format_duration, format_size
 
 __all__ = [
+    "cross_grant_hint",
     "memory_hint",
     "network_hint",
+    "operation_hint",
     "path_hint",
     "subprocess_hint",
     "timeout_hint",
@@ -35,9 +37,19 @@ def _beneath(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def _absolute(path: str, cwd: str) -> str:
+    # Relative to where the job is now (it may have changed directory since it started), and through
+    # symlinks: Landlock judged the file a link points to, and grants are resolved the same way.
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        pass
+    return os.path.realpath(os.path.join(cwd, path))
+
+
 def path_hint(path: str, cwd: str, read: Sequence[str], write: Sequence[str], style: Style) -> str:
     """Why ``path`` was denied and which grant would allow it."""
-    absolute = os.path.normpath(os.path.join(cwd, path))
+    absolute = _absolute(path, cwd)
     if any(_beneath(absolute, granted) for granted in read):
         return (f"{absolute} is readable but not writable in this sandbox. To modify it the host must grant "
                 f"{_grant(style, 'allow_write', absolute)}.")
@@ -50,6 +62,18 @@ def path_hint(path: str, cwd: str, read: Sequence[str], write: Sequence[str], st
 def subprocess_hint() -> str:
     return ("Starting programs or processes (subprocess, os.system, os.fork, multiprocessing) is not allowed "
             "in this sandbox, and no grant allows it. Do the work in Python within this process; threads work.")
+
+
+def operation_hint() -> str:
+    return ("The sandbox denied this operation, and no grant allows it: starting programs or processes, "
+            "signalling processes outside the sandbox, changing a file's permissions, owner, extended "
+            "attributes or times, and kernel-level operations are not allowed. Do the work in this Python "
+            "process; to copy a file use shutil.copyfile (shutil.copy and copy2 also copy permissions).")
+
+
+def cross_grant_hint() -> str:
+    return ("A file cannot be renamed or hard-linked across the edge of a granted directory (or across "
+            "filesystems). Copy its content instead (shutil.copyfile), where both places are granted.")
 
 
 def network_hint(network: bool, style: Style) -> str:

@@ -237,17 +237,21 @@ def _hint(exc: BaseException, path: str | None, spec: JobSpec) -> str | None:
         return None
     if exc.errno == errno.EFBIG and spec.max_file_size is not None:
         return hints.file_size_hint(spec.max_file_size, style)
+    if exc.errno == errno.EXDEV and path is not None:  # Landlock's answer to a rename or link across grants
+        return hints.cross_grant_hint()
     if exc.errno not in (errno.EPERM, errno.EACCES, errno.ENOSYS):
         return None
-    if _frames_in(exc, "subprocess.py", "popen_fork.py", "context.py", "pool.py", "os.py", "pty.py"):
+    # A denied fork or exec is EPERM; an EACCES in os.py is a path (os.makedirs), not a process.
+    if exc.errno == errno.EPERM and _frames_in(exc, "subprocess.py", "popen_fork.py", "context.py", "pool.py",
+                                               "os.py", "pty.py"):
         return hints.subprocess_hint()
     if _frames_in(exc, "socket.py", "ssl.py", "client.py", "request.py", "connection.py"):
         return hints.network_hint(spec.network, style)
-    if path is not None:
+    # Landlock refuses a path with EACCES; EPERM on a path comes from the seccomp filter (exec, chmod...).
+    if path is not None and exc.errno == errno.EACCES:
         return hints.path_hint(path, spec.cwd, spec.allow_read, spec.allow_write, style)
     if exc.errno == errno.EPERM:
-        return ("The sandbox denied this operation (starting processes, sockets and kernel-level "
-                "operations are not allowed).")
+        return hints.operation_hint()
     return None
 
 

@@ -1,0 +1,607 @@
+"""Escape cases as data: what a job tries, how the sandbox must refuse it, and the control that shows why.
+
+Each :class:`Case` runs twice:
+
+* **denied**: confined as ``request`` says; ``denied`` says how it must fail,
+  and on top of it every denied run must leave the world exactly as it was
+  (see ``test_escapes.py``: nothing outside the grants changed, the canary
+  token and the host secret absent from the whole result, the template alive);
+* **control**: the same code (or ``control_code``) either confined with the
+  matching grant (``grant`` merged into ``request``) or, when no grant exists
+  for it (starting processes, kernel attack surface), in a plain interpreter
+  with the test's own powers (``grant=None``). The control must succeed, so
+  the denial provably comes from the policy and not from a broken case.
+
+``$name`` in code stands for a value of :meth:`harness.World.values`.
+"""
+
+from __future__ import annotations
+
+import errno
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .harness import Run, World
+
+HostCheck = Callable[[World, Run], None]
+
+
+@dataclass(frozen=True)
+class Expect:
+    exit: int | None = 0  # None: not checked
+    error: tuple[str, ...] = ()  # acceptable error.type values; empty: no error (confined runs only)
+    hint: tuple[str, ...] = ()  # substrings of error.hint
+    stdout: tuple[str, ...] = ()  # substrings of stdout
+    stderr: tuple[str, ...] = ()  # substrings of stderr
+    host: HostCheck | None = None  # what the test observes from outside after the run
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    rule: str  # the rule of docs/sandbox-contract.md this case proves
+    code: str
+    denied: Expect
+    control: Expect
+    request: dict[str, Any] = field(default_factory=dict)
+    grant: dict[str, Any] | None = None  # None: the control runs unconfined
+    control_code: str | None = None
+    needs: tuple[str, ...] = ()  # "landlock:6", "ipv6", "root", "syscall:NAME"
+    prepare: Callable[[World], None] | None = None  # arranges the world before either run
+
+    def source(self, world: World, *, control: bool = False) -> str:
+        from string import Template
+
+        code = self.control_code if control and self.control_code is not None else self.code
+        return Template(textwrap.dedent(code)).substitute({k: str(v) for k, v in world.values().items()})
+
+
+# Expectations shared by many cases ---------------------------------------------------------------
+
+PERMISSION = ("PermissionError",)
+READ_HINT = 'allow_read=["$canary"]'  # formatted per world by the runner
+PROCESS_HINT = ("process",)
+NETWORK_HINT = ("allow_network=True",)
+METADATA_HINT = ("permissions", "no grant allows it")
+
+
+def _denied(*hint: str, error: tuple[str, ...] = PERMISSION, host: HostCheck | None = None) -> Expect:
+    return Expect(exit=1, error=error, hint=hint, host=host)
+
+
+def _works(*stdout: str, host: HostCheck | None = None) -> Expect:
+    return Expect(exit=0, stdout=stdout, host=host)
+
+
+def _not_permission(world: World, run: Run) -> None:
+    # Unconfined, the call may fail for its bogus arguments (EFAULT, EINVAL...), never for permission.
+    assert "PermissionError" not in run.result.stderr, run.result.stderr
+
+
+def _marker_absent(world: World, run: Run) -> None:
+    assert not world.marker.exists(), "the side effect happened: a process was started"
+
+
+def _marker_present(world: World, run: Run) -> None:
+    assert world.marker.exists(), f"the control did not start the process: {run.result.stderr}"
+
+
+def _sleeper_alive(world: World, run: Run) -> None:
+    assert world.sleeper_alive(), "the job killed a process outside the sandbox"
+
+
+def _sleeper_killed(world: World, run: Run) -> None:
+    assert world.sleeper_exited(), "the unconfined control could not kill the sleeper"
+
+
+def _stop_sleeper(world: World) -> None:
+    world.stop_sleeper()
+
+
+def _sleeper_stopped(world: World, run: Run) -> None:
+    assert world.sleeper_state() == "T", "a signal from the job reached a process outside the sandbox"
+
+
+def _sleeper_running(world: World, run: Run) -> None:
+    assert world.sleeper_state() in ("S", "R"), world.sleeper_state()
+
+
+def _nofile_unchanged(world: World, run: Run) -> None:
+    assert " 5 " not in world.sleeper_limit("Max open files"), "the job changed another process's limits"
+
+
+def _nofile_changed(world: World, run: Run) -> None:
+    assert " 5 " in world.sleeper_limit("Max open files")
+
+
+def _no_tcp(world: World, run: Run) -> None:
+    assert world.accepted(world.tcp) is None, "the listener saw a connection"
+
+
+def _tcp_hello(world: World, run: Run) -> None:
+    assert world.accepted(world.tcp) == b"hello"
+
+
+def _no_tcp6(world: World, run: Run) -> None:
+    assert world.tcp6 is not None and world.accepted(world.tcp6) is None
+
+
+def _tcp6_hello(world: World, run: Run) -> None:
+    assert world.tcp6 is not None and world.accepted(world.tcp6) == b"hello"
+
+
+def _no_udp(world: World, run: Run) -> None:
+    assert world.datagram() is None, "the UDP listener received a datagram"
+
+
+def _udp_hello(world: World, run: Run) -> None:
+    assert world.datagram() == b"hello"
+
+
+def _no_unix(world: World, run: Run) -> None:
+    assert world.accepted(world.unix) is None
+
+
+def _unix_hello(world: World, run: Run) -> None:
+    assert world.accepted(world.unix) == b"hello"
+
+
+def _no_abstract(world: World, run: Run) -> None:
+    assert world.accepted(world.abstract) is None
+
+
+def _abstract_hello(world: World, run: Run) -> None:
+    assert world.accepted(world.abstract) == b"hello"
+
+
+def _file(path_of: Callable[[World], Any], *, exists: bool) -> HostCheck:
+    def check(world: World, run: Run) -> None:
+        assert path_of(world).exists() == exists, f"{path_of(world)} exists={not exists}"
+
+    return check
+
+
+def _canary_is(content: str) -> HostCheck:
+    def check(world: World, run: Run) -> None:
+        assert world.canary.read_text() == content
+
+    return check
+
+
+def _canary_appended(world: World, run: Run) -> None:
+    assert world.canary.read_text() == world.token + "pwned"
+
+
+def _canary_mode_changed(world: World, run: Run) -> None:
+    assert world.canary.stat().st_mode & 0o777 == 0o777
+
+
+# Filesystem: Landlock ----------------------------------------------------------------------------
+
+FILESYSTEM = [
+    Case("read_canary", "landlock.read",
+         'print(open("$canary").read())',
+         _denied(READ_HINT), _works("$token"), grant={"allow_read": ["$outside"]}),
+    Case("list_outside_dir", "landlock.read",
+         'import os; print(os.listdir("$outside"))',
+         _denied("allow_read"), _works("canary.txt"), grant={"allow_read": ["$outside"]}),
+    Case("read_nested_outside", "landlock.read",
+         'print(open("$outside/sub/nested.txt").read())',
+         _denied("allow_read"), _works("$token"), grant={"allow_read": ["$outside"]}),
+    Case("overwrite_canary", "landlock.write",
+         'open("$canary", "w").write("pwned")',
+         _denied("allow_write"), _works(host=_canary_is("pwned")), grant={"allow_write": ["$outside"]}),
+    Case("append_canary", "landlock.write",
+         'open("$canary", "a").write("pwned")',
+         _denied("allow_write"), _works(host=_canary_appended), grant={"allow_write": ["$outside"]}),
+    Case("create_outside", "landlock.write",
+         'open("$outside/new.txt", "w").write("x")',
+         _denied("allow_write"), _works(host=_file(lambda w: w.outside / "new.txt", exists=True)),
+         grant={"allow_write": ["$outside"]}),
+    Case("mkdir_outside", "landlock.write",
+         'import os; os.mkdir("$outside/newdir")',
+         _denied("allow_write"), _works(host=_file(lambda w: w.outside / "newdir", exists=True)),
+         grant={"allow_write": ["$outside"]}),
+    Case("delete_canary", "landlock.write",
+         'import os; os.remove("$canary")',
+         _denied("allow_write"), _works(host=_file(lambda w: w.canary, exists=False)),
+         grant={"allow_write": ["$outside"]}),
+    Case("truncate_canary", "landlock.write",
+         'import os; os.truncate("$canary", 0)',
+         _denied("allow_write"), _works(host=_canary_is("")), grant={"allow_write": ["$outside"]}),
+    Case("write_into_read_grant", "landlock.read_only",
+         'open("$readonly/data.txt", "w").write("pwned")',
+         _denied("readable but not writable", 'allow_write=["$readonly/data.txt"]'),
+         _works(), request={"allow_read": ["$readonly"]}, grant={"allow_write": ["$readonly"]}),
+    Case("dotdot_absolute", "landlock.dotdot",
+         'print(open("$work/../outside/canary.txt").read())',
+         _denied(READ_HINT), _works("$token"),
+         request={"allow_write": ["$work"]}, grant={"allow_read": ["$outside"]}),
+    Case("dotdot_relative", "landlock.dotdot",
+         'import os; os.chdir("$work"); print(open("../outside/canary.txt").read())',
+         _denied(READ_HINT), _works("$token"),
+         request={"allow_write": ["$work"]}, grant={"allow_read": ["$outside"]}),
+    Case("symlink_made_inside", "landlock.symlink",
+         'import os; os.symlink("$canary", "$work/link"); print(open("$work/link").read())',
+         _denied(READ_HINT), _works("$token"),
+         request={"allow_write": ["$work"]}, grant={"allow_read": ["$outside"]}),
+    Case("symlink_dir_made_inside_write", "landlock.symlink",
+         'import os; os.symlink("$outside", "$work/door"); open("$work/door/canary.txt", "w").write("pwned")',
+         _denied("allow_write"), _works(host=_canary_is("pwned")),
+         request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+    Case("hardlink_into_grant", "landlock.hardlink",
+         'import os; os.link("$canary", "$work/hard"); print(open("$work/hard").read())',
+         _denied("hard-linked", error=("OSError",), host=_file(lambda w: w.work / "hard", exists=False)),
+         _works("$token"), request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+    Case("rename_into_grant", "landlock.rename",
+         'import os; os.rename("$canary", "$work/stolen"); print(open("$work/stolen").read())',
+         _denied("allow_write", host=_file(lambda w: w.work / "stolen", exists=False)),
+         _works("$token"), request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+    Case("rename_out_of_grant", "landlock.rename",
+         'import os; os.rename("$work/mine.txt", "$outside/dropped.txt")',
+         _denied(host=_file(lambda w: w.work / "mine.txt", exists=True)),
+         _works(host=_file(lambda w: w.outside / "dropped.txt", exists=True)),
+         request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+    Case("etc_passwd", "landlock.host",
+         'print(open("/etc/passwd").read())',
+         _denied('allow_read=["/etc/passwd"]'), _works("root:"), grant={"allow_read": ["/etc/passwd"]}),
+    Case("fake_home_key", "landlock.host",
+         'print(open("$fake_home/.ssh/id_rsa").read())',
+         _denied("allow_read"), _works("$token"), grant={"allow_read": ["$fake_home"]}),
+    Case("real_home_file", "landlock.host",
+         'print(open("$root_canary").read())',
+         _denied("allow_read"), _works("$token"), grant={"allow_read": ["$root_canary"]}, needs=("root",)),
+    Case("real_home_listing", "landlock.host",
+         'import os; print(os.listdir("$real_home"))',
+         _denied("allow_read"), _works(".pynox-test-canary-"), grant={"allow_read": ["$real_home"]},
+         needs=("root",)),
+    Case("parent_proc_environ", "landlock.proc",
+         'import os; print(len(open(f"/proc/{os.getppid()}/environ").read()) > 0)',
+         _denied(), _works("True")),
+    Case("runtime_not_writable", "landlock.runtime",
+         'import os; open(os.__file__, "a").write("# pwned")',
+         _denied(), _works("import"), control_code='import os; print(open(os.__file__).read())',
+         grant={}),
+]
+
+# File metadata: seccomp (Landlock does not govern it) ----------------------------------------------
+
+METADATA = [
+    Case("chmod_canary", "seccomp.metadata",
+         'import os; os.chmod("$canary", 0o777)',
+         _denied(*METADATA_HINT), _works(host=_canary_mode_changed)),
+    Case("fchmod_read_grant", "seccomp.metadata",
+         'import os; fd = os.open("$readonly/data.txt", os.O_RDONLY); os.fchmod(fd, 0o4777)',
+         _denied(*METADATA_HINT), _works(), request={"allow_read": ["$readonly"]}),
+    Case("chown_canary", "seccomp.metadata",
+         'import os; os.chown("$canary", 0, 0)',
+         _denied(*METADATA_HINT), _works(), needs=("root",)),
+    Case("setxattr_canary", "seccomp.metadata",
+         'import os; os.setxattr("$canary", "user.pynox", b"1")',
+         _denied(*METADATA_HINT), _works()),
+    Case("utime_canary", "seccomp.metadata",
+         'import os; os.utime("$canary", (0, 0))',
+         _denied(*METADATA_HINT), _works()),
+]
+
+# Starting programs and processes: seccomp --------------------------------------------------------
+
+_CTYPES = """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def check(result):
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+"""
+
+PROCESSES = [
+    Case("subprocess_run", "seccomp.process",
+         'import subprocess; subprocess.run(["/usr/bin/touch", "$marker"])',
+         _denied(*PROCESS_HINT, host=_marker_absent), _works(host=_marker_present),
+         request={"allow_write": ["$work"]}),
+    Case("os_system", "seccomp.process",
+         'import os; print("status", os.system("/usr/bin/touch $marker"))',
+         Expect(exit=0, stdout=("status 32512",), host=_marker_absent), _works("status 0", host=_marker_present),
+         request={"allow_write": ["$work"]}),
+    Case("os_fork", "seccomp.process",
+         'import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0); print("forked")',
+         _denied(*PROCESS_HINT), _works("forked")),
+    Case("os_execv", "seccomp.process",
+         'import os; os.execv("/usr/bin/touch", ["touch", "$marker"])',
+         _denied(*PROCESS_HINT, host=_marker_absent), _works(host=_marker_present),
+         request={"allow_write": ["$work"]}),
+    Case("os_posix_spawn", "seccomp.process",
+         'import os; pid = os.posix_spawn("/usr/bin/touch", ["touch", "$marker"], {}); os.waitpid(pid, 0)',
+         _denied(*PROCESS_HINT, host=_marker_absent), _works(host=_marker_present),
+         request={"allow_write": ["$work"]}),
+    Case("multiprocessing", "seccomp.process",
+         """\
+         import multiprocessing
+         def touch():
+             open("$marker", "w").close()
+         child = multiprocessing.Process(target=touch)
+         child.start()
+         child.join()
+         """,
+         _denied(*PROCESS_HINT, host=_marker_absent), _works(host=_marker_present),
+         request={"allow_write": ["$work"]}),
+    Case("ctypes_execve", "seccomp.process",
+         _CTYPES + textwrap.dedent("""\
+         argv = (ctypes.c_char_p * 3)(b"touch", b"$marker", None)
+         envp = (ctypes.c_char_p * 1)(None)
+         check(libc.execve(b"/usr/bin/touch", argv, envp))
+         """),
+         _denied(*PROCESS_HINT, host=_marker_absent), _works(host=_marker_present),
+         request={"allow_write": ["$work"]}),
+    Case("ctypes_fork", "seccomp.process",
+         _CTYPES + 'pid = check(libc.fork())\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0); print("forked")',
+         _denied(*PROCESS_HINT), _works("forked")),
+    Case("raw_syscall_fork", "seccomp.process",
+         _CTYPES + 'pid = check(libc.syscall($nr_fork))\nif pid == 0:\n    os._exit(0)\n'
+         'os.waitpid(pid, 0); print("forked")',
+         _denied(*PROCESS_HINT), _works("forked"), needs=("syscall:fork",)),
+    Case("raw_syscall_clone", "seccomp.process",
+         _CTYPES + 'pid = check(libc.syscall($nr_clone, 17, 0, 0, 0, 0))\nif pid == 0:\n    os._exit(0)\n'
+         'os.waitpid(pid, 0); print("cloned")',
+         _denied(*PROCESS_HINT), _works("cloned")),
+    Case("raw_syscall_clone3", "seccomp.process",
+         _CTYPES + textwrap.dedent("""\
+         args = (ctypes.c_uint64 * 8)(0, 0, 0, 0, 17, 0, 0, 0)  # flags=0, exit_signal=SIGCHLD: a fork
+         pid = check(libc.syscall($nr_clone3, ctypes.byref(args), ctypes.c_size_t(64)))
+         if pid == 0:
+             os._exit(0)
+         os.waitpid(pid, 0); print("cloned")
+         """),
+         Expect(exit=1, error=("OSError",), stderr=(f"[Errno {errno.ENOSYS}]",)), _works("cloned")),
+]
+
+# Sockets: seccomp (every family without the grant; never netlink or packet) and Landlock (TCP, scoping)
+
+NETWORK = [
+    Case("tcp_connect", "network.tcp",
+         'import socket; s = socket.create_connection(("127.0.0.1", $tcp_port)); s.sendall(b"hello"); s.close()',
+         _denied(*NETWORK_HINT, host=_no_tcp), _works(host=_tcp_hello), grant={"allow_network": True}),
+    Case("tcp6_connect", "network.tcp",
+         'import socket; s = socket.create_connection(("::1", $tcp6_port)); s.sendall(b"hello"); s.close()',
+         _denied(*NETWORK_HINT, host=_no_tcp6), _works(host=_tcp6_hello), grant={"allow_network": True},
+         needs=("ipv6",)),
+    Case("udp_send", "network.udp",
+         'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); '
+         's.sendto(b"hello", ("127.0.0.1", $udp_port))',
+         _denied(*NETWORK_HINT, host=_no_udp), _works(host=_udp_hello), grant={"allow_network": True}),
+    Case("unix_connect", "network.unix",
+         'import socket; s = socket.socket(socket.AF_UNIX); s.connect("$unix_path"); s.sendall(b"hello"); s.close()',
+         _denied(*NETWORK_HINT, host=_no_unix), _works(host=_unix_hello),
+         request={"allow_write": ["$work"]}, grant={"allow_network": True}),
+    Case("abstract_unix_scoped", "landlock.scope_abstract",
+         'import socket; s = socket.socket(socket.AF_UNIX); s.connect("\\0$abstract_name"); s.sendall(b"hello")',
+         _denied(host=_no_abstract), _works(host=_abstract_hello),
+         request={"allow_network": True}, needs=("landlock:6",)),
+    Case("netlink_socket", "network.families",
+         'import socket; socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close(); print("opened")',
+         _denied(), _works("opened"), request={"allow_network": True}),
+    Case("packet_socket", "network.families",
+         'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0).close(); print("opened")',
+         _denied(), _works("opened"), request={"allow_network": True}, needs=("root",)),
+]
+
+# Other processes: Landlock scoping (signals), seccomp (limits) ------------------------------------
+
+SIGNALS = [
+    Case("kill_template", "landlock.scope_signal",
+         'import os, signal; os.kill(os.getppid(), signal.SIGKILL)',
+         _denied(), _works("self"), control_code='import os; os.kill(os.getpid(), 0); print("self")',
+         grant={}, needs=("landlock:6",)),
+    Case("kill_outside_process", "landlock.scope_signal",
+         'import os, signal; os.kill($sleeper_pid, signal.SIGKILL)',
+         _denied(host=_sleeper_alive), _works(host=_sleeper_killed), needs=("landlock:6",)),
+    Case("pidfd_kill_outside_process", "landlock.scope_signal",
+         'import os, signal; signal.pidfd_send_signal(os.pidfd_open($sleeper_pid), signal.SIGKILL)',
+         _denied(host=_sleeper_alive), _works(host=_sleeper_killed), needs=("landlock:6",)),
+    # kill(-1) reports success when every target refused, so the proof is the stopped sleeper staying
+    # stopped. SIGCONT: should the policy ever fail, continuing running processes harms nothing.
+    Case("kill_everything", "landlock.scope_signal",
+         'import os, signal; os.kill(-1, signal.SIGCONT)',
+         Expect(exit=0, host=_sleeper_stopped), _works(host=_sleeper_running),
+         control_code='import os, signal; os.kill($sleeper_pid, signal.SIGCONT)',
+         prepare=_stop_sleeper, needs=("landlock:6",)),
+    Case("prlimit_outside_process", "seccomp.prlimit",
+         'import resource; resource.prlimit($sleeper_pid, resource.RLIMIT_NOFILE, (5, 5))',
+         _denied(host=_nofile_unchanged), _works(host=_nofile_changed)),
+    # Denied by the kernel because the job holds no capability and the target does (commoncap).
+    Case("renice_outside_process", "privileges.capabilities",
+         'import os; os.setpriority(os.PRIO_PROCESS, $sleeper_pid, 19)',
+         _denied(), _works()),
+]
+
+# Kernel attack surface: seccomp answers EPERM before the kernel looks at the (bogus) arguments -------
+
+
+def _syscall_case(name: str, args: str, *, case_id: str | None = None) -> Case:
+    code = _CTYPES + f'check(libc.syscall($nr_{name}, {args})); print("returned")'
+    # Unconfined, the call may succeed (exit 0) or fail for its arguments (exit 1): either is fine.
+    return Case(case_id or name, "seccomp.surface", code, _denied(),
+                Expect(exit=None, host=_not_permission), needs=(f"syscall:{name}",))
+
+
+SURFACE = [
+    _syscall_case("ptrace", "0, 0, 0, 0"),
+    _syscall_case("mount", "None, None, None, 0, None"),
+    _syscall_case("umount2", "None, 0"),
+    _syscall_case("unshare", "0x10000000"),
+    _syscall_case("setns", "-1, 0"),
+    _syscall_case("chroot", "None"),
+    _syscall_case("pivot_root", "None, None"),
+    _syscall_case("bpf", "5, None, 0"),
+    _syscall_case("perf_event_open", "None, 0, -1, -1, 0"),
+    _syscall_case("userfaultfd", "ctypes.c_int(-1)"),
+    _syscall_case("io_uring_setup", "1, None"),
+    _syscall_case("keyctl", "9999, 0, 0, 0, 0"),
+    _syscall_case("add_key", "None, None, None, 0, 0"),
+    _syscall_case("kexec_load", "0, 0, None, ctypes.c_ulong(0xFFFFFFFF)"),
+    _syscall_case("init_module", "None, 0, None"),
+    _syscall_case("process_vm_readv", "0, None, 0, None, 0, 0xFF"),
+    _syscall_case("shmget", "0, 0, 0"),
+    _syscall_case("personality", "0x0040000"),
+    _syscall_case("ioctl", "0, ctypes.c_ulong(0x5412), None", case_id="ioctl_tiocsti"),
+    # The kernel compares the low 32 bits of the request; so must the filter.
+    _syscall_case("ioctl", "0, ctypes.c_ulong(0x1_0000_5412), None", case_id="ioctl_tiocsti_high_bits"),
+]
+
+# Environment and privileges ------------------------------------------------------------------------
+
+_ENV_CODE = """\
+import os
+print(sorted(os.environ.items()))
+print(open("/proc/self/environ", "rb").read())
+print("home", os.path.expanduser("~"))
+"""
+
+
+def _env_minimal(world: World, run: Run) -> None:
+    first = run.result.stdout.splitlines()[0]
+    for name in ("PATH", "HOME", "LANG"):
+        assert f"'{name}'" in first
+    assert "home /nonexistent" in run.result.stdout, "HOME must not point at a real home"
+
+
+_STATUS_CODE = """\
+import ctypes, resource
+fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+    print(name, fields[name].strip())
+print("dumpable", ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))
+print("core", resource.getrlimit(resource.RLIMIT_CORE))
+"""
+
+
+def _unprivileged(world: World, run: Run) -> None:
+    out = run.result.stdout
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert f"{name} 0000000000000000" in out, out
+    assert "NoNewPrivs 1" in out and "Seccomp 2" in out and "dumpable 0" in out and "core (0, 0)" in out
+
+
+def _privileged_outside(world: World, run: Run) -> None:
+    # Outside, the test runs as root: its capabilities are real, so the zeros above come from the policy.
+    assert "CapEff 0000000000000000" not in run.result.stdout, run.result.stdout
+    assert "NoNewPrivs 0" in run.result.stdout
+
+
+HYGIENE = [
+    Case("host_environment", "hygiene.environment", _ENV_CODE,
+         Expect(exit=0, host=_env_minimal), _works("$secret_name"), grant={"env": {"$secret_name": "given"}}),
+    Case("privileges", "privileges.capabilities", _STATUS_CODE,
+         Expect(exit=0, host=_unprivileged), _works(host=_privileged_outside), needs=("root",)),
+]
+
+# Limits: rlimits in the child, deadline and output cap enforced from outside ------------------------
+
+
+def _within(seconds: float) -> HostCheck:
+    def check(world: World, run: Run) -> None:
+        assert run.elapsed < seconds, f"took {run.elapsed:.2f}s, more than {seconds}s"
+
+    return check
+
+
+def _flood(stream: str, *, truncated: bool, size: int) -> HostCheck:
+    def check(world: World, run: Run) -> None:
+        assert getattr(run.result, f"{stream}_truncated") is truncated
+        assert len(getattr(run.result, stream)) == size
+        assert run.elapsed < 5.0, f"a flood took {run.elapsed:.2f}s"
+
+    return check
+
+
+def _file_size(size: int) -> HostCheck:
+    def check(world: World, run: Run) -> None:
+        assert (world.work / "big").stat().st_size == size
+
+    return check
+
+
+_BUSY = """\
+import time
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    pass
+print("finished")
+"""
+
+LIMITS = [
+    Case("memory_bytearray", "limits.memory",
+         'b = bytearray(400 << 20); print("allocated")',
+         _denied("memory", error=("MemoryError",)), _works("allocated"),
+         request={"memory": "256m"}, grant={"memory": "1g"}),
+    Case("memory_growth", "limits.memory",
+         'chunks = [bytearray(16 << 20) for _ in range(30)]; print("allocated")',
+         _denied("memory", error=("MemoryError",)), _works("allocated"),
+         request={"memory": "256m"}, grant={"memory": "1g"}),
+    Case("memory_numpy", "limits.memory",
+         'import numpy as np; a = np.ones(60_000_000); print("allocated", a.sum())',
+         _denied("memory", error=("MemoryError", "_ArrayMemoryError")), _works("allocated 60000000.0"),
+         request={"memory": "256m"}, grant={"memory": "1g"}),
+    Case("timeout_busy_loop", "limits.timeout", _BUSY,
+         Expect(exit=124, error=("TimeoutError",), hint=("timeout",), host=_within(0.4 + 1.0)),
+         _works("finished"), request={"timeout": "400ms"}, grant={"timeout": "10s"}),
+    Case("timeout_blocked_in_sleep", "limits.timeout",
+         'import time; time.sleep(1.5); print("finished")',
+         Expect(exit=124, error=("TimeoutError",), hint=("timeout",), host=_within(0.4 + 1.0)),
+         _works("finished"), request={"timeout": "400ms"}, grant={"timeout": "10s"}),
+    Case("stdout_flood", "limits.output",
+         'import sys; sys.stdout.write("x" * (16 << 20))',
+         Expect(exit=0, host=_flood("stdout", truncated=True, size=64 << 10)),
+         _works(host=_flood("stdout", truncated=False, size=16 << 20)),
+         request={"max_output": "64k"}, grant={"max_output": "32m"}),
+    Case("stderr_flood_native", "limits.output",
+         'import os\nfor _ in range(256):\n    os.write(2, b"e" * 65536)',
+         Expect(exit=0, host=_flood("stderr", truncated=True, size=64 << 10)),
+         _works(host=_flood("stderr", truncated=False, size=16 << 20)),
+         request={"max_output": "64k"}, grant={"max_output": "32m"}),
+    Case("file_size", "limits.file_size",
+         'open("$work/big", "wb").write(bytes(2 << 20))',
+         Expect(exit=1, error=("OSError",), hint=("max_file_size",), stderr=(f"[Errno {errno.EFBIG}]",),
+                host=_file_size(1 << 20)),
+         _works(host=_file_size(2 << 20)),
+         request={"allow_write": ["$work"], "max_file_size": "1m"}, grant={"max_file_size": "4m"}),
+]
+
+CASES: list[Case] = [*FILESYSTEM, *METADATA, *PROCESSES, *NETWORK, *SIGNALS, *SURFACE, *HYGIENE, *LIMITS]
+
+
+@dataclass(frozen=True)
+class Works:
+    """Something ordinary code needs, which must work confined and print what it prints unconfined."""
+
+    id: str
+    code: str
+    stdout: str
+    request: dict[str, Any] = field(default_factory=dict)
+
+
+WORKS = [
+    Works("numpy", "import numpy as np\na = np.arange(1, 1001, dtype=np.float64)\n"
+          "print(int(a.sum()), round(float(np.linalg.norm(np.linalg.inv(np.eye(50) * 2))), 6))",
+          "500500 3.535534", {"memory": "256m"}),
+    Works("pandas", "import pandas as pd\ndf = pd.DataFrame({'k': list('abab'), 'v': [1, 2, 3, 4]})\n"
+          "print(df.groupby('k').v.sum().to_dict())", "{'a': 4, 'b': 6}", {"memory": "256m"}),
+    Works("threads", "import threading\nout = []\n"
+          "threads = [threading.Thread(target=out.append, args=(i * i,)) for i in range(8)]\n"
+          "[t.start() for t in threads]; [t.join() for t in threads]\nprint(sorted(out))",
+          "[0, 1, 4, 9, 16, 25, 36, 49]"),
+    Works("thread_pool", "from concurrent.futures import ThreadPoolExecutor\n"
+          "with ThreadPoolExecutor(4) as pool:\n    print(sum(pool.map(abs, range(-10, 10))))", "100"),
+    Works("asyncio", "import asyncio\nasync def main():\n    return sum(await asyncio.gather("
+          "*(asyncio.sleep(0.01, result=i) for i in range(5))))\nprint(asyncio.run(main()))", "10"),
+    Works("write_within_grant", "import os, tempfile\nopen('$work/out.txt', 'w').write('kept')\n"
+          "with tempfile.NamedTemporaryFile(dir='$work') as f:\n    f.write(b'x')\n"
+          "os.rename('$work/out.txt', '$work/renamed.txt')\nprint(open('$work/renamed.txt').read(), "
+          "sorted(os.listdir('$work'))[:2])", "kept ['listener.sock', 'mine.txt']",
+          {"allow_write": ["$work"]}),
+]

@@ -1,0 +1,255 @@
+"""The real sandbox, driven from outside, and the world a case tries to escape into.
+
+:class:`Sandbox` keeps one warm template for the whole module and runs each
+request through it exactly as ``pynox.runner.run_once`` does (resolve, run,
+result), so a case costs a fork rather than an interpreter start. A template
+that a case broke is replaced before the next run; the case itself fails.
+
+:class:`World` is what a case may reach for: a canary outside every grant, a
+writable and a read-only grant, a fake home and a canary in the real home,
+listeners the test owns (TCP, UDP, unix, abstract unix) and a sleeping
+process the job must not be able to touch. Everything a job must leave alone
+is snapshotted before a run and compared after it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyseccomp
+
+from pynox.pool.outcome import to_result
+from pynox.pool.worker import Template
+from pynox.protocol import Request, Result
+from pynox.resolve import to_job
+
+# Put into the test process's environment before the template starts: no job may ever see it.
+SECRET_NAME = "PYNOX_TEST_HOST_SECRET"
+SECRET = "host-secret-" + secrets.token_hex(8)
+UNCONFINED_TIMEOUT = 30.0
+# Syscalls a case calls by number through ctypes; resolved for this architecture (negative: it has none).
+SYSCALLS = (
+    "fork", "clone", "clone3", "ptrace", "mount", "umount2", "unshare", "setns", "chroot", "pivot_root",
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "keyctl", "add_key", "kexec_load",
+    "init_module", "process_vm_readv", "shmget", "ioctl", "personality", "ioprio_set",
+)
+
+
+@dataclass
+class Run:
+    result: Result
+    elapsed: float  # seconds, measured by the test around the whole run
+
+
+class Sandbox:
+    """One template serving every case of a module; replaced whenever a job broke it."""
+
+    def __init__(self) -> None:
+        self.template: Template | None = None
+        self.replaced = 0
+
+    def _ready_template(self) -> Template:
+        if self.template is not None and (self.template.broken or self.template.process.poll() is not None):
+            self.template.close()
+            self.template = None
+            self.replaced += 1
+        if self.template is None:
+            self.template = Template([], [])
+        return self.template
+
+    def run(self, request: Request, cwd: str) -> Run:
+        template = self._ready_template()
+        spec, max_output = to_job(request, cwd=cwd, runtime_paths=template.ready.read_paths)
+        start = time.monotonic()
+        outcome = template.run(spec, max_output=max_output)
+        elapsed = time.monotonic() - start
+        result = to_result(request.id, outcome, spec, max_output=max_output, python=template.ready.python,
+                           preloaded=[], landlock_abi=template.ready.landlock_abi, mode="run")
+        return Run(result, elapsed)
+
+    def alive(self) -> bool:
+        return self.template is not None and self.template.process.poll() is None
+
+    def close(self) -> None:
+        if self.template is not None:
+            self.template.close()
+            self.template = None
+
+
+def run_unconfined(code: str, cwd: str, env: dict[str, str] | None = None) -> Run:
+    """The same code in a plain interpreter with the test's own powers: the control for denials."""
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **(env or {})}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=base, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=UNCONFINED_TIMEOUT, check=False)
+    return Run(Result(id=None, exit=done.returncode, stdout=done.stdout, stderr=done.stderr),
+               time.monotonic() - start)
+
+
+def _syscall_numbers() -> dict[str, int]:
+    return {f"nr_{name}": pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in SYSCALLS}
+
+
+def _loopback6_available() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class World:
+    """Paths, listeners and a process outside the sandbox, built fresh for every test."""
+
+    root: Path
+    token: str = field(default_factory=lambda: "canary-" + secrets.token_hex(12))
+    _closers: list[object] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.outside = self.root / "outside"
+        self.canary = self.outside / "canary.txt"
+        self.work = self.root / "work"
+        self.readonly = self.root / "readonly"
+        self.fake_home = self.root / "home"
+        self.marker = self.work / "marker"
+        for directory in (self.outside / "sub", self.work, self.readonly, self.fake_home / ".ssh"):
+            directory.mkdir(parents=True)
+        self.canary.write_text(self.token)
+        (self.outside / "sub" / "nested.txt").write_text(self.token)
+        (self.work / "mine.txt").write_text("mine")
+        (self.readonly / "data.txt").write_text("readonly data")
+        (self.fake_home / ".ssh" / "id_rsa").write_text(self.token)
+        self.root_canary = Path("/root") / f".pynox-test-canary-{secrets.token_hex(6)}"
+        try:
+            self.root_canary.write_text(self.token)
+        except OSError:
+            self.root_canary = None  # type: ignore[assignment]  # not root: the case that needs it skips
+        self.tcp = self._listen(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0))
+        self.tcp6 = self._listen(socket.AF_INET6, socket.SOCK_STREAM, ("::1", 0)) if _loopback6_available() else None
+        self.udp = self._listen(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 0))
+        self.unix_path = self.work / "listener.sock"
+        self.unix = self._listen(socket.AF_UNIX, socket.SOCK_STREAM, str(self.unix_path))
+        self.abstract_name = "pynox-test-" + secrets.token_hex(8)
+        self.abstract = self._listen(socket.AF_UNIX, socket.SOCK_STREAM, "\0" + self.abstract_name)
+        # A process of the test's own uid: the job must not signal it, renice it or change its limits.
+        self.sleeper = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL)
+
+    def _listen(self, family: int, kind: int, address: object) -> socket.socket:
+        sock = socket.socket(family, kind)
+        self._closers.append(sock)
+        sock.bind(address)
+        if kind == socket.SOCK_STREAM:
+            sock.listen(8)
+        return sock
+
+    def values(self) -> dict[str, object]:
+        """What ``$name`` in a case's code stands for."""
+        return {
+            "token": self.token, "outside": self.outside, "canary": self.canary, "work": self.work,
+            "readonly": self.readonly, "fake_home": self.fake_home, "marker": self.marker,
+            "root_canary": self.root_canary, "real_home": "/root",
+            "tcp_port": self.tcp.getsockname()[1], "tcp6_port": self.tcp6.getsockname()[1] if self.tcp6 else 0,
+            "udp_port": self.udp.getsockname()[1], "unix_path": self.unix_path,
+            "abstract_name": self.abstract_name, "sleeper_pid": self.sleeper.pid,
+            "secret_name": SECRET_NAME, **_syscall_numbers(),
+        }
+
+    # Observations from outside -------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, tuple[object, ...]]:
+        """Everything a denied job must leave exactly as it was: names, contents, modes, times, links."""
+        roots = [self.outside, self.readonly, self.fake_home]
+        state: dict[str, tuple[object, ...]] = {}
+        for root in roots:
+            for path in sorted([root, *root.rglob("*")]):
+                state[str(path)] = _describe(path)
+        if self.root_canary is not None:
+            state[str(self.root_canary)] = _describe(self.root_canary)
+        return state
+
+    def accepted(self, listener: socket.socket) -> bytes | None:
+        """What a connection to ``listener`` sent, or None when nobody connected."""
+        listener.settimeout(0.2)
+        try:
+            conn, _ = listener.accept()
+        except (TimeoutError, BlockingIOError):
+            return None
+        with conn:
+            conn.settimeout(2.0)
+            chunks = []
+            while chunk := conn.recv(4096):
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    def datagram(self) -> bytes | None:
+        self.udp.settimeout(0.2)
+        try:
+            return self.udp.recv(4096)
+        except TimeoutError:
+            return None
+
+    def sleeper_alive(self) -> bool:
+        return self.sleeper.poll() is None
+
+    def sleeper_exited(self, within: float = 5.0) -> bool:
+        try:
+            self.sleeper.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop_sleeper(self) -> None:
+        self.sleeper.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while self.sleeper_state() != "T" and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def sleeper_state(self) -> str:
+        time.sleep(0.05)  # a signal is delivered asynchronously; give a continued process time to run
+        with open(f"/proc/{self.sleeper.pid}/stat") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0]
+
+    def sleeper_limit(self, name: str) -> str:
+        with open(f"/proc/{self.sleeper.pid}/limits") as limits:
+            return next(line for line in limits if line.startswith(name))
+
+    def close(self) -> None:
+        for sock in self._closers:
+            sock.close()  # type: ignore[attr-defined]
+        if self.sleeper.poll() is None:
+            self.sleeper.send_signal(signal.SIGKILL)
+        self.sleeper.wait()
+        if self.root_canary is not None:
+            self.root_canary.unlink(missing_ok=True)
+
+
+def _describe(path: Path) -> tuple[object, ...]:
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        content: object = os.readlink(path)
+    elif stat.S_ISREG(info.st_mode):
+        content = path.read_bytes()
+    else:
+        content = None
+    return (info.st_mode, info.st_uid, info.st_gid, info.st_nlink, info.st_size, info.st_mtime_ns, content,
+            sorted(os.listxattr(path, follow_symlinks=False)))
+
+
+def build_world(root: Path) -> Iterator[World]:
+    world = World(root)
+    try:
+        yield world
+    finally:
+        world.close()

@@ -19,10 +19,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
 from pynox.config import EMPTY, Config, Limits, PoolSettings, load_config
 from pynox.errors import ConfigError, RequestError
 from pynox.protocol import Request
 from pynox.resolve import DEFAULTS, to_job
+
+pytestmark = pytest.mark.pure
 
 
 @dataclass

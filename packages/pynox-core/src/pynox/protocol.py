@@ -173,6 +173,8 @@ def parse_line(line: bytes) -> Request | Reply:
         raw = msgspec.json.decode(line)
     except msgspec.DecodeError as exc:
         raise LineError(None, f"not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec recurses per nesting level; "[" * 1000 is enough
+        raise LineError(None, "not valid JSON: nested too deeply") from None
     if not isinstance(raw, dict):
         raise LineError(None, f"a request must be a JSON object, got {type(raw).__name__}")
     request_id = _find_id(raw)
@@ -182,6 +184,8 @@ def parse_line(line: bytes) -> Request | Reply:
         request = msgspec.convert(raw, Request)
     except msgspec.ValidationError as exc:
         raise LineError(request_id, f"invalid request: {exc}") from None
+    except RecursionError:
+        raise LineError(request_id, "invalid request: nested too deeply") from None
     _check_shape(request)
     return request
 
@@ -198,6 +202,10 @@ def _check_shape(request: Request) -> None:
     if request.close:
         if request.session is None:
             raise refuse("close needs the session to close")
+        extra = [f for f in request.__struct_fields__
+                 if f not in ("id", "session", "close") and getattr(request, f) is not None]
+        if extra:
+            raise refuse(f"a close request takes only id and session, got {', '.join(extra)}")
         return
     if (request.code is None) == (request.script is None):
         raise refuse("exactly one of code and script is required")

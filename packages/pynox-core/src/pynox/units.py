@@ -27,7 +27,8 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
     if isinstance(value, bool):
         raise ConfigError(f"{what}: expected a duration like '5s', got {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        # An int beyond float range is simply too long; float() would raise OverflowError.
+        seconds = float(value) if abs(value) <= _MAX_SECONDS else math.inf
     elif isinstance(value, str):
         match = _NUMBER_UNIT.fullmatch(value)
         unit = match.group(2).lower() if match else ""
@@ -54,7 +55,9 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
         unit = match.group(2).lower() if match else ""
         if match is None or unit not in _SIZE_UNITS:
             raise ConfigError(f"{what}: {value!r} is not a size; write e.g. '64k', '256m' or '1g'")
-        size = int(float(match.group(1)) * _SIZE_UNITS[unit])
+        amount = float(match.group(1)) * _SIZE_UNITS[unit]
+        # "9" * 400 is inf as a float, and int(inf) raises OverflowError.
+        size = int(amount) if amount <= _MAX_BYTES else _MAX_BYTES + 1
     else:
         raise ConfigError(f"{what}: expected a size like '256m', got {value!r}")
     if size <= 0 or size > _MAX_BYTES:
@@ -62,11 +65,18 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
     return size
 
 
+def _exact(number: float) -> str:
+    return repr(round(number, 9)).removesuffix(".0")
+
+
 def format_duration(seconds: float) -> str:
-    """The shortest exact spelling of a duration, for messages: ``5s``, ``1.5s``, ``250ms``."""
+    """An exact spelling of a duration, for messages: ``5s``, ``1.5s``, ``250ms``, ``1000.001s``.
+
+    Exact, so a message never reads "30s exceeds the ceiling of 30s" for 30.0000001s.
+    """
     if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    return f"{seconds:g}s"
+        return f"{_exact(seconds * 1000)}ms"
+    return f"{_exact(seconds)}s"
 
 
 def format_size(size: int) -> str:

@@ -1,0 +1,420 @@
+"""``pynox check``: what this kernel can enforce, proven by trying each rule in a confined child.
+
+Kernel facts come first (release, architecture, the Landlock ABI and what each
+level of it covers, seccomp, libseccomp). Then one template runs a short list
+of probes, each a real job under the real policy: a control that must work (a
+granted read and write), and one attempt per enforced rule that must fail the
+way the policy promises. Nothing is inferred from version numbers alone: a rule
+counts as enforced here only when its probe was refused here.
+
+The verdict is ``ok`` only if every probe that applies to this kernel passed.
+A kernel without Landlock or seccomp fails closed: the template refuses to
+start, and the report says why instead of running anything unconfined.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import KernelSupportError, PoolError
+from .policy import BACKEND, landlock, seccomp
+from .pool.outcome import to_result
+from .pool.worker import Template
+from .protocol import Request, Result
+from .resolve import to_job
+
+__all__ = ["CheckReport", "Probe", "run_check"]
+
+# What each Landlock ABI adds, and whether the policy uses it.
+LANDLOCK_LEVELS = (
+    (1, "files: read, write, execute, create, remove, make links and devices"),
+    (2, "rename and hard link across directories (refer)"),
+    (3, "truncate"),
+    (4, "TCP bind and connect"),
+    (5, "ioctl on devices"),
+    (6, "scoping: signals and abstract unix sockets stay inside the sandbox"),
+    (7, "audit logging of denials (not used by Pynox)"),
+)
+_SECRET_NAME = "PYNOX_CHECK_HOST_SECRET"
+
+
+@dataclass
+class Probe:
+    name: str
+    rule: str  # what a pass proves, in one line
+    status: str = "fail"  # "pass", "fail" or "skip"
+    detail: str = ""
+    ms: int = 0
+
+
+@dataclass
+class CheckReport:
+    facts: dict[str, Any]
+    probes: list[Probe] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # Set when nothing could be tried: this machine cannot confine code (fail closed).
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.probes) and all(p.status != "fail" for p in self.probes)
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return f"FAIL: Pynox cannot confine code on this machine and will not run any: {self.error}"
+        failed = [p.name for p in self.probes if p.status == "fail"]
+        if failed:
+            return (f"FAIL: {len(failed)} rule(s) the policy promises could not be enforced here: "
+                    f"{', '.join(failed)}")
+        passed = sum(p.status == "pass" for p in self.probes)
+        skipped = len(self.probes) - passed
+        extra = f", {skipped} not applicable to this kernel (see warnings)" if skipped else ""
+        return f"OK: every rule was proven on this machine ({passed} probes passed{extra}, {self.seconds:.2f}s)"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "verdict": self.verdict,
+            "facts": self.facts,
+            "probes": [vars(probe).copy() for probe in self.probes],
+            "warnings": list(self.warnings),
+            "error": self.error,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def render(self) -> str:
+        facts = self.facts
+        lines = [
+            "Kernel",
+            f"  release        {facts['kernel']} ({facts['architecture']}), Python {facts['python']}, "
+            f"uid {facts['uid']}",
+            f"  Landlock       ABI {facts['landlock_abi']}" + ("" if facts["landlock_abi"] else " (absent)"),
+        ]
+        for level in facts["landlock_coverage"]:
+            mark = "yes" if level["available"] else "no "
+            lines.append(f"    {mark}  ABI {level['abi']}: {level['covers']}")
+        lines.append(f"  seccomp        {'available' if facts['seccomp'] else 'absent'}"
+                     f" (actions: {facts['seccomp_actions'] or 'unknown'})")
+        lines.append(f"  libseccomp     {facts['libseccomp'] or 'unknown'}, pyseccomp {facts['pyseccomp']}")
+        unknown = facts.get("seccomp_unresolved")
+        if unknown is not None:
+            lines.append("  deny list      " + (f"unresolved here: {', '.join(unknown)}" if unknown
+                                                else "every system call name resolved"))
+        lines.append(f"  backend        {BACKEND}")
+        if self.probes:
+            lines.append("Self-test (each probe is a confined child on this machine)")
+            width = max(len(p.name) for p in self.probes)
+            for probe in self.probes:
+                lines.append(f"  {probe.status.upper():4}  {probe.name:<{width}}  {probe.rule} ({probe.ms} ms)")
+                if probe.status != "pass" and probe.detail:
+                    lines.append(f"        {probe.detail}")
+        for warning in self.warnings:
+            lines.append(f"warning: {warning}")
+        lines.append(f"Verdict: {self.verdict}")
+        return "\n".join(lines)
+
+
+def _libseccomp_version() -> str | None:
+    path = ctypes.util.find_library("seccomp")
+    if path is None:
+        return None
+
+    class _Version(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
+
+    try:
+        lib = ctypes.CDLL(path)
+        lib.seccomp_version.restype = ctypes.POINTER(_Version)
+        version = lib.seccomp_version().contents
+    except (OSError, AttributeError):
+        return None
+    return f"{version.major}.{version.minor}.{version.micro}"
+
+
+def _kernel_facts() -> dict[str, Any]:
+    try:
+        abi = landlock.abi_version()
+    except OSError:
+        abi = 0
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail") as actions:
+            seccomp_actions = actions.read().strip()
+    except OSError:
+        seccomp_actions = ""
+    import pyseccomp
+
+    return {
+        "kernel": platform.release(),
+        "architecture": platform.machine(),
+        "python": platform.python_version(),
+        "uid": os.geteuid(),
+        "landlock_abi": abi,
+        "landlock_coverage": [{"abi": level, "covers": covers, "available": abi >= level}
+                              for level, covers in LANDLOCK_LEVELS],
+        "seccomp": seccomp.supported(),
+        "seccomp_actions": seccomp_actions,
+        "libseccomp": _libseccomp_version(),
+        "pyseccomp": getattr(pyseccomp, "__version__", "unknown"),
+    }
+
+
+# The self-test ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Lab:
+    """A scratch tree for the probes: a granted directory, one never granted, and a loopback listener."""
+
+    root: str
+    token: str
+    listener: socket.socket
+
+    @property
+    def granted(self) -> str:
+        return os.path.join(self.root, "granted")
+
+    @property
+    def outside(self) -> str:
+        return os.path.join(self.root, "outside")
+
+
+@contextmanager
+def _lab() -> Iterator[_Lab]:
+    root = tempfile.mkdtemp(prefix="pynox-check-")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        token = f"pynox-check-{os.urandom(8).hex()}"
+        for name in ("granted", "outside"):
+            os.mkdir(os.path.join(root, name))
+            with open(os.path.join(root, name, "token.txt"), "w") as f:
+                f.write(token)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.05)
+        yield _Lab(root, token, listener)
+    finally:
+        listener.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+Verdict = tuple[bool, str]
+_Judge = Callable[[Result, _Lab, float], Verdict]
+
+
+def _refused(*types: str) -> _Judge:
+    def judge(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+        error = result.error
+        if error is None or error.type not in types:
+            got = f"{error.type}: {error.message}" if error else f"exit {result.exit}, no error"
+            return False, f"expected {' or '.join(types)}, got {got}"
+        if lab.token in result.stdout + result.stderr:
+            return False, "the job printed content it must not be able to read"
+        return True, error.message
+    return judge
+
+
+def _printed(expected: str) -> _Judge:
+    def judge(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+        if result.exit == 0 and expected in result.stdout:
+            return True, "worked"
+        return False, f"exit {result.exit}: {(result.error.message if result.error else result.stderr)[-300:]}"
+    return judge
+
+
+def _no_connection(judge: _Judge) -> _Judge:
+    def both(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+        try:
+            conn, _ = lab.listener.accept()
+        except (TimeoutError, BlockingIOError):
+            return judge(result, lab, elapsed)
+        conn.close()
+        return False, "the loopback listener received a connection"
+    return both
+
+
+def _file_absent(path: Callable[[_Lab], str], judge: _Judge) -> _Judge:
+    def both(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+        if os.path.exists(path(lab)):
+            return False, f"{path(lab)} was created"
+        return judge(result, lab, elapsed)
+    return both
+
+
+def _timed_out(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+    if result.exit != 124:
+        return False, f"expected exit 124, got {result.exit}"
+    if elapsed > _TIMEOUT + 1.5:
+        return False, f"killed after {elapsed:.2f}s for a {_TIMEOUT}s limit"
+    return True, f"killed after {elapsed:.2f}s"
+
+
+_TIMEOUT = 0.3
+_STATUS = """\
+fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+wanted = {"CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "0" * 16,
+          "CapAmb": "0" * 16, "NoNewPrivs": "1", "Seccomp": "2"}
+wrong = {k: fields[k].strip() for k, v in wanted.items() if fields[k].strip() != v}
+print("wrong:", wrong) if wrong else print("all zero")
+"""
+_ENVIRON = f"""\
+import os
+initial = open("/proc/self/environ", "rb").read()
+visible = {_SECRET_NAME!r} in os.environ or {_SECRET_NAME!r}.encode() in initial
+print("leaked" if visible else "clean")
+"""
+
+
+@dataclass(frozen=True)
+class _ProbeSpec:
+    name: str
+    rule: str
+    request: Callable[[_Lab], dict[str, Any]]
+    judge: _Judge
+    min_abi: int = 1
+
+
+_PROBES = (
+    _ProbeSpec("granted_read", "control: a granted read succeeds (the harness works)",
+               lambda lab: {"code": f"print(open({lab.granted + '/token.txt'!r}).read())",
+                            "allow_read": [lab.granted]},
+               lambda result, lab, elapsed: _printed(lab.token)(result, lab, elapsed)),  # the token is per run
+    _ProbeSpec("granted_write", "control: a granted write succeeds",
+               lambda lab: {"code": f"open({lab.granted + '/written'!r}, 'w').write('x'); print('written')",
+                            "allow_write": [lab.granted]},
+               _printed("written")),
+    _ProbeSpec("read_outside", "reading outside the grants is denied (Landlock)",
+               lambda lab: {"code": f"print(open({lab.outside + '/token.txt'!r}).read())",
+                            "allow_read": [lab.granted]},
+               _refused("PermissionError")),
+    _ProbeSpec("write_outside", "writing outside the grants is denied (Landlock)",
+               lambda lab: {"code": f"open({lab.outside + '/new'!r}, 'w')", "allow_write": [lab.granted]},
+               _file_absent(lambda lab: lab.outside + "/new", _refused("PermissionError"))),
+    _ProbeSpec("file_metadata", "chmod is denied, even on a granted file (seccomp)",
+               lambda lab: {"code": f"import os; os.chmod({lab.granted + '/token.txt'!r}, 0o777)",
+                            "allow_write": [lab.granted]},
+               _refused("PermissionError")),
+    _ProbeSpec("subprocess", "starting a program is denied (seccomp)",
+               lambda lab: {"code": "import subprocess; subprocess.run(['true'])"},
+               _refused("PermissionError")),
+    _ProbeSpec("fork", "fork is denied (seccomp)",
+               lambda lab: {"code": "import os\nif os.fork() == 0:\n    os._exit(0)"},
+               _refused("PermissionError")),
+    _ProbeSpec("socket", "opening a socket without the network grant is denied (seccomp)",
+               lambda lab: {"code": "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"},
+               _refused("PermissionError")),
+    _ProbeSpec("tcp_connect", "a TCP connect to a loopback listener is denied",
+               lambda lab: {"code": "import socket; socket.create_connection(('127.0.0.1', "
+                                    f"{lab.listener.getsockname()[1]}), timeout=1)"},
+               _no_connection(_refused("PermissionError"))),
+    _ProbeSpec("signal_parent", "signalling the template is denied (Landlock scoping)",
+               lambda lab: {"code": "import os; os.kill(os.getppid(), 0)"},
+               _refused("PermissionError"), min_abi=6),
+    _ProbeSpec("kernel_surface", "ptrace is denied (seccomp)",
+               lambda lab: {"code": "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                                    "if libc.ptrace(0, 0, 0, 0) == -1:\n"
+                                    "    raise OSError(ctypes.get_errno(), 'ptrace')"},
+               _refused("PermissionError")),
+    _ProbeSpec("capabilities", "no capabilities, no_new_privs set, seccomp filter on",
+               lambda lab: {"code": _STATUS}, _printed("all zero")),
+    _ProbeSpec("environment", "the host's environment is not visible",
+               lambda lab: {"code": _ENVIRON}, _printed("clean")),
+    _ProbeSpec("memory_limit", "the memory limit raises MemoryError",
+               lambda lab: {"code": "b = bytearray(512 << 20)", "memory": "128m"},
+               _refused("MemoryError")),
+    _ProbeSpec("timeout", f"the wall-clock limit kills a busy loop ({_TIMEOUT}s)",
+               lambda lab: {"code": "while True:\n    pass", "timeout": _TIMEOUT},
+               _timed_out),
+)
+
+
+def _run_probe(template: Template, spec: _ProbeSpec, lab: _Lab) -> Probe:
+    probe = Probe(spec.name, spec.rule)
+    abi = template.ready.landlock_abi
+    if abi < spec.min_abi:
+        probe.status = "skip"
+        probe.detail = f"needs Landlock ABI {spec.min_abi}, this kernel has {abi}"
+        return probe
+    request = Request(**spec.request(lab))
+    job, max_output = to_job(request, cwd=lab.root, runtime_paths=template.ready.read_paths, hint_style="cli")
+    start = time.monotonic()
+    outcome = template.run(job, max_output=max_output)
+    elapsed = time.monotonic() - start
+    result = to_result(None, outcome, job, max_output=max_output, python=template.ready.python, preloaded=[],
+                       landlock_abi=abi, mode="check")
+    passed, probe.detail = spec.judge(result, lab, elapsed)
+    probe.status = "pass" if passed else "fail"
+    probe.ms = round(elapsed * 1000)
+    return probe
+
+
+@contextmanager
+def _host_secret() -> Iterator[None]:
+    # A variable in our own environment while the template starts: the environment probe must not see it.
+    previous = os.environ.get(_SECRET_NAME)
+    os.environ[_SECRET_NAME] = "must-not-leak"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[_SECRET_NAME]
+        else:
+            os.environ[_SECRET_NAME] = previous
+
+
+def run_check() -> CheckReport:
+    """Gather kernel facts and run the self-test. Never raises for a kernel that cannot confine: reports it."""
+    start = time.monotonic()
+    report = CheckReport(_kernel_facts())
+    try:
+        with _host_secret():
+            template = Template([], [])
+    except KernelSupportError as exc:
+        report.error = str(exc)
+    except PoolError as exc:
+        report.error = f"the template could not start: {exc}"
+    else:
+        try:
+            report.facts["seccomp_unresolved"] = list(template.ready.seccomp_unknown)
+            with _lab() as lab:
+                for spec in _PROBES:
+                    try:
+                        report.probes.append(_run_probe(template, spec, lab))
+                    except PoolError as exc:  # a probe that broke its template is a failed rule, not a crash
+                        report.probes.append(Probe(spec.name, spec.rule, "fail", f"the template broke: {exc}"))
+                        template.close()
+                        template = Template([], [])
+        finally:
+            template.close()
+    _add_warnings(report)
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _add_warnings(report: CheckReport) -> None:
+    abi = report.facts["landlock_abi"]
+    if 1 <= abi < 4:
+        report.warnings.append(f"Landlock ABI {abi} has no TCP rules: with the network granted, nothing "
+                               "but seccomp's socket families limits where a job connects")
+    if 1 <= abi < 6:
+        report.warnings.append(f"Landlock ABI {abi} has no scoping: a job can signal processes of its own "
+                               "uid, including the pool; run jobs under another uid on this kernel")
+    unresolved = report.facts.get("seccomp_unresolved")
+    if unresolved:
+        report.warnings.append("this libseccomp does not know " + ", ".join(unresolved) + ": if this kernel "
+                               "has them, the filter cannot deny them (a newer libseccomp can)")
+    if report.facts["uid"] == 0:
+        report.warnings.append("running as root: jobs keep uid 0 without any capability; files owned by "
+                               "root outside the grants stay protected by Landlock and seccomp only")

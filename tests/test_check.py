@@ -1,0 +1,91 @@
+"""``pynox check``: kernel facts and a self-test that must prove every enforced rule on this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pynox import check
+from pynox.check import CheckReport, Probe, run_check
+from pynox.cli import main
+from pynox.errors import KernelSupportError
+
+PROBES = [spec.name for spec in check._PROBES]
+EXPECTED = {"granted_read", "granted_write", "read_outside", "write_outside", "file_metadata", "subprocess",
+            "fork", "socket", "tcp_connect", "signal_parent", "kernel_surface", "capabilities", "environment",
+            "memory_limit", "timeout"}
+
+
+def test_every_promised_rule_has_a_probe() -> None:
+    assert set(PROBES) == EXPECTED
+
+
+def test_run_check_passes_here() -> None:
+    report = run_check()
+    assert report.ok, report.render()
+    assert [probe.name for probe in report.probes] == PROBES
+    assert all(probe.status == "pass" for probe in report.probes), report.render()
+    assert report.facts["landlock_abi"] >= 6 and report.facts["seccomp"] is True
+    assert report.facts["seccomp_unresolved"] == []
+    assert report.seconds < 2.0, f"check took {report.seconds:.2f}s"
+    data = report.as_dict()
+    assert json.loads(json.dumps(data))["ok"] is True
+    assert {probe["name"] for probe in data["probes"]} == EXPECTED
+    text = report.render()
+    assert "Verdict: OK" in text and "Landlock       ABI" in text and "libseccomp" in text
+    for name in EXPECTED:
+        assert f"PASS  {name}" in text
+
+
+def test_pynox_check_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "pynox", "check"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in EXPECTED:
+        assert name in done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith("Verdict: OK")
+
+
+def test_pynox_check_json() -> None:
+    done = subprocess.run([sys.executable, "-m", "pynox", "check", "--json"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["ok"] is True and data["error"] is None
+    assert {probe["name"]: probe["status"] for probe in data["probes"]} == dict.fromkeys(EXPECTED, "pass")
+    assert {level["abi"] for level in data["facts"]["landlock_coverage"]} == set(range(1, 8))
+
+
+def test_a_rule_that_does_not_hold_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probe that expects a granted read to be refused must fail: the judges are not rubber stamps.
+    wrong = check._ProbeSpec("granted_read_refused", "a granted read is refused (deliberately false)",
+                             check._PROBES[0].request, check._refused("PermissionError"))
+    monkeypatch.setattr(check, "_PROBES", (check._PROBES[0], wrong))
+    report = run_check()
+    assert not report.ok
+    assert [p.status for p in report.probes] == ["pass", "fail"]
+    assert "expected PermissionError" in report.probes[1].detail
+    assert report.verdict.startswith("FAIL") and "granted_read_refused" in report.verdict
+
+
+def test_a_kernel_that_cannot_confine_fails_closed(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    def no_landlock(*args: object, **kwargs: object) -> None:
+        raise KernelSupportError("this kernel has no Landlock (or it is disabled)")
+
+    monkeypatch.setattr(check, "Template", no_landlock)
+    report = run_check()
+    assert not report.ok and report.probes == []
+    assert "cannot confine code" in report.verdict and "no Landlock" in report.verdict
+    assert main(["check"]) == 1
+    assert "Verdict: FAIL" in capsys.readouterr().out
+
+
+def test_skipped_probes_do_not_fail_but_are_reported() -> None:
+    report = CheckReport(facts={}, probes=[Probe("a", "rule a", "pass"), Probe("b", "rule b", "skip", "old")])
+    assert report.ok
+    assert "1 not applicable" in report.verdict
+    assert not CheckReport(facts={}).ok  # no probe ran: nothing was proven

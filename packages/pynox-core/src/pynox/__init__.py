@@ -12,9 +12,8 @@ for Pynox's own failures (see :mod:`pynox.errors`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .client import Pool, Session, default_pool
 from .errors import (
     ConfigError,
     JobError,
@@ -25,7 +24,10 @@ from .errors import (
     RequestError,
     SandboxSetupError,
 )
-from .result import Result
+
+if TYPE_CHECKING:
+    from .client import Pool, Session
+    from .result import Result
 
 __version__ = "0.1.0"
 
@@ -47,9 +49,26 @@ __all__ = [
 ]
 
 
+_LAZY = {"Pool": "client", "Session": "client", "Result": "result"}
+
+
+def __getattr__(name: str) -> Any:
+    # The client (asyncio, threads, subprocess) loads on first use: the template imports this package
+    # too, and every module it holds is memory each job's fork copies on write.
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pynox' has no attribute {name!r}")
+
+
 def run(code: str | None = None, *, functions: Mapping[str, Callable[..., Any]] | None = None,
         **grants: Any) -> Result:
     """Run code on the default pool (started on first use, closed at exit); see :meth:`Pool.run`."""
+    from .client import default_pool
+
     return default_pool().run(code, functions=functions, **grants)
 
 

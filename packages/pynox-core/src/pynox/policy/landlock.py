@@ -99,19 +99,38 @@ def _attr_size(abi: int) -> int:
     return 8
 
 
+def open_rule(path: str, rights: int, *, missing_ok: bool) -> tuple[int, int] | None:
+    """Open ``path`` for a rule: an ``O_PATH`` descriptor and the rights that fit it (a file takes fewer)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise FileNotFoundError(errno.ENOENT, "granted path does not exist", path) from None
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            rights &= _FILE_RIGHTS
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, rights
+
+
 def build_ruleset(
     abi: int,
     read: Iterable[str],
     write: Iterable[str],
     *,
     network: bool,
+    prepared: Iterable[tuple[int, int]] = (),
     optional_read: Iterable[str] = (),
 ) -> int:
     """Create a ruleset and return its descriptor; the caller enforces it with :func:`restrict_self`.
 
-    ``read`` and ``write`` must exist (a missing grant is an error: a typo must
-    not pass unnoticed); ``optional_read`` paths are skipped when absent (runtime
-    paths that differ between distributions).
+    ``prepared`` rules are descriptors opened once (by :func:`open_rule`, in the template) with
+    their rights: the runtime paths every job reads, so a job does not reopen them. ``read`` and
+    ``write`` must exist (a missing grant is an error: a typo must not pass unnoticed);
+    ``optional_read`` paths are skipped when absent.
     """
     handled_fs = fs_rights(abi)
     attr = _RulesetAttr(handled_fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and not network else 0,
@@ -119,33 +138,26 @@ def build_ruleset(
     ruleset = syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_attr_size(abi)), 0,
                       what="landlock_create_ruleset")
     try:
-        for path in optional_read:
-            _add_path(ruleset, path, ACCESS_FS_READ, missing_ok=True)
-        for path in read:
-            _add_path(ruleset, path, ACCESS_FS_READ, missing_ok=False)
-        for path in write:
-            _add_path(ruleset, path, handled_fs, missing_ok=False)
+        for fd, rights in prepared:
+            _add_rule(ruleset, fd, rights)
+        for paths, rights, missing_ok in ((optional_read, ACCESS_FS_READ, True), (read, ACCESS_FS_READ, False),
+                                          (write, handled_fs, False)):
+            for path in paths:
+                opened = open_rule(path, rights, missing_ok=missing_ok)
+                if opened is not None:
+                    try:
+                        _add_rule(ruleset, *opened)
+                    finally:
+                        os.close(opened[0])
     except BaseException:
         os.close(ruleset)
         raise
     return ruleset
 
 
-def _add_path(ruleset: int, path: str, rights: int, *, missing_ok: bool) -> None:
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except FileNotFoundError:
-        if missing_ok:
-            return
-        raise FileNotFoundError(errno.ENOENT, "granted path does not exist", path) from None
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            rights &= _FILE_RIGHTS
-        rule = _PathBeneathAttr(rights, fd)
-        syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0,
-                what=f"landlock_add_rule({path})")
-    finally:
-        os.close(fd)
+def _add_rule(ruleset: int, fd: int, rights: int) -> None:
+    rule = _PathBeneathAttr(rights, fd)
+    syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0, what="landlock_add_rule")
 
 
 def restrict_self(ruleset: int) -> None:

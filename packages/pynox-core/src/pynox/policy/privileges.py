@@ -9,11 +9,12 @@ the bounding and ambient sets, with ``SECBIT_NOROOT`` locked and with
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
 from ._libc import libc, prctl
 
-__all__ = ["drop_privileges", "switch_user"]
+__all__ = ["drop_bounding_set", "drop_privileges", "set_parent_death_signal", "switch_user"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -66,19 +67,26 @@ def set_parent_death_signal(signum: int) -> None:
     prctl(_PR_SET_PDEATHSIG, signum, what="PR_SET_PDEATHSIG")
 
 
-def drop_privileges() -> None:
-    """Drop every capability from every set, lock the securebits, set no_new_privs and non-dumpable."""
-    if os.geteuid() == 0:
-        # Without NOROOT, root would regain a full set of capabilities on exec (exec is also denied).
-        prctl(_PR_SET_SECUREBITS, _SECUREBITS, what="PR_SET_SECUREBITS")
-    prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, what="clear ambient capabilities")
+def drop_bounding_set() -> None:
+    """Empty the capability bounding set. Inherited across fork, so the template does it once for all jobs:
+    it limits only what an exec could gain, and neither the template nor a job ever execs."""
     for cap in range(_last_capability() + 1):
         try:
             prctl(_PR_CAPBSET_DROP, cap, what="PR_CAPBSET_DROP")
         except OSError as exc:
-            # EPERM: we had no CAP_SETPCAP to begin with, so the bounding set cannot matter.
-            if exc.errno not in (22, 1):
+            # EPERM: no CAP_SETPCAP to begin with, so the bounding set cannot matter; EINVAL: no such cap.
+            if exc.errno not in (errno.EINVAL, errno.EPERM):
                 raise
+
+
+def drop_privileges() -> None:
+    """Drop every capability from the remaining sets, lock the securebits, set no_new_privs and non-dumpable.
+
+    The bounding set is already empty (:func:`drop_bounding_set`, in the template)."""
+    if os.geteuid() == 0:
+        # Without NOROOT, root would regain a full set of capabilities on exec (exec is also denied).
+        prctl(_PR_SET_SECUREBITS, _SECUREBITS, what="PR_SET_SECUREBITS")
+    prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, what="clear ambient capabilities")
     header = _CapHeader(_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     if libc.capset(ctypes.byref(header), data) != 0:

@@ -24,7 +24,7 @@ import pyseccomp
 
 from ._libc import prctl
 
-__all__ = ["DENIED_SYSCALLS", "CompiledFilter", "compile_filter", "install"]
+__all__ = ["DENIED_SYSCALLS", "CompiledFilter", "LoadableFilter", "compile_filter", "install"]
 
 _CLONE_THREAD = 0x00010000
 _TIOCSTI = 0x5412
@@ -130,11 +130,23 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+class LoadableFilter:
+    """A compiled filter laid out in memory once (in the template), so a child installs it with one prctl."""
+
+    def __init__(self, compiled: CompiledFilter) -> None:
+        self.compiled = compiled
+        self._program = ctypes.create_string_buffer(compiled.bpf, len(compiled.bpf))
+        self._fprog = _SockFprog(len(compiled.bpf) // 8, ctypes.addressof(self._program))
+        self._address = ctypes.addressof(self._fprog)
+
+    def install(self) -> None:
+        """Install the filter on the calling thread; no_new_privs must already be set."""
+        prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._address, what="seccomp filter")
+
+
 def install(compiled: CompiledFilter) -> None:
-    """Install the filter on the calling thread; no_new_privs must already be set."""
-    program = ctypes.create_string_buffer(compiled.bpf, len(compiled.bpf))
-    fprog = _SockFprog(len(compiled.bpf) // 8, ctypes.addressof(program))
-    prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), what="seccomp filter")
+    """Install a filter on the calling thread; no_new_privs must already be set."""
+    LoadableFilter(compiled).install()
 
 
 def supported() -> bool:

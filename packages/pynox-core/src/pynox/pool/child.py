@@ -23,7 +23,7 @@ import msgspec
 
 from .. import hints
 from ..job import ErrorInfo, JobSpec, Report, StepSpec
-from ..policy import Runtime, confine
+from ..policy import Runtime, build_ruleset, confine
 from . import host_module
 from .frames import recv_raw
 
@@ -33,6 +33,7 @@ SETUP_FAILED = 125
 STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
 CHANNEL_FD = 4  # host-function calls, when the job declares functions
 CONTROL_FD = 5  # session steps, when the job is a session
+RULESET_FD = 6  # the Landlock ruleset, closed once enforced
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
@@ -50,12 +51,13 @@ def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
     report = fds[2]
     try:
         os.setsid()
+        stage = "build the Landlock ruleset"
+        ruleset = build_ruleset(spec, runtime)
         stage = "arrange descriptors"
-        _arrange_descriptors(spec, fds)
+        ruleset = _arrange_descriptors(spec, fds, ruleset)
         report = REPORT_FD
         stage = "apply the policy"
-        _check_memory_headroom(spec.memory)
-        confine(spec, runtime)
+        confine(spec, runtime, ruleset)
         if spec.functions:
             host_module.install_host_module(spec.functions, CHANNEL_FD)
     except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
@@ -66,7 +68,10 @@ def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
     _finish(REPORT_FD, _execute(main, spec.code, spec.script, spec.name, spec))
 
 
-def _arrange_descriptors(spec: JobSpec, fds: list[int]) -> None:
+def _arrange_descriptors(spec: JobSpec, fds: list[int], ruleset: int) -> int:
+    """Put the job's descriptors at their numbers, keep the ruleset just above them, close the rest.
+
+    Returns the ruleset's new descriptor."""
     targets = [STDOUT_FD, STDERR_FD, REPORT_FD]
     if spec.functions:
         targets.append(CHANNEL_FD)
@@ -74,18 +79,20 @@ def _arrange_descriptors(spec: JobSpec, fds: list[int]) -> None:
         targets.append(CONTROL_FD)
     if len(fds) != len(targets):
         raise ValueError(f"expected {len(targets)} descriptors, got {len(fds)}")
-    devnull = os.open("/dev/null", os.O_RDONLY)
-    # dup first, then dup2: no target overwrites a descriptor still to be moved.
-    moved = [os.dup(fd) for fd in fds]
+    sources = [*fds, ruleset, os.open("/dev/null", os.O_RDONLY)]
+    targets += [RULESET_FD, 0]
+    # Duplicate every source first (to numbers above 2, increasing), then move them into place in
+    # order: a target is never a duplicate still waiting to be moved.
+    moved = [os.dup(fd) for fd in sources]
     for target, fd in zip(targets, moved, strict=True):
         os.dup2(fd, target)
-    os.dup2(devnull, 0)
-    # Everything above the job's own descriptors goes, whatever the template had open.
-    os.closerange(CONTROL_FD + 1, _MAX_FD)
+    # Everything above goes, whatever the template had open (its socket, its prepared rules).
+    os.closerange(RULESET_FD + 1, _MAX_FD)
     if not spec.functions:
         _close_quietly(CHANNEL_FD)
     if not spec.session:
         _close_quietly(CONTROL_FD)
+    return RULESET_FD
 
 
 def _close_quietly(fd: int) -> None:
@@ -93,16 +100,6 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
-
-
-def _check_memory_headroom(memory: int) -> None:
-    with open("/proc/self/statm") as statm:
-        data_pages = int(statm.read().split()[5])
-    used = data_pages * os.sysconf("SC_PAGE_SIZE")
-    # The child inherits the template's heap (preloaded modules): a limit below it could not even start.
-    if memory < used + (16 << 20):
-        raise MemoryError(f"memory limit {memory >> 20} MiB is below what the runtime already uses "
-                          f"({used >> 20} MiB with its preloaded modules) plus 16 MiB to run; raise it")
 
 
 def _new_main(spec: JobSpec) -> types.ModuleType:

@@ -51,7 +51,7 @@ def main() -> None:
         return
     send_frame(sock, Ready(python=platform.python_version(), pid=os.getpid(), preloaded=init.preload,
                            landlock_abi=runtime.landlock_abi, read_paths=list(runtime.read_paths),
-                           seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.unknown})))
+                           seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.compiled.unknown})))
     _serve(sock, runtime)
 
 
@@ -123,11 +123,13 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
         pidfd = os.pidfd_open(pid)
         try:
             send_frame(sock, Started(pid=pid), [pidfd])
+            _, status, usage = os.wait4(pid, 0)
+            send_frame(sock, Ended(status=status, cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6),
+                                   max_rss_kb=usage.ru_maxrss))
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the server closed our socket: we are being stopped
         finally:
             os.close(pidfd)
-        _, status, usage = os.wait4(pid, 0)
-        send_frame(sock, Ended(status=status, cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6),
-                               max_rss_kb=usage.ru_maxrss))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from ..errors import PynoxError, RequestError
 from ..job import ErrorInfo, JobSpec, StepSpec
 from ..protocol import REFUSED_EXIT, Closed, RequestId, SessionResult, encode
@@ -102,7 +104,7 @@ class Session(threading.Thread):
             self._answer(step, self._failure(step, str(exc), queue_us))
             return True
         ended = outcome.ended or outcome.timed_out
-        result = to_session_result(step.id, outcome, self.spec, max_output=step.max_output,
+        result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
                            python=self._ready_python(), preloaded=self._preloaded(),
                            landlock_abi=self._abi(), mode="session", queue_us=queue_us,
                            session=self.session_name, step=self.steps, session_ended=ended)
@@ -153,13 +155,18 @@ class Session(threading.Thread):
 
     def _failure(self, step: Step, message: str, queue_us: int = 0) -> SessionResult:
         outcome = Outcome(exit=WORKER_ERROR_EXIT, error=ErrorInfo(type="PoolWorkerError", message=message))
-        return to_session_result(step.id, outcome, self.spec, max_output=step.max_output, python=self._ready_python(),
-                         preloaded=self._preloaded(), landlock_abi=self._abi(), mode="session",
-                         queue_us=queue_us, session=self.session_name, step=self.steps, session_ended=True)
+        return to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
+                                 python=self._ready_python(), preloaded=self._preloaded(),
+                                 landlock_abi=self._abi(), mode="session", queue_us=queue_us,
+                                 session=self.session_name, step=self.steps, session_ended=True)
 
     def _refused(self, step: Step, message: str) -> SessionResult:
         return SessionResult(id=step.id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
                              session=self.session_name, step=None, session_ended=True)
+
+    def _step_spec(self, step: Step) -> JobSpec:
+        """The session's policy with this step's own timeout: the result's policy states what was enforced."""
+        return msgspec.structs.replace(self.spec, timeout=step.timeout)
 
     def _ready_python(self) -> str:
         return self._template.ready.python if self._template else self.registry.python

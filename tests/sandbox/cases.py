@@ -400,6 +400,10 @@ SIGNALS = [
     Case("kill_outside_process", "landlock.scope_signal",
          'import os, signal; os.kill($sleeper_pid, signal.SIGKILL)',
          _denied(host=_sleeper_alive), _works(host=_sleeper_killed), needs=("landlock:6",)),
+    # Signal 0 checks permission without delivering anything: the test process must survive a broken policy.
+    Case("signal_test_process", "landlock.scope_signal",
+         'import os; os.kill($test_pid, 0); print("reachable")',
+         _denied("no grant allows it"), _works("reachable"), needs=("landlock:6",)),
     Case("pidfd_kill_outside_process", "landlock.scope_signal",
          'import os, signal; signal.pidfd_send_signal(os.pidfd_open($sleeper_pid), signal.SIGKILL)',
          _denied(host=_sleeper_alive), _works(host=_sleeper_killed), needs=("landlock:6",)),

@@ -162,7 +162,7 @@ class World:
             "root_canary": self.root_canary, "real_home": "/root",
             "tcp_port": self.tcp.getsockname()[1], "tcp6_port": self.tcp6.getsockname()[1] if self.tcp6 else 0,
             "udp_port": self.udp.getsockname()[1], "unix_path": self.unix_path,
-            "abstract_name": self.abstract_name, "sleeper_pid": self.sleeper.pid,
+            "abstract_name": self.abstract_name, "sleeper_pid": self.sleeper.pid, "test_pid": os.getpid(),
             "secret_name": SECRET_NAME, **_syscall_numbers(),
         }
 

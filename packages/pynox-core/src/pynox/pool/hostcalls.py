@@ -25,7 +25,9 @@ from .host_module import MAX_PAYLOAD
 __all__ = ["MAX_CALLS", "CallRegistry", "JobCalls", "ProtocolViolation"]
 
 MAX_CALLS = 1000
-_FRAME_LIMIT = MAX_PAYLOAD + 4096
+# A call frame is exactly what pynox_host measures against MAX_PAYLOAD before sending: anything larger
+# was forged, and must not reach the client.
+_FRAME_LIMIT = MAX_PAYLOAD
 _SEND_TIMEOUT = 5.0
 
 
@@ -79,17 +81,17 @@ class CallRegistry:
         if pending is None:
             return f"reply to call {call_id}: no such call is pending (unknown, already answered, or its job ended)"
         pending.job.answered(call_id)
-        if error is not None:
-            pending.job.answer({"error": error})
-            return None
+        key, value = ("error", error) if error is not None else ("result", result)
         try:
-            payload = msgspec.json.encode({"result": result})
+            encoded = msgspec.json.encode(value)
         except (TypeError, msgspec.EncodeError):  # pragma: no cover - a decoded JSON value always encodes
-            payload = msgspec.json.encode({"error": "the host's result is not JSON"})
-        if len(payload) > _FRAME_LIMIT:
-            pending.job.answer({"error": f"the host's result of {len(payload)} bytes exceeds the 1 MB limit"})
+            pending.job.answer({"error": "the host's result is not JSON"})
+            return None
+        # The limit is on the value itself, as it is on the job's arguments (1 MB each way).
+        if len(encoded) > MAX_PAYLOAD:
+            pending.job.answer({"error": f"the host's {key} of {len(encoded)} bytes exceeds the 1 MB limit"})
         else:
-            pending.job.send(payload)
+            pending.job.send(b'{"' + key.encode() + b'":' + encoded + b"}")
         return None
 
 

@@ -30,7 +30,8 @@ def test_run_check_passes_here() -> None:
     assert all(probe.status == "pass" for probe in report.probes), report.render()
     assert report.facts["landlock_abi"] >= 6 and report.facts["seccomp"] is True
     assert report.facts["seccomp_unresolved"] == []
-    assert report.seconds < 2.0, f"check took {report.seconds:.2f}s"
+    # About 0.8 s here; the margin is for a loaded CI machine, not for a slower check.
+    assert report.seconds < 3.0, f"check took {report.seconds:.2f}s"
     data = report.as_dict()
     assert json.loads(json.dumps(data))["ok"] is True
     assert {probe["name"] for probe in data["probes"]} == EXPECTED

@@ -1,0 +1,274 @@
+"""``PynoxExecutor``: the ``PythonExecutor`` behind ``CodeAgent(executor=PynoxExecutor(...))``.
+
+Each agent step's code runs in one Pynox session (a confined CPython process
+whose globals survive between steps). The agent's tools and managed agents stay
+in the host process: each is a Pynox host function, bound in the session's
+globals under its plain name, so the model's code calls ``web_search(...)`` as
+it would in smolagents' own executor while the tool itself keeps the host's
+network and credentials, which the code never gets.
+
+How a step ends:
+
+- ``final_answer(x)`` in the sandbox calls the host's ``final_answer`` tool (its
+  validation runs there), which records the value, then raises an exception
+  that stops the step; the executor returns ``is_final_answer=True``.
+- A trailing expression's value comes back as the step's output (what
+  smolagents shows as "Last output from code snippet"), through one more host
+  function; the code is not rewritten beyond wrapping that expression, so error
+  line numbers stay the model's own.
+- An exception in the code raises :class:`smolagents.local_python_executor.InterpreterError`
+  with the type, message, line and hint; the step's prints stay in
+  ``state["_print_outputs"]`` so the agent shows them, then retries.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from smolagents.local_python_executor import CodeOutput, InterpreterError, PythonExecutor
+
+import pynox
+from pynox.client import default_pool
+
+__all__ = ["PynoxExecutor"]
+
+logger = logging.getLogger(__name__)
+
+# The host function that carries a step's trailing expression value; a tool may not take this name.
+STEP_VALUE = "pynox_step_value"
+_EMIT = "__pynox_emit__"  # its wrapper in the session's globals
+_MAX_VARIABLES = 900_000  # bytes of JSON: a request line is capped at 1 MiB
+
+# Runs once per session process (and again after sending new variables), as its own step.
+_SETUP = """\
+def __pynox_setup__(names, variables):
+    import json
+    import pynox_host
+
+    class FinalAnswerException(BaseException):
+        \"\"\"Ends the step: the host already holds the answer. BaseException, so `except Exception` lets it pass.\"\"\"
+
+    def bind_final_answer(host):
+        def final_answer(*args, **kwargs):
+            host(*args, **kwargs)
+            raise FinalAnswerException()
+        return final_answer
+
+    send_value = getattr(pynox_host, {step_value!r})
+
+    def emit(value):
+        if value is not None:
+            try:
+                text = json.dumps(value)
+            except (TypeError, ValueError):
+                value = text = str(value)
+            if len(text) > 100_000:  # shown truncated anyway; keep it well under the host call's limit
+                value = str(value)[:100_000]
+            try:
+                send_value(value)
+            except pynox_host.HostError:
+                pass  # only the display of the value is lost; the step itself succeeded
+        return value
+
+    bound = {{name: getattr(pynox_host, name) for name in names}}
+    if "final_answer" in bound:
+        bound["final_answer"] = bind_final_answer(bound["final_answer"])
+    bound[{emit!r}] = emit
+    return {{**json.loads(variables), **bound}}
+
+globals().update(__pynox_setup__({names!r}, {variables!r}))
+del __pynox_setup__
+"""
+
+
+class PynoxExecutor(PythonExecutor):
+    """Run a ``CodeAgent``'s code in one Pynox session: ``CodeAgent(tools, model, executor=PynoxExecutor(...))``.
+
+    ``pool``: the Pynox pool (default: the process-wide pool, started on the first step). Permissions come from
+    ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env, timeout, memory, max_output, ...) and
+    apply to every step; the timeout is per step and includes the time the agent's tools take. ``functions`` are
+    extra host functions bound by name like the tools (the agent's prompt does not list them: say so in its
+    ``instructions``). ``name`` is the file name errors point at (``agent.py``).
+
+    A timeout or crash ends the session: the next step starts a fresh process with the tools and the agent's
+    variables bound again, and the error the model reads says that its own variables are gone.
+    ``additional_authorized_imports`` of ``CodeAgent`` only shapes its prompt: what the code may import and
+    touch is the kernel policy's decision here. Variables (``additional_args``) must be JSON values.
+    """
+
+    def __init__(self, pool: pynox.Pool | None = None, *, profile: str | None = None,
+                 functions: Mapping[str, Callable[..., Any]] | None = None, name: str = "agent.py",
+                 **grants: Any) -> None:
+        # Check the grants now (a bad one raises here, not as an error the model would retry forever).
+        if functions and STEP_VALUE in functions:
+            raise ValueError(f"{STEP_VALUE!r} is PynoxExecutor's own host function: give yours another name")
+        if pool is not None:
+            pool.tool(profile, functions=functions, **grants)
+        else:
+            pynox.tool(profile, functions=functions, **grants)
+        self.pool = pool
+        self.grants: dict[str, Any] = {**grants, **({"profile": profile} if profile else {})}
+        self.name = name
+        self.state: dict[str, Any] = {"_print_outputs": ""}  # CodeAgent reads the logs of a failed step here
+        self._functions = dict(functions or {})
+        self._tools: dict[str, Callable[..., Any]] = {}
+        self._variables: dict[str, Any] = {}
+        self._variables_pending = False
+        self._session: pynox.Session | None = None
+        self._session_names: frozenset[str] = frozenset()
+        self._step_lock = threading.Lock()
+        self._final: list[Any] = []  # the step's final answer, once recorded
+        self._value: list[Any] = []  # the step's trailing expression value, once sent
+
+    # -- PythonExecutor ------------------------------------------------------------------------------------
+    def send_tools(self, tools: Mapping[str, Any]) -> None:
+        """Called by the agent at each run with its tools and managed agents; each becomes a host function."""
+        for tool_name in tools:
+            if not tool_name.isidentifier() or tool_name.startswith("_") or tool_name == STEP_VALUE:
+                raise ValueError(f"tool name {tool_name!r} cannot be a Pynox host function: use a public Python "
+                                 f"identifier other than {STEP_VALUE!r}")
+        self._tools = dict(tools)
+        if self._session is not None and self._host_names() != self._session_names:
+            # The pool fixes a session's host functions when it starts: a new set needs a new process.
+            logger.info("the agent's tools changed: starting a new Pynox session")
+            self._end_session()
+
+    def send_variables(self, variables: Mapping[str, Any]) -> None:
+        """Called by the agent at each run with its state (``additional_args``): bound as globals before the next
+        step. They travel as JSON: anything else raises ``TypeError`` here."""
+        if not variables:
+            return
+        bad = [f"{key!r} ({type(value).__name__})" for key, value in variables.items() if not _is_json(value)]
+        if bad:
+            raise TypeError(f"PynoxExecutor sends variables to the sandbox as JSON; not JSON: {', '.join(bad)}. "
+                            "Pass str, int, float, bool, None, lists and dicts with string keys, or write the data "
+                            "to a file the sandbox may read.")
+        self._variables.update(variables)
+        self._variables_pending = True
+
+    def __call__(self, code_action: str) -> CodeOutput:
+        with self._step_lock:
+            self.state["_print_outputs"] = ""
+            session = self._ready_session()
+            del self._final[:], self._value[:]
+            result = session.run(_wrap_trailing_expression(code_action), name=self.name)
+            logs = _logs(result)
+            self.state["_print_outputs"] = logs
+            if self._final:
+                return CodeOutput(output=self._final[0], logs=logs, is_final_answer=True)
+            if not result.ok:
+                raise InterpreterError("Code execution failed: " + dataclasses.replace(result, stdout="").text)
+            return CodeOutput(output=self._value[0] if self._value else None, logs=logs, is_final_answer=False)
+
+    def cleanup(self) -> None:
+        """End the session's process (``CodeAgent.cleanup()`` and ``with CodeAgent(...)`` call this)."""
+        with self._step_lock:
+            self._end_session()
+
+    # -- the session ---------------------------------------------------------------------------------------
+    def _host_names(self) -> frozenset[str]:
+        return frozenset([*self._tools, *self._functions, STEP_VALUE])
+
+    def _host_functions(self) -> dict[str, Callable[..., Any]]:
+        # Late-bound: a tool replaced between runs under the same name is the one called.
+        functions = {name: self._bind_tool(name) for name in [*self._functions, *self._tools]}
+        functions[STEP_VALUE] = self._value.append
+        return functions
+
+    def _bind_tool(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            tool = self._tools.get(name) or self._functions[name]
+            value = tool(*args, **kwargs)
+            if name == "final_answer" and name in self._tools:
+                self._final[:] = [value]
+                return None  # the sandbox stops the step; the value needs no trip back
+            return value
+
+        call.__name__ = name
+        return call
+
+    def _ready_session(self) -> pynox.Session:
+        if self._session is None:
+            pool = self.pool if self.pool is not None else default_pool()
+            self._session = pool.session(functions=self._host_functions(), **self.grants)
+            self._session_names = self._host_names()
+        if not self._session.alive or self._variables_pending:
+            self._setup(self._session)
+        return self._session
+
+    def _setup(self, session: pynox.Session) -> None:
+        """Bind the tools and the variables in the session's globals (a new process has neither)."""
+        variables = json.dumps(self._variables)
+        if len(variables) > _MAX_VARIABLES:
+            raise InterpreterError(f"the agent's variables are {len(variables)} bytes of JSON, over the "
+                                   f"{_MAX_VARIABLES}-byte limit: write large data to a file the sandbox may read")
+        names = sorted([*self._functions, *self._tools])
+        code = _SETUP.format(names=names, variables=variables, step_value=STEP_VALUE, emit=_EMIT)
+        result = session.run(code, name="pynox_smolagents_setup.py")
+        if not result.ok:  # our own code failed: say so plainly, it is not the model's to fix
+            raise InterpreterError(f"PynoxExecutor could not prepare the session: {result.text}")
+        self._variables_pending = False
+
+    def _end_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+        # A new process needs the variables again.
+        self._variables_pending = bool(self._variables)
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _logs(result: pynox.Result) -> str:
+    """What the step printed: stdout, then stderr if any, then notes a model needs."""
+    logs = result.stdout
+    if result.stderr and result.ok:
+        logs += ("" if not logs or logs.endswith("\n") else "\n") + result.stderr
+    if result.truncated:
+        logs += "\n[Output was truncated: print a summary instead of everything.]"
+    if result.session_ended and result.ok:  # exit(): a failed step says it in its error instead
+        logs += ("\n[The session ended with this step: variables, imports and functions defined so far are "
+                 "gone; tools are still callable.]")
+    return logs
+
+
+def _wrap_trailing_expression(code: str) -> str:
+    """``code`` with its last top-level statement, if an expression, wrapped as ``__pynox_emit__(expr)``.
+
+    A text splice at the expression's own position, not a recompile: every line keeps its number.
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return code  # the sandbox reports it, with the model's own line
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return code
+    node = tree.body[-1].value
+    if node.end_lineno is None or node.end_col_offset is None:
+        return code
+    lines = code.split("\n")
+    try:
+        # ast offsets count UTF-8 bytes, not characters.
+        end = lines[node.end_lineno - 1].encode()
+        lines[node.end_lineno - 1] = (end[:node.end_col_offset] + b")" + end[node.end_col_offset:]).decode()
+        start = lines[node.lineno - 1].encode()
+        lines[node.lineno - 1] = (start[:node.col_offset] + _EMIT.encode() + b"(" + start[node.col_offset:]).decode()
+        last = ast.parse("\n".join(lines)).body[-1]
+    except (IndexError, UnicodeDecodeError, SyntaxError, ValueError):
+        return code  # a line break other than "\n" (a lone "\r") moved the splice: leave the code as it was
+    if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Name)
+            and last.value.func.id == _EMIT and ast.dump(last.value.args[0]) == ast.dump(node)):
+        return code
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""``python_tool()``: Pynox's ``run_python`` as a smolagents ``Tool`` (for ``ToolCallingAgent``, or any agent).
+
+The tool is the core's ``run_python`` function unchanged: its docstring (what
+the code may touch, written for the model) becomes the description, its one
+``code`` parameter the only input, and its text result the observation. A
+failure of the model's code is that text, never an exception, so the agent
+reads it and tries again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from smolagents import Tool
+
+import pynox
+
+__all__ = ["PynoxTool", "python_tool"]
+
+_CODE_INPUT = "Python source code to run, as a complete script."
+
+
+def _split_docstring(doc: str) -> tuple[str, str]:
+    """The description (before ``Args:``) and the ``code`` argument's line, as smolagents' ``@tool`` parses them."""
+    description, _, rest = doc.partition("\nArgs:")
+    code = _CODE_INPUT
+    for line in rest.splitlines():
+        name, colon, text = line.strip().partition(":")
+        if colon and name == "code" and text.strip():
+            code = text.strip()
+            break
+    return description.strip(), code
+
+
+class PynoxTool(Tool):
+    """``run_python(code) -> str`` on a Pynox pool, as a smolagents tool. Build it with :func:`python_tool`."""
+
+    name = "run_python"
+    description = "Run Python code in an isolated sandbox and return what it prints."
+    # smolagents declares its tools' schema as class attributes; each instance sets its own in __init__.
+    inputs = {"code": {"type": "string", "description": _CODE_INPUT}}  # noqa: RUF012
+    output_type = "string"
+
+    def __init__(self, run_python: Callable[[str], str]) -> None:
+        self.run_python = run_python
+        # Per instance: the description states this tool's own grants.
+        self.description, code = _split_docstring(run_python.__doc__ or self.description)
+        self.inputs = {"code": {"type": "string", "description": code}}
+        super().__init__()
+        self.is_initialized = True  # nothing to set up: the pool starts on the first call
+
+    def forward(self, code: str) -> str:
+        return self.run_python(code)
+
+
+def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, session: bool = False,
+                functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Any) -> PynoxTool:
+    """A smolagents tool named ``run_python`` that runs the model's code on ``pool`` (default: Pynox's default
+    pool, started on the first call).
+
+    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, timeout, memory,
+    ...), fixed here; ``session=True`` keeps variables between calls; ``functions`` are host functions the code
+    imports from ``pynox_host``. A bad grant raises here, before any agent runs.
+    """
+    if pool is not None:
+        run_python = pool.tool(profile, session=session, functions=functions, **grants)
+    else:
+        run_python = pynox.tool(profile, session=session, functions=functions, **grants)
+    return PynoxTool(run_python)

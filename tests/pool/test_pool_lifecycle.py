@@ -1,0 +1,328 @@
+"""Lifecycle: a fresh process per job, timeouts, broken templates, draining, client death, backpressure."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .pool_driver import (
+    POOL,
+    PoolProcess,
+    assert_no_leftovers,
+    descendants,
+    jobs_of,
+    mark_live,
+    new_id,
+    pool_process,
+    rss_kb,
+    unmark_live,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProcess]:
+    """A one-worker pool: consecutive jobs are forked from the same template."""
+    with pool_process("--workers=1", cwd=tmp_path_factory.mktemp("serial")) as pool:
+        yield pool
+
+
+def _wait_for_jobs(pool: PoolProcess, count: int, deadline: float = 10.0) -> dict[int, int]:
+    """Wait until ``count`` job processes (depth 2 below the pool) are running; returns pid -> template pid."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        tree = pool.tree()
+        jobs = [pid for pid, depth in tree.items() if depth == 2]
+        if len(jobs) >= count:
+            parents = {}
+            for pid in jobs:
+                with open(f"/proc/{pid}/stat") as stat:
+                    parents[pid] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            return parents
+        time.sleep(0.02)
+    raise AssertionError(f"{count} jobs did not start within {deadline}s: {pool.tree()}")
+
+
+# --- a new process per job -------------------------------------------------------------------------------
+
+
+def test_each_job_is_a_new_process_forked_from_a_template(serial: PoolProcess) -> None:
+    code = "import os\nprint(os.getpid(), os.getppid(), os.getsid(0))"
+    seen = []
+    for _ in range(3):
+        pid, ppid, sid = map(int, serial.run(code)["stdout"].split())
+        assert ppid in serial.templates()
+        assert sid == pid  # its own session and process group
+        seen.append(pid)
+    assert len(set(seen)) == 3
+
+
+def test_globals_and_builtins_never_reach_the_next_job(serial: PoolProcess) -> None:
+    first = serial.run("import builtins\nleaked_global = 1\nbuiltins.leaked_builtin = 2\n"
+                       "print('leaked_global' in globals(), hasattr(builtins, 'leaked_builtin'))")
+    assert first["stdout"] == "True True\n"
+    second = serial.run("import builtins\nprint('leaked_global' in globals(), hasattr(builtins, 'leaked_builtin'))")
+    assert second["stdout"] == "False False\n"
+
+
+def test_modules_imported_by_a_job_never_reach_the_next_job(serial: PoolProcess) -> None:
+    first = serial.run("import sys, colorsys, wave\nsys.modules['planted'] = sys\n"
+                       "print('colorsys' in sys.modules, 'planted' in sys.modules)")
+    assert first["stdout"] == "True True\n"
+    second = serial.run("import sys\nprint('colorsys' in sys.modules, 'wave' in sys.modules, 'planted' in sys.modules)")
+    assert second["stdout"] == "False False False\n"
+
+
+def test_environment_never_reaches_the_next_job(serial: PoolProcess) -> None:
+    first = serial.run("import os\nos.environ['LEAKED'] = 'yes'\nos.putenv('PUTENV_LEAK', 'yes')\n"
+                       "print(os.environ['LEAKED'], os.environ['K'])", env={"K": "first"})
+    assert first["stdout"] == "yes first\n"
+    second = serial.run("import os\nenviron = open('/proc/self/environ', 'rb').read()\n"
+                        "print('LEAKED' in os.environ, b'LEAK' in environ, os.environ.get('K'))")
+    assert second["stdout"] == "False False None\n"
+
+
+def test_open_files_never_reach_the_next_job(serial: PoolProcess) -> None:
+    workdir = Path(serial.run("import os\nprint(os.getcwd())")["stdout"].strip())
+    (workdir / "held").mkdir(exist_ok=True)
+    first = serial.run("import os\nheld = open('held/open.txt', 'w')\nos.dup2(held.fileno(), 42)\n"
+                       "print(os.readlink('/proc/self/fd/42'))", allow_write=["held"])
+    assert first["stdout"].strip().endswith("held/open.txt"), first
+    second = serial.run("import os\nfds = sorted(int(fd) for fd in os.listdir('/proc/self/fd'))\n"
+                        "links = [f'/proc/self/fd/{fd}' for fd in fds]\n"
+                        "targets = [os.readlink(link) for link in links if os.path.exists(link)]\n"
+                        "print(fds)\nprint(any('open.txt' in t for t in targets))")
+    fds_line, leaked = second["stdout"].splitlines()
+    assert leaked == "False"
+    assert 42 not in json.loads(fds_line)
+    assert len(json.loads(fds_line)) <= 5, fds_line  # stdin, stdout, stderr, the report, the listing itself
+
+
+def test_authorized_writes_persist(serial: PoolProcess) -> None:
+    workdir = Path(serial.run("import os\nprint(os.getcwd())")["stdout"].strip())
+    (workdir / "persist").mkdir(exist_ok=True)
+    written = serial.run("open('persist/note.txt', 'w').write('kept')", allow_write=["persist"])
+    assert written["exit"] == 0
+    assert (workdir / "persist" / "note.txt").read_text() == "kept"
+    read = serial.run("print(open('persist/note.txt').read())", allow_read=["persist"])
+    assert read["stdout"] == "kept\n"
+
+
+# --- timeouts -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)"], ids=["cpu", "sleep"])
+def test_a_timeout_kills_the_job_and_the_pool_keeps_serving(serial: PoolProcess, code: str) -> None:
+    result = serial.run(code, timeout="1s")
+    assert result["exit"] == 124 and result["error"]["type"] == "TimeoutError"
+    assert wait_gone([pid for pid, depth in serial.tree().items() if depth == 2], 3) == []
+    assert serial.run("print('next')")["stdout"] == "next\n"
+
+
+def test_an_interrupted_job_is_not_retried(serial: PoolProcess) -> None:
+    workdir = Path(serial.run("import os\nprint(os.getcwd())")["stdout"].strip())
+    (workdir / "attempts").mkdir(exist_ok=True)
+    code = "open('attempts/log', 'a').write('started\\n')\nwhile True:\n    pass"
+    result = serial.run(code, timeout="500ms", allow_write=["attempts"])
+    assert result["error"]["type"] == "TimeoutError"
+    serial.run("print('after')")
+    assert (workdir / "attempts" / "log").read_text() == "started\n"
+
+
+# --- broken templates -----------------------------------------------------------------------------------
+
+
+def test_template_killed_while_jobs_run(tmp_path: Path) -> None:
+    """kill -9 a template mid-job: one PoolWorkerError, every other request answered once, and service goes on."""
+    (tmp_path / "starts").mkdir()
+    with pool_process("--workers=2", cwd=tmp_path) as pool:
+        before = pool.templates()
+        long_ids = [new_id("long") for _ in range(2)]
+        for request_id in long_ids:
+            pool.submit(id=request_id, allow_write=["starts"],
+                        code=f"import time\nopen('starts/{request_id}', 'a').write('x')\ntime.sleep(2)\nprint('done')")
+        queued = [pool.submit(code=f"print({i})") for i in range(4)]
+        # Both jobs' code has run (a process alone may still be applying its policy).
+        end = time.monotonic() + 10
+        while not all((tmp_path / "starts" / request_id).exists() for request_id in long_ids):
+            assert time.monotonic() < end, "the long jobs did not start"
+            time.sleep(0.02)
+        jobs = _wait_for_jobs(pool, 2)
+        victim = next(iter(jobs.values()))
+        victim_jobs = [pid for pid, parent in jobs.items() if parent == victim]
+        os.kill(victim, signal.SIGKILL)
+
+        results = {request_id: pool.result(request_id) for request_id in [*long_ids, *queued]}
+        pool.quiet_for(lambda m: False, 0.5)  # and no second answer to any of them
+        for request_id in [*long_ids, *queued]:
+            assert len(pool.responses(request_id)) == 1, pool.responses(request_id)
+        errors = [r for r in results.values() if r["error"] is not None]
+        assert len(errors) == 1, errors
+        assert errors[0]["error"]["type"] == "PoolWorkerError" and errors[0]["id"] in long_ids
+        assert errors[0]["exit"] != 0
+        survivor = next(r for r in results.values() if r["id"] in long_ids and r["error"] is None)
+        assert survivor["stdout"] == "done\n"
+        assert [results[i]["stdout"] for i in queued] == ["0\n", "1\n", "2\n", "3\n"]
+        # The interrupted job was not retried, and its process is gone.
+        assert (tmp_path / "starts" / errors[0]["id"]).read_text() == "x"
+        assert wait_gone(victim_jobs, 3) == []
+        # The broken template was replaced; the pool serves the next request.
+        after = pool.templates()
+        assert victim not in after and len(after) == 2 and set(before) - {victim} <= set(after)
+        assert pool.run("print('served')")["stdout"] == "served\n"
+        stats = pool.stats()
+        assert stats["worker_errors"] == 1 and stats["errors"]["PoolWorkerError"] == 1
+
+
+def test_idle_templates_killed_are_replaced_before_the_next_request(tmp_path: Path) -> None:
+    with pool_process("--workers=2", cwd=tmp_path) as pool:
+        before = pool.templates()
+        for template in before:
+            os.kill(template, signal.SIGKILL)
+        assert wait_gone(before, 3) == []
+        results = [pool.result(pool.submit(code="print('fresh')")) for _ in range(4)]
+        assert [r["stdout"] for r in results] == ["fresh\n"] * 4, results
+        after = pool.templates()
+        assert len(after) == 2 and not set(after) & set(before)
+
+
+# --- draining and exiting -------------------------------------------------------------------------------
+
+
+def test_eof_drains_accepted_jobs_and_exits_0(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=1", cwd=tmp_path)
+    try:
+        ids = [pool.submit(code=f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(3)]
+        pool.close_stdin()
+        status = pool.wait_exit()
+        assert [pool.result(request_id)["stdout"] for request_id in ids] == ["0\n", "1\n", "2\n"]
+        assert status == 0
+    finally:
+        pool.finish()
+
+
+def test_eof_exit_status_is_0_even_when_jobs_failed(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=2", cwd=tmp_path)
+    try:
+        failing = pool.submit(code="raise SystemExit(9)")
+        refused = pool.submit(code="print(1)", bogus=1)
+        pool.close_stdin()
+        assert pool.wait_exit() == 0
+        assert pool.result(failing)["exit"] == 9
+        assert pool.result(refused)["error"]["type"] == "RequestError"
+    finally:
+        pool.finish()
+
+
+def test_sigterm_drains_accepted_jobs_too(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=1", cwd=tmp_path)
+    try:
+        ids = [pool.submit(code=f"import time\ntime.sleep(0.4)\nprint({i})") for i in range(3)]
+        pool.stats()  # answered after the three lines were read: they are accepted
+        pool.proc.send_signal(signal.SIGTERM)
+        status = pool.wait_exit()
+        assert [pool.result(request_id)["stdout"] for request_id in ids] == ["0\n", "1\n", "2\n"]
+        assert status == 0
+    finally:
+        pool.finish()
+
+
+_CLIENT = """
+import json, subprocess, sys, time
+pool = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+ready = pool.stdout.readline()
+pool.stdin.write(b'{"id": "long", "code": "import time\\\\ntime.sleep(60)"}\\n')
+pool.stdin.write(b'{"id": "step", "session": "nb", "code": "import time\\\\ntime.sleep(60)"}\\n')
+pool.stdin.flush()
+print(json.dumps({"pool": pool.pid, "ready": json.loads(ready)}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_when_the_client_dies_the_pool_and_all_its_processes_exit(tmp_path: Path) -> None:
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT, *POOL, "--workers=2"], stdout=subprocess.PIPE,
+                              cwd=tmp_path)
+    mark_live(client.pid)
+    try:
+        assert client.stdout is not None
+        hello = json.loads(client.stdout.readline())
+        assert hello["ready"]["event"] == "ready"
+        pool_pid = hello["pool"]
+        end = time.monotonic() + 10
+        while len(jobs_of(pool_pid)) < 2:
+            assert time.monotonic() < end, "the job and the session step never started"
+            time.sleep(0.02)
+        # The pool, its three templates (two workers, one session), the job and the session's child,
+        # and any child prepared ahead of its job.
+        family = [pool_pid, *descendants(pool_pid)]
+        assert len(jobs_of(pool_pid)) == 2 and len(family) >= 6
+        os.kill(client.pid, signal.SIGKILL)
+        client.wait(10)
+        assert wait_gone(family, 3) == [], "the pool or its processes outlived their client"
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(10)
+        if client.stdout is not None:
+            client.stdout.close()
+        unmark_live(client.pid)
+    assert_no_leftovers()
+
+
+# --- flow control ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_queue_holds_twice_the_worker_count(tmp_path: Path, workers: int) -> None:
+    """Intake stops reading once 2 x workers jobs wait: a stats line behind the excess is answered only later."""
+    with pool_process(f"--workers={workers}", cwd=tmp_path) as pool:
+        busy = [pool.submit(code="import time\ntime.sleep(1.5)") for _ in range(workers)]
+        _wait_for_jobs(pool, workers)
+        waiting = [pool.submit(code="print('queued')") for _ in range(2 * workers)]
+        room = pool.stats()  # the queue is exactly full, intake is still free
+        assert pool.responses(busy[0]) == [], "the busy jobs finished too soon for this test to mean anything"
+        excess = pool.submit(code="print('excess')")
+        blocked = pool.submit(stats=True)
+        first_busy = pool.result(busy[0])
+        answer = pool.result(blocked)
+        assert pool.index_of(room) < pool.index_of(first_busy) < pool.index_of(answer)
+        for request_id in [*busy, *waiting, excess]:
+            assert pool.result(request_id)["exit"] == 0
+
+
+def test_stdout_backpressure_blocks_the_pool_without_growing_its_memory(tmp_path: Path) -> None:
+    (tmp_path / "marks").mkdir()
+    size, count = 256 * 1024, 60
+    code = "import sys\nopen('marks/' + sys.argv[1], 'w')\nsys.stdout.write('x' * {size})"
+    with pool_process("--workers=2", cwd=tmp_path) as pool:
+        for _ in range(4):  # warm up the allocator with results of this size
+            assert len(pool.run(code.format(size=size), args=["warmup"], allow_write=["marks"])["stdout"]) == size
+        baseline = rss_kb(pool.pid)
+        pool.pause_reading()
+        ids = [new_id("bp") for _ in range(count)]
+        sender = threading.Thread(target=lambda: [
+            pool.send({"id": i, "code": code.format(size=size), "args": [i], "allow_write": ["marks"]}) for i in ids
+        ], daemon=True)
+        sender.start()
+        time.sleep(3)
+        ran = len(list((tmp_path / "marks").iterdir())) - 1
+        grown = rss_kb(pool.pid) - baseline
+        pool.resume_reading()
+        sender.join(20)
+        assert not sender.is_alive()
+        results = [pool.result(i) for i in ids]
+        assert all(len(r["stdout"]) == size for r in results)
+        # Two workers each blocked on a result the pipe cannot take: a few jobs, not all sixty.
+        assert ran <= 6, f"{ran} jobs ran while nobody read the results"
+        assert grown < 16 * 1024, f"the pool grew by {grown} KiB while its client did not read"

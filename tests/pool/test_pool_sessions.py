@@ -1,0 +1,320 @@
+"""Sessions: one confined process per name whose ``__main__`` survives between steps."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .pool_driver import PoolProcess, new_id, pool_process, wait_gone
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _session() -> str:
+    return new_id("notebook")
+
+
+def _ok(result: dict[str, Any]) -> dict[str, Any]:
+    assert result["exit"] == 0 and result["error"] is None, result
+    return result
+
+
+def _refused(result: dict[str, Any], *words: str) -> None:
+    assert result["error"] is not None and result["error"]["type"] == "RequestError", result
+    for word in words:
+        assert word in result["error"]["message"], result["error"]["message"]
+
+
+def _session_children(pool: PoolProcess) -> list[int]:
+    return [pid for pid, depth in pool.tree().items() if depth == 2]
+
+
+def test_a_variable_survives_between_steps(pool: PoolProcess) -> None:
+    name = _session()
+    first = _ok(pool.run("import json\nx = 41", session=name))
+    second = _ok(pool.run("print(x + 1, json.dumps([1]))", session=name))
+    assert second["stdout"] == "42 [1]\n"
+    assert (first["session"], first["step"], first["session_ended"]) == (name, 1, False)
+    assert (second["session"], second["step"], second["session_ended"]) == (name, 2, False)
+    assert second["runtime"]["mode"] == "session"
+    pool.run(session=name, close=True)
+
+
+def test_the_session_is_one_process(pool: PoolProcess) -> None:
+    name = _session()
+    pids = [int(_ok(pool.run("import os\nprint(os.getpid())", session=name))["stdout"]) for _ in range(3)]
+    assert len(set(pids)) == 1
+    pool.run(session=name, close=True)
+
+
+def test_a_python_exception_keeps_the_session(pool: PoolProcess) -> None:
+    name = _session()
+    _ok(pool.run("x = 'kept'", session=name))
+    failed = pool.run("print(undefined_name)", session=name, name="cell2.py")
+    assert failed["error"]["type"] == "NameError" and failed["exit"] == 1
+    assert failed["error"]["file"] == "cell2.py" and failed["error"]["line"] == 1
+    assert failed["session_ended"] is False
+    assert _ok(pool.run("print(x)", session=name))["stdout"] == "kept\n"
+    pool.run(session=name, close=True)
+
+
+def test_a_timeout_ends_the_session_and_the_next_step_starts_fresh(pool: PoolProcess) -> None:
+    name = _session()
+    _ok(pool.run("x = 1", session=name))
+    timed_out = pool.run("while True:\n    pass", session=name, timeout="1s")
+    assert timed_out["exit"] == 124 and timed_out["error"]["type"] == "TimeoutError"
+    assert timed_out["session_ended"] is True and timed_out["session"] == name
+    fresh = pool.run("print(x)", session=name)
+    assert fresh["error"]["type"] == "NameError", fresh
+    assert fresh["step"] == 1 and fresh["session_ended"] is False
+    pool.run(session=name, close=True)
+
+
+@pytest.mark.parametrize("code, error_type", [
+    ("import os\nos.abort()", "SignalError"),
+    ("import sys\nsys.exit(0)", None),
+    ("exit(3)", None),
+    ("import os\nos._exit(5)", None),
+], ids=["crash", "sys.exit", "exit-3", "os._exit"])
+def test_a_crash_or_an_exit_ends_the_session(pool: PoolProcess, code: str, error_type: str | None) -> None:
+    name = _session()
+    _ok(pool.run("x = 1", session=name))
+    ended = pool.run(code, session=name)
+    assert ended["session_ended"] is True, ended
+    assert (ended["error"] or {}).get("type") == error_type
+    assert pool.run("print(x)", session=name)["error"]["type"] == "NameError"
+    pool.run(session=name, close=True)
+
+
+def test_a_memory_kill_ends_the_session_or_leaves_it_usable(pool: PoolProcess) -> None:
+    name = _session()
+    _ok(pool.run("x = 1", session=name, memory="256m"))
+    hit = pool.run("y = bytearray(600 << 20)", session=name)
+    assert hit["error"]["type"] == "MemoryError" and hit["error"]["hint"]
+    # A MemoryError is a Python exception: the session lives on.
+    if not hit["session_ended"]:
+        assert _ok(pool.run("print(x)", session=name))["stdout"] == "1\n"
+    pool.run(session=name, close=True)
+
+
+def test_the_first_request_fixes_permissions_limits_and_environment(pool: PoolProcess, workdir: Path) -> None:
+    (workdir / "session-out").mkdir(exist_ok=True)
+    name = _session()
+    first = _ok(pool.run("import os\nprint(os.environ['MODE'])", session=name, allow_write=["session-out"],
+                         env={"MODE": "notebook"}, memory="512m"))
+    assert first["stdout"] == "notebook\n"
+    later = _ok(pool.run("import os\nopen('session-out/later.txt', 'w').write(os.environ['MODE'])", session=name))
+    assert later["policy"]["allow_write"] == [str((workdir / "session-out").resolve())]
+    assert later["policy"]["memory_bytes"] == 512 << 20
+    assert (workdir / "session-out" / "later.txt").read_text() == "notebook"
+    pool.run(session=name, close=True)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("allow_write", ["session-out"]),
+    ("allow_read", ["."]),
+    ("allow_network", True),
+    ("allow_network", False),
+    ("env", {"K": "v"}),
+    ("memory", "512m"),
+    ("max_file_size", "1m"),
+    ("package_dirs", ["."]),
+    ("profile", "analysis"),
+    ("functions", ["search"]),
+])
+def test_a_later_step_with_a_permission_field_is_a_request_error(pool: PoolProcess, workdir: Path, field: str,
+                                                                 value: object) -> None:
+    (workdir / "session-out").mkdir(exist_ok=True)
+    name = _session()
+    _ok(pool.run("x = 'still here'", session=name))
+    _refused(pool.run("print('never')", session=name, **{field: value}), field)
+    assert _ok(pool.run("print(x)", session=name))["stdout"] == "still here\n"
+    pool.run(session=name, close=True)
+
+
+def test_a_later_step_may_carry_code_name_args_timeout_and_max_output(pool: PoolProcess) -> None:
+    name = _session()
+    _ok(pool.run("x = 'y' * 50", session=name, timeout="10s"))
+    step = _ok(pool.run("import sys\nprint(sys.argv)\nprint(x)", session=name, name="cell.py", args=["a", "b"],
+                        timeout="5s", max_output=30))
+    assert step["stdout"].startswith("['cell.py', 'a', 'b']\n")
+    assert len(step["stdout"]) == 30 and step["stdout_truncated"] is True
+    assert step["policy"]["timeout_ms"] == 5000
+    full = _ok(pool.run("print(x)", session=name))
+    assert full["stdout"] == "y" * 50 + "\n" and full["stdout_truncated"] is False
+    pool.run(session=name, close=True)
+
+
+def test_script_in_a_session_is_a_request_error(pool: PoolProcess, workdir: Path) -> None:
+    (workdir / "session_script.py").write_text("print('never')\n")
+    name = _session()
+    _refused(pool.run(script="session_script.py", session=name), "script")
+    _ok(pool.run("x = 1", session=name))
+    _refused(pool.run(script="session_script.py", session=name), "script")
+    pool.run(session=name, close=True)
+
+
+def test_each_steps_output_is_captured_per_step(pool: PoolProcess) -> None:
+    name = _session()
+    first = _ok(pool.run("import os, sys\nprint('one')\nos.write(2, b'err-one')", session=name))
+    second = _ok(pool.run("import os\nos.write(1, b'two\\n')", session=name))
+    assert (first["stdout"], first["stderr"]) == ("one\n", "err-one")
+    assert (second["stdout"], second["stderr"]) == ("two\n", "")
+    pool.run(session=name, close=True)
+
+
+def test_steps_queue_behind_each_other(pool: PoolProcess) -> None:
+    name = _session()
+    slow = pool.submit(session=name, code="import time\ntime.sleep(0.5)\norder = ['slow']\nprint('slow')")
+    fast = pool.submit(session=name, code="order.append('fast')\nprint(order)")
+    slow_result, fast_result = pool.result(slow), pool.result(fast)
+    assert pool.index_of(slow_result) < pool.index_of(fast_result)
+    assert fast_result["stdout"] == "['slow', 'fast']\n"
+    assert (slow_result["step"], fast_result["step"]) == (1, 2)
+    pool.run(session=name, close=True)
+
+
+def test_sessions_and_plain_jobs_do_not_wait_for_each_other(pool: PoolProcess) -> None:
+    name, other_name = _session(), _session()
+    busy = pool.submit(session=name, code="import time\ntime.sleep(1.5)")
+    other = pool.submit(session=other_name, code="print('other session')")
+    jobs = [pool.submit(code=f"print({i})") for i in range(4)]
+    for request_id in [other, *jobs]:
+        assert pool.result(request_id)["exit"] == 0
+    assert pool.responses(busy) == []
+    pool.result(busy)
+    pool.run(session=name, close=True)
+    pool.run(session=other_name, close=True)
+
+
+def test_the_ninth_pending_step_is_refused_until_the_session_catches_up(pool: PoolProcess) -> None:
+    name = _session()
+    ids = [pool.submit(session=name, code="import time\ntime.sleep(1)")]
+    ids += [pool.submit(session=name, code=f"print({i})") for i in range(1, 8)]
+    ninth = pool.result(pool.submit(session=name, code="print('ninth')"))
+    _refused(ninth, "pending")
+    assert all(pool.responses(i) == [] for i in ids[:1]), "the ninth was refused only after the first finished"
+    results = [pool.result(i) for i in ids]
+    assert [r["step"] for r in results] == list(range(1, 9))
+    assert [r["stdout"] for r in results[1:]] == [f"{i}\n" for i in range(1, 8)]
+    caught_up = _ok(pool.run("print('caught up')", session=name))
+    assert caught_up["step"] == 9
+    pool.run(session=name, close=True)
+
+
+def test_close_answers_closed_and_the_next_request_starts_fresh(pool: PoolProcess) -> None:
+    name = _session()
+    _ok(pool.run("x = 1", session=name))
+    children_before = set(_session_children(pool))
+    request_id = new_id("close")
+    pool.send({"id": request_id, "session": name, "close": True})
+    closed = pool.result(request_id)
+    assert closed == {"id": request_id, "session": name, "closed": True}
+    fresh = pool.run("print(x)", session=name)
+    assert fresh["error"]["type"] == "NameError" and fresh["step"] == 1
+    pool.run(session=name, close=True)
+    assert children_before  # the session's process existed
+
+
+def test_close_of_an_unknown_session_is_a_request_error(pool: PoolProcess) -> None:
+    _refused(pool.run(session="never-opened", close=True), "never-opened")
+
+
+def test_close_takes_only_the_session(pool: PoolProcess) -> None:
+    name = _session()
+    _ok(pool.run("x = 1", session=name))
+    _refused(pool.run("print(1)", session=name, close=True))
+    pool.run(session=name, close=True)
+
+
+def test_closing_a_session_ends_its_processes(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        plain = set(pool.tree())
+        name = _session()
+        _ok(pool.run("x = 1", session=name))
+        added = [pid for pid in pool.tree() if pid not in plain]
+        assert len(added) == 2, pool.tree()  # the session's template and its child
+        assert pool.stats()["sessions_active"] == 1
+        pool.run(session=name, close=True)
+        assert wait_gone(added, 5) == []
+        assert pool.stats()["sessions_active"] == 0
+
+
+def test_a_session_ended_by_a_timeout_releases_its_slot_and_processes(tmp_path: Path) -> None:
+    with pool_process("--workers=1", "--max-sessions=1", cwd=tmp_path) as pool:
+        plain = set(pool.tree())
+        name = _session()
+        _ok(pool.run("x = 1", session=name))
+        added = [pid for pid in pool.tree() if pid not in plain]
+        assert pool.run("import time\ntime.sleep(30)", session=name, timeout="500ms")["session_ended"] is True
+        assert wait_gone(added, 5) == []
+        assert pool.stats()["sessions_active"] == 0
+        _ok(pool.run("x = 2", session=_session()))  # the only slot is free again
+
+
+def test_steps_queued_behind_a_step_that_ended_the_session_are_answered(pool: PoolProcess) -> None:
+    """Each accepted step gets exactly one answer, even when the session died under it."""
+    name = _session()
+    ending = pool.submit(session=name, code="while True:\n    pass", timeout="1s")
+    queued = pool.submit(session=name, code="print('queued')")
+    assert pool.result(ending)["session_ended"] is True
+    answer = pool.result(queued)
+    assert answer["session"] == name
+    assert answer["error"] is None or answer["error"]["type"] == "RequestError", answer
+    pool.quiet_for(lambda m: False, 0.2)
+    assert len(pool.responses(ending)) == 1 and len(pool.responses(queued)) == 1
+    pool.run(session=name, close=True) if answer["error"] is None else None
+
+
+def test_sessions_end_with_the_pool(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=1", cwd=tmp_path)
+    try:
+        for _ in range(2):
+            _ok(pool.run("x = 1", session=_session()))
+        pending = pool.submit(session=_session(), code="import time\ntime.sleep(0.5)\nprint('answered')")
+        session_processes = list(pool.tree())
+        pool.close_stdin()
+        assert pool.wait_exit() == 0
+        assert pool.result(pending)["stdout"] == "answered\n"
+        assert wait_gone(session_processes, 5) == []
+    finally:
+        pool.finish()
+
+
+def test_max_sessions_and_session_idle(tmp_path: Path) -> None:
+    with pool_process("--workers=1", "--max-sessions=2", "--session-idle=1s", cwd=tmp_path) as pool:
+        a, b = _session(), _session()
+        _ok(pool.run("x = 'a'", session=a))
+        _ok(pool.run("x = 'b'", session=b))
+        _refused(pool.run("x = 'c'", session=_session()), "max_sessions")
+        assert pool.stats()["sessions_active"] == 2
+        # Steps keep a session alive; idleness closes it.
+        for _ in range(3):
+            time.sleep(0.4)
+            assert _ok(pool.run("print(x)", session=a))["stdout"] == "a\n"
+        deadline = time.monotonic() + 5
+        while pool.stats()["sessions_active"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pool.stats()["sessions_active"] == 0
+        assert pool.run("print(x)", session=a)["error"]["type"] == "NameError"
+        _ok(pool.run("x = 'c'", session=_session()))
+
+
+def test_max_sessions_defaults_to_16(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        names = [_session() for _ in range(16)]
+        ids = [pool.submit(session=name, code="x = 1") for name in names]
+        for request_id in ids:
+            _ok(pool.result(request_id, timeout=60))
+        _refused(pool.run("x = 1", session=_session()), "16")
+        assert pool.stats()["sessions_active"] == 16
+        closes = [pool.submit(session=name, close=True) for name in names]
+        assert all(pool.result(request_id)["closed"] is True for request_id in closes)
+        assert pool.stats()["sessions_active"] == 0
+
+
+def test_a_session_name_is_required(pool: PoolProcess) -> None:
+    _refused(pool.run("x = 1", session=""))

@@ -1,7 +1,7 @@
 """pynox-smolagents against the real pool: the ``run_python`` tool in a ``ToolCallingAgent``, and ``PynoxExecutor``
 running a ``CodeAgent``'s steps in one session. A scripted ``Model`` stands in for the LLM: no network.
 
-``pool`` is the adapter suite's fixture (``conftest.py``): shared by the module, proven gone when it ends.
+Process-level leftover checks live in ``test_smolagents_conformance.py``, beside the shared suite's helpers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,6 @@ from smolagents.monitoring import LogLevel
 
 import pynox
 from pynox_smolagents import PynoxExecutor, PynoxTool, python_tool
-
-from .procs import running_pools, wait_for_idle, wait_for_none
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -71,6 +69,12 @@ def price(product: str) -> float:
     if product not in CATALOG:
         raise KeyError(f"no product named {product!r}")
     return CATALOG[product]
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[pynox.Pool]:
+    with pynox.Pool(workers=2) as pool:
+        yield pool
 
 
 def action_steps(agent: Any) -> list[ActionStep]:
@@ -256,19 +260,6 @@ def test_trailing_expression_keeps_line_numbers_and_odd_text(pool: pynox.Pool) -
     assert steps[0].action_output == "naïve ☃!"
     assert "SyntaxError" in str(steps[1].error) and "agent.py:2" in str(steps[1].error)
     assert "IndexError: list index out of range (agent.py:1)" in str(steps[2].error)
-
-
-def test_nothing_is_left_running_after_the_code_agent_finishes() -> None:
-    others = running_pools()  # the module's pool, whose tool-long sessions live until it closes
-    with pynox.Pool(workers=1) as own:
-        wait_for_idle(templates=1, ignore=others)
-        model = ScriptedModel(["x = price('lamp')", "import time\ntime.sleep(0.2)", "final_answer(x)"])
-        with CodeAgent(tools=[price], model=model, executor=PynoxExecutor(own), verbosity_level=QUIET) as agent:
-            assert agent.run("task") == 25.0
-            with pytest.raises(AssertionError, match="still running"):  # the session's own template and process
-                wait_for_idle(templates=1, ignore=others, deadline=0.5)
-        wait_for_idle(templates=1, ignore=others)  # cleanup() ended them
-    wait_for_none(others)
 
 
 def test_profile_from_the_pool_config(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The shared conformance suite (``test_conformance.py``), run for smolagents' ways of giving an agent ``run_python``.
 
 The suite's test functions are imported as they are and parametrised here with smolagents cases, driven by a
-scripted ``ToolCallingAgent``: the same checks, the same fixtures, one more framework.
+scripted ``ToolCallingAgent``: the same checks, the same fixtures, one more framework. ``PynoxExecutor`` is not
+a tool, so it gets the suite's leftover check on its own.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from smolagents.models import (
 )
 from smolagents.monitoring import LogLevel
 
-from pynox_smolagents import python_tool
+import pynox
+from pynox_smolagents import PynoxExecutor, python_tool
 
 from .cases import Case
+from .procs import running_pools, wait_for_idle, wait_for_none
 from .scripted import ANSWER, Call, ToolSeen, Transcript
 from .test_conformance import (  # noqa: F401  (collected here, with this module's cases)
     test_a_denied_path_is_text_with_the_hint_and_the_run_goes_on,
@@ -32,6 +35,7 @@ from .test_conformance import (  # noqa: F401  (collected here, with this module
     test_nothing_is_left_running_after_the_agent_finishes,
     test_the_model_sees_run_python_with_the_docstring_and_one_code_parameter,
 )
+from .test_smolagents import QUIET, ScriptedModel, price
 
 
 class ScriptedToolCallingModel(smolagents.Model):
@@ -75,5 +79,23 @@ SMOLAGENTS_CASES = [
          run_smolagents, session_ends_with_run=False),
 ]
 
-pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.parametrize("case", SMOLAGENTS_CASES, ids=[case.id for case in SMOLAGENTS_CASES])]
+pytestmark = pytest.mark.timeout(60)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" in metafunc.fixturenames:
+        metafunc.parametrize("case", SMOLAGENTS_CASES, ids=[case.id for case in SMOLAGENTS_CASES])
+
+
+def test_nothing_is_left_running_after_the_code_agent_finishes() -> None:
+    others = running_pools()  # the module's pool, whose tool-long sessions live until it closes
+    with pynox.Pool(workers=1) as own:
+        wait_for_idle(templates=1, ignore=others)
+        model = ScriptedModel(["x = price('lamp')", "import time\ntime.sleep(0.2)", "final_answer(x)"])
+        with smolagents.CodeAgent(tools=[price], model=model, executor=PynoxExecutor(own),
+                                  verbosity_level=QUIET) as agent:
+            assert agent.run("task") == 25.0
+            with pytest.raises(AssertionError, match="still running"):  # the session's own template and process
+                wait_for_idle(templates=1, ignore=others, deadline=0.5)
+        wait_for_idle(templates=1, ignore=others)  # cleanup() ended them
+    wait_for_none(others)

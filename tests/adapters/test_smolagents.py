@@ -297,3 +297,56 @@ def run_readme_example(readme: Path, tmp_path: Path) -> subprocess.CompletedProc
 def test_readme_example_runs_offline(tmp_path: Path) -> None:
     done = run_readme_example(ROOT / "packages" / "pynox-smolagents" / "README.md", tmp_path)
     assert done.returncode == 0, done.stderr
+
+
+# The blocks of docs/integrations.md's smolagents section use a `model` they do not define: each runs here, as its
+# own program (as tests/test_docs.py runs the others), with this scripted model in front of it.
+DOC_MODEL = '''
+from smolagents import Model
+from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolCallFunction, MessageRole
+
+
+class ScriptedModel(Model):
+    def __init__(self, replies):
+        super().__init__(model_id="scripted")
+        self.replies = replies
+
+    def generate(self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kwargs):
+        reply = self.replies.pop(0)
+        if isinstance(reply, str):
+            return ChatMessage(role=MessageRole.ASSISTANT, content=f"<code>\\n{reply}\\n</code>")
+        call = ChatMessageToolCall(function=ChatMessageToolCallFunction(name=reply[0], arguments=reply[1]),
+                                   id="call", type="function")
+        return ChatMessage(role=MessageRole.ASSISTANT, content="", tool_calls=[call])
+
+
+COUNT = "import csv\\nprint(len(list(csv.DictReader(open('data/orders.csv')))))"
+model = ScriptedModel(REPLIES)
+'''
+DOC_REPLIES = {
+    "CodeAgent": '["n = len(open(\'data/orders.csv\').read().splitlines()) - 1", "final_answer(n)"]',
+    "ToolCallingAgent": '[("run_python", {"code": COUNT}), ("final_answer", {"answer": "3 orders"})]',
+}
+
+
+def smolagents_doc_blocks() -> list[str]:
+    text = (ROOT / "docs" / "integrations.md").read_text()
+    section = text.split("\n## smolagents\n", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split("<!-- run-by: tests/adapters/test_smolagents.py -->"
+                                                                  "\n```python\n")[1:]]
+
+
+def test_integrations_doc_blocks_run(tmp_path: Path) -> None:
+    blocks = smolagents_doc_blocks()
+    assert [next(kind for kind in DOC_REPLIES if f"import {kind}" in block) for block in blocks] == \
+        ["CodeAgent", "ToolCallingAgent"]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "orders.csv").write_text("product,amount\nlamp,25.00\ndesk,180.00\nlamp,12.50\n")
+    for block in blocks:
+        kind = next(kind for kind in DOC_REPLIES if f"import {kind}" in block)
+        script = tmp_path / "example.py"
+        script.write_text(DOC_MODEL.replace("REPLIES", DOC_REPLIES[kind]) + block)
+        done = subprocess.run([sys.executable, "-W", "error", str(script)], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=100, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.rstrip().splitlines()[-1] in ("3", "3 orders")

@@ -14,9 +14,12 @@ import os
 
 from ._libc import libc, prctl
 
-__all__ = ["drop_bounding_set", "drop_privileges", "set_parent_death_signal", "switch_user"]
+__all__ = [
+    "drop_bounding_set", "drop_privileges", "set_parent_death_signal", "set_process_name", "switch_user",
+]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_SET_SECUREBITS = 28
@@ -60,6 +63,12 @@ def switch_user(uid: int, gid: int) -> None:
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
+
+
+def set_process_name(name: str) -> None:
+    """The name ``ps`` and ``/proc/<pid>/comm`` show (15 bytes at most): operators see each process's role."""
+    prctl(_PR_SET_NAME, ctypes.cast(ctypes.c_char_p(name.encode()[:15]), ctypes.c_void_p).value or 0,
+          what="PR_SET_NAME")
 
 
 def set_parent_death_signal(signum: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import errno
+import fcntl
 import os
 import socket
 import sys
@@ -24,16 +25,18 @@ import msgspec
 from .. import hints
 from ..job import ErrorInfo, JobSpec, Report, StepSpec
 from ..policy import Runtime, build_ruleset, confine
+from ..policy.privileges import set_process_name
 from . import host_module
 from .frames import recv_raw
 
-__all__ = ["CHANNEL_FD", "CONTROL_FD", "REPORT_FD", "SETUP_FAILED", "run_job"]
+__all__ = ["CHANNEL_FD", "CONTROL_FD", "REPORT_FD", "SETUP_FAILED", "run_job", "run_prepared"]
 
 SETUP_FAILED = 125
 STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
 CHANNEL_FD = 4  # host-function calls, when the job declares functions
 CONTROL_FD = 5  # session steps, when the job is a session
 RULESET_FD = 6  # the Landlock ruleset, closed once enforced
+_STAGING_FD = 16  # above every fixed number
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
@@ -43,6 +46,7 @@ _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     RecursionError: "maximum recursion depth exceeded",
 }
 _step_decoder = msgspec.json.Decoder(StepSpec)
+_job_decoder = msgspec.json.Decoder(JobSpec)
 
 
 def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
@@ -50,14 +54,21 @@ def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
     stage = "start a new session"
     report = fds[2]
     try:
+        set_process_name("pynox-session" if spec.session else "pynox-job")
         os.setsid()
         stage = "build the Landlock ruleset"
         ruleset = build_ruleset(spec, runtime)
         stage = "arrange descriptors"
-        ruleset = _arrange_descriptors(spec, fds, ruleset)
+        targets = [STDOUT_FD, STDERR_FD, REPORT_FD]
+        targets += [CHANNEL_FD] if spec.functions else []
+        targets += [CONTROL_FD] if spec.session else []
+        if len(fds) != len(targets):
+            raise ValueError(f"expected {len(targets)} descriptors, got {len(fds)}")
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        _arrange([*zip(fds, targets, strict=True), (ruleset, RULESET_FD), (devnull, 0)])
         report = REPORT_FD
         stage = "apply the policy"
-        confine(spec, runtime, ruleset)
+        confine(spec, runtime, RULESET_FD)
         if spec.functions:
             host_module.install_host_module(spec.functions, CHANNEL_FD)
     except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
@@ -68,31 +79,71 @@ def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
     _finish(REPORT_FD, _execute(main, spec.code, spec.script, spec.name, spec))
 
 
-def _arrange_descriptors(spec: JobSpec, fds: list[int], ruleset: int) -> int:
-    """Put the job's descriptors at their numbers, keep the ruleset just above them, close the rest.
+def run_prepared(spec: JobSpec, runtime: Runtime, control: int) -> NoReturn:
+    """A child forked and confined ahead of its job, with the policy of the job before it.
 
-    Returns the ruleset's new descriptor."""
-    targets = [STDOUT_FD, STDERR_FD, REPORT_FD]
-    if spec.functions:
-        targets.append(CHANNEL_FD)
-    if spec.session:
-        targets.append(CONTROL_FD)
-    if len(fds) != len(targets):
-        raise ValueError(f"expected {len(targets)} descriptors, got {len(fds)}")
-    sources = [*fds, ruleset, os.open("/dev/null", os.O_RDONLY)]
-    targets += [RULESET_FD, 0]
-    # Duplicate every source first (to numbers above 2, increasing), then move them into place in
-    # order: a target is never a duplicate still waiting to be moved.
-    moved = [os.dup(fd) for fd in sources]
-    for target, fd in zip(targets, moved, strict=True):
+    When a job with the same policy arrives, the template hands it over on ``control`` together with
+    its descriptors; the child runs it and exits, like any job. Confinement happened before the job
+    existed, so its cost is off the job's critical path. A setup failure is reported to that job.
+    """
+    setup_error = None
+    stage = "start a new session"
+    try:
+        set_process_name("pynox-ready")
+        os.setsid()
+        stage = "build the Landlock ruleset"
+        ruleset = build_ruleset(spec, runtime)
+        stage = "arrange descriptors"
+        devnull = os.open("/dev/null", os.O_RDWR)
+        _arrange([(control, CONTROL_FD), (ruleset, RULESET_FD), (devnull, 0), (devnull, STDOUT_FD),
+                  (devnull, STDERR_FD), (devnull, REPORT_FD)])
+        stage = "apply the policy"
+        confine(spec, runtime, RULESET_FD)
+    except BaseException as exc:  # fail closed: the job this child receives will only hear why
+        setup_error = f"could not {stage}: {exc}"
+    control_socket = socket.socket(fileno=CONTROL_FD)
+    try:
+        payload, fds = recv_raw(control_socket)
+        job = _job_decoder.decode(payload)
+    except (EOFError, OSError, ValueError, msgspec.DecodeError):
+        os._exit(0)  # discarded by the template: no job will come
+    control_socket.close()
+    try:
+        set_process_name("pynox-job")
+    except OSError:
+        pass  # a name is for operators; the job runs all the same
+    expected = [STDOUT_FD, STDERR_FD, REPORT_FD] + ([CHANNEL_FD] if spec.functions else [])
+    if len(fds) != len(expected):
+        os._exit(SETUP_FAILED)
+    for fd, target in zip(fds, expected, strict=True):
         os.dup2(fd, target)
+        os.close(fd)
+    if setup_error is not None:
+        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=setup_error))
+    try:
+        if spec.functions:
+            host_module.install_host_module(spec.functions, CHANNEL_FD)
+    except BaseException as exc:
+        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=f"could not set up host functions: {exc}"))
+    main = _new_main(job)
+    _finish(REPORT_FD, _execute(main, job.code, job.script, job.name, job))
+
+
+def _arrange(moves: list[tuple[int, int]]) -> None:
+    """Put each source descriptor at its target number and close every other descriptor.
+
+    Every source is first duplicated above all targets, so no target can overwrite a source still to
+    be moved, whatever numbers the template happened to use.
+    """
+    staged = [(fcntl.fcntl(source, fcntl.F_DUPFD, _STAGING_FD), target) for source, target in moves]
+    for fd, target in staged:
+        os.dup2(fd, target)
+    used = {target for _, target in moves}
+    for fd in range(_STAGING_FD):
+        if fd not in used:
+            _close_quietly(fd)
     # Everything above goes, whatever the template had open (its socket, its prepared rules).
-    os.closerange(RULESET_FD + 1, _MAX_FD)
-    if not spec.functions:
-        _close_quietly(CHANNEL_FD)
-    if not spec.session:
-        _close_quietly(CONTROL_FD)
-    return RULESET_FD
+    os.closerange(_STAGING_FD, _MAX_FD)
 
 
 def _close_quietly(fd: int) -> None:

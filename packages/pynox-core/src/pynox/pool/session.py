@@ -75,9 +75,7 @@ class Session(threading.Thread):
                         self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
                     return
                 if self._serve(item):
-                    # Later requests under this name start afresh; steps already queued here are refused.
-                    self.registry.forget(self)
-                    return
+                    return  # later requests under this name start afresh; steps queued here are refused
         finally:
             self._stop_process()
             self._drain_after_end()
@@ -101,6 +99,7 @@ class Session(threading.Thread):
         try:
             outcome = self._run_step(step)
         except PynoxError as exc:
+            self.registry.forget(self)
             self._answer(step, self._failure(step, str(exc), queue_us))
             return True
         ended = outcome.ended or outcome.timed_out
@@ -108,6 +107,9 @@ class Session(threading.Thread):
                            python=self._ready_python(), preloaded=self._preloaded(),
                            landlock_abi=self._abi(), mode="session", queue_us=queue_us,
                            session=self.session_name, step=self.steps, session_ended=ended)
+        if ended:
+            # Forgotten before the result leaves: a client that answers it at once starts a new session.
+            self.registry.forget(self)
         self._answer(step, result)
         return ended
 

@@ -20,10 +20,13 @@ import socket
 import sys
 import threading
 
+import msgspec
+
 from ..errors import KernelSupportError
+from ..job import JobSpec
 from ..policy import Runtime, prepare_runtime
-from ..policy.privileges import set_parent_death_signal
-from .child import run_job
+from ..policy.privileges import set_parent_death_signal, set_process_name
+from .child import run_job, run_prepared
 from .frames import Ended, Init, Ready, Started, TemplateFailed, init_decoder, job_decoder, recv_raw, send_frame
 
 __all__ = ["main"]
@@ -34,6 +37,7 @@ def main() -> None:
     # Ctrl-C reaches the whole process group; the server decides how the pool ends, not us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_parent_death_signal(signal.SIGKILL)
+    set_process_name("pynox-template")
     if os.getppid() == 1:  # the server died before we could arm the death signal
         os._exit(1)
     try:
@@ -107,29 +111,99 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-def _serve(sock: socket.socket, runtime: Runtime) -> None:
-    while True:
+class _Prepared:
+    """A child forked and confined ahead of the next job, for the policy of the last one."""
+
+    def __init__(self, spec: JobSpec, runtime: Runtime) -> None:
+        self.key = _policy_key(spec)
+        self.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.pid = os.fork()
+        if self.pid == 0:
+            run_prepared(spec, runtime, child_end.fileno())
+        child_end.close()
+
+    def hand_over(self, spec: JobSpec, fds: list[int]) -> bool:
+        """Give the job to this child; False if it cannot take it (it died), and then it is reaped."""
         try:
-            payload, fds = recv_raw(sock)
-        except EOFError:
-            return
-        spec = job_decoder.decode(payload)
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            run_job(spec, runtime, fds)
-        for fd in fds:
-            os.close(fd)
-        pidfd = os.pidfd_open(pid)
-        try:
-            send_frame(sock, Started(pid=pid), [pidfd])
-            _, status, usage = os.wait4(pid, 0)
-            send_frame(sock, Ended(status=status, cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6),
-                                   max_rss_kb=usage.ru_maxrss))
-        except (BrokenPipeError, ConnectionResetError):
-            return  # the server closed our socket: we are being stopped
+            send_frame(self.control, spec, fds)
+        except OSError:
+            self.discard()
+            return False
         finally:
-            os.close(pidfd)
+            self.control.close()
+        return True
+
+    def discard(self) -> None:
+        self.control.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)  # still our unreaped child: the pid cannot have been reused
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _policy_key(spec: JobSpec) -> bytes:
+    """Everything that shapes a child's confinement; two jobs with one key can share a prepared child."""
+    return msgspec.json.encode(msgspec.structs.replace(spec, code=None, script=None, name="", args=[]))
+
+
+def _serve(sock: socket.socket, runtime: Runtime) -> None:
+    prepared: _Prepared | None = None
+    try:
+        while True:
+            try:
+                payload, fds = recv_raw(sock)
+            except EOFError:
+                return
+            spec = job_decoder.decode(payload)
+            pid = None
+            if prepared is not None:
+                if not spec.session and prepared.key == _policy_key(spec) and prepared.hand_over(spec, fds):
+                    pid = prepared.pid
+                else:
+                    prepared.discard()
+                prepared = None
+            if pid is None:
+                pid = os.fork()
+                if pid == 0:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    run_job(spec, runtime, fds)
+            for fd in fds:
+                os.close(fd)
+            if not _report_start(sock, pid):
+                return
+            # The next job most likely has the same policy (one tool, one profile): confine a child for
+            # it now, on the other core, while this job runs.
+            if not spec.session:
+                prepared = _Prepared(spec, runtime)
+            if not _report_end(sock, pid):
+                return
+    finally:
+        if prepared is not None:
+            prepared.discard()
+
+
+def _report_start(sock: socket.socket, pid: int) -> bool:
+    """Hand the child's pidfd to the server (for SIGKILL at its deadline). False if the server is gone."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        send_frame(sock, Started(pid=pid), [pidfd])
+    except (BrokenPipeError, ConnectionResetError):
+        return False  # the server closed our socket: we are being stopped
+    finally:
+        os.close(pidfd)
+    return True
+
+
+def _report_end(sock: socket.socket, pid: int) -> bool:
+    """Reap the child and say how it ended. False if the server is gone."""
+    _, status, usage = os.wait4(pid, 0)
+    try:
+        send_frame(sock, Ended(status=status, cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6),
+                               max_rss_kb=usage.ru_maxrss))
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
 
 
 if __name__ == "__main__":

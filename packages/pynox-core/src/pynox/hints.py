@@ -77,10 +77,11 @@ def cross_grant_hint() -> str:
 
 
 def network_hint(network: bool, style: Style) -> str:
+    never = ("Unix sockets (other than socket.socketpair), raw, netlink and packet sockets are never allowed.")
     if network:
-        return "This kind of socket is not allowed in this sandbox, even with the network granted."
+        return f"This kind of socket is not allowed in this sandbox, even with the network granted. {never}"
     grant = "--allow-network" if style == "cli" else "allow_network=True"
-    return f"Network access is not allowed in this sandbox. The host can grant it with {grant}."
+    return f"Network access is not allowed in this sandbox. The host can grant TCP and UDP with {grant}. {never}"
 
 
 def memory_hint(memory: int, style: Style) -> str:

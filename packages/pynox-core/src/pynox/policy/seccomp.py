@@ -90,10 +90,11 @@ def _deny_named(f: pyseccomp.SyscallFilter, name: str) -> bool:
 
 
 def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
-    # socket(family, ...): with the network granted, unix and IP sockets (TCP and UDP);
-    # without it none at all (Landlock covers TCP only, so UDP and unix need this).
-    # Netlink, packet, vsock and every other family: never.
-    allowed = {socket.AF_UNIX, socket.AF_INET, socket.AF_INET6} if network else set()
+    # socket(family, ...): with the network granted, IPv4 and IPv6 (TCP and UDP); without it none at all
+    # (Landlock covers TCP only, so UDP needs this). Never a unix socket: Landlock does not govern
+    # connecting to a pathname socket, so one would reach any local daemon the uid may open (a Docker
+    # socket, a database), outside every grant. Netlink, packet, vsock and every other family: never.
+    allowed = {socket.AF_INET, socket.AF_INET6} if network else set()
     for family in range(socket.AF_INET6 + 1):
         if family not in allowed:
             _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))

@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from ..config import EMPTY, Config, load_config
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
 from ..job import ErrorInfo, JobSpec
-from ..protocol import LineError, Reply, Request, Result, encode, parse_line, refusal
+from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal
 from ..resolve import parse_request_duration, parse_request_size, to_job
 from ..units import parse_duration
 from .hostcalls import CallRegistry
@@ -93,6 +95,7 @@ class _Worker(threading.Thread):
         self.template: Template | None = None
         self.started_event = threading.Event()
         self.start_error: BaseException | None = None
+        self.start_problem = ""  # why the last replacement template failed, for the job's result
 
     def run(self) -> None:
         try:
@@ -115,7 +118,8 @@ class _Worker(threading.Thread):
         for attempt in range(2):
             template = self._healthy_template()
             if template is None:
-                return self._worker_error(job, queue_us, "no template could be started for this job")
+                return self._worker_error(job, queue_us, f"no template could be started for this job: "
+                                                         f"{self.start_problem}")
             try:
                 outcome = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job))
             except PoolWorkerError as exc:
@@ -143,6 +147,7 @@ class _Worker(threading.Thread):
         try:
             self.template = self.server.new_template()
         except PynoxError as exc:
+            self.start_problem = str(exc)
             self.server.log_event({"event": "template_error", "message": str(exc)})
         return self.template
 
@@ -247,7 +252,7 @@ class Server:
                 return
             job = self._accept(message)
         except RequestError as exc:
-            self._refuse(message.id, str(exc))
+            self._refuse(message.id, str(exc), session=message.session)
             return
         self.jobs.put(job)
 
@@ -291,8 +296,13 @@ class Server:
                     accepted_ns=time.monotonic_ns())
         self.sessions.submit(name, step, lambda: (spec, max_output))
 
-    def _refuse(self, request_id: str | int | float | None, message: str) -> None:
-        self.finish(refusal(request_id, message), session=None, step=None)
+    def _refuse(self, request_id: str | int | float | None, message: str, *, session: str | None = None) -> None:
+        if session is None:
+            self.finish(refusal(request_id, message), session=None, step=None)
+            return
+        # A refused session request still says which session it was for; the session itself goes on.
+        result = SessionResult(**msgspec.structs.asdict(refusal(request_id, message)), session=session)
+        self.finish(result, session=session, step=None)
 
 
 def serve(args: argparse.Namespace) -> int:

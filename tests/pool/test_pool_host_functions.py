@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .pool_driver import PoolProcess, new_id
+from .pool_driver import PoolProcess, new_id, same_id
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -43,6 +43,14 @@ def test_a_call_event_and_the_reply_value_as_a_python_object(pool: PoolProcess) 
     result = pool.result(request_id)
     assert result["exit"] == 0, result
     assert result["stdout"] == "dict {'hits': ['first hit', 'second hit'], 'n': 2, 'more': None, 'ok': True}\n"
+
+
+def test_the_call_event_echoes_the_request_id_as_given(pool: PoolProcess) -> None:
+    for request_id in (7001, 7001.5):
+        pool.send({"id": request_id, "functions": ["f"], "code": "from pynox_host import f\nprint(f())"})
+        call = pool.wait_for(lambda m, i=request_id: m.get("event") == "call" and same_id(m.get("id"), i))
+        pool.reply(call["call_id"], result=type(request_id).__name__)
+        assert pool.result(request_id)["stdout"] == f"{type(request_id).__name__}\n"
 
 
 @pytest.mark.parametrize("value", [None, 0, -1.5, "text", [1, [2]], {"nested": {"k": [True, False]}}, ""], ids=repr)
@@ -135,15 +143,15 @@ def test_the_1mb_limit_on_results_is_exact(pool: PoolProcess, size: int, deliver
 
 
 def test_an_error_text_over_1mb_is_an_error_and_the_channel_stays_usable(pool: PoolProcess) -> None:
-    replies = iter([{"error": "e" * 1_030_000}, {"result": "fine"}])
     request_id = new_id("big-error")
+    start = len(pool.messages)
     pool.send({"id": request_id, "functions": ["f"],
                "code": "from pynox_host import f, HostError\ntry:\n    f()\nexcept HostError as exc:\n"
                        "    print(len(str(exc)) < 1000, '1 MB' in str(exc))\nprint(f())"})
-    for _ in range(2):
-        start = len(pool.messages)
+    for reply in ({"error": "e" * 1_030_000}, {"result": "fine"}):
         call = pool.wait_for(lambda m: m.get("event") == "call" and m.get("id") == request_id, start=start)
-        pool.reply(call["call_id"], **next(replies))
+        start = pool.index_of(call) + 1
+        pool.reply(call["call_id"], **reply)
     result = pool.result(request_id)
     assert result["stdout"] == "True True\nfine\n", result
 
@@ -158,7 +166,7 @@ def test_non_json_arguments_fail_in_the_job(pool: PoolProcess) -> None:
 def test_a_reply_to_an_unknown_call_id_is_a_request_error(pool: PoolProcess) -> None:
     start = len(pool.messages)
     pool.reply(987654321, result=1)
-    error = pool.wait_for(lambda m: m.get("error") is not None, start=start)
+    error = pool.wait_for(lambda m: m.get("id") is None and m.get("error") is not None, start=start)
     assert error["error"]["type"] == "RequestError" and "987654321" in error["error"]["message"]
     assert pool.run("print('still serving')")["stdout"] == "still serving\n"
 
@@ -168,7 +176,7 @@ def test_a_reply_to_an_unknown_call_id_is_a_request_error(pool: PoolProcess) -> 
 def test_a_malformed_reply_is_a_request_error(pool: PoolProcess, body: dict[str, object]) -> None:
     start = len(pool.messages)
     pool.send({"reply": body})
-    error = pool.wait_for(lambda m: m.get("error") is not None, start=start)
+    error = pool.wait_for(lambda m: m.get("id") is None and m.get("error") is not None, start=start)
     assert error["error"]["type"] == "RequestError"
 
 
@@ -220,7 +228,7 @@ def test_an_unanswered_call_is_dropped_at_timeout_and_a_late_reply_is_a_request_
     assert time.monotonic() - started < 5
     start = len(pool.messages)
     pool.reply(call["call_id"], result="too late")
-    late = pool.wait_for(lambda m: m.get("error") is not None, start=start)
+    late = pool.wait_for(lambda m: m.get("id") is None and m.get("error") is not None, start=start)
     assert late["error"]["type"] == "RequestError" and str(call["call_id"]) in late["error"]["message"]
     assert pool.run("print('ok')")["stdout"] == "ok\n"
 
@@ -233,7 +241,7 @@ def test_a_second_reply_to_the_same_call_is_a_request_error(pool: PoolProcess) -
     assert pool.result(request_id)["stdout"] == "1\n"
     start = len(pool.messages)
     pool.reply(call["call_id"], result=2)
-    late = pool.wait_for(lambda m: m.get("error") is not None, start=start)
+    late = pool.wait_for(lambda m: m.get("id") is None and m.get("error") is not None, start=start)
     assert late["error"]["type"] == "RequestError"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,6 +198,25 @@ def test_idle_templates_killed_are_replaced_before_the_next_request(tmp_path: Pa
         assert len(after) == 2 and not set(after) & set(before)
 
 
+def test_a_template_that_cannot_be_replaced_fails_jobs_clearly_until_it_can(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    module = site / "operator_preload.py"
+    module.write_text("X = 1\n")
+    with pool_process("--workers=1", f"--package-dir={site}", "--preload=operator_preload", cwd=tmp_path) as pool:
+        assert pool.run("import operator_preload\nprint(operator_preload.X)")["stdout"] == "1\n"
+        hidden = module.rename(tmp_path / "operator_preload.off")
+        shutil.rmtree(site / "__pycache__", ignore_errors=True)
+        for template in pool.templates():
+            os.kill(template, signal.SIGKILL)
+        for _ in range(2):  # every job gets an answer saying why, and the pool keeps trying
+            failed = pool.run("print(1)")
+            assert failed["error"]["type"] == "PoolWorkerError", failed
+            assert "operator_preload" in failed["error"]["message"], failed["error"]["message"]
+        hidden.rename(module)
+        assert pool.run("print('back')")["stdout"] == "back\n"
+
+
 # --- draining and exiting -------------------------------------------------------------------------------
 
 
@@ -228,12 +248,17 @@ def test_eof_exit_status_is_0_even_when_jobs_failed(tmp_path: Path) -> None:
 def test_sigterm_drains_accepted_jobs_too(tmp_path: Path) -> None:
     pool = PoolProcess("--workers=1", cwd=tmp_path)
     try:
+        assert pool.run("x = 'open'", session="left-open")["exit"] == 0
         ids = [pool.submit(code=f"import time\ntime.sleep(0.4)\nprint({i})") for i in range(3)]
-        pool.stats()  # answered after the three lines were read: they are accepted
+        step = pool.submit(session="left-open", code="import time\ntime.sleep(0.4)\nprint(x)")
+        pool.stats()  # answered after the lines before it were read: they are accepted
+        family = list(pool.tree())
         pool.proc.send_signal(signal.SIGTERM)
         status = pool.wait_exit()
         assert [pool.result(request_id)["stdout"] for request_id in ids] == ["0\n", "1\n", "2\n"]
+        assert pool.result(step)["stdout"] == "open\n"
         assert status == 0
+        assert wait_gone(family, 5) == []
     finally:
         pool.finish()
 

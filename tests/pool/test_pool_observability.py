@@ -132,6 +132,14 @@ def test_log_json_writes_one_line_per_finished_job_without_output_or_code(logged
     assert SECRET.encode() not in bytes(logged.stderr), "captured output or code reached the log"
 
 
+def test_log_json_never_carries_host_call_arguments_or_results(logged: PoolProcess) -> None:
+    result = logged.run(f"from pynox_host import lookup\nlookup({SECRET!r}, key={SECRET!r})",
+                        host={"lookup": lambda *a, **k: SECRET})
+    assert result["exit"] == 0, result
+    _log_for(logged, result["id"])
+    assert SECRET.encode() not in bytes(logged.stderr)
+
+
 def test_log_lines_for_ok_truncated_and_refused_jobs(logged: PoolProcess) -> None:
     ok = logged.run("print(1)")
     truncated = logged.run("print('x' * 100)", max_output=10)

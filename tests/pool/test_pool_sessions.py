@@ -219,6 +219,27 @@ def test_close_answers_closed_and_the_next_request_starts_fresh(pool: PoolProces
     assert children_before  # the session's process existed
 
 
+def test_close_waits_for_the_running_step(pool: PoolProcess) -> None:
+    name = _session()
+    step = pool.submit(session=name, code="import time\ntime.sleep(0.5)\nprint('finished')")
+    close = pool.submit(session=name, close=True)
+    step_result, closed = pool.result(step), pool.result(close)
+    assert step_result["stdout"] == "finished\n"
+    assert closed["closed"] is True and pool.index_of(step_result) < pool.index_of(closed)
+
+
+def test_refused_session_requests_carry_the_session(pool: PoolProcess, workdir: Path) -> None:
+    (workdir / "session_script.py").write_text("print('never')\n")
+    name = _session()
+    _ok(pool.run("x = 1", session=name))
+    for refused in (pool.run("print(1)", session=name, memory="1g"), pool.run(script="session_script.py",
+                                                                               session=name)):
+        _refused(refused)
+        assert (refused["session"], refused["step"], refused["session_ended"]) == (name, None, False), refused
+    assert _ok(pool.run("print(x)", session=name))["step"] == 2
+    pool.run(session=name, close=True)
+
+
 def test_close_of_an_unknown_session_is_a_request_error(pool: PoolProcess) -> None:
     _refused(pool.run(session="never-opened", close=True), "never-opened")
 

@@ -17,6 +17,7 @@ import atexit
 import collections
 import concurrent.futures
 import itertools
+import logging
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import ConfigError, KernelSupportError, PoolError, RequestError
+from .errors import ConfigError, KernelSupportError, PoolError, PoolWorkerError, RequestError
 from .result import Result
 
 __all__ = ["Pool", "Session", "pool_command"]
@@ -37,7 +38,9 @@ Units = str | int | float
 HostFunction = Callable[..., Any]
 _READY_TIMEOUT = 300.0  # preloading large libraries on a cold machine
 _STDERR_LINES = 50
-_START_ERRORS: dict[str, type[Exception]] = {"KernelSupportError": KernelSupportError, "ConfigError": ConfigError}
+_START_ERRORS: dict[str, type[Exception]] = {"KernelSupportError": KernelSupportError, "ConfigError": ConfigError,
+                                             "PoolWorkerError": PoolWorkerError}
+_pool_log = logging.getLogger("pynox.pool")
 
 
 def pool_command(binary: PathLike | None) -> list[str]:
@@ -80,8 +83,11 @@ class _Process:
 
     def __init__(self, command: list[str], on_line: Callable[[dict[str, Any]], None],
                  on_exit: Callable[[_Process], None]) -> None:
-        self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, close_fds=True)
+        try:
+            self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, close_fds=True)
+        except OSError as exc:
+            raise PoolError(f"cannot start the pool with {command[0]!r} (binary= or $PYNOX_BIN): {exc}") from None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
         self.ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
         self._on_line = on_line
@@ -132,7 +138,14 @@ class _Process:
         assert stderr is not None
         with stderr:
             for raw in stderr:
-                self.stderr_tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.stderr_tail.append(line)
+                # --log=json lines carry identifiers and outcomes, never output: DEBUG for the caller's
+                # handlers; anything else the pool says on stderr is a problem worth a warning.
+                if line.startswith("{"):
+                    _pool_log.debug("%s", line)
+                elif line:
+                    _pool_log.warning("pynox pool: %s", line)
 
     def describe_exit(self) -> str:
         status = self.popen.poll()
@@ -236,13 +249,19 @@ class Pool:
         self.ready = ready
         return process
 
-    def close(self) -> None:
-        """Let runs in flight finish, then stop the pool process. Safe to call twice."""
+    def close(self, timeout: float = 60.0) -> None:
+        """Let runs in flight finish (their host functions still answered), then stop the pool process.
+
+        Safe to call twice. Runs still unfinished after ``timeout`` seconds end with the pool."""
         with self._lock:
             self._closed = True
+            in_flight = [pending.future for pending in self._pending.values()]
+        # Closing stdin first would leave the pool unable to read the replies its jobs wait for.
+        concurrent.futures.wait(in_flight, timeout=timeout)
+        with self._lock:
             process, self._process = self._process, None
         if process is not None:
-            process.close(timeout=60)
+            process.close(timeout=timeout)
         self._host.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Pool:
@@ -456,7 +475,9 @@ def default_pool() -> Pool:
     global _default
     with _default_lock:
         if _default is None:
-            _default = Pool()
+            from .model_tool import default_config_path
+
+            _default = Pool(config=default_config_path())
             atexit.register(_close_default)
         return _default
 

@@ -91,12 +91,14 @@ def memory_hint(memory: int, style: Style) -> str:
 
 
 def timeout_hint(timeout: float, style: Style) -> str:
-    grant = "--timeout" if style == "cli" else "timeout="
+    longer = format_duration(timeout * 2)
+    grant = f"--timeout {longer}" if style == "cli" else f'timeout="{longer}"'
     return (f"The code ran longer than its {format_duration(timeout)} limit and was stopped. Make it faster "
-            f"(check for endless loops or waits), or ask the host for a longer {grant}.")
+            f"(check for endless loops or waits), or ask the host for more time, e.g. {grant}.")
 
 
 def file_size_hint(max_file_size: int, style: Style) -> str:
-    grant = "--max-file-size" if style == "cli" else "max_file_size="
+    larger = format_size(max_file_size * 2)
+    grant = f"--max-file-size {larger}" if style == "cli" else f'max_file_size="{larger}"'
     return (f"A file grew past the {format_size(max_file_size)} limit on file size. Write less, or ask the "
-            f"host for a larger {grant}.")
+            f"host for larger files, e.g. {grant}.")

@@ -25,19 +25,25 @@ from .units import format_duration, format_size, parse_duration, parse_size
 if TYPE_CHECKING:
     from .client import Pool, Session
 
-__all__ = ["describe", "make_tool"]
+__all__ = ["default_config_path", "describe", "effective_request", "make_tool"]
 
 HostFunction = Callable[..., Any]
 
 
-def _effective(pool: Pool | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
-    """The grants the pool will apply: profile merged, ceiling checked (a bad grant fails here, early)."""
+def effective_request(pool: Pool | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
+    """The grants ``pool`` (``None``: the default pool) will apply: profile merged, ceiling checked.
+
+    Adapters use it to describe a tool and to clamp what a caller may ask for; a bad grant fails here,
+    when the tool is made, not at the model's first call."""
     from .client import build_request
 
     config_path = pool.config_path if pool is not None else default_config_path()
     config = load_config(config_path) if config_path else EMPTY
     request = msgspec.convert(build_request(profile=profile, **grants), Request)
     return config.apply(request, os.getcwd())
+
+
+_effective = effective_request  # the name adapters used before it was public
 
 
 def default_config_path() -> str | None:
@@ -117,11 +123,17 @@ def make_tool(pool: Pool | None, *, profile: str | None, session: bool,
     for name in functions or ():
         if not name.isidentifier() or name.startswith("_"):
             raise PynoxError(f"host function name {name!r} must be a public Python identifier")
-    effective = _effective(pool, profile, grants)
+    effective = effective_request(pool, profile, grants)
     preloaded = list(pool.ready.get("preloaded_modules", [])) if pool is not None else []
     doc = describe(effective, session=session, functions=functions, preloaded=preloaded)
     run_grants = {**grants, **({"profile": profile} if profile else {})}
     state: dict[str, Session] = {}
+
+    def close() -> None:
+        """End the tool's session (if any); the next call starts a fresh one."""
+        session_ = state.pop("session", None)
+        if session_ is not None:
+            session_.close()
 
     def run(code: str) -> str:
         target = pool if pool is not None else default_pool()
@@ -140,4 +152,7 @@ def make_tool(pool: Pool | None, *, profile: str | None, session: bool,
             return f"{type(exc).__name__}: {exc}"
 
     run_python.__doc__ = doc
+    # Real types, not the strings `from __future__ import annotations` leaves: frameworks inspect them.
+    run_python.__annotations__ = {"code": str, "return": str}
+    run_python.close = close  # type: ignore[attr-defined]  # a session tool's state lives until closed
     return run_python

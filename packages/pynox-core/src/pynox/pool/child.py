@@ -12,6 +12,7 @@ import atexit
 import builtins
 import errno
 import fcntl
+import linecache
 import os
 import socket
 import sys
@@ -170,6 +171,8 @@ def _execute(main: types.ModuleType, code: str | None, script: str | None, name:
     main.__file__ = name
     try:
         source = code if code is not None else _read_script(script or "")
+        # Tracebacks then show the model its own lines, as they would for a file on disk.
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
         exec(compile(source, name, "exec"), main.__dict__)
         if shutdown:
             _shutdown()
@@ -237,19 +240,30 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    # Drop our own frames from the front: the model should see its code, not ours.
-    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
-        tb = tb.tb_next
-    return tb
-
-
 def _print_traceback(exc: BaseException) -> None:
+    """The traceback Python would print, without our own frames: the model should see its code, not ours."""
     try:
         sys.stdout.flush()
-        traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__), file=sys.stderr)
+        report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        for part in _chain(report):
+            part.stack = traceback.StackSummary.from_list(
+                [frame for frame in part.stack if frame.filename not in _OWN_FILES])
+        sys.stderr.write("".join(report.format()))
     except Exception:  # a broken sys.stderr must not hide the report
         pass
+
+
+def _chain(report: traceback.TracebackException) -> list[traceback.TracebackException]:
+    parts, seen = [], set()
+    pending = [report]
+    while pending:
+        part = pending.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        parts.append(part)
+        pending += [p for p in (part.__cause__, part.__context__) if p is not None]
+    return parts
 
 
 def _location(exc: BaseException, name: str) -> int | None:

@@ -84,7 +84,11 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 
 def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     fds = array.array("i")
-    header, ancillary, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
+    try:
+        header, ancillary, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
+    except ConnectionResetError:
+        # The other side closed with our last frame unread (a job answered before it was reaped): an end.
+        raise EOFError("the other side closed the template socket") from None
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])

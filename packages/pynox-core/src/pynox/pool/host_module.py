@@ -29,6 +29,10 @@ class HostError(Exception):
     """Raised in the job when a host function failed, or a call could not be made."""
 
 
+# The model imports it from pynox_host: tracebacks should name it so, not this module.
+HostError.__module__ = "pynox_host"
+
+
 def install_host_module(functions: list[str], channel_fd: int) -> None:
     """Create ``pynox_host`` with one callable per declared name; importing anything else fails."""
     sock = socket.socket(fileno=channel_fd)

@@ -12,25 +12,30 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..protocol import Result
+from ..protocol import REFUSED_EXIT, Result
+from .outcome import SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 
 __all__ = ["Stats", "classify", "log_line"]
 
 OUTCOMES = ("ok", "failed", "timeouts", "signals", "setup_errors", "request_errors", "worker_errors")
-_BY_ERROR_TYPE = {
-    "TimeoutError": "timeouts",
-    "SignalError": "signals",
-    "SandboxSetupError": "setup_errors",
-    "RequestError": "request_errors",
-    "PoolWorkerError": "worker_errors",
+# The pool's own verdicts: an error type together with the exit status only the pool gives it. The job's
+# code can raise an exception of any name (its own TimeoutError, a class called RequestError), but its
+# exit status is then 1 (or what it passed to sys.exit), so it counts as failed, as the protocol says.
+_POOL_VERDICTS = {
+    ("TimeoutError", TIMEOUT_EXIT): "timeouts",
+    ("SandboxSetupError", SETUP_FAILED_EXIT): "setup_errors",
+    ("RequestError", REFUSED_EXIT): "request_errors",
+    ("PoolWorkerError", WORKER_ERROR_EXIT): "worker_errors",
 }
 
 
 def classify(result: Result) -> str:
     error_type = result.error.type if result.error is not None else None
-    if error_type in _BY_ERROR_TYPE:
-        return _BY_ERROR_TYPE[error_type]
-    # A job killed by SIGXCPU is a timeout, already typed so; a Python error or a non-zero exit is failed.
+    verdict = _POOL_VERDICTS.get((error_type, result.exit))  # type: ignore[arg-type]
+    if verdict is not None:
+        return verdict
+    if error_type == "SignalError" and result.exit > 128:
+        return "signals"
     return "ok" if result.exit == 0 and error_type is None else "failed"
 
 

@@ -1,0 +1,142 @@
+"""Request-to-result latency and throughput of a real ``pynox pool``, beside baselines in the same run.
+
+Drives the pool through its JSON Lines protocol over pipes, exactly as a client
+would. For each case it reports the median (p50) and p99 over many runs:
+
+* ``print(1)`` on the pool, beside ``subprocess.run([python, "-c", code])``;
+* a small pandas operation with pandas preloaded, beside a cold ``python -c "import pandas; ..."``;
+* a host-function round trip and a session step, beside a plain pool job;
+* throughput of trivial jobs with 2 workers, pipelined.
+
+    python bench/latency.py [--runs 300] [--json bench/results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+PANDAS_CODE = "import pandas as pd\ndf = pd.DataFrame({'a': range(100), 'b': range(100)})\nprint(df.a.sum())"
+
+
+class PoolDriver:
+    """A minimal JSONL client: one request at a time, or a pipelined batch."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "pynox", "pool", *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, bufsize=0)
+        self.stdin = self.proc.stdin
+        self.stdout = self.proc.stdout
+        assert self.stdin is not None and self.stdout is not None
+        ready = json.loads(self.stdout.readline())
+        assert ready["event"] == "ready", ready
+        self.ids = 0
+
+    def request(self, message: dict[str, Any], on_call: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+        self.ids += 1
+        assert self.stdin is not None and self.stdout is not None
+        self.stdin.write(json.dumps({"id": self.ids, **message}).encode() + b"\n")
+        while True:
+            reply = json.loads(self.stdout.readline())
+            if reply.get("event") == "call" and on_call is not None:
+                self.stdin.write(json.dumps({"reply": {"call_id": reply["call_id"],
+                                                       "result": on_call(reply)}}).encode() + b"\n")
+                continue
+            if reply.get("id") == self.ids:
+                return reply
+
+    def batch(self, code: str, count: int) -> float:
+        """Send ``count`` jobs while reading results; return the seconds until the last result."""
+        assert self.stdin is not None and self.stdout is not None
+        lines = b"".join(json.dumps({"id": f"b{i}", "code": code}).encode() + b"\n" for i in range(count))
+        start = time.perf_counter()
+        writer = __import__("threading").Thread(target=self.stdin.write, args=(lines,))
+        writer.start()
+        for _ in range(count):
+            reply = json.loads(self.stdout.readline())
+            assert reply["exit"] == 0, reply
+        writer.join()
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        assert self.stdin is not None
+        self.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def timed(fn: Callable[[], object], runs: int, warmup: int = 5) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"p50_ms": round(statistics.median(ordered), 3),
+            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 3),
+            "runs": len(ordered)}
+
+
+def check_ok(reply: dict[str, Any]) -> None:
+    assert reply["exit"] == 0, reply
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    runs, results = args.runs, {}
+
+    plain = PoolDriver("--workers=2")
+    results["pool print(1)"] = summary(timed(lambda: check_ok(plain.request({"code": "print(1)"})), runs))
+    results["subprocess python -c print(1)"] = summary(timed(
+        lambda: subprocess.run([sys.executable, "-c", "print(1)"], check=True, capture_output=True), runs // 3))
+    results["pool host call round trip"] = summary(timed(lambda: check_ok(plain.request(
+        {"code": "from pynox_host import f\nf(1)", "functions": ["f"]}, on_call=lambda call: call["args"][0])),
+        runs))
+    plain.request({"session": "bench", "code": "x = 0"})
+    results["pool session step"] = summary(timed(
+        lambda: check_ok(plain.request({"session": "bench", "code": "x += 1"})), runs))
+    count = max(runs * 3, 1000)
+    elapsed = plain.batch("pass", count)
+    results["pool throughput, 2 workers"] = {"jobs_per_s": round(count / elapsed), "jobs": count}
+    plain.close()
+
+    try:
+        import pandas  # noqa: F401  - only to know whether the pandas cases can run
+    except ImportError:
+        print("pandas not installed: skipping the pandas cases", file=sys.stderr)
+    else:
+        warm = PoolDriver("--workers=2", "--preload=pandas")
+        results["pool pandas op (preloaded)"] = summary(timed(
+            lambda: check_ok(warm.request({"code": PANDAS_CODE})), runs))
+        warm.close()
+        results["cold python -c 'import pandas; ...'"] = summary(timed(
+            lambda: subprocess.run([sys.executable, "-c", PANDAS_CODE], check=True, capture_output=True),
+            max(runs // 20, 10), warmup=1))
+
+    width = max(map(len, results))
+    print(f"{'case':<{width}}  figures   (cpus: {os.cpu_count()}, python {sys.version.split()[0]})")
+    for name, figures in results.items():
+        print(f"{name:<{width}}  " + "  ".join(f"{k}={v}" for k, v in figures.items()))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,7 +17,10 @@ from .limits import apply_limits
 from .privileges import drop_bounding_set, drop_privileges, set_parent_death_signal, switch_user
 from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, runtime_paths
 
-__all__ = ["BACKEND", "Runtime", "build_ruleset", "confine", "prepare_runtime", "private_data_bytes"]
+__all__ = [
+    "BACKEND", "BASE_ENVIRONMENT", "Runtime", "build_ruleset", "confine", "prepare_runtime", "private_data_bytes",
+    "reset_environment",
+]
 
 _MIN_HEADROOM = 16 << 20
 
@@ -103,11 +106,24 @@ def confine(spec: JobSpec, runtime: Runtime, ruleset: int) -> None:
     runtime.filters[spec.network].install()
 
 
-def _clean_environment(spec: JobSpec) -> None:
-    home = spec.allow_write[0] if spec.allow_write else "/nonexistent"
-    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
-    if spec.allow_write:
-        base["TMPDIR"] = spec.allow_write[0]
+BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
+
+
+def reset_environment() -> None:
+    """Make this process's environment the jobs' base (in the template, once: each child then only adds
+    what differs, instead of rewriting the whole environment, which costs a child ~80 page faults)."""
     os.environ.clear()
-    os.environ.update(base)
-    os.environ.update(spec.env)
+    os.environ.update(BASE_ENVIRONMENT)
+
+
+def _clean_environment(spec: JobSpec) -> None:
+    wanted = dict(BASE_ENVIRONMENT)
+    if spec.allow_write:
+        wanted["HOME"] = wanted["TMPDIR"] = spec.allow_write[0]
+    wanted.update(spec.env)
+    current = os.environ
+    if current.keys() - wanted.keys():  # not reset by a template: start from nothing
+        current.clear()
+    for key, value in wanted.items():
+        if current.get(key) != value:
+            current[key] = value

@@ -24,7 +24,7 @@ import msgspec
 
 from ..errors import KernelSupportError
 from ..job import JobSpec
-from ..policy import Runtime, prepare_runtime
+from ..policy import Runtime, prepare_runtime, reset_environment
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from .child import run_job, run_prepared
 from .frames import Ended, Init, Ready, Started, TemplateFailed, init_decoder, job_decoder, recv_raw, send_frame
@@ -69,6 +69,8 @@ def _warm_up(init: Init, sock_fd: int) -> Runtime:
     _prove_single_threaded(init.preload)
     _prove_descriptors({0, 1, 2, sock_fd}, init.preload)
     runtime = prepare_runtime(tuple(init.package_dirs))
+    # Preloads have read their BLAS settings; from here on the environment is what every job starts from.
+    reset_environment()
     # Children inherit the heap: objects frozen here are never scanned by a child's collector.
     gc.collect()
     gc.freeze()

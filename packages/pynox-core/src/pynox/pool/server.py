@@ -28,7 +28,7 @@ from ..config import EMPTY, Config, load_config
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
 from ..job import ErrorInfo, JobSpec
 from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal
-from ..resolve import parse_request_duration, parse_request_size, to_job
+from ..resolve import DEFAULTS, parse_request_duration, parse_request_size, to_job
 from ..units import parse_duration
 from .hostcalls import CallRegistry
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
@@ -68,6 +68,8 @@ def options_from(args: argparse.Namespace) -> PoolOptions:
     workers = args.workers if args.workers is not None else (settings.workers or 2)
     if not 1 <= workers <= _MAX_WORKERS:
         raise ConfigError(f"--workers must be between 1 and {_MAX_WORKERS}, got {workers}")
+    if args.max_sessions is not None and args.max_sessions < 1:
+        raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     preload = [m.strip() for m in args.preload.split(",") if m.strip()] if args.preload else list(settings.preload)
     cli_dirs = [os.path.realpath(d) for d in (args.package_dirs or [])]
     for directory in cli_dirs:
@@ -291,7 +293,8 @@ class Server:
         self.options.config.apply(step_request, self.cwd)
         timeout = parse_request_duration(request.timeout, spec.timeout)
         step_max_output = parse_request_size(request.max_output, max_output)
-        step = Step(id=request.id, code=request.code or "", name=request.name or spec.name,
+        # Like any request, a step's file name is agent.py unless it says otherwise.
+        step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
                     accepted_ns=time.monotonic_ns())
         self.sessions.submit(name, step, lambda: (spec, max_output))

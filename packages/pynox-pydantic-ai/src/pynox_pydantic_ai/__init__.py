@@ -1,3 +1,16 @@
-"""Pynox for pydantic-ai: not yet built; the package exists so the workspace is whole."""
+"""Pynox for pydantic-ai: a ``run_python`` toolset whose code runs in a kernel-confined process.
 
-__all__: list[str] = []
+    from pydantic_ai import Agent
+    from pynox_pydantic_ai import PynoxCapability, PynoxToolset
+
+    agent = Agent(model, toolsets=[PynoxToolset(allow_read=["data"], timeout="10s")])
+    agent = Agent(model, capabilities=[PynoxCapability(PynoxToolset(session=True))])
+
+Importing this module starts nothing: the pool starts on the first call.
+"""
+
+from __future__ import annotations
+
+from ._toolset import PynoxCapability, PynoxToolset
+
+__all__ = ["PynoxCapability", "PynoxToolset"]

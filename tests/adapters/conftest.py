@@ -1,0 +1,55 @@
+"""Fixtures for the adapter suite: one real pool per module, and no Pynox process outliving its test.
+
+Pools that were already running when a module started (another module's
+default pool, closed only at exit) are left out of every check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from pynox import Pool
+
+from .procs import reap_adopted_zombies, running_pools, set_child_subreaper, wait_for_none
+
+WORKERS = 2
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def earlier_pools() -> Iterator[frozenset[int]]:
+    """Pools running before this module: every leftover check ignores them. Ours must all be gone after it."""
+    set_child_subreaper(True)
+    before = running_pools()
+    try:
+        yield before
+        wait_for_none(before)
+    finally:
+        set_child_subreaper(False)
+        reap_adopted_zombies()
+
+
+@pytest.fixture(scope="module")
+def pool(earlier_pools: frozenset[int]) -> Iterator[Pool]:
+    """A pool shared by the tests of a module; closed, and proven gone, when the module ends."""
+    with Pool(workers=WORKERS) as shared:
+        yield shared
+    wait_for_none(earlier_pools)
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on a loop of its own, closed after, leaving the thread's current loop alone.
+
+    Not ``asyncio.run``: that unsets the current loop, and pydantic-ai's ``run_sync`` keeps one there that
+    it never closes, so dropping it would surface as an unclosed-loop ResourceWarning at shutdown.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

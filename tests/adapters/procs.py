@@ -1,0 +1,117 @@
+"""Processes below the test process, read from /proc: what an agent run leaves behind.
+
+The test process is a child subreaper while the adapter suite runs (see
+``conftest.py``), so a process the pool orphans is re-parented here and is
+still counted: nothing escapes the check by being adopted by init.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36
+DEADLINE = 10.0  # a closed session or pool is gone well within this
+
+
+def set_child_subreaper(on: bool) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (ppid, state, command line) for every process visible in /proc."""
+    table: dict[int, tuple[int, str, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                raw = stat.read().decode("utf-8", "replace")
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue  # it ended while we looked
+        fields = raw[raw.rindex(")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), fields[0], command)
+    return table
+
+
+def descendants(root: int | None = None, ignore: frozenset[int] = frozenset()) -> dict[int, tuple[int, int, str]]:
+    """Live (non-zombie) processes below ``root`` (default: this process): pid -> (depth, parent, command line).
+
+    Depth 1 is a pool server, 2 its templates, 3 a template's children. The processes in ``ignore``
+    and everything below them are left out.
+    """
+    table = _table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _state, _command) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, tuple[int, int, str]] = {}
+    frontier = [(root if root is not None else os.getpid(), 0)]
+    while frontier:
+        pid, depth = frontier.pop()
+        for child in children.get(pid, ()):
+            if child not in found and child not in ignore:
+                found[child] = (depth + 1, pid, table[child][2])
+                frontier.append((child, depth + 1))
+    return {pid: found[pid] for pid in found if table[pid][1] != "Z"}
+
+
+def pynox_processes(ignore: frozenset[int] = frozenset()) -> dict[int, tuple[int, int, str]]:
+    """The processes below this one that are Pynox's: pool servers, templates, jobs, sessions.
+
+    ``ignore``: pools that were already running (another module's default pool, say) and their subtrees.
+    """
+    return {pid: entry for pid, entry in descendants(ignore=ignore).items() if "pynox" in entry[2]}
+
+
+def running_pools() -> frozenset[int]:
+    """The Pynox pool servers running below this process now: what a later check should leave out."""
+    return frozenset(pid for pid, (depth, _parent, _command) in pynox_processes().items() if depth == 1)
+
+
+def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
+                  deadline: float = DEADLINE) -> dict[int, tuple[int, int, str]]:
+    """Wait until the pools below us are idle: at most ``templates`` templates, each with at most one child.
+
+    An idle template keeps one child forked and confined ahead of the next job; a second child is a job
+    still running. A session has a template of its own, so a session still open shows as one template
+    too many. Returns what is left.
+    """
+    end = time.monotonic() + deadline
+    while True:
+        left = pynox_processes(ignore)
+        template_pids = [pid for pid, (depth, _parent, _command) in left.items() if depth == 2]
+        children = [parent for depth, parent, _command in left.values() if depth == 3]
+        deeper = [pid for pid, (depth, _parent, _command) in left.items() if depth > 3]
+        if len(template_pids) <= templates and not deeper and all(children.count(t) <= 1 for t in template_pids):
+            return left
+        if time.monotonic() > end:
+            raise AssertionError(f"still running {deadline}s after the agent finished: {left}")
+        time.sleep(0.05)
+
+
+def wait_for_none(ignore: frozenset[int] = frozenset(), deadline: float = DEADLINE) -> None:
+    """Wait until no Pynox process runs below this one, but those of ``ignore`` (after our pools closed)."""
+    end = time.monotonic() + deadline
+    while True:
+        left = pynox_processes(ignore)
+        if not left:
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"Pynox processes left {deadline}s after the pool closed: {left}")
+        time.sleep(0.05)
+
+
+def reap_adopted_zombies() -> None:
+    """Reap zombies re-parented to us. Called only once every pool is closed (each Popen reaped its own)."""
+    me = os.getpid()
+    for pid, (ppid, state, _command) in _table().items():
+        if ppid == me and state == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # its own Popen reaped it first

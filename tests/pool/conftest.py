@@ -24,8 +24,9 @@ from .pool_driver import (
 )
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _subreaper() -> Iterator[None]:
+    """Only while this package's tests run: other suites' processes are none of its business."""
     set_child_subreaper(True)
     try:
         yield

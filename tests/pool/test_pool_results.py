@@ -72,6 +72,15 @@ def test_results_arrive_in_completion_order_not_request_order(pool: PoolProcess)
     assert (fast_result["stdout"], slow_result["stdout"]) == ("fast\n", "slow\n")
 
 
+def test_queue_us_is_the_time_a_job_waited_for_a_worker(pool: PoolProcess) -> None:
+    busy = [pool.submit(code="import time\ntime.sleep(0.6)") for _ in range(2)]
+    waited = pool.result(pool.submit(code="print('after')"))
+    assert waited["queue_us"] >= 300_000, waited["queue_us"]
+    assert waited["duration_us"] < 300_000  # its own run, not the wait
+    for request_id in busy:
+        assert pool.result(request_id)["queue_us"] < 300_000
+
+
 def test_stdout_and_stderr_are_captured_at_the_descriptor_level(pool: PoolProcess) -> None:
     code = "import os, sys\nos.write(1, b'fd1 ')\nsys.stdout.write('py\\n')\nos.write(2, b'fd2\\n')"
     result = pool.run(code)

@@ -7,6 +7,8 @@ import inspect
 
 import pytest
 from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import pynox
 from pynox import Pool
@@ -85,3 +87,17 @@ def test_runs_in_parallel_on_one_loop(pool: Pool) -> None:
         return [result.output for result in results]
 
     assert run_async(both()) == [ANSWER, ANSWER]
+
+
+def test_calls_into_a_session_run_in_the_models_order_even_when_made_together(pool: Pool) -> None:
+    codes = ["import time\ntime.sleep(0.3)\nx = 41", "print(x + 1)"]
+
+    def both_at_once(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
+        if returned:
+            return ModelResponse(parts=[TextPart(" | ".join(part.model_response_str() for part in returned))])
+        return ModelResponse(parts=[ToolCallPart("run_python", {"code": code}, tool_call_id=f"call-{n}")
+                                    for n, code in enumerate(codes)])
+
+    agent = Agent(FunctionModel(both_at_once), toolsets=[PynoxToolset(pool, session=True)])
+    assert agent.run_sync("go").output.endswith(" | 42")

@@ -124,6 +124,10 @@ def test_a_sandbox_session_keeps_state_for_python_repl_until_closed(pool: Pool,
     assert json.loads(transcript.results[1])["output"] == "42\n"
     run_async(sandbox.aclose())
     wait_for_idle(templates=WORKERS, ignore=earlier_pools)
+    transcript = run_strands({"sandbox": sandbox, "tools": [python_repl]}, [repl("print('x' in globals())")])
+    assert json.loads(transcript.results[0])["output"] == "False\n"  # a fresh session after the close
+    sandbox.close()
+    wait_for_idle(templates=WORKERS, ignore=earlier_pools)
 
 
 def test_a_callers_session_outlives_agents_and_ends_with_its_block(pool: Pool,

@@ -102,9 +102,13 @@ class Runner:
         except PynoxError as exc:
             return f"{type(exc).__name__}: {exc}"
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         """End the session this runner owns, if one was started. A caller's session is left alone."""
         if not self.owns_session or self._session is None:
             return
         session, self._session = self._session, None
-        await asyncio.to_thread(session.close)
+        session.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, without holding up the event loop while the pool confirms."""
+        await asyncio.to_thread(self.close)

@@ -65,10 +65,8 @@ class PynoxSandbox(Sandbox):
         await self._runner.aclose()
 
     def close(self) -> None:
-        """:meth:`aclose` for synchronous code (not from a running event loop)."""
-        import asyncio
-
-        asyncio.run(self._runner.aclose())
+        """:meth:`aclose` for synchronous code."""
+        self._runner.close()
 
     # -- execution ------------------------------------------------------------------------------------
     async def execute_streaming(self, command: str, *, timeout: float | None = None, cwd: str | None = None,

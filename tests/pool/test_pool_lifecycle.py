@@ -207,8 +207,10 @@ def test_a_template_that_cannot_be_replaced_fails_jobs_clearly_until_it_can(tmp_
         assert pool.run("import operator_preload\nprint(operator_preload.X)")["stdout"] == "1\n"
         hidden = module.rename(tmp_path / "operator_preload.off")
         shutil.rmtree(site / "__pycache__", ignore_errors=True)
-        for template in pool.templates():
+        templates = pool.templates()
+        for template in templates:
             os.kill(template, signal.SIGKILL)
+        assert wait_gone(templates, 3) == []  # dead before the next request: the pool must notice
         for _ in range(2):  # every job gets an answer saying why, and the pool keeps trying
             failed = pool.run("print(1)")
             assert failed["error"]["type"] == "PoolWorkerError", failed

@@ -100,6 +100,11 @@ class Template:
             child.close()
         self.sock = parent
         self.broken = False
+        # The child being served: its pidfd (for SIGKILL) and, once the template reaped it, how it ended.
+        self.child_pidfd: int | None = None
+        self.child_ended: Ended | None = None
+        # A job answered before the template reaped it: its deadline still holds until it is reaped.
+        self._unreaped_deadline: int | None = None
         try:
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs))
             parent.settimeout(_START_TIMEOUT)
@@ -115,11 +120,6 @@ class Template:
             self.close()
             raise PoolWorkerError(f"the template sent {type(frame).__name__} instead of Ready")
         self.ready: Ready = frame
-        # The child being served: its pidfd (for SIGKILL) and, once the template reaped it, how it ended.
-        self.child_pidfd: int | None = None
-        self.child_ended: Ended | None = None
-        # A job answered before the template reaped it: its deadline still holds until it is reaped.
-        self._unreaped_deadline: int | None = None
 
     @property
     def pid(self) -> int:
@@ -133,6 +133,9 @@ class Template:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        # A session's child is served until the session closes, and a broken template may leave its job's
+        # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
+        self._close_child()
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
             session: SessionChannels | None = None) -> Outcome:

@@ -1,0 +1,72 @@
+"""Regressions the soak found: what one cycle leaks, a thousand cycles turn into an outage.
+
+Each test repeats one way a child or a template ends, then compares the idle
+pool's descriptors with those it had before, by kind (a pool that holds one
+pidfd more per closed session runs out of descriptors after ~1,000 sessions).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.pool.pool_driver import jobs_of, pool_process
+
+from .driver import idle_snapshot
+
+pytestmark = pytest.mark.timeout(120)
+
+PIDFD = "anon_inode:[pidfd]"
+
+
+def _without_pidfds(kinds: Counter[str]) -> tuple[Counter[str], int]:
+    kinds = Counter(kinds)
+    held = kinds.pop(PIDFD, 0)
+    return kinds, held
+
+
+def test_sessions_however_they_end_leave_no_descriptor_in_the_pool(tmp_path: Path) -> None:
+    """Finding 1: a session closed by ``close``, by the idle timer or with the pool kept the pidfd of its child."""
+    with pool_process("--workers=1", "--session-idle=1s", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+        before, _ = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
+        for i in range(8):
+            assert pool.run("x = 1", session=f"closed-{i}")["exit"] == 0
+            assert pool.run(session=f"closed-{i}", close=True)["closed"] is True
+        for i in range(4):
+            assert pool.run("x = 1", session=f"idle-{i}")["exit"] == 0
+        for i in range(4):
+            assert pool.run("x = 1", session=f"crashed-{i}")["exit"] == 0
+            assert pool.run("import os\nos.abort()", session=f"crashed-{i}")["session_ended"] is True
+        end = time.monotonic() + 20
+        while pool.stats()["sessions_active"]:
+            assert time.monotonic() < end, "idle sessions were never closed"
+            time.sleep(0.2)
+        after, held = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
+        assert after == before, f"descriptors before {before}, after {after}"
+        assert held <= 1  # the pidfd of the last plain job, kept until the template reaps it
+
+
+def test_a_template_killed_mid_job_leaves_no_descriptor_in_the_pool(tmp_path: Path) -> None:
+    """Finding 1, second path: the pidfd of the job a dead template was serving went with the template."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+        before, _ = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
+        for _ in range(4):
+            request_id = pool.submit(code="import time\ntime.sleep(30)")
+            end = time.monotonic() + 10
+            while not jobs_of(pool.pid):
+                assert time.monotonic() < end, "the job never started"
+                time.sleep(0.02)
+            (template,) = pool.templates()
+            os.kill(template, signal.SIGKILL)
+            assert pool.result(request_id)["error"]["type"] == "PoolWorkerError"
+            assert pool.run("print('replaced')")["stdout"] == "replaced\n"
+        after, held = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
+        assert after == before, f"descriptors before {before}, after {after}"
+        assert held <= 1

@@ -39,7 +39,8 @@ class PoolDriver:
         assert ready["event"] == "ready", ready
         self.ids = 0
 
-    def request(self, message: dict[str, Any], on_call: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    def request(self, message: dict[str, Any],
+                on_call: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
         self.ids += 1
         assert self.stdin is not None and self.stdout is not None
         self.stdin.write(json.dumps({"id": self.ids, **message}).encode() + b"\n")

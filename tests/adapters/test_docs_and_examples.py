@@ -9,7 +9,6 @@ process is a subreaper, so even an orphaned one would be seen.
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import subprocess
@@ -81,23 +80,8 @@ def spec_cases() -> list[tuple[str, str, str]]:
     return cases
 
 
-def _default_pool_reads_config() -> bool:
-    """Whether the core's default pool starts with ./pynox.toml ($PYNOX_CONFIG), as pynox.tool() assumes
-    when it describes a profile from that file. Read from the source: asking would start a pool."""
-    from pynox.client import default_pool
-
-    return "default_config_path" in inspect.getsource(default_pool)
-
-
-# Until the core's default pool reads pynox.toml, it refuses profile="analysis" that pynox.tool() described.
-DEFAULT_POOL_IGNORES_CONFIG = pytest.mark.xfail(not _default_pool_reads_config(), strict=True,
-                                                reason="core: the default pool starts without pynox.toml")
-
-
 @pytest.mark.parametrize(("framework", "script"), [
-    pytest.param(framework, script, id=case_id,
-                 marks=[DEFAULT_POOL_IGNORES_CONFIG] if case_id.endswith("-profile") else [])
-    for case_id, framework, script in spec_cases()])
+    pytest.param(framework, script, id=case_id) for case_id, framework, script in spec_cases()])
 def test_the_specs_framework_line_runs(framework: str, script: str, workdir: Path,
                                        earlier_pools: frozenset[int]) -> None:
     out = run_script(script, workdir, earlier_pools)

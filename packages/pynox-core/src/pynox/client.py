@@ -347,8 +347,17 @@ class Pool:
         """``run`` for asyncio: no thread is held while the job runs."""
         message = build_request(code, functions=list(functions or ()), **grants)
         if not self._slots.acquire(blocking=False):
-            await asyncio.to_thread(self._slots.acquire)
+            waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire))
+            try:
+                await asyncio.shield(waiting)
+            except asyncio.CancelledError:
+                # The thread still takes the slot once one is free: give it back then.
+                waiting.add_done_callback(lambda _: self._slots.release())
+                raise
         try:
+            if self._process is None or self._process.dead:
+                # Starting (or restarting) the pool waits for its templates: not on the event loop.
+                await asyncio.to_thread(self._ensure_process)
             reply = await asyncio.wrap_future(self._submit(message, functions, is_job=True))
         finally:
             self._slots.release()
@@ -457,6 +466,10 @@ class Session:
                 self.pool._submit({"session": name, "close": True}).result()
             except PoolError:
                 pass  # the pool is gone, and the session with it
+
+    async def aclose(self) -> None:
+        """``close`` for asyncio callers: the event loop is not blocked while the pool answers."""
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Session:
         return self

@@ -71,9 +71,10 @@ def describe(request: Request, *, session: bool, functions: Mapping[str, HostFun
     cwd = os.getcwd()
     read = [resolve_path(p, cwd, "allow_read") for p in request.allow_read or ()]
     write = [resolve_path(p, cwd, "allow_write") for p in request.allow_write or ()]
-    timeout = parse_duration(request.timeout) if request.timeout is not None else DEFAULTS.timeout
-    memory = parse_size(request.memory) if request.memory is not None else DEFAULTS.memory
-    max_output = parse_size(request.max_output) if request.max_output is not None else DEFAULTS.max_output
+    timeout = parse_duration(request.timeout, "timeout") if request.timeout is not None else DEFAULTS.timeout
+    memory = parse_size(request.memory, "memory") if request.memory is not None else DEFAULTS.memory
+    max_output = (parse_size(request.max_output, "max_output") if request.max_output is not None
+                  else DEFAULTS.max_output)
     if session:
         lifetime = ("Calls share one Python process, like notebook cells: variables, imports and functions "
                     "defined in one call are there in the next. If a call times out or crashes, the process "

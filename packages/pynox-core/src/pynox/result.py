@@ -56,9 +56,14 @@ class Result:
     @property
     def text(self) -> str:
         """What a model should read: the output, then the error with its hint, then a note on truncation."""
+        if not self.stdout:
+            return self.error_text or "(The code ran without printing anything. Use print() to show results.)"
+        return "\n".join(part for part in (self.stdout.rstrip("\n"), self.error_text) if part)
+
+    @property
+    def error_text(self) -> str:
+        """``text`` without the output: what went wrong and the notes, or ``""`` for a clean run."""
         parts: list[str] = []
-        if self.stdout:
-            parts.append(self.stdout.rstrip("\n"))
         error = self.error
         if error is not None:
             where = f" ({error['file']}:{error['line']})" if error.get("file") and error.get("line") else ""
@@ -76,8 +81,6 @@ class Result:
         if self.session_ended and self.session is not None:
             parts.append("[The session ended with this call: the next call starts a fresh process, and "
                          "variables, imports and functions defined so far are gone.]")
-        if not parts:
-            return "(The code ran without printing anything. Use print() to show results.)"
         return "\n".join(parts)
 
     def raise_for_error(self) -> Result:

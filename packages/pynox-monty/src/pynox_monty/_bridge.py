@@ -17,7 +17,7 @@ from typing import Any
 import pynox
 
 # Private: the grants after profile and ceiling, exactly as the pool will apply them (a public helper is proposed).
-from pynox.model_tool import _effective  # pyright: ignore[reportPrivateUsage]
+from pynox.model_tool import effective_request
 from pynox.resolve import DEFAULTS
 from pynox.units import format_duration, parse_duration
 
@@ -37,7 +37,7 @@ def python_function(pool: pynox.Pool, *, profile: str | None = None, name: str =
     functions the heavy code may import from ``pynox_host``. A bad grant raises here.
     """
     host_grants = {**grants, **({"timeout": timeout} if timeout is not None else {})}
-    effective = _effective(pool, profile, host_grants)
+    effective = effective_request(pool, profile, host_grants)
     limit = parse_duration(effective.timeout) if effective.timeout is not None else DEFAULTS.timeout
     run_grants = {**host_grants, **({"profile": profile} if profile else {})}
     host_functions = dict(functions or {})

@@ -13,8 +13,7 @@ from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
 from pynox import Pool, Session
-
-from ._runner import Runner
+from pynox.tool_runner import ToolRunner
 
 __all__ = ["PynoxCapability", "PynoxToolset"]
 
@@ -41,7 +40,7 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
                  functions: Mapping[str, Callable[..., Any]] | None = None, id: str | None = None,
                  max_retries: int | None = None, **grants: Any) -> None:
         super().__init__(id=id, max_retries=max_retries)
-        self._runner = Runner(pool, profile=profile, session=session, functions=functions, grants=grants)
+        self._runner = ToolRunner(pool, profile=profile, session=session, functions=functions, grants=grants)
         self._add_run_python()
 
     def _add_run_python(self) -> None:

@@ -22,8 +22,8 @@ from strands.sandbox.errors import SandboxPathNotFoundError, SandboxTimeoutError
 from strands.types.tools import AgentTool
 
 from pynox import Pool, PynoxError, Result, Session
+from pynox.tool_runner import ToolRunner
 
-from ._runner import Runner
 from ._tool import tool_for
 
 __all__ = ["PynoxSandbox", "UnsupportedOperation"]
@@ -54,7 +54,7 @@ class PynoxSandbox(Sandbox):
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: Mapping[str, Callable[..., Any]] | None = None, vend_tool: bool = True,
                  **grants: Any) -> None:
-        self._runner = Runner(pool, profile=profile, session=session, functions=functions, grants=grants)
+        self._runner = ToolRunner(pool, profile=profile, session=session, functions=functions, grants=grants)
         self._vend_tool = vend_tool
 
     def get_tools(self) -> list[AgentTool]:

@@ -14,13 +14,12 @@ from strands import tool
 from strands.tools.decorator import DecoratedFunctionTool
 
 from pynox import Pool, Session
-
-from ._runner import Runner
+from pynox.tool_runner import ToolRunner
 
 __all__ = ["python_tool"]
 
 
-def tool_for(runner: Runner) -> DecoratedFunctionTool[..., str]:
+def tool_for(runner: ToolRunner) -> DecoratedFunctionTool[..., str]:
     """The strands tool named ``run_python`` that runs its code through ``runner``."""
 
     async def run_python(code: str) -> str:
@@ -45,4 +44,4 @@ def python_tool(pool: Pool | None = None, *, profile: str | None = None, session
     decide when it ends (``with pool.session(...) as s: Agent(tools=[python_tool(session=s)])``).
     A failure of the code, and a refusal by Pynox, reach the model as the tool's text.
     """
-    return tool_for(Runner(pool, profile=profile, session=session, functions=functions, grants=grants))
+    return tool_for(ToolRunner(pool, profile=profile, session=session, functions=functions, grants=grants))

@@ -123,6 +123,7 @@ class _Prepared:
         if self.pid == 0:
             run_prepared(spec, runtime, child_end.fileno())
         child_end.close()
+        self.reaped = False
 
     def hand_over(self, spec: JobSpec, fds: list[int]) -> bool:
         """Give the job to this child; False if it cannot take it (it died), and then it is reaped."""
@@ -136,7 +137,12 @@ class _Prepared:
         return True
 
     def discard(self) -> None:
+        """Kill and reap the child, once: a failed hand-over has already done it, and once reaped, the pid
+        may belong to another process."""
         self.control.close()
+        if self.reaped:
+            return
+        self.reaped = True
         try:
             os.kill(self.pid, signal.SIGKILL)  # still our unreaped child: the pid cannot have been reused
             os.waitpid(self.pid, 0)

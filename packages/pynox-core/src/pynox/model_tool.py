@@ -43,9 +43,6 @@ def effective_request(pool: Pool | None, profile: str | None, grants: Mapping[st
     return config.apply(request, os.getcwd())
 
 
-_effective = effective_request  # the name adapters used before it was public
-
-
 def default_config_path() -> str | None:
     """``$PYNOX_CONFIG``, else ``pynox.toml`` in the working directory if there is one."""
     path = os.environ.get("PYNOX_CONFIG")

@@ -24,7 +24,6 @@ How a step ends:
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import logging
 import threading
@@ -163,7 +162,7 @@ class PynoxExecutor(PythonExecutor):
             if self._final:
                 return CodeOutput(output=self._final[0], logs=logs, is_final_answer=True)
             if not result.ok:
-                raise InterpreterError("Code execution failed: " + dataclasses.replace(result, stdout="").text)
+                raise InterpreterError("Code execution failed: " + result.error_text)
             return CodeOutput(output=self._value[0] if self._value else None, logs=logs, is_final_answer=False)
 
     def cleanup(self) -> None:

@@ -11,7 +11,6 @@ error that says so.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import re
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -115,9 +114,9 @@ class PynoxSandbox(Sandbox):
             raise OSError(f"{type(exc).__name__}: {exc}") from exc
         if result.error is not None:
             kind = _OS_ERRORS.get(result.error.get("type", ""), OSError)
-            raise kind(dataclasses.replace(result, stdout="").text)
+            raise kind(result.error_text)
         if not result.ok or result.stdout_truncated:
-            raise OSError(f"{path}: " + (dataclasses.replace(result, stdout="").text if not result.ok else
+            raise OSError(f"{path}: " + (result.error_text if not result.ok else
                                          "too large to pass through the sandbox's max_output"))
         return result
 
@@ -164,7 +163,7 @@ def _stderr(result: Result) -> str:
     """The code's stderr, then, if anything went wrong, Pynox's text for it (error, hint, notes)."""
     if result.ok and not result.truncated and not result.session_ended:
         return result.stderr
-    notes = dataclasses.replace(result, stdout="").text
+    notes = result.error_text
     lines = result.stderr.rstrip().splitlines()
     if lines and notes.startswith(lines[-1]):
         lines.pop()  # the traceback's last line, which the notes repeat with the file and line

@@ -23,6 +23,7 @@ from ..errors import PynoxError, RequestError
 from ..job import ErrorInfo, JobSpec, StepSpec
 from ..protocol import REFUSED_EXIT, Closed, RequestId, SessionResult, encode
 from .frames import send_frame
+from .hostcalls import CallRegistry
 from .outcome import WORKER_ERROR_EXIT, Outcome, to_session_result
 from .worker import CallSink, SessionChannels, Template
 
@@ -121,8 +122,8 @@ class Session(threading.Thread):
             if self._template is None:
                 self._template = self.registry.new_template()
             self._channels = SessionChannels.create(bool(self.spec.functions))
-            first = JobSpec(**{**_fields(self.spec), "code": step.code, "name": step.name, "args": step.args,
-                               "timeout": step.timeout})
+            first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
+                                            timeout=step.timeout)
             self._alive = True
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels)
         template, channels = self._template, self._channels
@@ -180,22 +181,18 @@ class Session(threading.Thread):
         return self._template.ready.landlock_abi if self._template else self.registry.landlock_abi
 
 
-def _fields(spec: JobSpec) -> dict[str, object]:
-    return {name: getattr(spec, name) for name in spec.__struct_fields__}
-
-
 class SessionRegistry:
     """Named sessions of one pool: creation, the step queue limit, idle closing, shutdown."""
 
     def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[[], Template],
-                 finish: Callable[..., None], emit: Callable[[bytes], None], calls: object,
+                 finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
                  python: str, landlock_abi: int) -> None:
         self.max_sessions = max_sessions
         self.idle = idle
         self.new_template = new_template
         self.finish = finish
         self.emit = emit
-        self.calls = calls  # type: ignore[assignment]  # CallRegistry; kept loose to avoid an import cycle
+        self.calls = calls
         self.python = python
         self.landlock_abi = landlock_abi
         self.lock = threading.Lock()

@@ -9,7 +9,7 @@ import pytest
 from tests.pool.pool_driver import assert_no_leftovers, reap_adopted_zombies, set_child_subreaper
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _subreaper() -> Iterator[None]:
     set_child_subreaper(True)
     try:

@@ -4,7 +4,9 @@ The job sends a call frame on its channel; the pool checks it (declared name,
 size, count), gives it a pool-wide ``call_id``, writes a ``call`` event for the
 client and remembers where the answer goes. The client's ``reply`` line comes
 back through intake and is written to the job's channel. A call still pending
-when its job ends is dropped; a reply to it is then a ``RequestError``.
+when its job ends is dropped; a reply to it is then a ``RequestError``. Once
+intake has stopped (EOF or SIGTERM), no reply can arrive: pending and later
+calls fail at once in the job rather than wait out its timeout.
 """
 
 from __future__ import annotations
@@ -59,12 +61,15 @@ class CallRegistry:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        self.closed: str | None = None  # why no reply can come any more
 
     def open(self, request_id: RequestId, functions: list[str], channel: socket.socket) -> JobCalls:
         return JobCalls(self, request_id, functions, channel)
 
-    def _register(self, job: JobCalls) -> int:
+    def _register(self, job: JobCalls) -> int | None:
         with self._lock:
+            if self.closed is not None:
+                return None
             call_id = next(self._ids)
             self._pending[call_id] = _Pending(job.channel, job)
         return call_id
@@ -73,6 +78,15 @@ class CallRegistry:
         with self._lock:
             for call_id in call_ids:
                 self._pending.pop(call_id, None)
+
+    def close(self, reason: str) -> None:
+        """Intake has stopped, so no reply will ever be read: fail every pending call, and every later one."""
+        with self._lock:
+            self.closed = reason
+            pending, self._pending = self._pending, {}
+        for call_id, waiting in pending.items():
+            waiting.job.answered(call_id)
+            waiting.job.answer({"error": reason})
 
     def reply(self, call_id: int, result: Any, error: str | None) -> str | None:
         """Deliver a client reply; returns an error message for the client if there is nothing to answer."""
@@ -135,6 +149,9 @@ class JobCalls:
             self.answer({"error": f"this task reached its limit of {MAX_CALLS} host calls"})
             return
         call_id = self.registry._register(self)
+        if call_id is None:  # the pool no longer reads replies: waiting would only run into the timeout
+            self.answer({"error": self.registry.closed})
+            return
         with self._lock:
             self._outstanding.add(call_id)
         self.registry._on_call()

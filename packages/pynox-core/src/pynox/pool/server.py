@@ -332,6 +332,8 @@ def serve(args: argparse.Namespace) -> int:
             server.handle_line(line)
     except BrokenPipeError:
         os._exit(1)
+    # No reply to a host call can be read from here on: a job waiting for one fails now, not at its deadline.
+    server.calls.close("the host cannot answer: the pool's input has ended (EOF or SIGTERM)")
     # Drain: every accepted job finishes and is answered, then the workers stop.
     for _ in workers:
         server.jobs.put(None)

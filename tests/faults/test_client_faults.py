@@ -1,0 +1,202 @@
+"""The client misbehaves: it closes stdin mid-stream, dies, or stops reading the pool's stdout for seconds.
+
+* EOF drains: every accepted request is answered, then the pool exits 0, without waiting out the
+  timeout of a job whose host call can no longer be answered.
+* Death: the pool and every process below it are gone within a second, busy or blocked.
+* A stalled reader: the pool blocks (intake, workers, writers) with bounded memory, and once the
+  client reads again every request gets its one answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pool.pool_driver import (
+    POOL,
+    PoolProcess,
+    assert_no_leftovers,
+    descendants,
+    jobs_of,
+    mark_live,
+    new_id,
+    pool_process,
+    rss_kb,
+    unmark_live,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+HOST_WAIT = "60s"  # the timeout of jobs whose host call is never answered: far beyond any deadline below
+
+
+@pytest.mark.parametrize("last", ["complete", "cut"])
+def test_stdin_closed_mid_stream_drains_every_accepted_request_and_exits_0(tmp_path: Path, last: str) -> None:
+    pool = PoolProcess("--workers=2", cwd=tmp_path)
+    try:
+        jobs = [pool.submit(code=f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(6)]
+        assert pool.run("x = 5", session="nb")["exit"] == 0
+        step = pool.submit(session="nb", code="import time\ntime.sleep(0.3)\nprint(x)")
+        waiting = pool.submit(functions=["lookup"], timeout=HOST_WAIT,
+                              code="from pynox_host import lookup\nprint(lookup('k'))")
+        pool.wait_for(lambda m: m.get("event") == "call" and m.get("id") == waiting)
+        # The stream ends in the middle of it: a last line without its newline, or cut inside the JSON.
+        pool.send(b'{"id": "tail", "code": "print(\'tail\')"}' if last == "complete" else b'{"id": "tail", "co')
+        started = time.monotonic()
+        pool.close_stdin()
+        assert pool.wait_exit() == 0
+        # Finding 3: a job waiting for a host reply after EOF waited out its whole timeout (60s here).
+        assert time.monotonic() - started < 15
+        for index, request_id in enumerate(jobs):
+            assert [r["stdout"] for r in pool.responses(request_id)] == [f"{index}\n"]
+        assert [r["stdout"] for r in pool.responses(step)] == ["5\n"]
+        (host_result,) = pool.responses(waiting)
+        assert host_result["error"]["type"] == "HostError", host_result
+        assert "input has ended" in host_result["error"]["message"]
+        if last == "complete":
+            assert [r["stdout"] for r in pool.responses("tail")] == ["tail\n"]
+        else:
+            (cut,) = [m for m in pool.responses(None) if m.get("event") != "ready"]
+            assert cut["error"]["type"] == "RequestError" and "not valid JSON" in cut["error"]["message"]
+    finally:
+        pool.finish()
+
+
+def test_sigterm_fails_pending_host_calls_at_once_too(tmp_path: Path) -> None:
+    """After SIGTERM the pool reads no more replies, exactly as after EOF."""
+    pool = PoolProcess("--workers=1", cwd=tmp_path)
+    try:
+        waiting = pool.submit(functions=["lookup"], timeout=HOST_WAIT,
+                              code="from pynox_host import lookup\ntry:\n    lookup(1)\nexcept Exception as exc:\n"
+                                   "    print(type(exc).__name__)\nprint(lookup(2))")
+        pool.wait_for(lambda m: m.get("event") == "call" and m.get("id") == waiting)
+        started = time.monotonic()
+        pool.proc.send_signal(signal.SIGTERM)
+        assert pool.wait_exit() == 0
+        assert time.monotonic() - started < 15
+        (result,) = pool.responses(waiting)
+        # The pending call failed, and so did the call made after it: the client never saw a second one.
+        assert result["stdout"] == "HostError\n" and result["error"]["type"] == "HostError", result
+        assert len(pool.calls(waiting)) == 1
+    finally:
+        pool.finish()
+
+
+_CLIENT = """
+import json, subprocess, sys, time
+pool = subprocess.Popen(sys.argv[2:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+ready = pool.stdout.readline()
+lines = [
+    {"id": "long-1", "code": "import time\\ntime.sleep(60)"},
+    {"id": "host", "functions": ["f"], "code": "from pynox_host import f\\nf()"},
+    {"id": "step", "session": "nb", "code": "import time\\ntime.sleep(60)"},
+]
+if sys.argv[1] == "blocked":  # results the client will never read: the pool blocks writing them
+    lines += [{"id": f"big-{i}", "code": "print('x' * 300000)"} for i in range(8)]
+for line in lines:
+    pool.stdin.write(json.dumps(line).encode() + b"\\n")
+pool.stdin.flush()
+print(json.dumps({"pool": pool.pid, "ready": json.loads(ready)}), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("state", ["busy", "blocked"])
+def test_when_the_client_dies_the_pool_and_every_child_exit_within_a_second(tmp_path: Path, state: str) -> None:
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT, state, *POOL, "--workers=2"],
+                              stdout=subprocess.PIPE, cwd=tmp_path)
+    mark_live(client.pid)
+    try:
+        assert client.stdout is not None
+        hello = json.loads(client.stdout.readline())
+        assert hello["ready"]["event"] == "ready"
+        pool_pid = hello["pool"]
+        end = time.monotonic() + 15
+        while len(jobs_of(pool_pid)) < 3:  # the long job, the host job, the session step
+            assert time.monotonic() < end, f"the jobs never started: {descendants(pool_pid)}"
+            time.sleep(0.02)
+        if state == "blocked":
+            time.sleep(1)  # the big results fill the pipe the client does not read
+        family = [pool_pid, *descendants(pool_pid)]
+        os.kill(client.pid, signal.SIGKILL)
+        client.wait(10)
+        assert wait_gone(family, 1.0) == [], "the pool or its processes outlived their client by over a second"
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(10)
+        if client.stdout is not None:
+            client.stdout.close()
+        unmark_live(client.pid)
+    assert_no_leftovers()
+
+
+def _stall(pool: PoolProcess, seconds: float, tmp_path: Path) -> tuple[int, int]:
+    """Read nothing for ``seconds``; returns the pool's peak RSS meanwhile and how many big jobs ran."""
+    peak = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        peak = max(peak, rss_kb(pool.pid))
+        time.sleep(0.05)
+    return peak, len(list((tmp_path / "marks").iterdir()))
+
+
+def test_a_client_that_stops_reading_for_seconds_blocks_the_pool_with_bounded_memory(tmp_path: Path) -> None:
+    (tmp_path / "marks").mkdir()
+    size, count = 200_000, 40
+    code = "import sys\nopen('marks/' + sys.argv[1], 'w')\nsys.stdout.write('x' * {size})"
+    host_code = "from pynox_host import echo\nprint(echo({n}))"
+    echo: dict[str, Any] = {"echo": lambda value: value}
+    with pool_process("--workers=2", cwd=tmp_path) as pool:
+        for n in range(6):  # the allocator has seen results, calls and session steps of these sizes
+            assert len(pool.run(code.format(size=size), args=[f"warm-{n}"], allow_write=["marks"])["stdout"]) == size
+            assert pool.run(host_code.format(n=n), host=echo)["stdout"] == f"{n}\n"
+        assert pool.run("x = 3", session="nb")["exit"] == 0
+        time.sleep(0.5)
+        baseline = rss_kb(pool.pid)
+        warm = len(list((tmp_path / "marks").iterdir()))
+
+        # Plain jobs, written as fast as the pipe takes them, and session steps beside them.
+        pool.pause_reading()
+        requests: list[dict[str, Any]] = [
+            {"id": new_id("bp"), "code": code.format(size=size), "args": [f"bp-{i}"], "allow_write": ["marks"]}
+            for i in range(count)]
+        requests[5:5] = [{"id": new_id("bp-step"), "session": "nb", "code": "print(x)"} for _ in range(3)]
+        sender = threading.Thread(target=lambda: [pool.send(r) for r in requests], daemon=True)
+        sender.start()
+        peak, ran = _stall(pool, 5, tmp_path)
+        pool.resume_reading()
+        sender.join(60)
+        assert not sender.is_alive(), "the pool never took the rest of the requests"
+        # Two workers blocked on results the pipe cannot take, and a queue of four: a few jobs, not forty.
+        assert ran - warm <= 8, f"{ran - warm} jobs ran while nobody read the results"
+
+        # Host calls while nobody reads: within the 3 x workers jobs the protocol asks a client to keep in
+        # flight when it serves host functions, they wait for the client, then complete.
+        pool.pause_reading()
+        for n in range(6):
+            host_id = new_id("bp-host")
+            pool.handle_calls(host_id, echo)
+            requests.append({"id": host_id, "functions": ["echo"], "code": host_code.format(n=n), "timeout": "60s"})
+            pool.send(requests[-1])
+        host_peak, _ = _stall(pool, 3, tmp_path)
+        pool.resume_reading()
+
+        for request in requests:
+            result = pool.result(request["id"], timeout=60)
+            assert result["exit"] == 0, result
+        pool.quiet_for(lambda m: False, 0.3)
+        for request in requests:
+            assert len(pool.responses(request["id"])) == 1, request["id"]
+        grown = max(peak, host_peak) - baseline
+        assert grown < 16 * 1024, f"the pool grew by {grown} KiB while its client did not read"

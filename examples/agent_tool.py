@@ -7,10 +7,19 @@ process; the host decides the permissions here, the model only writes code.
     python examples/agent_tool.py
 """
 
+import atexit
+import shutil
+import tempfile
+
 import pynox
 
+# The one directory the model's code may write: a fresh one, not all of /tmp (a write grant that
+# contains the interpreter or its packages, such as a virtual environment under /tmp, is refused).
+WORK = tempfile.mkdtemp(prefix="pynox-agent-")
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
+
 # One pool for the application. Permissions per call, or per profile in pynox.toml.
-run_python = pynox.tool(allow_write=["/tmp"], timeout="10s", memory="256m")
+run_python = pynox.tool(allow_write=[WORK], timeout="10s", memory="256m")
 
 if __name__ == "__main__":
     print(run_python.__doc__)

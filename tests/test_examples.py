@@ -19,7 +19,7 @@ def run_example(name: str) -> str:
 def test_agent_tool() -> None:
     out = run_example("agent_tool.py")
     assert out.startswith("Run Python code in an isolated sandbox")
-    assert "Write files: /tmp." in out
+    assert "Write files: /tmp/pynox-agent-" in out  # its own fresh directory, nothing else
     assert "Hello from an agent tool ['agent.py']" in out
     assert "PermissionError: [Errno 13] Permission denied: '/etc/passwd' (agent.py:1)" in out
     assert 'allow_read=["/etc/passwd"]' in out

@@ -7,7 +7,9 @@ fails the run: a green CI must mean the policy was really proven.
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -33,3 +35,11 @@ def _kernel_features(request: pytest.FixtureRequest) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{reason}: CI must prove the policy, not skip it", pytrace=False)
         pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_garbage_per_module() -> Iterator[None]:
+    # An object a module leaked unclosed (a socket, an event loop) warns when it is collected; collect
+    # here so the warning fails the module that leaked it, not whichever test runs next.
+    yield
+    gc.collect()

@@ -3,7 +3,8 @@
 Drives the pool through its JSON Lines protocol over pipes, exactly as a client
 would. For each case it reports the median (p50) and p99 over many runs:
 
-* ``print(1)`` on the pool, beside ``subprocess.run([python, "-c", code])``;
+* ``print(1)`` on the pool, back to back and 20 ms apart (an agent's think time), beside
+  ``subprocess.run([python, "-c", code])``;
 * a small pandas operation with pandas preloaded, beside a cold ``python -c "import pandas; ..."``;
 * a host-function round trip and a session step, beside a plain pool job;
 * throughput of trivial jobs with 2 workers, pipelined.
@@ -72,11 +73,14 @@ class PoolDriver:
         self.proc.wait(timeout=60)
 
 
-def timed(fn: Callable[[], object], runs: int, warmup: int = 5) -> list[float]:
+def timed(fn: Callable[[], object], runs: int, warmup: int = 5, pause: float = 0.0) -> list[float]:
+    """Milliseconds per call; ``pause`` seconds between calls (not timed), as an agent's think time."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(runs):
+        if pause:
+            time.sleep(pause)
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1000)
@@ -102,7 +106,10 @@ def main() -> int:
     runs, results = args.runs, {}
 
     plain = PoolDriver("--workers=2")
-    results["pool print(1)"] = summary(timed(lambda: check_ok(plain.request({"code": "print(1)"})), runs))
+    results["pool print(1), back to back"] = summary(timed(lambda: check_ok(plain.request({"code": "print(1)"})), runs))
+    # An agent thinks between calls: the template has confined the next child by then.
+    results["pool print(1), 20 ms apart"] = summary(timed(
+        lambda: check_ok(plain.request({"code": "print(1)"})), runs, pause=0.02))
     results["subprocess python -c print(1)"] = summary(timed(
         lambda: subprocess.run([sys.executable, "-c", "print(1)"], check=True, capture_output=True), runs // 3))
     results["pool host call round trip"] = summary(timed(lambda: check_ok(plain.request(
@@ -122,8 +129,8 @@ def main() -> int:
         print("pandas not installed: skipping the pandas cases", file=sys.stderr)
     else:
         warm = PoolDriver("--workers=2", "--preload=pandas")
-        results["pool pandas op (preloaded)"] = summary(timed(
-            lambda: check_ok(warm.request({"code": PANDAS_CODE})), runs))
+        results["pool pandas op (preloaded), 20 ms apart"] = summary(timed(
+            lambda: check_ok(warm.request({"code": PANDAS_CODE})), runs, pause=0.02))
         warm.close()
         results["cold python -c 'import pandas; ...'"] = summary(timed(
             lambda: subprocess.run([sys.executable, "-c", PANDAS_CODE], check=True, capture_output=True),

@@ -178,14 +178,13 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
                     run_job(spec, runtime, fds)
             for fd in fds:
                 os.close(fd)
-            if not _report_start(sock, pid):
+            if not _report_start(sock, pid) or not _report_end(sock, pid):
                 return
-            # The next job most likely has the same policy (one tool, one profile): confine a child for
-            # it now, on the other core, while this job runs.
+            # The next job most likely has the same policy (one tool, one profile): confine a child for it
+            # now, while the result travels and the agent thinks. Not while this job runs: on two cores
+            # the preparation would take the CPU the job and the server need.
             if not spec.session:
                 prepared = _Prepared(spec, runtime)
-            if not _report_end(sock, pid):
-                return
     finally:
         if prepared is not None:
             prepared.discard()

@@ -321,3 +321,9 @@ def test_corrupted_objects_parse_or_raise_line_error(obj: dict[str, Any], at: in
                                                              optional={"result": _json, "error": _json})}))
 def test_arbitrary_replies_parse_or_raise_line_error(obj: dict[str, Any]) -> None:
     _must_parse_or_refuse(json.dumps(obj).encode())
+
+
+def test_a_reply_with_both_result_and_error_is_refused() -> None:
+    with pytest.raises(LineError, match="not both"):
+        parse_line(b'{"reply": {"call_id": 3, "result": 1, "error": "no"}}')
+    assert parse_line(b'{"reply": {"call_id": 3, "result": null}}') == Reply(reply=ReplyBody(call_id=3))

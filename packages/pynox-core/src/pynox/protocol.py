@@ -180,7 +180,11 @@ def parse_line(line: bytes) -> Request | Reply:
     request_id = _find_id(raw)
     try:
         if "reply" in raw:
-            return msgspec.convert(raw, Reply)
+            reply = msgspec.convert(raw, Reply)
+            body = raw["reply"]
+            if "result" in body and "error" in body:
+                raise LineError(None, f"reply to call {reply.reply.call_id}: give result or error, not both")
+            return reply
         request = msgspec.convert(raw, Request)
     except msgspec.ValidationError as exc:
         raise LineError(request_id, f"invalid request: {exc}") from None

@@ -332,6 +332,8 @@ class Template:
             self.child_pidfd = fds[0]
             for extra in fds[1:]:
                 os.close(extra)
+            if outcome.protocol_violation is not None or outcome.timed_out:
+                self.kill_child()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Ended):
             self.child_ended = frame

@@ -12,6 +12,7 @@ calls fail at once in the job rather than wait out its timeout.
 from __future__ import annotations
 
 import itertools
+import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -31,6 +32,9 @@ MAX_CALLS = 1000
 # was forged, and must not reach the client.
 _FRAME_LIMIT = MAX_PAYLOAD
 _SEND_TIMEOUT = 5.0
+# Answers waiting for a job to read them. An honest job reads each answer before its next call, so it
+# never has more than one (at most 1 MB) outstanding; beyond this, the job is not reading and is killed.
+_OUTBOX_LIMIT = 2 * (MAX_PAYLOAD + 4096)
 
 
 class ProtocolViolation(Exception):
@@ -120,11 +124,17 @@ class JobCalls:
         self.channel = channel
         self.calls = 0
         self.violation: str | None = None
-        # A job that stops reading must not block the intake thread delivering its answer.
         channel.settimeout(_SEND_TIMEOUT)
         self._buffer = FrameBuffer(_FRAME_LIMIT)
         self._outstanding: set[int] = set()
         self._lock = threading.Lock()
+        # Answers are written by a thread of this job's own: a job that stops reading its channel must
+        # block neither intake (delivering the client's replies) nor its worker (whose loop enforces the
+        # job's deadline, and answers forged calls).
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._outbox_bytes = 0
+        self._sender: threading.Thread | None = None
+        self._closed = False
 
     def readable(self, chunk: bytes) -> None:
         """Handle bytes from the job. Raises :class:`ProtocolViolation` for garbage."""
@@ -166,13 +176,52 @@ class JobCalls:
         self.send(msgspec.json.encode(message))
 
     def send(self, payload: bytes) -> None:
-        try:
-            self.channel.sendall(pack(payload))
-        except OSError:
-            pass  # the job ended meanwhile; its result says how
+        """Queue one answer for the job; never blocks. A job that lets answers pile up is marked violating."""
+        frame = pack(payload)
+        with self._lock:
+            if self.violation is not None or self._closed:
+                return
+            if self._outbox_bytes + len(frame) > _OUTBOX_LIMIT:
+                self._condemn("the job does not read the answers to its host calls")
+                return
+            self._outbox_bytes += len(frame)
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_queued, name="pynox-host-answers", daemon=True)
+                self._sender.start()
+        self._outbox.put(frame)
+
+    def _send_queued(self) -> None:
+        while (frame := self._outbox.get()) is not None:
+            try:
+                self.channel.sendall(frame)
+            except TimeoutError:
+                with self._lock:  # a partial frame is on the channel: nothing sent after it could be read
+                    self._condemn(f"the job did not read the answer to its host call for {_SEND_TIMEOUT:.0f}s")
+                return
+            except OSError:
+                return  # the job ended meanwhile; its result says how
+            with self._lock:
+                self._outbox_bytes -= len(frame)
+
+    def _condemn(self, reason: str) -> None:
+        """With the lock held: mark the job for killing, and wake its worker, which may be waiting for
+        anything but this (the job's deadline): shutting the channel down makes it readable, at EOF."""
+        if self.violation is None:
+            self.violation = reason
+        if not self._closed:  # before close() the worker has not closed the channel: the descriptor is ours
+            try:
+                self.channel.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
-        """The job ended: calls it left unanswered are dropped."""
+        """The job (or the session step) ended: calls it left unanswered are dropped, the sender stops.
+
+        Called before the channel is closed: no answer may be written to a descriptor number reused since."""
         with self._lock:
             outstanding, self._outstanding = self._outstanding, set()
+            sender, self._closed = self._sender, True
         self.registry.drop(outstanding)
+        if sender is not None:
+            self._outbox.put(None)
+            sender.join()

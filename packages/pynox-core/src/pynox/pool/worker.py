@@ -217,6 +217,9 @@ class Template:
                 # A job is over when its process ended and its pipes closed; a session step when its
                 # pipes closed (the child hands them back), unless the child died or exited meanwhile.
                 while open_pipes or (self.child_ended is None and self._must_wait_for_end(report, session, outcome)):
+                    if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
+                        outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
+                        self.kill_child()
                     now = time.monotonic_ns()
                     if kill_deadline is None and now >= deadline:
                         outcome.timed_out = True

@@ -386,11 +386,12 @@ def _call_host_function(function: HostFunction | None, event: dict[str, Any]) ->
         return {"error": f"no host function {name!r} is registered for this run"}
     try:
         value = function(*event.get("args", []), **event.get("kwargs", {}))
-    except Exception as exc:  # the host function's own failure becomes HostError in the job
+    except BaseException as exc:  # the function's own failure becomes HostError in the job, whatever it is:
+        # SystemExit too (argparse in a tool), for without a reply the job would wait out its timeout.
         return {"error": f"{type(exc).__name__}: {exc}"}
     try:
         return {"result": msgspec.json.decode(msgspec.json.encode(value))}
-    except (TypeError, msgspec.EncodeError) as exc:
+    except Exception as exc:  # not JSON: a type, a cycle (RecursionError), an int too long (ValueError)
         return {"error": f"{name}() returned a value that is not JSON ({type(value).__name__}): {exc}"}
 
 

@@ -113,7 +113,7 @@ def soak(workdir: Path, results: int, seed: int) -> dict[str, Any]:
         "workers": WORKERS,
         "results": tally.results,
         "planned_results": {"warmup": warm_plan.results, "run": plan.results},
-        "results_lost": 0,
+        "results_lost": warm_plan.results + plan.results - (tally.results - tally.late_replies),
         "kinds": dict(warm_plan.kinds() + plan.kinds()),
         "outcomes": {name: stats[name] for name in OUTCOMES},
         "errors": stats["errors"],

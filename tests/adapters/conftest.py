@@ -53,3 +53,17 @@ def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_the_loop_run_sync_left() -> Iterator[None]:
+    """pydantic-ai's ``run_sync`` leaves an event loop set as this thread's current one and never closes
+    it; unclosed, it warns whenever it is collected, in whichever module that happens. Close it here."""
+    yield
+    policy = asyncio.get_event_loop_policy()
+    # The policy keeps the current loop in a private slot; reading it does not create one, as
+    # get_event_loop() would.
+    loop = getattr(getattr(policy, "_local", None), "_loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running() and not loop.is_closed():
+        loop.close()
+        policy.set_event_loop(None)

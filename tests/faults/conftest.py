@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.pool.pool_driver import assert_no_leftovers, reap_adopted_zombies, set_child_subreaper
+from tests.pool.pool_driver import leftover_guard
 
-
-@pytest.fixture(scope="package", autouse=True)
-def _subreaper() -> Iterator[None]:
-    set_child_subreaper(True)
-    try:
-        yield
-        assert_no_leftovers()
-    finally:
-        set_child_subreaper(False)
-        reap_adopted_zombies()
+# Only while this package's tests run: other suites' processes are none of its business.
+_subreaper = pytest.fixture(scope="package", autouse=True, name="_subreaper")(leftover_guard)

@@ -10,13 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.pool.pool_driver import (
-    PoolProcess,
-    assert_no_leftovers,
-    pool_process,
-    reap_adopted_zombies,
-    set_child_subreaper,
-)
+from tests.pool.pool_driver import PoolProcess, leftover_guard, pool_process
 
 from .feeder import FED
 
@@ -32,13 +26,7 @@ settings.register_profile(
 
 @pytest.fixture(scope="package", autouse=True)
 def _subreaper() -> Iterator[None]:
-    set_child_subreaper(True)
-    try:
-        yield
-        assert_no_leftovers()
-    finally:
-        set_child_subreaper(False)
-        reap_adopted_zombies()
+    yield from leftover_guard()
     # PYNOX_FUZZ_REPORT=path.json: how many inputs each module fed, for docs/reliability.md.
     target = os.environ.get("PYNOX_FUZZ_REPORT")
     if target:

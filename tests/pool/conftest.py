@@ -13,27 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from .pool_driver import (
-    HOST_SECRET,
-    HOST_SECRET_NAME,
-    PoolProcess,
-    assert_no_leftovers,
-    pool_process,
-    reap_adopted_zombies,
-    set_child_subreaper,
-)
+from .pool_driver import HOST_SECRET, HOST_SECRET_NAME, PoolProcess, leftover_guard, pool_process
 
-
-@pytest.fixture(scope="package", autouse=True)
-def _subreaper() -> Iterator[None]:
-    """Only while this package's tests run: other suites' processes are none of its business."""
-    set_child_subreaper(True)
-    try:
-        yield
-        assert_no_leftovers()
-    finally:
-        set_child_subreaper(False)
-        reap_adopted_zombies()
+# Only while this package's tests run: other suites' processes are none of its business.
+_subreaper = pytest.fixture(scope="package", autouse=True, name="_subreaper")(leftover_guard)
 
 
 @pytest.fixture(scope="module")

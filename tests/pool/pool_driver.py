@@ -464,3 +464,17 @@ def mark_live(pid: int) -> None:
 def unmark_live(pid: int) -> None:
     with _live_lock:
         _live.discard(pid)
+
+
+def leftover_guard() -> Iterator[None]:
+    """A package fixture body: the test process is a child subreaper while the package's tests run (so
+    whatever a pool orphans is re-parented here), and nothing may be left running at the end.
+
+    Each suite that drives real pools applies it: ``_subreaper = pytest.fixture(...)(leftover_guard)``."""
+    set_child_subreaper(True)
+    try:
+        yield
+        assert_no_leftovers()
+    finally:
+        set_child_subreaper(False)
+        reap_adopted_zombies()

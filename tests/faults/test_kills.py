@@ -112,8 +112,14 @@ def test_a_prepared_child_killed_from_outside_costs_no_job(tmp_path: Path) -> No
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         assert pool.run("print(1)")["stdout"] == "1\n"
         templates = pool.templates()
-        table = proc_table()
-        ready = [pid for pid in descendants(pool.pid, table) if table[pid][3] == "pynox-ready"]
+        # The template prepares the next child once it has reaped the job, which is after the answer.
+        end = time.monotonic() + 10
+        while True:
+            table = proc_table()
+            ready = [pid for pid in descendants(pool.pid, table) if table[pid][3] == "pynox-ready"]
+            if ready or time.monotonic() > end:
+                break
+            time.sleep(0.02)
         assert len(ready) == 1, table
         os.kill(ready[0], signal.SIGKILL)
         assert wait_gone(ready, 5) == []

@@ -223,3 +223,11 @@ def test_closed_pool_refuses() -> None:
     pool.close()
     with pytest.raises(PoolError, match="closed"):
         pool.run("print(1)")
+
+
+@pytest.mark.parametrize("code", ["import os\nos.fork()", "import os\nos.posix_spawn('/bin/true', ['true'], {})"])
+def test_a_process_started_directly_gets_the_process_hint(pool: Pool, code: str) -> None:
+    # os.fork and os.posix_spawn are C functions: no frame but the model's own line says what was refused.
+    error = pool.run(code).error
+    assert error is not None and error["type"] == "PermissionError"
+    assert "Starting programs or processes" in error["hint"]

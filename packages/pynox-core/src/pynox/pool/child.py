@@ -313,6 +313,21 @@ def _describe(exc: BaseException, name: str, spec: JobSpec) -> ErrorInfo:
                      line=line, path=path, hint=_hint(exc, path, spec))
 
 
+_PROCESS_CALLS = ("fork", "spawn", "exec", "system(", "popen")
+
+
+def _starts_a_process(exc: BaseException) -> bool:
+    """Whether the line that raised calls os.fork, os.posix_spawn, os.exec*... directly: C functions leave
+    no frame of their own, so the model's own source line is what tells."""
+    last = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        last = (frame.f_code.co_filename, lineno)
+    if last is None:
+        return False
+    line = linecache.getline(*last).lower()
+    return any(call in line for call in _PROCESS_CALLS)
+
+
 def _hint(exc: BaseException, path: str | None, spec: JobSpec) -> str | None:
     style = spec.hint_style
     if isinstance(exc, MemoryError):
@@ -326,8 +341,8 @@ def _hint(exc: BaseException, path: str | None, spec: JobSpec) -> str | None:
     if exc.errno not in (errno.EPERM, errno.EACCES, errno.ENOSYS):
         return None
     # A denied fork or exec is EPERM; an EACCES in os.py is a path (os.makedirs), not a process.
-    if exc.errno == errno.EPERM and _frames_in(exc, "subprocess.py", "popen_fork.py", "context.py", "pool.py",
-                                               "os.py", "pty.py"):
+    if exc.errno == errno.EPERM and (_frames_in(exc, "subprocess.py", "popen_fork.py", "context.py", "pool.py",
+                                                "os.py", "pty.py") or _starts_a_process(exc)):
         return hints.subprocess_hint()
     if _frames_in(exc, "socket.py", "ssl.py", "client.py", "request.py", "connection.py"):
         return hints.network_hint(spec.network, style)

@@ -29,10 +29,9 @@ from typing import Any
 
 from .errors import KernelSupportError, PoolError
 from .policy import BACKEND, landlock, seccomp
-from .pool.outcome import to_result
 from .pool.worker import Template
 from .protocol import Request, Result
-from .resolve import to_job
+from .runner import run_on
 
 __all__ = ["CheckReport", "Probe", "run_check"]
 
@@ -347,13 +346,9 @@ def _run_probe(template: Template, spec: _ProbeSpec, lab: _Lab) -> Probe:
         probe.status = "skip"
         probe.detail = f"needs Landlock ABI {spec.min_abi}, this kernel has {abi}"
         return probe
-    request = Request(**spec.request(lab))
-    job, max_output = to_job(request, cwd=lab.root, runtime_paths=template.ready.read_paths, hint_style="cli")
     start = time.monotonic()
-    outcome = template.run(job, max_output=max_output)
+    result = run_on(template, Request(**spec.request(lab)), cwd=lab.root, hint_style="cli", mode="check")
     elapsed = time.monotonic() - start
-    result = to_result(None, outcome, job, max_output=max_output, python=template.ready.python, preloaded=[],
-                       landlock_abi=abi, mode="check")
     passed, probe.detail = spec.judge(result, lab, elapsed)
     probe.status = "pass" if passed else "fail"
     probe.ms = round(elapsed * 1000)

@@ -15,7 +15,16 @@ from .pool.worker import Template
 from .protocol import Request, Result
 from .resolve import to_job
 
-__all__ = ["run_once"]
+__all__ = ["run_on", "run_once"]
+
+
+def run_on(template: Template, request: Request, *, cwd: str, hint_style: Literal["api", "cli"] = "api",
+           mode: str = "run") -> Result:
+    """Resolve ``request`` and run it on ``template``; raises ``RequestError`` for a bad request."""
+    spec, max_output = to_job(request, cwd=cwd, runtime_paths=template.ready.read_paths, hint_style=hint_style)
+    outcome = template.run(spec, max_output=max_output)
+    return to_result(request.id, outcome, spec, max_output=max_output, python=template.ready.python,
+                     preloaded=template.ready.preloaded, landlock_abi=template.ready.landlock_abi, mode=mode)
 
 
 def run_once(request: Request, *, hint_style: Literal["api", "cli"] = "api", cwd: str | None = None) -> Result:
@@ -23,10 +32,6 @@ def run_once(request: Request, *, hint_style: Literal["api", "cli"] = "api", cwd
     template cannot start (``KernelSupportError``'s message arrives inside it)."""
     template = Template([], [])
     try:
-        spec, max_output = to_job(request, cwd=cwd or os.getcwd(), runtime_paths=template.ready.read_paths,
-                                  hint_style=hint_style)
-        outcome = template.run(spec, max_output=max_output)
-        return to_result(request.id, outcome, spec, max_output=max_output, python=template.ready.python,
-                         preloaded=[], landlock_abi=template.ready.landlock_abi, mode="run")
+        return run_on(template, request, cwd=cwd or os.getcwd(), hint_style=hint_style)
     finally:
         template.close()

@@ -28,10 +28,9 @@ from pathlib import Path
 
 import pyseccomp
 
-from pynox.pool.outcome import to_result
 from pynox.pool.worker import Template
 from pynox.protocol import Request, Result
-from pynox.resolve import to_job
+from pynox.runner import run_on
 
 # Put into the test process's environment before the template starts: no job may ever see it.
 SECRET_NAME = "PYNOX_TEST_HOST_SECRET"
@@ -69,13 +68,9 @@ class Sandbox:
 
     def run(self, request: Request, cwd: str) -> Run:
         template = self._ready_template()
-        spec, max_output = to_job(request, cwd=cwd, runtime_paths=template.ready.read_paths)
         start = time.monotonic()
-        outcome = template.run(spec, max_output=max_output)
-        elapsed = time.monotonic() - start
-        result = to_result(request.id, outcome, spec, max_output=max_output, python=template.ready.python,
-                           preloaded=[], landlock_abi=template.ready.landlock_abi, mode="run")
-        return Run(result, elapsed)
+        result = run_on(template, request, cwd=cwd)
+        return Run(result, time.monotonic() - start)
 
     def alive(self) -> bool:
         return self.template is not None and self.template.process.poll() is None

@@ -47,6 +47,13 @@ _live: set[int] = set()
 _live_lock = threading.Lock()
 
 
+def own_commands_env() -> dict[str, str]:
+    """This environment with the running interpreter's own scripts directory first on PATH: a test that
+    runs `pynox` by name runs the one installed beside this interpreter, never another on PATH."""
+    scripts = os.path.dirname(sys.executable)
+    return {**os.environ, "PATH": os.pathsep.join([scripts, os.environ.get("PATH", os.defpath)])}
+
+
 def new_id(prefix: str = "r") -> str:
     return f"{prefix}-{next(_ids)}"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .pool_driver import assert_no_leftovers
+from .pool_driver import assert_no_leftovers, own_commands_env
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -16,7 +16,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jsonl_client.sh"
 
 
 def test_the_shell_client_example(tmp_path: Path) -> None:
-    done = subprocess.run(["sh", str(EXAMPLE)], capture_output=True, timeout=60, cwd=tmp_path)
+    done = subprocess.run(["sh", str(EXAMPLE)], capture_output=True, timeout=60, cwd=tmp_path,
+                          env=own_commands_env())
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.decode().splitlines()]
     assert lines[0]["event"] == "ready"

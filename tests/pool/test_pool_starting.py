@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .pool_driver import PoolProcess, assert_no_leftovers, pool_process, proc_table
+from .pool_driver import PoolProcess, assert_no_leftovers, own_commands_env, pool_process, proc_table
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,10 +42,12 @@ def test_workers_flag_sets_the_number_of_templates(tmp_path: Path) -> None:
 
 def test_printf_one_liner_from_the_issue(tmp_path: Path) -> None:
     """`printf '{"id":1,"code":"print(2+2)"}\\n' | pynox pool --workers=2`: ready, the result, exit 0."""
-    pynox = shutil.which("pynox")
-    assert pynox is not None, "the pynox console script must be on PATH (pip install -e packages/pynox-core)"
+    env = own_commands_env()
+    pynox = shutil.which("pynox", path=env["PATH"])
+    assert pynox == os.path.join(os.path.dirname(sys.executable), "pynox"), \
+        f"the pynox console script must be installed beside {sys.executable}, found {pynox}"
     done = subprocess.run(["sh", "-c", """printf '{"id":1,"code":"print(2+2)"}\\n' | pynox pool --workers=2"""],
-                          capture_output=True, timeout=60, cwd=tmp_path)
+                          capture_output=True, timeout=60, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(lines) == 2, lines

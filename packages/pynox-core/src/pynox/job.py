@@ -1,8 +1,18 @@
-"""A job as the template and the confined child see it, and the report the child writes back.
+"""A job as the server resolved it, the two halves it is sent in, and the report the child writes back.
 
 The server turns a protocol request (relative paths, units, profile, ceiling)
 into a :class:`JobSpec`: absolute paths, seconds and bytes, nothing left to
-interpret. The child answers with one :class:`Report` on its report descriptor.
+interpret. It travels in two halves that never meet in the template:
+
+* :class:`Confinement`, what the template needs to confine a child: grants,
+  limits, identity. The template keeps it (and may confine the next child
+  with it), so it carries nothing a job said, only what it was allowed.
+* :class:`Payload`, what the job says: code, arguments, environment, the names
+  of its host functions. It goes from the server straight to the confined
+  child on a descriptor of its own; the template passes the descriptor on
+  unread, so no process a later job is forked from ever holds it.
+
+The child answers with one :class:`Report` on its report descriptor.
 """
 
 from __future__ import annotations
@@ -11,7 +21,10 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["ErrorInfo", "JobSpec", "Report", "StepSpec"]
+__all__ = ["MAX_GRANTS", "Confinement", "ErrorInfo", "JobSpec", "Payload", "Report", "StepSpec"]
+
+# Granted paths per job (reads, writes, package directories, the script): each travels as a descriptor.
+MAX_GRANTS = 128
 
 
 class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -36,6 +49,52 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     session: bool = False
     # How hints name a grant: keyword arguments ("api") or command-line flags ("cli").
     hint_style: Literal["api", "cli"] = "api"
+
+    def confinement(self) -> Confinement:
+        return Confinement(
+            cwd=self.cwd, allow_read=self.allow_read, allow_write=self.allow_write, network=self.network,
+            timeout=self.timeout, memory=self.memory, max_file_size=self.max_file_size,
+            package_dirs=self.package_dirs, host_channel=bool(self.functions), max_open_files=self.max_open_files,
+            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style)
+
+    def payload(self) -> Payload:
+        return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
+                       functions=self.functions)
+
+
+class Confinement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything that shapes a child's confinement, and nothing else.
+
+    Two jobs with equal confinements whose granted paths name the same files can share a child
+    confined ahead of time. ``allow_read`` and ``allow_write`` travel with one descriptor each, opened
+    by the server when the job starts: the rules are built from those, never by name in the template."""
+
+    cwd: str
+    allow_read: list[str]
+    allow_write: list[str]
+    network: bool
+    timeout: float
+    memory: int
+    max_file_size: int | None
+    package_dirs: list[str]
+    # The job has a host-call channel (descriptor 4); which functions it may call is in its payload.
+    host_channel: bool
+    max_open_files: int
+    uid: int | None
+    gid: int | None
+    session: bool
+    hint_style: Literal["api", "cli"]
+
+
+class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the job itself says; read by the confined child, never by the template."""
+
+    code: str | None
+    script: str | None
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    functions: list[str]
 
 
 class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -4,17 +4,25 @@ Paths are resolved against the caller's working directory and through every
 symlink, because Landlock grants the inode a path names: ``data/link -> /etc``
 grants ``/etc``, and that is what a ceiling must be checked against and what
 the result's ``policy`` reports.
+
+A symlink is followed only if no job could have planted it: one that lies
+where jobs may write (beneath this request's own write grants, or the
+ceiling's) is refused, since an earlier job could have put it there to widen
+this one. The resolved paths are bound to descriptors when the job starts
+(:mod:`pynox.policy.grants`), so a link planted after this check is refused
+too.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from .errors import ConfigError, RequestError
-from .job import JobSpec
+from .job import MAX_GRANTS, JobSpec
 from .policy.runtime import overlapping
 from .protocol import Request
 from .units import parse_duration, parse_size
@@ -34,12 +42,62 @@ class Defaults:
 
 DEFAULTS = Defaults()
 _MAX_ARGS = 4096
+_MAX_LINKS = 40  # as the kernel's own limit on symlinks followed in one path
 
 
 def resolve_path(path: str, base: str, field: str) -> str:
     if not isinstance(path, str) or not path or "\0" in path:
         raise RequestError(f"{field}: {path!r} is not a path")
-    return os.path.realpath(os.path.join(base, os.path.expanduser(path) if path.startswith("~") else path))
+    return os.path.realpath(_joined(path, base))
+
+
+def _joined(path: str, base: str) -> str:
+    return os.path.join(base, os.path.expanduser(path) if path.startswith("~") else path)
+
+
+def symlinks_followed(path: str, base: str) -> list[str]:
+    """The symlinks that resolving ``path`` (against ``base``) follows, each named by its own resolved
+    location, in the order they are met. Resolves as :func:`os.path.realpath` does."""
+    pending = _joined(path, base).split("/")[::-1]
+    resolved, links = "/", []
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            resolved = os.path.dirname(resolved)
+            continue
+        candidate = os.path.join(resolved, name)
+        try:
+            is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+        except OSError:
+            is_link = False
+        if not is_link:
+            resolved = candidate
+            continue
+        links.append(candidate)
+        if len(links) > _MAX_LINKS:
+            break
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            resolved = "/"
+        pending += target.split("/")[::-1]
+    return links
+
+
+def _refuse_planted_links(named: dict[str, list[str]], base: str, writable: Sequence[str]) -> None:
+    for field, paths in named.items():
+        for path in paths:
+            for link in symlinks_followed(path, base):
+                root = next((root for root in writable if _beneath(link, root)), None)
+                if root is not None:
+                    raise RequestError(f"{field}: {path} goes through the symlink {link}, which lies in {root} "
+                                       "where jobs may write; an earlier job could have planted it, so it is "
+                                       "not followed: grant the path it points to by its own name")
+
+
+def _beneath(path: str, parent: str) -> bool:
+    return os.path.commonpath((path, parent)) == parent
 
 
 def _existing(paths: Iterable[str], base: str, field: str) -> list[str]:
@@ -83,11 +141,15 @@ def to_job(
     runtime_paths: Sequence[str],
     hint_style: Literal["api", "cli"] = "api",
     defaults: Defaults = DEFAULTS,
+    writable: Sequence[str] = (),
     uid: int | None = None,
     gid: int | None = None,
     session: bool = False,
 ) -> tuple[JobSpec, int]:
-    """Return the job and its output cap, or raise :class:`RequestError` saying what is wrong."""
+    """Return the job and its output cap, or raise :class:`RequestError` saying what is wrong.
+
+    ``writable``: where any job of this pool may write (the ceiling's ``allow_write``), besides this
+    request's own write grants; no grant may go through a symlink there."""
     allow_read = _existing(request.allow_read or (), cwd, "allow_read")
     allow_write = _existing(request.allow_write or (), cwd, "allow_write")
     for path in allow_write:
@@ -101,6 +163,14 @@ def to_job(
         script = resolve_path(request.script, cwd, "script")
         if not os.path.isfile(script):
             raise RequestError(f"script: {request.script} is not a file")
+    _refuse_planted_links({"allow_read": list(request.allow_read or ()), "allow_write": list(request.allow_write or ()),
+                           "package_dirs": list(request.package_dirs or ()),
+                           "script": [request.script] if request.script is not None else []},
+                          cwd, [*allow_write, *writable])
+    granted = len(allow_read) + len(allow_write) + len(package_dirs) + (script is not None)
+    if granted > MAX_GRANTS:
+        raise RequestError(f"at most {MAX_GRANTS} granted paths per job (allow_read, allow_write, package_dirs "
+                           f"and the script), got {granted}")
     args = list(request.args or ())
     if len(args) > _MAX_ARGS or any("\0" in arg for arg in args):
         raise RequestError("args: at most 4096 arguments, none containing NUL")

@@ -2,8 +2,8 @@
 
 :class:`Runtime` is what the template prepares once (the Landlock ABI, the
 runtime paths, the compiled seccomp filters); :func:`confine` applies a job's
-policy in the child. Every step raises on failure, and the caller then never
-runs the code (fail closed).
+:class:`~pynox.job.Confinement` in the child. Every step raises on failure,
+and the caller then never runs the code (fail closed).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..job import JobSpec
+from ..job import Confinement
 from . import landlock, seccomp
 from .limits import apply_limits
 from .privileges import drop_bounding_set, drop_privileges, set_parent_death_signal, switch_user
@@ -19,7 +19,7 @@ from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, runtime_paths
 
 __all__ = [
     "BACKEND", "BASE_ENVIRONMENT", "Runtime", "build_ruleset", "confine", "prepare_runtime", "private_data_bytes",
-    "reset_environment",
+    "reset_environment", "set_environment",
 ]
 
 _MIN_HEADROOM = 16 << 20
@@ -74,36 +74,42 @@ def private_data_bytes() -> int:
         return int(statm.read().split()[5]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def build_ruleset(spec: JobSpec, runtime: Runtime) -> int:
-    """The job's Landlock ruleset, from the template's prepared rules plus the job's grants and its own
-    ``/proc/<pid>``. Built first, while the prepared descriptors are still open; enforced by :func:`confine`."""
-    prepared = (*runtime.rules, *(runtime.network_rules if spec.network else ()))
-    return landlock.build_ruleset(runtime.landlock_abi, spec.allow_read, spec.allow_write, network=spec.network,
-                                  prepared=prepared, optional_read=(f"/proc/{os.getpid()}",))
+def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int]) -> int:
+    """The job's Landlock ruleset: the template's prepared rules, the job's grants (one descriptor per path
+    of ``allow_read`` then ``allow_write``, opened by the server when the job started) and its own
+    ``/proc/<pid>``. Built first, while those descriptors are still open; enforced by :func:`confine`."""
+    read, write = confinement.allow_read, confinement.allow_write
+    if len(grants) != len(read) + len(write):
+        raise ValueError(f"expected {len(read) + len(write)} grant descriptors, got {len(grants)}")
+    all_rights = landlock.fs_rights(runtime.landlock_abi)
+    granted = [(fd, landlock.fitting(fd, landlock.ACCESS_FS_READ)) for fd in grants[:len(read)]]
+    granted += [(fd, landlock.fitting(fd, all_rights)) for fd in grants[len(read):]]
+    prepared = (*runtime.rules, *(runtime.network_rules if confinement.network else ()), *granted)
+    return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network, prepared=prepared,
+                                  optional_read=(f"/proc/{os.getpid()}",))
 
 
-def confine(spec: JobSpec, runtime: Runtime, ruleset: int) -> None:
-    """Apply rlimits, environment, working directory, identity, Landlock and seccomp, in that order.
+def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:
+    """Apply rlimits, working directory, identity, Landlock and seccomp, in that order.
 
     The caller has already started a new session, built ``ruleset`` and closed every other descriptor.
     """
     # The child inherits the template's heap (preloaded modules): a limit below it could not even start.
-    if spec.memory < runtime.data_bytes + _MIN_HEADROOM:
-        raise MemoryError(f"memory limit {spec.memory >> 20} MiB is below what the runtime already uses "
+    if confinement.memory < runtime.data_bytes + _MIN_HEADROOM:
+        raise MemoryError(f"memory limit {confinement.memory >> 20} MiB is below what the runtime already uses "
                           f"({runtime.data_bytes >> 20} MiB with its preloaded modules) plus "
                           f"{_MIN_HEADROOM >> 20} MiB to run; raise it")
-    apply_limits(memory=spec.memory, timeout=None if spec.session else spec.timeout,
-                 max_file_size=spec.max_file_size, max_open_files=spec.max_open_files)
-    _clean_environment(spec)
-    os.chdir(spec.cwd)
-    if spec.uid is not None:
-        switch_user(spec.uid, spec.gid if spec.gid is not None else spec.uid)
+    apply_limits(memory=confinement.memory, timeout=None if confinement.session else confinement.timeout,
+                 max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files)
+    os.chdir(confinement.cwd)
+    if confinement.uid is not None:
+        switch_user(confinement.uid, confinement.gid if confinement.gid is not None else confinement.uid)
     # After any credential change, which clears it: the job dies with its template.
     set_parent_death_signal(9)
     drop_privileges()
     landlock.restrict_self(ruleset)
     os.close(ruleset)
-    runtime.filters[spec.network].install()
+    runtime.filters[confinement.network].install()
 
 
 BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
@@ -116,11 +122,15 @@ def reset_environment() -> None:
     os.environ.update(BASE_ENVIRONMENT)
 
 
-def _clean_environment(spec: JobSpec) -> None:
+def set_environment(confinement: Confinement, env: dict[str, str]) -> None:
+    """The job's environment: the base, HOME and TMPDIR in its first write grant, then its own ``env``.
+
+    Set by the confined child once its payload arrived; the host's environment was never here (the
+    template was started with a scrubbed one and reset it to the base)."""
     wanted = dict(BASE_ENVIRONMENT)
-    if spec.allow_write:
-        wanted["HOME"] = wanted["TMPDIR"] = spec.allow_write[0]
-    wanted.update(spec.env)
+    if confinement.allow_write:
+        wanted["HOME"] = wanted["TMPDIR"] = confinement.allow_write[0]
+    wanted.update(env)
     current = os.environ
     if current.keys() - wanted.keys():  # not reset by a template: start from nothing
         current.clear()

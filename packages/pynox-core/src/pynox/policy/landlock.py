@@ -27,7 +27,9 @@ __all__ = [
     "ACCESS_FS_READ",
     "abi_version",
     "build_ruleset",
+    "fitting",
     "fs_rights",
+    "open_rule",
     "restrict_self",
 ]
 
@@ -108,18 +110,19 @@ def open_rule(path: str, rights: int, *, missing_ok: bool) -> tuple[int, int] | 
             return None
         raise FileNotFoundError(errno.ENOENT, "granted path does not exist", path) from None
     try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            rights &= _FILE_RIGHTS
+        return fd, fitting(fd, rights)
     except BaseException:
         os.close(fd)
         raise
-    return fd, rights
+
+
+def fitting(fd: int, rights: int) -> int:
+    """The part of ``rights`` that a rule on what ``fd`` names may carry: a file takes fewer than a directory."""
+    return rights if stat.S_ISDIR(os.fstat(fd).st_mode) else rights & _FILE_RIGHTS
 
 
 def build_ruleset(
     abi: int,
-    read: Iterable[str],
-    write: Iterable[str],
     *,
     network: bool,
     prepared: Iterable[tuple[int, int]] = (),
@@ -127,10 +130,9 @@ def build_ruleset(
 ) -> int:
     """Create a ruleset and return its descriptor; the caller enforces it with :func:`restrict_self`.
 
-    ``prepared`` rules are descriptors opened once (by :func:`open_rule`, in the template) with
-    their rights: the runtime paths every job reads, so a job does not reopen them. ``read`` and
-    ``write`` must exist (a missing grant is an error: a typo must not pass unnoticed);
-    ``optional_read`` paths are skipped when absent.
+    ``prepared`` rules are descriptors with their rights: the runtime paths the template opened once,
+    and the job's grants the server opened when the job started (see :mod:`pynox.policy.grants`).
+    ``optional_read`` paths are opened here and skipped when absent (the child's own ``/proc/<pid>``).
     """
     handled_fs = fs_rights(abi)
     attr = _RulesetAttr(handled_fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and not network else 0,
@@ -140,15 +142,13 @@ def build_ruleset(
     try:
         for fd, rights in prepared:
             _add_rule(ruleset, fd, rights)
-        for paths, rights, missing_ok in ((optional_read, ACCESS_FS_READ, True), (read, ACCESS_FS_READ, False),
-                                          (write, handled_fs, False)):
-            for path in paths:
-                opened = open_rule(path, rights, missing_ok=missing_ok)
-                if opened is not None:
-                    try:
-                        _add_rule(ruleset, *opened)
-                    finally:
-                        os.close(opened[0])
+        for path in optional_read:
+            opened = open_rule(path, ACCESS_FS_READ, missing_ok=True)
+            if opened is not None:
+                try:
+                    _add_rule(ruleset, *opened)
+                finally:
+                    os.close(opened[0])
     except BaseException:
         os.close(ruleset)
         raise

@@ -1,9 +1,10 @@
 """The confined job child: the only code that runs after the policy is applied.
 
 The template forks, and the child calls :func:`run_job`, which never returns:
-it confines itself, runs the code as ``__main__``, writes one report and exits.
-If any step of the policy fails, the code never runs: the report carries
-``setup_error`` and the exit status is 125.
+it confines itself, only then reads its payload (code, arguments, environment)
+from the descriptor the server filled, runs the code as ``__main__``, writes
+one report and exits. If any step of the policy fails, the code never runs:
+the report carries ``setup_error`` and the exit status is 125.
 """
 
 from __future__ import annotations
@@ -24,19 +25,21 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
-from ..job import ErrorInfo, JobSpec, Report, StepSpec
-from ..policy import Runtime, build_ruleset, confine
+from ..job import Confinement, ErrorInfo, Payload, Report, StepSpec
+from ..policy import Runtime, build_ruleset, confine, set_environment
 from ..policy.privileges import set_process_name
 from . import host_module
 from .frames import recv_raw
+from .payload import read_payload
 
-__all__ = ["CHANNEL_FD", "CONTROL_FD", "REPORT_FD", "SETUP_FAILED", "run_job", "run_prepared"]
+__all__ = ["CHANNEL_FD", "CONTROL_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED", "run_job", "run_prepared"]
 
 SETUP_FAILED = 125
 STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
 CHANNEL_FD = 4  # host-function calls, when the job declares functions
 CONTROL_FD = 5  # session steps, when the job is a session
 RULESET_FD = 6  # the Landlock ruleset, closed once enforced
+PAYLOAD_FD = 7  # the job's payload, read once confined
 _STAGING_FD = 16  # above every fixed number
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
@@ -47,46 +50,47 @@ _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     RecursionError: "maximum recursion depth exceeded",
 }
 _step_decoder = msgspec.json.Decoder(StepSpec)
-_job_decoder = msgspec.json.Decoder(JobSpec)
 
 
-def run_job(spec: JobSpec, runtime: Runtime, fds: list[int]) -> NoReturn:
-    """``fds``: stdout, stderr, report, then the host channel (if functions) and the control channel (if session)."""
+def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int]) -> NoReturn:
+    """``fds``: stdout, stderr, report, payload, then the host channel and the control channel if the job
+    has them; ``grants``: one descriptor per granted path, which the rules are built from."""
     stage = "start a new session"
     report = fds[2]
     atexit._clear()  # the template's exit hooks are not the job's
     try:
-        set_process_name("pynox-session" if spec.session else "pynox-job")
+        set_process_name("pynox-session" if confinement.session else "pynox-job")
         os.setsid()
         stage = "build the Landlock ruleset"
-        ruleset = build_ruleset(spec, runtime)
+        ruleset = build_ruleset(confinement, runtime, grants)
         stage = "arrange descriptors"
-        targets = [STDOUT_FD, STDERR_FD, REPORT_FD]
-        targets += [CHANNEL_FD] if spec.functions else []
-        targets += [CONTROL_FD] if spec.session else []
+        targets = _job_descriptors(confinement)
+        targets += [CONTROL_FD] if confinement.session else []
         if len(fds) != len(targets):
             raise ValueError(f"expected {len(targets)} descriptors, got {len(fds)}")
         devnull = os.open("/dev/null", os.O_RDONLY)
         _arrange([*zip(fds, targets, strict=True), (ruleset, RULESET_FD), (devnull, 0)])
         report = REPORT_FD
         stage = "apply the policy"
-        confine(spec, runtime, RULESET_FD)
-        if spec.functions:
-            host_module.install_host_module(spec.functions, CHANNEL_FD)
+        confine(confinement, runtime, RULESET_FD)
+        stage = "read the job"
+        payload = _receive_payload(confinement)
     except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
         _finish(report, Report(exit=SETUP_FAILED, setup_error=f"could not {stage}: {exc}"))
-    main = _new_main(spec)
-    if spec.session:  # the first step came with the job itself
-        _serve_session(spec, main, StepSpec(code=spec.code or "", name=spec.name, args=spec.args))
-    _finish(REPORT_FD, _execute(main, spec.code, spec.script, spec.name, spec))
+    main = _new_main(confinement, payload)
+    if confinement.session:  # the first step came with the job itself
+        _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args))
+    _finish(REPORT_FD, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
 
 
-def run_prepared(spec: JobSpec, runtime: Runtime, control: int) -> NoReturn:
-    """A child forked and confined ahead of its job, with the policy of the job before it.
+def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int]) -> NoReturn:
+    """A child forked and confined ahead of its job, with the confinement of the job before it.
 
-    When a job with the same policy arrives, the template hands it over on ``control`` together with
-    its descriptors; the child runs it and exits, like any job. Confinement happened before the job
-    existed, so its cost is off the job's critical path. A setup failure is reported to that job.
+    The template hands it a job only if that job's confinement is the same and its grants name the
+    same files as ``grants``; the job's own descriptors (outputs, report, payload) arrive on
+    ``control``. Confinement happened before the job existed, so its cost is off the job's critical
+    path, and the payload is read only now: nothing of any earlier job was ever in this process
+    beyond what the template holds. A setup failure is reported to the job it receives.
     """
     setup_error = None
     stage = "start a new session"
@@ -95,29 +99,28 @@ def run_prepared(spec: JobSpec, runtime: Runtime, control: int) -> NoReturn:
         set_process_name("pynox-ready")
         os.setsid()
         stage = "build the Landlock ruleset"
-        ruleset = build_ruleset(spec, runtime)
+        ruleset = build_ruleset(confinement, runtime, grants)
         stage = "arrange descriptors"
         devnull = os.open("/dev/null", os.O_RDWR)
         _arrange([(control, CONTROL_FD), (ruleset, RULESET_FD), (devnull, 0), (devnull, STDOUT_FD),
                   (devnull, STDERR_FD), (devnull, REPORT_FD)])
         stage = "apply the policy"
-        confine(spec, runtime, RULESET_FD)
+        confine(confinement, runtime, RULESET_FD)
     except BaseException as exc:  # fail closed: the job this child receives will only hear why
         setup_error = f"could not {stage}: {exc}"
     if setup_error is None:
         _warm_up()
     control_socket = socket.socket(fileno=CONTROL_FD)
     try:
-        payload, fds = recv_raw(control_socket)
-        job = _job_decoder.decode(payload)
-    except (EOFError, OSError, ValueError, msgspec.DecodeError):
+        _, fds = recv_raw(control_socket)
+    except (EOFError, OSError, ValueError):
         os._exit(0)  # discarded by the template: no job will come
     control_socket.close()
     try:
         set_process_name("pynox-job")
     except OSError:
         pass  # a name is for operators; the job runs all the same
-    expected = [STDOUT_FD, STDERR_FD, REPORT_FD] + ([CHANNEL_FD] if spec.functions else [])
+    expected = _job_descriptors(confinement)
     if len(fds) != len(expected):
         os._exit(SETUP_FAILED)
     for fd, target in zip(fds, expected, strict=True):
@@ -126,12 +129,26 @@ def run_prepared(spec: JobSpec, runtime: Runtime, control: int) -> NoReturn:
     if setup_error is not None:
         _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=setup_error))
     try:
-        if spec.functions:
-            host_module.install_host_module(spec.functions, CHANNEL_FD)
+        payload = _receive_payload(confinement)
     except BaseException as exc:
-        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=f"could not set up host functions: {exc}"))
-    main = _new_main(job)
-    _finish(REPORT_FD, _execute(main, job.code, job.script, job.name, job))
+        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=f"could not read the job: {exc}"))
+    main = _new_main(confinement, payload)
+    _finish(REPORT_FD, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
+
+
+def _job_descriptors(confinement: Confinement) -> list[int]:
+    """Where a job's own descriptors go, in the order the server sends them (the control channel of a
+    session, when there is one, follows)."""
+    return [STDOUT_FD, STDERR_FD, REPORT_FD, PAYLOAD_FD] + ([CHANNEL_FD] if confinement.host_channel else [])
+
+
+def _receive_payload(confinement: Confinement) -> Payload:
+    """Read the job, confined already: its environment, then its host functions, if any."""
+    payload = read_payload(PAYLOAD_FD)
+    set_environment(confinement, payload.env)
+    if confinement.host_channel:
+        host_module.install_host_module(payload.functions, CHANNEL_FD)
+    return payload
 
 
 def _warm_up() -> None:
@@ -173,20 +190,20 @@ def _close_quietly(fd: int) -> None:
         pass
 
 
-def _new_main(spec: JobSpec) -> types.ModuleType:
+def _new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
     main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=spec.name, __builtins__=builtins)
+    main.__dict__.update(__file__=payload.name, __builtins__=builtins)
     sys.modules["__main__"] = main
-    if spec.script is not None:
-        sys.path.insert(0, os.path.dirname(spec.script))
-    sys.path[:0] = spec.package_dirs
+    if payload.script is not None:
+        sys.path.insert(0, os.path.dirname(payload.script))
+    sys.path[:0] = confinement.package_dirs
     _reseed()
     return main
 
 
-def _execute(main: types.ModuleType, code: str | None, script: str | None, name: str, spec: JobSpec,
-             args: list[str] | None = None, *, shutdown: bool = True) -> Report:
-    sys.argv = [name, *(spec.args if args is None else args)]
+def _execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
+             confinement: Confinement, *, shutdown: bool = True) -> Report:
+    sys.argv = [name, *args]
     main.__file__ = name
     try:
         source = code if code is not None else _read_script(script or "")
@@ -199,11 +216,11 @@ def _execute(main: types.ModuleType, code: str | None, script: str | None, name:
         return Report(exit=_exit_status(exc), exited=True)
     except BaseException as exc:
         _print_traceback(exc)
-        return Report(exit=1, error=_describe(exc, name, spec))
+        return Report(exit=1, error=_describe(exc, name, confinement))
     return Report(exit=0)
 
 
-def _serve_session(spec: JobSpec, main: types.ModuleType, first: StepSpec) -> NoReturn:
+def _serve_session(confinement: Confinement, main: types.ModuleType, first: StepSpec) -> NoReturn:
     """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it."""
     control = socket.socket(fileno=CONTROL_FD)
     devnull = os.open("/dev/null", os.O_WRONLY)
@@ -220,7 +237,7 @@ def _serve_session(spec: JobSpec, main: types.ModuleType, first: StepSpec) -> No
             for target, fd in zip((STDOUT_FD, STDERR_FD, REPORT_FD), fds, strict=True):
                 os.dup2(fd, target)
                 os.close(fd)
-        report = _execute(main, step.code, None, step.name, spec, step.args, shutdown=False)
+        report = _execute(main, step.code, None, step.name, step.args, confinement, shutdown=False)
         if report.exited:  # sys.exit() or exit(): the session ends with this step
             _finish(REPORT_FD, report)
         _flush_streams()
@@ -303,7 +320,7 @@ def _frames_in(exc: BaseException, *modules: str) -> bool:
     return any(module in names for module in modules)
 
 
-def _describe(exc: BaseException, name: str, spec: JobSpec) -> ErrorInfo:
+def _describe(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
     line = _location(exc, name)
     path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
     message = str(exc) or _DEFAULT_MESSAGES.get(type(exc), "")
@@ -328,7 +345,7 @@ def _starts_a_process(exc: BaseException) -> bool:
     return any(call in line for call in _PROCESS_CALLS)
 
 
-def _hint(exc: BaseException, path: str | None, spec: JobSpec) -> str | None:
+def _hint(exc: BaseException, path: str | None, spec: Confinement) -> str | None:
     style = spec.hint_style
     if isinstance(exc, MemoryError):
         return hints.memory_hint(spec.memory, style)

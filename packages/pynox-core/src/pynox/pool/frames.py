@@ -1,7 +1,10 @@
 """Frames between the pool server and a template: length-prefixed JSON over a unix stream socket.
 
 Descriptors travel with a frame as ``SCM_RIGHTS`` attached to its 4-byte
-header, so they arrive with the first byte of the frame. A template is trusted
+header, so they arrive with the first byte of the frame. A job is one
+:class:`~pynox.job.Confinement` frame; its descriptors are the job's own
+(stdout, stderr, report, payload, then the host channel and the session's
+control channel when it has them), then one per granted path. A template is trusted
 code, but a template that broke (killed, out of memory) can still send a short
 or oversized frame: every read is bounded and a bad frame is an ``EOFError``
 or ``ValueError``, which makes the server replace the template.
@@ -15,16 +18,16 @@ import struct
 
 import msgspec
 
-from ..job import JobSpec
+from ..job import MAX_GRANTS, Confinement
 
 __all__ = [
     "Ended", "Init", "Ready", "Started", "TemplateFailed",
-    "init_decoder", "job_decoder", "recv_frame", "recv_raw", "send_frame",
+    "confinement_decoder", "init_decoder", "recv_frame", "recv_raw", "send_frame",
 ]
 
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 64 << 20  # code and script are bounded by the 1 MiB request line far below this
-_MAX_FDS = 8
+_MAX_FDS = MAX_GRANTS + 8  # a job's own descriptors, then one per grant
 
 
 class Init(msgspec.Struct, tag=True):
@@ -59,7 +62,7 @@ class Ended(msgspec.Struct, tag=True):
 
 _decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Ended)
 init_decoder = msgspec.json.Decoder(Init)
-job_decoder = msgspec.json.Decoder(JobSpec)
+confinement_decoder = msgspec.json.Decoder(Confinement)
 
 
 def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tuple[int, ...] = ()) -> None:

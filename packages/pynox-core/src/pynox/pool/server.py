@@ -124,6 +124,8 @@ class _Worker(threading.Thread):
                                                          f"{self.start_problem}")
             try:
                 outcome = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job))
+            except RequestError as exc:  # a grant changed between acceptance and start: nothing ran
+                return refusal(job.id, str(exc))
             except PoolWorkerError as exc:
                 # A job that never reached the template is safe to retry once on a fresh one.
                 if not exc.started and attempt == 0:
@@ -259,9 +261,11 @@ class Server:
         self.jobs.put(job)
 
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
-        request = self.options.config.apply(request, self.cwd)
-        run_as = self.options.config.pool.run_as
+        config = self.options.config
+        request = config.apply(request, self.cwd)
+        run_as = config.pool.run_as
         return to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
+                      writable=config.limits.allow_write if config.limits is not None else (),
                       uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None)
 
     def _accept(self, request: Request) -> _Job:

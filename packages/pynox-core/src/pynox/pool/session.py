@@ -99,6 +99,10 @@ class Session(threading.Thread):
         queue_us = (time.monotonic_ns() - step.accepted_ns) // 1000
         try:
             outcome = self._run_step(step)
+        except RequestError as exc:  # a grant changed between the first request and its start: nothing ran
+            self.registry.forget(self)
+            self._answer(step, self._refused(step, str(exc)))
+            return True
         except PynoxError as exc:
             self.registry.forget(self)
             self._answer(step, self._failure(step, str(exc), queue_us))

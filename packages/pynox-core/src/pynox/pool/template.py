@@ -6,6 +6,13 @@ in it). It preloads the operator's modules, proves it is single-threaded and
 holds only its expected descriptors, prepares the policy once, then serves
 jobs one at a time: fork, hand the child's pidfd to the server, reap, report.
 
+A job arrives as its :class:`~pynox.job.Confinement` with descriptors: the
+job's own (the payload among them, which the template never reads) and one
+per granted path, opened by the server when the job started. After a job,
+the template confines a child ahead for the next one with the same
+confinement and the same grant descriptors; it serves the next job only if
+that job's confinement is identical and its grants name the very same files.
+
 Run as ``python -I -c ... <socket fd>`` by :mod:`pynox.pool.worker`.
 """
 
@@ -23,11 +30,11 @@ import threading
 import msgspec
 
 from ..errors import KernelSupportError
-from ..job import JobSpec
 from ..policy import Runtime, prepare_runtime, reset_environment
+from ..policy.grants import close_all, identity
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from .child import run_job, run_prepared
-from .frames import Ended, Init, Ready, Started, TemplateFailed, init_decoder, job_decoder, recv_raw, send_frame
+from .frames import Ended, Init, Ready, Started, TemplateFailed, confinement_decoder, init_decoder, recv_raw, send_frame
 
 __all__ = ["main"]
 
@@ -113,22 +120,37 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-class _Prepared:
-    """A child forked and confined ahead of the next job, for the policy of the last one."""
+class _Job:
+    """One job as the template received it: its confinement, its own descriptors, its grant descriptors."""
 
-    def __init__(self, spec: JobSpec, runtime: Runtime) -> None:
-        self.key = _policy_key(spec)
+    def __init__(self, raw: bytes, fds: list[int]) -> None:
+        self.confinement = confinement_decoder.decode(raw)
+        own = 4 + self.confinement.host_channel + self.confinement.session
+        self.fds, self.grants = fds[:own], fds[own:]
+        # What a prepared child must match: the same confinement, grants naming the same files.
+        self.key = (raw, identity(self.grants))
+
+
+class _Prepared:
+    """A child forked and confined ahead of the next job, with the confinement and grant descriptors of
+    the last one. It owns those descriptors while it waits: they keep the granted inodes alive, so the
+    identity it is matched by cannot be taken by another file."""
+
+    def __init__(self, job: _Job, runtime: Runtime) -> None:
+        self.key = job.key
+        self.grants = job.grants
         self.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.pid = os.fork()
         if self.pid == 0:
-            run_prepared(spec, runtime, child_end.fileno())
+            run_prepared(job.confinement, runtime, child_end.fileno(), self.grants)
         child_end.close()
         self.reaped = False
 
-    def hand_over(self, spec: JobSpec, fds: list[int]) -> bool:
-        """Give the job to this child; False if it cannot take it (it died), and then it is reaped."""
+    def hand_over(self, job: _Job) -> bool:
+        """Give the job's own descriptors to this child; False if it cannot take them (it died, and is
+        then reaped)."""
         try:
-            send_frame(self.control, spec, fds)
+            send_frame(self.control, _HandOver(), job.fds)
         except OSError:
             self.discard()
             return False
@@ -149,10 +171,12 @@ class _Prepared:
         except ChildProcessError:
             pass
 
+    def release(self) -> None:
+        close_all(self.grants)
 
-def _policy_key(spec: JobSpec) -> bytes:
-    """Everything that shapes a child's confinement; two jobs with one key can share a prepared child."""
-    return msgspec.json.encode(msgspec.structs.replace(spec, code=None, script=None, name="", args=[]))
+
+class _HandOver(msgspec.Struct, tag=True):
+    """The template's word to a prepared child: your job's descriptors are attached."""
 
 
 def _serve(sock: socket.socket, runtime: Runtime) -> None:
@@ -160,34 +184,38 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
     try:
         while True:
             try:
-                payload, fds = recv_raw(sock)
+                raw, fds = recv_raw(sock)
             except EOFError:
                 return
-            spec = job_decoder.decode(payload)
+            job = _Job(raw, fds)
             pid = None
             if prepared is not None:
-                if not spec.session and prepared.key == _policy_key(spec) and prepared.hand_over(spec, fds):
+                if not job.confinement.session and prepared.key == job.key and prepared.hand_over(job):
                     pid = prepared.pid
                 else:
                     prepared.discard()
+                prepared.release()
                 prepared = None
             if pid is None:
                 pid = os.fork()
                 if pid == 0:
                     signal.signal(signal.SIGINT, signal.default_int_handler)
-                    run_job(spec, runtime, fds)
-            for fd in fds:
-                os.close(fd)
+                    run_job(job.confinement, runtime, job.fds, job.grants)
+            close_all(job.fds)  # the child has them; the payload among them was never read here
             if not _report_start(sock, pid) or not _report_end(sock, pid):
+                close_all(job.grants)
                 return
-            # The next job most likely has the same policy (one tool, one profile): confine a child for it
-            # now, while the result travels and the agent thinks. Not while this job runs: on two cores
-            # the preparation would take the CPU the job and the server need.
-            if not spec.session:
-                prepared = _Prepared(spec, runtime)
+            # The next job most likely has the same confinement (one tool, one profile): confine a child
+            # for it now, while the result travels and the agent thinks. Not while this job runs: on two
+            # cores the preparation would take the CPU the job and the server need.
+            if job.confinement.session:
+                close_all(job.grants)
+            else:
+                prepared = _Prepared(job, runtime)
     finally:
         if prepared is not None:
             prepared.discard()
+            prepared.release()
 
 
 def _report_start(sock: socket.socket, pid: int) -> bool:

@@ -26,9 +26,11 @@ import pynox
 
 from ..errors import KernelSupportError, PoolWorkerError
 from ..job import JobSpec, Report
+from ..policy.grants import close_all, open_grants
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
 from .hostcalls import JobCalls, ProtocolViolation
 from .outcome import Outcome
+from .payload import write_payload
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
 
@@ -141,10 +143,19 @@ class Template:
             session: SessionChannels | None = None) -> Outcome:
         """Run one job (or a session's first step) to its end.
 
-        Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails. With ``session``,
-        the call returns when the first step is over and the child stays alive for the next ones.
+        Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails, and
+        :class:`RequestError` (nothing ran) if a granted path changed since the job was resolved. With
+        ``session``, the call returns when the first step is over and the child stays alive for the next ones.
         """
         self._settle()
+        confinement = spec.confinement()
+        # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
+        granted = open_grants([*confinement.allow_read, *confinement.allow_write])
+        try:
+            payload = write_payload(spec.payload())
+        except BaseException:
+            close_all(granted)
+            raise
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         extra: list[socket.socket] = []
         channel = session.channel if session is not None else None
@@ -158,12 +169,12 @@ class Template:
             extra.append(session.job_control)
         start = time.monotonic_ns()
         try:
-            send_frame(self.sock, spec, [w for _, w in pipes] + [s.fileno() for s in extra])
+            send_frame(self.sock, confinement,
+                       [*(w for _, w in pipes), payload, *(s.fileno() for s in extra), *granted])
         except OSError as exc:
             self.broken = True
-            for r, w in pipes:
-                os.close(r)
-                os.close(w)
+            for r, _ in pipes:
+                os.close(r)  # the write ends are closed below, once
             if channel is not None and session is None:
                 channel.close()
             raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
@@ -172,6 +183,7 @@ class Template:
                 _close_quietly(w)
             for sock in extra:  # the child has its own copies now
                 sock.close()
+            close_all([payload, *granted])
         return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
                             calls=calls, channel=channel, session=session is not None)
 

@@ -1,0 +1,91 @@
+"""A job's grants, bound when the job starts: one descriptor per granted path, opened by the server.
+
+Landlock grants inodes, not names. If a child were confined by opening the
+granted names itself, ahead of its job or by name in the template, the grant
+would mean whatever the names pointed at back then: a directory renamed away,
+a file replaced atomically, a symlink a previous job planted. So the server
+opens every granted path at the moment the job starts, and the child's rules
+are built from exactly those descriptors.
+
+The paths were fully resolved when the request was accepted (and the ceiling
+judged that resolution), so they contain no symlink. They are opened with
+``RESOLVE_NO_SYMLINKS``: if a component has become a symlink since, the open
+fails and the job is refused, rather than following a link nobody checked.
+A child prepared ahead serves a job only if every descriptor names the same
+file (:func:`identity`), which the template checks at hand-over.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections.abc import Sequence
+
+from ..errors import KernelSupportError, RequestError
+from ._libc import syscall
+
+__all__ = ["close_all", "identity", "open_grants"]
+
+_SYS_OPENAT2 = 437  # the same number on every architecture
+_AT_FDCWD = -100
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _open_exactly(path: str) -> int:
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+    return syscall(_SYS_OPENAT2, _AT_FDCWD, os.fsencode(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
+                   what=f"openat2({path})")
+
+
+def open_grants(paths: Sequence[str]) -> list[int]:
+    """Open each resolved grant path; raises :class:`RequestError` if one changed since it was resolved.
+
+    The caller owns the descriptors (see :func:`close_all`)."""
+    opened: list[int] = []
+    try:
+        for path in paths:
+            try:
+                opened.append(_open_exactly(path))
+            except OSError as exc:
+                raise _changed(path, exc) from None
+    except BaseException:
+        close_all(opened)
+        raise
+    return opened
+
+
+def _changed(path: str, exc: OSError) -> Exception:
+    if exc.errno == errno.ENOSYS:
+        return KernelSupportError("this kernel has no openat2 (Linux 5.6+): grants cannot be bound safely")
+    if exc.errno == errno.ELOOP:
+        why = "it (or a directory on its way) became a symlink"
+    elif exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        why = "it no longer exists"
+    else:
+        why = os.strerror(exc.errno or 0)
+    return RequestError(f"the granted path {path} changed after the request was accepted ({why}); "
+                        "nothing ran: send the request again")
+
+
+def identity(fds: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """What the descriptors name: (device, inode) each. While a descriptor is open its inode cannot be
+    freed, so its number cannot be reused for another file: equal identities mean the same files."""
+    identities = []
+    for fd in fds:
+        info = os.fstat(fd)
+        identities.append((info.st_dev, info.st_ino))
+    return tuple(identities)
+
+
+def close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

@@ -1,0 +1,251 @@
+"""Isolation between jobs, proven from outside through a real ``pynox pool``.
+
+Two rules, each attacked the way a job (or a host changing its own files
+between jobs) would:
+
+* A grant means what its path names when the job starts. A child confined
+  ahead of its job, for the grants of the job before, may serve a job only if
+  every granted path still names the very same file or directory; a symlink a
+  job planted can never widen a later job.
+* Nothing of one job (code, arguments, environment, host-call data) is in the
+  memory of a later job: not in live frames, not in the heap it inherits.
+
+The pool runs one worker, so every job goes through the same template and,
+whenever the policy allows it, through the child it prepared ahead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pool.pool_driver import PoolProcess, descendants, leftover_guard, pool_process, proc_table
+
+pytestmark = pytest.mark.timeout(120)
+
+_subreaper = pytest.fixture(scope="module", autouse=True, name="_subreaper")(leftover_guard)
+
+_PREPARED = "pynox-ready"
+
+
+def _wait_prepared(pool: PoolProcess, timeout: float = 10.0) -> None:
+    """Wait until the template has a child confined ahead of the next job (the case under attack)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        table = proc_table()
+        if any(table[pid][3] == _PREPARED for pid in descendants(pool.pid, table)):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the template prepared no child ahead of the next job")
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[PoolProcess]:
+    with pool_process("--workers=1", cwd=tmp_path) as running:
+        yield running
+
+
+def _write(path: Path, text: str = "written") -> str:
+    """Code that tries to write ``path`` and prints what happened."""
+    return (f"try:\n    open({str(path)!r}, 'w').write({text!r})\n    print('wrote')\n"
+            f"except OSError as exc:\n    print('denied', exc.errno)\n")
+
+
+# -- grants bind to what the paths name when the job starts -----------------------------------------------
+
+
+def test_a_renamed_grant_is_not_granted_under_its_new_name(pool: PoolProcess, tmp_path: Path) -> None:
+    out, archive = tmp_path / "out", tmp_path / "archive"
+    out.mkdir()
+    first = pool.run("print('warm')", allow_write=[str(out)])
+    assert first["exit"] == 0, first
+    _wait_prepared(pool)
+    out.rename(archive)  # the host archives the directory it granted and makes a fresh one
+    out.mkdir()
+    result = pool.run(_write(archive / "leak") + _write(out / "fresh"), allow_write=[str(out)])
+    assert result["stdout"] == "denied 13\nwrote\n", result
+    assert not (archive / "leak").exists()  # the archive was never granted under its new name
+    assert (out / "fresh").read_text() == "written"
+    assert result["policy"]["allow_write"] == [str(out)]
+    # Control: granted by its own name, the archive is writable, so the denial above is the policy's.
+    control = pool.run(_write(archive / "leak"), allow_write=[str(archive)])
+    assert control["stdout"] == "wrote\n", control
+    assert (archive / "leak").exists()
+
+
+def test_a_removed_and_recreated_grant_is_granted_afresh(pool: PoolProcess, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    assert pool.run("print('warm')", allow_write=[str(out)])["exit"] == 0
+    _wait_prepared(pool)
+    shutil.rmtree(out)
+    out.mkdir()
+    result = pool.run(_write(out / "fresh"), allow_write=[str(out)])
+    assert result["stdout"] == "wrote\n", result
+    assert (out / "fresh").read_text() == "written"
+
+
+def test_an_atomically_replaced_file_grant_is_the_new_file(pool: PoolProcess, tmp_path: Path) -> None:
+    state, backup = tmp_path / "state.json", tmp_path / "state.json.bak"
+    state.write_text('{"v": 1}')
+    assert pool.run("print('warm')", allow_write=[str(state)])["exit"] == 0
+    _wait_prepared(pool)
+    # The usual safe save: keep the old copy, write the new one beside it, rename it over the old name.
+    os.link(state, backup)
+    (tmp_path / "state.json.new").write_text('{"v": 2}')
+    os.replace(tmp_path / "state.json.new", state)
+    result = pool.run(_write(state, '{"v": 3}') + _write(backup, "clobbered"), allow_write=[str(state)])
+    assert result["stdout"] == "wrote\ndenied 13\n", result
+    assert state.read_text() == '{"v": 3}'
+    assert backup.read_text() == '{"v": 1}'  # the old inode, now the backup, was not granted
+
+
+_PLANT = """
+import os, time
+time.sleep({delay})
+os.rename({sub!r}, {sub!r} + '-old')
+os.symlink({outside!r}, {sub!r})
+print('planted')
+"""
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["sent-after", "queued-behind"])
+def test_a_planted_symlink_never_widens_a_later_job_under_a_ceiling(tmp_path: Path, queued: bool) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    (work / "sub").mkdir(parents=True)
+    outside.mkdir()
+    config = tmp_path / "etc" / "pynox.toml"
+    config.parent.mkdir()
+    config.write_text(f'[pool.limits]\nallow_write = ["{work}"]\n')
+    grants = [str(work), str(work / "sub")]
+    with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
+        assert pool.run("print('warm')", allow_write=grants)["exit"] == 0
+        _wait_prepared(pool)
+        plant = pool.submit(code=_PLANT.format(delay=0.5 if queued else 0, sub=str(work / "sub"),
+                                               outside=str(outside)), allow_write=grants)
+        if not queued:
+            assert pool.result(plant)["stdout"] == "planted\n"
+        # Queued: accepted (and its paths checked) while the planting job still runs.
+        victim = pool.submit(code=_write(work / "sub" / "escape"), allow_write=grants)
+        assert pool.result(plant)["stdout"] == "planted\n"
+        result = pool.result(victim)
+        assert not (outside / "escape").exists(), result  # the harm, seen from the host
+        assert result["error"]["type"] == "RequestError", result
+        assert "symlink" in result["error"]["message"] or "outside" in result["error"]["message"], result
+        # Control: the operator's ceiling is what makes the outside directory unreachable.
+        assert pool.run(_write(outside / "escape"), allow_write=[str(outside)])["error"]["type"] == "RequestError"
+    with pool_process("--workers=1", cwd=tmp_path) as unlimited:
+        assert unlimited.run(_write(outside / "escape"), allow_write=[str(outside)])["stdout"] == "wrote\n"
+
+
+def test_a_planted_symlink_never_widens_a_later_job_without_a_ceiling(pool: PoolProcess, tmp_path: Path) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    (work / "sub").mkdir(parents=True)
+    outside.mkdir()
+    grants = [str(work), str(work / "sub")]
+    assert pool.run("print('warm')", allow_write=grants)["exit"] == 0
+    planted = pool.run(_PLANT.format(delay=0, sub=str(work / "sub"), outside=str(outside)), allow_write=grants)
+    assert planted["stdout"] == "planted\n", planted
+    result = pool.run(_write(work / "sub" / "escape"), allow_write=grants)
+    assert not (outside / "escape").exists(), result
+    assert result["error"]["type"] == "RequestError", result
+    assert "symlink" in result["error"]["message"], result
+    # Control: a symlink the host made outside every write grant is followed, as the host meant it.
+    link = tmp_path / "link"
+    link.symlink_to(outside)
+    control = pool.run(_write(outside / "escape"), allow_write=[str(link)])
+    assert control["stdout"] == "wrote\n", control
+    assert control["policy"]["allow_write"] == [str(outside)]
+
+
+# -- nothing of one job reaches the next --------------------------------------------------------------------
+
+# Searches everything the process can read of itself for tokens: "pynox", then "tok" or "env", then 32 hex
+# digits. The pattern is assembled at run time, so this code never holds a whole token of its own.
+_SCAN = r"""
+import re
+pattern = re.compile(('pynox' + '(?:tok|env)').encode() + rb'[0-9a-f]{32}')
+found = set()
+with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', buffering=0) as mem:
+    for line in maps:
+        fields = line.split()
+        if 'r' not in fields[1] or (len(fields) > 5 and fields[5] in ('[vvar]', '[vsyscall]', '[vvar_vclock]')):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split('-'))
+        try:
+            mem.seek(start)
+            data = mem.read(end - start)
+        except (OSError, OverflowError, ValueError):
+            continue
+        found.update(m.decode() for m in pattern.findall(data))
+print(sorted(found))
+"""
+
+_FRAMES = r"""
+import sys
+seen = []
+frame = sys._getframe()
+while frame is not None:
+    seen.append(repr(frame.f_code.co_name) + repr(list(frame.f_locals.items())))
+    frame = frame.f_back
+print('\n'.join(seen))
+"""
+
+
+def _token(kind: str = "tok") -> str:
+    return f"pynox{kind}" + secrets.token_hex(16)
+
+
+# The earlier job's environment: a later job sending the same one may hold it, never its code or host data.
+_ENV_TOKEN = _token("env")
+
+
+def _leave_traces(pool: PoolProcess, token: str, grants: list[str]) -> None:
+    """A job whose code, arguments and host call (both ways) carry ``token``, its environment ``_ENV_TOKEN``."""
+    code = f"# {token}\nimport sys\nfrom pynox_host import echo\nprint(len(echo(sys.argv[1])))"
+    result = pool.run(code, args=[token], env={"API_TOKEN": _ENV_TOKEN}, allow_write=grants,
+                      host={"echo": lambda value: value + "-" + token})
+    assert result["exit"] == 0 and result["stdout"] == f"{2 * len(token) + 1}\n", result
+
+
+def _scanned(result: dict[str, object]) -> list[str]:
+    assert result["exit"] == 0, result
+    return json.loads(str(result["stdout"]).replace("'", '"'))
+
+
+def test_a_prepared_child_holds_nothing_of_the_job_before(pool: PoolProcess, tmp_path: Path) -> None:
+    token = _token()
+    _leave_traces(pool, token, [str(tmp_path)])
+    _wait_prepared(pool)
+    # The very same grants, functions and environment: the job the prepared child was made for.
+    result = pool.run(_FRAMES, allow_write=[str(tmp_path)], functions=["echo"], env={"API_TOKEN": _ENV_TOKEN})
+    assert result["exit"] == 0, result
+    assert token not in result["stdout"], result["stdout"][:2000]
+
+
+@pytest.mark.parametrize("same_policy", [True, False], ids=["prepared-child", "fresh-child"])
+def test_no_later_job_finds_an_earlier_jobs_payload_in_its_memory(pool: PoolProcess, tmp_path: Path,
+                                                                   same_policy: bool) -> None:
+    token = _token()
+    _leave_traces(pool, token, [str(tmp_path)])
+    _wait_prepared(pool)
+    if same_policy:
+        found = _scanned(pool.run(_SCAN, allow_write=[str(tmp_path)], functions=["echo"],
+                                  env={"API_TOKEN": _ENV_TOKEN}))
+        assert token not in found, found
+    else:
+        other = tmp_path / "other"
+        other.mkdir()
+        found = _scanned(pool.run(_SCAN, allow_write=[str(other)]))
+        assert token not in found and _ENV_TOKEN not in found, found
+    # Control: the scan finds a token that is really in the job's memory (its own environment).
+    own = _token()
+    assert own in _scanned(pool.run(_SCAN, allow_write=[str(tmp_path)], env={"MINE": own}))

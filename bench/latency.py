@@ -9,12 +9,17 @@ would. For each case it reports the median (p50) and p99 over many runs:
 * a host-function round trip and a session step, beside a plain pool job;
 * throughput of trivial jobs with 2 workers, pipelined.
 
-    python bench/latency.py [--runs 300] [--json bench/results.json]
+    python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT]
+
+``--compare`` names another checkout of this repository (for example a ``git worktree`` of the
+previous main): its ``print(1)`` cases run in the same process, interleaved round by round with this
+checkout's, so both see the same machine load.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -30,9 +35,12 @@ PANDAS_CODE = "import pandas as pd\ndf = pd.DataFrame({'a': range(100), 'b': ran
 class PoolDriver:
     """A minimal JSONL client: one request at a time, or a pipelined batch."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, source: str | None = None) -> None:
+        env = dict(os.environ)
+        if source is not None:  # another checkout's pynox, ahead of the installed one
+            env["PYTHONPATH"] = os.path.join(source, "packages", "pynox-core", "src")
         self.proc = subprocess.Popen([sys.executable, "-m", "pynox", "pool", *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0)
+                                     stdout=subprocess.PIPE, bufsize=0, env=env)
         self.stdin = self.proc.stdin
         self.stdout = self.proc.stdout
         assert self.stdin is not None and self.stdout is not None
@@ -98,12 +106,31 @@ def check_ok(reply: dict[str, Any]) -> None:
     assert reply["exit"] == 0, reply
 
 
+def compare(other: str, runs: int) -> dict[str, dict[str, float]]:
+    """``print(1)`` on this checkout's pool and on ``other``'s, interleaved in rounds of 20 requests."""
+    pools = {"this": PoolDriver("--workers=2"), "other": PoolDriver("--workers=2", source=other)}
+    modes = {"back to back": 0.0, "20 ms apart": 0.02}
+    samples: dict[str, list[float]] = {f"{name} {mode}": [] for name in pools for mode in modes}
+    for _ in range(max(runs // 20, 1)):
+        for name, pool in pools.items():
+            job = functools.partial(pool.request, {"code": "print(1)"})
+            for mode, pause in modes.items():
+                samples[f"{name} {mode}"] += timed(lambda job=job: check_ok(job()), 20, warmup=2, pause=pause)
+    for pool in pools.values():
+        pool.close()
+    return {f"compare print(1), {key.replace('other', os.path.basename(other.rstrip('/')))}": summary(values)
+            for key, values in samples.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--compare", metavar="CHECKOUT", help="another checkout to measure print(1) against")
     args = parser.parse_args()
     runs, results = args.runs, {}
+    if args.compare:
+        results.update(compare(args.compare, runs))
 
     plain = PoolDriver("--workers=2")
     results["pool print(1), back to back"] = summary(timed(lambda: check_ok(plain.request({"code": "print(1)"})), runs))

@@ -18,8 +18,8 @@ from .privileges import drop_bounding_set, drop_privileges, set_parent_death_sig
 from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, runtime_paths
 
 __all__ = [
-    "BACKEND", "BASE_ENVIRONMENT", "Runtime", "build_ruleset", "confine", "prepare_runtime", "private_data_bytes",
-    "reset_environment", "set_environment",
+    "BACKEND", "BASE_ENVIRONMENT", "Runtime", "add_environment", "build_ruleset", "confine", "prepare_runtime",
+    "private_data_bytes", "reset_environment",
 ]
 
 _MIN_HEADROOM = 16 << 20
@@ -90,7 +90,7 @@ def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int])
 
 
 def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:
-    """Apply rlimits, working directory, identity, Landlock and seccomp, in that order.
+    """Apply rlimits, the base environment, working directory, identity, Landlock and seccomp, in that order.
 
     The caller has already started a new session, built ``ruleset`` and closed every other descriptor.
     """
@@ -101,6 +101,7 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:
                           f"{_MIN_HEADROOM >> 20} MiB to run; raise it")
     apply_limits(memory=confinement.memory, timeout=None if confinement.session else confinement.timeout,
                  max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files)
+    _base_environment(confinement)
     os.chdir(confinement.cwd)
     if confinement.uid is not None:
         switch_user(confinement.uid, confinement.gid if confinement.gid is not None else confinement.uid)
@@ -122,18 +123,23 @@ def reset_environment() -> None:
     os.environ.update(BASE_ENVIRONMENT)
 
 
-def set_environment(confinement: Confinement, env: dict[str, str]) -> None:
-    """The job's environment: the base, HOME and TMPDIR in its first write grant, then its own ``env``.
-
-    Set by the confined child once its payload arrived; the host's environment was never here (the
-    template was started with a scrubbed one and reset it to the base)."""
+def _base_environment(confinement: Confinement) -> None:
+    """The base, with HOME and TMPDIR in the first write grant: all of a job's environment that its
+    confinement decides. The job's own ``env`` comes with its payload (:func:`add_environment`)."""
     wanted = dict(BASE_ENVIRONMENT)
     if confinement.allow_write:
         wanted["HOME"] = wanted["TMPDIR"] = confinement.allow_write[0]
-    wanted.update(env)
     current = os.environ
     if current.keys() - wanted.keys():  # not reset by a template: start from nothing
         current.clear()
-    for key, value in wanted.items():
+    add_environment(wanted)
+
+
+def add_environment(env: dict[str, str]) -> None:
+    """The job's own variables, over the base (in the confined child, once its payload arrived; the host's
+    environment was never here: the template was started with a scrubbed one and reset it to the base).
+    Only what differs is written: each write costs the child page faults."""
+    current = os.environ
+    for key, value in env.items():
         if current.get(key) != value:
             current[key] = value

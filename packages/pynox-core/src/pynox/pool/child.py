@@ -26,11 +26,11 @@ import msgspec
 
 from .. import hints
 from ..job import Confinement, ErrorInfo, Payload, Report, StepSpec
-from ..policy import Runtime, build_ruleset, confine, set_environment
+from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.privileges import set_process_name
 from . import host_module
 from .frames import recv_raw
-from .payload import read_payload
+from .payload import read_payload, write_payload_to
 
 __all__ = ["CHANNEL_FD", "CONTROL_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED", "run_job", "run_prepared"]
 
@@ -145,14 +145,15 @@ def _job_descriptors(confinement: Confinement) -> list[int]:
 def _receive_payload(confinement: Confinement) -> Payload:
     """Read the job, confined already: its environment, then its host functions, if any."""
     payload = read_payload(PAYLOAD_FD)
-    set_environment(confinement, payload.env)
+    add_environment(payload.env)
     if confinement.host_channel:
         host_module.install_host_module(payload.functions, CHANNEL_FD)
     return payload
 
 
 def _warm_up() -> None:
-    """Touch, before the job exists, what every job touches: compiling, running, printing, reporting.
+    """Touch, before the job exists, what every job touches: reading its payload, compiling, running,
+    printing, reporting.
 
     The child shares the template's memory copy-on-write; the first write to each page costs a fault
     (microseconds each, hundreds of them). Taking them now, while the child waits, keeps them off the
@@ -162,6 +163,10 @@ def _warm_up() -> None:
         exec(compile("print(sum(range(3)), 'x'.upper())", "<warm-up>", "exec"), main.__dict__)
         sys.stdout.flush()
         msgspec.json.encode(Report(exit=0, error=ErrorInfo(type="", message="")))
+        reading, writing = os.pipe()
+        write_payload_to(writing, Payload(code="", script=None, name="", args=[], env={}, functions=[]))
+        os.close(writing)
+        read_payload(reading)
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs
         pass
 

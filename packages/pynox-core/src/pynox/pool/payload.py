@@ -1,6 +1,6 @@
 """A job's payload, from the server straight to its confined child, past the template unread.
 
-The server writes the payload into a sealed memfd and sends the descriptor
+The server writes the payload into a memfd and sends the descriptor
 with the job's confinement; the template hands the descriptor to the child
 without reading it, and the child reads it only once it is confined. So code,
 arguments and environment never enter the template's memory, which every
@@ -10,45 +10,43 @@ job before it.
 
 from __future__ import annotations
 
-import fcntl
 import os
 
 import msgspec
 
 from ..job import Payload
 
-__all__ = ["read_payload", "write_payload"]
+__all__ = ["read_payload", "write_payload", "write_payload_to"]
 
-_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _decoder = msgspec.json.Decoder(Payload)
 
 
 def write_payload(payload: Payload) -> int:
-    """A read-only descriptor holding ``payload``; the caller sends it and closes it."""
-    data = msgspec.json.encode(payload)
-    fd = os.memfd_create("pynox-payload", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    """A descriptor holding ``payload``, its offset at the start; the caller sends it and closes it."""
+    fd = os.memfd_create("pynox-payload", os.MFD_CLOEXEC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)  # what the child reads is what the server wrote
+        data, offset = msgspec.json.encode(payload), 0
+        while offset < len(data):  # pwrite: the offset, shared with the child's copy, stays at 0
+            offset += os.pwrite(fd, memoryview(data)[offset:], offset)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
+def write_payload_to(fd: int, payload: Payload) -> None:
+    """Write ``payload`` on a pipe (the child's warm-up: the same read, without a memfd)."""
+    view = memoryview(msgspec.json.encode(payload))
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def read_payload(fd: int) -> Payload:
-    """Read and close the payload descriptor (in the confined child)."""
+    """Read ``fd`` to its end and close it (in the confined child)."""
+    chunks = []
     try:
-        size = os.fstat(fd).st_size
-        chunks, offset = [], 0
-        while offset < size:
-            chunk = os.pread(fd, size - offset, offset)
-            if not chunk:
-                break
+        while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
-            offset += len(chunk)
     finally:
         os.close(fd)
     return _decoder.decode(b"".join(chunks))

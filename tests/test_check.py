@@ -16,7 +16,7 @@ from pynox.errors import KernelSupportError
 PROBES = [spec.name for spec in check._PROBES]
 EXPECTED = {"granted_read", "granted_write", "read_outside", "write_outside", "file_metadata", "subprocess",
             "fork", "socket", "tcp_connect", "signal_parent", "kernel_surface", "capabilities", "environment",
-            "memory_limit", "timeout"}
+            "memory_limit", "other_process", "own_proc", "datagram_pair", "timeout"}
 
 
 def test_every_promised_rule_has_a_probe() -> None:
@@ -30,6 +30,7 @@ def test_run_check_passes_here() -> None:
     assert all(probe.status == "pass" for probe in report.probes), report.render()
     assert report.facts["landlock_abi"] >= 6 and report.facts["seccomp"] is True
     assert report.facts["seccomp_unresolved"] == []
+    assert report.facts["threads_bounded"] is True, report.facts["threads"]  # this machine has a pids cgroup
     # About 0.8 s here; the margin is for a loaded CI machine, not for a slower check.
     assert report.seconds < 3.0, f"check took {report.seconds:.2f}s"
     data = report.as_dict()

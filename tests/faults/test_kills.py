@@ -36,11 +36,17 @@ def _until(condition: Callable[[], object], what: str, deadline: float = 15.0) -
 
 
 def _running_job(pool: PoolProcess) -> tuple[int, int]:
-    """A job process running below the pool, and its template."""
-    _until(lambda: jobs_of(pool.pid), "a job start")
-    table = proc_table()
-    job = jobs_of(pool.pid)[0]
-    return job, table[job][0]
+    """A job process running below the pool, and its template (from one look at /proc: a job seen in one
+    look may have ended by the next)."""
+    found: list[tuple[int, int]] = []
+
+    def look() -> bool:
+        table = proc_table()
+        found[:] = [(job, table[job][0]) for job in jobs_of(pool.pid) if job in table]
+        return bool(found)
+
+    _until(look, "a job start")
+    return found[0]
 
 
 def _exactly_one_answer_each(pool: PoolProcess, ids: list[str]) -> dict[str, dict[str, object]]:

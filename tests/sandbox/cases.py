@@ -407,11 +407,12 @@ SIGNALS = [
     Case("pidfd_kill_outside_process", "landlock.scope_signal",
          'import os, signal; signal.pidfd_send_signal(os.pidfd_open($sleeper_pid), signal.SIGKILL)',
          _denied(host=_sleeper_alive), _works(host=_sleeper_killed), needs=("landlock:6",)),
-    # kill(-1) reports success when every target refused, so the proof is the stopped sleeper staying
-    # stopped. SIGCONT: should the policy ever fail, continuing running processes harms nothing.
-    Case("kill_everything", "landlock.scope_signal",
+    # kill(-1) names every process: refused by the own-process filter (and by scoping, which would make it
+    # report success with every target refused). The proof is the stopped sleeper staying stopped.
+    # SIGCONT: should the policy ever fail, continuing running processes harms nothing.
+    Case("kill_everything", "seccomp.own_process",
          'import os, signal; os.kill(-1, signal.SIGCONT)',
-         Expect(exit=0, host=_sleeper_stopped), _works(host=_sleeper_running),
+         _denied(host=_sleeper_stopped), _works(host=_sleeper_running),
          control_code='import os, signal; os.kill($sleeper_pid, signal.SIGCONT)',
          prepare=_stop_sleeper, needs=("landlock:6",)),
     Case("prlimit_outside_process", "seccomp.prlimit",
@@ -421,6 +422,104 @@ SIGNALS = [
     Case("renice_outside_process", "privileges.capabilities",
          'import os; os.setpriority(os.PRIO_PROCESS, $sleeper_pid, 19)',
          _denied(), _works()),
+]
+
+
+
+def _capless_untouched(world: World, run: Run) -> None:
+    assert world.scheduling(world.capless.pid) == world.capless_state, "the job changed another process"
+
+
+def _capless_changed(world: World, run: Run) -> None:
+    assert world.scheduling(world.capless.pid) != world.capless_state, "the control changed nothing"
+
+
+# A process of the same uid without capabilities (another job, a prepared child): the kernel would let a
+# job renice, reschedule, re-pin and de-prioritise it; the own-process filter refuses any pid but its own.
+OTHER_PROCESSES = [
+    Case("renice_capless_process", "seccomp.own_process",
+         'import os; os.setpriority(os.PRIO_PROCESS, $capless_pid, 19)',
+         _denied(host=_capless_untouched), _works(host=_capless_changed)),
+    Case("sched_idle_capless_process", "seccomp.own_process",
+         'import os; os.sched_setscheduler($capless_pid, os.SCHED_IDLE, os.sched_param(0))',
+         _denied(host=_capless_untouched), _works(host=_capless_changed)),
+    Case("pin_capless_process", "seccomp.own_process",
+         'import os; os.sched_setaffinity($capless_pid, {0})',
+         _denied(host=_capless_untouched), _works(host=_capless_changed)),
+    Case("ioprio_capless_process", "seccomp.own_process",
+         _CTYPES + 'check(libc.syscall($nr_ioprio_set, 1, $capless_pid, 3 << 13)); print("set")',
+         _denied(host=_capless_untouched), _works("set", host=_capless_changed)),
+    Case("renice_every_process_of_the_uid", "seccomp.own_process",
+         'import os; os.setpriority(os.PRIO_USER, 0, 19)',
+         _denied(host=_capless_untouched), _works(host=_capless_changed)),
+    # Probing which pids exist and what they are.
+    Case("probe_priority", "seccomp.own_process",
+         'import os; print("nice", os.getpriority(os.PRIO_PROCESS, $sleeper_pid))',
+         _denied(), _works("nice")),
+    Case("probe_scheduler", "seccomp.own_process",
+         'import os; print("policy", os.sched_getscheduler($sleeper_pid))',
+         _denied(), _works("policy")),
+    Case("capget_outside_process", "seccomp.surface",
+         _CTYPES + 'header = (ctypes.c_uint32 * 2)(0x20080522, $sleeper_pid)\n'
+         'data = (ctypes.c_uint32 * 6)()\ncheck(libc.syscall($nr_capget, header, data)); print("caps", data[0])',
+         _denied(), _works("caps")),
+]
+
+# Sockets without the network: nothing outside the job's own process ------------------------------------
+
+
+def _no_unix_datagram(world: World, run: Run) -> None:
+    assert world.unix_datagram() is None, "the host's datagram socket received the job's bytes"
+
+
+def _unix_datagram_hello(world: World, run: Run) -> None:
+    assert world.unix_datagram() == b"hello"
+
+
+PRIVATE_SOCKETS = [
+    Case("datagram_pair_to_host_socket", "seccomp.socketpair",
+         'import socket; a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM); '
+         'a.sendto(b"hello", "$unix_dgram_path")',
+         _denied(host=_no_unix_datagram), _works(host=_unix_datagram_hello)),
+    Case("stream_pair_bind_abstract", "seccomp.addressing",
+         'import socket; a, b = socket.socketpair(); a.bind("\\0$abstract_name-squat"); print("bound")',
+         _denied(), _works("bound")),
+]
+
+# The job's own /proc: not the host's sockets, routes, mounts or cgroups ------------------------------------
+
+OWN_PROC = [
+    Case("proc_net_tcp", "landlock.own_proc", 'print(open("/proc/self/net/tcp").read())',
+         _denied(), _works(":$tcp_port_hex")),
+    Case("proc_net_unix", "landlock.own_proc", 'print(open("/proc/net/unix").read())',
+         _denied(), _works("$unix_dgram_path")),
+    Case("proc_mountinfo", "landlock.own_proc", 'print(open("/proc/self/mountinfo").read())',
+         _denied(), _works(" / ")),
+    Case("proc_cgroup", "landlock.own_proc", 'print(open("/proc/self/cgroup").read())',
+         _denied(), _works(":/")),
+    Case("proc_thread_net", "landlock.own_proc",
+         'import os; print(open(f"/proc/self/task/{os.getpid()}/net/tcp").read())',
+         _denied(), _works(":$tcp_port_hex")),
+]
+
+# Budgets the kernel keeps per uid, shared with the pool and every other job -------------------------------
+
+
+def _no_message_queue(world: World, run: Run) -> None:
+    assert not world.message_queue_exists(), "the job left a message queue behind"
+
+
+def _message_queue_made(world: World, run: Run) -> None:
+    assert world.message_queue_exists(), "the control made no message queue"
+
+
+SHARED_BUDGETS = [
+    Case("inotify_instance", "seccomp.budgets",
+         _CTYPES + 'check(libc.syscall($nr_inotify_init1, 0)); print("created")',
+         _denied(), _works("created")),
+    Case("message_queue", "seccomp.budgets",
+         _CTYPES + 'check(libc.mq_open(b"$mq_name", os.O_CREAT | os.O_RDWR, 0o600, None)); print("created")',
+         _denied(host=_no_message_queue), _works("created", host=_message_queue_made)),
 ]
 
 # Kernel attack surface: seccomp answers EPERM before the kernel looks at the (bogus) arguments -------
@@ -576,7 +675,8 @@ LIMITS = [
          request={"allow_write": ["$work"], "max_file_size": "1m"}, grant={"max_file_size": "4m"}),
 ]
 
-CASES: list[Case] = [*FILESYSTEM, *METADATA, *PROCESSES, *NETWORK, *SIGNALS, *SURFACE, *HYGIENE, *LIMITS]
+CASES: list[Case] = [*FILESYSTEM, *METADATA, *PROCESSES, *NETWORK, *SIGNALS, *OTHER_PROCESSES, *PRIVATE_SOCKETS,
+                     *OWN_PROC, *SHARED_BUDGETS, *SURFACE, *HYGIENE, *LIMITS]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ is snapshotted before a run and compared after it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -40,7 +41,8 @@ UNCONFINED_TIMEOUT = 30.0
 SYSCALLS = (
     "fork", "clone", "clone3", "ptrace", "mount", "umount2", "unshare", "setns", "chroot", "pivot_root",
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "keyctl", "add_key", "kexec_load",
-    "init_module", "process_vm_readv", "shmget", "ioctl", "personality", "ioprio_set",
+    "init_module", "process_vm_readv", "shmget", "ioctl", "personality", "ioprio_set", "capget",
+    "inotify_init1", "mq_open",
 )
 
 
@@ -104,6 +106,30 @@ def _loopback6_available() -> bool:
     return True
 
 
+# A process of the test's uid that holds no capability, like a job or a child prepared for one: the
+# kernel lets any process of that uid renice, reschedule or re-pin it, so only the policy protects it.
+_CAPLESS = """
+import ctypes, os, sys, time
+# Below the lowest priority, so that a renice to 19 shows (the test itself may run niced).
+os.setpriority(os.PRIO_PROCESS, 0, 10)
+libc = ctypes.CDLL(None, use_errno=True)
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+if libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()) != 0:
+    sys.exit("capset failed")
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _ioprio(pid: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return int(libc.syscall(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, "ioprio_get"), 1, pid))
+
+
 @dataclass
 class World:
     """Paths, listeners and a process outside the sandbox, built fresh for every test."""
@@ -138,8 +164,15 @@ class World:
         self.unix = self._listen(socket.AF_UNIX, socket.SOCK_STREAM, str(self.unix_path))
         self.abstract_name = "pynox-test-" + secrets.token_hex(8)
         self.abstract = self._listen(socket.AF_UNIX, socket.SOCK_STREAM, "\0" + self.abstract_name)
+        self.unix_dgram_path = self.root / "datagram.sock"
+        self.unix_dgram = self._listen(socket.AF_UNIX, socket.SOCK_DGRAM, str(self.unix_dgram_path))
+        self.mq_name = "/pynox-test-" + secrets.token_hex(8)
         # A process of the test's own uid: the job must not signal it, renice it or change its limits.
         self.sleeper = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL)
+        self.capless = subprocess.Popen([sys.executable, "-c", _CAPLESS], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE)
+        assert self.capless.stdout is not None and self.capless.stdout.readline() == b"ready\n"
+        self.capless_state = self.scheduling(self.capless.pid)
 
     def _listen(self, family: int, kind: int, address: object) -> socket.socket:
         sock = socket.socket(family, kind)
@@ -158,7 +191,9 @@ class World:
             "tcp_port": self.tcp.getsockname()[1], "tcp6_port": self.tcp6.getsockname()[1] if self.tcp6 else 0,
             "udp_port": self.udp.getsockname()[1], "unix_path": self.unix_path,
             "abstract_name": self.abstract_name, "sleeper_pid": self.sleeper.pid, "test_pid": os.getpid(),
-            "secret_name": SECRET_NAME, **_syscall_numbers(),
+            "secret_name": SECRET_NAME, "tcp_port_hex": f"{self.tcp.getsockname()[1]:04X}",
+            "unix_dgram_path": self.unix_dgram_path, "capless_pid": self.capless.pid, "mq_name": self.mq_name,
+            **_syscall_numbers(),
         }
 
     # Observations from outside -------------------------------------------------------------------
@@ -195,6 +230,28 @@ class World:
         except TimeoutError:
             return None
 
+    def unix_datagram(self) -> bytes | None:
+        self.unix_dgram.settimeout(0.2)
+        try:
+            return self.unix_dgram.recv(4096)
+        except TimeoutError:
+            return None
+
+    @staticmethod
+    def scheduling(pid: int) -> tuple[object, ...]:
+        """How the kernel schedules ``pid``: nice value, policy, CPU affinity, I/O priority."""
+        with open(f"/proc/{pid}/stat") as stat_file:
+            nice = int(stat_file.read().rsplit(")", 1)[1].split()[16])
+        return nice, os.sched_getscheduler(pid), sorted(os.sched_getaffinity(pid)), _ioprio(pid)
+
+    def message_queue_exists(self) -> bool:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.mq_open(self.mq_name.encode(), os.O_RDONLY)
+        if fd >= 0:
+            os.close(fd)
+            return True
+        return False
+
     def sleeper_alive(self) -> bool:
         return self.sleeper.poll() is None
 
@@ -223,9 +280,13 @@ class World:
     def close(self) -> None:
         for sock in self._closers:
             sock.close()  # type: ignore[attr-defined]
-        if self.sleeper.poll() is None:
-            self.sleeper.send_signal(signal.SIGKILL)
-        self.sleeper.wait()
+        for process in (self.sleeper, self.capless):
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+            process.wait()
+        if self.capless.stdout is not None:
+            self.capless.stdout.close()
+        ctypes.CDLL(None).mq_unlink(self.mq_name.encode())
         if self.root_canary is not None:
             self.root_canary.unlink(missing_ok=True)
 

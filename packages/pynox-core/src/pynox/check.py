@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import KernelSupportError, PoolError
-from .policy import BACKEND, landlock, seccomp
+from .policy import BACKEND, landlock, seccomp, tasks
 from .pool.worker import Template
 from .protocol import Request, Result
 from .runner import run_on
@@ -112,6 +112,7 @@ class CheckReport:
         if unknown is not None:
             lines.append("  deny list      " + (f"unresolved here: {', '.join(unknown)}" if unknown
                                                 else "every system call name resolved"))
+        lines.append(f"  threads        {facts['threads']}")
         lines.append(f"  backend        {BACKEND}")
         if self.probes:
             lines.append("Self-test (each probe is a confined child on this machine)")
@@ -167,7 +168,19 @@ def _kernel_facts() -> dict[str, Any]:
         "seccomp_actions": seccomp_actions,
         "libseccomp": _libseccomp_version(),
         "pyseccomp": getattr(pyseccomp, "__version__", "unknown"),
+        # What bounds the threads of a job (the pid space is shared by the whole machine).
+        "threads": _threads_fact(),
+        "threads_bounded": tasks.available()[0] is not None,
     }
+
+
+def _threads_fact() -> str:
+    limit, reason = tasks.available()
+    if limit is not None:
+        return reason
+    if os.geteuid() != 0:
+        return f"not bounded per job ({reason}); RLIMIT_NPROC of uid {os.geteuid()} bounds them all together"
+    return f"not bounded per job ({reason}); only memory bounds them (RLIMIT_NPROC never applies to root)"
 
 
 # The self-test ------------------------------------------------------------------------------------
@@ -333,6 +346,15 @@ _PROBES = (
     _ProbeSpec("memory_limit", "the memory limit raises MemoryError",
                lambda lab: {"code": "b = bytearray(512 << 20)", "memory": "128m"},
                _refused("MemoryError")),
+    _ProbeSpec("other_process", "renicing or probing another process is denied (seccomp)",
+               lambda lab: {"code": "import os; os.getpriority(os.PRIO_PROCESS, os.getppid())"},
+               _refused("PermissionError")),
+    _ProbeSpec("own_proc", "the host's sockets and mounts are not readable through /proc/self",
+               lambda lab: {"code": "print(open('/proc/self/net/tcp').read())"},
+               _refused("PermissionError")),
+    _ProbeSpec("datagram_pair", "a datagram socketpair is denied: it could reach a host socket (seccomp)",
+               lambda lab: {"code": "import socket; socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)"},
+               _refused("PermissionError")),
     _ProbeSpec("timeout", f"the wall-clock limit kills a busy loop ({_TIMEOUT}s)",
                lambda lab: {"code": "while True:\n    pass", "timeout": _TIMEOUT},
                _timed_out),
@@ -410,6 +432,9 @@ def _add_warnings(report: CheckReport) -> None:
     if unresolved:
         report.warnings.append("this libseccomp does not know " + ", ".join(unresolved) + ": if this kernel "
                                "has them, the filter cannot deny them (a newer libseccomp can)")
+    if not report.facts["threads_bounded"]:
+        report.warnings.append("nothing bounds the threads of a job here: one job can use up the machine's pid "
+                               "space (see the threads fact)")
     if report.facts["uid"] == 0:
         report.warnings.append("running as root: jobs keep uid 0 without any capability; files owned by "
                                "root outside the grants stay protected by Landlock and seccomp only")

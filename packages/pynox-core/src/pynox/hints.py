@@ -21,6 +21,7 @@ __all__ = [
     "operation_hint",
     "path_hint",
     "subprocess_hint",
+    "threads_hint",
     "timeout_hint",
 ]
 
@@ -64,6 +65,12 @@ def subprocess_hint() -> str:
             "in this sandbox, and no grant allows it. Do the work in Python within this process; threads work.")
 
 
+def threads_hint(max_tasks: int) -> str:
+    return (f"A job may run at most {max_tasks} threads at once (its main thread included), and this one "
+            "tried to start more. Use a bounded pool (concurrent.futures.ThreadPoolExecutor(max_workers=8)) "
+            "or asyncio for many concurrent waits.")
+
+
 def operation_hint() -> str:
     return ("The sandbox denied this operation, and no grant allows it: starting programs or processes, "
             "signalling processes outside the sandbox, changing a file's permissions, owner, extended "
@@ -77,7 +84,8 @@ def cross_grant_hint() -> str:
 
 
 def network_hint(network: bool, style: Style) -> str:
-    never = ("Unix sockets (other than socket.socketpair), raw, netlink and packet sockets are never allowed.")
+    never = ("Unix sockets (other than a stream socket.socketpair), raw, netlink and packet sockets are never "
+             "allowed.")
     if network:
         return f"This kind of socket is not allowed in this sandbox, even with the network granted. {never}"
     grant = "--allow-network" if style == "cli" else "allow_network=True"

@@ -50,12 +50,12 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # How hints name a grant: keyword arguments ("api") or command-line flags ("cli").
     hint_style: Literal["api", "cli"] = "api"
 
-    def confinement(self) -> Confinement:
+    def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(
             cwd=self.cwd, allow_read=self.allow_read, allow_write=self.allow_write, network=self.network,
             timeout=self.timeout, memory=self.memory, max_file_size=self.max_file_size,
             package_dirs=self.package_dirs, host_channel=bool(self.functions), max_open_files=self.max_open_files,
-            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style)
+            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style, max_tasks=max_tasks)
 
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
@@ -84,6 +84,8 @@ class Confinement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gid: int | None
     session: bool
     hint_style: Literal["api", "cli"]
+    # Threads the job may run, bounded by its template's pids cgroup; None where nothing bounds them.
+    max_tasks: int | None = None
 
 
 class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

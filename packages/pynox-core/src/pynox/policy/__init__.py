@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from ..job import Confinement
 from . import landlock, seccomp
 from .limits import apply_limits
+from .own_process import OwnProcessFilter
 from .privileges import drop_bounding_set, drop_privileges, set_parent_death_signal, switch_user
-from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, runtime_paths
+from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, OWN_PROC_ENTRIES, runtime_paths
 
 __all__ = [
     "BACKEND", "BASE_ENVIRONMENT", "Runtime", "add_environment", "build_ruleset", "confine", "prepare_runtime",
@@ -34,6 +35,8 @@ class Runtime:
     landlock_abi: int
     read_paths: tuple[str, ...]
     filters: dict[bool, seccomp.LoadableFilter]
+    # Stacked on the main filter, with the child's own pid written in (see own_process.py).
+    own_process: OwnProcessFilter
     # Landlock rules opened once: (O_PATH descriptor, rights), always, and with the network.
     rules: tuple[tuple[int, int], ...]
     network_rules: tuple[tuple[int, int], ...]
@@ -60,7 +63,7 @@ def prepare_runtime(package_dirs: tuple[str, ...] = ()) -> Runtime:
                         + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
     network_rules = _open_rules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
     drop_bounding_set()
-    return Runtime(abi, read_paths, filters, rules, network_rules, private_data_bytes())
+    return Runtime(abi, read_paths, filters, OwnProcessFilter.build(), rules, network_rules, private_data_bytes())
 
 
 def _open_rules(paths: list[tuple[str, int]]) -> tuple[tuple[int, int], ...]:
@@ -76,8 +79,9 @@ def private_data_bytes() -> int:
 
 def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int]) -> int:
     """The job's Landlock ruleset: the template's prepared rules, the job's grants (one descriptor per path
-    of ``allow_read`` then ``allow_write``, opened by the server when the job started) and its own
-    ``/proc/<pid>``. Built first, while those descriptors are still open; enforced by :func:`confine`."""
+    of ``allow_read`` then ``allow_write``, opened by the server when the job started) and the entries of
+    its own ``/proc/<pid>`` it may read. Built first, while those descriptors are still open; enforced by
+    :func:`confine`."""
     read, write = confinement.allow_read, confinement.allow_write
     if len(grants) != len(read) + len(write):
         raise ValueError(f"expected {len(read) + len(write)} grant descriptors, got {len(grants)}")
@@ -86,11 +90,12 @@ def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int])
     granted += [(fd, landlock.fitting(fd, all_rights)) for fd in grants[len(read):]]
     prepared = (*runtime.rules, *(runtime.network_rules if confinement.network else ()), *granted)
     return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network, prepared=prepared,
-                                  optional_read=(f"/proc/{os.getpid()}",))
+                                  optional_read=[f"/proc/{os.getpid()}/{entry}" for entry in OWN_PROC_ENTRIES])
 
 
 def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:
-    """Apply rlimits, the base environment, working directory, identity, Landlock and seccomp, in that order.
+    """Apply rlimits, the base environment, working directory, identity, Landlock and the seccomp filters,
+    in that order.
 
     The caller has already started a new session, built ``ruleset`` and closed every other descriptor.
     """
@@ -111,6 +116,7 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:
     landlock.restrict_self(ruleset)
     os.close(ruleset)
     runtime.filters[confinement.network].install()
+    runtime.own_process.install(os.getpid())
 
 
 BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}

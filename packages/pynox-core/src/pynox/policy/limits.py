@@ -7,6 +7,11 @@ BLAS buffers) and make a 256 MiB limit unusable with numpy loaded; it is kept
 as a looser backstop for shared mappings, which ``RLIMIT_DATA`` does not see.
 The wall-clock timeout is enforced from outside by the pool (SIGKILL);
 ``RLIMIT_CPU`` is only a backstop should that ever fail.
+
+``RLIMIT_SIGPENDING`` bounds the signals a job may have queued (``sigqueue``,
+timers): the kernel counts them per uid, for every process of that uid, so a
+job could otherwise use up the budget of the pool and of every other job.
+Plain ``kill`` and ``raise`` are not counted against it.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import math
 import resource
 import signal
 
-__all__ = ["ADDRESS_SPACE_HEADROOM", "apply_limits"]
+__all__ = ["ADDRESS_SPACE_HEADROOM", "MAX_QUEUED_SIGNALS", "apply_limits"]
 
 ADDRESS_SPACE_HEADROOM = 1 << 30
+MAX_QUEUED_SIGNALS = 64
 
 
 def _set(which: int, value: int) -> None:
@@ -33,6 +39,7 @@ def apply_limits(*, memory: int, timeout: float | None, max_file_size: int | Non
         cpu = math.ceil(timeout) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     _set(resource.RLIMIT_NOFILE, max_open_files)
+    _set(resource.RLIMIT_SIGPENDING, MAX_QUEUED_SIGNALS)
     if max_file_size is not None:
         # Ignored, SIGXFSZ becomes EFBIG: Python raises OSError instead of the process dying.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -14,7 +14,7 @@ import site
 import sys
 from collections.abc import Iterable
 
-__all__ = ["DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "overlapping", "runtime_paths"]
+__all__ = ["DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "OWN_PROC_ENTRIES", "overlapping", "runtime_paths"]
 
 _SYSTEM = (
     "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
@@ -26,6 +26,14 @@ _SYSTEM = (
 )
 DEVICE_READ = ("/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
 DEVICE_WRITE = ("/dev/null",)
+# What a job may read of its own /proc/<pid>: its memory, maps, status, limits, descriptors, command
+# line, environment. Not the whole directory: net/ lists the host's listening ports, unix socket paths,
+# routes and neighbours; mountinfo and cgroup show the host's mount table and cgroup path; task/ holds
+# all of that again per thread.
+OWN_PROC_ENTRIES = (
+    "stat", "statm", "status", "maps", "smaps", "smaps_rollup", "mem", "fd", "fdinfo", "limits", "cmdline",
+    "comm", "environ", "auxv", "io", "sched", "schedstat", "oom_score",
+)
 # Name resolution; granted only with the network.
 NETWORK_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf",
                  "/etc/host.conf", "/etc/services", "/etc/protocols")

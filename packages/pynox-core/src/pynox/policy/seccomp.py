@@ -1,5 +1,8 @@
 """seccomp: no new programs or processes, sockets only as granted, no kernel attack surface.
 
+This is the main filter; :mod:`.own_process` stacks a second one, written per
+child, so that calls naming a process can name only the job itself.
+
 The filter is built with libseccomp (``pyseccomp``) and compiled to BPF once,
 in the template; a child only installs the bytes with one ``prctl`` call, which
 is about five times cheaper than building and loading a filter per job.
@@ -27,6 +30,7 @@ from ._libc import prctl
 __all__ = ["DENIED_SYSCALLS", "CompiledFilter", "LoadableFilter", "compile_filter", "install"]
 
 _CLONE_THREAD = 0x00010000
+_SOCK_TYPE_MASK = 0xF  # the socket type in socketpair's second argument; the rest are flags
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _PER_QUERY = 0xFFFFFFFF
@@ -48,7 +52,23 @@ _ATTACK_SURFACE = (
     "acct", "swapon", "swapoff", "reboot", "quotactl", "open_by_handle_at", "name_to_handle_at",
     "fanotify_init", "lookup_dcookie", "sethostname", "setdomainname", "iopl", "ioperm", "uselib",
     "vhangup", "syslog", "adjtimex", "clock_adjtime", "settimeofday", "clock_settime", "open_tree_attr",
+    # Another process's capabilities: capget takes its pid in memory the filter cannot read. A job has none.
+    "capget", "process_mrelease",
 )
+# Kernel budgets shared by every process of a uid, which one job could exhaust for all of them (and
+# for the pool, when it runs as that uid too): inotify instances (128 per uid by default) and POSIX
+# message queues (RLIMIT_MSGQUEUE bytes per uid; mq_open(O_CREAT) creates the queue even when the
+# open is then refused, so leftovers outlive the job). Pending queued signals are bounded by
+# RLIMIT_SIGPENDING instead (limits.py).
+_SHARED_BUDGETS = (
+    "inotify_init", "inotify_init1",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+)
+# Without the network a job reaches no socket outside its own process: its sockets are the ends of
+# socketpairs (and the descriptors the pool hands it, already connected), and none may be bound to an
+# address, connected to one or listen. A datagram socketpair end could otherwise send to a host's
+# pathname socket (Landlock does not govern that) or bind an abstract name and receive from anyone.
+_ADDRESSING = ("bind", "connect", "listen", "accept", "accept4")
 # Changing a file's mode, owner, extended attributes (ACLs are xattrs) or times. Landlock does not
 # govern metadata, and a job that keeps uid 0 owns most of the host's files: without these rules it
 # could chmod /etc/shadow world-readable or set the setuid bit on a runtime binary it may only read.
@@ -58,7 +78,7 @@ _FILE_METADATA = (
     "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     "setxattrat", "removexattrat", "file_setattr", "utime", "utimes", "futimesat", "utimensat",
 )
-DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE, *_FILE_METADATA)
+DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE, *_FILE_METADATA, *_SHARED_BUDGETS)
 # System calls numbered from 424 on have one number on every architecture below; a libseccomp older
 # than the kernel does not know their names but can still deny them by number.
 _UNIFIED_NUMBERS = {"fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "open_tree_attr": 467,
@@ -99,8 +119,16 @@ def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
         if family not in allowed:
             _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
     _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.GT, socket.AF_INET6))
-    # socketpair is a private channel (asyncio's self-pipe uses it): unix only, never a way out.
+    # socketpair is a private channel (asyncio's self-pipe uses it): unix and stream only. A connected
+    # stream socket cannot be connected elsewhere, cannot listen and ignores a destination address; a
+    # datagram one could do all of that.
     _deny(f, "socketpair", pyseccomp.Arg(0, pyseccomp.NE, socket.AF_UNIX))
+    for kind in range(_SOCK_TYPE_MASK + 1):
+        if kind != socket.SOCK_STREAM:
+            _deny(f, "socketpair", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+    if not network:
+        for name in _ADDRESSING:
+            _deny(f, name)
 
 
 def compile_filter(network: bool) -> CompiledFilter:

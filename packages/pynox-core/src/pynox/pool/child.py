@@ -354,6 +354,8 @@ def _hint(exc: BaseException, path: str | None, spec: Confinement) -> str | None
     style = spec.hint_style
     if isinstance(exc, MemoryError):
         return hints.memory_hint(spec.memory, style)
+    if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread" and spec.max_tasks is not None:
+        return hints.threads_hint(spec.max_tasks)
     if not isinstance(exc, OSError):
         return None
     if exc.errno == errno.EFBIG and spec.max_file_size is not None:

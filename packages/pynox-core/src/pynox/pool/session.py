@@ -133,10 +133,15 @@ class Session(threading.Thread):
         template, channels = self._template, self._channels
         assert template is not None and channels is not None
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+        # The step's time starts before it is sent: a child that stops reading its control channel (a
+        # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
+        channels.control.settimeout(step.timeout)
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args),
                        [w for _, w in pipes])
+        except TimeoutError:
+            template.kill_child()  # collect() then finds the deadline passed and reports the timeout
         except OSError:
             pass  # the child is gone; the template's Ended frame says how, the empty pipes end the step
         finally:

@@ -26,6 +26,7 @@ import pynox
 
 from ..errors import KernelSupportError, PoolWorkerError
 from ..job import JobSpec, Report
+from ..policy import tasks
 from ..policy.grants import close_all, open_grants
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
 from .hostcalls import JobCalls, ProtocolViolation
@@ -102,11 +103,19 @@ class Template:
             child.close()
         self.sock = parent
         self.broken = False
+        self.cgroup: str | None = None
         # The child being served: its pidfd (for SIGKILL) and, once the template reaped it, how it ended.
         self.child_pidfd: int | None = None
         self.child_ended: Ended | None = None
         # A job answered before the template reaped it: its deadline still holds until it is reaped.
         self._unreaped_deadline: int | None = None
+        limit, _ = tasks.available()
+        try:
+            if limit is not None:  # before the template can fork anything: every job it forks is bounded
+                self.cgroup = limit.confine_template(self.process.pid, f"template-{self.process.pid}")
+        except OSError as exc:
+            self.close()
+            raise PoolWorkerError(f"could not put the template in its pids cgroup: {exc}") from None
         try:
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs))
             parent.settimeout(_START_TIMEOUT)
@@ -138,6 +147,10 @@ class Template:
         # A session's child is served until the session closes, and a broken template may leave its job's
         # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
         self._close_child()
+        if self.cgroup is not None:
+            # Its children die with it (parent-death signal); what is still exiting is removed at exit.
+            tasks.remove(self.cgroup, wait=0.5)
+            self.cgroup = None
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
             session: SessionChannels | None = None) -> Outcome:
@@ -148,7 +161,7 @@ class Template:
         ``session``, the call returns when the first step is over and the child stays alive for the next ones.
         """
         self._settle()
-        confinement = spec.confinement()
+        confinement = spec.confinement(tasks.MAX_JOB_TASKS if self.cgroup is not None else None)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
         try:

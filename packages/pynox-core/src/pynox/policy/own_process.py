@@ -1,0 +1,174 @@
+"""The second seccomp filter: a system call that names a process may name only the job itself.
+
+Without it a job could renice, reschedule (``SCHED_IDLE``), pin or
+de-prioritise the I/O of any process of its uid that holds no capabilities
+(another job, a child prepared for another tenant's next job), and probe which
+pids exist with ``getpriority`` or ``sched_getscheduler``. The kernel allows
+all of that between processes of one uid; Landlock does not govern it.
+
+The rule needs the job's own pid, which only the child knows, and libseccomp
+cannot compare one argument with two values in one rule. So this small filter
+is written here in classic BPF, assembled once in the template with a
+placeholder where the pid goes, and each child writes its pid into those
+instructions and installs it after the main filter (:mod:`.seccomp`). Stacked
+filters all apply; the stricter answer wins.
+
+A pid argument is allowed when it is 0 (the caller, by the kernel's
+convention) or the job's own pid; ``kill`` also takes the job's own process
+group (``-pid``: the job leads its own session). Priority calls take
+``PRIO_PROCESS`` or ``PRIO_PGRP`` only, never a whole uid. Everything else is
+``EPERM``. Threads of the job other than its main one cannot be named by tid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import struct
+import sys
+from dataclasses import dataclass
+
+import pyseccomp
+
+from ._libc import prctl
+
+__all__ = ["OwnProcessFilter", "assemble"]
+
+_PLACEHOLDER = 0x7A5A_F00D  # never a pid: pid_max is at most 2**22
+_NEGATED = (-_PLACEHOLDER) & 0xFFFF_FFFF
+
+_LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JGT = 0x25  # BPF_JMP | BPF_JGT | BPF_K
+_JGE = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_RET = 0x06  # BPF_RET | BPF_K
+_ALLOW = 0x7FFF_0000
+_EPERM = 0x0005_0000 | errno.EPERM
+_ENOSYS = 0x0005_0000 | errno.ENOSYS
+_X32_BIT = 0x4000_0000
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_INSTRUCTION = struct.Struct("=HBBI")
+
+# Calls whose first argument is a pid (or thread group id).
+_PID_FIRST = (
+    "sched_setaffinity", "sched_getaffinity", "sched_setscheduler", "sched_getscheduler", "sched_setparam",
+    "sched_getparam", "sched_setattr", "sched_getattr", "sched_rr_get_interval", "migrate_pages", "move_pages",
+    "get_robust_list", "getpgid", "getsid", "setpgid", "pidfd_open", "tgkill", "tkill", "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+)
+# (which, who) calls: the kinds of "which" that name a process or a process group, lowest and highest.
+_WHICH_WHO = {"getpriority": (0, 1), "setpriority": (0, 1), "ioprio_get": (1, 2), "ioprio_set": (1, 2)}
+
+
+def _arg(index: int) -> int:
+    """Offset of the low 32 bits of argument ``index`` in ``struct seccomp_data`` (pid_t is 32 bits)."""
+    return 16 + 8 * index + (4 if sys.byteorder == "big" else 0)
+
+
+class _Assembler:
+    def __init__(self) -> None:
+        self.code: list[tuple[int, str | int, str | int, int]] = []
+        self.labels: dict[str, int] = {}
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.code)
+
+    def emit(self, op: int, k: int, jt: str | int = 0, jf: str | int = 0) -> None:
+        self.code.append((op, jt, jf, k))
+
+    def bytes(self) -> tuple[bytes, list[int]]:
+        out, patches = bytearray(), []
+        for index, (op, jt, jf, k) in enumerate(self.code):
+            offsets = [self.labels[j] - index - 1 if isinstance(j, str) else j for j in (jt, jf)]
+            if not all(0 <= offset <= 255 for offset in offsets):  # classic BPF jumps are one byte
+                raise ValueError(f"BPF jump out of range at instruction {index}: {offsets}")
+            if k in (_PLACEHOLDER, _NEGATED) and op == _JEQ:
+                patches.append(index)
+            out += _INSTRUCTION.pack(op, offsets[0], offsets[1], k)
+        return bytes(out), patches
+
+
+def _pid_check(asm: _Assembler, *, negated: bool = False) -> None:
+    """With the pid argument loaded: allow 0 and the job's pid (and -pid), refuse anything else."""
+    asm.emit(_JEQ, 0, "allow")
+    asm.emit(_JEQ, _PLACEHOLDER, "allow")
+    if negated:
+        asm.emit(_JEQ, _NEGATED, "allow")
+    asm.emit(_RET, _EPERM)
+
+
+def assemble() -> tuple[bytes, list[int], list[str]]:
+    """The program, the indices of the instructions that take the pid, and the names this libseccomp or
+    architecture does not know (they are left to the main filter, or do not exist here)."""
+    resolved: dict[str, int] = {}
+    unknown: list[str] = []
+    for name in (*_PID_FIRST, "kill", *_WHICH_WHO):
+        number = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+        if number < 0:
+            unknown.append(name)
+        else:
+            resolved[name] = number
+    asm = _Assembler()
+    asm.emit(_LD_ABS, 4)  # arch
+    # A foreign ABI is refused by the main filter; this one has nothing to add.
+    asm.emit(_JEQ, pyseccomp.system_arch(), 0, "allow")
+    asm.emit(_LD_ABS, 0)  # syscall number
+    asm.emit(_JGE, _X32_BIT, "enosys")
+    for name, number in resolved.items():
+        asm.emit(_JEQ, number, f"check-{name}")
+    asm.emit(_RET, _ALLOW)  # a call that names no process
+    # Classic BPF jumps only forward: the shared answers come last.
+    for name in resolved:
+        asm.label(f"check-{name}")
+        if name in _WHICH_WHO:
+            lowest, highest = _WHICH_WHO[name]
+            asm.emit(_LD_ABS, _arg(0))
+            asm.emit(_JGT, highest, "eperm")
+            asm.emit(_JGE, lowest, 0, "eperm")
+            asm.emit(_LD_ABS, _arg(1))
+            _pid_check(asm)
+        else:
+            asm.emit(_LD_ABS, _arg(0))
+            _pid_check(asm, negated=name == "kill")
+    asm.label("eperm")
+    asm.emit(_RET, _EPERM)
+    asm.label("allow")
+    asm.emit(_RET, _ALLOW)
+    asm.label("enosys")
+    asm.emit(_RET, _ENOSYS)
+    program, patches = asm.bytes()
+    return program, patches, unknown
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class OwnProcessFilter:
+    """Assembled once in the template; :meth:`install` writes the caller's pid into it and loads it."""
+
+    program: bytes
+    patches: tuple[int, ...]
+    unknown: tuple[str, ...]
+
+    @classmethod
+    def build(cls) -> OwnProcessFilter:
+        program, patches, unknown = assemble()
+        return cls(program, tuple(patches), tuple(unknown))
+
+    def for_pid(self, pid: int) -> bytes:
+        program = bytearray(self.program)
+        for index in self.patches:
+            _, _, _, k = _INSTRUCTION.unpack_from(program, index * _INSTRUCTION.size)
+            value = pid if k == _PLACEHOLDER else (-pid) & 0xFFFF_FFFF
+            struct.pack_into("=I", program, index * _INSTRUCTION.size + 4, value)
+        return bytes(program)
+
+    def install(self, pid: int) -> None:
+        """Install on the calling thread, for process ``pid``; no_new_privs must already be set."""
+        program = self.for_pid(pid)
+        buffer = ctypes.create_string_buffer(program, len(program))
+        fprog = _SockFprog(len(program) // _INSTRUCTION.size, ctypes.addressof(buffer))
+        prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), what="seccomp filter (own process)")

@@ -152,21 +152,29 @@ def test_session_object(pool: Pool) -> None:
 
 def test_host_function_exception_arrives_as_host_error(pool: Pool) -> None:
     def lookup(key: str) -> str:
-        raise LookupError(f"no {key}")
+        raise LookupError(f"no {key} in postgres://app:s3cret@db/prod")
+
+    def refuse(key: str) -> str:
+        raise pynox.HostError(f"{key} is not a known product")
 
     def not_json() -> object:
         return object()
 
-    result = pool.run(
-        "from pynox_host import lookup, not_json, HostError\n"
-        "for f, a in ((lookup, ('k',)), (not_json, ())):\n"
-        "    try:\n        f(*a)\n    except HostError as e:\n        print(type(e).__name__, e)\n",
-        functions={"lookup": lookup, "not_json": not_json},
-    )
+    code = ("from pynox_host import lookup, refuse, not_json, HostError\n"
+            "for f, a in ((lookup, ('k',)), (refuse, ('k',)), (not_json, ())):\n"
+            "    try:\n        f(*a)\n    except HostError as e:\n        print(type(e).__name__, e)\n")
+    functions = {"lookup": lookup, "refuse": refuse, "not_json": not_json}
+    result = pool.run(code, functions=functions)
     assert result.ok, result.text
     lines = result.stdout.splitlines()
-    assert lines[0] == "HostError LookupError: no k"
-    assert lines[1].startswith("HostError not_json() returned a value that is not JSON")
+    # By default the job learns the exception's type, never its text (it may hold a secret) ...
+    assert lines[0] == "HostError lookup() failed (LookupError); the host logged the details"
+    assert "s3cret" not in result.stdout
+    # ... unless the host raised pynox.HostError on purpose, or chose to send every message.
+    assert lines[1] == "HostError k is not a known product"
+    assert lines[2].startswith("HostError not_json() returned a value that is not plain JSON")
+    full = pool.run(code, functions=functions, host_errors="full")
+    assert full.stdout.splitlines()[0] == "HostError LookupError: no k in postgres://app:s3cret@db/prod"
 
 
 def test_slow_host_function_does_not_block_other_jobs(pool: Pool) -> None:

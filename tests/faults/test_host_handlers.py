@@ -37,7 +37,7 @@ def test_a_handler_that_raises_is_a_host_error_in_the_job(pool: pynox.Pool) -> N
         raise KeyError(key)
 
     caught = pool.run(CAUGHT, functions={"lookup": lookup})
-    assert caught.ok and caught.stdout == "caught: KeyError: 'k'\n", caught
+    assert caught.ok and caught.stdout == "caught: lookup() failed (KeyError); the host logged the details\n", caught
     uncaught = pool.run(CALL, functions={"lookup": lookup})
     assert uncaught.error is not None and uncaught.error["type"] == "HostError", uncaught
     assert "KeyError" in uncaught.error["message"]

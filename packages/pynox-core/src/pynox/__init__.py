@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     ConfigError,
+    HostError,
     JobError,
     KernelSupportError,
     PoolError,
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "HostError",
     "JobError",
     "KernelSupportError",
     "Pool",
@@ -73,14 +75,18 @@ def run(code: str | None = None, *, functions: Mapping[str, Callable[..., Any]] 
 
 
 def tool(profile: str | None = None, *, session: bool = False,
-         functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Any) -> Callable[[str], str]:
+         functions: Mapping[str, Callable[..., Any]] | None = None, host_errors: str | None = None,
+         **grants: Any) -> Callable[[str], str]:
     """A ``run_python(code: str) -> str`` function for a model, on the default pool.
 
     Permissions come from ``profile`` (in ``$PYNOX_CONFIG`` or ``./pynox.toml``) and from ``grants``
     (allow_read, allow_write, allow_network, env, timeout, memory, max_output, max_file_size,
     package_dirs): never from the model. ``session=True`` keeps variables between calls;
-    ``functions`` lets the code call the host's own functions through ``pynox_host``.
+    ``functions`` lets the code call the host's own functions through ``pynox_host``; a function's
+    exception reaches the code only as its type unless it is a :class:`HostError`, or
+    ``host_errors="full"``.
     """
     from .model_tool import make_tool
 
-    return make_tool(None, profile=profile, session=session, functions=functions, grants=grants)
+    return make_tool(None, profile=profile, session=session, functions=functions, grants=grants,
+                     host_errors=host_errors)  # type: ignore[arg-type]  # checked by the pool's run

@@ -1,9 +1,15 @@
 """The Python client: ``Pool`` and ``Session`` drive a ``pynox pool`` process over its JSON Lines pipes.
 
 One reader thread reads every line the pool writes and completes the matching
-future; host-function calls it finds there run on a thread pool, so a slow
-function never stalls other jobs or the reader. Any number of threads (and
-asyncio tasks, through ``arun``) may have runs in flight at once.
+future; each host-function call it finds there runs on a thread of its own, so
+a slow function never stalls other jobs, the reader or another job's calls
+(the pool lets each job have at most 8 calls waiting, so the threads are
+bounded too). A call whose job has already ended is not started. Any number of
+threads (and asyncio tasks, through ``arun``) may have runs in flight at once.
+
+No run waits for ever: if the pool answers nothing within three times the
+run's timeout plus a margin (the jobs queued ahead of it included), the run
+raises :class:`PoolError`.
 
 The client keeps at most as many plain jobs in flight as the pool can accept
 without blocking its intake (running plus queued: three per worker). A pool
@@ -29,7 +35,9 @@ from typing import Any
 import msgspec
 
 from .errors import ConfigError, KernelSupportError, PoolError, PoolWorkerError, RequestError
+from .host_functions import HostErrors, answer_call
 from .result import Result
+from .units import parse_duration
 
 __all__ = ["Pool", "Session", "pool_command"]
 
@@ -37,6 +45,12 @@ PathLike = str | os.PathLike[str]
 Units = str | int | float
 HostFunction = Callable[..., Any]
 _READY_TIMEOUT = 300.0  # preloading large libraries on a cold machine
+_ANSWER_MARGIN = 30.0  # seconds past the timeouts below before a run gives up on the pool
+# A plain run waits for at most three rounds of jobs: those queued ahead of it (the client keeps three per
+# worker in flight), then its own. A session step waits behind at most eight steps of its session.
+_ROUNDS = 3
+_SESSION_ROUNDS = 9
+_DEFAULT_TIMEOUT = 30.0  # the pool's own default (resolve.DEFAULTS), for a run that names none
 _STDERR_LINES = 50
 _START_ERRORS: dict[str, type[Exception]] = {"KernelSupportError": KernelSupportError, "ConfigError": ConfigError,
                                              "PoolWorkerError": PoolWorkerError}
@@ -174,12 +188,13 @@ class _Process:
 
 
 class _Pending:
-    __slots__ = ("functions", "future", "is_job")
+    __slots__ = ("functions", "future", "host_errors", "is_job")
 
-    def __init__(self, functions: Mapping[str, HostFunction] | None, is_job: bool) -> None:
+    def __init__(self, functions: Mapping[str, HostFunction] | None, is_job: bool, host_errors: HostErrors) -> None:
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.functions = functions
         self.is_job = is_job
+        self.host_errors = host_errors
 
 
 class Pool:
@@ -187,15 +202,18 @@ class Pool:
 
     ``binary`` (or ``$PYNOX_BIN``) names the ``pynox`` executable; by default this interpreter runs it.
     If the pool process dies, runs in flight raise :class:`pynox.PoolError` and the next run starts a
-    new pool.
+    new pool. ``host_errors="full"`` sends the text of every exception a host function raises to the
+    job; by default only :class:`pynox.HostError` messages are sent (see :mod:`pynox.host_functions`).
     """
 
     def __init__(self, workers: int = 2, *, preload: Sequence[str] = (), package_dirs: Sequence[PathLike] = (),
                  config: PathLike | None = None, binary: PathLike | None = None, log: str | None = None,
                  max_sessions: int | None = None, session_idle: Units | None = None,
-                 host_threads: int = 8) -> None:
+                 host_errors: HostErrors = "safe") -> None:
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
+        _check_host_errors(host_errors)
+        self.host_errors: HostErrors = host_errors
         self.workers = workers
         self.config_path = os.path.abspath(os.fspath(config)) if config is not None else None
         command = [*pool_command(binary), "pool", f"--workers={workers}"]
@@ -217,9 +235,9 @@ class Pool:
         self._prefix = uuid.uuid4().hex[:8]
         # Plain jobs in flight, at most what the pool takes without blocking its intake (see module doc).
         self._slots = threading.BoundedSemaphore(3 * workers)
-        self._host = concurrent.futures.ThreadPoolExecutor(host_threads, thread_name_prefix="pynox-host")
         self._process: _Process | None = None
         self._closed = False
+        self._implicit_timeout: float | None = None
         self.ready: dict[str, Any] = {}
         self._ensure_process()
 
@@ -262,7 +280,6 @@ class Pool:
             process, self._process = self._process, None
         if process is not None:
             process.close(timeout=timeout)
-        self._host.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Pool:
         return self
@@ -282,10 +299,10 @@ class Pool:
 
     # -- requests ----------------------------------------------------------------------------------------
     def _submit(self, message: dict[str, Any], functions: Mapping[str, HostFunction] | None = None,
-                *, is_job: bool = False) -> concurrent.futures.Future[Any]:
+                *, is_job: bool = False, host_errors: HostErrors | None = None) -> concurrent.futures.Future[Any]:
         process = self._ensure_process()
         request_id = f"{self._prefix}-{next(self._ids)}"
-        pending = _Pending(functions, is_job)
+        pending = _Pending(functions, is_job, host_errors or self.host_errors)
         with self._lock:
             self._pending[request_id] = pending
         try:
@@ -310,14 +327,22 @@ class Pool:
             pending.future.set_result(message)
 
     def _host_call(self, event: dict[str, Any]) -> None:
-        with self._lock:
-            pending = self._pending.get(event.get("id"))  # type: ignore[arg-type]
-        functions = pending.functions if pending is not None else None
-        function = functions.get(event.get("function", "")) if functions else None
-        self._host.submit(self._answer_call, event["call_id"], function, event)
+        threading.Thread(target=self._answer_call, args=(event,), name="pynox-host-call", daemon=True).start()
 
-    def _answer_call(self, call_id: int, function: HostFunction | None, event: dict[str, Any]) -> None:
-        reply = {"call_id": call_id, **_call_host_function(function, event)}
+    def _answer_call(self, event: dict[str, Any]) -> None:
+        request_id = event.get("id")
+        with self._lock:
+            pending = self._pending.get(request_id) if isinstance(request_id, str) else None
+        if pending is None:
+            return  # its job has ended (its result came first): the call must not start in the host
+        name = str(event.get("function", ""))
+        function = pending.functions.get(name) if pending.functions else None
+        args, kwargs = event.get("args", []), event.get("kwargs", {})
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            answer = {"error": "malformed call"}
+        else:
+            answer = answer_call(name, function, args, kwargs, host_errors=pending.host_errors)
+        reply = {"call_id": event["call_id"], **answer}
         process = self._process
         if process is not None:
             try:
@@ -327,23 +352,77 @@ class Pool:
 
     # -- public API --------------------------------------------------------------------------------------
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-            **grants: Any) -> Result:
+            host_errors: HostErrors | None = None, **grants: Any) -> Result:
         """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
 
         ``grants``: name, args, allow_read, allow_write, allow_network, env, timeout, memory, max_output,
         max_file_size, package_dirs, profile. Raises :class:`pynox.RequestError` if the pool refused the
-        request before running it; every failure of the code itself is in the result.
+        request before running it, and :class:`pynox.PoolError` if the pool gave no answer in time; every
+        failure of the code itself is in the result.
         """
         message = build_request(code, functions=list(functions or ()), **grants)
         self._slots.acquire()
         try:
-            reply = self._submit(message, functions, is_job=True).result()
+            future = self._submit(message, functions, is_job=True, host_errors=host_errors)
+            reply = self._wait(future, message)
         finally:
             self._slots.release()
         return _result(reply)
 
+    def _patience(self, message: dict[str, Any], rounds: int) -> float:
+        """How long a run waits for its answer: ``rounds`` of its timeout (the jobs queued ahead of it,
+        then its own), plus a margin."""
+        timeout = message.get("timeout")
+        try:
+            seconds = parse_duration(timeout) if timeout is not None else self._longest_timeout()
+        except (ConfigError, ValueError):  # the pool refuses it with its own words
+            seconds = _DEFAULT_TIMEOUT
+        return rounds * seconds + _ANSWER_MARGIN
+
+    def _longest_timeout(self) -> float:
+        """The longest timeout a run that names none may get: the default, a profile's, the ceiling's."""
+        if self._implicit_timeout is None:
+            from .config import load_config
+
+            longest = _DEFAULT_TIMEOUT
+            try:
+                config = load_config(self.config_path) if self.config_path else None
+            except ConfigError:
+                config = None  # the pool refused to start with it, or will
+            if config is not None:
+                for profile in config.profiles.values():
+                    if profile.timeout is not None:
+                        longest = max(longest, parse_duration(profile.timeout))
+                if config.limits is not None and config.limits.timeout is not None:
+                    longest = max(longest, config.limits.timeout)
+            self._implicit_timeout = longest
+        return self._implicit_timeout
+
+    def _wait(self, future: concurrent.futures.Future[Any], message: dict[str, Any], rounds: int = _ROUNDS) -> Any:
+        patience = self._patience(message, rounds)
+        try:
+            return future.result(timeout=patience)
+        except concurrent.futures.TimeoutError:
+            self._abandon(future)
+            raise PoolError(f"the pool gave no answer within {patience:.0f}s; the run was abandoned") from None
+
+    def _abandon(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            for key, pending in list(self._pending.items()):
+                if pending.future is future:
+                    del self._pending[key]
+
+    async def _await(self, future: concurrent.futures.Future[Any], message: dict[str, Any],
+                     rounds: int = _ROUNDS) -> Any:
+        patience = self._patience(message, rounds)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), patience)
+        except TimeoutError:
+            self._abandon(future)
+            raise PoolError(f"the pool gave no answer within {patience:.0f}s; the run was abandoned") from None
+
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-                   **grants: Any) -> Result:
+                   host_errors: HostErrors | None = None, **grants: Any) -> Result:
         """``run`` for asyncio: no thread is held while the job runs."""
         message = build_request(code, functions=list(functions or ()), **grants)
         if not self._slots.acquire(blocking=False):
@@ -358,41 +437,34 @@ class Pool:
             if self._process is None or self._process.dead:
                 # Starting (or restarting) the pool waits for its templates: not on the event loop.
                 await asyncio.to_thread(self._ensure_process)
-            reply = await asyncio.wrap_future(self._submit(message, functions, is_job=True))
+            reply = await self._await(self._submit(message, functions, is_job=True, host_errors=host_errors),
+                                      message)
         finally:
             self._slots.release()
         return _result(reply)
 
-    def session(self, *, functions: Mapping[str, HostFunction] | None = None, **grants: Any) -> Session:
+    def session(self, *, functions: Mapping[str, HostFunction] | None = None,
+                host_errors: HostErrors | None = None, **grants: Any) -> Session:
         """A stateful process: variables survive between ``run`` calls. Permissions are fixed here."""
-        return Session(self, functions, grants)
+        return Session(self, functions, grants, host_errors=host_errors)
 
     def stats(self) -> dict[str, Any]:
         """The pool's counters (see the protocol's stats event)."""
         return self._submit({"stats": True}).result()
 
     def tool(self, profile: str | None = None, *, session: bool = False,
-             functions: Mapping[str, HostFunction] | None = None, **grants: Any) -> Callable[[str], str]:
+             functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
+             **grants: Any) -> Callable[[str], str]:
         """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
         from .model_tool import make_tool
 
-        return make_tool(self, profile=profile, session=session, functions=functions, grants=grants)
+        return make_tool(self, profile=profile, session=session, functions=functions, grants=grants,
+                         host_errors=host_errors)
 
 
-def _call_host_function(function: HostFunction | None, event: dict[str, Any]) -> dict[str, Any]:
-    """Run one host function; its result or its failure as the reply's ``result`` or ``error``."""
-    name = event.get("function")
-    if function is None:
-        return {"error": f"no host function {name!r} is registered for this run"}
-    try:
-        value = function(*event.get("args", []), **event.get("kwargs", {}))
-    except BaseException as exc:  # the function's own failure becomes HostError in the job, whatever it is:
-        # SystemExit too (argparse in a tool), for without a reply the job would wait out its timeout.
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        return {"result": msgspec.json.decode(msgspec.json.encode(value))}
-    except Exception as exc:  # not JSON: a type, a cycle (RecursionError), an int too long (ValueError)
-        return {"error": f"{name}() returned a value that is not JSON ({type(value).__name__}): {exc}"}
+def _check_host_errors(value: object) -> None:
+    if value not in ("safe", "full"):
+        raise ConfigError(f"host_errors must be 'safe' or 'full', got {value!r}")
 
 
 def _result(reply: dict[str, Any]) -> Result:
@@ -406,11 +478,15 @@ class Session:
     """One process whose ``__main__`` survives between runs. A timeout or crash ends it; the next
     ``run`` starts a fresh one with the same permissions."""
 
-    def __init__(self, pool: Pool, functions: Mapping[str, HostFunction] | None, grants: dict[str, Any]) -> None:
+    def __init__(self, pool: Pool, functions: Mapping[str, HostFunction] | None, grants: dict[str, Any], *,
+                 host_errors: HostErrors | None = None) -> None:
         if "script" in grants:
             raise RequestError("sessions take inline code, not script")
+        if host_errors is not None:
+            _check_host_errors(host_errors)
         self.pool = pool
         self.functions = dict(functions or {})
+        self.host_errors = host_errors
         self.grants = grants
         self.steps = 0
         self._name: str | None = None
@@ -449,14 +525,21 @@ class Session:
         step = {k: v for k, v in {"name": name, "args": args, "timeout": timeout, "max_output": max_output}.items()
                 if v is not None}
         message, first = self._message(code, step)
-        return self._after(self.pool._submit(message, self.functions).result(), first)
+        future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
+        return self._after(self.pool._wait(future, self._limits(message), _SESSION_ROUNDS), first)
+
+    def _limits(self, message: dict[str, Any]) -> dict[str, Any]:
+        """What bounds a step's wait: its own timeout, else the session's grants."""
+        timeout = message.get("timeout", self.grants.get("timeout"))
+        return {"timeout": timeout} if timeout is not None else {"profile": self.grants.get("profile")}
 
     async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
                    timeout: Units | None = None, max_output: Units | None = None) -> Result:
         step = {k: v for k, v in {"name": name, "args": args, "timeout": timeout, "max_output": max_output}.items()
                 if v is not None}
         message, first = self._message(code, step)
-        return self._after(await asyncio.wrap_future(self.pool._submit(message, self.functions)), first)
+        future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
+        return self._after(await self.pool._await(future, self._limits(message), _SESSION_ROUNDS), first)
 
     def close(self) -> None:
         """End the process. The session object stays usable: a later ``run`` starts a fresh one."""

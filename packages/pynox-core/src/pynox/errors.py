@@ -11,7 +11,8 @@ exceptions are for our failures and for misuse by the host application::
     ├── SandboxSetupError      the policy could not be applied to one job
     ├── PoolError              the pool process or a template broke
     │   └── PoolWorkerError    one worker (template) died under a job
-    └── JobError               raised only on request, by Result.raise_for_error()
+    ├── JobError               raised only on request, by Result.raise_for_error()
+    └── HostError              raised by a host function, on purpose: its message reaches the job
 
 The names ``RequestError``, ``SandboxSetupError`` and ``PoolWorkerError`` are
 also the ``error.type`` strings of the matching results in the protocol.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "HostError",
     "JobError",
     "KernelSupportError",
     "PoolError",
@@ -74,3 +76,9 @@ class JobError(PynoxError):
     def __init__(self, message: str, *, result: object) -> None:
         super().__init__(message)
         self.result = result
+
+
+class HostError(PynoxError):
+    """Raise it in a host function to fail the call with this message, shown to the job as
+    ``pynox_host.HostError``. Any other exception reaches the job only as its type, unless the pool or
+    tool was made with ``host_errors="full"`` (see :mod:`pynox.host_functions`)."""

@@ -18,6 +18,7 @@ import msgspec
 
 from .config import EMPTY, load_config
 from .errors import PynoxError
+from .host_functions import HostErrors, visible_signature
 from .protocol import Request
 from .resolve import DEFAULTS, resolve_path
 from .units import format_duration, format_size, parse_duration, parse_size
@@ -53,9 +54,7 @@ def default_config_path() -> str | None:
 
 def _signature(name: str, function: HostFunction) -> str:
     try:
-        signature = str(inspect.signature(function, eval_str=True))
-    except NameError:  # an annotation names something not importable here: show it as written
-        signature = str(inspect.signature(function))
+        signature = str(visible_signature(function))
     except (TypeError, ValueError):
         signature = "(*args, **kwargs)"
     summary = (inspect.getdoc(function) or "").strip().split("\n\n")[0].replace("\n", " ")
@@ -114,7 +113,8 @@ def describe(request: Request, *, session: bool, functions: Mapping[str, HostFun
 
 
 def make_tool(pool: Pool | None, *, profile: str | None, session: bool,
-              functions: Mapping[str, HostFunction] | None, grants: Mapping[str, Any]) -> Callable[[str], str]:
+              functions: Mapping[str, HostFunction] | None, grants: Mapping[str, Any],
+              host_errors: HostErrors | None = None) -> Callable[[str], str]:
     """Build ``run_python`` on ``pool`` (``None``: the default pool, started on the first call)."""
     from .client import default_pool
 
@@ -137,9 +137,9 @@ def make_tool(pool: Pool | None, *, profile: str | None, session: bool,
         target = pool if pool is not None else default_pool()
         if session:
             if "session" not in state:
-                state["session"] = target.session(functions=functions, **run_grants)
+                state["session"] = target.session(functions=functions, host_errors=host_errors, **run_grants)
             return state["session"].run(code).text
-        return target.run(code, functions=functions, **run_grants).text
+        return target.run(code, functions=functions, host_errors=host_errors, **run_grants).text
 
     def run_python(code: str) -> str:
         if not isinstance(code, str):

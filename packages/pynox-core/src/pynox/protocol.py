@@ -8,6 +8,7 @@ whenever the line was JSON at all, so the client can match the refusal.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -28,6 +29,7 @@ __all__ = [
     "encode",
     "parse_line",
     "refusal",
+    "reply_call_id",
 ]
 
 MAX_LINE = 1 << 20  # bytes, without the newline
@@ -142,6 +144,16 @@ _encoder = msgspec.json.Encoder()
 def encode(message: msgspec.Struct | dict[str, Any]) -> bytes:
     """One output line, newline included."""
     return _encoder.encode(message) + b"\n"
+
+
+_REPLY_HEAD = re.compile(rb'\s*\{\s*"reply"\s*:\s*\{\s*"call_id"\s*:\s*(\d{1,18})\s*[,}]')
+
+
+def reply_call_id(head: bytes) -> int | None:
+    """The call a reply line answers, from its first bytes only (for a line too long to parse): a
+    client that writes ``call_id`` first, as the Python client does, still gets its call answered."""
+    match = _REPLY_HEAD.match(head)
+    return int(match.group(1)) if match else None
 
 
 def refusal(request_id: RequestId, message: str) -> Result:

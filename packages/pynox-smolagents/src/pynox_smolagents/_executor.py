@@ -195,7 +195,9 @@ class PynoxExecutor(PythonExecutor):
     def _ready_session(self) -> pynox.Session:
         if self._session is None:
             pool = self.pool if self.pool is not None else default_pool()
-            self._session = pool.session(functions=self._host_functions(), **self.grants)
+            # smolagents' own executor shows the model a tool's exception text: so does this one, by
+            # choice (pynox's default sends only the exception's type; see pynox.host_functions).
+            self._session = pool.session(functions=self._host_functions(), host_errors="full", **self.grants)
             self._session_names = self._host_names()
         if not self._session.alive or self._variables_pending:
             self._setup(self._session)

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from .channel import HEADER, pack
+from .host_values import NotPlainJSON, check_plain_json
 
 __all__ = ["MAX_PAYLOAD", "install_host_module"]
 
@@ -40,10 +41,11 @@ def install_host_module(functions: list[str], channel_fd: int) -> None:
 
     def call(function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
+            check_plain_json(list(args), "args")
+            check_plain_json(kwargs, "kwargs")
             payload = msgspec.json.encode({"function": function, "args": args, "kwargs": kwargs})
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise HostError(f"{function}(): arguments must be JSON values (str, int, float, bool, None, "
-                            f"list, dict): {exc}") from None
+        except (NotPlainJSON, TypeError, msgspec.EncodeError) as exc:
+            raise HostError(f"{function}(): arguments must be plain JSON values: {exc}") from None
         if len(payload) > MAX_PAYLOAD:
             raise HostError(f"{function}(): arguments of {len(payload)} bytes exceed the 1 MB limit; "
                             "pass less data or write it to a granted file")

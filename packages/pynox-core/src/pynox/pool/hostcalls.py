@@ -7,6 +7,14 @@ back through intake and is written to the job's channel. A call still pending
 when its job ends is dropped; a reply to it is then a ``RequestError``. Once
 intake has stopped (EOF or SIGTERM), no reply can arrive: pending and later
 calls fail at once in the job rather than wait out its timeout.
+
+The pool, not ``pynox_host``, enforces the limits: a job can write any frame
+on its channel. Per job, at most :data:`MAX_IN_FLIGHT` calls and
+:data:`MAX_IN_FLIGHT_BYTES` of their arguments wait for the host at once;
+calls beyond are refused to the job and never reach the client. Anything an
+honest ``pynox_host`` never sends (a frame that does not decode, nests too
+deep, carries a value that is not plain JSON, or is too large) is a
+:class:`ProtocolViolation`: the job is killed, never the worker.
 """
 
 from __future__ import annotations
@@ -24,10 +32,13 @@ import msgspec
 from ..protocol import CallEvent, RequestId, encode
 from .channel import FrameBuffer, pack
 from .host_module import MAX_PAYLOAD
+from .host_values import NotPlainJSON, check_plain_json
 
-__all__ = ["MAX_CALLS", "CallRegistry", "JobCalls", "ProtocolViolation"]
+__all__ = ["MAX_CALLS", "MAX_IN_FLIGHT", "MAX_IN_FLIGHT_BYTES", "CallRegistry", "JobCalls", "ProtocolViolation"]
 
 MAX_CALLS = 1000
+MAX_IN_FLIGHT = 8  # calls of one job waiting for the host at once
+MAX_IN_FLIGHT_BYTES = 2 * MAX_PAYLOAD  # their arguments, as sent
 # A call frame is exactly what pynox_host measures against MAX_PAYLOAD before sending: anything larger
 # was forged, and must not reach the client.
 _FRAME_LIMIT = MAX_PAYLOAD
@@ -92,6 +103,16 @@ class CallRegistry:
             waiting.job.answered(call_id)
             waiting.job.answer({"error": reason})
 
+    def fail(self, call_id: int, reason: str) -> bool:
+        """Answer a pending call with an error of the pool's own (its reply could not be read)."""
+        with self._lock:
+            pending = self._pending.pop(call_id, None)
+        if pending is None:
+            return False
+        pending.job.answered(call_id)
+        pending.job.answer({"error": reason})
+        return True
+
     def reply(self, call_id: int, result: Any, error: str | None) -> str | None:
         """Deliver a client reply; returns an error message for the client if there is nothing to answer."""
         with self._lock:
@@ -126,7 +147,7 @@ class JobCalls:
         self.violation: str | None = None
         channel.settimeout(_SEND_TIMEOUT)
         self._buffer = FrameBuffer(_FRAME_LIMIT)
-        self._outstanding: set[int] = set()
+        self._outstanding: dict[int, int] = {}  # call id -> bytes of its frame
         self._lock = threading.Lock()
         # Answers are written by a thread of this job's own: a job that stops reading its channel must
         # block neither intake (delivering the client's replies) nor its worker (whose loop enforces the
@@ -145,11 +166,20 @@ class JobCalls:
         for frame in frames:
             try:
                 call = _call_decoder.decode(frame)
+                check_plain_json(call.args, "args")
+                check_plain_json(call.kwargs, "kwargs")
+            except NotPlainJSON as exc:
+                raise ProtocolViolation(f"the job sent a host call that is not plain JSON: {exc}") from None
             except msgspec.DecodeError as exc:
                 raise ProtocolViolation(f"the job sent an invalid host-call frame: {exc}") from None
-            self._call(call)
+            except RecursionError:  # msgspec recurses per nesting level
+                raise ProtocolViolation("the job sent a host-call frame nested too deeply") from None
+            except Exception as exc:  # whatever else decoding a hostile frame raises, it is the job's fault
+                raise ProtocolViolation(f"the job sent a host-call frame that could not be read: "
+                                        f"{type(exc).__name__}: {exc}") from None
+            self._call(call, len(frame))
 
-    def _call(self, call: _CallFrame) -> None:
+    def _call(self, call: _CallFrame, size: int) -> None:
         if call.function not in self.functions:
             # Forged: pynox_host only has declared names. The client never sees this call.
             self.answer({"error": f"no host function named {call.function!r} was declared for this task"})
@@ -158,19 +188,26 @@ class JobCalls:
         if self.calls > MAX_CALLS:
             self.answer({"error": f"this task reached its limit of {MAX_CALLS} host calls"})
             return
+        with self._lock:
+            waiting, waiting_bytes = len(self._outstanding), sum(self._outstanding.values())
+        if waiting >= MAX_IN_FLIGHT or waiting_bytes + size > MAX_IN_FLIGHT_BYTES:
+            self.answer({"error": f"this task already has {waiting} host calls ({waiting_bytes} bytes) waiting "
+                                  f"for the host; at most {MAX_IN_FLIGHT} calls and {MAX_IN_FLIGHT_BYTES} bytes "
+                                  "may wait at once"})
+            return
         call_id = self.registry._register(self)
         if call_id is None:  # the pool no longer reads replies: waiting would only run into the timeout
             self.answer({"error": self.registry.closed})
             return
         with self._lock:
-            self._outstanding.add(call_id)
+            self._outstanding[call_id] = size
         self.registry._on_call()
         self.registry._emit(encode(CallEvent(id=self.request_id, call_id=call_id, function=call.function,
                                              args=call.args, kwargs=call.kwargs)))
 
     def answered(self, call_id: int) -> None:
         with self._lock:
-            self._outstanding.discard(call_id)
+            self._outstanding.pop(call_id, None)
 
     def answer(self, message: dict[str, Any]) -> None:
         self.send(msgspec.json.encode(message))
@@ -219,9 +256,9 @@ class JobCalls:
 
         Called before the channel is closed: no answer may be written to a descriptor number reused since."""
         with self._lock:
-            outstanding, self._outstanding = self._outstanding, set()
+            outstanding, self._outstanding = self._outstanding, {}
             sender, self._closed = self._sender, True
-        self.registry.drop(outstanding)
+        self.registry.drop(set(outstanding))
         if sender is not None:
             self._outbox.put(None)
             sender.join()

@@ -24,9 +24,13 @@ __all__ = ["LineReader", "Output", "TooLong", "watch_for_client_death"]
 _CHUNK = 1 << 16
 
 
+_HEAD = 256  # bytes of an over-long line kept, so that the pool can still say which request or call it was
+
+
 @dataclass(frozen=True)
 class TooLong:
     size: int
+    head: bytes = b""
 
 
 class LineReader:
@@ -38,6 +42,7 @@ class LineReader:
     def __iter__(self) -> Iterator[bytes | TooLong]:
         buffer = bytearray()
         discarding = 0  # bytes of an over-long line skipped so far
+        head = b""  # its first bytes
         while not self._stopping():
             ready, _, _ = select.select([self._fd, self._wakeup], [], [])
             if self._wakeup in ready:
@@ -51,24 +56,26 @@ class LineReader:
                 newline = buffer.find(b"\n")
                 if newline < 0:
                     if len(buffer) > MAX_LINE:
+                        if not discarding:
+                            head = bytes(buffer[:_HEAD])
                         discarding += len(buffer)
                         buffer.clear()
                     break
                 line = bytes(buffer[:newline])
                 del buffer[: newline + 1]
                 if discarding:
-                    yield TooLong(discarding + len(line))
+                    yield TooLong(discarding + len(line), head)
                     discarding = 0
                 elif len(line) > MAX_LINE:
-                    yield TooLong(len(line))
+                    yield TooLong(len(line), line[:_HEAD])
                 elif line.strip():
                     yield line
         if self._stopping():
             return
         if discarding:
-            yield TooLong(discarding + len(buffer))
+            yield TooLong(discarding + len(buffer), head)
         elif buffer.strip():  # a last line without its newline still counts
-            yield bytes(buffer) if len(buffer) <= MAX_LINE else TooLong(len(buffer))
+            yield bytes(buffer) if len(buffer) <= MAX_LINE else TooLong(len(buffer), bytes(buffer[:_HEAD]))
 
 
 class Output:

@@ -13,6 +13,7 @@ the writers, then the workers, then intake: memory stays bounded.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue
 import signal
@@ -27,7 +28,7 @@ import msgspec
 from ..config import EMPTY, Config, load_config
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
 from ..job import ErrorInfo, JobSpec
-from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal
+from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal, reply_call_id
 from ..resolve import DEFAULTS, parse_request_duration, parse_request_size, to_job
 from ..units import parse_duration
 from .hostcalls import CallRegistry
@@ -38,6 +39,8 @@ from .stats import Stats, log_line
 from .worker import CallSink, Template
 
 __all__ = ["PoolOptions", "serve"]
+
+_log = logging.getLogger(__name__)
 
 _MAX_WORKERS = 256
 
@@ -109,11 +112,22 @@ class _Worker(threading.Thread):
         self.started_event.set()
         try:
             while (job := self.server.jobs.get()) is not None:
-                self.server.finish(self._serve(job), session=None, step=None)
+                self.server.finish(self._serve_safely(job), session=None, step=None)
                 self.server.jobs.task_done()
         finally:
             if self.template is not None:
                 self.template.close()
+
+    def _serve_safely(self, job: _Job) -> Result:
+        """Serve one job; whatever goes wrong costs that job and its template, never this thread."""
+        try:
+            return self._serve(job)
+        except Exception as exc:
+            _log.exception("worker %s failed while serving job %r", self.name, job.id)
+            if self.template is not None:
+                self.template.broken = True  # replaced before the next job
+            return self._worker_error(job, 0, f"the pool failed while serving this job ({type(exc).__name__}); "
+                                              "it was stopped")
 
     def _serve(self, job: _Job) -> Result:
         queue_us = (time.monotonic_ns() - job.accepted_ns) // 1000
@@ -234,6 +248,12 @@ class Server:
 
     def handle_line(self, line: bytes | TooLong) -> None:
         if isinstance(line, TooLong):
+            call_id = reply_call_id(line.head)
+            if call_id is not None and self.calls.fail(
+                    call_id, f"the host's reply of {line.size} bytes exceeds the pool's 1 MiB line limit"):
+                self._refuse(None, f"reply to call {call_id}: line of {line.size} bytes exceeds the 1 MiB "
+                                   "limit; the job's call fails with HostError")
+                return
             self._refuse(None, f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
             return
         try:

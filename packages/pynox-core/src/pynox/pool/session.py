@@ -10,6 +10,7 @@ name starts a fresh process with the permissions that request brings.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -28,6 +29,8 @@ from .outcome import WORKER_ERROR_EXIT, Outcome, to_session_result
 from .worker import CallSink, SessionChannels, Template
 
 __all__ = ["MAX_PENDING_STEPS", "Session", "SessionRegistry", "Step"]
+
+_log = logging.getLogger(__name__)
 
 MAX_PENDING_STEPS = 8
 
@@ -106,6 +109,12 @@ class Session(threading.Thread):
         except PynoxError as exc:
             self.registry.forget(self)
             self._answer(step, self._failure(step, str(exc), queue_us))
+            return True
+        except Exception as exc:  # whatever goes wrong costs this session, never the pool a thread
+            _log.exception("session %r failed while serving step %r", self.session_name, step.id)
+            self.registry.forget(self)
+            self._answer(step, self._failure(step, f"the pool failed while serving this step "
+                                                   f"({type(exc).__name__}); the session was stopped", queue_us))
             return True
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,

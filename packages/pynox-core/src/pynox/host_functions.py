@@ -1,0 +1,140 @@
+"""Host functions, as the host sees them: what the model is shown, and how a job's call is checked and answered.
+
+A host function runs in the application's own process, with the
+application's powers: it is the one place where sandboxed code reaches
+outside. So a call from a job is treated as a tool call from a model:
+
+* **Its signature is the contract.** Arguments are bound to the parameters
+  and converted strictly against their annotations (``msgspec``: no ``"9"``
+  for an ``int``, no ``True`` for an ``int``, no ``dict`` for a ``str``, no
+  integer beyond 64 bits) before the function runs; a mismatch is a
+  ``HostError`` in the job naming the parameter. Keywords bound with
+  ``functools.partial`` are the host's: the job cannot pass them, and the
+  model never sees them.
+* **Its result is plain JSON** of at most 1 MB (``pool/host_values.py``),
+  or the job gets a ``HostError`` saying why.
+* **Its exception text is the host's to reveal.** By default the job learns
+  only the exception's type: exception messages carry connection strings,
+  tokens in URLs, file paths, exactly what host functions keep from the
+  sandbox. The full traceback is logged at WARNING. A
+  :class:`~pynox.errors.HostError` raised on purpose passes its message;
+  ``host_errors="full"`` passes every message (the application's choice).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import HostError
+from .pool.host_module import MAX_PAYLOAD
+from .pool.host_values import NotPlainJSON, check_plain_json
+
+__all__ = ["HostErrors", "answer_call", "visible_signature"]
+
+HostErrors = Literal["safe", "full"]
+HostFunction = Callable[..., Any]
+_MAX_MESSAGE = 10_000  # characters of an error message sent to the job
+_log = logging.getLogger(__name__)
+
+
+def _bound_keywords(function: HostFunction) -> set[str]:
+    bound: set[str] = set()
+    while isinstance(function, functools.partial):
+        bound |= set(function.keywords)
+        function = function.func
+    return bound
+
+
+def _underlying(function: HostFunction) -> HostFunction:
+    while isinstance(function, functools.partial):
+        function = function.func
+    return function
+
+
+def visible_signature(function: HostFunction) -> inspect.Signature:
+    """The signature a job may call: without the keywords a ``functools.partial`` fixed."""
+    try:
+        signature = inspect.signature(function, eval_str=True)
+    except (NameError, TypeError, SyntaxError):  # an annotation that does not evaluate: show it as written
+        signature = inspect.signature(function)
+    hidden = _bound_keywords(function)
+    return signature.replace(parameters=[p for p in signature.parameters.values() if p.name not in hidden])
+
+
+def _annotations(function: HostFunction) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(_underlying(function))
+    except Exception:  # a forward reference that does not resolve: bind by name, convert nothing
+        return {}
+
+
+def _convert(name: str, parameter: inspect.Parameter, value: Any, annotation: Any) -> Any:
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return value
+    if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+        return tuple(_convert(name, parameter.replace(kind=inspect.Parameter.POSITIONAL_ONLY), item, annotation)
+                     for item in value)
+    if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+        plain = parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        return {key: _convert(name, plain, item, annotation) for key, item in value.items()}
+    try:
+        return msgspec.convert(value, annotation, strict=True)
+    except msgspec.ValidationError as exc:
+        raise HostError(f"{name}(): argument {parameter.name!r}: {exc}") from None
+    except (TypeError, ValueError):  # a type msgspec cannot check (a protocol, a custom class): pass it on
+        return value
+
+
+def _prepare(name: str, function: HostFunction, args: list[Any], kwargs: dict[str, Any]) -> inspect.BoundArguments:
+    fixed = sorted(_bound_keywords(function) & kwargs.keys())
+    if fixed:
+        raise HostError(f"{name}(): {', '.join(fixed)} is fixed by the host and cannot be passed")
+    signature = visible_signature(function)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise HostError(f"{name}(): {exc}") from None
+    hints = _annotations(function)
+    for parameter_name, value in bound.arguments.items():
+        parameter = signature.parameters[parameter_name]
+        annotation = hints.get(parameter_name, parameter.annotation)
+        bound.arguments[parameter_name] = _convert(name, parameter, value, annotation)
+    return bound
+
+
+def _shown(message: str) -> str:
+    if len(message) > _MAX_MESSAGE:
+        return message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
+    return message
+
+
+def answer_call(name: str, function: HostFunction | None, args: list[Any], kwargs: dict[str, Any], *,
+                host_errors: HostErrors = "safe") -> dict[str, Any]:
+    """Check and run one call; the reply's ``result`` or ``error``. Never raises."""
+    if function is None:
+        return {"error": f"no host function {name!r} is registered for this run"}
+    try:
+        bound = _prepare(name, function, args, kwargs)
+        value = function(*bound.args, **bound.kwargs)
+    except HostError as exc:  # raised on purpose (or by the checks above): its text is meant for the job
+        return {"error": _shown(str(exc))}
+    except BaseException as exc:  # SystemExit too (argparse in a tool): without a reply the job would hang
+        _log.warning("host function %s() raised %s", name, type(exc).__name__, exc_info=exc)
+        if host_errors == "full":
+            return {"error": _shown(f"{type(exc).__name__}: {exc}")}
+        return {"error": f"{name}() failed ({type(exc).__name__}); the host logged the details"}
+    try:
+        check_plain_json(value, "result")
+        size = len(msgspec.json.encode(value))
+    except NotPlainJSON as exc:
+        return {"error": f"{name}() returned a value that is not plain JSON: {exc}"}
+    if size > MAX_PAYLOAD:
+        return {"error": f"{name}() returned {size} bytes of JSON, more than the 1 MB limit"}
+    return {"result": value}

@@ -249,3 +249,85 @@ def test_no_later_job_finds_an_earlier_jobs_payload_in_its_memory(pool: PoolProc
     # Control: the scan finds a token that is really in the job's memory (its own environment).
     own = _token()
     assert own in _scanned(pool.run(_SCAN, allow_write=[str(tmp_path)], env={"MINE": own}))
+
+
+# -- found by the adversarial review of the redesign ---------------------------------------------------------
+
+
+def test_a_symlink_planted_where_an_earlier_job_wrote_never_widens_a_narrower_grant(
+        pool: PoolProcess, tmp_path: Path) -> None:
+    # The later job is granted only the subdirectory, not the directory the planting job could write.
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    (work / "sub").mkdir(parents=True)
+    outside.mkdir()
+    planted = pool.run(_PLANT.format(delay=0, sub=str(work / "sub"), outside=str(outside)), allow_write=[str(work)])
+    assert planted["stdout"] == "planted\n", planted
+    for field in ("allow_write", "allow_read"):
+        result = pool.run(_write(work / "sub" / "escape"), **{field: [str(work / "sub")]})
+        assert result["error"]["type"] == "RequestError" and "symlink" in result["error"]["message"], result
+    assert not (outside / "escape").exists()
+
+
+_FLIP = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.symlink({outside!r}, {link!r})
+end = time.monotonic() + {seconds}
+flips = 0
+while time.monotonic() < end:  # swap the real directory and the symlink, atomically, again and again
+    libc.renameat2(-100, {sub!r}.encode(), -100, {link!r}.encode(), 2)
+    flips += 1
+print('flipped', flips)
+"""
+
+
+def test_a_path_flipping_between_directory_and_symlink_never_escapes_the_ceiling(tmp_path: Path) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    (work / "sub").mkdir(parents=True)
+    outside.mkdir()
+    config = tmp_path / "etc" / "pynox.toml"
+    config.parent.mkdir()
+    config.write_text(f'[pool.limits]\nallow_write = ["{work}"]\n')
+    victims = 150
+    with pool_process("--workers=2", f"--config={config}", cwd=tmp_path) as pool:
+        flipper = pool.submit(code=_FLIP.format(outside=str(outside), link=str(work / "link"), sub=str(work / "sub"),
+                                                seconds=6), allow_write=[str(work)], timeout="20s")
+        ids = [pool.submit(code=f"open({str(outside)!r} + '/escape-{i}', 'w').write('x'); print('ESCAPED')",
+                           allow_write=[str(work), str(work / "sub")]) for i in range(victims)]
+        results = [pool.result(request_id, timeout=60) for request_id in ids]
+        assert pool.result(flipper, timeout=30)["stdout"].startswith("flipped"), "the flipper did not run"
+    assert sorted(os.listdir(outside)) == []  # the harm, seen from the host
+    assert not any(r["stdout"] == "ESCAPED\n" for r in results)
+    for result in results:
+        assert all(not path.startswith(str(outside)) for path in (result.get("policy") or {}).get("allow_write", []))
+
+
+def test_a_chain_of_symlinks_is_refused_and_the_pool_goes_on(pool: PoolProcess, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    chain = ("import os\nos.mkdir('end')\nfor i in range(2000):\n"
+             "    os.symlink(f'l{i + 1}' if i < 1999 else 'end', f'l{i}')\nos.symlink('l0', 'sub')\nprint('chained')")
+    made = pool.run(f"import os\nos.chdir({str(work)!r})\n" + chain, allow_write=[str(work)])
+    assert made["stdout"] == "chained\n", made
+    refused = pool.run("print('ran')", allow_read=[str(work / "sub")])
+    assert refused["error"]["type"] == "RequestError" and "symlinks" in refused["error"]["message"], refused
+    assert pool.run("print('next')")["stdout"] == "next\n"
+
+
+def test_a_package_directory_replaced_on_the_host_is_the_new_one(tmp_path: Path) -> None:
+    packages = tmp_path / "site"
+    packages.mkdir()
+    (packages / "first.py").write_text("NAME = 'first'\n")
+    with pool_process("--workers=1", f"--package-dir={packages}", cwd=tmp_path) as pool:
+        assert pool.run("import first; print(first.NAME)")["stdout"] == "first\n"
+        _wait_prepared(pool)
+        packages.rename(tmp_path / "site.old")  # a deploy moves the old release aside
+        packages.mkdir()
+        (packages / "second.py").write_text("NAME = 'second'\n")
+        # The child prepared before the move still has the old rule: it serves one more job at most.
+        pool.run("pass")
+        _wait_prepared(pool)
+        result = pool.run("import second; print(second.NAME)")
+        assert result["stdout"] == "second\n", result
+        old = pool.run(_write(tmp_path / "site.old" / "first.py"))
+        assert old["stdout"].startswith("denied"), old

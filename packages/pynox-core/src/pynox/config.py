@@ -29,7 +29,7 @@ import msgspec
 
 from .errors import ConfigError, RequestError
 from .protocol import Request
-from .resolve import DEFAULTS, Defaults, resolve_path
+from .resolve import DEFAULTS, Defaults, check_ceiling, resolve
 from .units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config"]
@@ -141,18 +141,10 @@ def _beneath(path: str, parent: str) -> bool:
     return os.path.commonpath((path, parent)) == parent
 
 
-def _shown(paths: Sequence[str]) -> str:
-    return ", ".join(paths) if paths else "none"
-
-
 def _check_paths(field_name: str, paths: Iterable[str], allowed: Sequence[str], cwd: str) -> None:
-    for path in paths:
-        # The same resolution to_job applies, so the ceiling judges exactly what would be granted.
-        real = resolve_path(path, cwd, field_name)
-        if not any(_beneath(real, parent) for parent in allowed):
-            named = path if path == real else f"{path} (resolves to {real})"
-            raise RequestError(f"{field_name}: {named} is outside the [pool.limits] ceiling "
-                               f"(allowed: {_shown(allowed)})")
+    # An early answer, for a tool made with grants outside the ceiling. The pool judges again, with
+    # to_job, on the very resolution it grants (a path can change between the two).
+    check_ceiling(field_name, [resolve(path, cwd, field_name) for path in paths], allowed)
 
 
 def _show_duration(seconds: float) -> str:

@@ -28,7 +28,8 @@ from .protocol import Request
 from .units import parse_duration, parse_size
 
 __all__ = [
-    "DEFAULTS", "Defaults", "parse_request_duration", "parse_request_size", "resolve_path", "to_job",
+    "DEFAULTS", "Defaults", "Resolved", "check_ceiling", "parse_request_duration", "parse_request_size",
+    "resolve", "resolve_path", "to_job",
 ]
 
 
@@ -45,19 +46,24 @@ _MAX_ARGS = 4096
 _MAX_LINKS = 40  # as the kernel's own limit on symlinks followed in one path
 
 
-def resolve_path(path: str, base: str, field: str) -> str:
+@dataclass(frozen=True)
+class Resolved:
+    """One path as one walk resolved it: where it leads, and every symlink on the way (by its own
+    resolved location). The ceiling, the planted-link rule and the grant all use this one walk."""
+
+    given: str
+    path: str
+    links: tuple[str, ...]
+
+
+def resolve(path: object, base: str, field: str) -> Resolved:
+    """Resolve ``path`` against ``base`` through every symlink, as :func:`os.path.realpath` does, in one
+    iterative walk (a chain of links cannot exhaust the stack) that records the links it follows.
+
+    Raises :class:`RequestError` for something that is not a path, more than 40 links (a loop), or a
+    path that changed while it was walked."""
     if not isinstance(path, str) or not path or "\0" in path:
         raise RequestError(f"{field}: {path!r} is not a path")
-    return os.path.realpath(_joined(path, base))
-
-
-def _joined(path: str, base: str) -> str:
-    return os.path.join(base, os.path.expanduser(path) if path.startswith("~") else path)
-
-
-def symlinks_followed(path: str, base: str) -> list[str]:
-    """The symlinks that resolving ``path`` (against ``base``) follows, each named by its own resolved
-    location, in the order they are met. Resolves as :func:`os.path.realpath` does."""
     pending = _joined(path, base).split("/")[::-1]
     resolved, links = "/", []
     while pending:
@@ -70,44 +76,66 @@ def symlinks_followed(path: str, base: str) -> list[str]:
         candidate = os.path.join(resolved, name)
         try:
             is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
-        except OSError:
+        except OSError:  # missing (or not a directory): the rest is taken as written, as realpath does
             is_link = False
         if not is_link:
             resolved = candidate
             continue
         links.append(candidate)
         if len(links) > _MAX_LINKS:
-            break
-        target = os.readlink(candidate)
+            raise RequestError(f"{field}: {path} goes through more than {_MAX_LINKS} symlinks (a loop?)")
+        try:
+            target = os.readlink(candidate)
+        except OSError:
+            raise RequestError(f"{field}: {path} changed while it was resolved; send the request again") from None
         if target.startswith("/"):
             resolved = "/"
         pending += target.split("/")[::-1]
-    return links
+    return Resolved(path, resolved, tuple(links))
 
 
-def _refuse_planted_links(named: dict[str, list[str]], base: str, writable: Sequence[str]) -> None:
-    for field, paths in named.items():
-        for path in paths:
-            for link in symlinks_followed(path, base):
-                root = next((root for root in writable if _beneath(link, root)), None)
-                if root is not None:
-                    raise RequestError(f"{field}: {path} goes through the symlink {link}, which lies in {root} "
-                                       "where jobs may write; an earlier job could have planted it, so it is "
-                                       "not followed: grant the path it points to by its own name")
+def resolve_path(path: object, base: str, field: str) -> str:
+    return resolve(path, base, field).path
+
+
+def _joined(path: str, base: str) -> str:
+    return os.path.join(base, os.path.expanduser(path) if path.startswith("~") else path)
 
 
 def _beneath(path: str, parent: str) -> bool:
+    """Equal or a proper descendant, by whole components. Both must be absolute and normalised."""
     return os.path.commonpath((path, parent)) == parent
 
 
-def _existing(paths: Iterable[str], base: str, field: str) -> list[str]:
-    resolved: list[str] = []
+def check_ceiling(field: str, paths: Iterable[Resolved], allowed: Sequence[str]) -> None:
+    """Every resolved path must lie beneath one of the ``allowed`` roots (the [pool.limits] ceiling)."""
+    for resolved in paths:
+        if not any(_beneath(resolved.path, parent) for parent in allowed):
+            named = resolved.given if resolved.given == resolved.path else \
+                f"{resolved.given} (resolves to {resolved.path})"
+            raise RequestError(f"{field}: {named} is outside the [pool.limits] ceiling "
+                               f"(allowed: {', '.join(allowed) if allowed else 'none'})")
+
+
+def _refuse_planted_links(resolved: dict[str, list[Resolved]], writable: Sequence[str]) -> None:
+    for field, paths in resolved.items():
+        for path in paths:
+            for link in path.links:
+                root = next((root for root in writable if _beneath(link, root)), None)
+                if root is not None:
+                    raise RequestError(f"{field}: {path.given} goes through the symlink {link}, which lies in "
+                                       f"{root} where jobs may write; an earlier job could have planted it, so "
+                                       "it is not followed: grant the path it points to by its own name")
+
+
+def _existing(paths: Iterable[object], base: str, field: str) -> list[Resolved]:
+    resolved: list[Resolved] = []
     for path in paths:
-        real = resolve_path(path, base, field)
-        if not os.path.exists(real):
+        found = resolve(path, base, field)
+        if not os.path.exists(found.path):
             raise RequestError(f"{field}: {path} does not exist")
-        if real not in resolved:
-            resolved.append(real)
+        if all(found.path != other.path for other in resolved):
+            resolved.append(found)
     return resolved
 
 
@@ -141,32 +169,39 @@ def to_job(
     runtime_paths: Sequence[str],
     hint_style: Literal["api", "cli"] = "api",
     defaults: Defaults = DEFAULTS,
-    writable: Sequence[str] = (),
+    writable: Iterable[str] = (),
+    ceiling: tuple[Sequence[str], Sequence[str]] | None = None,
     uid: int | None = None,
     gid: int | None = None,
     session: bool = False,
 ) -> tuple[JobSpec, int]:
     """Return the job and its output cap, or raise :class:`RequestError` saying what is wrong.
 
-    ``writable``: where any job of this pool may write (the ceiling's ``allow_write``), besides this
-    request's own write grants; no grant may go through a symlink there."""
-    allow_read = _existing(request.allow_read or (), cwd, "allow_read")
-    allow_write = _existing(request.allow_write or (), cwd, "allow_write")
+    ``writable``: where jobs of this pool may write or may have written (the ceiling's ``allow_write``,
+    every write grant the pool has given), besides this request's own write grants: no grant may go
+    through a symlink there. ``ceiling``: the [pool.limits] roots (readable, writable) the resolved
+    paths must lie beneath, judged on the very resolution that is granted."""
+    read = _existing(request.allow_read or (), cwd, "allow_read")
+    write = _existing(request.allow_write or (), cwd, "allow_write")
+    packages = _existing(request.package_dirs or (), cwd, "package_dirs")
+    scripts = [resolve(request.script, cwd, "script")] if request.script is not None else []
+    if scripts and not os.path.isfile(scripts[0].path):
+        raise RequestError(f"script: {request.script} is not a file")
+    if ceiling is not None:
+        readable, writable_roots = ceiling
+        for field, paths in (("allow_read", read), ("package_dirs", packages), ("script", scripts)):
+            check_ceiling(field, paths, readable)
+        check_ceiling("allow_write", write, writable_roots)
+    allow_write = [found.path for found in write]
     for path in allow_write:
         runtime = overlapping(path, runtime_paths)
         if runtime is not None:
             raise RequestError(f"allow_write: {path} overlaps the runtime path {runtime}; a job may never "
                                "write where the interpreter and its packages live")
-    package_dirs = _existing(request.package_dirs or (), cwd, "package_dirs")
-    script = None
-    if request.script is not None:
-        script = resolve_path(request.script, cwd, "script")
-        if not os.path.isfile(script):
-            raise RequestError(f"script: {request.script} is not a file")
-    _refuse_planted_links({"allow_read": list(request.allow_read or ()), "allow_write": list(request.allow_write or ()),
-                           "package_dirs": list(request.package_dirs or ()),
-                           "script": [request.script] if request.script is not None else []},
-                          cwd, [*allow_write, *writable])
+    _refuse_planted_links({"allow_read": read, "allow_write": write, "package_dirs": packages, "script": scripts},
+                          [*allow_write, *writable])
+    allow_read, package_dirs = [found.path for found in read], [found.path for found in packages]
+    script = scripts[0].path if scripts else None
     granted = len(allow_read) + len(allow_write) + len(package_dirs) + (script is not None)
     if granted > MAX_GRANTS:
         raise RequestError(f"at most {MAX_GRANTS} granted paths per job (allow_read, allow_write, package_dirs "

@@ -19,8 +19,8 @@ from .privileges import drop_bounding_set, drop_privileges, set_parent_death_sig
 from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, OWN_PROC_ENTRIES, runtime_paths
 
 __all__ = [
-    "BACKEND", "BASE_ENVIRONMENT", "Runtime", "add_environment", "build_ruleset", "confine", "prepare_runtime",
-    "private_data_bytes", "reset_environment",
+    "BACKEND", "BASE_ENVIRONMENT", "Runtime", "RuntimeRules", "add_environment", "build_ruleset", "confine",
+    "prepare_runtime", "private_data_bytes", "reset_environment",
 ]
 
 _MIN_HEADROOM = 16 << 20
@@ -37,9 +37,9 @@ class Runtime:
     filters: dict[bool, seccomp.LoadableFilter]
     # Stacked on the main filter, with the child's own pid written in (see own_process.py).
     own_process: OwnProcessFilter
-    # Landlock rules opened once: (O_PATH descriptor, rights), always, and with the network.
-    rules: tuple[tuple[int, int], ...]
-    network_rules: tuple[tuple[int, int], ...]
+    # Landlock rules of the runtime, always and with the network; see RuntimeRules.
+    rules: RuntimeRules
+    network_rules: RuntimeRules
     # Private writable memory the template already holds, which every child inherits.
     data_bytes: int
 
@@ -59,16 +59,51 @@ def prepare_runtime(package_dirs: tuple[str, ...] = ()) -> Runtime:
         raise KernelSupportError("this kernel has no seccomp filters: Pynox will not run code unconfined.")
     filters = {network: seccomp.LoadableFilter(seccomp.compile_filter(network)) for network in (False, True)}
     read_paths = tuple(runtime_paths(package_dirs))
-    rules = _open_rules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
-                        + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
-    network_rules = _open_rules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
+    rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
+                         + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
+    network_rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
     drop_bounding_set()
     return Runtime(abi, read_paths, filters, OwnProcessFilter.build(), rules, network_rules, private_data_bytes())
 
 
-def _open_rules(paths: list[tuple[str, int]]) -> tuple[tuple[int, int], ...]:
-    opened = (landlock.open_rule(path, rights, missing_ok=True) for path, rights in paths)
-    return tuple(rule for rule in opened if rule is not None)
+class RuntimeRules:
+    """The runtime's Landlock rules, opened once in the template and reopened when a path changes.
+
+    The host replaces some of these files atomically in ordinary operation (``/etc/resolv.conf`` by a
+    DHCP client, ``/etc/ld.so.cache`` by ``ldconfig``, ``/etc/localtime``, a package directory moved by
+    a deploy): a rule holds the inode it was opened on, so the new file would be denied and the old one
+    stay readable under its new name. :meth:`refresh` compares each path's inode with the rule's and
+    reopens what changed; the template calls it before every child it forks.
+    """
+
+    def __init__(self, wanted: list[tuple[str, int]]) -> None:
+        self._wanted = wanted
+        self._opened = [self._open(path, rights) for path, rights in wanted]
+
+    @staticmethod
+    def _open(path: str, rights: int) -> tuple[int, int, tuple[int, int]] | None:
+        rule = landlock.open_rule(path, rights, missing_ok=True)
+        if rule is None:
+            return None
+        info = os.fstat(rule[0])
+        return rule[0], rule[1], (info.st_dev, info.st_ino)
+
+    def current(self) -> tuple[tuple[int, int], ...]:
+        """(O_PATH descriptor, rights) of every path that exists."""
+        return tuple((fd, rights) for fd, rights, _ in filter(None, self._opened))
+
+    def refresh(self) -> None:
+        for index, (path, rights) in enumerate(self._wanted):
+            try:
+                info = os.stat(path)
+                identity: tuple[int, int] | None = (info.st_dev, info.st_ino)
+            except OSError:
+                identity = None
+            opened = self._opened[index]
+            if (opened[2] if opened is not None else None) != identity:
+                if opened is not None:
+                    os.close(opened[0])
+                self._opened[index] = self._open(path, rights)
 
 
 def private_data_bytes() -> int:
@@ -88,7 +123,8 @@ def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int])
     all_rights = landlock.fs_rights(runtime.landlock_abi)
     granted = [(fd, landlock.fitting(fd, landlock.ACCESS_FS_READ)) for fd in grants[:len(read)]]
     granted += [(fd, landlock.fitting(fd, all_rights)) for fd in grants[len(read):]]
-    prepared = (*runtime.rules, *(runtime.network_rules if confinement.network else ()), *granted)
+    prepared = (*runtime.rules.current(), *(runtime.network_rules.current() if confinement.network else ()),
+                *granted)
     return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network, prepared=prepared,
                                   optional_read=[f"/proc/{os.getpid()}/{entry}" for entry in OWN_PROC_ENTRIES])
 

@@ -71,10 +71,8 @@ def _beneath(path: str, parent: str) -> bool:
 
 
 def overlapping(path: str, runtime: Iterable[str]) -> str | None:
-    """The runtime path that ``path`` lies beneath or contains, if any."""
-    real = os.path.realpath(path)
+    """The runtime path that ``path`` (already resolved) lies beneath or contains, if any."""
     for entry in runtime:
-        for candidate in {path, real}:
-            if _beneath(candidate, entry) or _beneath(entry, candidate):
-                return entry
+        if _beneath(path, entry) or _beneath(entry, path):
+            return entry
     return None

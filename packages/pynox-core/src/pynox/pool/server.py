@@ -64,6 +64,10 @@ class _Job:
     accepted_ns: int
 
 
+def _dedupe(paths: list[str]) -> list[str]:
+    return list(dict.fromkeys(paths))
+
+
 def options_from(args: argparse.Namespace) -> PoolOptions:
     """Merge the command line over ``[pool]`` of the config file (the command line wins)."""
     config = load_config(args.config) if args.config else EMPTY
@@ -188,6 +192,8 @@ class Server:
         self.ready_info: dict[str, object] = {}
         self.read_paths: list[str] = []
         self._stopping = False
+        # Every directory or file a job of this pool has been allowed to write (see resolve.to_job).
+        self._written: set[str] = set()
         self.calls = CallRegistry(output.write, self.stats.record_host_call)
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
 
@@ -247,6 +253,21 @@ class Server:
         return self._stopping
 
     def handle_line(self, line: bytes | TooLong) -> None:
+        """Answer one input line; whatever goes wrong costs that line a refusal, never the pool."""
+        try:
+            self._handle_line(line)
+        except Exception as exc:
+            _log.exception("the pool failed while reading a request")
+            request_id = None
+            try:
+                parsed = parse_line(line) if isinstance(line, bytes) else None
+                request_id = parsed.id if isinstance(parsed, Request) else None
+            except LineError:
+                pass
+            self._refuse(request_id, f"the pool failed while reading this request ({type(exc).__name__}); "
+                                     "nothing ran")
+
+    def _handle_line(self, line: bytes | TooLong) -> None:
         if isinstance(line, TooLong):
             call_id = reply_call_id(line.head)
             if call_id is not None and self.calls.fail(
@@ -284,9 +305,15 @@ class Server:
         config = self.options.config
         request = config.apply(request, self.cwd)
         run_as = config.pool.run_as
-        return to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
-                      writable=config.limits.allow_write if config.limits is not None else (),
-                      uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None)
+        limits = config.limits
+        ceiling = (_dedupe([*limits.allow_read, *limits.allow_write]), limits.allow_write) if limits else None
+        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
+                                  writable=[*(limits.allow_write if limits else ()), *self._written],
+                                  ceiling=ceiling, uid=run_as[0] if run_as else None,
+                                  gid=run_as[1] if run_as else None)
+        # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
+        self._written.update(spec.allow_write)
+        return spec, max_output
 
     def _accept(self, request: Request) -> _Job:
         spec, max_output = self._resolve(request)

@@ -197,6 +197,7 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
                 prepared.release()
                 prepared = None
             if pid is None:
+                _refresh(runtime)
                 pid = os.fork()
                 if pid == 0:
                     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -211,11 +212,18 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
             if job.confinement.session:
                 close_all(job.grants)
             else:
+                _refresh(runtime)
                 prepared = _Prepared(job, runtime)
     finally:
         if prepared is not None:
             prepared.discard()
             prepared.release()
+
+
+def _refresh(runtime: Runtime) -> None:
+    """Reopen runtime rules whose path names another file now (see RuntimeRules), before a fork."""
+    runtime.rules.refresh()
+    runtime.network_rules.refresh()
 
 
 def _report_start(sock: socket.socket, pid: int) -> bool:

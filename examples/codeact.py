@@ -20,7 +20,7 @@ def search(query: str, limit: int = 5) -> list[str]:
 def price(product: str) -> float:
     """The price of one product, in euros."""
     if product not in CATALOG:
-        raise KeyError(f"no product named {product!r}")
+        raise pynox.HostError(f"no product named {product!r}")  # its message is meant for the model
     return CATALOG[product]
 
 

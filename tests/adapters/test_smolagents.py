@@ -196,6 +196,31 @@ def test_final_answer_passes_through_except_exception(pool: pynox.Pool) -> None:
             "{'n': 3, 'items': ['a']}"
 
 
+def test_the_first_final_answer_ends_the_step_whatever_the_code_does(pool: pynox.Pool) -> None:
+    """As smolagents' local executor: code that catches the end of the step (or calls the host function
+    directly) runs on, but reaches no tool and cannot change the answer."""
+    before = len(HOST_THREADS)
+    model = ScriptedModel(["try:\n    final_answer('first')\nexcept BaseException:\n    pass\n"
+                           "import pynox_host\ntry:\n    price('lamp')\n"
+                           "except Exception as e:\n    print('refused:', e)\n"
+                           "try:\n    pynox_host.final_answer('second')\n"
+                           "except Exception as e:\n    print('refused:', e)"])
+    with CodeAgent(tools=[price], model=model, executor=PynoxExecutor(pool), verbosity_level=QUIET) as agent:
+        assert agent.run("task") == "first"
+        logs = agent.python_executor.state["_print_outputs"]
+    assert len(HOST_THREADS) == before, "a tool ran after the step's final answer"
+    assert logs.count("this step already gave its final answer") == 2, logs
+
+
+def test_step_values_are_not_kept_after_the_step(pool: pynox.Pool) -> None:
+    executor = PynoxExecutor(pool)
+    model = ScriptedModel(["import pynox_host\nfor _ in range(20):\n    pynox_host.pynox_step_value('x' * 500_000)\n"
+                           "len('done')", "final_answer('ok')"])
+    with CodeAgent(tools=[], model=model, executor=executor, verbosity_level=QUIET) as agent:
+        assert agent.run("task") == "ok"
+        assert executor._value == [] and executor._final == []  # nothing held between steps
+
+
 def test_managed_agent_is_called_by_its_name_from_the_code(pool: pynox.Pool) -> None:
     helper_model = ScriptedModel([{"name": "final_answer", "args": {"answer": "the lamp costs 25 euros"}}])
     helper = ToolCallingAgent(tools=[], model=helper_model, name="researcher",

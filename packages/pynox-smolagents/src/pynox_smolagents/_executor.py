@@ -159,11 +159,13 @@ class PynoxExecutor(PythonExecutor):
             result = session.run(_wrap_trailing_expression(code_action), name=self.name)
             logs = _logs(result)
             self.state["_print_outputs"] = logs
-            if self._final:
-                return CodeOutput(output=self._final[0], logs=logs, is_final_answer=True)
+            final, value = list(self._final), list(self._value)
+            del self._final[:], self._value[:]  # released: the next step starts with neither
+            if final:
+                return CodeOutput(output=final[0], logs=logs, is_final_answer=True)
             if not result.ok:
                 raise InterpreterError("Code execution failed: " + result.error_text)
-            return CodeOutput(output=self._value[0] if self._value else None, logs=logs, is_final_answer=False)
+            return CodeOutput(output=value[0] if value else None, logs=logs, is_final_answer=False)
 
     def cleanup(self) -> None:
         """End the session's process (``CodeAgent.cleanup()`` and ``with CodeAgent(...)`` call this)."""
@@ -177,11 +179,23 @@ class PynoxExecutor(PythonExecutor):
     def _host_functions(self) -> dict[str, Callable[..., Any]]:
         # Late-bound: a tool replaced between runs under the same name is the one called.
         functions = {name: self._bind_tool(name) for name in [*self._functions, *self._tools]}
-        functions[STEP_VALUE] = self._value.append
+        functions[STEP_VALUE] = self._record_value
         return functions
+
+    def _record_value(self, value: Any) -> None:
+        # Only the step's last value is kept: a step calling this in a loop holds one value, not all.
+        self._refuse_after_final_answer(STEP_VALUE)
+        self._value[:] = [value]
+
+    def _refuse_after_final_answer(self, name: str) -> None:
+        # smolagents' own executor stops at the first final_answer: code that catches the exception
+        # that ends the step (or calls the host function directly) may run on, but reaches no tool.
+        if self._final:
+            raise pynox.HostError(f"{name}(): this step already gave its final answer; nothing more runs")
 
     def _bind_tool(self, name: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
+            self._refuse_after_final_answer(name)
             tool = self._tools.get(name) or self._functions[name]
             value = tool(*args, **kwargs)
             if name == "final_answer" and name in self._tools:

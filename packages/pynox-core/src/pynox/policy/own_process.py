@@ -56,6 +56,9 @@ _PID_FIRST = (
     "sched_getparam", "sched_setattr", "sched_getattr", "sched_rr_get_interval", "migrate_pages", "move_pages",
     "get_robust_list", "getpgid", "getsid", "setpgid", "pidfd_open", "tgkill", "tkill", "rt_sigqueueinfo",
     "rt_tgsigqueueinfo",
+    # Resource limits: the kernel lets a process change those of any other of its uid (a job could lower
+    # the pool's RLIMIT_CPU and have it killed).
+    "prlimit64",
 )
 # (which, who) calls: the kinds of "which" that name a process or a process group, lowest and highest.
 _WHICH_WHO = {"getpriority": (0, 1), "setpriority": (0, 1), "ioprio_get": (1, 2), "ioprio_set": (1, 2)}

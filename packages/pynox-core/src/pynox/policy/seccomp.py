@@ -20,7 +20,6 @@ import errno
 import os
 import platform
 import socket
-import tempfile
 from dataclasses import dataclass
 
 import pyseccomp
@@ -145,10 +144,10 @@ def compile_filter(network: bool) -> CompiledFilter:
     for request in (_TIOCSTI, _TIOCLINUX):
         _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
     _deny(f, "personality", pyseccomp.Arg(0, pyseccomp.NE, _PER_QUERY))
-    # Resource limits of another process: the kernel allows it between processes of one uid, so a job
-    # keeping uid 0 could lower the template's or the pool's limits (RLIMIT_CPU kills). Its own (pid 0) only.
-    _deny(f, "prlimit64", pyseccomp.Arg(0, pyseccomp.NE, 0))
-    with tempfile.TemporaryFile() as out:
+    # prlimit64 on another process (the kernel allows it between processes of one uid: a job keeping
+    # uid 0 could lower the pool's limits) is refused by the own-process filter, which knows the job's pid.
+    # A memfd, not tempfile: tempfile would remember /tmp as every later job's temporary directory.
+    with os.fdopen(os.memfd_create("pynox-bpf", os.MFD_CLOEXEC), "w+b") as out:
         f.export_bpf(out)
         out.seek(0)
         bpf = out.read()

@@ -18,6 +18,8 @@ Run as ``python -I -c ... <socket fd>`` by :mod:`pynox.pool.worker`.
 
 from __future__ import annotations
 
+import collections
+import ctypes
 import gc
 import importlib
 import os
@@ -78,10 +80,30 @@ def _warm_up(init: Init, sock_fd: int) -> Runtime:
     runtime = prepare_runtime(tuple(init.package_dirs))
     # Preloads have read their BLAS settings; from here on the environment is what every job starts from.
     reset_environment()
+    _behave_as_a_normal_interpreter()
     # Children inherit the heap: objects frozen here are never scanned by a child's collector.
     gc.collect()
     gc.freeze()
     return runtime
+
+
+def _behave_as_a_normal_interpreter() -> None:
+    """The template was started with -I so that nothing of the host's environment shaped it; its jobs
+    are ordinary interpreters: the environment a job is given (PYTHONBREAKPOINT, PYTHONASYNCIODEBUG...)
+    works as it does outside. The environment is already the jobs' base, so nothing of the host's is
+    read from here on."""
+    ctypes.c_int.in_dll(ctypes.pythonapi, "Py_IgnoreEnvironmentFlag").value = 0
+    ctypes.c_int.in_dll(ctypes.pythonapi, "Py_IsolatedFlag").value = 0
+    # sys.flags cannot be instantiated: the same fields, in the same order, as a named tuple.
+    names = [name for name in _FLAGS if hasattr(sys.flags, name)]
+    values = {name: getattr(sys.flags, name) for name in names} | {"ignore_environment": 0, "isolated": 0,
+                                                                   "safe_path": False}
+    sys.flags = collections.namedtuple("flags", names)(**values)  # type: ignore[misc]
+
+
+_FLAGS = ("debug", "inspect", "interactive", "optimize", "dont_write_bytecode", "no_user_site", "no_site",
+          "ignore_environment", "verbose", "bytes_warning", "quiet", "hash_randomization", "isolated", "dev_mode",
+          "utf8_mode", "warn_default_encoding", "safe_path", "int_max_str_digits")
 
 
 def _prove_single_threaded(preload: list[str]) -> None:

@@ -92,7 +92,10 @@ class Template:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # -I: no PYTHON* variables, no user site, no current directory on sys.path.
         source_root = os.path.dirname(os.path.dirname(os.path.abspath(pynox.__file__)))
-        bootstrap = f"import sys; sys.path.insert(0, {source_root!r}); from pynox.pool.template import main; main()"
+        # typing_extensions, when msgspec finds it, patches the standard typing module, and every job would
+        # inherit the patch: hidden while pynox loads (msgspec then uses typing's own), importable again after.
+        bootstrap = (f"import sys; sys.path.insert(0, {source_root!r}); sys.modules['typing_extensions'] = None; "
+                     "from pynox.pool.template import main; del sys.modules['typing_extensions']; main()")
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-c", bootstrap, str(child.fileno())],

@@ -65,9 +65,12 @@ class PoolWorkerError(PoolError):
     effects may have happened).
     """
 
-    def __init__(self, message: str, *, started: bool = True) -> None:
+    def __init__(self, message: str, *, started: bool = True, transient: bool = False) -> None:
         super().__init__(message)
         self.started = started
+        # The template died (was killed, ran out of memory) rather than failed a check: starting
+        # another may work, where a preload that cannot be imported would fail again.
+        self.transient = transient
 
 
 class JobError(PynoxError):

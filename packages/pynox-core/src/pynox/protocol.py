@@ -8,6 +8,7 @@ whenever the line was JSON at all, so the client can match the refusal.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -190,12 +191,19 @@ def parse_line(line: bytes) -> Request | Reply:
     if not isinstance(raw, dict):
         raise LineError(None, f"a request must be a JSON object, got {type(raw).__name__}")
     request_id = _find_id(raw)
+    duplicate = _duplicate_key(line, raw)
+    if duplicate is not None:
+        # The last one would win here; a filter in front of the pool may have read the first.
+        raise LineError(request_id, f"duplicate key {_quoted(duplicate)}: every key may appear once")
     try:
         if "reply" in raw:
             reply = msgspec.convert(raw, Reply)
             body = raw["reply"]
             if "result" in body and "error" in body:
                 raise LineError(None, f"reply to call {reply.reply.call_id}: give result or error, not both")
+            if "result" not in body and "error" not in body:
+                raise LineError(None, f"reply to call {reply.reply.call_id}: give a result or an error; the call "
+                                      "is still waiting for one")
             return reply
         request = msgspec.convert(raw, Request)
     except msgspec.ValidationError as exc:
@@ -204,6 +212,47 @@ def parse_line(line: bytes) -> Request | Reply:
         raise LineError(request_id, "invalid request: nested too deeply") from None
     _check_shape(request)
     return request
+
+
+_KEY = re.compile(rb'"\s*:')
+_QUOTED = 80  # characters of a client's input quoted back in a message
+
+
+def _quoted(text: str) -> str:
+    return repr(text) if len(text) <= _QUOTED else repr(text[:_QUOTED]) + f"... ({len(text)} characters)"
+
+
+def _duplicate_key(line: bytes, raw: Any) -> str | None:
+    """A key that appears twice in one object of ``line``, at any depth, or None.
+
+    Every key is a string followed by a colon, so a line holds at least as many of those as it has
+    keys; when the decoded value counts as many, no key was merged away and the line is let through
+    without a second parse (the usual case). Otherwise the line is parsed again, keeping pairs."""
+    keys, pending = 0, [raw]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            keys += len(value)
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    if keys == len(_KEY.findall(line)):
+        return None
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen and not found:
+                found.append(key)
+            seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(line, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # msgspec read it: a stricter parser's doubt is not the client's
+        return None
+    return found[0] if found else None
 
 
 def _check_shape(request: Request) -> None:

@@ -32,7 +32,8 @@ from . import host_module
 from .frames import recv_raw
 from .payload import read_payload, write_payload_to
 
-__all__ = ["CHANNEL_FD", "CONTROL_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED", "run_job", "run_prepared"]
+__all__ = ["CHANNEL_FD", "CLAIM_FD", "CONTROL_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED", "run_job",
+           "run_prepared"]
 
 SETUP_FAILED = 125
 STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
@@ -40,6 +41,7 @@ CHANNEL_FD = 4  # host-function calls, when the job declares functions
 CONTROL_FD = 5  # session steps, when the job is a session
 RULESET_FD = 6  # the Landlock ruleset, closed once enforced
 PAYLOAD_FD = 7  # the job's payload, read once confined
+CLAIM_FD = 8  # one byte: whoever reads it (this child, or the server taking it back) decides if the job runs
 _STAGING_FD = 16  # above every fixed number
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
@@ -53,8 +55,8 @@ _step_decoder = msgspec.json.Decoder(StepSpec)
 
 
 def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int]) -> NoReturn:
-    """``fds``: stdout, stderr, report, payload, then the host channel and the control channel if the job
-    has them; ``grants``: one descriptor per granted path, which the rules are built from."""
+    """``fds``: stdout, stderr, report, payload, claim, then the host channel and the control channel if
+    the job has them; ``grants``: one descriptor per granted path, which the rules are built from."""
     stage = "start a new session"
     report = fds[2]
     atexit._clear()  # the template's exit hooks are not the job's
@@ -139,11 +141,23 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
 def _job_descriptors(confinement: Confinement) -> list[int]:
     """Where a job's own descriptors go, in the order the server sends them (the control channel of a
     session, when there is one, follows)."""
-    return [STDOUT_FD, STDERR_FD, REPORT_FD, PAYLOAD_FD] + ([CHANNEL_FD] if confinement.host_channel else [])
+    return [STDOUT_FD, STDERR_FD, REPORT_FD, PAYLOAD_FD, CLAIM_FD] + ([CHANNEL_FD] if confinement.host_channel
+                                                                       else [])
 
 
 def _receive_payload(confinement: Confinement) -> Payload:
-    """Read the job, confined already: its environment, then its host functions, if any."""
+    """Claim the job, then read it, confined already: its environment, then its host functions, if any.
+
+    The claim is one byte the server wrote into a pipe. If the template dies before its child took the
+    byte, the server takes it back and sends the job to another template: exactly one of them can
+    read it, so a job runs at most once, and a job the server retried was never begun here."""
+    try:
+        claimed = os.read(CLAIM_FD, 1)
+    except BlockingIOError:
+        claimed = b""
+    if claimed != b"!":
+        os._exit(SETUP_FAILED)  # the server took the job back: it runs elsewhere, or nowhere
+    os.close(CLAIM_FD)
     payload = read_payload(PAYLOAD_FD)
     add_environment(payload.env)
     if confinement.host_channel:

@@ -3,8 +3,8 @@
 Descriptors travel with a frame as ``SCM_RIGHTS`` attached to its 4-byte
 header, so they arrive with the first byte of the frame. A job is one
 :class:`~pynox.job.Confinement` frame; its descriptors are the job's own
-(stdout, stderr, report, payload, then the host channel and the session's
-control channel when it has them), then one per granted path. A template is trusted
+(stdout, stderr, report, payload, claim, then the host channel and the
+session's control channel when it has them), then one per granted path. A template is trusted
 code, but a template that broke (killed, out of memory) can still send a short
 or oversized frame: every read is bounded and a bad frame is an ``EOFError``
 or ``ValueError``, which makes the server replace the template.

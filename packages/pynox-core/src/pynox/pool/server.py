@@ -43,6 +43,7 @@ __all__ = ["PoolOptions", "serve"]
 _log = logging.getLogger(__name__)
 
 _MAX_WORKERS = 256
+_START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,16 @@ class Server:
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self) -> Template:
-        return Template(self.options.preload, self.options.package_dirs)
+        """A started template; one that died while starting (killed, out of memory) is replaced, a few
+        times, before the start counts as failed. A preload that fails to import is not retried."""
+        for attempt in range(_START_ATTEMPTS):
+            try:
+                return Template(self.options.preload, self.options.package_dirs)
+            except PoolWorkerError as exc:
+                if not exc.transient or attempt == _START_ATTEMPTS - 1:
+                    raise
+                self.log_event({"event": "template_error", "message": str(exc), "retry": attempt + 1})
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
         self.stats.record(result)

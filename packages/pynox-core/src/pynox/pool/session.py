@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import msgspec
 from ..errors import PynoxError, RequestError
 from ..job import ErrorInfo, JobSpec, StepSpec
 from ..protocol import REFUSED_EXIT, Closed, RequestId, SessionResult, encode
-from .frames import send_frame
+from .frames import Ended, send_frame
 from .hostcalls import CallRegistry
 from .outcome import WORKER_ERROR_EXIT, Outcome, to_session_result
 from .worker import CallSink, SessionChannels, Template
@@ -46,6 +47,20 @@ class Step:
     accepted_ns: int
 
 
+class _EndedWhileIdle(Exception):
+    """The session's child ended between two steps."""
+
+
+def _how(ended: Ended) -> str:
+    if os.WIFSIGNALED(ended.status):
+        number = os.WTERMSIG(ended.status)
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            return f"killed by signal {number}"
+    return f"exit status {os.waitstatus_to_exitcode(ended.status)}"
+
+
 @dataclass
 class _Close:
     id: RequestId | None  # None: closed by the pool (idle, shutdown), nobody to answer
@@ -66,6 +81,11 @@ class Session(threading.Thread):
         self._template: Template | None = None
         self._channels: SessionChannels | None = None
         self._alive = False
+
+    def process_ended(self) -> bool:
+        """Whether this idle session's process has ended (the reaper asks, to free its slot)."""
+        template = self._template
+        return self._alive and template is not None and template.has_word()
 
     # -- on the session's thread -------------------------------------------------------------------------
     def run(self) -> None:
@@ -102,6 +122,12 @@ class Session(threading.Thread):
         queue_us = (time.monotonic_ns() - step.accepted_ns) // 1000
         try:
             outcome = self._run_step(step)
+        except _EndedWhileIdle as exc:  # nothing of this step ran: it must not be blamed for the end
+            self.registry.forget(self)
+            self._answer(step, self._failure(step, f"the session's process ended while it waited for this step "
+                                                   f"({exc}); this step did not run: send it again to start a "
+                                                   "new session", queue_us))
+            return True
         except RequestError as exc:  # a grant changed between the first request and its start: nothing ran
             self.registry.forget(self)
             self._answer(step, self._refused(step, str(exc)))
@@ -141,6 +167,9 @@ class Session(threading.Thread):
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels)
         template, channels = self._template, self._channels
         assert template is not None and channels is not None
+        ended = template.ended_while_idle()
+        if ended is not None:
+            raise _EndedWhileIdle(_how(ended))
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
@@ -285,6 +314,7 @@ class SessionRegistry:
             now = time.monotonic()
             with self.lock:
                 for session in self._sessions.values():
-                    if not session.closing and session.pending == 0 and now - session.last_used >= self.idle:
+                    idle_too_long = now - session.last_used >= self.idle
+                    if not session.closing and session.pending == 0 and (idle_too_long or session.process_ended()):
                         session.closing = True
                         session.items.put(_Close(None))

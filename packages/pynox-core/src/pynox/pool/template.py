@@ -147,7 +147,7 @@ class _Job:
 
     def __init__(self, raw: bytes, fds: list[int]) -> None:
         self.confinement = confinement_decoder.decode(raw)
-        own = 4 + self.confinement.host_channel + self.confinement.session
+        own = 5 + self.confinement.host_channel + self.confinement.session
         self.fds, self.grants = fds[:own], fds[own:]
         # What a prepared child must match: the same confinement, grants naming the same files.
         self.key = (raw, identity(self.grants))

@@ -53,6 +53,14 @@ def _close_quietly(fd: int) -> None:
         pass
 
 
+def _take_back(claim: int) -> bool:
+    """Read the job's claim byte back; True if it was still there (no child took the job)."""
+    try:
+        return os.read(claim, 1) == b"!"
+    except BlockingIOError:
+        return False
+
+
 def template_environment() -> dict[str, str]:
     """The template's whole environment: a minimal base, BLAS pinned to one thread, nothing of the host's."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -126,7 +134,7 @@ class Template:
             parent.settimeout(None)
         except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:
             self.close()
-            raise PoolWorkerError(f"the template did not start: {exc}") from None
+            raise PoolWorkerError(f"the template did not start: {exc}", transient=True) from None
         if isinstance(frame, TemplateFailed):
             self.close()
             raise (KernelSupportError if frame.kind == "kernel" else PoolWorkerError)(frame.message)
@@ -172,6 +180,9 @@ class Template:
         except BaseException:
             close_all(granted)
             raise
+        claim, claim_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.write(claim_end, b"!")
+        os.close(claim_end)
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         extra: list[socket.socket] = []
         channel = session.channel if session is not None else None
@@ -186,13 +197,14 @@ class Template:
         start = time.monotonic_ns()
         try:
             send_frame(self.sock, confinement,
-                       [*(w for _, w in pipes), payload, *(s.fileno() for s in extra), *granted])
+                       [*(w for _, w in pipes), payload, claim, *(s.fileno() for s in extra), *granted])
         except OSError as exc:
             self.broken = True
             for r, _ in pipes:
                 os.close(r)  # the write ends are closed below, once
             if channel is not None and session is None:
                 channel.close()
+            os.close(claim)
             raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
         finally:
             for _, w in pipes:
@@ -200,8 +212,15 @@ class Template:
             for sock in extra:  # the child has its own copies now
                 sock.close()
             close_all([payload, *granted])
-        return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
-                            calls=calls, channel=channel, session=session is not None)
+        try:
+            return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
+                                calls=calls, channel=channel, session=session is not None)
+        except PoolWorkerError as exc:
+            if exc.started and _take_back(claim):  # no child claimed the job: it never began
+                raise PoolWorkerError(str(exc), started=False) from None
+            raise
+        finally:
+            os.close(claim)
 
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
                 calls: CallSink | None, channel: socket.socket | None, session: bool) -> Outcome:
@@ -221,6 +240,17 @@ class Template:
         outcome.conclude(spec, timeout)
         return outcome
 
+    def ended_while_idle(self) -> Ended | None:
+        """Between two steps of a session: how its child ended, if it did meanwhile (killed from outside,
+        say). Consumes the template's Ended frame, which is waiting on the socket."""
+        if self.child_ended is None and select.select([self.sock], [], [], 0)[0]:
+            self._receive(Outcome())
+        return self.child_ended
+
+    def has_word(self) -> bool:
+        """Whether the template has said something nobody has read yet (between steps: that the child ended)."""
+        return bool(select.select([self.sock], [], [], 0)[0])
+
     def kill_child(self) -> None:
         if self.child_pidfd is not None:
             try:
@@ -233,6 +263,8 @@ class Template:
         out, _err, rep = reads
         report = bytearray()
         kill_deadline: int | None = None
+        child_dead = False  # seen through its pidfd: the template may be slow to say so (stopped, busy)
+        watching_pidfd = False
         with selectors.DefaultSelector() as sel:
             for fd in reads:
                 sel.register(fd, selectors.EVENT_READ)
@@ -244,7 +276,8 @@ class Template:
             try:
                 # A job is over when its process ended and its pipes closed; a session step when its
                 # pipes closed (the child hands them back), unless the child died or exited meanwhile.
-                while open_pipes or (self.child_ended is None and self._must_wait_for_end(report, session, outcome)):
+                while open_pipes or (self.child_ended is None and not child_dead
+                                     and self._must_wait_for_end(report, session, outcome)):
                     if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
                         outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
                         self.kill_child()
@@ -256,9 +289,16 @@ class Template:
                     if kill_deadline is not None and now >= kill_deadline:
                         self.broken = True
                         raise PoolWorkerError("the template did not reap a killed job in time")
+                    if kill_deadline is not None and not watching_pidfd and self.child_pidfd is not None:
+                        sel.register(self.child_pidfd, selectors.EVENT_READ)
+                        watching_pidfd = True
                     limit = (kill_deadline if kill_deadline is not None else deadline) - now
                     for key, _ in sel.select(max(limit, 0) / 1e9):
                         fd = key.fd
+                        if watching_pidfd and fd == self.child_pidfd:
+                            sel.unregister(fd)  # the killed child is dead: its result is due now
+                            child_dead = True
+                            continue
                         if fd == self.sock.fileno():
                             if self._receive(outcome):
                                 sel.unregister(self.sock)
@@ -332,7 +372,10 @@ class Template:
                 raise PoolWorkerError("the template did not reap a finished job in time", started=False)
             ready, _, _ = select.select([self.sock], [], [], ((kill_deadline or deadline) - now) / 1e9)
             if ready:
-                self._receive(Outcome())
+                try:
+                    self._receive(Outcome())
+                except PoolWorkerError as exc:  # the template died after the last job: this one was not sent
+                    raise PoolWorkerError(str(exc), started=False) from None
         self._close_child()
 
     def _relay(self, job_calls: JobCalls, sel: selectors.BaseSelector) -> bool:

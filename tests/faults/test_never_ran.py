@@ -140,3 +140,53 @@ def test_a_duplicated_key_is_refused(tmp_path: Path, line: bytes) -> None:
         request_id = "d1" if b'"d1"' in line else "d2"
         result = pool.result(request_id)
         assert result["error"]["type"] == "RequestError" and "duplicate" in result["error"]["message"], result
+
+
+def test_runs_from_many_threads_are_served_in_turn() -> None:
+    import threading
+
+    import pynox
+
+    totals: dict[int, float] = {}
+    longest: list[float] = []
+    lock = threading.Lock()
+
+    def worker(index: int) -> None:
+        spent, worst = 0.0, 0.0
+        for _ in range(15):
+            start = time.monotonic()
+            assert pool.run("pass").ok
+            took = time.monotonic() - start
+            spent, worst = spent + took, max(worst, took)
+        with lock:
+            totals[index] = spent
+            longest.append(worst)
+
+    with pynox.Pool(workers=1) as pool:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(24)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(90)
+    assert len(totals) == 24
+    # First come, first served: no run waits while later ones go ahead, so no thread falls far behind.
+    assert max(longest) < 1.5, f"a run waited {max(longest):.2f}s"
+    assert max(totals.values()) < 2.5 * min(totals.values()), sorted(totals.values())
+
+
+def test_a_message_quotes_the_input_boundedly(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        result = pool.run("pass", timeout="9" * 1_000_000 + "s")
+        assert result["error"]["type"] == "RequestError", result["error"]["message"][:200]
+        assert len(result["error"]["message"]) < 300, len(result["error"]["message"])
+
+
+def test_a_job_killed_with_its_template_says_how_long_it_ran(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        (template,) = _templates(pool)
+        request_id = pool.submit(code="import time\ntime.sleep(5)")
+        time.sleep(0.6)
+        os.kill(template, signal.SIGKILL)
+        result = pool.result(request_id)
+        assert result["error"]["type"] == "PoolWorkerError", result
+        assert result["duration_ms"] >= 500, result["duration_ms"]

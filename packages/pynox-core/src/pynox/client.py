@@ -187,6 +187,35 @@ class _Process:
                 reader.join(timeout=5)
 
 
+class _FairSlots:
+    """A semaphore that serves waiters in the order they came: with many threads running jobs, none
+    waits while later callers go first (``threading.Semaphore`` wakes whichever thread the OS picks)."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiting: collections.deque[threading.Event] = collections.deque()
+        self._lock = threading.Lock()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        with self._lock:
+            if self._free and not self._waiting:
+                self._free -= 1
+                return True
+            if not blocking:
+                return False
+            turn = threading.Event()
+            self._waiting.append(turn)
+        turn.wait()  # release() hands the slot over directly: nobody can take it meanwhile
+        return True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiting:
+                self._waiting.popleft().set()
+            else:
+                self._free += 1
+
+
 class _Pending:
     __slots__ = ("functions", "future", "host_errors", "is_job")
 
@@ -234,7 +263,7 @@ class Pool:
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
         # Plain jobs in flight, at most what the pool takes without blocking its intake (see module doc).
-        self._slots = threading.BoundedSemaphore(3 * workers)
+        self._slots = _FairSlots(3 * workers)
         self._process: _Process | None = None
         self._closed = False
         self._implicit_timeout: float | None = None

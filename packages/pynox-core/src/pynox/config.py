@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import ConfigError, RequestError
+from .errors import ConfigError, RequestError, quoted
 from .protocol import Request
 from .resolve import DEFAULTS, Defaults, check_ceiling, resolve
 from .units import format_duration, format_size, parse_duration, parse_size
@@ -104,7 +104,7 @@ class Config:
         except KeyError:
             known = ", ".join(sorted(self.profiles)) if self.profiles else "none are configured"
             where = f" in {self.path}" if self.path else ""
-            raise RequestError(f"profile: unknown profile {name!r}{where} (known: {known})") from None
+            raise RequestError(f"profile: unknown profile {quoted(name)}{where} (known: {known})") from None
 
 
 EMPTY = Config(path=None)
@@ -163,7 +163,7 @@ def _parsed(parse: Callable[[Any, str], _T], value: Any, field_name: str) -> _T:
     except ConfigError as exc:
         raise RequestError(str(exc)) from None
     except OverflowError:  # units cannot turn a number this large into a float
-        raise RequestError(f"{field_name}: {value!r} is too large") from None
+        raise RequestError(f"{field_name}: {quoted(value)} is too large") from None
 
 
 def _enforce(limits: Limits, request: Request, cwd: str, defaults: Defaults) -> Request:

@@ -85,3 +85,12 @@ class HostError(PynoxError):
     """Raise it in a host function to fail the call with this message, shown to the job as
     ``pynox_host.HostError``. Any other exception reaches the job only as its type, unless the pool or
     tool was made with ``host_errors="full"`` (see :mod:`pynox.host_functions`)."""
+
+
+_QUOTED = 80  # characters of a caller's value quoted back in a message
+
+
+def quoted(value: object) -> str:
+    """``repr(value)``, cut to a readable length: a message never echoes a megabyte of input back."""
+    text = repr(value)
+    return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}... ({len(text)} characters)"

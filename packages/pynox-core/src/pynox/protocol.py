@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from .errors import quoted
 from .job import ErrorInfo
 
 __all__ = [
@@ -194,7 +195,7 @@ def parse_line(line: bytes) -> Request | Reply:
     duplicate = _duplicate_key(line, raw)
     if duplicate is not None:
         # The last one would win here; a filter in front of the pool may have read the first.
-        raise LineError(request_id, f"duplicate key {_quoted(duplicate)}: every key may appear once")
+        raise LineError(request_id, f"duplicate key {quoted(duplicate)}: every key may appear once")
     try:
         if "reply" in raw:
             reply = msgspec.convert(raw, Reply)
@@ -215,11 +216,6 @@ def parse_line(line: bytes) -> Request | Reply:
 
 
 _KEY = re.compile(rb'"\s*:')
-_QUOTED = 80  # characters of a client's input quoted back in a message
-
-
-def _quoted(text: str) -> str:
-    return repr(text) if len(text) <= _QUOTED else repr(text[:_QUOTED]) + f"... ({len(text)} characters)"
 
 
 def _duplicate_key(line: bytes, raw: Any) -> str | None:

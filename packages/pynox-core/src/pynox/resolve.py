@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import ConfigError, RequestError
+from .errors import ConfigError, RequestError, quoted
 from .job import MAX_GRANTS, JobSpec
 from .policy.runtime import overlapping
 from .protocol import Request
@@ -63,7 +63,7 @@ def resolve(path: object, base: str, field: str) -> Resolved:
     Raises :class:`RequestError` for something that is not a path, more than 40 links (a loop), or a
     path that changed while it was walked."""
     if not isinstance(path, str) or not path or "\0" in path:
-        raise RequestError(f"{field}: {path!r} is not a path")
+        raise RequestError(f"{field}: {quoted(path)} is not a path")
     pending = _joined(path, base).split("/")[::-1]
     resolved, links = "/", []
     while pending:
@@ -133,7 +133,7 @@ def _existing(paths: Iterable[object], base: str, field: str) -> list[Resolved]:
     for path in paths:
         found = resolve(path, base, field)
         if not os.path.exists(found.path):
-            raise RequestError(f"{field}: {path} does not exist")
+            raise RequestError(f"{field}: {quoted(path)} does not exist")
         if all(found.path != other.path for other in resolved):
             resolved.append(found)
     return resolved
@@ -159,7 +159,7 @@ def parse_request_size(value: str | int | float | None, default: int) -> int:
 def _check_env(env: dict[str, str]) -> None:
     for key, value in env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
-            raise RequestError(f"env: {key!r} is not a valid variable (no '=' or NUL, not empty)")
+            raise RequestError(f"env: {quoted(key)} is not a valid variable (no '=' or NUL, not empty)")
 
 
 def to_job(
@@ -214,7 +214,7 @@ def to_job(
     functions = list(request.functions or ())
     for function in functions:
         if not function.isidentifier() or function.startswith("_"):
-            raise RequestError(f"functions: {function!r} is not a public Python identifier")
+            raise RequestError(f"functions: {quoted(function)} is not a public Python identifier")
     spec = JobSpec(
         code=request.code,
         script=script,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from .errors import ConfigError
+from .errors import ConfigError, quoted
 
 __all__ = ["format_duration", "format_size", "parse_duration", "parse_size"]
 
@@ -25,7 +25,7 @@ _MAX_BYTES = 1 << 50
 def parse_duration(value: str | int | float, what: str = "duration") -> float:
     """Return seconds. ``"500ms"``, ``"5s"``, ``"2m"``, ``"1h"``, or a number of seconds."""
     if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a duration like '5s', got {value!r}")
+        raise ConfigError(f"{what}: expected a duration like '5s', got {quoted(value)}")
     if isinstance(value, int | float):
         # An int beyond float range is simply too long; float() would raise OverflowError.
         seconds = float(value) if abs(value) <= _MAX_SECONDS else math.inf
@@ -33,19 +33,19 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
         match = _NUMBER_UNIT.fullmatch(value)
         unit = match.group(2).lower() if match else ""
         if match is None or unit not in _DURATION_UNITS:
-            raise ConfigError(f"{what}: {value!r} is not a duration; write e.g. '500ms', '5s', '2m' or '1h'")
+            raise ConfigError(f"{what}: {quoted(value)} is not a duration; write e.g. '500ms', '5s', '2m' or '1h'")
         seconds = float(match.group(1)) * _DURATION_UNITS[unit]
     else:
         raise ConfigError(f"{what}: expected a duration like '5s', got {type(value).__name__}")
     if not math.isfinite(seconds) or seconds <= 0 or seconds > _MAX_SECONDS:
-        raise ConfigError(f"{what}: {value!r} must be more than 0 and at most 7 days")
+        raise ConfigError(f"{what}: {quoted(value)} must be more than 0 and at most 7 days")
     return seconds
 
 
 def parse_size(value: str | int | float, what: str = "size") -> int:
     """Return bytes. ``"256m"``, ``"1g"``, ``"64k"``, ``"512mb"``, or a number of bytes."""
     if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a size like '256m', got {value!r}")
+        raise ConfigError(f"{what}: expected a size like '256m', got {quoted(value)}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, float) and value.is_integer():
@@ -54,14 +54,14 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
         match = _NUMBER_UNIT.fullmatch(value)
         unit = match.group(2).lower() if match else ""
         if match is None or unit not in _SIZE_UNITS:
-            raise ConfigError(f"{what}: {value!r} is not a size; write e.g. '64k', '256m' or '1g'")
+            raise ConfigError(f"{what}: {quoted(value)} is not a size; write e.g. '64k', '256m' or '1g'")
         amount = float(match.group(1)) * _SIZE_UNITS[unit]
         # "9" * 400 is inf as a float, and int(inf) raises OverflowError.
         size = int(amount) if amount <= _MAX_BYTES else _MAX_BYTES + 1
     else:
-        raise ConfigError(f"{what}: expected a size like '256m', got {value!r}")
+        raise ConfigError(f"{what}: expected a size like '256m', got {quoted(value)}")
     if size <= 0 or size > _MAX_BYTES:
-        raise ConfigError(f"{what}: {value!r} must be more than 0 and at most 1 PiB")
+        raise ConfigError(f"{what}: {quoted(value)} must be more than 0 and at most 1 PiB")
     return size
 
 

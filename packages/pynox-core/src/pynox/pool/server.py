@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ..config import EMPTY, Config, load_config
-from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
+from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..job import ErrorInfo, JobSpec
 from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal, reply_call_id
 from ..resolve import DEFAULTS, parse_request_duration, parse_request_size, to_job
@@ -135,7 +135,8 @@ class _Worker(threading.Thread):
                                               "it was stopped")
 
     def _serve(self, job: _Job) -> Result:
-        queue_us = (time.monotonic_ns() - job.accepted_ns) // 1000
+        began = time.monotonic_ns()
+        queue_us = (began - job.accepted_ns) // 1000
         for attempt in range(2):
             template = self._healthy_template()
             if template is None:
@@ -149,7 +150,7 @@ class _Worker(threading.Thread):
                 # A job that never reached the template is safe to retry once on a fresh one.
                 if not exc.started and attempt == 0:
                     continue
-                return self._worker_error(job, queue_us, str(exc))
+                return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)
             return to_result(job.id, outcome, job.spec, max_output=job.max_output,
                              python=template.ready.python, preloaded=template.ready.preloaded,
                              landlock_abi=template.ready.landlock_abi, mode="pool", queue_us=queue_us)
@@ -174,8 +175,9 @@ class _Worker(threading.Thread):
             self.server.log_event({"event": "template_error", "message": str(exc)})
         return self.template
 
-    def _worker_error(self, job: _Job, queue_us: int, message: str) -> Result:
-        outcome = Outcome(exit=WORKER_ERROR_EXIT, error=ErrorInfo(type="PoolWorkerError", message=message))
+    def _worker_error(self, job: _Job, queue_us: int, message: str, duration_us: int = 0) -> Result:
+        outcome = Outcome(exit=WORKER_ERROR_EXIT, error=ErrorInfo(type="PoolWorkerError", message=message),
+                          duration_us=duration_us)
         ready = self.server.ready_info
         return to_result(job.id, outcome, job.spec, max_output=job.max_output, python=ready["python"],
                          preloaded=ready["preloaded_modules"], landlock_abi=ready["landlock_abi"],
@@ -334,7 +336,7 @@ class Server:
             raise RequestError("session: a name of 1 to 256 characters is required")
         if request.close:
             if not self.sessions.close(name, request.id):
-                raise RequestError(f"close: there is no open session named {name!r}")
+                raise RequestError(f"close: there is no open session named {quoted(name)}")
             return
         if request.script is not None:
             raise RequestError("sessions take inline code, not script")

@@ -92,5 +92,9 @@ _QUOTED = 80  # characters of a caller's value quoted back in a message
 
 def quoted(value: object) -> str:
     """``repr(value)``, cut to a readable length: a message never echoes a megabyte of input back."""
-    text = repr(value)
+    return cut(repr(value))
+
+
+def cut(text: str) -> str:
+    """``text`` (a caller's path, a name) as it is, if it is short; its start and its length if not."""
     return text if len(text) <= _QUOTED else f"{text[:_QUOTED]}... ({len(text)} characters)"

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import ConfigError, RequestError, quoted
+from .errors import ConfigError, RequestError, cut, quoted
 from .job import MAX_GRANTS, JobSpec
 from .policy.runtime import overlapping
 from .protocol import Request
@@ -133,7 +133,7 @@ def _existing(paths: Iterable[object], base: str, field: str) -> list[Resolved]:
     for path in paths:
         found = resolve(path, base, field)
         if not os.path.exists(found.path):
-            raise RequestError(f"{field}: {quoted(path)} does not exist")
+            raise RequestError(f"{field}: {cut(str(path))} does not exist")
         if all(found.path != other.path for other in resolved):
             resolved.append(found)
     return resolved

@@ -218,7 +218,6 @@ BAD = [
     ("[pools]\nworkers = 1\n", ["'pools'", "known tables"]),
     ("workers = 1\n", ["'workers'"]),
     ("[limits]\n", ["'limits'"]),
-    ("[permissions]\nallow_read = []\n", ["[permissions]", "does not apply to the pool"]),
     ("[pool]\nworker = 1\n", ["[pool]", "'worker'"]),
     ("[pool]\nallow_read = []\n", ["[pool]", "'allow_read'"]),
     ("[pool.limits]\nallow_reads = []\n", ["[pool.limits]", "'allow_reads'"]),
@@ -427,7 +426,7 @@ def test_config_beneath_a_read_grant_is_fine(tree: Tree) -> None:
     assert load_config(path).limits is not None
 
 
-# --- loading: each profile must fit under the ceiling --------------------------------------------
+# --- loading: a profile above the ceiling is loaded, warned about, and refused per request ------------
 
 
 @pytest.mark.parametrize(("profile", "fragment"), [
@@ -441,7 +440,8 @@ def test_config_beneath_a_read_grant_is_fine(tree: Tree) -> None:
     ("max_output = 1048577", "max_output"),
     ('max_file_size = "1g"', "max_file_size: 1g exceeds the [pool.limits] ceiling of 256m"),
 ])
-def test_a_profile_outside_the_ceiling_is_refused_at_load(tree: Tree, profile: str, fragment: str) -> None:
+def test_a_profile_outside_the_ceiling_is_a_warning_and_refused_per_request(tree: Tree, profile: str,
+                                                                            fragment: str) -> None:
     path = tree.config(f"""
         [pool.limits]
         allow_read = ["{tree.data}"]
@@ -457,11 +457,21 @@ def test_a_profile_outside_the_ceiling_is_refused_at_load(tree: Tree, profile: s
         [profiles.greedy]
         {profile}
     """)
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    message = str(info.value)
-    assert message.startswith(f"{path}: [profiles.greedy]"), message
-    assert fragment in message, message
+    config = load_config(path)  # the ceiling applies to each request: the file itself is fine
+    assert sorted(config.profiles) == ["greedy", "ok"]
+    (warning,) = config.warnings
+    assert warning.startswith(f"{path}: [profiles.greedy] does not fit under [pool.limits]"), warning
+    assert fragment in warning, warning
+    with pytest.raises(RequestError) as info:
+        config.apply(Request(code="pass", profile="greedy"), str(tree.root))
+    assert fragment in str(info.value), info.value
+    config.apply(Request(code="pass", profile="ok"), str(tree.root))
+
+
+def test_the_command_lines_permissions_table_is_ignored_by_the_pool_with_a_warning(tree: Tree) -> None:
+    config = tree.load("[permissions]\nallow_read = []\n")
+    assert len(config.warnings) == 1 and "[permissions]" in config.warnings[0]
+    assert "does not apply to the pool" in config.warnings[0]
 
 
 def test_profiles_inside_the_ceiling_load(tree: Tree) -> None:

@@ -239,3 +239,7 @@ def test_a_process_started_directly_gets_the_process_hint(pool: Pool, code: str)
     error = pool.run(code).error
     assert error is not None and error["type"] == "PermissionError"
     assert "Starting programs or processes" in error["hint"]
+
+
+def test_pynox_pool_is_the_specifications_name_for_pool() -> None:
+    assert pynox.PynoxPool is pynox.Pool and "PynoxPool" in pynox.__all__

@@ -365,21 +365,49 @@ def test_a_missing_config_file_refuses_the_start(tree: Tree) -> None:
 
 
 def test_the_permissions_section_does_not_apply_to_the_pool(tree: Tree) -> None:
-    """The command line's [permissions] grants nothing here: the pool refuses it or ignores it."""
+    """The command line's [permissions] grants nothing here: the pool ignores it, and says so once."""
     config = tree.config(f"""
         [permissions]
         allow_read = ["{tree.outside}"]
     """)
-    pool = PoolProcess(f"--config={config}", "--workers=1", cwd=tree.app, expect_ready=False)
-    try:
-        first = pool.wait_for(lambda m: True, timeout=60)
-        if first.get("event") == "error":
-            assert "permissions" in first["error"]["message"]
-            return
+    with pool_process(f"--config={config}", "--workers=1", cwd=tree.app) as pool:
         result = pool.run(f"print(open({str(tree.outside / 'secret.txt')!r}).read())")
         assert result["error"]["type"] == "PermissionError", result
-    finally:
-        pool.finish()
+    warnings = [line for line in bytes(pool.stderr).decode().splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "[permissions]" in warnings[0], warnings
+
+
+def test_the_protocol_documents_example_config_starts(tree: Tree) -> None:
+    """As docs/protocol.md writes it: a profile that wants the network under a ceiling that denies it. The
+    pool starts, lists the profile, warns once, and refuses each request that names it."""
+    config = tree.config(f"""
+        [pool]
+        workers = 1
+        max_sessions = 32
+        session_idle = "15m"
+
+        [pool.limits]
+        allow_read = ["{tree.data}"]
+        allow_write = ["{tree.work}"]
+        allow_network = false
+        timeout = "30s"
+        memory = "1g"
+
+        [profiles.analysis]
+        allow_read = ["{tree.data}"]
+        allow_write = ["{tree.work}"]
+
+        [profiles.fetch]
+        allow_network = true
+    """)
+    with pool_process(f"--config={config}", cwd=tree.app) as pool:
+        assert pool.ready["profiles"] == ["analysis", "fetch"]
+        refused = pool.run("print(1)", profile="fetch")
+        assert refused["error"]["type"] == "RequestError" and "allow_network" in refused["error"]["message"]
+        served = pool.run("print('analysed')", profile="analysis")
+        assert served["stdout"] == "analysed\n", served
+    warnings = [line for line in bytes(pool.stderr).decode().splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "[profiles.fetch]" in warnings[0] and "allow_network" in warnings[0], warnings
 
 
 def test_package_dirs_from_the_config_are_readable_in_every_job(configured: tuple[PoolProcess, Tree]) -> None:

@@ -27,7 +27,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .client import Pool, Session
+    from .client import Pool, PynoxPool, Session
     from .result import Result
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "PoolError",
     "PoolWorkerError",
     "PynoxError",
+    "PynoxPool",
     "RequestError",
     "Result",
     "SandboxSetupError",
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 
-_LAZY = {"Pool": "client", "Session": "client", "Result": "result"}
+_LAZY = {"Pool": "client", "PynoxPool": "client", "Session": "client", "Result": "result"}
 
 
 def __getattr__(name: str) -> Any:

@@ -39,7 +39,7 @@ from .host_functions import HostErrors, answer_call
 from .result import Result
 from .units import parse_duration
 
-__all__ = ["Pool", "Session", "pool_command"]
+__all__ = ["Pool", "PynoxPool", "Session", "pool_command"]
 
 PathLike = str | os.PathLike[str]
 Units = str | int | float
@@ -489,6 +489,10 @@ class Pool:
 
         return make_tool(self, profile=profile, session=session, functions=functions, grants=grants,
                          host_errors=host_errors)
+
+
+# The name the specification's examples use (``PynoxPool(preload=["pandas"])``): the same class.
+PynoxPool = Pool
 
 
 def _check_host_errors(value: object) -> None:

@@ -81,6 +81,8 @@ class Config:
     pool: PoolSettings = field(default_factory=PoolSettings)
     limits: Limits | None = None  # None: no [pool.limits] table, so no ceiling
     profiles: Mapping[str, Request] = field(default_factory=lambda: MappingProxyType({}))
+    # What the operator should know but that does not stop the pool: each is one line on its stderr.
+    warnings: tuple[str, ...] = ()
 
     def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS) -> Request:
         """The request with its profile merged under it and the ceiling enforced.
@@ -288,10 +290,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
     base = os.path.dirname(file)
 
+    warnings: list[str] = []
     for table in sorted(set(raw) - {"pool", "profiles"}):
         if table == "permissions":
-            raise ConfigError(f"{file}: [permissions] is the command line's table and does not apply to the "
-                              "pool; use [pool.limits] for a ceiling and [profiles.NAME] for grants")
+            warnings.append(f"{file}: [permissions] is the command line's table and does not apply to the pool; "
+                            "it is ignored here (use [pool.limits] for a ceiling and [profiles.NAME] for grants)")
+            continue
         raise ConfigError(f"{file}: unknown table or key {table!r} (known tables: [pool], [pool.limits], "
                           "[profiles.NAME])")
 
@@ -313,11 +317,15 @@ def load_config(path: str | os.PathLike[str]) -> Config:
             try:
                 _enforce(limits, profile, base, DEFAULTS)
             except RequestError as exc:
-                raise table.error(f"the profile does not fit under [pool.limits]: {exc}") from None
+                # The ceiling applies to each request: the profile stays, and every request that names it
+                # is refused with this same reason. The operator hears of it when the pool starts.
+                warnings.append(f"{file}: [profiles.{name}] does not fit under [pool.limits], so every request "
+                                f"naming it is refused: {exc}")
         profiles[name] = profile
 
     _refuse_self_writable(file, limits, profiles)
-    return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles))
+    return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
+                  warnings=tuple(warnings))
 
 
 def _pool_settings(table: _Table, base: str) -> PoolSettings:

@@ -378,6 +378,9 @@ def serve(args: argparse.Namespace) -> int:
     try:
         options = options_from(args)
         server = Server(options, output, lambda line: (sys.stderr.buffer.write(line), sys.stderr.buffer.flush()))
+        for warning in options.config.warnings:
+            server.log_event({"event": "config_warning", "message": warning}) if options.log == "json" else \
+                print(f"pynox pool: warning: {warning}", file=sys.stderr, flush=True)
         workers = server.start()
     except (PynoxError, OSError) as exc:
         kind = type(exc).__name__

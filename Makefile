@@ -1,0 +1,14 @@
+# `make wheel`: every distribution of the workspace as a wheel in dist/ (the core and the four adapters).
+# `pip install --find-links dist pynox-pydantic-ai` then installs from those files, and the frameworks
+# from the package index. tests/test_wheels.py does exactly that in a fresh environment.
+PYTHON ?= python3
+DIST ?= dist
+PACKAGES := packages/pynox-core packages/pynox-pydantic-ai packages/pynox-strands packages/pynox-smolagents \
+	packages/pynox-monty
+
+.PHONY: wheel clean
+wheel:
+	$(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) $(PACKAGES)
+
+clean:
+	rm -rf $(DIST)

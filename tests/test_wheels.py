@@ -1,0 +1,49 @@
+"""The install a new user makes: wheels built by ``make wheel``, installed in a fresh environment outside the
+checkout with ``pip install --find-links dist <adapters>`` (our packages from the files, their
+dependencies from the package index), then ``pynox check``, one confined job and every adapter imported.
+
+Marked ``wheels`` (a few minutes of installing): ``.ci/run`` runs it after the README's test command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.wheels, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+ADAPTERS = ["pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty"]
+
+
+def _run(*command: str | os.PathLike[str], cwd: Path, timeout: float = 600) -> str:
+    done = subprocess.run([os.fspath(part) for part in command], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, check=False, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(cwd)})
+    assert done.returncode == 0, f"{command} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    _run("make", "-C", ROOT, "wheel", f"DIST={dist}", f"PYTHON={sys.executable}", cwd=tmp_path)
+    wheels = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
+    assert wheels == ["pynox_core", "pynox_monty", "pynox_pydantic_ai", "pynox_smolagents", "pynox_strands"], wheels
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run(python, "-m", "pip", "install", "--quiet", "--find-links", dist, *(f"{name}==0.1.0" for name in ADAPTERS),
+         cwd=tmp_path)
+    # Our packages came from the wheels, not from the checkout or an editable path.
+    where = json.loads(_run(python, "-c", "import json, pynox, pynox_pydantic_ai, pynox_strands, pynox_smolagents, "
+                                          "pynox_monty\nprint(json.dumps([pynox.__file__, pynox_monty.__file__]))",
+                            cwd=tmp_path))
+    assert all(path.startswith(str(venv)) for path in where), where
+    report = json.loads(_run(venv / "bin" / "pynox", "check", "--json", cwd=tmp_path))
+    assert report["ok"] is True, report
+    job = json.loads(_run(venv / "bin" / "pynox", "run", "--json", "-c", "print(6 * 7)", cwd=tmp_path))
+    assert job["stdout"] == "42\n" and job["policy"]["backend"] == "landlock+seccomp", job

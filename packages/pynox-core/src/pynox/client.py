@@ -479,7 +479,8 @@ class Pool:
 
     def stats(self) -> dict[str, Any]:
         """The pool's counters (see the protocol's stats event)."""
-        return self._submit({"stats": True}).result()
+        counters: dict[str, Any] = self._submit({"stats": True}).result()
+        return counters
 
     def tool(self, profile: str | None = None, *, session: bool = False,
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,

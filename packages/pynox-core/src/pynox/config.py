@@ -227,7 +227,7 @@ class _Table:
         wrong = not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
         if value is not None and wrong:
             raise self.error(f"expected {what}, got {_type_name(value)} {value!r}", key)
-        return value  # type: ignore[return-value]
+        return value
 
     def strings(self, key: str) -> list[str] | None:
         value = self.get(key, list, "a list of strings")
@@ -311,8 +311,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if not isinstance(profiles_raw, dict):
         raise ConfigError(f"{file}: profiles must be tables [profiles.NAME], got {_type_name(profiles_raw)}")
     for name, body in profiles_raw.items():
-        table = _Table(file, f"profiles.{name}", body)
-        profile = _profile(table, base)
+        profile_table = _Table(file, f"profiles.{name}", body)
+        profile = _profile(profile_table, base)
         if limits is not None:
             try:
                 _enforce(limits, profile, base, DEFAULTS)

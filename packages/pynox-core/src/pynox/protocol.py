@@ -173,7 +173,7 @@ class LineError(Exception):
 
 def _find_id(raw: Any) -> RequestId:
     if isinstance(raw, dict):
-        candidate = raw.get("id")  # type: ignore[union-attr]
+        candidate = raw.get("id")
         if isinstance(candidate, str | int | float) and not isinstance(candidate, bool):
             return candidate
     return None

@@ -149,11 +149,11 @@ def _units(value: str | int | float | None, default: float | int | None, parse, 
 
 
 def parse_request_duration(value: str | int | float | None, default: float) -> float:
-    return _units(value, default, parse_duration, "timeout")
+    return float(_units(value, default, parse_duration, "timeout"))
 
 
 def parse_request_size(value: str | int | float | None, default: int) -> int:
-    return _units(value, default, parse_size, "max_output")
+    return int(_units(value, default, parse_size, "max_output"))
 
 
 def _check_env(env: dict[str, str]) -> None:

@@ -26,7 +26,7 @@ def tool_for(runner: ToolRunner) -> DecoratedFunctionTool[..., str]:
         return await runner.text(code)
 
     run_python.__doc__ = runner.description
-    return tool(run_python)
+    return tool(run_python)  # type: ignore[arg-type]  # strands awaits async tools; its annotation names sync ones
 
 
 def python_tool(pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,

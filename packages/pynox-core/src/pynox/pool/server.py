@@ -31,6 +31,7 @@ from ..job import ErrorInfo, JobSpec
 from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal, reply_call_id
 from ..resolve import DEFAULTS, parse_request_duration, parse_request_size, to_job
 from ..units import parse_duration
+from .frames import Ready
 from .hostcalls import CallRegistry
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
 from .outcome import WORKER_ERROR_EXIT, Outcome, to_result
@@ -178,10 +179,9 @@ class _Worker(threading.Thread):
     def _worker_error(self, job: _Job, queue_us: int, message: str, duration_us: int = 0) -> Result:
         outcome = Outcome(exit=WORKER_ERROR_EXIT, error=ErrorInfo(type="PoolWorkerError", message=message),
                           duration_us=duration_us)
-        ready = self.server.ready_info
-        return to_result(job.id, outcome, job.spec, max_output=job.max_output, python=ready["python"],
-                         preloaded=ready["preloaded_modules"], landlock_abi=ready["landlock_abi"],
-                         mode="pool", queue_us=queue_us)
+        ready = self.server.ready
+        return to_result(job.id, outcome, job.spec, max_output=job.max_output, python=ready.python,
+                         preloaded=ready.preloaded, landlock_abi=ready.landlock_abi, mode="pool", queue_us=queue_us)
 
 
 class Server:
@@ -193,6 +193,7 @@ class Server:
         self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=2 * options.workers)
         self.cwd = os.getcwd()
         self.ready_info: dict[str, object] = {}
+        self.ready: Ready  # the first template's, once started
         self.read_paths: list[str] = []
         self._stopping = False
         # Every directory or file a job of this pool has been allowed to write (see resolve.to_job).
@@ -236,7 +237,9 @@ class Server:
                 if worker.start_error is None:
                     self.jobs.put(None)
             raise failed
-        ready = workers[0].template.ready  # type: ignore[union-attr]  # started without error
+        first = workers[0].template
+        assert first is not None  # every worker started without error
+        ready = self.ready = first.ready
         self.read_paths = ready.read_paths
         self.ready_info = {
             "event": "ready",
@@ -371,13 +374,18 @@ class Server:
         self.finish(result, session=session, step=None)
 
 
+def _write_log(line: bytes) -> None:
+    sys.stderr.buffer.write(line)
+    sys.stderr.buffer.flush()
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the pool until stdin ends or SIGTERM; returns the process exit status."""
     stdin_fd, stdout = stdio()
     output = Output(stdout)
     try:
         options = options_from(args)
-        server = Server(options, output, lambda line: (sys.stderr.buffer.write(line), sys.stderr.buffer.flush()))
+        server = Server(options, output, _write_log)
         for warning in options.config.warnings:
             server.log_event({"event": "config_warning", "message": warning}) if options.log == "json" else \
                 print(f"pynox pool: warning: {warning}", file=sys.stderr, flush=True)

@@ -98,7 +98,7 @@ def _behave_as_a_normal_interpreter() -> None:
     names = [name for name in _FLAGS if hasattr(sys.flags, name)]
     values = {name: getattr(sys.flags, name) for name in names} | {"ignore_environment": 0, "isolated": 0,
                                                                    "safe_path": False}
-    sys.flags = collections.namedtuple("flags", names)(**values)  # type: ignore[misc]
+    sys.flags = collections.namedtuple("flags", names)(**values)  # type: ignore[assignment]  # a lookalike
 
 
 _FLAGS = ("debug", "inspect", "interactive", "optimize", "dont_write_bytecode", "no_user_site", "no_site",

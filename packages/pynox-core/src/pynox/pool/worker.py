@@ -187,10 +187,13 @@ class Template:
         extra: list[socket.socket] = []
         channel = session.channel if session is not None else None
         if spec.functions:
+            job_end: socket.socket | None
             if session is None:
                 channel, job_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             else:
                 job_end = session.job_channel
+            if job_end is None:
+                raise PoolWorkerError("a session with host functions has no channel for them", started=False)
             extra.append(job_end)
         if session is not None:
             extra.append(session.job_control)

@@ -211,6 +211,30 @@ def test_keywords_bound_with_partial_cannot_be_overridden_or_seen() -> None:
     assert "- orders(query: str) -> list[str]" in doc and "tenant" not in doc
 
 
+def test_keywords_bound_with_partial_stay_fixed_behind_a_decorator() -> None:
+    seen: list[str] = []
+
+    def fetch(url: str, *, token: str) -> str:
+        seen.append(token)
+        return url
+
+    def logged(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    wrapped = logged(functools.partial(fetch, token="HOST-SECRET-TOKEN"))
+    with pynox.Pool(workers=1) as pool:
+        result = pool.run("from pynox_host import fetch, HostError\nprint(fetch('u'))\ntry:\n"
+                          "    fetch('u', token='attacker')\nexcept HostError as e:\n    print(e)",
+                          functions={"fetch": wrapped})
+        doc = pool.tool(functions={"fetch": wrapped}).__doc__ or ""
+    assert result.stdout.splitlines() == ["u", "fetch(): token is fixed by the host and cannot be passed"]
+    assert seen == ["HOST-SECRET-TOKEN"] and "HOST-SECRET-TOKEN" not in doc and "token" not in doc
+
+
 # -- the client never waits for ever ----------------------------------------------------------------------
 
 _SILENT_POOL = """

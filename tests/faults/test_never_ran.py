@@ -190,3 +190,23 @@ def test_a_job_killed_with_its_template_says_how_long_it_ran(tmp_path: Path) -> 
         result = pool.result(request_id)
         assert result["error"]["type"] == "PoolWorkerError", result
         assert result["duration_ms"] >= 500, result["duration_ms"]
+
+
+def test_a_job_that_reports_early_and_goes_on_is_stopped_at_its_report(tmp_path: Path) -> None:
+    """A job can write a report of its own and close its outputs: its result then comes at once, and
+    nothing it does afterwards may happen (the host reads the grant as final)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    code = ("import os, time\nos.write(3, b'{\"exit\": 0}')\nfor fd in (1, 2, 3):\n    os.close(fd)\n"
+            f"time.sleep(1)\nopen({str(out / 'after')!r}, 'w').write('too late')")
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        result = pool.run(code, allow_write=[str(out)], timeout="10s")
+        assert result["exit"] == 0, result
+        time.sleep(2)
+        assert not (out / "after").exists(), "the job went on after its result"
+        assert pool.run("print('next')")["stdout"] == "next\n"
+    # Control: the same code without the early report writes the file.
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        honest = code.replace("os.write(3, b'{\"exit\": 0}')\nfor fd in (1, 2, 3):\n    os.close(fd)\n", "")
+        assert pool.run(honest, allow_write=[str(out)], timeout="10s")["exit"] == 0
+        assert (out / "after").read_text() == "too late"

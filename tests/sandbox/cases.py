@@ -514,6 +514,16 @@ def _message_queue_made(world: World, run: Run) -> None:
 
 
 SHARED_BUDGETS = [
+    # A lease makes every other opener of the file wait up to 45 s: on /etc/ld.so.cache, every program the
+    # host starts. The control releases its lease at once.
+    Case("file_lease_on_a_runtime_file", "seccomp.budgets",
+         'import fcntl, os\nfd = os.open("/etc/ld.so.cache", os.O_RDONLY)\nfcntl.fcntl(fd, 1024, fcntl.F_WRLCK)\n'
+         'fcntl.fcntl(fd, 1024, fcntl.F_UNLCK)\nprint("leased")',
+         _denied(), _works("leased")),
+    Case("aio_context", "seccomp.budgets",
+         _CTYPES + 'context = ctypes.c_ulong(0)\ncheck(libc.syscall($nr_io_setup, 1, ctypes.byref(context)))\n'
+         'libc.syscall($nr_io_destroy, context)\nprint("created")',
+         _denied(), _works("created")),
     Case("inotify_instance", "seccomp.budgets",
          _CTYPES + 'check(libc.syscall($nr_inotify_init1, 0)); print("created")',
          _denied(), _works("created")),
@@ -534,6 +544,7 @@ def _syscall_case(name: str, args: str, *, case_id: str | None = None) -> Case:
 
 SURFACE = [
     _syscall_case("ptrace", "0, 0, 0, 0"),
+    _syscall_case("listmount", "0, 0, 0, 0"),  # the host's mount table, without /proc
     _syscall_case("mount", "None, None, None, 0, None"),
     _syscall_case("umount2", "None, 0"),
     _syscall_case("unshare", "0x10000000"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import secrets
 import signal
 import socket
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pyseccomp
 
+from pynox.policy.seccomp import _UNIFIED_ARCHES, _UNIFIED_NUMBERS
 from pynox.pool.worker import Template
 from pynox.protocol import Request, Result
 from pynox.runner import run_on
@@ -42,7 +44,7 @@ SYSCALLS = (
     "fork", "clone", "clone3", "ptrace", "mount", "umount2", "unshare", "setns", "chroot", "pivot_root",
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "keyctl", "add_key", "kexec_load",
     "init_module", "process_vm_readv", "shmget", "ioctl", "personality", "ioprio_set", "capget",
-    "inotify_init1", "mq_open",
+    "inotify_init1", "mq_open", "io_setup", "io_destroy", "listmount",
 )
 
 
@@ -94,7 +96,13 @@ def run_unconfined(code: str, cwd: str, env: dict[str, str] | None = None) -> Ru
 
 
 def _syscall_numbers() -> dict[str, int]:
-    return {f"nr_{name}": pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in SYSCALLS}
+    numbers = {}
+    for name in SYSCALLS:
+        number = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+        if number < 0 and platform.machine() in _UNIFIED_ARCHES:  # newer than this libseccomp
+            number = _UNIFIED_NUMBERS.get(name, number)
+        numbers[f"nr_{name}"] = number
+    return numbers
 
 
 def _loopback6_available() -> bool:

@@ -44,18 +44,25 @@ _MAX_MESSAGE = 10_000  # characters of an error message sent to the job
 _log = logging.getLogger(__name__)
 
 
+def _layers(function: HostFunction) -> list[HostFunction]:
+    """The function, and every partial or ``functools.wraps`` wrapper's inner function, outermost first:
+    the same chain :func:`inspect.signature` follows."""
+    layers, seen = [function], {id(function)}
+    while True:
+        inner = layers[-1].func if isinstance(layers[-1], functools.partial) else getattr(layers[-1], "__wrapped__",
+                                                                                           None)
+        if inner is None or id(inner) in seen:
+            return layers
+        seen.add(id(inner))
+        layers.append(inner)
+
+
 def _bound_keywords(function: HostFunction) -> set[str]:
-    bound: set[str] = set()
-    while isinstance(function, functools.partial):
-        bound |= set(function.keywords)
-        function = function.func
-    return bound
+    return {key for layer in _layers(function) if isinstance(layer, functools.partial) for key in layer.keywords}
 
 
 def _underlying(function: HostFunction) -> HostFunction:
-    while isinstance(function, functools.partial):
-        function = function.func
-    return function
+    return _layers(function)[-1]
 
 
 def visible_signature(function: HostFunction) -> inspect.Signature:

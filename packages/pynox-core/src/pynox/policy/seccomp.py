@@ -30,6 +30,8 @@ __all__ = ["DENIED_SYSCALLS", "CompiledFilter", "LoadableFilter", "compile_filte
 
 _CLONE_THREAD = 0x00010000
 _SOCK_TYPE_MASK = 0xF  # the socket type in socketpair's second argument; the rest are flags
+_F_SETLEASE = 1024
+_F_NOTIFY = 1026
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _PER_QUERY = 0xFFFFFFFF
@@ -53,6 +55,8 @@ _ATTACK_SURFACE = (
     "vhangup", "syslog", "adjtimex", "clock_adjtime", "settimeofday", "clock_settime", "open_tree_attr",
     # Another process's capabilities: capget takes its pid in memory the filter cannot read. A job has none.
     "capget", "process_mrelease",
+    # The host's mount table, as /proc/self/mountinfo would show it (Linux 6.8 and later).
+    "listmount", "statmount",
 )
 # Kernel budgets shared by every process of a uid, which one job could exhaust for all of them (and
 # for the pool, when it runs as that uid too): inotify instances (128 per uid by default) and POSIX
@@ -62,6 +66,8 @@ _ATTACK_SURFACE = (
 _SHARED_BUDGETS = (
     "inotify_init", "inotify_init1",
     "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    # Kernel AIO contexts: fs.aio-max-nr is one budget for the whole machine (glibc's aio uses threads).
+    "io_setup",
 )
 # Without the network a job reaches no socket outside its own process: its sockets are the ends of
 # socketpairs (and the descriptors the pool hands it, already connected), and none may be bound to an
@@ -80,8 +86,8 @@ _FILE_METADATA = (
 DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE, *_FILE_METADATA, *_SHARED_BUDGETS)
 # System calls numbered from 424 on have one number on every architecture below; a libseccomp older
 # than the kernel does not know their names but can still deny them by number.
-_UNIFIED_NUMBERS = {"fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "open_tree_attr": 467,
-                    "file_setattr": 469}
+_UNIFIED_NUMBERS = {"fchmodat2": 452, "statmount": 457, "listmount": 458, "setxattrat": 463, "removexattrat": 466,
+                    "open_tree_attr": 467, "file_setattr": 469}
 _UNIFIED_ARCHES = ("x86_64", "aarch64", "riscv64", "s390x", "ppc64le", "loongarch64")
 
 
@@ -144,6 +150,11 @@ def compile_filter(network: bool) -> CompiledFilter:
     for request in (_TIOCSTI, _TIOCLINUX):
         _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
     _deny(f, "personality", pyseccomp.Arg(0, pyseccomp.NE, _PER_QUERY))
+    # A lease on a file makes every other opener wait for its break (fs.lease-break-time, 45 s): a job
+    # keeping uid 0 owns the runtime's files, so a lease on /etc/ld.so.cache would stall every program
+    # the host starts. Directory notifications (dnotify) are inotify's elder: a per-uid budget too.
+    for command in (_F_SETLEASE, _F_NOTIFY):
+        _deny(f, "fcntl", pyseccomp.Arg(1, pyseccomp.EQ, command))
     # prlimit64 on another process (the kernel allows it between processes of one uid: a job keeping
     # uid 0 could lower the pool's limits) is refused by the own-process filter, which knows the job's pid.
     # A memfd, not tempfile: tempfile would remember /tmp as every later job's temporary directory.

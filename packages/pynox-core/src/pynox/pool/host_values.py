@@ -53,8 +53,8 @@ def check_plain_json(value: Any, where: str) -> None:
             continue
         if kind is dict:
             for key, element in item.items():
-                if type(key) is not str:
-                    raise NotPlainJSON(f"{path}: the key {key!r} is a {type(key).__name__}, JSON keys are strings")
+                if type(key) is not str:  # its value is not shown: a message may leave the host
+                    raise NotPlainJSON(f"{path}: a key is a {type(key).__name__}, JSON keys are strings")
                 _utf8(key, path)
                 pending.append((element, f"{path}[{key!r}]", depth + 1))
             continue

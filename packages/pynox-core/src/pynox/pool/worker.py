@@ -280,7 +280,8 @@ class Template:
                 # A job is over when its process ended and its pipes closed; a session step when its
                 # pipes closed (the child hands them back), unless the child died or exited meanwhile.
                 while open_pipes or (self.child_ended is None and not child_dead
-                                     and self._must_wait_for_end(report, session, outcome)):
+                                     and self._must_wait_for_end(report, session, outcome,
+                                                                 self.child_pidfd is not None)):
                     if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
                         outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
                         self.kill_child()
@@ -328,7 +329,10 @@ class Template:
                 raise
         outcome.duration_us = (time.monotonic_ns() - start) // 1000
         if self.child_ended is None and not session:
-            # Answered from the report: the template reaps the child while the result travels.
+            # Answered from the report, which a job could write early and then go on: whatever it still
+            # does is killed now (an honest child is already exiting: the kill changes nothing for it).
+            # The template reaps it while the result travels.
+            self.kill_child()
             self._unreaped_deadline = deadline
         ended = self.child_ended
         if ended is not None:
@@ -343,13 +347,17 @@ class Template:
         return bytes(report)
 
     @staticmethod
-    def _must_wait_for_end(report: bytearray, session: bool, outcome: Outcome) -> bool:
+    def _must_wait_for_end(report: bytearray, session: bool, outcome: Outcome, can_kill: bool) -> bool:
         """After the pipes closed: is the child's end (its exit status) still needed?
 
         A complete report says how the code ended, so a job's result need not wait for the exit
-        teardown (0.5 to 1.5 ms); only a missing or broken report, a kill, or a session step that
-        ended its process needs the status the template reports."""
+        teardown (0.5 to 1.5 ms): the child is killed as the result is answered (see _loop), so
+        nothing it might still do after its report happens. Only a missing or broken report, a kill,
+        a child not yet killable (its pidfd still on its way), or a session step that ended its process
+        needs the status the template reports."""
         if outcome.timed_out or outcome.protocol_violation is not None or not report:
+            return True
+        if not session and not can_kill:
             return True
         try:
             decoded = _report_decoder.decode(report)

@@ -142,12 +142,15 @@ def _is_open(fd: int) -> bool:
     return True
 
 
+_JOB_DESCRIPTORS = 5  # stdout, stderr, report, payload, claim; then the host and control channels, if any
+
+
 class _Job:
     """One job as the template received it: its confinement, its own descriptors, its grant descriptors."""
 
     def __init__(self, raw: bytes, fds: list[int]) -> None:
         self.confinement = confinement_decoder.decode(raw)
-        own = 5 + self.confinement.host_channel + self.confinement.session
+        own = _JOB_DESCRIPTORS + self.confinement.host_channel + self.confinement.session
         self.fds, self.grants = fds[:own], fds[own:]
         # What a prepared child must match: the same confinement, grants naming the same files.
         self.key = (raw, identity(self.grants))

@@ -172,6 +172,8 @@ class Template:
         ``session``, the call returns when the first step is over and the child stays alive for the next ones.
         """
         self._settle()
+        if spec.functions and session is not None and session.job_channel is None:
+            raise PoolWorkerError("a session with host functions has no channel for them", started=False)
         confinement = spec.confinement(tasks.MAX_JOB_TASKS if self.cgroup is not None else None)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
@@ -192,8 +194,7 @@ class Template:
                 channel, job_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             else:
                 job_end = session.job_channel
-            if job_end is None:
-                raise PoolWorkerError("a session with host functions has no channel for them", started=False)
+            assert job_end is not None  # checked above, before anything was opened
             extra.append(job_end)
         if session is not None:
             extra.append(session.job_control)

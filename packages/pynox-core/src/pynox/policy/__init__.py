@@ -16,7 +16,7 @@ from . import landlock, seccomp
 from .limits import apply_limits
 from .own_process import OwnProcessFilter
 from .privileges import drop_bounding_set, drop_privileges, set_parent_death_signal, switch_user
-from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, OWN_PROC_ENTRIES, runtime_paths
+from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, OWN_PROC_DIRECTORIES, OWN_PROC_ENTRIES, runtime_paths
 
 __all__ = [
     "BACKEND", "BASE_ENVIRONMENT", "Runtime", "RuntimeRules", "add_environment", "build_ruleset", "confine",
@@ -125,8 +125,11 @@ def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int])
     granted += [(fd, landlock.fitting(fd, all_rights)) for fd in grants[len(read):]]
     prepared = (*runtime.rules.current(), *(runtime.network_rules.current() if confinement.network else ()),
                 *granted)
+    own = f"/proc/{os.getpid()}"
+    entries = [(f"{own}/{entry}", landlock.ACCESS_FS_READ if entry in OWN_PROC_DIRECTORIES
+                else landlock.ACCESS_FS_READ & landlock.FILE_RIGHTS) for entry in OWN_PROC_ENTRIES]
     return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network, prepared=prepared,
-                                  optional_read=[f"/proc/{os.getpid()}/{entry}" for entry in OWN_PROC_ENTRIES])
+                                  optional=entries)
 
 
 def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:

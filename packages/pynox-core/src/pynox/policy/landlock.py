@@ -25,6 +25,7 @@ from ._libc import syscall
 
 __all__ = [
     "ACCESS_FS_READ",
+    "FILE_RIGHTS",
     "abi_version",
     "build_ruleset",
     "fitting",
@@ -48,7 +49,7 @@ TRUNCATE = 1 << 14  # ABI 3
 IOCTL_DEV = 1 << 15  # ABI 5
 ACCESS_FS_READ = EXECUTE | READ_FILE | READ_DIR
 # Rights that mean something on a file (not a directory); a file rule with any other is EINVAL.
-_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
 
 NET_BIND_TCP = 1 << 0  # ABI 4
 NET_CONNECT_TCP = 1 << 1
@@ -118,7 +119,7 @@ def open_rule(path: str, rights: int, *, missing_ok: bool) -> tuple[int, int] | 
 
 def fitting(fd: int, rights: int) -> int:
     """The part of ``rights`` that a rule on what ``fd`` names may carry: a file takes fewer than a directory."""
-    return rights if stat.S_ISDIR(os.fstat(fd).st_mode) else rights & _FILE_RIGHTS
+    return rights if stat.S_ISDIR(os.fstat(fd).st_mode) else rights & FILE_RIGHTS
 
 
 def build_ruleset(
@@ -126,13 +127,14 @@ def build_ruleset(
     *,
     network: bool,
     prepared: Iterable[tuple[int, int]] = (),
-    optional_read: Iterable[str] = (),
+    optional: Iterable[tuple[str, int]] = (),
 ) -> int:
     """Create a ruleset and return its descriptor; the caller enforces it with :func:`restrict_self`.
 
     ``prepared`` rules are descriptors with their rights: the runtime paths the template opened once,
     and the job's grants the server opened when the job started (see :mod:`pynox.policy.grants`).
-    ``optional_read`` paths are opened here and skipped when absent (the child's own ``/proc/<pid>``).
+    ``optional`` paths, with the rights that fit them, are opened here and skipped when absent (the
+    entries of the child's own ``/proc/<pid>``).
     """
     handled_fs = fs_rights(abi)
     attr = _RulesetAttr(handled_fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and not network else 0,
@@ -142,13 +144,15 @@ def build_ruleset(
     try:
         for fd, rights in prepared:
             _add_rule(ruleset, fd, rights)
-        for path in optional_read:
-            opened = open_rule(path, ACCESS_FS_READ, missing_ok=True)
-            if opened is not None:
-                try:
-                    _add_rule(ruleset, *opened)
-                finally:
-                    os.close(opened[0])
+        for path, rights in optional:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                _add_rule(ruleset, fd, rights)
+            finally:
+                os.close(fd)
     except BaseException:
         os.close(ruleset)
         raise

@@ -14,7 +14,10 @@ import site
 import sys
 from collections.abc import Iterable
 
-__all__ = ["DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "OWN_PROC_ENTRIES", "overlapping", "runtime_paths"]
+__all__ = [
+    "DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "OWN_PROC_DIRECTORIES", "OWN_PROC_ENTRIES", "overlapping",
+    "runtime_paths",
+]
 
 _SYSTEM = (
     "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
@@ -30,10 +33,10 @@ DEVICE_WRITE = ("/dev/null",)
 # line, environment. Not the whole directory: net/ lists the host's listening ports, unix socket paths,
 # routes and neighbours; mountinfo and cgroup show the host's mount table and cgroup path; task/ holds
 # all of that again per thread.
-OWN_PROC_ENTRIES = (
-    "stat", "statm", "status", "maps", "smaps", "smaps_rollup", "mem", "fd", "fdinfo", "limits", "cmdline",
-    "comm", "environ", "auxv", "io", "sched", "schedstat", "oom_score",
-)
+# Each is a rule a child adds while it is confined, on the way of the next job when jobs come back to back:
+# the list is what Python and its usual libraries (psutil, resource reports) read, and no more.
+OWN_PROC_ENTRIES = ("stat", "statm", "status", "maps", "mem", "fd", "limits", "cmdline", "comm", "environ")
+OWN_PROC_DIRECTORIES = ("fd",)
 # Name resolution; granted only with the network.
 NETWORK_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf",
                  "/etc/host.conf", "/etc/services", "/etc/protocols")

@@ -103,3 +103,23 @@ def test_missing_grant_is_a_clear_error(tmp_path: Path) -> None:
 def test_nothing_to_run_is_a_clear_error() -> None:
     done = pynox_run()
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_config_permissions_are_the_grants_and_flags_add_on_top(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("from the config")
+    (tmp_path / "extra.txt").write_text("from a flag")
+    config = tmp_path / "pynox.toml"
+    config.write_text('[permissions]\nallow_read = ["data"]\ntimeout = "5s"\n')  # relative to the file
+    code = f"print(open({str(tmp_path / 'data' / 'x.txt')!r}).read(), open({str(tmp_path / 'extra.txt')!r}).read())"
+    done = pynox_run("--config", str(config), "--allow-read", str(tmp_path / "extra.txt"), "--timeout", "3s",
+                     "--json", "-c", code, cwd=tmp_path / "data")
+    result = json.loads(done.stdout)
+    assert result["stdout"] == "from the config from a flag\n", result
+    assert result["policy"]["allow_read"] == [str(tmp_path / "data"), str(tmp_path / "extra.txt")]
+    assert result["policy"]["timeout_ms"] == 3000  # the flag wins over the file
+    # Control: without the file, the same read is denied.
+    assert pynox_run("-c", code).returncode == 1
+    config.write_text('[permissions]\nallow_reads = ["data"]\n')
+    bad = pynox_run("--config", str(config), "-c", "pass")
+    assert bad.returncode == 1 and "allow_reads" in bad.stderr, bad.stderr

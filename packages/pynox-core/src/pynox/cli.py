@@ -26,13 +26,16 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument("--name", help="file name shown in tracebacks for -c code (default agent.py)")
     run.add_argument("--allow-read", action="append", default=[], metavar="PATH", help="grant read access")
     run.add_argument("--allow-write", action="append", default=[], metavar="PATH", help="grant read-write access")
-    run.add_argument("--allow-network", action="store_true", help="grant TCP, UDP and unix sockets")
+    run.add_argument("--allow-network", action="store_true", default=None,
+                     help="grant TCP and UDP (unix sockets stay refused)")
     run.add_argument("--timeout", help="wall-clock limit, e.g. 5s or 500ms (default 30s)")
     run.add_argument("--memory", help="memory limit, e.g. 256m or 1g (default 1g)")
     run.add_argument("--max-output", help="bytes of stdout and of stderr kept (default 1m)")
     run.add_argument("--max-file-size", help="largest file the job may write, e.g. 10m")
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="set a variable for the job")
     run.add_argument("--json", action="store_true", help="print the protocol's result object instead")
+    run.add_argument("--config", metavar="FILE",
+                     help="a pynox.toml whose [permissions] grants apply, with the flags added on top")
 
 
 def _request_from(args: argparse.Namespace) -> Request:
@@ -73,7 +76,14 @@ def _print_human(result: Result) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .runner import run_once
 
-    result = run_once(_request_from(args), hint_style="cli")
+    request = _request_from(args)
+    if args.config:
+        from .config import load_config, merged
+
+        permissions = load_config(args.config).permissions
+        if permissions is not None:
+            request = merged(permissions, request)
+    result = run_once(request, hint_style="cli")
     if args.json:
         sys.stdout.buffer.write(msgspec.json.encode(result) + b"\n")
     else:

@@ -32,7 +32,7 @@ from .protocol import Request
 from .resolve import DEFAULTS, Defaults, check_ceiling, resolve
 from .units import format_duration, format_size, parse_duration, parse_size
 
-__all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config"]
+__all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config", "merged"]
 
 _T = TypeVar("_T")
 
@@ -40,6 +40,9 @@ _T = TypeVar("_T")
 _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
                 "max_file_size", "package_dirs", "functions")
 _LIST_FIELDS = ("allow_read", "allow_write", "package_dirs", "functions")
+# `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
+_PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
+                    "max_file_size")
 _SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_size", "name")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
@@ -83,6 +86,8 @@ class Config:
     profiles: Mapping[str, Request] = field(default_factory=lambda: MappingProxyType({}))
     # What the operator should know but that does not stop the pool: each is one line on its stderr.
     warnings: tuple[str, ...] = ()
+    # [permissions]: the grants of `pynox run --config FILE`, under its flags; no meaning for the pool.
+    permissions: Request | None = None
 
     def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS) -> Request:
         """The request with its profile merged under it and the ceiling enforced.
@@ -121,6 +126,11 @@ def _dedupe(items: Iterable[_T]) -> list[_T]:
         if item not in seen:
             seen.append(item)
     return seen
+
+
+def merged(base: Request, request: Request) -> Request:
+    """``base`` (a profile, or ``[permissions]``) under ``request``: lists joined, the request's scalars win."""
+    return _merge(base, request)
 
 
 def _merge(profile: Request, request: Request) -> Request:
@@ -291,8 +301,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     base = os.path.dirname(file)
 
     warnings: list[str] = []
+    permissions = None
     for table in sorted(set(raw) - {"pool", "profiles"}):
         if table == "permissions":
+            permissions = _profile(_Table(file, "permissions", raw["permissions"]), base, _PERMISSION_KEYS)
             warnings.append(f"{file}: [permissions] is the command line's table and does not apply to the pool; "
                             "it is ignored here (use [pool.limits] for a ceiling and [profiles.NAME] for grants)")
             continue
@@ -325,7 +337,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
     _refuse_self_writable(file, limits, profiles)
     return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
-                  warnings=tuple(warnings))
+                  warnings=tuple(warnings), permissions=permissions)
 
 
 def _pool_settings(table: _Table, base: str) -> PoolSettings:
@@ -379,8 +391,8 @@ def _limits(table: _Table, base: str) -> Limits:
     )
 
 
-def _profile(table: _Table, base: str) -> Request:
-    table.refuse_unknown(_PROFILE_KEYS)
+def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> Request:
+    table.refuse_unknown(keys)
     env = table.get("env", dict, "a table of strings")
     if env is not None:
         for key, value in env.items():

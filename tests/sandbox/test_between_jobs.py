@@ -117,14 +117,20 @@ print('planted')
 """
 
 
-@pytest.mark.parametrize("queued", [False, True], ids=["sent-after", "queued-behind"])
-def test_a_planted_symlink_never_widens_a_later_job_under_a_ceiling(tmp_path: Path, queued: bool) -> None:
+def _work_outside_and_a_ceiling(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """``work/sub`` and ``outside``, and a config whose ceiling lets jobs write ``work`` only."""
     work, outside = tmp_path / "work", tmp_path / "outside"
     (work / "sub").mkdir(parents=True)
     outside.mkdir()
     config = tmp_path / "etc" / "pynox.toml"
     config.parent.mkdir()
     config.write_text(f'[pool.limits]\nallow_write = ["{work}"]\n')
+    return work, outside, config
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["sent-after", "queued-behind"])
+def test_a_planted_symlink_never_widens_a_later_job_under_a_ceiling(tmp_path: Path, queued: bool) -> None:
+    work, outside, config = _work_outside_and_a_ceiling(tmp_path)
     grants = [str(work), str(work / "sub")]
     with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
         assert pool.run("print('warm')", allow_write=grants)["exit"] == 0
@@ -282,12 +288,7 @@ print('flipped', flips)
 
 
 def test_a_path_flipping_between_directory_and_symlink_never_escapes_the_ceiling(tmp_path: Path) -> None:
-    work, outside = tmp_path / "work", tmp_path / "outside"
-    (work / "sub").mkdir(parents=True)
-    outside.mkdir()
-    config = tmp_path / "etc" / "pynox.toml"
-    config.parent.mkdir()
-    config.write_text(f'[pool.limits]\nallow_write = ["{work}"]\n')
+    work, outside, config = _work_outside_and_a_ceiling(tmp_path)
     victims = 150
     with pool_process("--workers=2", f"--config={config}", cwd=tmp_path) as pool:
         flipper = pool.submit(code=_FLIP.format(outside=str(outside), link=str(work / "link"), sub=str(work / "sub"),

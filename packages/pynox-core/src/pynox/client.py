@@ -432,14 +432,15 @@ class Pool:
         try:
             return future.result(timeout=patience)
         except concurrent.futures.TimeoutError:
-            self._abandon(future)
-            raise PoolError(f"the pool gave no answer within {patience:.0f}s; the run was abandoned") from None
+            raise self._abandon(future, patience) from None
 
-    def _abandon(self, future: concurrent.futures.Future[Any]) -> None:
+    def _abandon(self, future: concurrent.futures.Future[Any], patience: float) -> PoolError:
+        """Forget a run the pool never answered; the error its caller raises."""
         with self._lock:
             for key, pending in list(self._pending.items()):
                 if pending.future is future:
                     del self._pending[key]
+        return PoolError(f"the pool gave no answer within {patience:.0f}s; the run was abandoned")
 
     async def _await(self, future: concurrent.futures.Future[Any], message: dict[str, Any],
                      rounds: int = _ROUNDS) -> Any:
@@ -447,8 +448,7 @@ class Pool:
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), patience)
         except TimeoutError:
-            self._abandon(future)
-            raise PoolError(f"the pool gave no answer within {patience:.0f}s; the run was abandoned") from None
+            raise self._abandon(future, patience) from None
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
                    host_errors: HostErrors | None = None, **grants: Any) -> Result:

@@ -29,7 +29,7 @@ import msgspec
 
 from .errors import ConfigError, RequestError, quoted
 from .protocol import Request
-from .resolve import DEFAULTS, Defaults, check_ceiling, resolve
+from .resolve import DEFAULTS, Defaults, beneath, check_ceiling, resolve
 from .units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config", "merged"]
@@ -75,6 +75,11 @@ class Limits:
     max_output: int | None = None
     max_file_size: int | None = None
 
+    @property
+    def readable(self) -> list[str]:
+        """Where a request may read: what the ceiling lets it read or write."""
+        return _dedupe([*self.allow_read, *self.allow_write])
+
 
 @dataclass(frozen=True)
 class Config:
@@ -89,7 +94,7 @@ class Config:
     # [permissions]: the grants of `pynox run --config FILE`, under its flags; no meaning for the pool.
     permissions: Request | None = None
 
-    def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS) -> Request:
+    def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS, check_paths: bool = True) -> Request:
         """The request with its profile merged under it and the ceiling enforced.
 
         Raises :class:`~pynox.errors.RequestError` for an unknown profile or a
@@ -98,11 +103,14 @@ class Config:
 
         Unset limits are filled in from the ceiling, so a later session step
         (which may carry no grant fields) must be checked for its shape first.
+
+        ``check_paths=False`` leaves the paths to :func:`pynox.resolve.to_job`, which judges them against
+        the ceiling on the very resolution it grants (the pool does; a tool made ahead checks here).
         """
         if request.profile is not None:
             request = _merge(self._profile(request.profile), request)
         if self.limits is not None:
-            request = _enforce(self.limits, request, cwd, defaults)
+            request = _enforce(self.limits, request, cwd, defaults, check_paths)
         return request
 
     def _profile(self, name: str) -> Request:
@@ -148,11 +156,6 @@ def _merge(profile: Request, request: Request) -> Request:
     return msgspec.structs.replace(request, **changes)
 
 
-def _beneath(path: str, parent: str) -> bool:
-    """Equal or a proper descendant, by whole components. Both must be absolute and normalised."""
-    return os.path.commonpath((path, parent)) == parent
-
-
 def _check_paths(field_name: str, paths: Iterable[str], allowed: Sequence[str], cwd: str) -> None:
     # An early answer, for a tool made with grants outside the ceiling. The pool judges again, with
     # to_job, on the very resolution it grants (a path can change between the two).
@@ -178,13 +181,13 @@ def _parsed(parse: Callable[[Any, str], _T], value: Any, field_name: str) -> _T:
         raise RequestError(f"{field_name}: {quoted(value)} is too large") from None
 
 
-def _enforce(limits: Limits, request: Request, cwd: str, defaults: Defaults) -> Request:
-    readable = _dedupe([*limits.allow_read, *limits.allow_write])
-    _check_paths("allow_read", request.allow_read or (), readable, cwd)
-    _check_paths("package_dirs", request.package_dirs or (), readable, cwd)
-    if request.script is not None:
-        _check_paths("script", [request.script], readable, cwd)
-    _check_paths("allow_write", request.allow_write or (), limits.allow_write, cwd)
+def _enforce(limits: Limits, request: Request, cwd: str, defaults: Defaults, check_paths: bool = True) -> Request:
+    if check_paths:
+        _check_paths("allow_read", request.allow_read or (), limits.readable, cwd)
+        _check_paths("package_dirs", request.package_dirs or (), limits.readable, cwd)
+        if request.script is not None:
+            _check_paths("script", [request.script], limits.readable, cwd)
+        _check_paths("allow_write", request.allow_write or (), limits.allow_write, cwd)
     if request.allow_network and not limits.allow_network:
         raise RequestError("allow_network: the [pool.limits] ceiling does not allow the network "
                            "(allow_network = false)")
@@ -427,6 +430,6 @@ def _refuse_self_writable(file: str, limits: Limits | None, profiles: Mapping[st
                for name, profile in profiles.items() for path in profile.allow_write or ()]
     for where, grant in grants:
         for name in names:
-            if _beneath(name, grant):
+            if beneath(name, grant):
                 raise ConfigError(f"{file}: {where}: {grant} contains this config file ({name}); a job could "
                                   "rewrite its own ceiling, so keep the file outside every write grant")

@@ -28,7 +28,7 @@ from .protocol import Request
 from .units import parse_duration, parse_size
 
 __all__ = [
-    "DEFAULTS", "Defaults", "Resolved", "check_ceiling", "parse_request_duration", "parse_request_size",
+    "DEFAULTS", "Defaults", "Resolved", "beneath", "check_ceiling", "parse_request_duration", "parse_request_size",
     "resolve", "resolve_path", "to_job",
 ]
 
@@ -102,7 +102,7 @@ def _joined(path: str, base: str) -> str:
     return os.path.join(base, os.path.expanduser(path) if path.startswith("~") else path)
 
 
-def _beneath(path: str, parent: str) -> bool:
+def beneath(path: str, parent: str) -> bool:
     """Equal or a proper descendant, by whole components. Both must be absolute and normalised."""
     return os.path.commonpath((path, parent)) == parent
 
@@ -110,7 +110,7 @@ def _beneath(path: str, parent: str) -> bool:
 def check_ceiling(field: str, paths: Iterable[Resolved], allowed: Sequence[str]) -> None:
     """Every resolved path must lie beneath one of the ``allowed`` roots (the [pool.limits] ceiling)."""
     for resolved in paths:
-        if not any(_beneath(resolved.path, parent) for parent in allowed):
+        if not any(beneath(resolved.path, parent) for parent in allowed):
             named = resolved.given if resolved.given == resolved.path else \
                 f"{resolved.given} (resolves to {resolved.path})"
             raise RequestError(f"{field}: {named} is outside the [pool.limits] ceiling "
@@ -121,7 +121,7 @@ def _refuse_planted_links(resolved: dict[str, list[Resolved]], writable: Sequenc
     for field, paths in resolved.items():
         for path in paths:
             for link in path.links:
-                root = next((root for root in writable if _beneath(link, root)), None)
+                root = next((root for root in writable if beneath(link, root)), None)
                 if root is not None:
                     raise RequestError(f"{field}: {path.given} goes through the symlink {link}, which lies in "
                                        f"{root} where jobs may write; an earlier job could have planted it, so "
@@ -177,10 +177,10 @@ def to_job(
 ) -> tuple[JobSpec, int]:
     """Return the job and its output cap, or raise :class:`RequestError` saying what is wrong.
 
-    ``writable``: where jobs of this pool may write or may have written (the ceiling's ``allow_write``,
-    every write grant the pool has given), besides this request's own write grants: no grant may go
-    through a symlink there. ``ceiling``: the [pool.limits] roots (readable, writable) the resolved
-    paths must lie beneath, judged on the very resolution that is granted."""
+    ``writable``: where jobs of this pool have been allowed to write (every write grant the pool has
+    given). No grant may go through a symlink there, nor beneath this request's own write grants or the
+    ceiling's. ``ceiling``: the [pool.limits] roots (readable, writable) the resolved paths must lie
+    beneath, judged on the very resolution that is granted."""
     read = _existing(request.allow_read or (), cwd, "allow_read")
     write = _existing(request.allow_write or (), cwd, "allow_write")
     packages = _existing(request.package_dirs or (), cwd, "package_dirs")
@@ -199,7 +199,7 @@ def to_job(
             raise RequestError(f"allow_write: {path} overlaps the runtime path {runtime}; a job may never "
                                "write where the interpreter and its packages live")
     _refuse_planted_links({"allow_read": read, "allow_write": write, "package_dirs": packages, "script": scripts},
-                          [*allow_write, *writable])
+                          [*allow_write, *(ceiling[1] if ceiling is not None else ()), *writable])
     allow_read, package_dirs = [found.path for found in read], [found.path for found in packages]
     script = scripts[0].path if scripts else None
     granted = len(allow_read) + len(allow_write) + len(package_dirs) + (script is not None)

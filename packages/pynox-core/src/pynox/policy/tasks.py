@@ -50,13 +50,18 @@ class TaskLimit:
     def pool_directory(self) -> str:
         return os.path.join(self.base, f"pynox-{os.getpid()}")
 
-    def confine_template(self, pid: int, name: str) -> str:
-        """Put process ``pid`` (a template, before it forks anything) in a new cgroup; returns its path."""
+    def make_pool_directory(self) -> str:
+        """This pool's cgroup, holding its templates' (with the pids controller for them, on v2)."""
         pool = self.pool_directory()
         with contextlib.suppress(FileExistsError):
             os.mkdir(pool)
             if self.version == 2:
                 _write(os.path.join(pool, "cgroup.subtree_control"), "+pids")
+        return pool
+
+    def confine_template(self, pid: int, name: str) -> str:
+        """Put process ``pid`` (a template, before it forks anything) in a new cgroup; returns its path."""
+        pool = self.make_pool_directory()
         if pool not in _cleaned_at_exit:
             _cleaned_at_exit.add(pool)
             atexit.register(remove_pool, self)
@@ -180,11 +185,7 @@ def _usable(limit: TaskLimit) -> tuple[TaskLimit | None, str]:
     """Try it: make this pool's directory and one cgroup in it, with a limit, holding nobody."""
     probe = os.path.join(limit.pool_directory(), "probe")
     try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(limit.pool_directory())
-            if limit.version == 2:
-                _write(os.path.join(limit.pool_directory(), "cgroup.subtree_control"), "+pids")
-        os.mkdir(probe)
+        os.mkdir(os.path.join(limit.make_pool_directory(), "probe"))
         _write(os.path.join(probe, "pids.max"), str(MAX_JOB_TASKS + 1))
     except OSError as exc:
         remove(probe)

@@ -30,7 +30,7 @@ from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.privileges import set_process_name
 from . import host_module
 from .frames import recv_raw
-from .payload import read_payload, write_payload_to
+from .payload import claim, read_payload, write_payload_to
 
 __all__ = ["CHANNEL_FD", "CLAIM_FD", "CONTROL_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED", "run_job",
            "run_prepared"]
@@ -148,14 +148,9 @@ def _job_descriptors(confinement: Confinement) -> list[int]:
 def _receive_payload(confinement: Confinement) -> Payload:
     """Claim the job, then read it, confined already: its environment, then its host functions, if any.
 
-    The claim is one byte the server wrote into a pipe. If the template dies before its child took the
-    byte, the server takes it back and sends the job to another template: exactly one of them can
-    read it, so a job runs at most once, and a job the server retried was never begun here."""
-    try:
-        claimed = os.read(CLAIM_FD, 1)
-    except BlockingIOError:
-        claimed = b""
-    if claimed != b"!":
+    The claim (see :func:`pynox.pool.payload.new_claim`) makes a job run at most once: a job the server
+    took back, to retry on another template, was never begun here."""
+    if not claim(CLAIM_FD):
         os._exit(SETUP_FAILED)  # the server took the job back: it runs elsewhere, or nowhere
     os.close(CLAIM_FD)
     payload = read_payload(PAYLOAD_FD)

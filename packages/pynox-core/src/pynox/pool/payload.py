@@ -16,7 +16,9 @@ import msgspec
 
 from ..job import Payload
 
-__all__ = ["read_payload", "write_payload", "write_payload_to"]
+__all__ = ["claim", "new_claim", "read_payload", "take_back", "write_payload", "write_payload_to"]
+
+_CLAIM = b"!"
 
 _decoder = msgspec.json.Decoder(Payload)
 
@@ -39,6 +41,29 @@ def write_payload_to(fd: int, payload: Payload) -> None:
     view = memoryview(msgspec.json.encode(payload))
     while view:
         view = view[os.write(fd, view):]
+
+
+def new_claim() -> int:
+    """The job's claim: the read end of a pipe holding one byte, which the server sends with the job and
+    keeps. The child takes the byte before it reads its payload; if the template dies, the server takes
+    it back if it is still there. Exactly one of them gets it, so a job the server retries never began."""
+    claim, end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    os.write(end, _CLAIM)
+    os.close(end)
+    return claim
+
+
+def claim(fd: int) -> bool:
+    """In the child: take the job; False if the server took it back."""
+    try:
+        return os.read(fd, 1) == _CLAIM
+    except BlockingIOError:
+        return False
+
+
+def take_back(fd: int) -> bool:
+    """In the server: take the job back; True if no child had claimed it."""
+    return claim(fd)
 
 
 def read_payload(fd: int) -> Payload:

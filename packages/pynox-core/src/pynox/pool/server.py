@@ -66,10 +66,6 @@ class _Job:
     accepted_ns: int
 
 
-def _dedupe(paths: list[str]) -> list[str]:
-    return list(dict.fromkeys(paths))
-
-
 def options_from(args: argparse.Namespace) -> PoolOptions:
     """Merge the command line over ``[pool]`` of the config file (the command line wins)."""
     config = load_config(args.config) if args.config else EMPTY
@@ -318,14 +314,14 @@ class Server:
 
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
         config = self.options.config
-        request = config.apply(request, self.cwd)
+        # The paths are judged against the ceiling by to_job, on the resolution it grants.
+        request = config.apply(request, self.cwd, check_paths=False)
         run_as = config.pool.run_as
         limits = config.limits
-        ceiling = (_dedupe([*limits.allow_read, *limits.allow_write]), limits.allow_write) if limits else None
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
-                                  writable=[*(limits.allow_write if limits else ()), *self._written],
-                                  ceiling=ceiling, uid=run_as[0] if run_as else None,
-                                  gid=run_as[1] if run_as else None)
+                                  writable=self._written,
+                                  ceiling=(limits.readable, limits.allow_write) if limits else None,
+                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None)
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
         return spec, max_output
@@ -387,7 +383,9 @@ def serve(args: argparse.Namespace) -> int:
         options = options_from(args)
         server = Server(options, output, _write_log)
         for warning in options.config.warnings:
-            server.log_event({"event": "config_warning", "message": warning}) if options.log == "json" else \
+            if options.log == "json":
+                server.log_event({"event": "config_warning", "message": warning})
+            else:
                 print(f"pynox pool: warning: {warning}", file=sys.stderr, flush=True)
         workers = server.start()
     except (PynoxError, OSError) as exc:

@@ -31,7 +31,7 @@ from ..policy.grants import close_all, open_grants
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
 from .hostcalls import JobCalls, ProtocolViolation
 from .outcome import Outcome
-from .payload import write_payload
+from .payload import new_claim, take_back, write_payload
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
 
@@ -51,14 +51,6 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
-
-
-def _take_back(claim: int) -> bool:
-    """Read the job's claim byte back; True if it was still there (no child took the job)."""
-    try:
-        return os.read(claim, 1) == b"!"
-    except BlockingIOError:
-        return False
 
 
 def template_environment() -> dict[str, str]:
@@ -182,9 +174,7 @@ class Template:
         except BaseException:
             close_all(granted)
             raise
-        claim, claim_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        os.write(claim_end, b"!")
-        os.close(claim_end)
+        claim = new_claim()
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         extra: list[socket.socket] = []
         channel = session.channel if session is not None else None
@@ -220,7 +210,7 @@ class Template:
             return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
                                 calls=calls, channel=channel, session=session is not None)
         except PoolWorkerError as exc:
-            if exc.started and _take_back(claim):  # no child claimed the job: it never began
+            if exc.started and take_back(claim):  # no child claimed the job: it never began
                 raise PoolWorkerError(str(exc), started=False) from None
             raise
         finally:
@@ -247,7 +237,7 @@ class Template:
     def ended_while_idle(self) -> Ended | None:
         """Between two steps of a session: how its child ended, if it did meanwhile (killed from outside,
         say). Consumes the template's Ended frame, which is waiting on the socket."""
-        if self.child_ended is None and select.select([self.sock], [], [], 0)[0]:
+        if self.child_ended is None and self.has_word():
             self._receive(Outcome())
         return self.child_ended
 

@@ -291,7 +291,12 @@ def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Sn
         strays = {pid: info for pid, info in processes.items()
                   if info[1] == "Z" or info[0] > 2 or (info[0] == 2 and info[2] != "pynox-ready")}
         if len(templates) == workers and not strays and len(processes) <= 2 * workers:
-            break
+            # A template that has just forked its prepared child still holds the child's end of their
+            # socket pair for a moment: idle means its descriptors hold still too.
+            template_fds = {pid: fd_kinds(pid) for pid in templates}
+            time.sleep(0.05)
+            if template_fds == {pid: fd_kinds(pid) for pid in templates}:
+                break
         if time.monotonic() > end:
             raise AssertionError(f"the pool did not become idle within {deadline}s: below it {processes}")
         time.sleep(0.05)
@@ -299,6 +304,6 @@ def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Sn
         pool_rss_kb=rss_kb(pool.pid),
         template_rss_kb={pid: rss_kb(pid) for pid in templates},
         pool_fds=fd_kinds(pool.pid),
-        template_fds={pid: fd_kinds(pid) for pid in templates},
+        template_fds=template_fds,
         pool_threads=threads(pool.pid),
     )

@@ -18,6 +18,7 @@ Each :class:`Case` runs twice:
 from __future__ import annotations
 
 import errno
+import stat
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -178,6 +179,23 @@ def _canary_mode_changed(world: World, run: Run) -> None:
     assert world.canary.stat().st_mode & 0o777 == 0o777
 
 
+def _set_id(name: str) -> HostCheck:
+    def check(world: World, run: Run) -> None:
+        assert (world.work / name).stat().st_mode & (stat.S_ISUID | stat.S_ISGID), "the control made no set-id file"
+        (world.work / name).unlink()
+
+    return check
+
+
+def _no_set_id(name: str) -> HostCheck:
+    def check(world: World, run: Run) -> None:
+        path = world.work / name
+        assert not path.exists() or not path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID), oct(path.stat().st_mode)
+        path.unlink(missing_ok=True)
+
+    return check
+
+
 # Filesystem: Landlock ----------------------------------------------------------------------------
 
 FILESYSTEM = [
@@ -266,6 +284,18 @@ FILESYSTEM = [
          grant={}),
 ]
 
+_CTYPES = """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def check(result):
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+"""
+
+
 # File metadata: seccomp (Landlock does not govern it) ----------------------------------------------
 
 METADATA = [
@@ -284,20 +314,35 @@ METADATA = [
     Case("utime_canary", "seccomp.metadata",
          'import os; os.utime("$canary", (0, 0))',
          _denied(*METADATA_HINT), _works()),
+    # A write grant is for contents: a file the job creates there must not be a setuid or setgid program
+    # of the pool's uid (often root), which any user of the host could then run.
+    Case("create_setuid_file", "seccomp.metadata",
+         'import os; os.close(os.open("$work/suid", os.O_CREAT | os.O_WRONLY, 0o4755))',
+         _denied(*METADATA_HINT, host=_no_set_id("suid")), _works(host=_set_id("suid")),
+         request={"allow_write": ["$work"]}),
+    Case("create_setgid_file", "seccomp.metadata",
+         'import os; os.close(os.open("$work/sgid", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o2755))',
+         _denied(*METADATA_HINT, host=_no_set_id("sgid")), _works(host=_set_id("sgid")),
+         request={"allow_write": ["$work"]}),
+    Case("creat_setuid_file", "seccomp.metadata",
+         _CTYPES + 'check(libc.creat(b"$work/creat", 0o6755))',
+         _denied(*METADATA_HINT, error=("OSError", "PermissionError"), host=_no_set_id("creat")),
+         _works(host=_set_id("creat")), request={"allow_write": ["$work"]}),
+    Case("mknod_setuid_file", "seccomp.metadata",
+         'import os, stat; os.mknod("$work/node", stat.S_IFREG | 0o4755)',
+         _denied(*METADATA_HINT, host=_no_set_id("node")), _works(host=_set_id("node")),
+         request={"allow_write": ["$work"]}),
+    Case("openat2_setuid_file", "seccomp.metadata",
+         _CTYPES + "class How(ctypes.Structure):\n"
+         '    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]\n'
+         "how = How(os.O_CREAT | os.O_WRONLY, 0o4755, 0)\n"
+         'check(libc.syscall($nr_openat2, -100, b"$work/o2", ctypes.byref(how), ctypes.sizeof(how)))',
+         _denied(error=("OSError",), host=_no_set_id("o2")), _works(host=_set_id("o2")),
+         request={"allow_write": ["$work"]}),
 ]
 
 # Starting programs and processes: seccomp --------------------------------------------------------
 
-_CTYPES = """\
-import ctypes, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def check(result):
-    if result == -1:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return result
-"""
 
 PROCESSES = [
     Case("subprocess_run", "seccomp.process",

@@ -20,6 +20,7 @@ import errno
 import os
 import platform
 import socket
+import stat
 from dataclasses import dataclass
 
 import pyseccomp
@@ -136,6 +137,27 @@ def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
             _deny(f, name)
 
 
+# Where each call that creates a file takes its flags and mode (None: it has no flags, it always creates).
+_CREATING = {"open": (1, 2), "openat": (2, 3), "creat": (None, 1), "mknod": (None, 1), "mknodat": (None, 2)}
+_O_TMPFILE_BIT = 0o20000000  # O_TMPFILE is this bit with O_DIRECTORY
+
+
+def _set_id_rules(f: pyseccomp.SyscallFilter) -> None:
+    """No file created with the setuid or setgid bit: in a write grant that would be a program of the
+    pool's uid (often root) any user of the host could run. The metadata rules keep the bits from being
+    set afterwards; these keep them from being set at birth. openat2 passes its mode in memory the filter
+    cannot read: ENOSYS, which nothing in Python uses and libc falls back from."""
+    for name, (flags, mode) in _CREATING.items():
+        for bit in (stat.S_ISUID, stat.S_ISGID):
+            if flags is None:
+                _deny(f, name, pyseccomp.Arg(mode, pyseccomp.MASKED_EQ, bit, bit))
+                continue
+            for creates in (os.O_CREAT, _O_TMPFILE_BIT):
+                _deny(f, name, pyseccomp.Arg(flags, pyseccomp.MASKED_EQ, creates, creates),
+                      pyseccomp.Arg(mode, pyseccomp.MASKED_EQ, bit, bit))
+    _deny(f, "openat2", err=errno.ENOSYS)
+
+
 def compile_filter(network: bool) -> CompiledFilter:
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # A syscall through a foreign ABI (int 0x80 on x86_64) would dodge the rules: refuse it.
@@ -146,6 +168,7 @@ def compile_filter(network: bool) -> CompiledFilter:
     # clone3 passes its flags in memory seccomp cannot read: ENOSYS makes glibc fall back to clone.
     _deny(f, "clone3", err=errno.ENOSYS)
     _socket_rules(f, network)
+    _set_id_rules(f)
     # Typing into the controlling terminal; compare the low 32 bits as the kernel does.
     for request in (_TIOCSTI, _TIOCLINUX):
         _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))

@@ -14,9 +14,9 @@ from pynox.cli import main
 from pynox.errors import KernelSupportError
 
 PROBES = [spec.name for spec in check._PROBES]
-EXPECTED = {"granted_read", "granted_write", "read_outside", "write_outside", "file_metadata", "subprocess",
-            "fork", "socket", "tcp_connect", "signal_parent", "kernel_surface", "capabilities", "environment",
-            "memory_limit", "other_process", "own_proc", "datagram_pair", "timeout"}
+EXPECTED = {"granted_read", "granted_write", "read_outside", "write_outside", "file_metadata", "granted_metadata",
+            "subprocess", "fork", "socket", "tcp_connect", "signal_parent", "kernel_surface", "capabilities",
+            "environment", "memory_limit", "other_process", "own_proc", "datagram_pair", "timeout"}
 
 
 def test_every_promised_rule_has_a_probe() -> None:

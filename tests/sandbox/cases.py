@@ -187,6 +187,29 @@ def _set_id(name: str) -> HostCheck:
     return check
 
 
+def _set_id_in_work(world: World, run: Run) -> None:
+    found = [path for path in world.work.iterdir() if path.is_file() and path.stat().st_mode & 0o6000]
+    assert found, "the control made no set-id file"
+    for path in found:
+        path.unlink()
+
+
+def _no_set_id_in_work(world: World, run: Run) -> None:
+    found = [path for path in world.work.iterdir() if path.is_file() and path.stat().st_mode & 0o6000]
+    assert not found, [oct(path.stat().st_mode) for path in found]
+
+
+def _work_owned_by_root(world: World, run: Run) -> None:
+    assert all(path.lstat().st_uid == 0 for path in world.work.iterdir())
+
+
+def _given_away(world: World, run: Run) -> None:
+    given = [path for path in world.work.iterdir() if path.lstat().st_uid == 4242]
+    assert given, "the control gave no file away"
+    for path in given:
+        path.unlink()
+
+
 def _no_set_id(name: str) -> HostCheck:
     def check(world: World, run: Run) -> None:
         path = world.work / name
@@ -314,6 +337,69 @@ METADATA = [
     Case("utime_canary", "seccomp.metadata",
          'import os; os.utime("$canary", (0, 0))',
          _denied(*METADATA_HINT), _works()),
+    # The pool performs these calls on the job's behalf, only for files beneath a write grant: every way
+    # of naming a file outside one must still be refused, with the harm checked from the host.
+    Case("utime_now_canary", "seccomp.metadata",
+         'import os; os.utime("$canary")',
+         _denied(*METADATA_HINT), _works()),
+    Case("chmod_through_planted_symlink", "seccomp.metadata",
+         'import os; link = f"$work/link-{os.getpid()}"; os.symlink("$canary", link); os.chmod(link, 0o777)',
+         _denied(*METADATA_HINT), _works(host=_canary_mode_changed), request={"allow_write": ["$work"]}),
+    Case("chmod_dirfd_dotdot", "seccomp.metadata",
+         'import os; fd = os.open("$work", os.O_RDONLY); os.chmod("../outside/canary.txt", 0o777, dir_fd=fd)',
+         _denied(*METADATA_HINT), _works(host=_canary_mode_changed), request={"allow_write": ["$work"]}),
+    # Landlock does not check an O_PATH open: the job can hold a descriptor of any file it can name.
+    Case("fchmod_o_path_descriptor", "seccomp.metadata",
+         'import os; fd = os.open("$canary", os.O_PATH); os.chmod(fd, 0o777)',
+         _denied(*METADATA_HINT), _works(host=_canary_mode_changed), request={"allow_write": ["$work"]},
+         control_code='import os; fd = os.open("$canary", os.O_PATH); os.chmod(f"/proc/self/fd/{fd}", 0o777)'),
+    Case("chmod_proc_self_fd_link", "seccomp.metadata",
+         'import os; fd = os.open("$canary", os.O_PATH); os.chmod(f"/proc/self/fd/{fd}", 0o777)',
+         _denied(error=("PermissionError", "OSError")), _works(host=_canary_mode_changed),
+         request={"allow_write": ["$work"]}),
+    Case("utimensat_empty_path", "seccomp.metadata",
+         _CTYPES + 'fd = os.open("$canary", os.O_PATH)\ncheck(libc.utimensat(fd, b"", None, 0x1000))',
+         _denied(*METADATA_HINT, error=("OSError", "PermissionError")), _works(),
+         request={"allow_write": ["$work"]}),
+    Case("chmod_hard_link_to_outside", "seccomp.metadata",
+         'import os; link = f"$work/hard-{os.getpid()}"; os.link("$canary", link); os.chmod(link, 0o777)',
+         _denied(error=("PermissionError", "OSError")), _works(host=_canary_mode_changed),
+         request={"allow_write": ["$work"]}),
+    Case("chmod_setuid_own_file", "seccomp.metadata",
+         'import os; path = f"$work/own-{os.getpid()}"; open(path, "w").close(); os.chmod(path, 0o4755)',
+         _denied(*METADATA_HINT, host=_no_set_id_in_work), _works(host=_set_id_in_work),
+         request={"allow_write": ["$work"]}),
+    Case("chmod_setgid_own_file", "seccomp.metadata",
+         'import os; path = f"$work/own-{os.getpid()}"; open(path, "w").close(); os.chmod(path, 0o2755)',
+         _denied(*METADATA_HINT, host=_no_set_id_in_work), _works(host=_set_id_in_work),
+         request={"allow_write": ["$work"]}),
+    Case("chown_own_file_to_another_user", "seccomp.metadata",
+         'import os; path = f"$work/given-{os.getpid()}"; open(path, "w").close(); os.chown(path, 4242, 4242)',
+         _denied(*METADATA_HINT, host=_work_owned_by_root), _works(host=_given_away),
+         request={"allow_write": ["$work"]}, needs=("root",)),
+    # The pool reads the path from the job's memory while another thread rewrites it: whatever it read,
+    # the change happens only if that file is in the write grant.
+    Case("chmod_path_rewritten_meanwhile", "seccomp.metadata",
+         """\
+         import ctypes, threading
+         libc = ctypes.CDLL(None, use_errno=True)
+         mine, canary = b"$work/mine.txt\\0", b"$canary\\0"
+         path = ctypes.create_string_buffer(max(len(mine), len(canary)))
+         stop = []
+         def rewrite():
+             while not stop:
+                 ctypes.memmove(path, canary, len(canary))
+                 ctypes.memmove(path, mine, len(mine))
+         writer = threading.Thread(target=rewrite)
+         writer.start()
+         for _ in range(3000):
+             libc.chmod(path, 0o777)
+         stop.append(True)
+         writer.join()
+         print("done")
+         """,
+         Expect(exit=0, stdout=("done",)), _works("done", host=_canary_mode_changed),
+         request={"allow_write": ["$work"]}),
     # A write grant is for contents: a file the job creates there must not be a setuid or setgid program
     # of the pool's uid (often root), which any user of the host could then run.
     Case("create_setuid_file", "seccomp.metadata",
@@ -764,4 +850,36 @@ WORKS = [
           "os.rename('$work/out.txt', '$work/renamed.txt')\nprint(open('$work/renamed.txt').read(), "
           "sorted(os.listdir('$work'))[:2])", "kept ['listener.sock', 'mine.txt']",
           {"allow_write": ["$work"]}),
+    # Metadata of the job's own files, as the stdlib changes it: copy2/copytree copy mode and times,
+    # tarfile sets times (and, as root, owner), utime(None) touches.
+    Works("metadata_within_grant", """\
+import io, os, shutil, stat, tarfile
+top = '$work/meta'
+shutil.rmtree(top, ignore_errors=True)
+os.makedirs(top + '/tree/sub')
+src = top + '/tree/sub/src.txt'
+open(src, 'w').write('data')
+os.chmod(src, 0o640)
+os.utime(src, (1_000_000_000, 1_200_000_000))
+shutil.copy2(src, top + '/copy.txt')
+shutil.copytree(top + '/tree', top + '/tree2')
+os.chown(src, -1, os.getgid())
+os.chmod(top + '/tree/sub', 0o2750)
+buffer = io.BytesIO()
+with tarfile.open(fileobj=buffer, mode='w') as tar:
+    member = tarfile.TarInfo('x.txt'); member.size = 1; member.mtime = 1_234_567_890; member.mode = 0o600
+    tar.addfile(member, io.BytesIO(b'x'))
+buffer.seek(0)
+with tarfile.open(fileobj=buffer) as tar:
+    tar.extractall(top + '/untarred')
+fd = os.open(top + '/copy.txt', os.O_RDONLY)
+os.utime(fd, ns=(5, 6_000_000_000))
+os.close(fd)
+def shown(path):
+    info = os.stat(path)
+    return f'{stat.filemode(info.st_mode)} {int(info.st_mtime)}'
+print(shown(top + '/copy.txt'), shown(top + '/tree2/sub/src.txt'), shown(top + '/untarred/x.txt'),
+      shown(top + '/tree/sub')[:10])
+shutil.rmtree(top)
+""", "-rw-r----- 6 -rw-r----- 1200000000 -rw------- 1234567890 drwxr-s---", {"allow_write": ["$work"]}),
 ]

@@ -265,6 +265,14 @@ def _file_absent(path: Callable[[_Lab], str], judge: _Judge) -> _Judge:
     return both
 
 
+def _mode_kept(path: Callable[[_Lab], str], judge: _Judge) -> _Judge:
+    def both(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+        if os.stat(path(lab)).st_mode & 0o777 == 0o777:
+            return False, f"the mode of {path(lab)} changed"
+        return judge(result, lab, elapsed)
+    return both
+
+
 def _timed_out(result: Result, lab: _Lab, elapsed: float) -> Verdict:
     if result.exit != 124:
         return False, f"expected exit 124, got {result.exit}"
@@ -314,10 +322,16 @@ _PROBES = (
     _ProbeSpec("write_outside", "writing outside the grants is denied (Landlock)",
                lambda lab: {"code": f"open({lab.outside + '/new'!r}, 'w')", "allow_write": [lab.granted]},
                _file_absent(lambda lab: lab.outside + "/new", _refused("PermissionError"))),
-    _ProbeSpec("file_metadata", "chmod is denied, even on a granted file (seccomp)",
-               lambda lab: {"code": f"import os; os.chmod({lab.granted + '/token.txt'!r}, 0o777)",
+    _ProbeSpec("file_metadata", "chmod outside the write grants is denied (seccomp, answered by the pool)",
+               lambda lab: {"code": f"import os; os.chmod({lab.outside + '/token.txt'!r}, 0o777)",
                             "allow_write": [lab.granted]},
-               _refused("PermissionError")),
+               _mode_kept(lambda lab: lab.outside + "/token.txt", _refused("PermissionError"))),
+    _ProbeSpec("granted_metadata", "control: chmod and utime work on a file in a write grant",
+               lambda lab: {"code": f"import os; path = {lab.granted + '/token.txt'!r}\n"
+                                    "os.chmod(path, 0o640); os.utime(path, (1, 2))\n"
+                                    "print(oct(os.stat(path).st_mode & 0o777), os.stat(path).st_mtime)",
+                            "allow_write": [lab.granted]},
+               _printed("0o640 2.0")),
     _ProbeSpec("subprocess", "starting a program is denied (seccomp)",
                lambda lab: {"code": "import subprocess; subprocess.run(['true'])"},
                _refused("PermissionError")),

@@ -73,9 +73,9 @@ def threads_hint(max_tasks: int) -> str:
 
 def operation_hint() -> str:
     return ("The sandbox denied this operation, and no grant allows it: starting programs or processes, "
-            "signalling processes outside the sandbox, changing a file's permissions, owner, extended "
-            "attributes or times, and kernel-level operations are not allowed. Do the work in this Python "
-            "process; to copy a file use shutil.copyfile (shutil.copy and copy2 also copy permissions).")
+            "signalling processes outside the sandbox, changing a file's permissions, owner or times outside "
+            "the write grants, setting the setuid or setgid bit, extended attributes and kernel-level "
+            "operations are not allowed. Do the work in this Python process, on files in a write grant.")
 
 
 def cross_grant_hint() -> str:

@@ -132,9 +132,10 @@ def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int])
                                   optional=entries)
 
 
-def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:
+def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
     """Apply rlimits, the base environment, working directory, identity, Landlock and the seccomp filters,
-    in that order.
+    in that order, and return the main filter's listener, which the caller hands to the pool and closes
+    before the job's code runs.
 
     The caller has already started a new session, built ``ruleset`` and closed every other descriptor.
     """
@@ -154,8 +155,9 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> None:
     drop_privileges()
     landlock.restrict_self(ruleset)
     os.close(ruleset)
-    runtime.filters[confinement.network].install()
+    listener = runtime.filters[confinement.network].install()
     runtime.own_process.install(os.getpid())
+    return listener
 
 
 BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}

@@ -25,12 +25,13 @@ from collections.abc import Sequence
 from ..errors import KernelSupportError, RequestError
 from ._libc import syscall
 
-__all__ = ["close_all", "identity", "open_grants"]
+__all__ = ["close_all", "identity", "open_beneath", "open_grants"]
 
 _SYS_OPENAT2 = 437  # the same number on every architecture
 _AT_FDCWD = -100
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
 
 
 class _OpenHow(ctypes.Structure):
@@ -41,6 +42,15 @@ def _open_exactly(path: str) -> int:
     how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
     return syscall(_SYS_OPENAT2, _AT_FDCWD, os.fsencode(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
                    what=f"openat2({path})")
+
+
+def open_beneath(dirfd: int, path: bytes, flags: int, *, beneath: bool) -> int:
+    """``openat2`` from ``dirfd``, never through a magic link (``/proc/<pid>/fd/N``); with ``beneath``, also
+    never above ``dirfd`` and through no symlink at all."""
+    resolve = _RESOLVE_NO_MAGICLINKS | (_RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS if beneath else 0)
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
+    return syscall(_SYS_OPENAT2, dirfd, path, ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
+                   what="openat2")
 
 
 def open_grants(paths: Sequence[str]) -> list[int]:

@@ -4,13 +4,15 @@ This is the main filter; :mod:`.own_process` stacks a second one, written per
 child, so that calls naming a process can name only the job itself.
 
 The filter is built with libseccomp (``pyseccomp``) and compiled to BPF once,
-in the template; a child only installs the bytes with one ``prctl`` call, which
+in the template; a child only installs the bytes with one ``seccomp`` call, which
 is about five times cheaper than building and loading a filter per job.
 
 It is a deny list over an allow-by-default filter: ordinary Python needs
 hundreds of system calls and numpy more, and the list below is what a job must
 never do. Denials return an errno (never kill), so Python raises a readable
-``OSError`` and the hint can say what happened.
+``OSError`` and the hint can say what happened. A few calls (changing a file's
+mode, owner or times) are neither allowed nor denied but delegated: the pool
+answers them through the filter's listener (:mod:`pynox.pool.metadata`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from dataclasses import dataclass
 
 import pyseccomp
 
-from ._libc import prctl
+from ._libc import syscall
 
-__all__ = ["DENIED_SYSCALLS", "CompiledFilter", "LoadableFilter", "compile_filter", "install"]
+__all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "CompiledFilter", "LoadableFilter", "compile_filter", "install",
+           "syscall_number"]
 
 _CLONE_THREAD = 0x00010000
 _SOCK_TYPE_MASK = 0xF  # the socket type in socketpair's second argument; the rest are flags
@@ -36,8 +39,6 @@ _F_NOTIFY = 1026
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 _PER_QUERY = 0xFFFFFFFF
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
 
 # Starting programs: a job is one Python process and stays one.
 _NO_PROGRAMS = ("execve", "execveat", "fork", "vfork")
@@ -75,14 +76,19 @@ _SHARED_BUDGETS = (
 # address, connected to one or listen. A datagram socketpair end could otherwise send to a host's
 # pathname socket (Landlock does not govern that) or bind an abstract name and receive from anyone.
 _ADDRESSING = ("bind", "connect", "listen", "accept", "accept4")
-# Changing a file's mode, owner, extended attributes (ACLs are xattrs) or times. Landlock does not
-# govern metadata, and a job that keeps uid 0 owns most of the host's files: without these rules it
-# could chmod /etc/shadow world-readable or set the setuid bit on a runtime binary it may only read.
-# The price: chmod and utime fail on the job's own files too (shutil.copyfile still works, copy does not).
+# Changing a file's mode, owner or times. Landlock does not govern metadata, and a job that keeps uid 0
+# owns most of the host's files: it could chmod /etc/shadow world-readable or set the setuid bit on a
+# runtime binary it may only read. These calls are not run by the kernel for the job: the filter hands
+# each to the pool (SECCOMP_RET_USER_NOTIF), which performs it on the job's behalf only on a file in a
+# write grant (see pynox.pool.metadata). The older forms (utime, utimes, futimesat), which libc no longer
+# uses, are refused.
+DELEGATED_SYSCALLS = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utimensat",
+)
+# Extended attributes (ACLs are xattrs) and the flags of file_setattr: refused wherever the file is.
 _FILE_METADATA = (
-    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
     "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
-    "setxattrat", "removexattrat", "file_setattr", "utime", "utimes", "futimesat", "utimensat",
+    "setxattrat", "removexattrat", "file_setattr", "utime", "utimes", "futimesat",
 )
 DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE, *_FILE_METADATA, *_SHARED_BUDGETS)
 # System calls numbered from 424 on have one number on every architecture below; a libseccomp older
@@ -101,18 +107,34 @@ class CompiledFilter:
 
 
 def _deny(f: pyseccomp.SyscallFilter, name: str | int, *args: pyseccomp.Arg, err: int = errno.EPERM) -> bool:
+    return _add(f, pyseccomp.ERRNO(err), name, *args)
+
+
+def _add(f: pyseccomp.SyscallFilter, action: int, name: str | int, *args: pyseccomp.Arg) -> bool:
     try:
-        f.add_rule(pyseccomp.ERRNO(err), name, *args)
+        f.add_rule(action, name, *args)
     except (OSError, ValueError, RuntimeError):
         return False
     return True
 
 
-def _deny_named(f: pyseccomp.SyscallFilter, name: str) -> bool:
-    if _deny(f, name):
+def _add_named(f: pyseccomp.SyscallFilter, action: int, name: str) -> bool:
+    if _add(f, action, name):
         return True
-    number = _UNIFIED_NUMBERS.get(name)
-    return number is not None and platform.machine() in _UNIFIED_ARCHES and _deny(f, number)
+    number = syscall_number(name)
+    return number >= 0 and _add(f, action, number)
+
+
+def syscall_number(name: str) -> int:
+    """The number of a system call on this architecture, -1 if it has none (or this libseccomp and the
+    unified table below do not know it)."""
+    try:
+        number = int(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name))
+    except (OSError, ValueError, RuntimeError):
+        number = -1
+    if number < 0 and platform.machine() in _UNIFIED_ARCHES:
+        number = _UNIFIED_NUMBERS.get(name, -1)
+    return number
 
 
 def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
@@ -162,7 +184,8 @@ def compile_filter(network: bool) -> CompiledFilter:
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # A syscall through a foreign ABI (int 0x80 on x86_64) would dodge the rules: refuse it.
     f.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.ERRNO(errno.ENOSYS))
-    unknown = [name for name in DENIED_SYSCALLS if not _deny_named(f, name)]
+    unknown = [name for name in DENIED_SYSCALLS if not _add_named(f, pyseccomp.ERRNO(errno.EPERM), name)]
+    unknown += [name for name in DELEGATED_SYSCALLS if not _add_named(f, pyseccomp.NOTIFY, name)]
     # clone without CLONE_THREAD is fork; threads keep working.
     _deny(f, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, _CLONE_THREAD, 0))
     # clone3 passes its flags in memory seccomp cannot read: ENOSYS makes glibc fall back to clone.
@@ -192,23 +215,31 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+
+
 class LoadableFilter:
-    """A compiled filter laid out in memory once (in the template), so a child installs it with one prctl."""
+    """A compiled filter laid out in memory once (in the template), so a child installs it with one call."""
 
     def __init__(self, compiled: CompiledFilter) -> None:
         self.compiled = compiled
         self._program = ctypes.create_string_buffer(compiled.bpf, len(compiled.bpf))
         self._fprog = _SockFprog(len(compiled.bpf) // 8, ctypes.addressof(self._program))
         self._address = ctypes.addressof(self._fprog)
+        self._seccomp = syscall_number("seccomp")
 
-    def install(self) -> None:
-        """Install the filter on the calling thread; no_new_privs must already be set."""
-        prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._address, what="seccomp filter")
+    def install(self) -> int:
+        """Install the filter on the calling thread (no_new_privs must already be set) and return its
+        listener: the descriptor on which the delegated calls arrive, for the pool to answer. Whoever
+        holds it answers for the job, so the job itself must never keep it."""
+        return syscall(self._seccomp, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                       ctypes.c_void_p(self._address), what="seccomp filter")
 
 
-def install(compiled: CompiledFilter) -> None:
-    """Install a filter on the calling thread; no_new_privs must already be set."""
-    LoadableFilter(compiled).install()
+def install(compiled: CompiledFilter) -> int:
+    """Install a filter on the calling thread; no_new_privs must already be set. Returns its listener."""
+    return LoadableFilter(compiled).install()
 
 
 def supported() -> bool:

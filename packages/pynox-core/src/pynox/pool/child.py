@@ -32,8 +32,8 @@ from . import host_module
 from .frames import recv_raw
 from .payload import claim, read_payload, write_payload_to
 
-__all__ = ["CHANNEL_FD", "CLAIM_FD", "CONTROL_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED", "run_job",
-           "run_prepared"]
+__all__ = ["CHANNEL_FD", "CLAIM_FD", "CONTROL_FD", "METADATA_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED",
+           "run_job", "run_prepared"]
 
 SETUP_FAILED = 125
 STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
@@ -42,6 +42,8 @@ CONTROL_FD = 5  # session steps, when the job is a session
 RULESET_FD = 6  # the Landlock ruleset, closed once enforced
 PAYLOAD_FD = 7  # the job's payload, read once confined
 CLAIM_FD = 8  # one byte: whoever reads it (this child, or the server taking it back) decides if the job runs
+METADATA_FD = 9  # a socket to the pool, which takes the seccomp listener on it (see pool/metadata.py)
+_LISTENER_FD = 10  # where a prepared child keeps its listener until its job's descriptors arrive
 _STAGING_FD = 16  # above every fixed number
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
@@ -74,7 +76,9 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
         _arrange([*zip(fds, targets, strict=True), (ruleset, RULESET_FD), (devnull, 0)])
         report = REPORT_FD
         stage = "apply the policy"
-        confine(confinement, runtime, RULESET_FD)
+        listener = confine(confinement, runtime, RULESET_FD)
+        stage = "hand the metadata listener to the pool"
+        _hand_over_listener(listener)
         stage = "read the job"
         payload = _receive_payload(confinement)
     except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
@@ -107,7 +111,10 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         _arrange([(control, CONTROL_FD), (ruleset, RULESET_FD), (devnull, 0), (devnull, STDOUT_FD),
                   (devnull, STDERR_FD), (devnull, REPORT_FD)])
         stage = "apply the policy"
-        confine(confinement, runtime, RULESET_FD)
+        listener = confine(confinement, runtime, RULESET_FD)
+        if listener != _LISTENER_FD:  # out of the way of the job's descriptors, which arrive below
+            os.dup2(listener, _LISTENER_FD)
+            os.close(listener)
     except BaseException as exc:  # fail closed: the job this child receives will only hear why
         setup_error = f"could not {stage}: {exc}"
     if setup_error is None:
@@ -131,6 +138,11 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     if setup_error is not None:
         _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=setup_error))
     try:
+        _hand_over_listener(_LISTENER_FD)
+    except BaseException as exc:
+        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=f"could not hand the metadata listener "
+                                                               f"to the pool: {exc}"))
+    try:
         payload = _receive_payload(confinement)
     except BaseException as exc:
         _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=f"could not read the job: {exc}"))
@@ -141,8 +153,16 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
 def _job_descriptors(confinement: Confinement) -> list[int]:
     """Where a job's own descriptors go, in the order the server sends them (the control channel of a
     session, when there is one, follows)."""
-    return [STDOUT_FD, STDERR_FD, REPORT_FD, PAYLOAD_FD, CLAIM_FD] + ([CHANNEL_FD] if confinement.host_channel
-                                                                       else [])
+    return [STDOUT_FD, STDERR_FD, REPORT_FD, PAYLOAD_FD, CLAIM_FD, METADATA_FD] + (
+        [CHANNEL_FD] if confinement.host_channel else [])
+
+
+def _hand_over_listener(listener: int) -> None:
+    """Give the seccomp listener to the pool and keep no copy: whoever holds it answers the job's
+    delegated calls, so the job's code must never see it. Done before the job is claimed."""
+    with socket.socket(fileno=METADATA_FD) as pool:
+        socket.send_fds(pool, [b"L"], [listener])
+    os.close(listener)
 
 
 def _receive_payload(confinement: Confinement) -> Payload:

@@ -142,7 +142,7 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-_JOB_DESCRIPTORS = 5  # stdout, stderr, report, payload, claim; then the host and control channels, if any
+_JOB_DESCRIPTORS = 6  # stdout, stderr, report, payload, claim, metadata; then the host and control channels
 
 
 class _Job:

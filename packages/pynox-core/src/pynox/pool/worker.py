@@ -25,11 +25,12 @@ import msgspec
 import pynox
 
 from ..errors import KernelSupportError, PoolWorkerError
-from ..job import JobSpec, Report
+from ..job import Confinement, JobSpec, Report
 from ..policy import tasks
 from ..policy.grants import close_all, open_grants
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
 from .hostcalls import JobCalls, ProtocolViolation
+from .metadata import Steward, receive_listener
 from .outcome import Outcome
 from .payload import new_claim, take_back, write_payload
 
@@ -53,6 +54,13 @@ def _close_quietly(fd: int) -> None:
         pass
 
 
+def _job_ids(confinement: Confinement) -> tuple[int, int]:
+    """The uid and gid the job runs as (see policy.confine): the operator's, or the pool's own."""
+    if confinement.uid is None:
+        return os.geteuid(), os.getegid()
+    return confinement.uid, confinement.gid if confinement.gid is not None else confinement.uid
+
+
 def template_environment() -> dict[str, str]:
     """The template's whole environment: a minimal base, BLAS pinned to one thread, nothing of the host's."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -62,6 +70,29 @@ def template_environment() -> dict[str, str]:
         env[name] = "1"
     env.update({name: os.environ[name] for name in _PASSTHROUGH if name in os.environ})
     return env
+
+
+@dataclass
+class _StewardToBe:
+    """What a job's :class:`Steward` is made of, until its child's listener has arrived on ``sock``."""
+
+    sock: socket.socket | None
+    writes: list[int]
+    uid: int
+    gid: int
+    listener: int | None = None
+
+    def take_listener(self) -> None:
+        """The child sent its listener (or closed the socket: its setup failed before)."""
+        assert self.sock is not None
+        self.listener = receive_listener(self.sock)
+        self.sock.close()
+        self.sock = None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        close_all([*([self.listener] if self.listener is not None else []), *self.writes])
 
 
 @dataclass
@@ -112,6 +143,10 @@ class Template:
         self.child_ended: Ended | None = None
         # A job answered before the template reaped it: its deadline still holds until it is reaped.
         self._unreaped_deadline: int | None = None
+        # The child's delegated metadata calls (see metadata.py): the socket its listener arrives on, the
+        # job's write grants and its uid and gid until then, and the steward answering them from then on.
+        self._metadata: _StewardToBe | None = None
+        self.steward: Steward | None = None
         limit, _ = tasks.available()
         try:
             if limit is not None:  # before the template can fork anything: every job it forks is bounded
@@ -169,12 +204,16 @@ class Template:
         confinement = spec.confinement(tasks.MAX_JOB_TASKS if self.cgroup is not None else None)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
+        reads, writes = granted[:len(confinement.allow_read)], granted[len(confinement.allow_read):]
         try:
             payload = write_payload(spec.payload())
         except BaseException:
             close_all(granted)
             raise
         claim = new_claim()
+        metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The steward keeps the write grants' descriptors: the files it may change are found from them.
+        self._metadata = _StewardToBe(metadata, writes, *_job_ids(confinement))
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         extra: list[socket.socket] = []
         channel = session.channel if session is not None else None
@@ -190,10 +229,11 @@ class Template:
             extra.append(session.job_control)
         start = time.monotonic_ns()
         try:
-            send_frame(self.sock, confinement,
-                       [*(w for _, w in pipes), payload, claim, *(s.fileno() for s in extra), *granted])
+            send_frame(self.sock, confinement, [*(w for _, w in pipes), payload, claim, job_metadata.fileno(),
+                                                *(s.fileno() for s in extra), *granted])
         except OSError as exc:
             self.broken = True
+            self._close_metadata()
             for r, _ in pipes:
                 os.close(r)  # the write ends are closed below, once
             if channel is not None and session is None:
@@ -203,9 +243,9 @@ class Template:
         finally:
             for _, w in pipes:
                 _close_quietly(w)
-            for sock in extra:  # the child has its own copies now
+            for sock in [*extra, job_metadata]:  # the child has its own copies now
                 sock.close()
-            close_all([payload, *granted])
+            close_all([payload, *reads])
         try:
             return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
                                 calls=calls, channel=channel, session=session is not None)
@@ -266,6 +306,10 @@ class Template:
                 sel.register(self.sock, selectors.EVENT_READ)
             if job_calls is not None:
                 sel.register(job_calls.channel, selectors.EVENT_READ)
+            if self._metadata is not None and self._metadata.sock is not None:
+                sel.register(self._metadata.sock, selectors.EVENT_READ)
+            if self.steward is not None:  # a session's, from its first step
+                sel.register(self.steward.listener, selectors.EVENT_READ)
             open_pipes = 3
             try:
                 # A job is over when its process ended and its pipes closed; a session step when its
@@ -273,6 +317,7 @@ class Template:
                 while open_pipes or (self.child_ended is None and not child_dead
                                      and self._must_wait_for_end(report, session, outcome,
                                                                  self.child_pidfd is not None)):
+                    self._start_steward(sel)
                     if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
                         outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
                         self.kill_child()
@@ -297,6 +342,15 @@ class Template:
                         if fd == self.sock.fileno():
                             if self._receive(outcome):
                                 sel.unregister(self.sock)
+                            continue
+                        if self._metadata is not None and self._metadata.sock is not None \
+                                and fd == self._metadata.sock.fileno():
+                            sel.unregister(fd)
+                            self._metadata.take_listener()
+                            continue
+                        if self.steward is not None and fd == self.steward.listener:
+                            if not self.steward.answer():
+                                sel.unregister(fd)
                             continue
                         if job_calls is not None and fd == job_calls.channel.fileno():
                             if not self._relay(job_calls, sel):
@@ -419,7 +473,25 @@ class Template:
         self.broken = True
         raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
 
+    def _start_steward(self, sel: selectors.BaseSelector) -> None:
+        """Answer the child's metadata calls once both its listener and its pidfd are here."""
+        to_be = self._metadata
+        if to_be is None or to_be.listener is None or self.child_pidfd is None:
+            return
+        self._metadata = None
+        self.steward = Steward(to_be.listener, self.child_pidfd, to_be.writes, to_be.uid, to_be.gid)
+        sel.register(self.steward.listener, selectors.EVENT_READ)
+
+    def _close_metadata(self) -> None:
+        if self._metadata is not None:
+            self._metadata.close()
+            self._metadata = None
+        if self.steward is not None:
+            self.steward.close()
+            self.steward = None
+
     def _close_child(self) -> None:
+        self._close_metadata()
         if self.child_pidfd is not None:
             os.close(self.child_pidfd)
         self.child_pidfd = None

@@ -1,0 +1,335 @@
+"""Changing the mode, owner or times of a job's own files, done by the pool on the job's behalf.
+
+Landlock governs contents and names, not metadata, and a job that keeps uid 0
+owns most of the host's files: if the kernel ran ``chmod``, ``chown`` or
+``utimensat`` for the job, it could make ``/etc/shadow`` world-readable. So the
+job's seccomp filter delegates those calls (``SECCOMP_RET_USER_NOTIF``) and its
+listener is handed to the pool before the job's code runs; the job never holds
+it. For each call the :class:`Steward` reads the arguments from the job's
+memory, opens what they name as the job would (from its working directory or
+its descriptor), and performs the change itself, with its own system call on
+the very inode it checked, only if:
+
+* that inode is beneath one of the job's write grants (found again from the
+  grant's descriptor, by the name the kernel gives it now, and compared by
+  device and inode), and
+* the job's uid would be allowed by the kernel without capabilities: the owner
+  changes mode and times, and group to its own gid; anyone who may write the
+  file sets its times to now; and no one sets the setuid bit, or the setgid bit
+  of a file (in a write grant that would be a program of the pool's uid any
+  host user could run).
+
+Otherwise the call fails with the errno the kernel would give (``EPERM`` for a
+file outside the write grants). The job's memory may change after it was read:
+the answer is for what was read, as if the job had passed that. A pool that is
+not allowed to reach into its jobs (not root) answers ``EPERM`` to every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import socket
+import stat
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..policy._libc import libc
+from ..policy.grants import close_all, open_beneath
+from ..policy.seccomp import syscall_number
+
+__all__ = ["Steward", "receive_listener"]
+
+# <linux/seccomp.h>: struct seccomp_notif (80 bytes) and seccomp_notif_resp (24), and their ioctls.
+_NOTIF = struct.Struct("=QII iIQ 6Q")
+_RESPONSE = struct.Struct("=QqiI")
+_NOTIF_RECV = 0xC0502100
+_NOTIF_SEND = 0xC0182101
+_NOTIF_ID_VALID = 0x40082102
+_SYS_PIDFD_GETFD = 438  # the same number on every architecture
+_AT_FDCWD = -100
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_EMPTY_PATH = 0x1000
+_PATH_MAX = 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_UTIME_NOW = (1 << 30) - 1
+_UTIME_OMIT = (1 << 30) - 2
+_NO_ID = 0xFFFF_FFFF  # (uid_t) -1: leave it as it is
+
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                                  ctypes.c_ulong]
+libc.process_vm_readv.restype = ctypes.c_ssize_t
+libc.fchownat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int]
+libc.utimensat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _Gone(Exception):
+    """The calling task is gone (killed): there is no one to answer."""
+
+
+class _Refused(Exception):
+    def __init__(self, err: int) -> None:
+        super().__init__(os.strerror(err))
+        self.errno = err
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A delegated call, as ``(dirfd, path, follow)`` plus what to change; ``path`` None: ``dirfd`` itself."""
+
+    kind: str  # "mode", "owner" or "times"
+    dirfd: int
+    path: int | None  # address in the job's memory
+    flags: int
+    values: tuple[int, ...]
+
+
+def _signed(value: int) -> int:
+    value &= 0xFFFF_FFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+# How each delegated call lays out its arguments: (kind, dirfd, path address, flags, values).
+_Decoder = Callable[[tuple[int, ...]], _Call]
+_CALLS: dict[str, _Decoder] = {
+    "chmod": lambda a: _Call("mode", _AT_FDCWD, a[0], 0, (a[1],)),
+    "fchmodat": lambda a: _Call("mode", _signed(a[0]), a[1], 0, (a[2],)),
+    "fchmodat2": lambda a: _Call("mode", _signed(a[0]), a[1], _signed(a[3]), (a[2],)),
+    "fchmod": lambda a: _Call("mode", _signed(a[0]), None, 0, (a[1],)),
+    "chown": lambda a: _Call("owner", _AT_FDCWD, a[0], 0, (a[1], a[2])),
+    "lchown": lambda a: _Call("owner", _AT_FDCWD, a[0], _AT_SYMLINK_NOFOLLOW, (a[1], a[2])),
+    "fchownat": lambda a: _Call("owner", _signed(a[0]), a[1], _signed(a[4]), (a[2], a[3])),
+    "fchown": lambda a: _Call("owner", _signed(a[0]), None, 0, (a[1], a[2])),
+    # utimensat(fd, NULL, times, 0) is futimens(fd, times): the descriptor itself.
+    "utimensat": lambda a: _Call("times", _signed(a[0]), a[1] or None, _signed(a[3]), (a[2],)),
+}
+_BY_NUMBER = {number: decode for name, decode in _CALLS.items() if (number := syscall_number(name)) >= 0}
+
+
+def receive_listener(sock: socket.socket) -> int | None:
+    """The listener a child sends on its metadata socket (see ``child._hand_over_listener``); None at EOF."""
+    try:
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    except OSError:
+        return None
+    for extra in fds[1:]:
+        os.close(extra)
+    return fds[0] if fds else None
+
+
+class Steward:
+    """Answers one job's delegated calls. Owns the listener and the write grants' descriptors it is given."""
+
+    def __init__(self, listener: int, pidfd: int, write_grants: list[int], uid: int, gid: int) -> None:
+        self.listener = listener
+        self._pidfd = pidfd  # borrowed from the worker, which closes it
+        self._grants = write_grants
+        self._uid, self._gid = uid, gid
+        self._poll = select.poll()
+        self._poll.register(listener, select.POLLIN)
+
+    def close(self) -> None:
+        close_all([self.listener, *self._grants])
+        self._grants = []
+
+    def answer(self) -> bool:
+        """Receive one call and answer it. False once the job is gone (the listener will say nothing more)."""
+        # Receiving blocks until a call comes: only when one is pending (a caller interrupted since then
+        # makes it fail with ENOENT instead, never block).
+        events = dict(self._poll.poll(0)).get(self.listener, 0)
+        if not events & select.POLLIN:
+            return not events & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+        raw = ctypes.create_string_buffer(_NOTIF.size)  # zeroed, as the kernel requires
+        if libc.ioctl(self.listener, _NOTIF_RECV, raw) != 0:
+            return True  # ENOENT: the caller was interrupted meanwhile; EINTR: ours was
+        notif_id, tid, _, nr, _, _, *args = _NOTIF.unpack(raw.raw)
+        try:
+            value = self._perform(notif_id, tid, nr, tuple(args))
+            answer = (notif_id, value, 0, 0)
+        except _Refused as refused:
+            answer = (notif_id, 0, -refused.errno, 0)
+        except _Gone:
+            return True
+        except Exception:  # fail closed: whatever went wrong here, the change is not made
+            answer = (notif_id, 0, -errno.EPERM, 0)
+        response = ctypes.create_string_buffer(_RESPONSE.pack(*answer), _RESPONSE.size)
+        libc.ioctl(self.listener, _NOTIF_SEND, response)  # ENOENT: the caller is gone; nothing to answer
+        return True
+
+    def _perform(self, notif_id: int, tid: int, nr: int, args: tuple[int, ...]) -> int:
+        decode = _BY_NUMBER.get(nr)
+        if decode is None:
+            raise _Refused(errno.ENOSYS)
+        call = decode(args)
+        if call.flags & ~(_AT_SYMLINK_NOFOLLOW | _AT_EMPTY_PATH):
+            raise _Refused(errno.EINVAL)
+        if call.path is None and call.dirfd == _AT_FDCWD:  # fchmod(AT_FDCWD), utimensat(AT_FDCWD, NULL)
+            raise _Refused(errno.EFAULT if call.kind == "times" else errno.EBADF)
+        if call.path is None and call.kind == "times" and call.flags:
+            raise _Refused(errno.EINVAL)
+        path = _read_path(tid, call.path) if call.path is not None else None
+        times = _read_times(tid, call.values[0]) if call.kind == "times" and call.values[0] else None
+        base = self._base(tid, call.dirfd, needed=path is None or not path.startswith(b"/"))
+        try:
+            # Everything of the job's is read; only now can we trust that it was this job's (the tid of a
+            # killed job could name another process by now).
+            buffer = ctypes.c_uint64(notif_id)
+            if libc.ioctl(self.listener, _NOTIF_ID_VALID, ctypes.byref(buffer)) != 0:
+                raise _Gone
+            target = self._open(base, path, call.flags)
+        finally:
+            if base is not None:
+                os.close(base)
+        try:
+            info = os.fstat(target)
+            if not self._in_write_grant(target, info):
+                raise _Refused(errno.EPERM)
+            return self._change(call, target, info, times)
+        finally:
+            os.close(target)
+
+    def _base(self, tid: int, dirfd: int, *, needed: bool) -> int | None:
+        """The directory (or file) a call starts from, as the job has it: its working directory or its
+        descriptor, duplicated here."""
+        if not needed:
+            return None
+        try:
+            if dirfd == _AT_FDCWD:
+                return os.open(f"/proc/{tid}/cwd", os.O_PATH | os.O_CLOEXEC)
+            result = libc.syscall(ctypes.c_long(_SYS_PIDFD_GETFD), self._pidfd, dirfd, 0)
+        except OSError as exc:
+            raise _Refused(exc.errno if exc.errno == errno.ENOENT else errno.EPERM) from None
+        if result < 0:
+            err = ctypes.get_errno()
+            raise _Refused(errno.EBADF if err == errno.EBADF else errno.EPERM)
+        return int(result)
+
+    @staticmethod
+    def _open(base: int | None, path: bytes | None, flags: int) -> int:
+        if path is None or (path == b"" and flags & _AT_EMPTY_PATH):
+            assert base is not None
+            return os.dup(base)
+        if path == b"":
+            raise _Refused(errno.ENOENT)
+        nofollow = os.O_NOFOLLOW if flags & _AT_SYMLINK_NOFOLLOW else 0
+        try:
+            # The pool's own view of the path: /proc/self here is the pool's, which is no grant of the job.
+            return open_beneath(base if base is not None else _AT_FDCWD, path, os.O_PATH | nofollow, beneath=False)
+        except OSError as exc:
+            raise _Refused(exc.errno or errno.EPERM) from None
+
+    def _in_write_grant(self, target: int, info: os.stat_result) -> bool:
+        """Whether the file is a write grant or beneath one: found again from the grant's descriptor by the
+        name the kernel gives the file now, without following a symlink, and compared by inode."""
+        name = _name(target)
+        for grant in self._grants:
+            granted = os.fstat(grant)
+            if (granted.st_dev, granted.st_ino) == (info.st_dev, info.st_ino):
+                return True
+            root = _name(grant)
+            if name is None or root is None or not stat.S_ISDIR(granted.st_mode):
+                continue
+            prefix = root.rstrip(b"/") + b"/"
+            if not name.startswith(prefix):
+                continue
+            try:
+                again = open_beneath(grant, name[len(prefix):], os.O_PATH | os.O_NOFOLLOW, beneath=True)
+            except OSError:
+                continue
+            try:
+                found = os.fstat(again)
+            finally:
+                os.close(again)
+            if (found.st_dev, found.st_ino) == (info.st_dev, info.st_ino):
+                return True
+        return False
+
+    def _change(self, call: _Call, target: int, info: os.stat_result, times: bytes | None) -> int:
+        owner = info.st_uid == self._uid
+        if call.kind == "mode":
+            mode = call.values[0] & 0o7777
+            if stat.S_ISLNK(info.st_mode):
+                raise _Refused(errno.EOPNOTSUPP)  # as the kernel answers for a symlink's own mode
+            if not owner:
+                raise _Refused(errno.EPERM)
+            if mode & stat.S_ISUID or (mode & stat.S_ISGID and not stat.S_ISDIR(info.st_mode)):
+                raise _Refused(errno.EPERM)
+            os.chmod(f"/proc/self/fd/{target}", mode)
+            return 0
+        if call.kind == "owner":
+            uid, gid = call.values[0] & _NO_ID, call.values[1] & _NO_ID
+            if not owner or uid not in (_NO_ID, info.st_uid) or gid not in (_NO_ID, info.st_gid, self._gid):
+                raise _Refused(errno.EPERM)
+            _check(libc.fchownat(target, b"", uid, gid, _AT_EMPTY_PATH))
+            return 0
+        touch = times is None or all(nsec == _UTIME_NOW for nsec in struct.unpack("=qqqq", times)[1::2])
+        if not owner and not (touch and self._may_write(info)):
+            raise _Refused(errno.EPERM if not touch else errno.EACCES)
+        pointer = ctypes.create_string_buffer(times, len(times)) if times is not None else None
+        _check(libc.utimensat(target, b"", pointer, _AT_EMPTY_PATH))
+        return 0
+
+    def _may_write(self, info: os.stat_result) -> bool:
+        """The permission bits' answer for the job's uid and gid (it holds no capability to override them)."""
+        if info.st_uid == self._uid:
+            return bool(info.st_mode & stat.S_IWUSR)
+        if info.st_gid == self._gid:
+            return bool(info.st_mode & stat.S_IWGRP)
+        return bool(info.st_mode & stat.S_IWOTH)
+
+
+def _check(result: int) -> None:
+    if result != 0:
+        raise _Refused(ctypes.get_errno())
+
+
+def _name(fd: int) -> bytes | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}".encode())
+    except OSError:
+        return None
+
+
+def _read(tid: int, address: int, size: int) -> bytes:
+    buffer = ctypes.create_string_buffer(size)
+    local = _Iovec(ctypes.addressof(buffer), size)
+    remote = _Iovec(address, size)
+    got = libc.process_vm_readv(tid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if got < 0:
+        err = ctypes.get_errno()
+        raise _Refused(errno.EFAULT if err in (errno.EFAULT, errno.EIO) else errno.EPERM)
+    return buffer.raw[:got]
+
+
+def _read_path(tid: int, address: int) -> bytes:
+    """A NUL-terminated path from the job's memory, one page at a time (the next page may be unmapped)."""
+    path = b""
+    while len(path) < _PATH_MAX:
+        size = min(_PAGE - (address % _PAGE), _PATH_MAX - len(path))
+        chunk = _read(tid, address, size)
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return path + chunk[:end]
+        if len(chunk) < size:
+            raise _Refused(errno.EFAULT)
+        path += chunk
+        address += size
+    raise _Refused(errno.ENAMETOOLONG)
+
+
+def _read_times(tid: int, address: int) -> bytes:
+    times = _read(tid, address, 32)
+    if len(times) < 32:
+        raise _Refused(errno.EFAULT)
+    for nsec in struct.unpack("=qqqq", times)[1::2]:
+        if not (0 <= nsec < 1_000_000_000 or nsec in (_UTIME_NOW, _UTIME_OMIT)):
+            raise _Refused(errno.EINVAL)
+    return times

@@ -11,6 +11,10 @@
   pool's own parser, unless the same block shows their refusal; results, events, stats and log
   lines must have exactly the fields the code writes (a result may leave out ``runtime`` and
   ``policy`` when the text says so).
+- Every ```json block that shows lines a pool wrote is a transcript, right after a
+  ``<!-- transcript: NAME -->`` line. The test of that NAME (below) starts a real pool the way the
+  text says, sends the block's client lines one at a time, and compares each line the pool writes
+  with the documented one: every field and value, except timings, which need only be integers.
 - ```toml blocks load with the pool's config loader.
 - ``docs/python-api.md`` names every entry of ``pynox.__all__``, and ``docs/protocol.md`` every
   field of every message and every config key.
@@ -18,12 +22,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 import tomllib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +70,7 @@ EXAMPLE_TIMEOUT = 100  # seconds; the outer pytest timeout is 120
 _FENCE = re.compile(r"^```(?P<lang>[^\s`]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _NO_TEST = re.compile(r"^\s*<!--\s*no-test\s*-->\s*$")
 _RUN_BY = re.compile(r"^\s*<!--\s*run-by:\s*(?P<test>\S+)\s*-->\s*$")
+_TRANSCRIPT = re.compile(r"^\s*<!--\s*transcript:\s*(?P<name>[\w-]+)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,7 @@ class Block:
     body: str
     no_test: bool
     run_by: str | None = None  # a test file that runs this block itself
+    transcript: str | None = None  # the name of the test below that replays this block
 
     @property
     def name(self) -> str:
@@ -86,8 +98,10 @@ def _blocks_from(path: Path | str, text: str) -> list[Block]:
     for match in _FENCE.finditer(text):
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         run_by = _RUN_BY.match(before)
+        transcript = _TRANSCRIPT.match(before)
         blocks.append(Block(path, text.count("\n", 0, match.start()) + 1, match.group("lang"), match.group("body"),
-                            bool(_NO_TEST.match(before)), run_by.group("test") if run_by else None))
+                            bool(_NO_TEST.match(before)), run_by.group("test") if run_by else None,
+                            transcript.group("name") if transcript else None))
     return blocks
 
 
@@ -292,6 +306,280 @@ def _shape(value: dict[str, Any]) -> str:
     if "exit" in value:
         return "result-session" if "session" in value else "result"
     return "request"
+
+
+# --- the transcripts of the protocol are what a real pool writes ----------------------------------------------
+
+# How the transcripts write what differs from run to run (see the top of docs/protocol.md).
+DOC_CWD = "/srv/agent"  # the pool's working directory
+DOC_PYTHON = "3.11.7"
+DOC_LANDLOCK_ABI = 7
+_TIMINGS = {"duration_ms", "duration_us", "queue_us", "uptime_ms", "ts_ms", "duration_ms_total", "queue_us_total"}
+# Values that depend on the machine rather than on the code: (pattern, what both sides become).
+_MACHINE = [(re.compile(r"\d+ MiB with its preloaded modules"), "N MiB with its preloaded modules")]
+TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "long-line", "setup-error", "worker-error",
+               "configuration", "session", "host-functions", "stats", "logs")
+
+
+def _from_pool(value: dict[str, Any]) -> bool:
+    return "exit" in value or "event" in value or "closed" in value
+
+
+def _transcript(name: str) -> Block:
+    [block] = [b for b in PROTOCOL_JSON_BLOCKS if b.transcript == name]
+    return block
+
+
+class _Pool:
+    """A real ``pynox pool`` for one transcript: the lines it writes, as the doc writes them."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.cwd = cwd
+        self.proc = subprocess.Popen([*pool_command(None), "pool", *args], cwd=cwd, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self._lines.put), daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, self.stderr.append), daemon=True)]
+        for reader in self._readers:
+            reader.start()
+        self.first = self.read()  # the ready event, or the error event of a pool that could not start
+        ready = json.loads(self.first)
+        self.python, self.landlock_abi = ready.get("python"), ready.get("landlock_abi")
+
+    def _read(self, stream: Any, put: Callable[[Any], None]) -> None:
+        with stream:
+            for raw in stream:
+                put(self.as_documented(raw.decode("utf-8").rstrip("\n")))
+        if put == self._lines.put:
+            put(None)  # the end of stdout
+
+    def as_documented(self, line: str) -> str:
+        return line.replace(str(self.cwd), DOC_CWD)
+
+    def read(self) -> str:
+        try:
+            line = self._lines.get(timeout=EXAMPLE_TIMEOUT / 2)
+        except queue.Empty:
+            pytest.fail(f"the pool wrote no line within {EXAMPLE_TIMEOUT / 2}s")
+        assert line is not None, f"the pool exited ({self.proc.wait()}): {self.stderr[-5:]}"
+        return line
+
+    def send(self, line: str | bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((line.encode() if isinstance(line, str) else line) + b"\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> int:
+        """End of input: the pool drains and exits; its exit status."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        status = self.proc.wait(timeout=EXAMPLE_TIMEOUT / 2)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return status
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def normal(self, value: Any, key: str | None = None) -> Any:
+        """``value`` with what differs from run to run made equal: timings, and the machine's own numbers."""
+        if isinstance(value, dict):
+            return {k: self.normal(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.normal(v) for v in value]
+        if key in _TIMINGS and isinstance(value, int):
+            return "<an integer>"
+        if key == "python" and value == self.python:
+            return DOC_PYTHON
+        if key == "landlock_abi" and value == self.landlock_abi:
+            return DOC_LANDLOCK_ABI
+        if key == "stderr" and isinstance(value, str) and self.python != DOC_PYTHON:
+            return value.rstrip("\n").rsplit("\n", 1)[-1]  # another Python prints other tracebacks
+        if isinstance(value, str):
+            for pattern, same in _MACHINE:
+                value = pattern.sub(same, value)
+        return value
+
+
+@contextlib.contextmanager
+def _pool(cwd: Path, *args: str) -> Iterator[_Pool]:
+    pool = _Pool(cwd, *args)
+    try:
+        yield pool
+    finally:
+        pool.kill()
+
+
+def _workdir(tmp_path: Path) -> Path:
+    cwd = tmp_path.resolve()
+    (cwd / "data").mkdir()
+    (cwd / "data" / "orders.csv").write_text(ORDERS_CSV)
+    (cwd / "out").mkdir()
+    return cwd
+
+
+def _replay(block: Block, pool: _Pool, on_sent: Mapping[object, Callable[[_Pool], None]] | None = None) -> list[str]:
+    """Send the block's client lines one at a time and read one line of the pool for each of its lines: the
+    transcript as it happened this time."""
+    happened: list[str] = []
+    for raw, value in _json_lines(block):
+        if value.get("event") == "ready":
+            happened.append(pool.first)
+        elif _from_pool(value):
+            happened.append(pool.read())
+        else:
+            pool.send(raw)
+            happened.append(raw)
+            hook = (on_sent or {}).get(value.get("id"))
+            if hook is not None:
+                hook(pool)
+    return happened
+
+
+def _check(block: Block, pool: _Pool, happened: list[str], *, trimmed: bool = False,
+           documented: list[dict[str, Any]] | None = None) -> None:
+    """The documented pool lines are those that happened; with ``trimmed``, a result may leave out
+    ``runtime`` and ``policy``."""
+    shown = documented if documented is not None else [value for _, value in _json_lines(block)]
+    assert len(happened) == len(shown), f"{block.name}: {len(shown)} lines shown, {len(happened)} happened"
+    for want, line in zip(shown, happened, strict=True):
+        if not _from_pool(want):
+            continue
+        got = json.loads(line)
+        if trimmed and "exit" in want and "runtime" not in want:
+            got.pop("runtime", None)
+            got.pop("policy", None)
+        assert pool.normal(got) == pool.normal(want), (
+            f"{block.name}: the pool wrote\n{json.dumps(got, ensure_ascii=False, separators=(',', ':'))}\n"
+            f"where the doc shows\n{json.dumps(want, ensure_ascii=False, separators=(',', ':'))}")
+
+
+@pytest.mark.pure
+def test_every_transcript_is_replayed() -> None:
+    shown = [b for b in ALL_BLOCKS if b.lang == "json" and any(_from_pool(v) for _, v in _json_lines(b))]
+    assert all(b.path == PROTOCOL and b.transcript for b in shown), (
+        f"pool lines outside a <!-- transcript: NAME --> block of protocol.md: {[b.name for b in shown]}")
+    assert sorted(b.transcript or "" for b in shown) == sorted(TRANSCRIPTS)
+    intro = PROTOCOL.read_text(encoding="utf-8").split("## Starting")[0]
+    for convention in (f"`{DOC_CWD}`", f"CPython {DOC_PYTHON}", f"Landlock ABI {DOC_LANDLOCK_ABI}"):
+        assert convention in intro, f"the top of protocol.md should say how transcripts write {convention}"
+
+
+
+@pytest.mark.pure
+def test_transcript_check_catches_a_wrong_value() -> None:
+    pool = _Pool.__new__(_Pool)
+    pool.python, pool.landlock_abi = DOC_PYTHON, DOC_LANDLOCK_ABI
+    request = '{"id": 1, "code": "print(1)"}'
+    block = Block(PROTOCOL, 1, "json", request + '\n{"id":1,"exit":0,"stdout":"1\\n","duration_ms":3}\n', False)
+    _check(block, pool, [request, '{"id":1,"exit":0,"stdout":"1\\n","duration_ms":9}'])  # another timing
+    with pytest.raises(AssertionError):
+        _check(block, pool, [request, '{"id":1,"exit":0,"stdout":"2\\n","duration_ms":3}'])
+    with pytest.raises(AssertionError):
+        _check(block, pool, [request, '{"id":1,"exit":0,"stdout":"1\\n","duration_ms":3,"session":"s"}'])
+
+def test_transcript_ready(tmp_path: Path) -> None:
+    request = '{"id":1,"code":"print(2+2)"}'
+    assert f"printf '{request}\\n' | pynox pool --workers=2" in PROTOCOL.read_text(encoding="utf-8")
+    block = _transcript("ready")
+    with _pool(_workdir(tmp_path), "--workers=2") as pool:
+        pool.send(request)
+        happened = _replay(block, pool)
+        assert pool.finish() == 0  # "After the last result the pool saw the end of its input and exited"
+    _check(block, pool, happened)
+
+
+def test_transcript_start_errors(tmp_path: Path) -> None:
+    cwd = _workdir(tmp_path)
+    (cwd / "typo.toml").write_text("[pool]\nworker = 2\n")
+    (cwd / "spawner.py").write_text("import threading, time\n"
+                                    "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n")
+    block = _transcript("start-errors")
+    starts = [("--config=typo.toml",), ("--preload=spawner", f"--package-dir={cwd}")]
+    happened = []
+    for args in starts:
+        with _pool(cwd, *args) as pool:
+            happened.append(pool.first)
+            assert pool.finish() == 1
+    _check(block, pool, happened)
+
+
+@pytest.mark.parametrize(("name", "trimmed"), [("result", False), ("gallery", True), ("setup-error", True),
+                                               ("configuration", False), ("session", False),
+                                               ("host-functions", True)])
+def test_transcript(name: str, trimmed: bool, tmp_path: Path) -> None:
+    cwd = _workdir(tmp_path)
+    args = ["--workers=2"]
+    if name == "configuration":  # the file of the Configuration section, as /srv/agent/pynox.toml
+        [config] = _select("toml", PROTOCOL)
+        (cwd / "pynox.toml").write_text(config.body)
+        args = ["--config=pynox.toml"]
+    block = _transcript(name)
+    with _pool(cwd, *args) as pool:
+        happened = _replay(block, pool)
+        assert pool.finish() == 0
+    _check(block, pool, happened, trimmed=trimmed)
+
+
+def test_transcript_long_line(tmp_path: Path) -> None:
+    block = _transcript("long-line")
+    size = 1_048_602  # "The answer to a line of 1,048,602 bytes"
+    head, tail = b'{"id": "long", "code": "', b'"}'
+    with _pool(_workdir(tmp_path), "--workers=2") as pool:
+        pool.send(head + b"#" * (size - len(head) - len(tail)) + tail)
+        happened = _replay(block, pool)
+        assert pool.finish() == 0
+    _check(block, pool, happened, trimmed=True)
+
+
+def _kill_the_template_of_the_job(pool: _Pool) -> None:
+    """SIGKILL the template whose job is running (the text: "killed with SIGKILL from outside while the job
+    slept")."""
+    from tests.pool.pool_driver import descendants, proc_table
+
+    end = time.monotonic() + EXAMPLE_TIMEOUT / 4
+    while time.monotonic() < end:
+        table = proc_table()
+        jobs = [pid for pid, depth in descendants(pool.proc.pid, table).items()
+                if depth == 2 and table[pid][3] == "pynox-job"]
+        if jobs:
+            os.kill(table[jobs[0]][0], signal.SIGKILL)
+            return
+        time.sleep(0.01)
+    pytest.fail("no job started")
+
+
+def test_transcript_worker_error(tmp_path: Path) -> None:
+    block = _transcript("worker-error")
+    with _pool(_workdir(tmp_path), "--workers=1") as pool:  # so that w2 waits for the new template
+        happened = _replay(block, pool, {"w1": _kill_the_template_of_the_job})
+        assert pool.finish() == 0
+    _check(block, pool, happened, trimmed=True)
+
+
+def test_transcripts_stats_and_logs(tmp_path: Path) -> None:
+    """The requests the text of the Stats section names, then the stats; the log lines of that run."""
+    stats, logs = _transcript("stats"), _transcript("logs")
+    with _pool(_workdir(tmp_path), "--workers=2", "--log=json") as pool:
+        pool.send('{"id": "tool-41", "code": "print(sum(range(10)))"}')
+        pool.read()
+        pool.send('{"id": "tool-42", "code": "open(\'/etc/passwd\').read()"}')
+        pool.send('{"id": "tool-43", "code": "print(1)", "allow_network": "yes"}')
+        pool.read(), pool.read()
+        pool.send('{"id": "nb", "session": "nb-1", "code": "rows = [1, 2, 3]"}')
+        pool.read()
+        pool.send('{"id": "nb2", "session": "nb-1", "code": "print(len(rows))"}')
+        pool.read()
+        happened = _replay(stats, pool)
+        assert pool.finish() == 0
+    _check(stats, pool, happened)
+    written = [line for line in pool.stderr if line.startswith("{") and json.loads(line).get("event") == "job"]
+    # Log lines are not ordered with other jobs' results: compared in the order of their ids.
+    _check(logs, pool, sorted(written, key=lambda line: str(json.loads(line)["id"])),
+           documented=sorted((value for _, value in _json_lines(logs)), key=lambda value: str(value["id"])))
 
 
 # --- toml blocks load -----------------------------------------------------------------------------------------

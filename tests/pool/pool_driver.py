@@ -108,12 +108,16 @@ def descendants(root: int, table: dict[int, tuple[int, str, int, str]] | None = 
 
 # A template forks and confines a child ahead of its next job ("pynox-ready"); it is not a job yet.
 READY_CHILD = "pynox-ready"
+# A child the template has just forked still carries the template's name until it names itself: it
+# may become a prepared child, so it is not a job yet either.
+_UNNAMED_CHILD = "pynox-template"
 
 
 def jobs_of(root: int) -> list[int]:
     """The running job and session processes below a pool (depth 2), prepared children excluded."""
     table = proc_table()
-    return [pid for pid, depth in descendants(root, table).items() if depth == 2 and table[pid][3] != READY_CHILD]
+    return [pid for pid, depth in descendants(root, table).items()
+            if depth == 2 and table[pid][3] not in (READY_CHILD, _UNNAMED_CHILD)]
 
 
 def reap_adopted_zombies() -> None:

@@ -101,3 +101,10 @@ def test_calls_into_a_session_run_in_the_models_order_even_when_made_together(po
 
     agent = Agent(FunctionModel(both_at_once), toolsets=[PynoxToolset(pool, session=True)])
     assert agent.run_sync("go").output.endswith(" | 42")
+
+
+def test_the_specs_one_liner_constructs_its_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The integration group carries pydantic-ai's Anthropic extra: without it this line raises ImportError.
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "not-used: the agent is constructed, never run")
+    agent = Agent("anthropic:claude-sonnet-4-5", tools=[pynox.tool()])
+    assert type(agent.model).__name__ == "AnthropicModel"

@@ -18,10 +18,14 @@ Each :class:`Case` runs twice:
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 import stat
+import struct
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .harness import Run, World
@@ -187,6 +191,31 @@ def _set_id(name: str) -> HostCheck:
     return check
 
 
+_NOATIME = 0x80
+
+
+def _inode_flags(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return struct.unpack("l", fcntl.ioctl(fd, 0x80086601, struct.pack("l", 0)))[0]
+    finally:
+        os.close(fd)
+
+
+def _readonly_flags_kept(world: World, run: Run) -> None:
+    assert not _inode_flags(world.readonly / "data.txt") & _NOATIME
+
+
+def _readonly_flags_changed(world: World, run: Run) -> None:
+    path = world.readonly / "data.txt"
+    assert _inode_flags(path) & _NOATIME, "the control set no flag"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, 0x40086602, struct.pack("l", _inode_flags(path) & ~_NOATIME))
+    finally:
+        os.close(fd)
+
+
 def _set_id_in_work(world: World, run: Run) -> None:
     found = [path for path in world.work.iterdir() if path.is_file() and path.stat().st_mode & 0o6000]
     assert found, "the control made no set-id file"
@@ -331,6 +360,12 @@ METADATA = [
     Case("chown_canary", "seccomp.metadata",
          'import os; os.chown("$canary", 0, 0)',
          _denied(*METADATA_HINT), _works(), needs=("root",)),
+    Case("file_flags_read_grant", "seccomp.metadata",
+         'import fcntl, os, struct\nfd = os.open("$readonly/data.txt", os.O_RDONLY)\n'
+         'flags = struct.unpack("l", fcntl.ioctl(fd, 0x80086601, struct.pack("l", 0)))[0]\n'
+         'fcntl.ioctl(fd, 0x40086602, struct.pack("l", flags | 0x80))',
+         _denied(*METADATA_HINT, host=_readonly_flags_kept), _works(host=_readonly_flags_changed),
+         request={"allow_read": ["$readonly"]}),
     Case("setxattr_canary", "seccomp.metadata",
          'import os; os.setxattr("$canary", "user.pynox", b"1")',
          _denied(*METADATA_HINT), _works()),
@@ -351,7 +386,7 @@ METADATA = [
     # Landlock does not check an O_PATH open: the job can hold a descriptor of any file it can name.
     Case("fchmod_o_path_descriptor", "seccomp.metadata",
          'import os; fd = os.open("$canary", os.O_PATH); os.chmod(fd, 0o777)',
-         _denied(*METADATA_HINT), _works(host=_canary_mode_changed), request={"allow_write": ["$work"]},
+         _denied(error=("OSError",)), _works(host=_canary_mode_changed), request={"allow_write": ["$work"]},
          control_code='import os; fd = os.open("$canary", os.O_PATH); os.chmod(f"/proc/self/fd/{fd}", 0o777)'),
     Case("chmod_proc_self_fd_link", "seccomp.metadata",
          'import os; fd = os.open("$canary", os.O_PATH); os.chmod(f"/proc/self/fd/{fd}", 0o777)',
@@ -865,6 +900,7 @@ shutil.copy2(src, top + '/copy.txt')
 shutil.copytree(top + '/tree', top + '/tree2')
 os.chown(src, -1, os.getgid())
 os.chmod(top + '/tree/sub', 0o2750)
+os.chmod(top + '/copy.txt', 0o640, follow_symlinks=False)
 buffer = io.BytesIO()
 with tarfile.open(fileobj=buffer, mode='w') as tar:
     member = tarfile.TarInfo('x.txt'); member.size = 1; member.mtime = 1_234_567_890; member.mode = 0o600

@@ -38,6 +38,11 @@ _F_SETLEASE = 1024
 _F_NOTIFY = 1026
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
+# Inode flags and the like, set through ioctl on any descriptor, even one opened read-only: a job keeping
+# uid 0 owns the runtime's files (chattr +S on libpython slows every program; +A, +d change backups).
+# fs-verity, once enabled, makes a file read-only for good. SETFLAGS, SETVERSION (each also in its
+# 32-bit form), FSSETXATTR, SET_ENCRYPTION_POLICY, ENABLE_VERITY.
+_FILE_FLAG_IOCTLS = (0x40086602, 0x40046602, 0x40087602, 0x40047602, 0x401C5820, 0x800C6613, 0x40806685)
 _PER_QUERY = 0xFFFFFFFF
 
 # Starting programs: a job is one Python process and stays one.
@@ -192,8 +197,8 @@ def compile_filter(network: bool) -> CompiledFilter:
     _deny(f, "clone3", err=errno.ENOSYS)
     _socket_rules(f, network)
     _set_id_rules(f)
-    # Typing into the controlling terminal; compare the low 32 bits as the kernel does.
-    for request in (_TIOCSTI, _TIOCLINUX):
+    # Typing into the controlling terminal, and file flags; compare the low 32 bits as the kernel does.
+    for request in (_TIOCSTI, _TIOCLINUX, *_FILE_FLAG_IOCTLS):
         _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
     _deny(f, "personality", pyseccomp.Arg(0, pyseccomp.NE, _PER_QUERY))
     # A lease on a file makes every other opener wait for its break (fs.lease-break-time, 45 s): a job

@@ -7,8 +7,10 @@ job's seccomp filter delegates those calls (``SECCOMP_RET_USER_NOTIF``) and its
 listener is handed to the pool before the job's code runs; the job never holds
 it. For each call the :class:`Steward` reads the arguments from the job's
 memory, opens what they name as the job would (from its working directory or
-its descriptor), and performs the change itself, with its own system call on
-the very inode it checked, only if:
+its descriptor, reopened ``O_PATH`` through ``/proc/<tid>``: the pool never
+holds the job's open file, whose last close could block it, a lingering socket
+say), and performs the change itself, with its own system call on the very
+inode it checked, only if:
 
 * that inode is beneath one of the job's write grants (found again from the
   grant's descriptor, by the name the kernel gives it now, and compared by
@@ -30,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import select
 import socket
 import stat
@@ -49,7 +52,6 @@ _RESPONSE = struct.Struct("=QqiI")
 _NOTIF_RECV = 0xC0502100
 _NOTIF_SEND = 0xC0182101
 _NOTIF_ID_VALID = 0x40082102
-_SYS_PIDFD_GETFD = 438  # the same number on every architecture
 _AT_FDCWD = -100
 _AT_SYMLINK_NOFOLLOW = 0x100
 _AT_EMPTY_PATH = 0x1000
@@ -128,9 +130,8 @@ def receive_listener(sock: socket.socket) -> int | None:
 class Steward:
     """Answers one job's delegated calls. Owns the listener and the write grants' descriptors it is given."""
 
-    def __init__(self, listener: int, pidfd: int, write_grants: list[int], uid: int, gid: int) -> None:
+    def __init__(self, listener: int, write_grants: list[int], uid: int, gid: int) -> None:
         self.listener = listener
-        self._pidfd = pidfd  # borrowed from the worker, which closes it
         self._grants = write_grants
         self._uid, self._gid = uid, gid
         self._poll = select.poll()
@@ -175,9 +176,18 @@ class Steward:
             raise _Refused(errno.EFAULT if call.kind == "times" else errno.EBADF)
         if call.path is None and call.kind == "times" and call.flags:
             raise _Refused(errno.EINVAL)
-        path = _read_path(tid, call.path) if call.path is not None else None
         times = _read_times(tid, call.values[0]) if call.kind == "times" and call.values[0] else None
-        base = self._base(tid, call.dirfd, needed=path is None or not path.startswith(b"/"))
+        if times is not None and struct.unpack("=qqqq", times)[1::2] == (_UTIME_OMIT, _UTIME_OMIT):
+            return 0  # nothing to change: the kernel answers 0 before it looks the path up
+        path = _read_path(tid, call.path) if call.path is not None else None
+        dirfd = call.dirfd
+        own = _own_descriptor(path, tid) if path is not None else None
+        if own is not None:  # /proc/self/fd/N names the job's descriptor N, as the kernel follows it
+            dirfd, path = own, b""
+            call = _Call(call.kind, dirfd, call.path, call.flags | _AT_EMPTY_PATH, call.values)
+        elif path is None and _is_o_path(tid, dirfd):
+            raise _Refused(errno.EBADF)  # fchmod, fchown, futimens do not take an O_PATH descriptor
+        base = self._base(tid, dirfd, needed=path is None or not path.startswith(b"/"))
         try:
             # Everything of the job's is read; only now can we trust that it was this job's (the tid of a
             # killed job could name another process by now).
@@ -196,21 +206,20 @@ class Steward:
         finally:
             os.close(target)
 
-    def _base(self, tid: int, dirfd: int, *, needed: bool) -> int | None:
+    @staticmethod
+    def _base(tid: int, dirfd: int, *, needed: bool) -> int | None:
         """The directory (or file) a call starts from, as the job has it: its working directory or its
-        descriptor, duplicated here."""
+        descriptor, opened O_PATH here (never a copy of the job's open file: see the module's docstring)."""
         if not needed:
             return None
+        where = f"/proc/{tid}/cwd" if dirfd == _AT_FDCWD else f"/proc/{tid}/fd/{dirfd}"
+        if dirfd != _AT_FDCWD and dirfd < 0:
+            raise _Refused(errno.EBADF)
         try:
-            if dirfd == _AT_FDCWD:
-                return os.open(f"/proc/{tid}/cwd", os.O_PATH | os.O_CLOEXEC)
-            result = libc.syscall(ctypes.c_long(_SYS_PIDFD_GETFD), self._pidfd, dirfd, 0)
+            return os.open(where, os.O_PATH | os.O_CLOEXEC)
         except OSError as exc:
-            raise _Refused(exc.errno if exc.errno == errno.ENOENT else errno.EPERM) from None
-        if result < 0:
-            err = ctypes.get_errno()
-            raise _Refused(errno.EBADF if err == errno.EBADF else errno.EPERM)
-        return int(result)
+            raise _Refused(errno.EBADF if exc.errno == errno.ENOENT and dirfd != _AT_FDCWD
+                           else exc.errno or errno.EPERM) from None
 
     @staticmethod
     def _open(base: int | None, path: bytes | None, flags: int) -> int:
@@ -284,6 +293,44 @@ class Steward:
         if info.st_gid == self._gid:
             return bool(info.st_mode & stat.S_IWGRP)
         return bool(info.st_mode & stat.S_IWOTH)
+
+
+_OWN_DESCRIPTOR = re.compile(rb"/(?:proc/(?:self|thread-self|(\d+))|dev)/fd/(\d+)")
+
+
+def _own_descriptor(path: bytes, tid: int) -> int | None:
+    """N, when ``path`` is the job's own ``/proc/self/fd/N`` (libc's fchmodat falls back to it): resolved
+    by the pool, /proc/self would be the pool's, and its magic links are never followed."""
+    match = _OWN_DESCRIPTOR.fullmatch(path)
+    if match is None or (match.group(1) is not None and int(match.group(1)) != tid
+                         and int(match.group(1)) != _thread_group(tid)):
+        return None
+    return int(match.group(2))
+
+
+def _thread_group(tid: int) -> int:
+    try:
+        with open(f"/proc/{tid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
+def _is_o_path(tid: int, fd: int) -> bool:
+    """Whether the job's descriptor was opened O_PATH (its fdinfo's flags, in octal)."""
+    if fd < 0:
+        return False
+    try:
+        with open(f"/proc/{tid}/fdinfo/{fd}", "rb") as info:
+            for line in info:
+                if line.startswith(b"flags:"):
+                    return bool(int(line.split()[1], 8) & os.O_PATH)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _check(result: int) -> None:

@@ -474,12 +474,12 @@ class Template:
         raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
 
     def _start_steward(self, sel: selectors.BaseSelector) -> None:
-        """Answer the child's metadata calls once both its listener and its pidfd are here."""
+        """Answer the child's metadata calls once its listener is here."""
         to_be = self._metadata
-        if to_be is None or to_be.listener is None or self.child_pidfd is None:
+        if to_be is None or to_be.listener is None:
             return
         self._metadata = None
-        self.steward = Steward(to_be.listener, self.child_pidfd, to_be.writes, to_be.uid, to_be.gid)
+        self.steward = Steward(to_be.listener, to_be.writes, to_be.uid, to_be.gid)
         sel.register(self.steward.listener, selectors.EVENT_READ)
 
     def _close_metadata(self) -> None:

@@ -1,0 +1,68 @@
+"""The job's delegated metadata calls (chmod, chown, utimensat) cannot stall the pool that answers them.
+
+The pool performs those calls for the job (pynox/pool/metadata.py). Whatever
+the job names, answering must not block the worker thread that also enforces
+the job's deadline: the job is killed at its timeout and the next job runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.pool.pool_driver import jobs_of, pool_process
+
+pytestmark = pytest.mark.timeout(120)
+
+# A descriptor of the job's, swapped for socket after socket with unsent data and a long SO_LINGER while
+# threads fchmod it: if the pool held a copy of the job's open file and its close were the last, the
+# close would wait out the linger in the pool's worker thread.
+_LINGERING = """
+import os, socket, struct, threading
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+server.bind(("127.0.0.1", 0))
+server.listen(4000)
+def lingering():
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client.connect(server.getsockname())
+    client.setblocking(False)
+    try:
+        while True:
+            client.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 100000))
+    return client.detach()
+fd = lingering()
+def chmod_forever():
+    while True:
+        try:
+            os.fchmod(fd, 0o600)
+        except OSError:
+            pass
+for _ in range(8):
+    threading.Thread(target=chmod_forever, daemon=True).start()
+for _ in range(300):
+    new = lingering()
+    os.dup2(new, fd)
+    os.close(new)
+print("swapped", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_lingering_socket_behind_a_delegated_call_does_not_stall_the_pool(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        start = time.monotonic()
+        result = pool.run(_LINGERING, allow_network=True, timeout="3s", wait=60)
+        elapsed = time.monotonic() - start
+        assert result["exit"] == 124, result
+        assert elapsed < 3 + 5, f"the job's 3 s timeout was answered after {elapsed:.1f} s"
+        assert not jobs_of(pool.pid), "the job outlived its timeout"
+        start = time.monotonic()
+        assert pool.run("print('next')")["stdout"] == "next\n"
+        assert time.monotonic() - start < 5

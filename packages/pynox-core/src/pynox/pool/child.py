@@ -29,22 +29,27 @@ from ..job import Confinement, ErrorInfo, Payload, Report, StepSpec
 from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.privileges import set_process_name
 from . import host_module
+from .descriptors import (
+    CHANNEL,
+    CLAIM,
+    CONTROL,
+    LISTENER,
+    METADATA,
+    PAYLOAD,
+    REPORT,
+    RULESET,
+    STAGING,
+    STDERR,
+    STDOUT,
+    STEP,
+    sent_with_job,
+)
 from .frames import recv_raw
 from .payload import claim, read_payload, write_payload_to
 
-__all__ = ["CHANNEL_FD", "CLAIM_FD", "CONTROL_FD", "METADATA_FD", "PAYLOAD_FD", "REPORT_FD", "SETUP_FAILED",
-           "run_job", "run_prepared"]
+__all__ = ["SETUP_FAILED", "run_job", "run_prepared"]
 
 SETUP_FAILED = 125
-STDOUT_FD, STDERR_FD, REPORT_FD = 1, 2, 3
-CHANNEL_FD = 4  # host-function calls, when the job declares functions
-CONTROL_FD = 5  # session steps, when the job is a session
-RULESET_FD = 6  # the Landlock ruleset, closed once enforced
-PAYLOAD_FD = 7  # the job's payload, read once confined
-CLAIM_FD = 8  # one byte: whoever reads it (this child, or the server taking it back) decides if the job runs
-METADATA_FD = 9  # a socket to the pool, which takes the seccomp listener on it (see pool/metadata.py)
-_LISTENER_FD = 10  # where a prepared child keeps its listener until its job's descriptors arrive
-_STAGING_FD = 16  # above every fixed number
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
@@ -68,15 +73,14 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
         stage = "build the Landlock ruleset"
         ruleset = build_ruleset(confinement, runtime, grants)
         stage = "arrange descriptors"
-        targets = _job_descriptors(confinement)
-        targets += [CONTROL_FD] if confinement.session else []
+        targets = sent_with_job(confinement.host_channel, confinement.session)
         if len(fds) != len(targets):
             raise ValueError(f"expected {len(targets)} descriptors, got {len(fds)}")
         devnull = os.open("/dev/null", os.O_RDONLY)
-        _arrange([*zip(fds, targets, strict=True), (ruleset, RULESET_FD), (devnull, 0)])
-        report = REPORT_FD
+        _arrange([*zip(fds, targets, strict=True), (ruleset, RULESET), (devnull, 0)])
+        report = REPORT
         stage = "apply the policy"
-        listener = confine(confinement, runtime, RULESET_FD)
+        listener = confine(confinement, runtime, RULESET)
         stage = "hand the metadata listener to the pool"
         _hand_over_listener(listener)
         stage = "read the job"
@@ -86,7 +90,7 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     main = _new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args))
-    _finish(REPORT_FD, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
+    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
 
 
 def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int]) -> NoReturn:
@@ -108,18 +112,18 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         ruleset = build_ruleset(confinement, runtime, grants)
         stage = "arrange descriptors"
         devnull = os.open("/dev/null", os.O_RDWR)
-        _arrange([(control, CONTROL_FD), (ruleset, RULESET_FD), (devnull, 0), (devnull, STDOUT_FD),
-                  (devnull, STDERR_FD), (devnull, REPORT_FD)])
+        _arrange([(control, CONTROL), (ruleset, RULESET), (devnull, 0), (devnull, STDOUT),
+                  (devnull, STDERR), (devnull, REPORT)])
         stage = "apply the policy"
-        listener = confine(confinement, runtime, RULESET_FD)
-        if listener != _LISTENER_FD:  # out of the way of the job's descriptors, which arrive below
-            os.dup2(listener, _LISTENER_FD)
+        listener = confine(confinement, runtime, RULESET)
+        if listener != LISTENER:  # out of the way of the job's descriptors, which arrive below
+            os.dup2(listener, LISTENER)
             os.close(listener)
     except BaseException as exc:  # fail closed: the job this child receives will only hear why
         setup_error = f"could not {stage}: {exc}"
     if setup_error is None:
         _warm_up()
-    control_socket = socket.socket(fileno=CONTROL_FD)
+    control_socket = socket.socket(fileno=CONTROL)
     try:
         _, fds = recv_raw(control_socket)
     except (EOFError, OSError, ValueError):
@@ -129,38 +133,31 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         set_process_name("pynox-job")
     except OSError:
         pass  # a name is for operators; the job runs all the same
-    expected = _job_descriptors(confinement)
+    expected = sent_with_job(confinement.host_channel, session=False)
     if len(fds) != len(expected):
         os._exit(SETUP_FAILED)
     for fd, target in zip(fds, expected, strict=True):
         os.dup2(fd, target)
         os.close(fd)
     if setup_error is not None:
-        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=setup_error))
+        _finish(REPORT, Report(exit=SETUP_FAILED, setup_error=setup_error))
     try:
-        _hand_over_listener(_LISTENER_FD)
+        _hand_over_listener(LISTENER)
     except BaseException as exc:
-        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=f"could not hand the metadata listener "
+        _finish(REPORT, Report(exit=SETUP_FAILED, setup_error=f"could not hand the metadata listener "
                                                                f"to the pool: {exc}"))
     try:
         payload = _receive_payload(confinement)
     except BaseException as exc:
-        _finish(REPORT_FD, Report(exit=SETUP_FAILED, setup_error=f"could not read the job: {exc}"))
+        _finish(REPORT, Report(exit=SETUP_FAILED, setup_error=f"could not read the job: {exc}"))
     main = _new_main(confinement, payload)
-    _finish(REPORT_FD, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
-
-
-def _job_descriptors(confinement: Confinement) -> list[int]:
-    """Where a job's own descriptors go, in the order the server sends them (the control channel of a
-    session, when there is one, follows)."""
-    return [STDOUT_FD, STDERR_FD, REPORT_FD, PAYLOAD_FD, CLAIM_FD, METADATA_FD] + (
-        [CHANNEL_FD] if confinement.host_channel else [])
+    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
 
 
 def _hand_over_listener(listener: int) -> None:
     """Give the seccomp listener to the pool and keep no copy: whoever holds it answers the job's
     delegated calls, so the job's code must never see it. Done before the job is claimed."""
-    with socket.socket(fileno=METADATA_FD) as pool:
+    with socket.socket(fileno=METADATA) as pool:
         socket.send_fds(pool, [b"L"], [listener])
     os.close(listener)
 
@@ -170,13 +167,13 @@ def _receive_payload(confinement: Confinement) -> Payload:
 
     The claim (see :func:`pynox.pool.payload.new_claim`) makes a job run at most once: a job the server
     took back, to retry on another template, was never begun here."""
-    if not claim(CLAIM_FD):
+    if not claim(CLAIM):
         os._exit(SETUP_FAILED)  # the server took the job back: it runs elsewhere, or nowhere
-    os.close(CLAIM_FD)
-    payload = read_payload(PAYLOAD_FD)
+    os.close(CLAIM)
+    payload = read_payload(PAYLOAD)
     add_environment(payload.env)
     if confinement.host_channel:
-        host_module.install_host_module(payload.functions, CHANNEL_FD)
+        host_module.install_host_module(payload.functions, CHANNEL)
     return payload
 
 
@@ -206,15 +203,15 @@ def _arrange(moves: list[tuple[int, int]]) -> None:
     Every source is first duplicated above all targets, so no target can overwrite a source still to
     be moved, whatever numbers the template happened to use.
     """
-    staged = [(fcntl.fcntl(source, fcntl.F_DUPFD, _STAGING_FD), target) for source, target in moves]
+    staged = [(fcntl.fcntl(source, fcntl.F_DUPFD, STAGING), target) for source, target in moves]
     for fd, target in staged:
         os.dup2(fd, target)
     used = {target for _, target in moves}
-    for fd in range(_STAGING_FD):
+    for fd in range(STAGING):
         if fd not in used:
             _close_quietly(fd)
     # Everything above goes, whatever the template had open (its socket, its prepared rules).
-    os.closerange(_STAGING_FD, _MAX_FD)
+    os.closerange(STAGING, _MAX_FD)
 
 
 def _close_quietly(fd: int) -> None:
@@ -256,7 +253,7 @@ def _execute(main: types.ModuleType, code: str | None, script: str | None, name:
 
 def _serve_session(confinement: Confinement, main: types.ModuleType, first: StepSpec) -> NoReturn:
     """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it."""
-    control = socket.socket(fileno=CONTROL_FD)
+    control = socket.socket(fileno=CONTROL)
     devnull = os.open("/dev/null", os.O_WRONLY)
     step: StepSpec | None = first
     while True:
@@ -265,19 +262,19 @@ def _serve_session(confinement: Confinement, main: types.ModuleType, first: Step
                 payload, fds = recv_raw(control)
             except (EOFError, OSError):
                 os._exit(0)
-            if len(fds) != 3:
+            if len(fds) != len(STEP):
                 os._exit(SETUP_FAILED)  # the pool broke its own protocol: end the session rather than guess
             step = _step_decoder.decode(payload)
-            for target, fd in zip((STDOUT_FD, STDERR_FD, REPORT_FD), fds, strict=True):
+            for target, fd in zip(STEP, fds, strict=True):
                 os.dup2(fd, target)
                 os.close(fd)
         report = _execute(main, step.code, None, step.name, step.args, confinement, shutdown=False)
         if report.exited:  # sys.exit() or exit(): the session ends with this step
-            _finish(REPORT_FD, report)
+            _finish(REPORT, report)
         _flush_streams()
-        _write_report(REPORT_FD, report)
+        _write_report(REPORT, report)
         # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next.
-        for fd in (STDOUT_FD, STDERR_FD, REPORT_FD):
+        for fd in STEP:
             os.dup2(devnull, fd)
         step = None
 
@@ -429,6 +426,6 @@ def _finish(report_fd: int, report: Report) -> NoReturn:
     """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner)."""
     _flush_streams()
     _write_report(report_fd, report)
-    for fd in (STDOUT_FD, STDERR_FD, report_fd):
+    for fd in (STDOUT, STDERR, report_fd):
         _close_quietly(fd)
     os._exit(report.exit)

@@ -24,6 +24,7 @@ import msgspec
 from ..errors import PynoxError, RequestError
 from ..job import ErrorInfo, JobSpec, StepSpec
 from ..protocol import REFUSED_EXIT, Closed, RequestId, SessionResult, encode
+from .descriptors import STEP
 from .frames import Ended, send_frame
 from .hostcalls import CallRegistry
 from .outcome import WORKER_ERROR_EXIT, Outcome, to_session_result
@@ -170,7 +171,7 @@ class Session(threading.Thread):
         ended = template.ended_while_idle()
         if ended is not None:
             raise _EndedWhileIdle(_how(ended))
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]  # stdout, stderr, report, in that order
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()

@@ -36,6 +36,7 @@ from ..policy import Runtime, prepare_runtime, reset_environment
 from ..policy.grants import close_all, identity
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from .child import run_job, run_prepared
+from .descriptors import sent_with_job
 from .frames import Ended, Init, Ready, Started, TemplateFailed, confinement_decoder, init_decoder, recv_raw, send_frame
 
 __all__ = ["main"]
@@ -142,15 +143,12 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-_JOB_DESCRIPTORS = 6  # stdout, stderr, report, payload, claim, metadata; then the host and control channels
-
-
 class _Job:
     """One job as the template received it: its confinement, its own descriptors, its grant descriptors."""
 
     def __init__(self, raw: bytes, fds: list[int]) -> None:
         self.confinement = confinement_decoder.decode(raw)
-        own = _JOB_DESCRIPTORS + self.confinement.host_channel + self.confinement.session
+        own = len(sent_with_job(self.confinement.host_channel, self.confinement.session))
         self.fds, self.grants = fds[:own], fds[own:]
         # What a prepared child must match: the same confinement, grants naming the same files.
         self.key = (raw, identity(self.grants))

@@ -28,6 +28,7 @@ from ..errors import KernelSupportError, PoolWorkerError
 from ..job import Confinement, JobSpec, Report
 from ..policy import tasks
 from ..policy.grants import close_all, open_grants
+from .descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, STDERR, STDOUT, sent_with_job
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
 from .hostcalls import JobCalls, ProtocolViolation
 from .metadata import Steward, receive_listener
@@ -216,6 +217,8 @@ class Template:
         self._metadata = _StewardToBe(metadata, writes, *_job_ids(confinement))
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         extra: list[socket.socket] = []
+        own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], PAYLOAD: payload, CLAIM: claim,
+               METADATA: job_metadata.fileno()}
         channel = session.channel if session is not None else None
         if spec.functions:
             job_end: socket.socket | None
@@ -225,12 +228,14 @@ class Template:
                 job_end = session.job_channel
             assert job_end is not None  # checked above, before anything was opened
             extra.append(job_end)
+            own[CHANNEL] = job_end.fileno()
         if session is not None:
             extra.append(session.job_control)
+            own[CONTROL] = session.job_control.fileno()
         start = time.monotonic_ns()
         try:
-            send_frame(self.sock, confinement, [*(w for _, w in pipes), payload, claim, job_metadata.fileno(),
-                                                *(s.fileno() for s in extra), *granted])
+            order = sent_with_job(confinement.host_channel, confinement.session)
+            send_frame(self.sock, confinement, [*(own[target] for target in order), *granted])
         except OSError as exc:
             self.broken = True
             self._close_metadata()

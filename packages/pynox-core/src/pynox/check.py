@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import KernelSupportError, PoolError
+from .exits import TIMEOUT_EXIT
 from .policy import BACKEND, landlock, seccomp, tasks
 from .pool.worker import Template
 from .protocol import Request, Result
@@ -274,8 +275,8 @@ def _mode_kept(path: Callable[[_Lab], str], judge: _Judge) -> _Judge:
 
 
 def _timed_out(result: Result, lab: _Lab, elapsed: float) -> Verdict:
-    if result.exit != 124:
-        return False, f"expected exit 124, got {result.exit}"
+    if result.exit != TIMEOUT_EXIT:
+        return False, f"expected exit {TIMEOUT_EXIT}, got {result.exit}"
     if elapsed > _TIMEOUT + 1.5:
         return False, f"killed after {elapsed:.2f}s for a {_TIMEOUT}s limit"
     return True, f"killed after {elapsed:.2f}s"

@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from .errors import ConfigError, KernelSupportError, PoolError, PoolWorkerError, RequestError
+from .exits import REFUSED_EXIT
 from .host_functions import HostErrors, answer_call
 from .result import Result
 from .units import parse_duration
@@ -503,7 +504,7 @@ def _check_host_errors(value: object) -> None:
 
 def _result(reply: dict[str, Any]) -> Result:
     error = reply.get("error")
-    if reply.get("exit") == 2 and isinstance(error, dict) and error.get("type") == "RequestError":
+    if reply.get("exit") == REFUSED_EXIT and isinstance(error, dict) and error.get("type") == "RequestError":
         raise RequestError(error.get("message", "the pool refused the request"))
     return Result.from_message(reply)
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from .errors import quoted
+from .exits import REFUSED_EXIT
 from .job import ErrorInfo
 
 __all__ = [
@@ -138,7 +139,6 @@ class CallEvent(msgspec.Struct, tag_field="event", tag="call"):
 
 
 # Exit status of a result that never ran because the request was refused.
-REFUSED_EXIT = 2
 
 _encoder = msgspec.json.Encoder()
 

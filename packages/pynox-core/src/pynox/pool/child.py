@@ -4,7 +4,7 @@ The template forks, and the child calls :func:`run_job`, which never returns:
 it confines itself, only then reads its payload (code, arguments, environment)
 from the descriptor the server filled, runs the code as ``__main__``, writes
 one report and exits. If any step of the policy fails, the code never runs:
-the report carries ``setup_error`` and the exit status is 125.
+the report carries ``setup_error`` and the exit status is ``SETUP_FAILED_EXIT`` (125).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
+from ..exits import SETUP_FAILED_EXIT
 from ..job import Confinement, ErrorInfo, Payload, Report, StepSpec
 from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.privileges import set_process_name
@@ -47,9 +48,8 @@ from .descriptors import (
 from .frames import recv_raw
 from .payload import claim, read_payload, write_payload_to
 
-__all__ = ["SETUP_FAILED", "run_job", "run_prepared"]
+__all__ = ["run_job", "run_prepared"]
 
-SETUP_FAILED = 125
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
@@ -86,7 +86,7 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
         stage = "read the job"
         payload = _receive_payload(confinement)
     except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
-        _finish(report, Report(exit=SETUP_FAILED, setup_error=f"could not {stage}: {exc}"))
+        _finish(report, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not {stage}: {exc}"))
     main = _new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args))
@@ -135,21 +135,21 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         pass  # a name is for operators; the job runs all the same
     expected = sent_with_job(confinement.host_channel, session=False)
     if len(fds) != len(expected):
-        os._exit(SETUP_FAILED)
+        os._exit(SETUP_FAILED_EXIT)
     for fd, target in zip(fds, expected, strict=True):
         os.dup2(fd, target)
         os.close(fd)
     if setup_error is not None:
-        _finish(REPORT, Report(exit=SETUP_FAILED, setup_error=setup_error))
+        _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=setup_error))
     try:
         _hand_over_listener(LISTENER)
     except BaseException as exc:
-        _finish(REPORT, Report(exit=SETUP_FAILED, setup_error=f"could not hand the metadata listener "
+        _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not hand the metadata listener "
                                                                f"to the pool: {exc}"))
     try:
         payload = _receive_payload(confinement)
     except BaseException as exc:
-        _finish(REPORT, Report(exit=SETUP_FAILED, setup_error=f"could not read the job: {exc}"))
+        _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not read the job: {exc}"))
     main = _new_main(confinement, payload)
     _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
 
@@ -168,7 +168,7 @@ def _receive_payload(confinement: Confinement) -> Payload:
     The claim (see :func:`pynox.pool.payload.new_claim`) makes a job run at most once: a job the server
     took back, to retry on another template, was never begun here."""
     if not claim(CLAIM):
-        os._exit(SETUP_FAILED)  # the server took the job back: it runs elsewhere, or nowhere
+        os._exit(SETUP_FAILED_EXIT)  # the server took the job back: it runs elsewhere, or nowhere
     os.close(CLAIM)
     payload = read_payload(PAYLOAD)
     add_environment(payload.env)
@@ -263,7 +263,7 @@ def _serve_session(confinement: Confinement, main: types.ModuleType, first: Step
             except (EOFError, OSError):
                 os._exit(0)
             if len(fds) != len(STEP):
-                os._exit(SETUP_FAILED)  # the pool broke its own protocol: end the session rather than guess
+                os._exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
             step = _step_decoder.decode(payload)
             for target, fd in zip(STEP, fds, strict=True):
                 os.dup2(fd, target)

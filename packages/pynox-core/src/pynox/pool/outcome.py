@@ -11,18 +11,13 @@ import signal
 from dataclasses import dataclass, field
 
 from .. import hints
+from ..exits import SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND
 from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult
 from ..units import format_duration
 
-__all__ = [
-    "SETUP_FAILED_EXIT", "TIMEOUT_EXIT", "WORKER_ERROR_EXIT", "Outcome", "to_result", "to_session_result",
-]
-
-TIMEOUT_EXIT = 124
-SETUP_FAILED_EXIT = 125
-WORKER_ERROR_EXIT = 70  # the pool's own failure (EX_SOFTWARE), not the job's
+__all__ = ["Outcome", "to_result", "to_session_result"]
 
 
 @dataclass

@@ -27,6 +27,7 @@ import msgspec
 
 from ..config import EMPTY, Config, load_config
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
+from ..exits import WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec
 from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal, reply_call_id
 from ..resolve import DEFAULTS, parse_request_duration, parse_request_size, to_job
@@ -34,7 +35,7 @@ from ..units import parse_duration
 from .frames import Ready
 from .hostcalls import CallRegistry
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
-from .outcome import WORKER_ERROR_EXIT, Outcome, to_result
+from .outcome import Outcome, to_result
 from .session import SessionRegistry, Step
 from .stats import Stats, log_line
 from .worker import CallSink, Template

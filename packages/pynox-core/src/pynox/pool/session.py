@@ -22,12 +22,13 @@ from dataclasses import dataclass
 import msgspec
 
 from ..errors import PynoxError, RequestError
+from ..exits import REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec, StepSpec
-from ..protocol import REFUSED_EXIT, Closed, RequestId, SessionResult, encode
+from ..protocol import Closed, RequestId, SessionResult, encode
 from .descriptors import STEP
 from .frames import Ended, send_frame
 from .hostcalls import CallRegistry
-from .outcome import WORKER_ERROR_EXIT, Outcome, to_session_result
+from .outcome import Outcome, to_session_result
 from .worker import CallSink, SessionChannels, Template
 
 __all__ = ["MAX_PENDING_STEPS", "Session", "SessionRegistry", "Step"]

@@ -12,8 +12,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..protocol import REFUSED_EXIT, Result
-from .outcome import SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
+from ..exits import REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
+from ..protocol import Result
 
 __all__ = ["Stats", "classify", "log_line"]
 

@@ -1,6 +1,6 @@
-"""Frames between the pool server and a template: length-prefixed JSON over a unix stream socket.
+"""Frames: length-prefixed JSON over a connected unix stream socket, one 4-byte big-endian length each.
 
-Descriptors travel with a frame as ``SCM_RIGHTS`` attached to its 4-byte
+Between the pool server and a template, descriptors travel with a frame as ``SCM_RIGHTS`` attached to its 4-byte
 header, so they arrive with the first byte of the frame. A job is one
 :class:`~pynox.job.Confinement` frame; its descriptors are the job's own
 (stdout, stderr, report, payload, claim, then the host channel and the
@@ -8,6 +8,13 @@ session's control channel when it has them), then one per granted path. A templa
 code, but a template that broke (killed, out of memory) can still send a short
 or oversized frame: every read is bounded and a bad frame is an ``EOFError``
 or ``ValueError``, which makes the server replace the template.
+
+A job's private channels carry the same frames: host-function calls (job <->
+pool) and session steps (pool -> session child). The job end is handed to the
+child as a descriptor; the child cannot open a socket of its own to reach
+anything. Everything the pool reads from a child is bounded: a header
+announcing more than the limit is a protocol violation, not an allocation
+(:class:`FrameBuffer`).
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ import msgspec
 from ..job import MAX_GRANTS, Confinement
 
 __all__ = [
-    "Ended", "Init", "Ready", "Started", "TemplateFailed",
-    "confinement_decoder", "init_decoder", "recv_frame", "recv_raw", "send_frame",
+    "HEADER", "Ended", "FrameBuffer", "FrameTooLarge", "Init", "Ready", "Started", "TemplateFailed",
+    "confinement_decoder", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw", "send_frame",
 ]
 
-_HEADER = struct.Struct("!I")
+HEADER = struct.Struct("!I")
 MAX_FRAME = 64 << 20  # code and script are bounded by the 1 MiB request line far below this
 _MAX_FDS = MAX_GRANTS + 8  # a job's own descriptors, then one per grant
 
@@ -67,28 +74,58 @@ confinement_decoder = msgspec.json.Decoder(Confinement)
 
 def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tuple[int, ...] = ()) -> None:
     payload = msgspec.json.encode(message)
-    header = _HEADER.pack(len(payload))
+    header = HEADER.pack(len(payload))
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     sent = sock.sendmsg([header, payload], ancillary)
     if sent < len(header) + len(payload):
         sock.sendall((header + payload)[sent:])
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def recv_exact(sock: socket.socket, size: int, *, closed: str = "the other side closed the template socket") -> bytes:
+    """Exactly ``size`` bytes; ``EOFError(closed)`` if the other side closes first."""
     chunks: list[bytes] = []
     while size:
         chunk = sock.recv(min(size, 1 << 20))
         if not chunk:
-            raise EOFError("the other side closed the template socket")
+            raise EOFError(closed)
         chunks.append(chunk)
         size -= len(chunk)
     return b"".join(chunks)
 
 
+def pack(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+class FrameTooLarge(ValueError):
+    pass
+
+
+class FrameBuffer:
+    """Reassembles frames from chunks as they arrive (the reader never blocks on a partial frame)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        frames: list[bytes] = []
+        while len(self._buffer) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buffer)
+            if size > self._limit:
+                raise FrameTooLarge(f"a frame of {size} bytes exceeds the {self._limit}-byte limit")
+            if len(self._buffer) < HEADER.size + size:
+                break
+            frames.append(bytes(self._buffer[HEADER.size : HEADER.size + size]))
+            del self._buffer[: HEADER.size + size]
+        return frames
+
+
 def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     fds = array.array("i")
     try:
-        header, ancillary, _flags, _addr = sock.recvmsg(_HEADER.size, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
+        header, ancillary, _flags, _addr = sock.recvmsg(HEADER.size, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
     except ConnectionResetError:
         # The other side closed with our last frame unread (a job answered before it was reaped): an end.
         raise EOFError("the other side closed the template socket") from None
@@ -97,12 +134,12 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
     if not header:
         raise EOFError("the other side closed the template socket")
-    if len(header) < _HEADER.size:
-        header += _recv_exact(sock, _HEADER.size - len(header))
-    (size,) = _HEADER.unpack(header)
+    if len(header) < HEADER.size:
+        header += recv_exact(sock, HEADER.size - len(header))
+    (size,) = HEADER.unpack(header)
     if size > MAX_FRAME:
         raise ValueError(f"template frame of {size} bytes exceeds {MAX_FRAME}")
-    return _recv_exact(sock, size), list(fds)
+    return recv_exact(sock, size), list(fds)
 
 
 def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Ended, list[int]]:

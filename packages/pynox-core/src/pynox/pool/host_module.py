@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .channel import HEADER, pack
+from .frames import HEADER, pack, recv_exact
 from .host_values import NotPlainJSON, check_plain_json
 
 __all__ = ["MAX_PAYLOAD", "install_host_module"]
@@ -77,23 +77,16 @@ def _bind(call: Any, name: str) -> Any:
 
 
 def _receive(sock: socket.socket) -> dict[str, Any]:
-    header = _exactly(sock, HEADER.size)
-    (size,) = HEADER.unpack(header)
-    if size > _MAX_ANSWER:
-        raise OSError(f"answer of {size} bytes is too large")
-    answer = msgspec.json.decode(_exactly(sock, size))
+    try:
+        header = recv_exact(sock, HEADER.size, closed="the pool closed the channel")
+        (size,) = HEADER.unpack(header)
+        if size > _MAX_ANSWER:
+            raise OSError(f"answer of {size} bytes is too large")
+        answer = msgspec.json.decode(recv_exact(sock, size, closed="the pool closed the channel"))
+    except EOFError as exc:
+        raise OSError(str(exc)) from None
     if not isinstance(answer, dict):
         raise OSError("malformed answer")
     return answer
-
-
-def _exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise OSError("the pool closed the channel")
-        data += chunk
-    return bytes(data)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from ..protocol import CallEvent, RequestId, encode
-from .channel import FrameBuffer, pack
+from .frames import FrameBuffer, pack
 from .host_module import MAX_PAYLOAD
 from .host_values import NotPlainJSON, check_plain_json
 

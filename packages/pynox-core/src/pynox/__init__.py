@@ -28,11 +28,14 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .client import Pool, PynoxPool, Session
+    from .code_tool import CodeTool, ToolDescription, ToolGrants
     from .result import Result
+    from .units import format_duration, format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CodeTool",
     "ConfigError",
     "HostError",
     "JobError",
@@ -46,13 +49,21 @@ __all__ = [
     "Result",
     "SandboxSetupError",
     "Session",
+    "ToolDescription",
+    "ToolGrants",
     "__version__",
+    "format_duration",
+    "format_size",
+    "parse_duration",
+    "parse_size",
     "run",
     "tool",
 ]
 
 
-_LAZY = {"Pool": "client", "PynoxPool": "client", "Session": "client", "Result": "result"}
+_LAZY = {"Pool": "client", "PynoxPool": "client", "Session": "client", "Result": "result", "CodeTool": "code_tool",
+         "ToolDescription": "code_tool", "ToolGrants": "code_tool", "format_duration": "units",
+         "format_size": "units", "parse_duration": "units", "parse_size": "units"}
 
 
 def __getattr__(name: str) -> Any:

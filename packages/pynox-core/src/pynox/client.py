@@ -607,7 +607,7 @@ def default_pool() -> Pool:
     global _default
     with _default_lock:
         if _default is None:
-            from .model_tool import default_config_path
+            from .code_tool import default_config_path
 
             _default = Pool(config=default_config_path())
             atexit.register(_close_default)

@@ -15,11 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pynox
-
-# Private: the grants after profile and ceiling, exactly as the pool will apply them (a public helper is proposed).
-from pynox.model_tool import effective_request
-from pynox.resolve import DEFAULTS
-from pynox.units import format_duration, parse_duration
+from pynox import format_duration, parse_duration
 
 __all__ = ["external_lookup", "python_function"]
 
@@ -37,8 +33,9 @@ def python_function(pool: pynox.Pool, *, profile: str | None = None, name: str =
     functions the heavy code may import from ``pynox_host``. A bad grant raises here.
     """
     host_grants = {**grants, **({"timeout": timeout} if timeout is not None else {})}
-    effective = effective_request(pool, profile, host_grants)
-    limit = parse_duration(effective.timeout) if effective.timeout is not None else DEFAULTS.timeout
+    # The grants after profile and ceiling, exactly as the pool will apply them (a bad one raises here).
+    effective = pynox.CodeTool(pool, profile=profile, functions=functions, **host_grants).grants
+    limit = effective.timeout
     run_grants = {**host_grants, **({"profile": profile} if profile else {})}
     host_functions = dict(functions or {})
 
@@ -61,7 +58,7 @@ def python_function(pool: pynox.Pool, *, profile: str | None = None, name: str =
         return {"exit": result.exit, "stdout": result.stdout, "stderr": result.stderr, "error": result.error,
                 "truncated": result.truncated}
 
-    run_python.__doc__ = _docstring(effective, limit, host_functions)
+    run_python.__doc__ = _docstring(effective, host_functions)
     return run_python
 
 
@@ -102,9 +99,8 @@ def _readable_errors(name: str, function: HostFunction) -> HostFunction:
     return call
 
 
-def _docstring(effective: Any, limit: float, functions: Mapping[str, HostFunction]) -> str:
-    read = [str(p) for p in [*(effective.allow_read or ()), *(effective.allow_write or ())]]
-    write = [str(p) for p in effective.allow_write or ()]
+def _docstring(grants: pynox.ToolGrants, functions: Mapping[str, HostFunction]) -> str:
+    read, write = grants.read, grants.write
     lines = [
         "Run `code`, a complete CPython script (any installed library), in a fresh sandboxed process.",
         "",
@@ -113,8 +109,8 @@ def _docstring(effective: Any, limit: float, functions: Mapping[str, HostFunctio
         "`truncated`. Check `exit` before using `stdout`.",
         "",
         f"The code may read {', '.join(read) or 'no files'} (plus the Python runtime) and write "
-        f"{', '.join(write) or 'no files'}; network: {'allowed' if effective.allow_network else 'not allowed'}. "
-        f"Each call may run for {format_duration(limit)}; `timeout` can only shorten that.",
+        f"{', '.join(write) or 'no files'}; network: {'allowed' if grants.network else 'not allowed'}. "
+        f"Each call may run for {format_duration(grants.timeout)}; `timeout` can only shorten that.",
     ]
     if functions:
         lines.append(f"It can call the host's functions with `from pynox_host import {', '.join(functions)}`.")

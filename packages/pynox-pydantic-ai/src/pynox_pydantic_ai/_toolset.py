@@ -12,13 +12,9 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
-from pynox import Pool, Session
-from pynox.tool_runner import ToolRunner
+from pynox import CodeTool, Pool, Session
 
 __all__ = ["PynoxCapability", "PynoxToolset"]
-
-_PERMISSIONS = "What the code may do:"
-_ARGS = "\nArgs:\n"
 
 
 class PynoxToolset(FunctionToolset[AgentDepsT]):
@@ -40,31 +36,29 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
                  functions: Mapping[str, Callable[..., Any]] | None = None, id: str | None = None,
                  max_retries: int | None = None, **grants: Any) -> None:
         super().__init__(id=id, max_retries=max_retries)
-        self._runner = ToolRunner(pool, profile=profile, session=session, functions=functions, grants=grants)
+        self._runner = CodeTool(pool, profile=profile, session=session, functions=functions, **grants)
         self._add_run_python()
 
     def _add_run_python(self) -> None:
         runner = self._runner
 
         async def run_python(code: str) -> str:
-            return await runner.text(code)
+            return await runner.atext(code)
 
-        run_python.__doc__ = runner.description
+        run_python.__doc__ = runner.doc
         # Calls into one session change its state: run them in the order the model made them, one at a time.
         self.add_function(run_python, takes_ctx=False, sequential=runner.uses_session)
 
     @property
     def description(self) -> str:
         """The tool's docstring, as the model reads it."""
-        return self._runner.description
+        return self._runner.doc
 
     @property
     def model_instructions(self) -> str:
         """Instructions for the system prompt: the tool's name and what the code may touch."""
-        description = self._runner.description.split(_ARGS, 1)[0]
-        start = description.find(_PERMISSIONS)
-        body = (description[start:] if start >= 0 else description).strip()
-        return f"You can run Python code with the `run_python` tool. It runs in a sandbox the host set up.\n\n{body}"
+        rules = self._runner.description.rules
+        return f"You can run Python code with the `run_python` tool. It runs in a sandbox the host set up.\n\n{rules}"
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
         if not self._runner.owns_session:

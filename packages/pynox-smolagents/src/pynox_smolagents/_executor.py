@@ -33,7 +33,6 @@ from typing import Any
 from smolagents.local_python_executor import CodeOutput, InterpreterError, PythonExecutor
 
 import pynox
-from pynox.client import default_pool
 
 __all__ = ["PynoxExecutor"]
 
@@ -107,10 +106,7 @@ class PynoxExecutor(PythonExecutor):
         # Check the grants now (a bad one raises here, not as an error the model would retry forever).
         if functions and STEP_VALUE in functions:
             raise ValueError(f"{STEP_VALUE!r} is PynoxExecutor's own host function: give yours another name")
-        if pool is not None:
-            pool.tool(profile, functions=functions, **grants)
-        else:
-            pynox.tool(profile, functions=functions, **grants)
+        self._grants_checked = pynox.CodeTool(pool, profile=profile, functions=functions, **grants)
         self.pool = pool
         self.grants: dict[str, Any] = {**grants, **({"profile": profile} if profile else {})}
         self.name = name
@@ -208,7 +204,7 @@ class PynoxExecutor(PythonExecutor):
 
     def _ready_session(self) -> pynox.Session:
         if self._session is None:
-            pool = self.pool if self.pool is not None else default_pool()
+            pool = self.pool if self.pool is not None else self._grants_checked.pool
             # smolagents' own executor shows the model a tool's exception text: so does this one, by
             # choice (pynox's default sends only the exception's type; see pynox.host_functions).
             self._session = pool.session(functions=self._host_functions(), host_errors="full", **self.grants)

@@ -21,18 +21,6 @@ __all__ = ["PynoxTool", "python_tool"]
 _CODE_INPUT = "Python source code to run, as a complete script."
 
 
-def _split_docstring(doc: str) -> tuple[str, str]:
-    """The description (before ``Args:``) and the ``code`` argument's line, as smolagents' ``@tool`` parses them."""
-    description, _, rest = doc.partition("\nArgs:")
-    code = _CODE_INPUT
-    for line in rest.splitlines():
-        name, colon, text = line.strip().partition(":")
-        if colon and name == "code" and text.strip():
-            code = text.strip()
-            break
-    return description.strip(), code
-
-
 class PynoxTool(Tool):
     """``run_python(code) -> str`` on a Pynox pool, as a smolagents tool. Build it with :func:`python_tool`."""
 
@@ -42,16 +30,18 @@ class PynoxTool(Tool):
     inputs = {"code": {"type": "string", "description": _CODE_INPUT}}  # noqa: RUF012
     output_type = "string"
 
-    def __init__(self, run_python: Callable[[str], str]) -> None:
-        self.run_python = run_python
-        # Per instance: the description states this tool's own grants.
-        self.description, code = _split_docstring(run_python.__doc__ or self.description)
-        self.inputs = {"code": {"type": "string", "description": code}}
+    def __init__(self, code_tool: pynox.CodeTool) -> None:
+        self.code_tool = code_tool
+        # Per instance: the description states this tool's own grants (what @tool takes from a docstring:
+        # everything before its Args section).
+        parts = code_tool.description
+        self.description = f"{parts.summary}\n\n{parts.body}"
+        self.inputs = {"code": {"type": "string", "description": parts.code}}
         super().__init__()
         self.is_initialized = True  # nothing to set up: the pool starts on the first call
 
     def forward(self, code: str) -> str:
-        return self.run_python(code)
+        return self.code_tool.text(code)
 
 
 def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, session: bool = False,
@@ -63,8 +53,4 @@ def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, s
     ...), fixed here; ``session=True`` keeps variables between calls; ``functions`` are host functions the code
     imports from ``pynox_host``. A bad grant raises here, before any agent runs.
     """
-    if pool is not None:
-        run_python = pool.tool(profile, session=session, functions=functions, **grants)
-    else:
-        run_python = pynox.tool(profile, session=session, functions=functions, **grants)
-    return PynoxTool(run_python)
+    return PynoxTool(pynox.CodeTool(pool, profile=profile, session=session, functions=functions, **grants))

@@ -20,8 +20,7 @@ from strands.sandbox import ExecutionResult, FileInfo, Sandbox, StreamChunk
 from strands.sandbox.errors import SandboxPathNotFoundError, SandboxTimeoutError
 from strands.types.tools import AgentTool
 
-from pynox import Pool, PynoxError, Result, Session
-from pynox.tool_runner import ToolRunner
+from pynox import CodeTool, Pool, PynoxError, Result, Session
 
 from ._tool import tool_for
 
@@ -53,7 +52,7 @@ class PynoxSandbox(Sandbox):
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: Mapping[str, Callable[..., Any]] | None = None, vend_tool: bool = True,
                  **grants: Any) -> None:
-        self._runner = ToolRunner(pool, profile=profile, session=session, functions=functions, grants=grants)
+        self._runner = CodeTool(pool, profile=profile, session=session, functions=functions, **grants)
         self._vend_tool = vend_tool
 
     def get_tools(self) -> list[AgentTool]:
@@ -92,12 +91,12 @@ class PynoxSandbox(Sandbox):
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         try:
-            result = await self._runner.result(code, timeout=timeout, env=env)
+            result = await self._runner.arun(code, timeout=timeout, env=env)
         except PynoxError as exc:  # a refusal or a broken pool: strands' tools report it to the model
             raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
         stderr = _stderr(result)
         if result.exit == _TIMED_OUT and result.error is not None and result.error.get("type") == "TimeoutError":
-            limit = min(timeout, self._runner.timeout) if timeout is not None else self._runner.timeout
+            limit = min(timeout, self._runner.grants.timeout) if timeout is not None else self._runner.grants.timeout
             raise SandboxTimeoutError(limit, result.stdout, stderr)
         if result.stdout:
             yield StreamChunk(result.stdout, "stdout")
@@ -109,7 +108,7 @@ class PynoxSandbox(Sandbox):
     async def _file_job(self, path: str, body: str) -> Result:
         code = f"import base64, json, os, sys\npath = {path!r}\n{body}"
         try:
-            result = await self._runner.result(code, fresh=True)
+            result = await self._runner.arun(code, fresh=True)
         except PynoxError as exc:
             raise OSError(f"{type(exc).__name__}: {exc}") from exc
         if result.error is not None:

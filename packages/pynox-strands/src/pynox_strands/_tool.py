@@ -13,19 +13,18 @@ from typing import Any
 from strands import tool
 from strands.tools.decorator import DecoratedFunctionTool
 
-from pynox import Pool, Session
-from pynox.tool_runner import ToolRunner
+from pynox import CodeTool, Pool, Session
 
 __all__ = ["python_tool"]
 
 
-def tool_for(runner: ToolRunner) -> DecoratedFunctionTool[..., str]:
+def tool_for(runner: CodeTool) -> DecoratedFunctionTool[..., str]:
     """The strands tool named ``run_python`` that runs its code through ``runner``."""
 
     async def run_python(code: str) -> str:
-        return await runner.text(code)
+        return await runner.atext(code)
 
-    run_python.__doc__ = runner.description
+    run_python.__doc__ = runner.doc
     return tool(run_python)  # type: ignore[arg-type]  # strands awaits async tools; its annotation names sync ones
 
 
@@ -44,4 +43,4 @@ def python_tool(pool: Pool | None = None, *, profile: str | None = None, session
     decide when it ends (``with pool.session(...) as s: Agent(tools=[python_tool(session=s)])``).
     A failure of the code, and a refusal by Pynox, reach the model as the tool's text.
     """
-    return tool_for(ToolRunner(pool, profile=profile, session=session, functions=functions, grants=grants))
+    return tool_for(CodeTool(pool, profile=profile, session=session, functions=functions, **grants))

@@ -1,0 +1,302 @@
+"""``CodeTool``: one code-execution tool for a model, the object every framework adapter builds on.
+
+A tool is fixed by the host when it is made: its pool, profile and grants (checked
+then, so a bad grant fails at once, not at the model's first call), its host
+functions and whether calls share a session. It carries what the model is told,
+as parts (:class:`ToolDescription`) and as one docstring, and what the job will be
+confined with (:class:`ToolGrants`), as data, so no adapter re-parses text.
+:func:`pynox.tool` is the plain ``run_python(code: str) -> str`` function over one.
+
+A failure of the model's code is a :class:`~pynox.Result`; a :class:`~pynox.PynoxError`
+(a refused request, a broken pool) is raised by :meth:`CodeTool.run`, and becomes
+text in :meth:`CodeTool.text`, because an exception would abort the agent's run
+instead of letting the model read what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .config import EMPTY, load_config
+from .errors import PynoxError
+from .host_functions import HostErrors, visible_signature
+from .protocol import Request
+from .resolve import DEFAULTS, resolve_path
+from .units import format_duration, format_size, parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from .client import Pool, Session
+    from .result import Result
+
+__all__ = ["CodeTool", "ToolDescription", "ToolGrants", "default_config_path"]
+
+HostFunction = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class ToolGrants:
+    """What every call of the tool is confined with: its profile merged, under the config's ceiling."""
+
+    read: tuple[str, ...]  # absolute paths the code may read (the write grants too)
+    write: tuple[str, ...]  # absolute paths the code may read and write
+    network: bool
+    timeout: float  # seconds per call
+    memory: int  # bytes
+    max_output: int  # bytes of stdout and of stderr each
+    max_file_size: int | None
+    env: tuple[str, ...]  # the names of the variables the host passes (not their values)
+    profile: str | None
+
+
+@dataclass(frozen=True)
+class ToolDescription:
+    """What the model is told, in parts; :attr:`text` is them as one docstring (``Args:``, ``Returns:``)."""
+
+    summary: str  # one line
+    usage: str  # how calls behave: their lifetime, what comes back
+    permissions: tuple[str, ...]  # "Read files: ...", one line each, as the model reads them
+    functions: tuple[str, ...]  # "name(signature): summary" of each host function
+    functions_intro: str  # how to import them ("" without host functions)
+    closing: str  # what to do when the grants are not enough
+    code: str  # the ``code`` argument
+    returns: str
+
+    @property
+    def rules(self) -> str:
+        """What the code may do, the host functions and the closing line: a system prompt's instructions."""
+        lines = ["What the code may do:", *(f"- {line}" for line in self.permissions)]
+        if self.functions:
+            lines += ["", self.functions_intro, *(f"- {line}" for line in self.functions)]
+        return "\n".join([*lines, "", self.closing])
+
+    @property
+    def body(self) -> str:
+        """Everything but the summary and the argument sections."""
+        return f"{self.usage}\n\n{self.rules}"
+
+    @property
+    def text(self) -> str:
+        return "\n".join([self.summary, "", self.body, "", "Args:", f"    code: {self.code}", "",
+                          "Returns:", f"    {self.returns}"])
+
+
+def default_config_path() -> str | None:
+    """``$PYNOX_CONFIG``, else ``pynox.toml`` in the working directory if there is one."""
+    path = os.environ.get("PYNOX_CONFIG")
+    if path:
+        return os.path.abspath(path)
+    return os.path.abspath("pynox.toml") if os.path.isfile("pynox.toml") else None
+
+
+def _effective_request(pool: Pool | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
+    """The request ``pool`` (``None``: the default pool) will apply: profile merged, ceiling checked."""
+    from .client import build_request
+
+    config_path = pool.config_path if pool is not None else default_config_path()
+    config = load_config(config_path) if config_path else EMPTY
+    request = msgspec.convert(build_request(profile=profile, **grants), Request)
+    return config.apply(request, os.getcwd())
+
+
+def _tool_grants(request: Request) -> ToolGrants:
+    cwd = os.getcwd()
+    write = tuple(resolve_path(p, cwd, "allow_write") for p in request.allow_write or ())
+    return ToolGrants(
+        read=tuple(resolve_path(p, cwd, "allow_read") for p in request.allow_read or ()) + write,
+        write=write,
+        network=bool(request.allow_network),
+        timeout=parse_duration(request.timeout, "timeout") if request.timeout is not None else DEFAULTS.timeout,
+        memory=parse_size(request.memory, "memory") if request.memory is not None else DEFAULTS.memory,
+        max_output=(parse_size(request.max_output, "max_output") if request.max_output is not None
+                    else DEFAULTS.max_output),
+        max_file_size=parse_size(request.max_file_size, "max_file_size") if request.max_file_size is not None
+        else None,
+        env=tuple(request.env or {}),
+        profile=request.profile,
+    )
+
+
+def _signature(name: str, function: HostFunction) -> str:
+    try:
+        signature = str(visible_signature(function))
+    except (TypeError, ValueError):
+        signature = "(*args, **kwargs)"
+    summary = (inspect.getdoc(function) or "").strip().split("\n\n")[0].replace("\n", " ")
+    return f"{name}{signature}" + (f": {summary}" if summary else "")
+
+
+def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, HostFunction] | None,
+              preloaded: list[str]) -> ToolDescription:
+    if session:
+        lifetime = ("Calls share one Python process, like notebook cells: variables, imports and functions "
+                    "defined in one call are there in the next. If a call times out or crashes, the process "
+                    "is replaced and that state is lost (the result says so).")
+    else:
+        lifetime = "Each call runs in a fresh process: nothing (variables, imports, files in memory) survives it."
+    permissions = [
+        f"Read files: {', '.join(grants.read) or 'none'} (plus the Python standard library and installed "
+        "packages).",
+        f"Write files: {', '.join(grants.write) or 'nowhere'}.",
+        f"Network: {'allowed' if grants.network else 'not allowed'}. Starting programs or subprocesses: not "
+        "allowed.",
+        f"Limits per call: {format_duration(grants.timeout)} of time, {format_size(grants.memory)} of memory, "
+        f"{format_size(grants.max_output)} of printed output.",
+    ]
+    if preloaded:
+        permissions.append(f"Already imported, fast to use: {', '.join(preloaded)}.")
+    names = ", ".join(functions or ())
+    return ToolDescription(
+        summary="Run Python code in an isolated sandbox and return what it prints.",
+        usage=f"{lifetime} Only printed output comes back, so print() the results you need. Errors come back "
+              "as the exception type, message and line, with a hint when the sandbox refused something.",
+        permissions=tuple(permissions),
+        functions=tuple(_signature(name, fn) for name, fn in (functions or {}).items()),
+        functions_intro=f"Host functions (import them with `from pynox_host import {names}`); they run in the "
+                        "host application, take and return JSON values, and raise pynox_host.HostError on "
+                        "failure:" if functions else "",
+        closing="Permissions are set by the host. If the task needs more, say so instead of trying to work "
+                "around it.",
+        code="Python source code to run, as a complete script.",
+        returns="The printed output, followed by any error and a hint.",
+    )
+
+
+class CodeTool:
+    """One tool for a model to run Python with, on ``pool`` (``None``: the default pool, started on first use).
+
+    ``session``: ``False`` runs each call in a fresh process; ``True`` keeps one session the tool owns,
+    started by the first call and ended by :meth:`close` (:meth:`for_run` gives a copy with a session of
+    its own, for frameworks whose state lives per agent run); a :class:`pynox.Session` is used as it is and
+    stays the caller's to close. Raises :class:`pynox.RequestError` (or ``ConfigError``) for a grant or
+    profile the pool would refuse.
+    """
+
+    def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
+                 functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
+                 **grants: Any) -> None:
+        from .client import Session
+
+        if isinstance(session, Session):
+            if pool is not None or profile is not None or functions or grants or host_errors is not None:
+                raise TypeError("a pynox.Session carries its own pool, permissions and functions: pass it alone")
+            pool = session.pool
+            grants = dict(session.grants)
+            profile = grants.pop("profile", None)
+            functions = session.functions or None
+        for name in functions or ():
+            if not name.isidentifier() or name.startswith("_"):
+                raise PynoxError(f"host function name {name!r} must be a public Python identifier")
+        self.grants: ToolGrants = _tool_grants(_effective_request(pool, profile, grants))
+        preloaded = list(pool.ready.get("preloaded_modules", [])) if pool is not None else []
+        self.description: ToolDescription = _describe(self.grants, session=bool(session), functions=functions,
+                                                      preloaded=preloaded)
+        self._pool = pool
+        self._functions = dict(functions) if functions else None
+        self._host_errors = host_errors
+        self._grants = {**grants, **({"profile": profile} if profile else {})}
+        self.owns_session = session is True
+        self._session: Session | None = session if isinstance(session, Session) else None
+
+    @property
+    def doc(self) -> str:
+        """The docstring a model reads (:attr:`description` as one text)."""
+        return self.description.text
+
+    @property
+    def uses_session(self) -> bool:
+        """Whether calls share one process (calls must then not run concurrently)."""
+        return self.owns_session or self._session is not None
+
+    def for_run(self) -> CodeTool:
+        """A tool with the same grants and, if this one owns its session, a session of its own not yet started."""
+        fresh = copy.copy(self)
+        if self.owns_session:
+            fresh._session = None
+        return fresh
+
+    @property
+    def pool(self) -> Pool:
+        """The pool calls run on (the default pool is started here, on first use)."""
+        return self._target()
+
+    def _target(self) -> Pool:
+        if self._pool is None:
+            from .client import default_pool
+
+            self._pool = default_pool()
+        return self._pool
+
+    def _call(self, timeout: float | None, env: Mapping[str, str] | None, fresh: bool) -> tuple[
+            Session | None, dict[str, Any]]:
+        """Where a call runs (its session, or None for a fresh process) and the keywords of a fresh run."""
+        pool = self._target()
+        seconds = min(timeout, self.grants.timeout) if timeout is not None else None
+        if not fresh and self.owns_session and self._session is None:
+            self._session = pool.session(functions=self._functions, host_errors=self._host_errors, **self._grants)
+        if not fresh and self._session is not None:
+            if env:
+                raise ValueError("a session's environment is fixed when it starts: env cannot change per call")
+            return self._session, {"timeout": seconds}
+        grants = dict(self._grants)
+        if env:
+            grants["env"] = {**(grants.get("env") or {}), **env}
+        if seconds is not None:
+            grants["timeout"] = seconds
+        return None, {"functions": None if fresh else self._functions, "host_errors": self._host_errors, **grants}
+
+    def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
+            fresh: bool = False) -> Result:
+        """Run ``code`` (in the session, unless ``fresh``); raises :class:`pynox.PynoxError` only for Pynox's
+        own failures. ``timeout`` (seconds) may only shorten the tool's; ``env`` adds to the tool's."""
+        session, keywords = self._call(timeout, env, fresh)
+        if session is not None:
+            return session.run(code, **keywords)
+        return self._target().run(code, **keywords)
+
+    async def arun(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
+                   fresh: bool = False) -> Result:
+        """:meth:`run`, awaitable; starting the default pool (which waits for its templates) is off the loop."""
+        if self._pool is None:
+            await asyncio.to_thread(self._target)
+        session, keywords = self._call(timeout, env, fresh)
+        if session is not None:
+            return await session.arun(code, **keywords)
+        return await self._target().arun(code, **keywords)
+
+    def text(self, code: str) -> str:
+        """What the model reads: the run's text, or what went wrong in Pynox itself."""
+        if not isinstance(code, str):
+            return f"Error: code must be a string of Python source, got {type(code).__name__}."
+        try:
+            return self.run(code).text
+        except PynoxError as exc:  # a refusal or a broken pool: tell the model, don't crash its agent
+            return f"{type(exc).__name__}: {exc}"
+
+    async def atext(self, code: str) -> str:
+        """:meth:`text`, awaitable."""
+        if not isinstance(code, str):
+            return f"Error: code must be a string of Python source, got {type(code).__name__}."
+        try:
+            return (await self.arun(code)).text
+        except PynoxError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        """End the session this tool owns, if one was started (the next call starts a fresh one). A caller's
+        session is left alone."""
+        if not self.owns_session or self._session is None:
+            return
+        session, self._session = self._session, None
+        session.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, without holding up the event loop while the pool confirms."""
+        await asyncio.to_thread(self.close)

@@ -1,0 +1,57 @@
+"""The core's public surface: what ``pynox`` exports, and that the adapters use nothing else of it.
+
+An adapter that reaches into a private module breaks when the core moves
+code around; one that uses only ``pynox.<public name>`` does not. The exports
+list is pinned (as httpx pins its own): a name added or removed is a decision,
+made here and in docs/python-api.md.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pynox
+
+PACKAGES = Path(__file__).resolve().parents[1] / "packages"
+ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty")
+
+EXPORTS = [
+    "CodeTool", "ConfigError", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
+    "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "SandboxSetupError", "Session",
+    "ToolDescription", "ToolGrants", "__version__", "format_duration", "format_size", "parse_duration",
+    "parse_size", "run", "tool",
+]
+
+
+def test_the_exports_are_pinned() -> None:
+    assert sorted(pynox.__all__) == sorted(EXPORTS)
+    for name in pynox.__all__:
+        assert getattr(pynox, name) is not None, name
+
+
+def _core_imports(source: Path) -> list[str]:
+    """Every use of the core in one file: ``pynox.X`` modules imported, and names imported from ``pynox``."""
+    found = []
+    for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.startswith("pynox.")]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            if node.module.startswith("pynox."):
+                found.append(node.module)
+            elif node.module == "pynox":
+                found += [f"pynox.{alias.name}" for alias in node.names if alias.name not in pynox.__all__]
+    return found
+
+
+def test_the_adapters_use_only_public_names_of_the_core() -> None:
+    sources = [path for adapter in ADAPTERS for path in (PACKAGES / adapter / "src").rglob("*.py")]
+    assert len(sources) >= 8, "the adapters' sources were not found"
+    private = {str(path.relative_to(PACKAGES)): uses for path in sources if (uses := _core_imports(path))}
+    assert not private, f"adapters import private parts of pynox: {private}"
+
+
+def test_the_check_sees_a_private_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("import pynox\nfrom pynox.client import default_pool\nfrom pynox import Pool, _LAZY\n")
+    assert _core_imports(sample) == ["pynox.client", "pynox._LAZY"]

@@ -28,6 +28,7 @@ import msgspec
 from .config import EMPTY, load_config
 from .errors import PynoxError
 from .host_functions import HostErrors, visible_signature
+from .names import FUNCTION_RULE, is_function_name
 from .protocol import Request
 from .resolve import DEFAULTS, resolve_path
 from .units import format_duration, format_size, parse_duration, parse_size
@@ -192,8 +193,8 @@ class CodeTool:
             profile = grants.pop("profile", None)
             functions = session.functions or None
         for name in functions or ():
-            if not name.isidentifier() or name.startswith("_"):
-                raise PynoxError(f"host function name {name!r} must be a public Python identifier")
+            if not is_function_name(name):
+                raise PynoxError(f"host function name {name!r} {FUNCTION_RULE}")
         self.grants: ToolGrants = _tool_grants(_effective_request(pool, profile, grants))
         preloaded = list(pool.ready.get("preloaded_modules", [])) if pool is not None else []
         self.description: ToolDescription = _describe(self.grants, session=bool(session), functions=functions,

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import ConfigError, RequestError, quoted
+from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .protocol import Request
 from .resolve import DEFAULTS, Defaults, beneath, check_ceiling, resolve
 from .units import format_duration, format_size, parse_duration, parse_size
@@ -399,13 +400,12 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
     env = table.get("env", dict, "a table of strings")
     if env is not None:
         for key, value in env.items():
-            if not isinstance(value, str) or not key or "=" in key or "\0" in key or "\0" in value:
-                raise table.error(f"{key!r} = {value!r}: names must be non-empty without '=' or NUL, "
-                                  "values strings without NUL", "env")
+            if not is_env_variable(key, value):
+                raise table.error(f"{key!r} = {value!r}: {ENV_RULE}", "env")
     functions = table.strings("functions")
     for function in functions or ():
-        if not function.isidentifier() or function.startswith("_"):
-            raise table.error(f"{function!r} is not a public Python identifier", "functions")
+        if not is_function_name(function):
+            raise table.error(f"{function!r} {FUNCTION_RULE}", "functions")
     return Request(
         allow_read=table.paths("allow_read", base, must_exist=False),
         allow_write=table.paths("allow_write", base, must_exist=False),

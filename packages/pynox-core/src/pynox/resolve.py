@@ -23,6 +23,7 @@ from typing import Literal
 
 from .errors import ConfigError, RequestError, cut, quoted
 from .job import MAX_GRANTS, JobSpec
+from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .policy.runtime import overlapping
 from .protocol import Request
 from .units import parse_duration, parse_size
@@ -158,8 +159,8 @@ def parse_request_size(value: str | int | float | None, default: int) -> int:
 
 def _check_env(env: dict[str, str]) -> None:
     for key, value in env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise RequestError(f"env: {quoted(key)} is not a valid variable (no '=' or NUL, not empty)")
+        if not is_env_variable(key, value):
+            raise RequestError(f"env: {quoted(key)} is not a valid variable ({ENV_RULE})")
 
 
 def to_job(
@@ -213,8 +214,8 @@ def to_job(
     _check_env(env)
     functions = list(request.functions or ())
     for function in functions:
-        if not function.isidentifier() or function.startswith("_"):
-            raise RequestError(f"functions: {quoted(function)} is not a public Python identifier")
+        if not is_function_name(function):
+            raise RequestError(f"functions: {quoted(function)} {FUNCTION_RULE}")
     spec = JobSpec(
         code=request.code,
         script=script,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from .config import DEFAULT_WORKERS
 from .errors import PynoxError, RequestError
 from .protocol import Request, Result
 
@@ -111,7 +112,7 @@ def _cmd_pool(args: argparse.Namespace) -> int:
 def _pool_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pool = sub.add_parser("pool", help="serve jobs over JSON Lines on stdin/stdout",
                           description="Keep warm templates and run one confined child per request line.")
-    pool.add_argument("--workers", type=int, help="concurrent jobs (default 2)")
+    pool.add_argument("--workers", type=int, help=f"concurrent jobs (default {DEFAULT_WORKERS})")
     pool.add_argument("--preload", help="comma-separated modules imported once in every template")
     pool.add_argument("--package-dir", action="append", dest="package_dirs", metavar="PATH",
                       help="a directory of packages readable and importable in every job")

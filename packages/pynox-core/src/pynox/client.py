@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from .config import DEFAULT_WORKERS
 from .errors import ConfigError, KernelSupportError, PoolError, PoolWorkerError, RequestError
 from .exits import REFUSED_EXIT
 from .host_functions import HostErrors, answer_call
@@ -236,8 +237,9 @@ class Pool:
     job; by default only :class:`pynox.HostError` messages are sent (see :mod:`pynox.host_functions`).
     """
 
-    def __init__(self, workers: int = 2, *, preload: Sequence[str] = (), package_dirs: Sequence[PathLike] = (),
-                 config: PathLike | None = None, binary: PathLike | None = None, log: str | None = None,
+    def __init__(self, workers: int = DEFAULT_WORKERS, *, preload: Sequence[str] = (),
+                 package_dirs: Sequence[PathLike] = (), config: PathLike | None = None,
+                 binary: PathLike | None = None, log: str | None = None,
                  max_sessions: int | None = None, session_idle: Units | None = None,
                  host_errors: HostErrors = "safe") -> None:
         if workers < 1:

@@ -30,7 +30,7 @@ import msgspec
 from .errors import ConfigError, RequestError, quoted
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .protocol import Request
-from .resolve import DEFAULTS, Defaults, beneath, check_ceiling, resolve
+from .resolve import DEFAULTS, Defaults, beneath, check_ceiling, requested_units, resolve
 from .units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config", "merged"]
@@ -48,6 +48,7 @@ _SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
                "max_file_size")
+DEFAULT_WORKERS = 2  # a pool's concurrent jobs when neither the command line nor the file says
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
 
 
@@ -173,15 +174,6 @@ def _show_duration(seconds: float) -> str:
     return text if exact else f"{seconds!r}s"
 
 
-def _parsed(parse: Callable[[Any, str], _T], value: Any, field_name: str) -> _T:
-    try:
-        return parse(value, field_name)
-    except ConfigError as exc:
-        raise RequestError(str(exc)) from None
-    except OverflowError:  # units cannot turn a number this large into a float
-        raise RequestError(f"{field_name}: {quoted(value)} is too large") from None
-
-
 def _enforce(limits: Limits, request: Request, cwd: str, defaults: Defaults, check_paths: bool = True) -> Request:
     if check_paths:
         _check_paths("allow_read", request.allow_read or (), limits.readable, cwd)
@@ -204,7 +196,7 @@ def _enforce(limits: Limits, request: Request, cwd: str, defaults: Defaults, che
     for name, parse, limit, default, show in checks:
         value = getattr(request, name)
         if value is not None:
-            parsed = _parsed(parse, value, name)
+            parsed = requested_units(parse, value, name)
             if limit is not None and parsed > limit:
                 raise RequestError(f"{name}: {show(parsed)} exceeds the [pool.limits] ceiling "
                                    f"of {show(limit)}")
@@ -265,8 +257,6 @@ class _Table:
             return parse(value, key)
         except ConfigError as exc:
             raise self.error(str(exc).removeprefix(f"{key}: "), key) from None
-        except OverflowError:  # units cannot turn a number this large into a float
-            raise self.error(f"{value!r} is too large", key) from None
 
     def paths(self, key: str, base: str, *, must_exist: bool) -> list[str] | None:
         values = self.strings(key)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from .errors import ConfigError, RequestError, cut, quoted
 from .job import MAX_GRANTS, JobSpec
@@ -27,6 +27,8 @@ from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .policy.runtime import overlapping
 from .protocol import Request
 from .units import parse_duration, parse_size
+
+_T = TypeVar("_T")
 
 __all__ = [
     "DEFAULTS", "Defaults", "Resolved", "beneath", "check_ceiling", "parse_request_duration", "parse_request_size",
@@ -140,13 +142,17 @@ def _existing(paths: Iterable[object], base: str, field: str) -> list[Resolved]:
     return resolved
 
 
-def _units(value: str | int | float | None, default: float | int | None, parse, field: str):  # type: ignore[no-untyped-def]
-    if value is None:
-        return default
+def requested_units(parse: Callable[[Any, str], _T], value: Any, field: str) -> _T:
+    """A unit of a request: a bad one is the request's fault (RequestError). The parsers bound every
+    number themselves (a 400-digit one is "too long", never an OverflowError)."""
     try:
         return parse(value, field)
     except ConfigError as exc:
         raise RequestError(str(exc)) from None
+
+
+def _units(value: str | int | float | None, default: float | int | None, parse, field: str):  # type: ignore[no-untyped-def]
+    return default if value is None else requested_units(parse, value, field)
 
 
 def parse_request_duration(value: str | int | float | None, default: float) -> float:

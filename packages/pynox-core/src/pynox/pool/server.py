@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..config import EMPTY, Config, load_config
+from ..config import DEFAULT_WORKERS, EMPTY, Config, load_config
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..exits import WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec
@@ -71,7 +71,7 @@ def options_from(args: argparse.Namespace) -> PoolOptions:
     """Merge the command line over ``[pool]`` of the config file (the command line wins)."""
     config = load_config(args.config) if args.config else EMPTY
     settings = config.pool
-    workers = args.workers if args.workers is not None else (settings.workers or 2)
+    workers = args.workers if args.workers is not None else (settings.workers or DEFAULT_WORKERS)
     if not 1 <= workers <= _MAX_WORKERS:
         raise ConfigError(f"--workers must be between 1 and {_MAX_WORKERS}, got {workers}")
     if args.max_sessions is not None and args.max_sessions < 1:

@@ -29,8 +29,9 @@ import msgspec
 
 from .errors import ConfigError, RequestError, quoted
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
+from .paths import beneath
 from .protocol import Request
-from .resolve import DEFAULTS, Defaults, beneath, check_ceiling, requested_units, resolve
+from .resolve import DEFAULTS, Defaults, check_ceiling, requested_units, resolve
 from .units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config", "merged"]

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
+from .paths import beneath
 from .units import format_duration, format_size
 
 __all__ = [
@@ -34,10 +35,6 @@ def _grant(style: Style, flag: str, value: str) -> str:
     return f'{flag}=["{value}"]'
 
 
-def _beneath(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
 def _absolute(path: str, cwd: str) -> str:
     # Relative to where the job is now (it may have changed directory since it started), and through
     # symlinks: Landlock judged the file a link points to, and grants are resolved the same way.
@@ -51,7 +48,7 @@ def _absolute(path: str, cwd: str) -> str:
 def path_hint(path: str, cwd: str, read: Sequence[str], write: Sequence[str], style: Style) -> str:
     """Why ``path`` was denied and which grant would allow it."""
     absolute = _absolute(path, cwd)
-    if any(_beneath(absolute, granted) for granted in read):
+    if any(beneath(absolute, granted) for granted in read):
         return (f"{absolute} is readable but not writable in this sandbox. To modify it the host must grant "
                 f"{_grant(style, 'allow_write', absolute)}.")
     granted = ", ".join(sorted({*read, *write})) or "none"

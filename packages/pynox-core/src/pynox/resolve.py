@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 from .errors import ConfigError, RequestError, cut, quoted
 from .job import MAX_GRANTS, JobSpec
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
+from .paths import beneath
 from .policy.runtime import overlapping
 from .protocol import Request
 from .units import parse_duration, parse_size
@@ -103,11 +104,6 @@ def resolve_path(path: object, base: str, field: str) -> str:
 
 def _joined(path: str, base: str) -> str:
     return os.path.join(base, os.path.expanduser(path) if path.startswith("~") else path)
-
-
-def beneath(path: str, parent: str) -> bool:
-    """Equal or a proper descendant, by whole components. Both must be absolute and normalised."""
-    return os.path.commonpath((path, parent)) == parent
 
 
 def check_ceiling(field: str, paths: Iterable[Resolved], allowed: Sequence[str]) -> None:

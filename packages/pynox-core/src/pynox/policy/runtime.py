@@ -14,6 +14,8 @@ import site
 import sys
 from collections.abc import Iterable
 
+from ..paths import beneath
+
 __all__ = [
     "DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "OWN_PROC_DIRECTORIES", "OWN_PROC_ENTRIES", "overlapping",
     "runtime_paths",
@@ -64,18 +66,14 @@ def runtime_paths(package_dirs: Iterable[str] = ()) -> list[str]:
 def _minimal(paths: Iterable[str]) -> list[str]:
     result: list[str] = []
     for path in sorted(paths):
-        if not any(_beneath(path, kept) for kept in result):
+        if not any(beneath(path, kept) for kept in result):
             result.append(path)
     return result
-
-
-def _beneath(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
 def overlapping(path: str, runtime: Iterable[str]) -> str | None:
     """The runtime path that ``path`` (already resolved) lies beneath or contains, if any."""
     for entry in runtime:
-        if _beneath(path, entry) or _beneath(entry, path):
+        if beneath(path, entry) or beneath(entry, path):
             return entry
     return None

@@ -24,6 +24,7 @@ It prints one line per module and the total share of unconfined-passing tests th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import subprocess
@@ -225,6 +226,11 @@ def main() -> None:
     parser.add_argument("--markdown", help="write the contract's table here")
     parser.add_argument("--contract", help="replace the table between the stdlib_compat markers of this file")
     options = parser.parse_args()
+    missing = [module for module in options.modules if importlib.util.find_spec(f"test.{module}") is None]
+    if missing:
+        raise SystemExit(f"{sys.executable} lacks CPython's test modules {', '.join(missing[:5])}: use an "
+                         "interpreter that has its test suite (pyenv's builds do; on Debian, install "
+                         "libpython3.11-testsuite)")
     rows = []
     started = time.monotonic()
     with pynox.Pool(workers=2) as pool:

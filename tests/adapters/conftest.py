@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 import pytest
 
 from pynox import Pool
+from tests.pool.pool_driver import reap_adopted_zombies, set_child_subreaper
 
-from .procs import reap_adopted_zombies, running_pools, set_child_subreaper, wait_for_none
+from .procs import running_pools, wait_for_none
 
 WORKERS = 2
 T = TypeVar("T")

@@ -7,18 +7,12 @@ still counted: nothing escapes the check by being adopted by init.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 
-_PR_SET_CHILD_SUBREAPER = 36
+from tests.pool.pool_driver import walk
+
 DEADLINE = 10.0  # a closed session or pool is gone well within this
-
-
-def set_child_subreaper(on: bool) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
 def _table() -> dict[int, tuple[int, str, str]]:
@@ -46,18 +40,8 @@ def descendants(root: int | None = None, ignore: frozenset[int] = frozenset()) -
     and everything below them are left out.
     """
     table = _table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _state, _command) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: dict[int, tuple[int, int, str]] = {}
-    frontier = [(root if root is not None else os.getpid(), 0)]
-    while frontier:
-        pid, depth = frontier.pop()
-        for child in children.get(pid, ()):
-            if child not in found and child not in ignore:
-                found[child] = (depth + 1, pid, table[child][2])
-                frontier.append((child, depth + 1))
-    return {pid: found[pid] for pid in found if table[pid][1] != "Z"}
+    found = walk(root if root is not None else os.getpid(), {pid: entry[0] for pid, entry in table.items()}, ignore)
+    return {pid: (depth, parent, table[pid][2]) for pid, (depth, parent) in found.items() if table[pid][1] != "Z"}
 
 
 def pynox_processes(ignore: frozenset[int] = frozenset()) -> dict[int, tuple[int, int, str]]:
@@ -104,14 +88,3 @@ def wait_for_none(ignore: frozenset[int] = frozenset(), deadline: float = DEADLI
         if time.monotonic() > end:
             raise AssertionError(f"Pynox processes left {deadline}s after the pool closed: {left}")
         time.sleep(0.05)
-
-
-def reap_adopted_zombies() -> None:
-    """Reap zombies re-parented to us. Called only once every pool is closed (each Popen reaped its own)."""
-    me = os.getpid()
-    for pid, (ppid, state, _command) in _table().items():
-        if ppid == me and state == "Z":
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass  # its own Popen reaped it first

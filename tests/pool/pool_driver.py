@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,21 +89,28 @@ def proc_table() -> dict[int, tuple[int, str, int, str]]:
     return table
 
 
-def descendants(root: int, table: dict[int, tuple[int, str, int, str]] | None = None) -> dict[int, int]:
-    """Live (non-zombie) descendants of ``root``: pid -> depth below root (1 = child)."""
-    table = table if table is not None else proc_table()
+def walk(root: int, parent_of: Mapping[int, int], ignore: frozenset[int] = frozenset()) -> dict[int, tuple[int, int]]:
+    """Every process below ``root`` in a pid -> ppid table: pid -> (depth below root, parent). The processes
+    in ``ignore`` and everything below them are left out."""
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _state, _start, _comm) in table.items():
+    for pid, ppid in parent_of.items():
         children.setdefault(ppid, []).append(pid)
-    found: dict[int, int] = {}
+    found: dict[int, tuple[int, int]] = {}
     frontier = [(root, 0)]
     while frontier:
         pid, depth = frontier.pop()
         for child in children.get(pid, ()):
-            if child not in found:
-                found[child] = depth + 1
+            if child not in found and child not in ignore:
+                found[child] = (depth + 1, pid)
                 frontier.append((child, depth + 1))
-    return {pid: depth for pid, depth in found.items() if table[pid][1] != "Z"}
+    return found
+
+
+def descendants(root: int, table: dict[int, tuple[int, str, int, str]] | None = None) -> dict[int, int]:
+    """Live (non-zombie) descendants of ``root``: pid -> depth below root (1 = child)."""
+    table = table if table is not None else proc_table()
+    found = walk(root, {pid: entry[0] for pid, entry in table.items()})
+    return {pid: depth for pid, (depth, _) in found.items() if table[pid][1] != "Z"}
 
 
 # A template forks and confines a child ahead of its next job ("pynox-ready"); it is not a job yet.

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.pool.pool_driver import PoolProcess, proc_table, rss_kb
+from tests.pool.pool_driver import PoolProcess, proc_table, rss_kb, walk
 
 from .mix import Expect, Job, Plan, Scenario, host_reply
 
@@ -257,17 +257,8 @@ def threads(pid: int) -> int:
 def below(root: int) -> dict[int, tuple[int, str, str]]:
     """Every process below ``root``, zombies included: pid -> (depth, state, command name)."""
     table = proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _state, _start, _comm) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: dict[int, tuple[int, str, str]] = {}
-    frontier = [(root, 0)]
-    while frontier:
-        pid, depth = frontier.pop()
-        for child in children.get(pid, ()):
-            found[child] = (depth + 1, table[child][1], table[child][3])
-            frontier.append((child, depth + 1))
-    return found
+    found = walk(root, {pid: entry[0] for pid, entry in table.items()})
+    return {pid: (depth, table[pid][1], table[pid][3]) for pid, (depth, _) in found.items()}
 
 
 @dataclass(frozen=True)

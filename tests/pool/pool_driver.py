@@ -64,6 +64,18 @@ def set_child_subreaper(on: bool) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
+def refused(result: dict[str, Any], *words: str) -> str:
+    """A request the pool refused before anything ran: a RequestError with exit 2, no output, and each of
+    ``words`` in its message, which is returned."""
+    assert result["error"] is not None and result["error"]["type"] == "RequestError", result
+    assert result["exit"] == 2, result
+    assert result.get("stdout", "") == "" and result.get("stderr", "") == "", result
+    message = result["error"]["message"]
+    for word in words:
+        assert word in message, message
+    return message
+
+
 def same_id(a: object, b: object) -> bool:
     """Ids are echoed as given: ``1`` and ``1.0`` and ``"1"`` are three different ids."""
     return type(a) is type(b) and a == b

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .pool_driver import PoolProcess, pool_process
+from .pool_driver import PoolProcess, pool_process, refused
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -94,14 +94,6 @@ def configured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PoolP
         yield pool, tree
 
 
-def _refused(result: dict[str, Any], *words: str) -> str:
-    assert result["error"] is not None and result["error"]["type"] == "RequestError", result
-    message = result["error"]["message"]
-    for word in words:
-        assert word in message, message
-    return message
-
-
 # --- [pool] defaults and the command line ---------------------------------------------------------------
 
 
@@ -137,7 +129,7 @@ def test_pool_max_sessions_from_the_file(configured: tuple[PoolProcess, Tree]) -
     pool, _ = configured
     first = pool.run("x = 1", session="only-one")
     assert first["exit"] == 0, first
-    _refused(pool.run("x = 1", session="second"), "max_sessions")
+    refused(pool.run("x = 1", session="second"), "max_sessions")
     pool.run(session="only-one", close=True)
 
 
@@ -215,7 +207,7 @@ def test_a_request_outside_the_ceiling_fails_naming_the_limit(configured: tuple[
     if limit is None:
         assert result["exit"] == 0, result
         return
-    _refused(result, limit)
+    refused(result, limit)
     assert not marker.exists(), "the refused request ran"
 
 
@@ -230,7 +222,7 @@ def test_a_symlink_out_of_a_granted_directory_is_outside(configured: tuple[PoolP
     link = tree.data / "escape"
     if not link.exists():
         link.symlink_to(tree.outside)
-    _refused(pool.run("print(1)", allow_read=[str(link)]), "allow_read")
+    refused(pool.run("print(1)", allow_read=[str(link)]), "allow_read")
 
 
 def test_the_network_needs_allow_network_in_the_limits(tree: Tree) -> None:
@@ -240,7 +232,7 @@ def test_the_network_needs_allow_network_in_the_limits(tree: Tree) -> None:
         allow_network = false
     """)
     with pool_process(f"--config={config}", "--workers=1", cwd=tree.app) as pool:
-        _refused(pool.run("print(1)", allow_network=True), "allow_network")
+        refused(pool.run("print(1)", allow_network=True), "allow_network")
         assert pool.run("print(1)", allow_network=False)["exit"] == 0
         assert pool.run("print(1)")["policy"]["network"] == "deny"
 
@@ -251,8 +243,8 @@ def test_paths_are_refused_when_the_limits_list_none(tree: Tree) -> None:
         timeout = "5s"
     """)
     with pool_process(f"--config={config}", "--workers=1", cwd=tree.app) as pool:
-        _refused(pool.run("print(1)", allow_read=[str(tree.data)]), "allow_read")
-        _refused(pool.run("print(1)", allow_write=[str(tree.work)]), "allow_write")
+        refused(pool.run("print(1)", allow_read=[str(tree.data)]), "allow_read")
+        refused(pool.run("print(1)", allow_write=[str(tree.work)]), "allow_write")
         assert pool.run("print(1)")["exit"] == 0
 
 
@@ -277,10 +269,10 @@ def test_limits_cap_requests_that_set_no_timeout_memory_or_output(configured: tu
 
 def test_a_session_first_request_is_held_to_the_ceiling(configured: tuple[PoolProcess, Tree]) -> None:
     pool, tree = configured
-    _refused(pool.run("x = 1", session="ceiling", allow_read=[str(tree.outside)]), "allow_read")
+    refused(pool.run("x = 1", session="ceiling", allow_read=[str(tree.outside)]), "allow_read")
     assert pool.run("x = 1", session="ceiling")["exit"] == 0
-    _refused(pool.run("print(x)", session="ceiling", timeout="1m"), "timeout")
-    _refused(pool.run("print(x)", session="ceiling", max_output=10_000), "max_output")
+    refused(pool.run("print(x)", session="ceiling", timeout="1m"), "timeout")
+    refused(pool.run("print(x)", session="ceiling", max_output=10_000), "max_output")
     assert pool.run("print(x)", session="ceiling", timeout="2s")["stdout"] == "1\n"
     pool.run(session="ceiling", close=True)
 
@@ -312,13 +304,13 @@ def test_a_requests_own_fields_are_added_on_top_of_its_profile(configured: tuple
 
 def test_the_ceiling_applies_after_the_profile_merge(configured: tuple[PoolProcess, Tree]) -> None:
     pool, tree = configured
-    _refused(pool.run("print(1)", profile="analysis", allow_read=[str(tree.outside)]), "allow_read")
-    _refused(pool.run("print(1)", profile="fetch", timeout="1m"), "timeout")
+    refused(pool.run("print(1)", profile="analysis", allow_read=[str(tree.outside)]), "allow_read")
+    refused(pool.run("print(1)", profile="fetch", timeout="1m"), "timeout")
 
 
 def test_an_unknown_profile_is_a_request_error(configured: tuple[PoolProcess, Tree]) -> None:
     pool, _ = configured
-    _refused(pool.run("print(1)", profile="nope"), "nope")
+    refused(pool.run("print(1)", profile="nope"), "nope")
 
 
 # --- files the pool refuses to start with ---------------------------------------------------------------

@@ -12,21 +12,11 @@ from typing import Any
 
 import pytest
 
-from .pool_driver import HOST_SECRET, HOST_SECRET_NAME, PoolProcess, new_id
+from .pool_driver import HOST_SECRET, HOST_SECRET_NAME, PoolProcess, new_id, refused
 
 pytestmark = pytest.mark.timeout(90)
 
 MIB = 1 << 20
-
-
-def _refused(result: dict[str, Any], *words: str) -> str:
-    assert result["error"] is not None and result["error"]["type"] == "RequestError", result
-    assert result["exit"] != 0
-    assert result["stdout"] == "" and result["stderr"] == ""
-    message = result["error"]["message"]
-    for word in words:
-        assert word in message, message
-    return message
 
 
 # --- code xor script ------------------------------------------------------------------------------------
@@ -51,15 +41,15 @@ def test_code_gets_args_and_name_as_argv(pool: PoolProcess) -> None:
 
 def test_both_code_and_script_is_refused(pool: PoolProcess, workdir: Path) -> None:
     (workdir / "both.py").write_text("print('never')\n")
-    _refused(pool.run("print('never')", script="both.py"), "code", "script")
+    refused(pool.run("print('never')", script="both.py"), "code", "script")
 
 
 def test_neither_code_nor_script_is_refused(pool: PoolProcess) -> None:
-    _refused(pool.run(name="x.py"), "code", "script")
+    refused(pool.run(name="x.py"), "code", "script")
 
 
 def test_missing_script_is_refused(pool: PoolProcess) -> None:
-    _refused(pool.run(script="no_such_script.py"), "no_such_script.py")
+    refused(pool.run(script="no_such_script.py"), "no_such_script.py")
 
 
 # --- ids ------------------------------------------------------------------------------------------------
@@ -123,11 +113,11 @@ def test_unknown_fields_and_wrong_types_are_a_request_error_for_that_id(pool: Po
     request_id = new_id("bad")
     result = pool.result(pool.submit(id=request_id, **fields))
     assert result["id"] == request_id
-    _refused(result)
+    refused(result)
 
 
 def test_an_unknown_field_is_named(pool: PoolProcess) -> None:
-    _refused(pool.run("print(1)", frobnicate=1), "frobnicate")
+    refused(pool.run("print(1)", frobnicate=1), "frobnicate")
 
 
 @pytest.mark.parametrize("line", [b"not json at all", b"[1, 2, 3]", b'"a string"', b"{\"id\": 1,"],
@@ -242,7 +232,7 @@ def test_allow_write_grants_writing(pool: PoolProcess, workdir: Path) -> None:
 
 
 def test_a_grant_that_does_not_exist_is_refused(pool: PoolProcess) -> None:
-    _refused(pool.run("print(1)", allow_read=["no/such/dir"]), "allow_read")
+    refused(pool.run("print(1)", allow_read=["no/such/dir"]), "allow_read")
 
 
 @pytest.fixture
@@ -325,7 +315,7 @@ def test_package_dirs_field_makes_a_directory_importable(pool: PoolProcess, work
 
 
 def test_profile_unknown_without_config_is_refused(pool: PoolProcess) -> None:
-    _refused(pool.run("print(1)", profile="analysis"), "analysis")
+    refused(pool.run("print(1)", profile="analysis"), "analysis")
 
 
 def test_the_job_runs_in_the_pools_working_directory(pool: PoolProcess, workdir: Path) -> None:

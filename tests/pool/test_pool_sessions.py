@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .pool_driver import PoolProcess, new_id, pool_process, wait_gone
+from .pool_driver import PoolProcess, new_id, pool_process, refused, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -20,12 +20,6 @@ def _session() -> str:
 def _ok(result: dict[str, Any]) -> dict[str, Any]:
     assert result["exit"] == 0 and result["error"] is None, result
     return result
-
-
-def _refused(result: dict[str, Any], *words: str) -> None:
-    assert result["error"] is not None and result["error"]["type"] == "RequestError", result
-    for word in words:
-        assert word in result["error"]["message"], result["error"]["message"]
 
 
 def _session_children(pool: PoolProcess) -> list[int]:
@@ -130,7 +124,7 @@ def test_a_later_step_with_a_permission_field_is_a_request_error(pool: PoolProce
     (workdir / "session-out").mkdir(exist_ok=True)
     name = _session()
     _ok(pool.run("x = 'still here'", session=name))
-    _refused(pool.run("print('never')", session=name, **{field: value}), field)
+    refused(pool.run("print('never')", session=name, **{field: value}), field)
     assert _ok(pool.run("print(x)", session=name))["stdout"] == "still here\n"
     pool.run(session=name, close=True)
 
@@ -151,9 +145,9 @@ def test_a_later_step_may_carry_code_name_args_timeout_and_max_output(pool: Pool
 def test_script_in_a_session_is_a_request_error(pool: PoolProcess, workdir: Path) -> None:
     (workdir / "session_script.py").write_text("print('never')\n")
     name = _session()
-    _refused(pool.run(script="session_script.py", session=name), "script")
+    refused(pool.run(script="session_script.py", session=name), "script")
     _ok(pool.run("x = 1", session=name))
-    _refused(pool.run(script="session_script.py", session=name), "script")
+    refused(pool.run(script="session_script.py", session=name), "script")
     pool.run(session=name, close=True)
 
 
@@ -195,7 +189,7 @@ def test_the_ninth_pending_step_is_refused_until_the_session_catches_up(pool: Po
     ids = [pool.submit(session=name, code="import time\ntime.sleep(1)")]
     ids += [pool.submit(session=name, code=f"print({i})") for i in range(1, 8)]
     ninth = pool.result(pool.submit(session=name, code="print('ninth')"))
-    _refused(ninth, "pending")
+    refused(ninth, "pending")
     assert all(pool.responses(i) == [] for i in ids[:1]), "the ninth was refused only after the first finished"
     results = [pool.result(i) for i in ids]
     assert [r["step"] for r in results] == list(range(1, 9))
@@ -232,22 +226,22 @@ def test_refused_session_requests_carry_the_session(pool: PoolProcess, workdir: 
     (workdir / "session_script.py").write_text("print('never')\n")
     name = _session()
     _ok(pool.run("x = 1", session=name))
-    for refused in (pool.run("print(1)", session=name, memory="1g"), pool.run(script="session_script.py",
-                                                                               session=name)):
-        _refused(refused)
-        assert (refused["session"], refused["step"], refused["session_ended"]) == (name, None, False), refused
+    for answer in (pool.run("print(1)", session=name, memory="1g"), pool.run(script="session_script.py",
+                                                                              session=name)):
+        refused(answer)
+        assert (answer["session"], answer["step"], answer["session_ended"]) == (name, None, False), answer
     assert _ok(pool.run("print(x)", session=name))["step"] == 2
     pool.run(session=name, close=True)
 
 
 def test_close_of_an_unknown_session_is_a_request_error(pool: PoolProcess) -> None:
-    _refused(pool.run(session="never-opened", close=True), "never-opened")
+    refused(pool.run(session="never-opened", close=True), "never-opened")
 
 
 def test_close_takes_only_the_session(pool: PoolProcess) -> None:
     name = _session()
     _ok(pool.run("x = 1", session=name))
-    _refused(pool.run("print(1)", session=name, close=True))
+    refused(pool.run("print(1)", session=name, close=True))
     pool.run(session=name, close=True)
 
 
@@ -310,7 +304,7 @@ def test_max_sessions_and_session_idle(tmp_path: Path) -> None:
         a, b = _session(), _session()
         _ok(pool.run("x = 'a'", session=a))
         _ok(pool.run("x = 'b'", session=b))
-        _refused(pool.run("x = 'c'", session=_session()), "max_sessions")
+        refused(pool.run("x = 'c'", session=_session()), "max_sessions")
         assert pool.stats()["sessions_active"] == 2
         # Steps keep a session alive; idleness closes it.
         for _ in range(3):
@@ -330,7 +324,7 @@ def test_max_sessions_defaults_to_16(tmp_path: Path) -> None:
         ids = [pool.submit(session=name, code="x = 1") for name in names]
         for request_id in ids:
             _ok(pool.result(request_id, timeout=60))
-        _refused(pool.run("x = 1", session=_session()), "16")
+        refused(pool.run("x = 1", session=_session()), "16")
         assert pool.stats()["sessions_active"] == 16
         closes = [pool.submit(session=name, close=True) for name in names]
         assert all(pool.result(request_id)["closed"] is True for request_id in closes)
@@ -338,4 +332,4 @@ def test_max_sessions_defaults_to_16(tmp_path: Path) -> None:
 
 
 def test_a_session_name_is_required(pool: PoolProcess) -> None:
-    _refused(pool.run("x = 1", session=""))
+    refused(pool.run("x = 1", session=""))

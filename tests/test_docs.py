@@ -45,16 +45,19 @@ import pynox
 from pynox import config as pynox_config
 from pynox.client import pool_command
 from pynox.job import ErrorInfo
-from pynox.pool.stats import Stats, log_line
 from pynox.protocol import (
     CallEvent,
     Closed,
+    JobLogLine,
     LineError,
+    ReadyEvent,
     Request,
     Result,
     ResultPolicy,
     ResultRuntime,
     SessionResult,
+    StartErrorEvent,
+    StatsEvent,
     parse_line,
 )
 
@@ -212,11 +215,10 @@ PROTOCOL_JSON_BLOCKS = _select("json", PROTOCOL)
 PROTOCOL_JSON = _params(PROTOCOL_JSON_BLOCKS)
 EVENT_FIELDS: dict[str, set[str]] = {
     "call": {"event", *_fields(CallEvent)},
-    "stats": set(Stats(1).snapshot("s", sessions_active=0)),
-    "job": set(log_line(Result(id=1, exit=0))),
-    "error": {"event", "error"},
-    "ready": {"event", "workers", "runtime", "python", "preloaded_modules", "package_dirs", "config", "profiles",
-              "landlock_abi", "backend"},
+    "stats": set(_fields(StatsEvent)),
+    "job": set(_fields(JobLogLine)),
+    "error": {"event", *_fields(StartErrorEvent)},
+    "ready": {"event", *_fields(ReadyEvent)},
 }
 RESULT_FIELDS = _fields(Result)
 SESSION_RESULT_FIELDS = _fields(SessionResult)

@@ -38,6 +38,7 @@ from .config import DEFAULT_WORKERS
 from .errors import ConfigError, KernelSupportError, PoolError, PoolWorkerError, RequestError
 from .exits import REFUSED_EXIT
 from .host_functions import HostErrors, answer_call
+from .protocol import StartErrorEvent, first_line_decoder
 from .result import Result
 from .units import parse_duration
 
@@ -105,7 +106,8 @@ class _Process:
         except OSError as exc:
             raise PoolError(f"cannot start the pool with {command[0]!r} (binary= or $PYNOX_BIN): {exc}") from None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
-        self.ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        # The pool's first line, undecoded: its ready event, or why it could not start.
+        self.ready: concurrent.futures.Future[bytes] = concurrent.futures.Future()
         self._on_line = on_line
         self._on_exit = on_exit
         self._write_lock = threading.Lock()
@@ -136,7 +138,7 @@ class _Process:
                 except msgspec.DecodeError:
                     continue  # not ours to interpret; the pool only writes JSON lines
                 if not self.ready.done():
-                    self.ready.set_result(message)
+                    self.ready.set_result(raw)
                     continue
                 self._on_line(message)
         finally:
@@ -284,19 +286,19 @@ class Pool:
             process = _Process(self._command, self._dispatch, self._process_exited)
             self._process = process
         try:
-            ready = process.ready.result(timeout=_READY_TIMEOUT)
+            first = process.ready.result(timeout=_READY_TIMEOUT)
         except concurrent.futures.TimeoutError:
             process.close(timeout=1)
             raise PoolError(f"the pool did not become ready within {_READY_TIMEOUT:.0f}s") from None
-        if ready.get("event") == "error":
-            process.close(timeout=5)
-            error = ready.get("error") or {}
-            kind = _START_ERRORS.get(error.get("type", ""), PoolError)
-            raise kind(error.get("message") or "the pool could not start")
-        if ready.get("event") != "ready":
+        try:
+            event = first_line_decoder.decode(first)
+        except msgspec.DecodeError:
             process.close(timeout=1)
-            raise PoolError(f"the pool's first line was not its ready event: {ready!r}")
-        self.ready = ready
+            raise PoolError(f"the pool's first line was not its ready event: {first[:200]!r}") from None
+        if isinstance(event, StartErrorEvent):
+            process.close(timeout=5)
+            raise _START_ERRORS.get(event.error.type, PoolError)(event.error.message or "the pool could not start")
+        self.ready = msgspec.to_builtins(event)
         return process
 
     def close(self, timeout: float = 60.0) -> None:

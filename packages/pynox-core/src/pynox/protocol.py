@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -23,13 +23,19 @@ __all__ = [
     "CallEvent",
     "Closed",
     "ErrorInfo",
+    "JobLogLine",
+    "ReadyEvent",
     "Reply",
     "ReplyBody",
     "Request",
     "Result",
     "ResultPolicy",
     "ResultRuntime",
+    "StartError",
+    "StartErrorEvent",
+    "StatsEvent",
     "encode",
+    "first_line_decoder",
     "parse_line",
     "refusal",
     "reply_call_id",
@@ -128,6 +134,73 @@ class Closed(msgspec.Struct):
     id: RequestId
     session: str
     closed: bool = True
+
+
+class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
+    """The pool's first line, once every worker's template is ready."""
+
+    workers: int
+    runtime: str = "pynox"
+    python: str
+    preloaded_modules: list[str]
+    package_dirs: list[str]
+    config: str | None
+    profiles: list[str]
+    landlock_abi: int
+    backend: str
+
+
+class StartError(msgspec.Struct):
+    type: str
+    message: str
+
+
+class StartErrorEvent(msgspec.Struct, tag_field="event", tag="error"):
+    """The pool's first and only line when it cannot start."""
+
+    error: StartError
+
+
+first_line_decoder = msgspec.json.Decoder(ReadyEvent | StartErrorEvent)
+
+
+class StatsEvent(msgspec.Struct, kw_only=True):
+    """The answer to ``{"stats": true}``: counters since the pool started."""
+
+    id: RequestId
+    event: Literal["stats"] = "stats"
+    uptime_ms: int
+    workers: int
+    sessions_active: int
+    jobs: int
+    ok: int
+    failed: int
+    timeouts: int
+    signals: int
+    setup_errors: int
+    request_errors: int
+    worker_errors: int
+    host_calls: int
+    duration_ms_total: int
+    queue_us_total: int
+    errors: dict[str, int]
+
+
+class JobLogLine(msgspec.Struct, kw_only=True):
+    """One line on stderr per finished job (``log = "json"``): identifiers, outcome, timing; never output."""
+
+    ts_ms: int
+    event: Literal["job"] = "job"
+    id: RequestId
+    session: str | None
+    step: int | None
+    exit: int
+    error: str | None
+    message: str | None
+    duration_ms: int
+    queue_us: int
+    network: str | None
+    truncated: bool
 
 
 class CallEvent(msgspec.Struct, tag_field="event", tag="call"):

@@ -29,7 +29,21 @@ from ..config import DEFAULT_WORKERS, EMPTY, Config, load_config
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..exits import WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec
-from ..protocol import LineError, Reply, Request, Result, SessionResult, encode, parse_line, refusal, reply_call_id
+from ..policy import BACKEND
+from ..protocol import (
+    LineError,
+    ReadyEvent,
+    Reply,
+    Request,
+    Result,
+    SessionResult,
+    StartError,
+    StartErrorEvent,
+    encode,
+    parse_line,
+    refusal,
+    reply_call_id,
+)
 from ..resolve import DEFAULTS, parse_request_duration, parse_request_size, to_job
 from ..units import parse_duration
 from .frames import Ready
@@ -189,7 +203,7 @@ class Server:
         self.stats = Stats(options.workers)
         self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=2 * options.workers)
         self.cwd = os.getcwd()
-        self.ready_info: dict[str, object] = {}
+        self.ready_info: ReadyEvent | None = None
         self.ready: Ready  # the first template's, once started
         self.read_paths: list[str] = []
         self._stopping = False
@@ -238,18 +252,16 @@ class Server:
         assert first is not None  # every worker started without error
         ready = self.ready = first.ready
         self.read_paths = ready.read_paths
-        self.ready_info = {
-            "event": "ready",
-            "workers": self.options.workers,
-            "runtime": "pynox",
-            "python": ready.python,
-            "preloaded_modules": ready.preloaded,
-            "package_dirs": self.options.package_dirs,
-            "config": self.options.config.path,
-            "profiles": sorted(self.options.config.profiles),
-            "landlock_abi": ready.landlock_abi,
-            "backend": "landlock+seccomp",
-        }
+        self.ready_info = ReadyEvent(
+            workers=self.options.workers,
+            python=ready.python,
+            preloaded_modules=ready.preloaded,
+            package_dirs=self.options.package_dirs,
+            config=self.options.config.path,
+            profiles=sorted(self.options.config.profiles),
+            landlock_abi=ready.landlock_abi,
+            backend=BACKEND,
+        )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
@@ -391,7 +403,7 @@ def serve(args: argparse.Namespace) -> int:
         workers = server.start()
     except (PynoxError, OSError) as exc:
         kind = type(exc).__name__
-        output.write(encode({"event": "error", "error": {"type": kind, "message": str(exc)}}))
+        output.write(encode(StartErrorEvent(error=StartError(type=kind, message=str(exc)))))
         print(f"pynox pool: {kind}: {exc}", file=sys.stderr)
         return 1 if not isinstance(exc, KernelSupportError) else 125
     # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).

@@ -10,10 +10,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
 
 from ..exits import REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
-from ..protocol import Result
+from ..protocol import JobLogLine, RequestId, Result, StatsEvent
 
 __all__ = ["Stats", "classify", "log_line"]
 
@@ -62,37 +61,41 @@ class Stats:
         with self._lock:
             self._host_calls += 1
 
-    def snapshot(self, request_id: object, sessions_active: int) -> dict[str, Any]:
+    def snapshot(self, request_id: RequestId, sessions_active: int) -> StatsEvent:
         with self._lock:
-            return {
-                "id": request_id,
-                "event": "stats",
-                "uptime_ms": int((time.monotonic() - self._started) * 1000),
-                "workers": self.workers,
-                "sessions_active": sessions_active,
-                "jobs": sum(self._outcomes.values()),
-                **{name: self._outcomes[name] for name in OUTCOMES},
-                "host_calls": self._host_calls,
-                "duration_ms_total": self._duration_ms_total,
-                "queue_us_total": self._queue_us_total,
-                "errors": dict(self._errors),
-            }
+            return StatsEvent(
+                id=request_id,
+                uptime_ms=int((time.monotonic() - self._started) * 1000),
+                workers=self.workers,
+                sessions_active=sessions_active,
+                jobs=sum(self._outcomes.values()),
+                ok=self._outcomes["ok"],
+                failed=self._outcomes["failed"],
+                timeouts=self._outcomes["timeouts"],
+                signals=self._outcomes["signals"],
+                setup_errors=self._outcomes["setup_errors"],
+                request_errors=self._outcomes["request_errors"],
+                worker_errors=self._outcomes["worker_errors"],
+                host_calls=self._host_calls,
+                duration_ms_total=self._duration_ms_total,
+                queue_us_total=self._queue_us_total,
+                errors=dict(self._errors),
+            )
 
 
-def log_line(result: Result, *, session: str | None = None, step: int | None = None) -> dict[str, Any]:
+def log_line(result: Result, *, session: str | None = None, step: int | None = None) -> JobLogLine:
     """One line per finished job: identifiers, outcome and timing; never output or code."""
     error = result.error
-    return {
-        "ts_ms": int(time.time() * 1000),
-        "event": "job",
-        "id": result.id,
-        "session": session,
-        "step": step,
-        "exit": result.exit,
-        "error": error.type if error else None,
-        "message": error.message if error else None,
-        "duration_ms": result.duration_ms,
-        "queue_us": result.queue_us,
-        "network": result.policy.network if result.policy else None,
-        "truncated": result.stdout_truncated or result.stderr_truncated,
-    }
+    return JobLogLine(
+        ts_ms=int(time.time() * 1000),
+        id=result.id,
+        session=session,
+        step=step,
+        exit=result.exit,
+        error=error.type if error else None,
+        message=error.message if error else None,
+        duration_ms=result.duration_ms,
+        queue_us=result.queue_us,
+        network=result.policy.network if result.policy else None,
+        truncated=result.stdout_truncated or result.stderr_truncated,
+    )

@@ -384,6 +384,9 @@ class Template:
             # The template reaps it while the result travels.
             self.kill_child()
             self._unreaped_deadline = deadline
+            # Answered: nothing the job still asks is answered (a delegated call it makes now fails, as
+            # it dies), and the pool holds no listener or grant of it while idle.
+            self._close_metadata()
         ended = self.child_ended
         if ended is not None:
             self._close_child()

@@ -137,17 +137,18 @@ class Closed(msgspec.Struct):
 
 
 class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
-    """The pool's first line, once every worker's template is ready."""
+    """The pool's first line, once every worker's template is ready. The client reads what is there: a
+    field a pool does not send (a stand-in, an older version) takes its default."""
 
     workers: int
     runtime: str = "pynox"
-    python: str
-    preloaded_modules: list[str]
-    package_dirs: list[str]
-    config: str | None
-    profiles: list[str]
-    landlock_abi: int
-    backend: str
+    python: str = ""
+    preloaded_modules: list[str] = []
+    package_dirs: list[str] = []
+    config: str | None = None
+    profiles: list[str] = []
+    landlock_abi: int = 0
+    backend: str = ""
 
 
 class StartError(msgspec.Struct):

@@ -6,9 +6,11 @@ import asyncio
 import inspect
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -243,3 +245,31 @@ def test_a_process_started_directly_gets_the_process_hint(pool: Pool, code: str)
 
 def test_pynox_pool_is_the_specifications_name_for_pool() -> None:
     assert pynox.PynoxPool is pynox.Pool and "PynoxPool" in pynox.__all__
+
+
+def _stand_in(tmp_path: Path, first_line: str) -> Path:
+    """A pool binary that writes ``first_line`` and then reads requests without answering."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(f"import sys\nprint({first_line!r}, flush=True)\nfor line in sys.stdin:\n    pass\n")
+    binary = tmp_path / "stand-in-pynox"
+    binary.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def test_a_start_error_keeps_its_type_when_it_has_no_message(tmp_path: Path) -> None:
+    with pytest.raises(pynox.ConfigError, match="the pool could not start"):
+        pynox.Pool(workers=1, binary=_stand_in(tmp_path, '{"event": "error", "error": {"type": "ConfigError"}}'))
+
+
+def test_a_first_line_that_is_no_ready_event_is_a_pool_error(tmp_path: Path) -> None:
+    with pytest.raises(pynox.PoolError, match="first line was not its ready event"):
+        pynox.Pool(workers=1, binary=_stand_in(tmp_path, '[1]'))
+
+
+def test_pool_ready_is_the_line_the_pool_wrote(tmp_path: Path) -> None:
+    line = '{"event": "ready", "workers": 1, "runtime": "pynox", "preloaded_modules": [], "newer_field": 5}'
+    with pynox.Pool(workers=1, binary=_stand_in(tmp_path, line)) as pool:
+        assert pool.ready == {"event": "ready", "workers": 1, "runtime": "pynox", "preloaded_modules": [],
+                              "newer_field": 5}
+        pool.close(timeout=1)

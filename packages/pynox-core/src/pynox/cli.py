@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .config import DEFAULT_WORKERS
+from .defaults import DEFAULT_WORKERS
 from .errors import PynoxError, RequestError
 from .protocol import Request, Result
 

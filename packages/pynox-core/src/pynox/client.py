@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from .config import DEFAULT_WORKERS
+from .defaults import DEFAULT_WORKERS
 from .errors import ConfigError, KernelSupportError, PoolError, PoolWorkerError, RequestError
 from .exits import REFUSED_EXIT
 from .host_functions import HostErrors, answer_call
@@ -298,7 +298,8 @@ class Pool:
         if isinstance(event, StartErrorEvent):
             process.close(timeout=5)
             raise _START_ERRORS.get(event.error.type, PoolError)(event.error.message or "the pool could not start")
-        self.ready = msgspec.to_builtins(event)
+        # Checked against its type above; kept as the pool wrote it (a newer pool's extra fields included).
+        self.ready = msgspec.json.decode(first)
         return process
 
     def close(self, timeout: float = 60.0) -> None:

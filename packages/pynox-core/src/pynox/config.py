@@ -49,7 +49,6 @@ _SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
                "max_file_size")
-DEFAULT_WORKERS = 2  # a pool's concurrent jobs when neither the command line nor the file says
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
 
 

@@ -152,14 +152,14 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
 
 
 class StartError(msgspec.Struct):
-    type: str
-    message: str
+    type: str = ""
+    message: str = ""
 
 
 class StartErrorEvent(msgspec.Struct, tag_field="event", tag="error"):
     """The pool's first and only line when it cannot start."""
 
-    error: StartError
+    error: StartError = msgspec.field(default_factory=StartError)
 
 
 first_line_decoder = msgspec.json.Decoder(ReadyEvent | StartErrorEvent)

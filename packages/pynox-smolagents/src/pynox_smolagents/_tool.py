@@ -1,8 +1,8 @@
 """``python_tool()``: Pynox's ``run_python`` as a smolagents ``Tool`` (for ``ToolCallingAgent``, or any agent).
 
-The tool is the core's ``run_python`` function unchanged: its docstring (what
-the code may touch, written for the model) becomes the description, its one
-``code`` parameter the only input, and its text result the observation. A
+The tool is the core's :class:`pynox.CodeTool`: its description (what the code
+may touch, written for the model) becomes the smolagents description, its
+``code`` argument the only input, and its text result the observation. A
 failure of the model's code is that text, never an exception, so the agent
 reads it and tries again.
 """
@@ -30,7 +30,12 @@ class PynoxTool(Tool):
     inputs = {"code": {"type": "string", "description": _CODE_INPUT}}  # noqa: RUF012
     output_type = "string"
 
-    def __init__(self, code_tool: pynox.CodeTool) -> None:
+    def __init__(self, code_tool: pynox.CodeTool | Callable[[str], str]) -> None:
+        # A run_python made by pynox.tool() or Pool.tool() carries the tool object it runs over.
+        code_tool = getattr(code_tool, "code_tool", code_tool)
+        if not isinstance(code_tool, pynox.CodeTool):
+            raise TypeError("PynoxTool takes a pynox.CodeTool, or a run_python made by pynox.tool() or Pool.tool(); "
+                            f"got {type(code_tool).__name__}")
         self.code_tool = code_tool
         # Per instance: the description states this tool's own grants (what @tool takes from a docstring:
         # everything before its Args section).

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..config import DEFAULT_WORKERS, EMPTY, Config, load_config
+from ..config import EMPTY, Config, load_config
+from ..defaults import DEFAULT_WORKERS
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..exits import WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec

@@ -435,6 +435,17 @@ METADATA = [
          """,
          Expect(exit=0, stdout=("done",)), _works("done", host=_canary_mode_changed),
          request={"allow_write": ["$work"]}),
+    # Whoever holds a filter's listener answers its calls, and may let them run unchecked: a job must never
+    # have a listener of its own (the newest filter's answer would win over the pool's).
+    Case("own_seccomp_listener", "seccomp.metadata",
+         _CTYPES + "libc.prctl(38, 1, 0, 0, 0)\n"
+         "allow = (ctypes.c_uint16 * 4)(0x06, 0, 0, 0)\n"
+         "allow_k = ctypes.c_uint32.from_address(ctypes.addressof(allow) + 4); allow_k.value = 0x7FFF0000\n"
+         "class Prog(ctypes.Structure):\n"
+         "    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]\n"
+         "prog = Prog(1, ctypes.addressof(allow))\n"
+         "print('listener', check(libc.syscall($nr_seccomp, 1, 8, ctypes.byref(prog))))",
+         _denied(error=("PermissionError",)), _works("listener")),
     # A write grant is for contents: a file the job creates there must not be a setuid or setgid program
     # of the pool's uid (often root), which any user of the host could then run.
     Case("create_setuid_file", "seccomp.metadata",

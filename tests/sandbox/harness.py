@@ -44,7 +44,7 @@ SYSCALLS = (
     "fork", "clone", "clone3", "ptrace", "mount", "umount2", "unshare", "setns", "chroot", "pivot_root",
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "keyctl", "add_key", "kexec_load",
     "init_module", "process_vm_readv", "shmget", "ioctl", "personality", "ioprio_set", "capget",
-    "inotify_init1", "mq_open", "io_setup", "io_destroy", "listmount", "openat2",
+    "inotify_init1", "mq_open", "io_setup", "io_destroy", "listmount", "openat2", "seccomp",
 )
 
 

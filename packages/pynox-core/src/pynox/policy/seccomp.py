@@ -44,6 +44,8 @@ _TIOCLINUX = 0x541C
 # 32-bit form), FSSETXATTR, SET_ENCRYPTION_POLICY, ENABLE_VERITY.
 _FILE_FLAG_IOCTLS = (0x40086602, 0x40046602, 0x40087602, 0x40047602, 0x401C5820, 0x800C6613, 0x40806685)
 _PER_QUERY = 0xFFFFFFFF
+_SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 
 # Starting programs: a job is one Python process and stays one.
 _NO_PROGRAMS = ("execve", "execveat", "fork", "vfork")
@@ -197,6 +199,11 @@ def compile_filter(network: bool) -> CompiledFilter:
     _deny(f, "clone3", err=errno.ENOSYS)
     _socket_rules(f, network)
     _set_id_rules(f)
+    # A filter of the job's own with a listener would take the delegated calls before the pool's (the
+    # newest filter's answer wins among equals) and could let them run unchecked: no listener, ever.
+    # The kernel already refuses a second listener while the pool holds its own; this holds after too.
+    _deny(f, "seccomp", pyseccomp.Arg(0, pyseccomp.EQ, _SECCOMP_SET_MODE_FILTER),
+          pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _SECCOMP_FILTER_FLAG_NEW_LISTENER, _SECCOMP_FILTER_FLAG_NEW_LISTENER))
     # Typing into the controlling terminal, and file flags; compare the low 32 bits as the kernel does.
     for request in (_TIOCSTI, _TIOCLINUX, *_FILE_FLAG_IOCTLS):
         _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
@@ -218,10 +225,6 @@ def compile_filter(network: bool) -> CompiledFilter:
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-_SECCOMP_SET_MODE_FILTER = 1
-_SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 
 
 class LoadableFilter:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import secrets
 import signal
 import socket
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import pyseccomp
 
-from pynox.policy.seccomp import _UNIFIED_ARCHES, _UNIFIED_NUMBERS
+from pynox.policy.seccomp import syscall_number
 from pynox.pool.worker import Template
 from pynox.protocol import Request, Result
 from pynox.runner import run_on
@@ -96,13 +95,7 @@ def run_unconfined(code: str, cwd: str, env: dict[str, str] | None = None) -> Ru
 
 
 def _syscall_numbers() -> dict[str, int]:
-    numbers = {}
-    for name in SYSCALLS:
-        number = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
-        if number < 0 and platform.machine() in _UNIFIED_ARCHES:  # newer than this libseccomp
-            number = _UNIFIED_NUMBERS.get(name, number)
-        numbers[f"nr_{name}"] = number
-    return numbers
+    return {f"nr_{name}": syscall_number(name) for name in SYSCALLS}
 
 
 def _loopback6_available() -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from ..errors import KernelSupportError, RequestError
 from ._libc import syscall
 
-__all__ = ["close_all", "identity", "open_beneath", "open_grants"]
+__all__ = ["close_all", "identity", "open_at", "open_grants"]
 
 _SYS_OPENAT2 = 437  # the same number on every architecture
 _AT_FDCWD = -100
@@ -38,19 +38,21 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def _open_exactly(path: str) -> int:
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
-    return syscall(_SYS_OPENAT2, _AT_FDCWD, os.fsencode(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
-                   what=f"openat2({path})")
-
-
-def open_beneath(dirfd: int, path: bytes, flags: int, *, beneath: bool) -> int:
-    """``openat2`` from ``dirfd``, never through a magic link (``/proc/<pid>/fd/N``); with ``beneath``, also
-    never above ``dirfd`` and through no symlink at all."""
-    resolve = _RESOLVE_NO_MAGICLINKS | (_RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS if beneath else 0)
+def _openat2(dirfd: int, path: bytes, flags: int, resolve: int) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
     return syscall(_SYS_OPENAT2, dirfd, path, ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
-                   what="openat2")
+                   what=f"openat2({os.fsdecode(path)})")
+
+
+def _open_exactly(path: str) -> int:
+    return _openat2(_AT_FDCWD, os.fsencode(path), os.O_PATH, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+
+
+def open_at(dirfd: int, path: bytes, flags: int, *, beneath: bool) -> int:
+    """``openat2`` from ``dirfd``, never through a magic link (``/proc/<pid>/fd/N``); with ``beneath``, also
+    never above ``dirfd`` and through no symlink at all."""
+    return _openat2(dirfd, path, flags, _RESOLVE_NO_MAGICLINKS | (_RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS if beneath
+                                                                  else 0))
 
 
 def open_grants(paths: Sequence[str]) -> list[int]:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..policy._libc import libc
-from ..policy.grants import close_all, open_beneath
+from ..policy.grants import close_all, open_at
 from ..policy.seccomp import syscall_number
 
 __all__ = ["Steward", "receive_listener"]
@@ -177,7 +177,7 @@ class Steward:
         if call.path is None and call.kind == "times" and call.flags:
             raise _Refused(errno.EINVAL)
         times = _read_times(tid, call.values[0]) if call.kind == "times" and call.values[0] else None
-        if times is not None and struct.unpack("=qqqq", times)[1::2] == (_UTIME_OMIT, _UTIME_OMIT):
+        if times is not None and _nanoseconds(times) == (_UTIME_OMIT, _UTIME_OMIT):
             return 0  # nothing to change: the kernel answers 0 before it looks the path up
         path = _read_path(tid, call.path) if call.path is not None else None
         dirfd = call.dirfd
@@ -231,7 +231,7 @@ class Steward:
         nofollow = os.O_NOFOLLOW if flags & _AT_SYMLINK_NOFOLLOW else 0
         try:
             # The pool's own view of the path: /proc/self here is the pool's, which is no grant of the job.
-            return open_beneath(base if base is not None else _AT_FDCWD, path, os.O_PATH | nofollow, beneath=False)
+            return open_at(base if base is not None else _AT_FDCWD, path, os.O_PATH | nofollow, beneath=False)
         except OSError as exc:
             raise _Refused(exc.errno or errno.EPERM) from None
 
@@ -250,7 +250,7 @@ class Steward:
             if not name.startswith(prefix):
                 continue
             try:
-                again = open_beneath(grant, name[len(prefix):], os.O_PATH | os.O_NOFOLLOW, beneath=True)
+                again = open_at(grant, name[len(prefix):], os.O_PATH | os.O_NOFOLLOW, beneath=True)
             except OSError:
                 continue
             try:
@@ -279,7 +279,7 @@ class Steward:
                 raise _Refused(errno.EPERM)
             _check(libc.fchownat(target, b"", uid, gid, _AT_EMPTY_PATH))
             return 0
-        touch = times is None or all(nsec == _UTIME_NOW for nsec in struct.unpack("=qqqq", times)[1::2])
+        touch = times is None or _nanoseconds(times) == (_UTIME_NOW, _UTIME_NOW)
         if not owner and not (touch and self._may_write(info)):
             raise _Refused(errno.EPERM if not touch else errno.EACCES)
         pointer = ctypes.create_string_buffer(times, len(times)) if times is not None else None
@@ -372,11 +372,17 @@ def _read_path(tid: int, address: int) -> bytes:
     raise _Refused(errno.ENAMETOOLONG)
 
 
+def _nanoseconds(times: bytes) -> tuple[int, int]:
+    """The tv_nsec of both timespecs of utimensat's ``times`` (where UTIME_NOW and UTIME_OMIT are said)."""
+    _, access, _, modification = struct.unpack("=qqqq", times)
+    return access, modification
+
+
 def _read_times(tid: int, address: int) -> bytes:
     times = _read(tid, address, 32)
     if len(times) < 32:
         raise _Refused(errno.EFAULT)
-    for nsec in struct.unpack("=qqqq", times)[1::2]:
+    for nsec in _nanoseconds(times):
         if not (0 <= nsec < 1_000_000_000 or nsec in (_UTIME_NOW, _UTIME_OMIT)):
             raise _Refused(errno.EINVAL)
     return times

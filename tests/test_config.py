@@ -21,9 +21,10 @@ import msgspec
 import pytest
 
 from pynox.config import EMPTY, Config, Limits, PoolSettings, load_config
+from pynox.defaults import DEFAULTS
 from pynox.errors import ConfigError, RequestError
+from pynox.grants import to_job
 from pynox.protocol import Request
-from pynox.resolve import DEFAULTS, to_job
 
 pytestmark = pytest.mark.pure
 

@@ -230,8 +230,12 @@ def test_protocol_json_lines_parse(block: Block) -> None:
     assert _json_lines(block), f"{block.name}: an empty json block"
 
 
+# What a documented result may leave out, when the text above it says so.
+_TRIMMABLE = {"runtime", "policy", "usage"}
+
+
 def _check_result(block: Block, value: dict[str, Any]) -> None:
-    keys = set(value) | {"runtime", "policy"}
+    keys = set(value) | _TRIMMABLE
     assert keys in (RESULT_FIELDS, SESSION_RESULT_FIELDS), (
         f"{block.name}: result fields {sorted(value)} are not those the pool writes")
     if isinstance(value.get("runtime"), dict):
@@ -294,8 +298,8 @@ def test_documented_messages_match_a_real_pool(tmp_path: Path) -> None:
             shape = _shape(value)
             if shape not in shapes:
                 continue
-            # A result shown without its runtime and policy objects (the text says so) is otherwise complete.
-            shown = set(value) | ({"runtime", "policy"} if shape.startswith("result") else set())
+            # A result shown without its runtime, policy and usage (the text says so) is otherwise complete.
+            shown = set(value) | (_TRIMMABLE if shape.startswith("result") else set())
             assert shown == shapes[shape], f"{block.name}: documented {shape} fields differ from a real pool's"
     assert {"ready", "stats", "closed", "result", "result-session"} <= set(shapes)
 
@@ -316,7 +320,8 @@ def _shape(value: dict[str, Any]) -> str:
 DOC_CWD = "/srv/agent"  # the pool's working directory
 DOC_PYTHON = "3.11.7"
 DOC_LANDLOCK_ABI = 7
-_TIMINGS = {"duration_ms", "duration_us", "queue_us", "uptime_ms", "ts_ms", "duration_ms_total", "queue_us_total"}
+_TIMINGS = {"duration_ms", "duration_us", "queue_us", "uptime_ms", "ts_ms", "duration_ms_total", "queue_us_total",
+            "cpu_ms", "max_rss_kb"}
 # Values that depend on the machine rather than on the code: (pattern, what both sides become).
 _MACHINE = [(re.compile(r"\d+ MiB with its preloaded modules"), "N MiB with its preloaded modules")]
 TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "long-line", "setup-error", "worker-error",
@@ -357,7 +362,15 @@ class _Pool:
             put(None)  # the end of stdout
 
     def as_documented(self, line: str) -> str:
-        return line.replace(str(self.cwd), DOC_CWD)
+        documented = line.replace(str(self.cwd), DOC_CWD)
+        if documented == line or '"usage":{' not in line:
+            return documented
+        # The byte counts of a stream that named the working directory, as the documented one would be.
+        value = json.loads(documented)
+        for stream in ("stdout", "stderr"):
+            real = json.loads(line)[stream]
+            value["usage"][f"{stream}_bytes"] -= len(real.encode()) - len(value[stream].encode())
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
     def read(self) -> str:
         try:
@@ -392,8 +405,8 @@ class _Pool:
             return {k: self.normal(v, k) for k, v in value.items()}
         if isinstance(value, list):
             return [self.normal(v) for v in value]
-        if key in _TIMINGS and isinstance(value, int):
-            return "<an integer>"
+        if key in _TIMINGS and isinstance(value, int | float):
+            return "<a number>"
         if key == "python" and value == self.python:
             return DOC_PYTHON
         if key == "landlock_abi" and value == self.landlock_abi:
@@ -444,7 +457,7 @@ def _replay(block: Block, pool: _Pool, on_sent: Mapping[object, Callable[[_Pool]
 def _check(block: Block, pool: _Pool, happened: list[str], *, trimmed: bool = False,
            documented: list[dict[str, Any]] | None = None) -> None:
     """The documented pool lines are those that happened; with ``trimmed``, a result may leave out
-    ``runtime`` and ``policy``."""
+    ``runtime``, ``policy`` and ``usage``."""
     shown = documented if documented is not None else [value for _, value in _json_lines(block)]
     assert len(happened) == len(shown), f"{block.name}: {len(shown)} lines shown, {len(happened)} happened"
     for want, line in zip(shown, happened, strict=True):
@@ -452,8 +465,8 @@ def _check(block: Block, pool: _Pool, happened: list[str], *, trimmed: bool = Fa
             continue
         got = json.loads(line)
         if trimmed and "exit" in want and "runtime" not in want:
-            got.pop("runtime", None)
-            got.pop("policy", None)
+            for name in _TRIMMABLE:
+                got.pop(name, None)
         assert pool.normal(got) == pool.normal(want), (
             f"{block.name}: the pool wrote\n{json.dumps(got, ensure_ascii=False, separators=(',', ':'))}\n"
             f"where the doc shows\n{json.dumps(want, ensure_ascii=False, separators=(',', ':'))}")

@@ -241,7 +241,7 @@ def test_close_without_a_session_is_refused() -> None:
 @pytest.mark.parametrize(("body", "expected"), [
     ({"call_id": 7, "result": ["first hit", "second hit"]}, ReplyBody(call_id=7, result=["first hit", "second hit"])),
     ({"call_id": 7, "error": "backend unavailable"}, ReplyBody(call_id=7, error="backend unavailable")),
-    ({"call_id": 0, "result": None}, ReplyBody(call_id=0)),
+    ({"call_id": 0, "result": None}, ReplyBody(call_id=0, result=None)),
     ({"call_id": 1, "result": {"nested": [1, 2.5, True, None, "s"]}},
      ReplyBody(call_id=1, result={"nested": [1, 2.5, True, None, "s"]})),
 ])
@@ -326,4 +326,4 @@ def test_arbitrary_replies_parse_or_raise_line_error(obj: dict[str, Any]) -> Non
 def test_a_reply_with_both_result_and_error_is_refused() -> None:
     with pytest.raises(LineError, match="not both"):
         parse_line(b'{"reply": {"call_id": 3, "result": 1, "error": "no"}}')
-    assert parse_line(b'{"reply": {"call_id": 3, "result": null}}') == Reply(reply=ReplyBody(call_id=3))
+    assert parse_line(b'{"reply": {"call_id": 3, "result": null}}') == Reply(reply=ReplyBody(call_id=3, result=None))

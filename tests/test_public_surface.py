@@ -19,7 +19,7 @@ ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-mon
 EXPORTS = [
     "CodeTool", "ConfigError", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
     "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "SandboxSetupError", "Session",
-    "ToolDescription", "ToolGrants", "__version__", "format_duration", "format_size", "parse_duration",
+    "ToolDescription", "ToolGrants", "Usage", "__version__", "format_duration", "format_size", "parse_duration",
     "parse_size", "run", "tool",
 ]
 

@@ -48,7 +48,18 @@ def test_timed_out_result(pool: Pool) -> None:
     result = pool.run("while True:\n    pass", timeout="500ms")
     assert time.monotonic() - started < 5
     assert result.exit == 124 and result.error is not None and result.error["type"] == "TimeoutError"
+    assert result.timed_out and not result.refused
     assert "500ms" in result.text and "Hint:" in result.text
+    # The code's own TimeoutError, or its own exit status 124, is not the pool's verdict.
+    assert not pool.run("raise TimeoutError('mine')").timed_out
+    assert not pool.run("raise SystemExit(124)").timed_out
+
+
+def test_usage_is_typed_and_the_kernels(pool: Pool) -> None:
+    result = pool.run("import sys\nsys.stdout.write('ab')\nsys.stderr.write('c')")
+    assert isinstance(result.usage, pynox.Usage)
+    assert (result.usage.stdout_bytes, result.usage.stderr_bytes, result.usage.host_calls) == (2, 1, 0)
+    assert result.usage.cpu_ms > 0 and result.usage.max_rss_kb > 0
 
 
 def test_truncated_result(pool: Pool) -> None:
@@ -265,6 +276,36 @@ def test_a_start_error_keeps_its_type_when_it_has_no_message(tmp_path: Path) -> 
 def test_a_first_line_that_is_no_ready_event_is_a_pool_error(tmp_path: Path) -> None:
     with pytest.raises(pynox.PoolError, match="first line was not its ready event"):
         pynox.Pool(workers=1, binary=_stand_in(tmp_path, '[1]'))
+
+
+def _answering_stand_in(tmp_path: Path, answer: str) -> Path:
+    """A pool binary that is ready, then answers every request with ``answer`` (``ID`` is its id)."""
+    script = tmp_path / "answering.py"
+    script.write_text("import json, sys\nprint(json.dumps({'event': 'ready', 'workers': 1}), flush=True)\n"
+                      f"for line in sys.stdin:\n    print({answer!r}.replace('ID', json.loads(line)['id']), "
+                      "flush=True)\n")
+    binary = tmp_path / "answering-pynox"
+    binary.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def test_an_answer_the_client_cannot_read_fails_its_run_at_once(tmp_path: Path) -> None:
+    binary = _answering_stand_in(tmp_path, '{"id": "ID", "exit": "zero"}')
+    with pynox.Pool(workers=1, binary=binary) as pool:
+        started = time.monotonic()
+        with pytest.raises(PoolError, match="could not be read"):
+            pool.run("print(1)", timeout="60s")
+        assert time.monotonic() - started < 5
+        pool.close(timeout=1)
+
+
+def test_a_stats_request_answered_with_a_result_is_a_pool_error(tmp_path: Path) -> None:
+    binary = _answering_stand_in(tmp_path, '{"id": "ID", "exit": 0}')
+    with pynox.Pool(workers=1, binary=binary) as pool:
+        with pytest.raises(PoolError, match="answered a stats request"):
+            pool.stats()
+        pool.close(timeout=1)
 
 
 def test_pool_ready_is_the_line_the_pool_wrote(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ import msgspec
 import pytest
 
 from pynox.errors import RequestError
+from pynox.grants import to_job
 from pynox.policy import landlock
 from pynox.pool.worker import Template
 from pynox.protocol import Request
-from pynox.resolve import to_job
 
 from .cases import CASES, WORKS, Case, Expect
 from .harness import SECRET, Run, Sandbox, World, run_unconfined

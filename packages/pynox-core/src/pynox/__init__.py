@@ -29,7 +29,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .client import Pool, PynoxPool, Session
     from .code_tool import CodeTool, ToolDescription, ToolGrants
-    from .result import Result
+    from .result import Result, Usage
     from .units import format_duration, format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
@@ -51,6 +51,7 @@ __all__ = [
     "Session",
     "ToolDescription",
     "ToolGrants",
+    "Usage",
     "__version__",
     "format_duration",
     "format_size",
@@ -62,7 +63,7 @@ __all__ = [
 
 
 _LAZY = {"Pool": "client", "PynoxPool": "client", "Session": "client", "Result": "result", "CodeTool": "code_tool",
-         "ToolDescription": "code_tool", "ToolGrants": "code_tool", "format_duration": "units",
+         "ToolDescription": "code_tool", "ToolGrants": "code_tool", "Usage": "result", "format_duration": "units",
          "format_size": "units", "parse_duration": "units", "parse_size": "units"}
 
 

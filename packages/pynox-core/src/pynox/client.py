@@ -35,10 +35,21 @@ from typing import Any
 import msgspec
 
 from .defaults import DEFAULT_WORKERS
-from .errors import ConfigError, KernelSupportError, PoolError, PoolWorkerError, RequestError
-from .exits import REFUSED_EXIT
+from .errors import START_ERRORS, ConfigError, PoolError, RequestError
 from .host_functions import HostErrors, answer_call
-from .protocol import StartErrorEvent, first_line_decoder
+from .protocol import (
+    Answer,
+    CallEvent,
+    Reply,
+    ReplyBody,
+    Request,
+    SessionResult,
+    StartErrorEvent,
+    StatsEvent,
+    decode_answer,
+    encode,
+    first_line_decoder,
+)
 from .result import Result
 from .units import parse_duration
 
@@ -53,10 +64,8 @@ _ANSWER_MARGIN = 30.0  # seconds past the timeouts below before a run gives up o
 # worker in flight), then its own. A session step waits behind at most eight steps of its session.
 _ROUNDS = 3
 _SESSION_ROUNDS = 9
-_DEFAULT_TIMEOUT = 30.0  # the pool's own default (resolve.DEFAULTS), for a run that names none
+_DEFAULT_TIMEOUT = 30.0  # the pool's own default (defaults.DEFAULTS), for a run that names none
 _STDERR_LINES = 50
-_START_ERRORS: dict[str, type[Exception]] = {"KernelSupportError": KernelSupportError, "ConfigError": ConfigError,
-                                             "PoolWorkerError": PoolWorkerError}
 _pool_log = logging.getLogger("pynox.pool")
 
 
@@ -82,24 +91,23 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
                   env: Mapping[str, str] | None = None, timeout: Units | None = None,
                   memory: Units | None = None, max_output: Units | None = None,
                   max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
-                  profile: str | None = None, functions: Sequence[str] | None = None) -> dict[str, Any]:
-    """A request object with only the fields that were given (the pool applies defaults and the ceiling)."""
-    fields: dict[str, Any] = {
-        "code": code, "script": os.fspath(script) if script is not None else None, "name": name,
-        "args": list(args) if args is not None else None, "allow_read": _paths(allow_read),
-        "allow_write": _paths(allow_write), "allow_network": allow_network,
-        "env": dict(env) if env is not None else None, "timeout": timeout, "memory": memory,
-        "max_output": max_output, "max_file_size": max_file_size, "package_dirs": _paths(package_dirs),
-        "profile": profile, "functions": list(functions) if functions else None,
-    }
-    return {key: value for key, value in fields.items() if value is not None}
+                  profile: str | None = None, functions: Sequence[str] | None = None) -> Request:
+    """A request with only the fields that were given (the pool applies defaults and the ceiling)."""
+    return Request(
+        code=code, script=os.fspath(script) if script is not None else None, name=name,
+        args=list(args) if args is not None else None, allow_read=_paths(allow_read),
+        allow_write=_paths(allow_write), allow_network=allow_network,
+        env=dict(env) if env is not None else None, timeout=timeout, memory=memory,
+        max_output=max_output, max_file_size=max_file_size, package_dirs=_paths(package_dirs),
+        profile=profile, functions=list(functions) if functions else None,
+    )
 
 
 class _Process:
     """One running ``pynox pool`` and its reader thread."""
 
-    def __init__(self, command: list[str], on_line: Callable[[dict[str, Any]], None],
-                 on_exit: Callable[[_Process], None]) -> None:
+    def __init__(self, command: list[str], on_line: Callable[[Answer], None],
+                 on_bad_line: Callable[[bytes, str], None], on_exit: Callable[[_Process], None]) -> None:
         try:
             self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, close_fds=True)
@@ -109,6 +117,7 @@ class _Process:
         # The pool's first line, undecoded: its ready event, or why it could not start.
         self.ready: concurrent.futures.Future[bytes] = concurrent.futures.Future()
         self._on_line = on_line
+        self._on_bad_line = on_bad_line
         self._on_exit = on_exit
         self._write_lock = threading.Lock()
         self.dead = False
@@ -117,8 +126,8 @@ class _Process:
         for reader in self._readers:
             reader.start()
 
-    def write(self, message: dict[str, Any]) -> None:
-        line = msgspec.json.encode(message) + b"\n"
+    def write(self, message: Request | Reply) -> None:
+        line = encode(message)
         stdin = self.popen.stdin
         assert stdin is not None
         with self._write_lock:
@@ -133,12 +142,13 @@ class _Process:
         assert stdout is not None
         try:
             for raw in stdout:
-                try:
-                    message = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue  # not ours to interpret; the pool only writes JSON lines
                 if not self.ready.done():
                     self.ready.set_result(raw)
+                    continue
+                try:
+                    message = decode_answer(raw)
+                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+                    self._on_bad_line(raw, str(exc))
                     continue
                 self._on_line(message)
         finally:
@@ -283,7 +293,7 @@ class Pool:
             process = self._process
             if process is not None and not process.dead:
                 return process
-            process = _Process(self._command, self._dispatch, self._process_exited)
+            process = _Process(self._command, self._dispatch, self._unreadable, self._process_exited)
             self._process = process
         try:
             first = process.ready.result(timeout=_READY_TIMEOUT)
@@ -297,7 +307,7 @@ class Pool:
             raise PoolError(f"the pool's first line was not its ready event: {first[:200]!r}") from None
         if isinstance(event, StartErrorEvent):
             process.close(timeout=5)
-            raise _START_ERRORS.get(event.error.type, PoolError)(event.error.message or "the pool could not start")
+            raise START_ERRORS.get(event.error.type, PoolError)(event.error.message or "the pool could not start")
         # Checked against its type above; kept as the pool wrote it (a newer pool's extra fields included).
         self.ready = msgspec.json.decode(first)
         return process
@@ -333,7 +343,7 @@ class Pool:
                 pending.future.set_exception(error)
 
     # -- requests ----------------------------------------------------------------------------------------
-    def _submit(self, message: dict[str, Any], functions: Mapping[str, HostFunction] | None = None,
+    def _submit(self, message: Request, functions: Mapping[str, HostFunction] | None = None,
                 *, is_job: bool = False, host_errors: HostErrors | None = None) -> concurrent.futures.Future[Any]:
         process = self._ensure_process()
         request_id = f"{self._prefix}-{next(self._ids)}"
@@ -341,19 +351,19 @@ class Pool:
         with self._lock:
             self._pending[request_id] = pending
         try:
-            process.write({"id": request_id, **message})
+            process.write(msgspec.structs.replace(message, id=request_id))
         except PoolError as exc:
             with self._lock:
                 self._pending.pop(request_id, None)
             pending.future.set_exception(exc)
         return pending.future
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    def _dispatch(self, message: Answer) -> None:
         """On the reader thread: complete a future, or start a host function call."""
-        if message.get("event") == "call":
+        if isinstance(message, CallEvent):
             self._host_call(message)
             return
-        request_id = message.get("id")
+        request_id = message.id
         if not isinstance(request_id, str):
             return  # a refusal without an id (a late host reply): nothing is waiting for it
         with self._lock:
@@ -361,27 +371,35 @@ class Pool:
         if pending is not None and not pending.future.done():
             pending.future.set_result(message)
 
-    def _host_call(self, event: dict[str, Any]) -> None:
+    def _unreadable(self, raw: bytes, problem: str) -> None:
+        """On the reader thread: a line that is none of the pool's messages (a pool of another version, a
+        bug). The run it names, if any, fails now rather than waiting out its patience."""
+        _pool_log.warning("pynox pool: a line the client cannot read (%s): %r", problem, raw[:200])
+        try:
+            request_id = msgspec.json.decode(raw).get("id")
+        except (msgspec.DecodeError, AttributeError, RecursionError):
+            return
+        with self._lock:
+            pending = self._pending.pop(request_id, None) if isinstance(request_id, str) else None
+        if pending is not None and not pending.future.done():
+            pending.future.set_exception(PoolError(f"the pool's answer to this run could not be read: {problem}"))
+
+    def _host_call(self, event: CallEvent) -> None:
         threading.Thread(target=self._answer_call, args=(event,), name="pynox-host-call", daemon=True).start()
 
-    def _answer_call(self, event: dict[str, Any]) -> None:
-        request_id = event.get("id")
+    def _answer_call(self, event: CallEvent) -> None:
+        request_id = event.id
         with self._lock:
             pending = self._pending.get(request_id) if isinstance(request_id, str) else None
         if pending is None:
             return  # its job has ended (its result came first): the call must not start in the host
-        name = str(event.get("function", ""))
-        function = pending.functions.get(name) if pending.functions else None
-        args, kwargs = event.get("args", []), event.get("kwargs", {})
-        if not isinstance(args, list) or not isinstance(kwargs, dict):
-            answer = {"error": "malformed call"}
-        else:
-            answer = answer_call(name, function, args, kwargs, host_errors=pending.host_errors)
-        reply = {"call_id": event["call_id"], **answer}
+        function = pending.functions.get(event.function) if pending.functions else None
+        answer = answer_call(event.function, function, event.args, event.kwargs, host_errors=pending.host_errors)
+        reply = ReplyBody(call_id=event.call_id, **answer)
         process = self._process
         if process is not None:
             try:
-                process.write({"reply": reply})
+                process.write(Reply(reply=reply))
             except PoolError:
                 pass  # the pool died; the job's caller hears about it
 
@@ -404,10 +422,10 @@ class Pool:
             self._slots.release()
         return _result(reply)
 
-    def _patience(self, message: dict[str, Any], rounds: int) -> float:
+    def _patience(self, message: Request, rounds: int) -> float:
         """How long a run waits for its answer: ``rounds`` of its timeout (the jobs queued ahead of it,
         then its own), plus a margin."""
-        timeout = message.get("timeout")
+        timeout = message.timeout
         try:
             seconds = parse_duration(timeout) if timeout is not None else self._longest_timeout()
         except (ConfigError, ValueError):  # the pool refuses it with its own words
@@ -433,7 +451,7 @@ class Pool:
             self._implicit_timeout = longest
         return self._implicit_timeout
 
-    def _wait(self, future: concurrent.futures.Future[Any], message: dict[str, Any], rounds: int = _ROUNDS) -> Any:
+    def _wait(self, future: concurrent.futures.Future[Any], message: Request, rounds: int = _ROUNDS) -> Any:
         patience = self._patience(message, rounds)
         try:
             return future.result(timeout=patience)
@@ -448,7 +466,7 @@ class Pool:
                     del self._pending[key]
         return PoolError(f"the pool gave no answer within {patience:.0f}s; the run was abandoned")
 
-    async def _await(self, future: concurrent.futures.Future[Any], message: dict[str, Any],
+    async def _await(self, future: concurrent.futures.Future[Any], message: Request,
                      rounds: int = _ROUNDS) -> Any:
         patience = self._patience(message, rounds)
         try:
@@ -484,9 +502,11 @@ class Pool:
         return Session(self, functions, grants, host_errors=host_errors)
 
     def stats(self) -> dict[str, Any]:
-        """The pool's counters (see the protocol's stats event)."""
-        counters: dict[str, Any] = self._submit({"stats": True}).result()
-        return counters
+        """The pool's counters (see the protocol's stats event), by name."""
+        event = self._submit(Request(stats=True)).result()
+        if not isinstance(event, StatsEvent):
+            raise PoolError(f"the pool answered a stats request with {type(event).__name__}")
+        return msgspec.structs.asdict(event)
 
     def tool(self, profile: str | None = None, *, session: bool = False,
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
@@ -507,11 +527,13 @@ def _check_host_errors(value: object) -> None:
         raise ConfigError(f"host_errors must be 'safe' or 'full', got {value!r}")
 
 
-def _result(reply: dict[str, Any]) -> Result:
-    error = reply.get("error")
-    if reply.get("exit") == REFUSED_EXIT and isinstance(error, dict) and error.get("type") == "RequestError":
-        raise RequestError(error.get("message", "the pool refused the request"))
-    return Result.from_message(reply)
+def _result(reply: Answer) -> Result:
+    if not isinstance(reply, SessionResult):
+        raise PoolError(f"the pool answered a run with {type(reply).__name__}")
+    result = Result.from_wire(reply)
+    if result.refused:
+        raise RequestError(result.error["message"] if result.error else "the pool refused the request")
+    return result
 
 
 class Session:
@@ -537,16 +559,16 @@ class Session:
         """Whether a process holds this session's state (false before the first run and after an end)."""
         return self._name is not None
 
-    def _message(self, code: str, step: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    def _message(self, code: str, step: dict[str, Any]) -> tuple[Request, bool]:
         """The request, and whether it creates the session (carrying its permissions)."""
         with self._lock:
             if self._name is None:
                 self._name = f"session-{uuid.uuid4().hex[:12]}"
                 first = build_request(code, functions=list(self.functions), **{**self.grants, **step})
-                return {"session": self._name, **first}, True
-            return {"session": self._name, **build_request(code, **step)}, False
+                return msgspec.structs.replace(first, session=self._name), True
+            return msgspec.structs.replace(build_request(code, **step), session=self._name), False
 
-    def _after(self, reply: dict[str, Any], first: bool) -> Result:
+    def _after(self, reply: Answer, first: bool) -> Result:
         try:
             result = _result(reply)
         except RequestError:
@@ -568,10 +590,10 @@ class Session:
         future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
         return self._after(self.pool._wait(future, self._limits(message), _SESSION_ROUNDS), first)
 
-    def _limits(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _limits(self, message: Request) -> Request:
         """What bounds a step's wait: its own timeout, else the session's grants."""
-        timeout = message.get("timeout", self.grants.get("timeout"))
-        return {"timeout": timeout} if timeout is not None else {"profile": self.grants.get("profile")}
+        timeout = message.timeout if message.timeout is not None else self.grants.get("timeout")
+        return Request(timeout=timeout) if timeout is not None else Request(profile=self.grants.get("profile"))
 
     async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
                    timeout: Units | None = None, max_output: Units | None = None) -> Result:
@@ -587,7 +609,7 @@ class Session:
             name, self._name = self._name, None
         if name is not None:
             try:
-                self.pool._submit({"session": name, "close": True}).result()
+                self.pool._submit(Request(session=name, close=True)).result()
             except PoolError:
                 pass  # the pool is gone, and the session with it
 

@@ -23,14 +23,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from .config import EMPTY, load_config
+from .defaults import DEFAULTS
 from .errors import PynoxError
+from .grants import resolve_path
 from .host_functions import HostErrors, visible_signature
 from .names import FUNCTION_RULE, is_function_name
 from .protocol import Request
-from .resolve import DEFAULTS, resolve_path
 from .units import format_duration, format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
@@ -103,8 +102,7 @@ def _effective_request(pool: Pool | None, profile: str | None, grants: Mapping[s
 
     config_path = pool.config_path if pool is not None else default_config_path()
     config = load_config(config_path) if config_path else EMPTY
-    request = msgspec.convert(build_request(profile=profile, **grants), Request)
-    return config.apply(request, os.getcwd())
+    return config.apply(build_request(profile=profile, **grants), os.getcwd())
 
 
 def _tool_grants(request: Request) -> ToolGrants:

@@ -1,4 +1,5 @@
-"""``pynox.toml``: the one home of pool settings, the ``[pool.limits]`` ceiling and ``[profiles.*]`` presets.
+"""``pynox.toml``: the one home of pool settings, the ``[pool.limits]`` ceiling and ``[profiles.*]`` presets,
+and of how a pool's command line is laid over its ``[pool]`` table (:func:`pool_options`).
 
 A file has three kinds of table and nothing else::
 
@@ -13,43 +14,44 @@ fully resolved paths (every symlink and ``..`` followed, exactly as the job's
 grant will be), component by component, so ``/srv/data2`` is not beneath
 ``/srv/data`` and ``data/link -> /etc`` is ``/etc``.
 
-Apart from reading the file and resolving paths this module does no I/O.
+What a request may do under a config (its profile, the ceiling, every rule on
+its values) is decided in :mod:`pynox.grants`. Apart from reading the file and
+resolving paths this module does no I/O.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-import msgspec
-
+from .defaults import DEFAULT_WORKERS, DEFAULTS, Defaults
 from .errors import ConfigError, RequestError, quoted
+from .grants import bounded, dedupe, enforce_ceiling, merged, resolve
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath
 from .protocol import Request
-from .resolve import DEFAULTS, Defaults, check_ceiling, requested_units, resolve
-from .units import format_duration, format_size, parse_duration, parse_size
+from .units import parse_duration, parse_size
 
-__all__ = ["EMPTY", "Config", "Limits", "PoolSettings", "load_config", "merged"]
+__all__ = ["EMPTY", "Config", "Limits", "PoolOptions", "PoolSettings", "load_config", "merged", "pool_options"]
 
 _T = TypeVar("_T")
 
 # The request fields a profile may preset: grants and limits, never code, script, name or args.
 _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
                 "max_file_size", "package_dirs", "functions")
-_LIST_FIELDS = ("allow_read", "allow_write", "package_dirs", "functions")
 # `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
                     "max_file_size")
-_SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_size", "name")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
+_MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Limits:
     @property
     def readable(self) -> list[str]:
         """Where a request may read: what the ceiling lets it read or write."""
-        return _dedupe([*self.allow_read, *self.allow_write])
+        return dedupe([*self.allow_read, *self.allow_write])
 
 
 @dataclass(frozen=True)
@@ -97,25 +99,16 @@ class Config:
     permissions: Request | None = None
 
     def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS, check_paths: bool = True) -> Request:
-        """The request with its profile merged under it and the ceiling enforced.
+        """The request with its profile merged under it and the ceiling enforced: :func:`pynox.grants.bounded`."""
+        return bounded(request, self, cwd, check_paths=check_paths, defaults=defaults)
 
-        Raises :class:`~pynox.errors.RequestError` for an unknown profile or a
-        request outside the ceiling, saying which limit and what it allows. The
-        result names no profile; relative paths in it are still relative to ``cwd``.
+    @property
+    def ceiling(self) -> tuple[list[str], list[str]] | None:
+        """The [pool.limits] roots a request's resolved paths must lie beneath: (readable, writable)."""
+        return (self.limits.readable, list(self.limits.allow_write)) if self.limits is not None else None
 
-        Unset limits are filled in from the ceiling, so a later session step
-        (which may carry no grant fields) must be checked for its shape first.
-
-        ``check_paths=False`` leaves the paths to :func:`pynox.resolve.to_job`, which judges them against
-        the ceiling on the very resolution it grants (the pool does; a tool made ahead checks here).
-        """
-        if request.profile is not None:
-            request = _merge(self._profile(request.profile), request)
-        if self.limits is not None:
-            request = _enforce(self.limits, request, cwd, defaults, check_paths)
-        return request
-
-    def _profile(self, name: str) -> Request:
+    def profile(self, name: str) -> Request:
+        """The profile called ``name``; RequestError (the request named it) if there is none."""
         try:
             return self.profiles[name]
         except KeyError:
@@ -125,84 +118,6 @@ class Config:
 
 
 EMPTY = Config(path=None)
-
-
-# --- merging and the ceiling --------------------------------------------------------------------
-
-
-def _dedupe(items: Iterable[_T]) -> list[_T]:
-    seen: list[_T] = []
-    for item in items:
-        if item not in seen:
-            seen.append(item)
-    return seen
-
-
-def merged(base: Request, request: Request) -> Request:
-    """``base`` (a profile, or ``[permissions]``) under ``request``: lists joined, the request's scalars win."""
-    return _merge(base, request)
-
-
-def _merge(profile: Request, request: Request) -> Request:
-    """The profile under the request: lists are the profile's then the request's; set scalars win."""
-    changes: dict[str, Any] = {"profile": None}
-    for name in _LIST_FIELDS:
-        mine, theirs = getattr(request, name), getattr(profile, name)
-        if theirs is not None:
-            changes[name] = _dedupe([*theirs, *(mine or ())])
-    if profile.env is not None:
-        changes["env"] = {**profile.env, **(request.env or {})}
-    for name in _SCALAR_FIELDS:
-        if getattr(request, name) is None:
-            changes[name] = getattr(profile, name)
-    return msgspec.structs.replace(request, **changes)
-
-
-def _check_paths(field_name: str, paths: Iterable[str], allowed: Sequence[str], cwd: str) -> None:
-    # An early answer, for a tool made with grants outside the ceiling. The pool judges again, with
-    # to_job, on the very resolution it grants (a path can change between the two).
-    check_ceiling(field_name, [resolve(path, cwd, field_name) for path in paths], allowed)
-
-
-def _show_duration(seconds: float) -> str:
-    """format_duration, unless it rounds (``30.0001`` must not read as the ceiling's ``30s``)."""
-    text = format_duration(seconds)
-    try:
-        exact = parse_duration(text) == seconds
-    except ConfigError:  # "0ms" for anything under half a millisecond
-        exact = False
-    return text if exact else f"{seconds!r}s"
-
-
-def _enforce(limits: Limits, request: Request, cwd: str, defaults: Defaults, check_paths: bool = True) -> Request:
-    if check_paths:
-        _check_paths("allow_read", request.allow_read or (), limits.readable, cwd)
-        _check_paths("package_dirs", request.package_dirs or (), limits.readable, cwd)
-        if request.script is not None:
-            _check_paths("script", [request.script], limits.readable, cwd)
-        _check_paths("allow_write", request.allow_write or (), limits.allow_write, cwd)
-    if request.allow_network and not limits.allow_network:
-        raise RequestError("allow_network: the [pool.limits] ceiling does not allow the network "
-                           "(allow_network = false)")
-
-    changes: dict[str, Any] = {}
-    checks: tuple[tuple[str, Callable[[Any, str], Any], Any, Any, Callable[[Any], str]], ...] = (
-        ("timeout", parse_duration, limits.timeout, defaults.timeout, _show_duration),
-        ("memory", parse_size, limits.memory, defaults.memory, format_size),
-        ("max_output", parse_size, limits.max_output, defaults.max_output, format_size),
-        # No default: a max_file_size limit applies to every request that sets none.
-        ("max_file_size", parse_size, limits.max_file_size, None, format_size),
-    )
-    for name, parse, limit, default, show in checks:
-        value = getattr(request, name)
-        if value is not None:
-            parsed = requested_units(parse, value, name)
-            if limit is not None and parsed > limit:
-                raise RequestError(f"{name}: {show(parsed)} exceeds the [pool.limits] ceiling "
-                                   f"of {show(limit)}")
-        elif limit is not None and (default is None or default > limit):
-            changes[name] = limit
-    return msgspec.structs.replace(request, **changes) if changes else request
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -264,11 +179,14 @@ class _Table:
             return None
         resolved: list[str] = []
         for value in values:
-            real = os.path.realpath(os.path.join(base, os.path.expanduser(value)))
+            try:
+                real = resolve(value, base, key).path
+            except RequestError as exc:
+                raise self.error(str(exc).removeprefix(f"{key}: "), key) from None
             if must_exist and not os.path.exists(real):
                 raise self.error(f"{value} does not exist (resolved to {real})", key)
             resolved.append(real)
-        return _dedupe(resolved)
+        return dedupe(resolved)
 
 
 def _type_name(value: object) -> str:
@@ -321,7 +239,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         profile = _profile(profile_table, base)
         if limits is not None:
             try:
-                _enforce(limits, profile, base, DEFAULTS)
+                enforce_ceiling(limits, profile, base)
             except RequestError as exc:
                 # The ceiling applies to each request: the profile stays, and every request that names it
                 # is refused with this same reason. The operator hears of it when the pool starts.
@@ -346,7 +264,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     max_sessions = table.positive_int("max_sessions")
     return PoolSettings(
         workers=table.positive_int("workers"),
-        preload=tuple(_dedupe(preload)),
+        preload=tuple(dedupe(preload)),
         package_dirs=tuple(table.paths("package_dirs", base, must_exist=True) or ()),
         max_sessions=PoolSettings.max_sessions if max_sessions is None else max_sessions,
         session_idle=PoolSettings.session_idle if idle is None else idle,
@@ -402,7 +320,7 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
         package_dirs=table.paths("package_dirs", base, must_exist=False),
         allow_network=table.get("allow_network", bool, "true or false"),
         env=dict(env) if env is not None else None,
-        functions=_dedupe(functions) if functions is not None else None,
+        functions=dedupe(functions) if functions is not None else None,
         timeout=table.units("timeout", parse_duration),
         memory=table.units("memory", parse_size),
         max_output=table.units("max_output", parse_size),
@@ -413,7 +331,7 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
 def _refuse_self_writable(file: str, limits: Limits | None, profiles: Mapping[str, Request]) -> None:
     """A job that could write the config file could rewrite its own ceiling on the next start."""
     # Both where the file is named (a writable directory could swap a symlink) and where it really is.
-    names = _dedupe([os.path.join(os.path.realpath(os.path.dirname(file)), os.path.basename(file)),
+    names = dedupe([os.path.join(os.path.realpath(os.path.dirname(file)), os.path.basename(file)),
                      os.path.realpath(file)])
     grants = [("[pool.limits] allow_write", path) for path in (limits.allow_write if limits else ())]
     grants += [(f"[profiles.{name}] allow_write", path)
@@ -423,3 +341,45 @@ def _refuse_self_writable(file: str, limits: Limits | None, profiles: Mapping[st
             if beneath(name, grant):
                 raise ConfigError(f"{file}: {where}: {grant} contains this config file ({name}); a job could "
                                   "rewrite its own ceiling, so keep the file outside every write grant")
+
+
+# --- the pool's options ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """What one ``pynox pool`` runs with: its command line laid over the config's ``[pool]`` table."""
+
+    workers: int
+    preload: list[str]
+    package_dirs: list[str]
+    config: Config
+    log: str | None
+    max_sessions: int
+    session_idle: float
+
+
+def pool_options(args: argparse.Namespace) -> PoolOptions:
+    """Merge the command line over ``[pool]`` of the config file (the command line wins)."""
+    config = load_config(args.config) if args.config else EMPTY
+    settings = config.pool
+    workers = args.workers if args.workers is not None else (settings.workers or DEFAULT_WORKERS)
+    if not 1 <= workers <= _MAX_WORKERS:
+        raise ConfigError(f"--workers must be between 1 and {_MAX_WORKERS}, got {workers}")
+    if args.max_sessions is not None and args.max_sessions < 1:
+        raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    preload = [m.strip() for m in args.preload.split(",") if m.strip()] if args.preload else list(settings.preload)
+    cli_dirs = [os.path.realpath(d) for d in (args.package_dirs or [])]
+    for directory in cli_dirs:
+        if not os.path.isdir(directory):
+            raise ConfigError(f"--package-dir {directory} is not a directory")
+    return PoolOptions(
+        workers=workers,
+        preload=preload,
+        package_dirs=cli_dirs or list(settings.package_dirs),
+        config=config,
+        log=args.log if args.log is not None else settings.log,
+        max_sessions=args.max_sessions if args.max_sessions is not None else settings.max_sessions,
+        session_idle=(parse_duration(args.session_idle, "--session-idle") if args.session_idle
+                      else settings.session_idle),
+    )

@@ -21,6 +21,7 @@ also the ``error.type`` strings of the matching results in the protocol.
 from __future__ import annotations
 
 __all__ = [
+    "START_ERRORS",
     "ConfigError",
     "HostError",
     "JobError",
@@ -86,6 +87,10 @@ class HostError(PynoxError):
     ``pynox_host.HostError``. Any other exception reaches the job only as its type, unless the pool or
     tool was made with ``host_errors="full"`` (see :mod:`pynox.host_functions`)."""
 
+
+# What a pool's start-error event may name (its error.type), and the exception the client raises for it.
+START_ERRORS: dict[str, type[PynoxError]] = {cls.__name__: cls for cls in (KernelSupportError, ConfigError,
+                                                                           PoolWorkerError)}
 
 _QUOTED = 80  # characters of a caller's value quoted back in a message
 

@@ -24,6 +24,7 @@ __all__ = [
     "Closed",
     "ErrorInfo",
     "JobLogLine",
+    "PoolLogEvent",
     "ReadyEvent",
     "Reply",
     "ReplyBody",
@@ -34,6 +35,8 @@ __all__ = [
     "StartError",
     "StartErrorEvent",
     "StatsEvent",
+    "Usage",
+    "decode_answer",
     "encode",
     "first_line_decoder",
     "parse_line",
@@ -78,9 +81,11 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class ReplyBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Exactly one of ``result`` (any JSON value, null included) and ``error``; the other stays unset."""
+
     call_id: int
-    result: Any = None
-    error: str | None = None
+    result: Any = msgspec.UNSET
+    error: str | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class Reply(msgspec.Struct, forbid_unknown_fields=True):
@@ -109,6 +114,18 @@ class ResultPolicy(msgspec.Struct):
     landlock_abi: int
 
 
+class Usage(msgspec.Struct, frozen=True):
+    """What the job's process used, as the kernel counts it (see pool/usage.py); a session step's
+    ``cpu_ms`` is that step's, its ``max_rss_kb`` the process's peak so far (None: the process was gone
+    before it could be measured, and the template did not say)."""
+
+    cpu_ms: float = 0.0
+    max_rss_kb: int | None = 0
+    host_calls: int = 0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+
+
 class Result(msgspec.Struct, omit_defaults=False):
     id: RequestId
     exit: int
@@ -122,6 +139,7 @@ class Result(msgspec.Struct, omit_defaults=False):
     queue_us: int = 0
     runtime: ResultRuntime | None = None
     policy: ResultPolicy | None = None
+    usage: Usage | None = None
 
 
 class SessionResult(Result):
@@ -202,6 +220,17 @@ class JobLogLine(msgspec.Struct, kw_only=True):
     queue_us: int
     network: str | None
     truncated: bool
+    usage: Usage | None
+
+
+class PoolLogEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A line on stderr (``log = "json"``) about the pool itself: a template that failed to start
+    (``retry`` counts the attempts at a replacement), a config file's warning."""
+
+    ts_ms: int
+    event: Literal["template_error", "config_warning"]
+    message: str
+    retry: int | None = None
 
 
 class CallEvent(msgspec.Struct, tag_field="event", tag="call"):
@@ -212,8 +241,6 @@ class CallEvent(msgspec.Struct, tag_field="event", tag="call"):
     kwargs: dict[str, Any]
 
 
-# Exit status of a result that never ran because the request was refused.
-
 _encoder = msgspec.json.Encoder()
 
 
@@ -223,6 +250,28 @@ def encode(message: msgspec.Struct | dict[str, Any]) -> bytes:
 
 
 _REPLY_HEAD = re.compile(rb'\s*\{\s*"reply"\s*:\s*\{\s*"call_id"\s*:\s*(\d{1,18})\s*[,}]')
+
+
+Answer = SessionResult | CallEvent | StatsEvent | Closed
+
+
+def decode_answer(line: bytes) -> Answer:
+    """One line the pool wrote after its ready event, as the client reads it: a host-function call, the
+    stats event, a closed session, or a result (a session step's carries its session fields). Raises
+    ``msgspec.DecodeError`` (or ``ValidationError``) for a line that is none of these."""
+    raw = msgspec.json.decode(line)
+    if not isinstance(raw, dict):
+        raise msgspec.ValidationError(f"expected an object, got {type(raw).__name__}")
+    kind = raw.get("event")
+    if kind == "call":
+        return msgspec.convert(raw, CallEvent)
+    if kind == "stats":
+        return msgspec.convert(raw, StatsEvent)
+    if kind is not None:
+        raise msgspec.ValidationError(f"unknown event {kind!r}")
+    if raw.get("closed") is True and "exit" not in raw:
+        return msgspec.convert(raw, Closed)
+    return msgspec.convert(raw, SessionResult)
 
 
 def reply_call_id(head: bytes) -> int | None:
@@ -273,10 +322,10 @@ def parse_line(line: bytes) -> Request | Reply:
     try:
         if "reply" in raw:
             reply = msgspec.convert(raw, Reply)
-            body = raw["reply"]
-            if "result" in body and "error" in body:
+            body = reply.reply
+            if body.result is not msgspec.UNSET and body.error is not msgspec.UNSET:
                 raise LineError(None, f"reply to call {reply.reply.call_id}: give result or error, not both")
-            if "result" not in body and "error" not in body:
+            if body.result is msgspec.UNSET and body.error is msgspec.UNSET:
                 raise LineError(None, f"reply to call {reply.reply.call_id}: give a result or an error; the call "
                                       "is still waiting for one")
             return reply

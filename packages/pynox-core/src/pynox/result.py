@@ -11,9 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import JobError
+import msgspec
 
-__all__ = ["Result"]
+from .errors import JobError
+from .exits import REFUSED_EXIT, TIMEOUT_EXIT
+from .protocol import Result as WireResult
+from .protocol import SessionResult, Usage
+
+__all__ = ["Result", "Usage"]
 
 
 @dataclass(frozen=True)
@@ -35,19 +40,39 @@ class Result:
     step: int | None = None
     session_ended: bool = False
     id: str | int | float | None = None
+    # What the job's process used (cpu_ms, max_rss_kb, host_calls, stdout_bytes, stderr_bytes); None from
+    # a pool too old to say.
+    usage: Usage | None = None
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> Result:
-        """Build from a pool result line (already decoded)."""
-        known = {name: message[name] for name in cls.__dataclass_fields__ if name in message}
-        known["policy"] = known.get("policy") or {}
-        known["runtime"] = known.get("runtime") or {}
-        return cls(**known)
+    def from_wire(cls, wire: WireResult) -> Result:
+        """Build from a result line the client decoded."""
+        session = wire if isinstance(wire, SessionResult) else None
+        return cls(
+            exit=wire.exit, stdout=wire.stdout, stderr=wire.stderr,
+            error=msgspec.structs.asdict(wire.error) if wire.error is not None else None,
+            stdout_truncated=wire.stdout_truncated, stderr_truncated=wire.stderr_truncated,
+            duration_ms=wire.duration_ms, duration_us=wire.duration_us, queue_us=wire.queue_us,
+            policy=msgspec.structs.asdict(wire.policy) if wire.policy is not None else {},
+            runtime=msgspec.structs.asdict(wire.runtime) if wire.runtime is not None else {},
+            session=session.session if session else None, step=session.step if session else None,
+            session_ended=session.session_ended if session else False, id=wire.id, usage=wire.usage,
+        )
 
     @property
     def ok(self) -> bool:
         """The code ran to the end: exit status 0 and no error."""
         return self.exit == 0 and self.error is None
+
+    @property
+    def refused(self) -> bool:
+        """The pool refused the request before anything ran (the client raises RequestError for it)."""
+        return self.exit == REFUSED_EXIT and self.error is not None and self.error.get("type") == "RequestError"
+
+    @property
+    def timed_out(self) -> bool:
+        """The pool killed the code at its timeout."""
+        return self.exit == TIMEOUT_EXIT and self.error is not None and self.error.get("type") == "TimeoutError"
 
     @property
     def truncated(self) -> bool:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Literal
 
+from .grants import to_job
 from .pool.outcome import to_result
 from .pool.worker import Template
 from .protocol import Request, Result
-from .resolve import to_job
 
 __all__ = ["run_on", "run_once"]
 

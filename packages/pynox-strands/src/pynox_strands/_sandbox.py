@@ -27,7 +27,6 @@ from ._tool import tool_for
 __all__ = ["PynoxSandbox", "UnsupportedOperation"]
 
 _PYTHON = re.compile(r"python(3(\.\d+)*)?")
-_TIMED_OUT = 124
 _OS_ERRORS: dict[str, type[OSError]] = {
     "FileNotFoundError": FileNotFoundError, "PermissionError": PermissionError,
     "IsADirectoryError": IsADirectoryError, "NotADirectoryError": NotADirectoryError,
@@ -95,7 +94,7 @@ class PynoxSandbox(Sandbox):
         except PynoxError as exc:  # a refusal or a broken pool: strands' tools report it to the model
             raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
         stderr = _stderr(result)
-        if result.exit == _TIMED_OUT and result.error is not None and result.error.get("type") == "TimeoutError":
+        if result.timed_out:
             limit = min(timeout, self._runner.grants.timeout) if timeout is not None else self._runner.grants.timeout
             raise SandboxTimeoutError(limit, result.stdout, stderr)
         if result.stdout:

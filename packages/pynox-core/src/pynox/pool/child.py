@@ -15,6 +15,7 @@ import errno
 import fcntl
 import linecache
 import os
+import signal
 import socket
 import sys
 import threading
@@ -90,7 +91,8 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     main = _new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args))
-    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
+    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement),
+            measured=True)
 
 
 def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int]) -> NoReturn:
@@ -151,7 +153,8 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     except BaseException as exc:
         _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not read the job: {exc}"))
     main = _new_main(confinement, payload)
-    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement))
+    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement),
+            measured=True)
 
 
 def _hand_over_listener(listener: int) -> None:
@@ -422,10 +425,17 @@ def _write_report(report_fd: int, report: Report) -> None:
         pass
 
 
-def _finish(report_fd: int, report: Report) -> NoReturn:
-    """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner)."""
+def _finish(report_fd: int, report: Report, *, measured: bool = False) -> NoReturn:
+    """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner).
+
+    ``measured``: a job's normal end. The process stops itself here, its memory intact, so that the pool
+    can read what it used from the kernel (pool/usage.py) and then kill it: the result leaves without
+    waiting for the exit teardown, and the figures are the kernel's, not the job's. A pool that needs
+    the exit status instead continues it (SIGCONT)."""
     _flush_streams()
     _write_report(report_fd, report)
     for fd in (STDOUT, STDERR, report_fd):
         _close_quietly(fd)
+    if measured:
+        os.kill(os.getpid(), signal.SIGSTOP)
     os._exit(report.exit)

@@ -143,7 +143,8 @@ class JobCalls:
         self.request_id = request_id
         self.functions = set(functions)
         self.channel = channel
-        self.calls = 0
+        self.calls = 0  # calls counted against MAX_CALLS
+        self.sent = 0  # calls that reached the client (its call events)
         self.violation: str | None = None
         channel.settimeout(_SEND_TIMEOUT)
         self._buffer = FrameBuffer(_FRAME_LIMIT)
@@ -202,6 +203,7 @@ class JobCalls:
         with self._lock:
             self._outstanding[call_id] = size
         self.registry._on_call()
+        self.sent += 1
         self.registry._emit(encode(CallEvent(id=self.request_id, call_id=call_id, function=call.function,
                                              args=call.args, kwargs=call.kwargs)))
 

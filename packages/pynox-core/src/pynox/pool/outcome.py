@@ -14,7 +14,7 @@ from .. import hints
 from ..exits import SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND
-from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult
+from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult, Usage
 from ..units import format_duration
 
 __all__ = ["Outcome", "to_result", "to_session_result"]
@@ -32,8 +32,12 @@ class Outcome:
     signal: int | None = None
     setup_error: str | None = None
     duration_us: int = 0
+    # What the process used (see usage.py), and what the job did through the pool.
     cpu_us: int = 0
-    max_rss_kb: int = 0
+    max_rss_kb: int | None = 0
+    host_calls: int = 0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
     # The process ended (always for a job; for a session step, the session is over).
     ended: bool = False
     # The code called sys.exit().
@@ -97,6 +101,9 @@ def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec:
             timeout_ms=round(spec.timeout * 1000), memory_bytes=spec.memory, max_output=max_output,
             max_file_size=spec.max_file_size, backend=BACKEND, landlock_abi=landlock_abi,
         ),
+        usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
+                    host_calls=outcome.host_calls, stdout_bytes=outcome.stdout_bytes,
+                    stderr_bytes=outcome.stderr_bytes),
     )
 
 

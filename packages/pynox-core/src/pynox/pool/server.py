@@ -22,17 +22,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
-from ..config import EMPTY, Config, load_config
-from ..defaults import DEFAULT_WORKERS
-from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
+from ..config import PoolOptions, pool_options
+from ..defaults import DEFAULTS
+from ..errors import KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..exits import WORKER_ERROR_EXIT
+from ..grants import bounded, parse_request_duration, parse_request_size, to_job
 from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND
 from ..protocol import (
     LineError,
+    PoolLogEvent,
     ReadyEvent,
     Reply,
     Request,
@@ -45,8 +48,6 @@ from ..protocol import (
     refusal,
     reply_call_id,
 )
-from ..resolve import DEFAULTS, parse_request_duration, parse_request_size, to_job
-from ..units import parse_duration
 from .frames import Ready
 from .hostcalls import CallRegistry
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
@@ -55,23 +56,11 @@ from .session import SessionRegistry, Step
 from .stats import Stats, log_line
 from .worker import CallSink, Template
 
-__all__ = ["PoolOptions", "serve"]
+__all__ = ["serve"]
 
 _log = logging.getLogger(__name__)
 
-_MAX_WORKERS = 256
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
-
-
-@dataclass(frozen=True)
-class PoolOptions:
-    workers: int
-    preload: list[str]
-    package_dirs: list[str]
-    config: Config
-    log: str | None
-    max_sessions: int
-    session_idle: float
 
 
 @dataclass
@@ -80,32 +69,6 @@ class _Job:
     spec: JobSpec
     max_output: int
     accepted_ns: int
-
-
-def options_from(args: argparse.Namespace) -> PoolOptions:
-    """Merge the command line over ``[pool]`` of the config file (the command line wins)."""
-    config = load_config(args.config) if args.config else EMPTY
-    settings = config.pool
-    workers = args.workers if args.workers is not None else (settings.workers or DEFAULT_WORKERS)
-    if not 1 <= workers <= _MAX_WORKERS:
-        raise ConfigError(f"--workers must be between 1 and {_MAX_WORKERS}, got {workers}")
-    if args.max_sessions is not None and args.max_sessions < 1:
-        raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
-    preload = [m.strip() for m in args.preload.split(",") if m.strip()] if args.preload else list(settings.preload)
-    cli_dirs = [os.path.realpath(d) for d in (args.package_dirs or [])]
-    for directory in cli_dirs:
-        if not os.path.isdir(directory):
-            raise ConfigError(f"--package-dir {directory} is not a directory")
-    return PoolOptions(
-        workers=workers,
-        preload=preload,
-        package_dirs=cli_dirs or list(settings.package_dirs),
-        config=config,
-        log=args.log if args.log is not None else settings.log,
-        max_sessions=args.max_sessions if args.max_sessions is not None else settings.max_sessions,
-        session_idle=(parse_duration(args.session_idle, "--session-idle") if args.session_idle
-                      else settings.session_idle),
-    )
 
 
 class _Worker(threading.Thread):
@@ -185,7 +148,7 @@ class _Worker(threading.Thread):
             self.template = self.server.new_template()
         except PynoxError as exc:
             self.start_problem = str(exc)
-            self.server.log_event({"event": "template_error", "message": str(exc)})
+            self.server.log_event("template_error", str(exc))
         return self.template
 
     def _worker_error(self, job: _Job, queue_us: int, message: str, duration_us: int = 0) -> Result:
@@ -208,7 +171,7 @@ class Server:
         self.ready: Ready  # the first template's, once started
         self.read_paths: list[str] = []
         self._stopping = False
-        # Every directory or file a job of this pool has been allowed to write (see resolve.to_job).
+        # Every directory or file a job of this pool has been allowed to write (see grants.Grants.of).
         self._written: set[str] = set()
         self.calls = CallRegistry(output.write, self.stats.record_host_call)
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
@@ -223,7 +186,7 @@ class Server:
             except PoolWorkerError as exc:
                 if not exc.transient or attempt == _START_ATTEMPTS - 1:
                     raise
-                self.log_event({"event": "template_error", "message": str(exc), "retry": attempt + 1})
+                self.log_event("template_error", str(exc), retry=attempt + 1)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
@@ -232,9 +195,10 @@ class Server:
         if self.options.log == "json":
             self._log(encode(log_line(result, session=session, step=step)))
 
-    def log_event(self, event: dict[str, object]) -> None:
+    def log_event(self, event: Literal["template_error", "config_warning"], message: str, *,
+                  retry: int | None = None) -> None:
         if self.options.log == "json":
-            self._log(encode({"ts_ms": int(time.time() * 1000), **event}))
+            self._log(encode(PoolLogEvent(ts_ms=int(time.time() * 1000), event=event, message=message, retry=retry)))
 
     # -- startup -----------------------------------------------------------------------------------------
     def start(self) -> list[_Worker]:
@@ -309,7 +273,8 @@ class Server:
             return
         if isinstance(message, Reply):
             body = message.reply
-            problem = self.calls.reply(body.call_id, body.result, body.error)
+            problem = self.calls.reply(body.call_id, None if body.result is msgspec.UNSET else body.result,
+                                       None if body.error is msgspec.UNSET else body.error)
             if problem is not None:
                 self._refuse(None, problem)
             return
@@ -329,12 +294,10 @@ class Server:
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
         config = self.options.config
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
-        request = config.apply(request, self.cwd, check_paths=False)
+        request = bounded(request, config, self.cwd, check_paths=False)
         run_as = config.pool.run_as
-        limits = config.limits
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
-                                  writable=self._written,
-                                  ceiling=(limits.readable, limits.allow_write) if limits else None,
+                                  writable=self._written, ceiling=config.ceiling,
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None)
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
@@ -366,7 +329,7 @@ class Server:
         # A step's own timeout and output cap are still bounded by the ceiling.
         step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
                                max_output=request.max_output)
-        self.options.config.apply(step_request, self.cwd)
+        bounded(step_request, self.options.config, self.cwd)
         timeout = parse_request_duration(request.timeout, spec.timeout)
         step_max_output = parse_request_size(request.max_output, max_output)
         # Like any request, a step's file name is agent.py unless it says otherwise.
@@ -394,11 +357,11 @@ def serve(args: argparse.Namespace) -> int:
     stdin_fd, stdout = stdio()
     output = Output(stdout)
     try:
-        options = options_from(args)
+        options = pool_options(args)
         server = Server(options, output, _write_log)
         for warning in options.config.warnings:
             if options.log == "json":
-                server.log_event({"event": "config_warning", "message": warning})
+                server.log_event("config_warning", warning)
             else:
                 print(f"pynox pool: warning: {warning}", file=sys.stderr, flush=True)
         workers = server.start()

@@ -98,4 +98,5 @@ def log_line(result: Result, *, session: str | None = None, step: int | None = N
         queue_us=result.queue_us,
         network=result.policy.network if result.policy else None,
         truncated=result.stdout_truncated or result.stderr_truncated,
+        usage=result.usage,
     )

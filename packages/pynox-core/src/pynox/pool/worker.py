@@ -1,14 +1,16 @@
-"""The server's handle on one template: start it, run a job through it, capture output, enforce the deadline.
+"""The server's handle on one template process: start it, serve a job through it, enforce the deadline.
 
-A :class:`Template` serves one job at a time. Output is read from the job's own
-pipes with a cap per stream; past the cap it is still drained (and dropped) so
-a flood never blocks the job. The deadline is enforced here, from outside the
+A :class:`Template` serves one job at a time; the job's process goes through
+the states of :mod:`.lifecycle`. While it runs, one select loop reads its
+output (:mod:`.capture`), relays its host calls, answers its delegated
+metadata calls (:mod:`.metadata`) and enforces its deadline, from outside the
 sandbox, by SIGKILL through the pidfd the template handed over: no pid reuse
 race, and the job cannot ignore it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import selectors
@@ -28,24 +30,30 @@ from ..errors import KernelSupportError, PoolWorkerError
 from ..job import Confinement, JobSpec, Report
 from ..policy import tasks
 from ..policy.grants import close_all, open_grants
+from .capture import Capture
 from .descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, STDERR, STDOUT, sent_with_job
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
 from .hostcalls import JobCalls, ProtocolViolation
+from .lifecycle import ChildLife, ChildState
 from .metadata import Steward, receive_listener
 from .outcome import Outcome
 from .payload import new_claim, take_back, write_payload
+from .usage import live_usage
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
 
 _READ_CHUNK = 1 << 16
-_MAX_REPORT = 1 << 20
 # After SIGKILL the kernel tears the process down; a template that does not report by then is broken.
 _KILL_GRACE = 5.0
 _START_TIMEOUT = 300.0  # preloading pandas on a cold disk takes seconds, not minutes
+# How long a result waits for the template's word on a job that exited on its own before it could be
+# measured (its peak memory is in the template's wait4): the template is reaping it as the result is due.
+_END_WAIT = 0.25
 # Hardware tuning the host may need for BLAS on this processor (see the env notes); not secrets.
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _report_decoder = msgspec.json.Decoder(Report)
 CallSink = Callable[[socket.socket], JobCalls]
+Handler = Callable[["_Serving"], None]
 
 
 def _close_quietly(fd: int) -> None:
@@ -117,8 +125,25 @@ class SessionChannels:
                 sock.close()
 
 
+@dataclass
+class _Serving:
+    """One job (or session step) on its way through :meth:`Template.collect`: what the loop watches, and
+    what it has seen so far."""
+
+    sel: selectors.BaseSelector
+    capture: Capture
+    outcome: Outcome
+    job_calls: JobCalls | None
+    session: bool
+    deadline: int  # monotonic ns
+    kill_deadline: int | None = None  # set at the kill: the template must report the end by then
+    child_dead: bool = False  # seen through its pidfd: the template may be slow to say so (stopped, busy)
+    watching_pidfd: bool = False
+    continued: bool = False  # a child stopped at its end was let go on to exit (see _needs_end)
+
+
 class Template:
-    """One warm template process and the socket to it."""
+    """One warm template process, the socket to it, and the child it is serving."""
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -139,11 +164,7 @@ class Template:
         self.sock = parent
         self.broken = False
         self.cgroup: str | None = None
-        # The child being served: its pidfd (for SIGKILL) and, once the template reaped it, how it ended.
-        self.child_pidfd: int | None = None
-        self.child_ended: Ended | None = None
-        # A job answered before the template reaped it: its deadline still holds until it is reaped.
-        self._unreaped_deadline: int | None = None
+        self.child = ChildLife()
         # The child's delegated metadata calls (see metadata.py): the socket its listener arrives on, the
         # job's write grants and its uid and gid until then, and the steward answering them from then on.
         self._metadata: _StewardToBe | None = None
@@ -185,7 +206,8 @@ class Template:
             self.process.wait()
         # A session's child is served until the session closes, and a broken template may leave its job's
         # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
-        self._close_child()
+        self._close_metadata()
+        self.child.abandon()
         if self.cgroup is not None:
             # Its children die with it (parent-death signal); what is still exiting is removed at exit.
             tasks.remove(self.cgroup, wait=0.5)
@@ -233,11 +255,13 @@ class Template:
             extra.append(session.job_control)
             own[CONTROL] = session.job_control.fileno()
         start = time.monotonic_ns()
+        self.child.sent()
         try:
             order = sent_with_job(confinement.host_channel, confinement.session)
             send_frame(self.sock, confinement, [*(own[target] for target in order), *granted])
         except OSError as exc:
             self.broken = True
+            self.child.not_sent()
             self._close_metadata()
             for r, _ in pipes:
                 os.close(r)  # the write ends are closed below, once
@@ -265,171 +289,165 @@ class Template:
                 calls: CallSink | None, channel: socket.socket | None, session: bool) -> Outcome:
         """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude."""
         outcome = Outcome()
+        capture = Capture(reads, outcome, max_output)
         job_calls = calls(channel) if calls is not None and channel is not None else None
         try:
-            report = self._loop(reads, outcome, start, start + int(timeout * 1e9), max_output, job_calls, session)
+            with selectors.DefaultSelector() as sel:
+                serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9))
+                self._loop(serving)
         finally:
-            for fd in reads:
-                _close_quietly(fd)
+            capture.close()
             if job_calls is not None:
+                outcome.host_calls = job_calls.sent
                 job_calls.close()
             if channel is not None and not session:  # a session's channel lives as long as the session
                 channel.close()
-        self._read_report(outcome, report)
+        outcome.duration_us = (time.monotonic_ns() - start) // 1000
+        self._finish(serving)
+        self._read_report(outcome, bytes(capture.report))
         outcome.conclude(spec, timeout)
         return outcome
 
     def ended_while_idle(self) -> Ended | None:
         """Between two steps of a session: how its child ended, if it did meanwhile (killed from outside,
         say). Consumes the template's Ended frame, which is waiting on the socket."""
-        if self.child_ended is None and self.has_word():
+        if self.child.state is ChildState.RUNNING and self.has_word():
             self._receive(Outcome())
-        return self.child_ended
+        return self.child.ended
 
     def has_word(self) -> bool:
         """Whether the template has said something nobody has read yet (between steps: that the child ended)."""
         return bool(select.select([self.sock], [], [], 0)[0])
 
     def kill_child(self) -> None:
-        if self.child_pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.child_pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.child.kill()
 
-    def _loop(self, reads: list[int], outcome: Outcome, start: int, deadline: int, max_output: int,
-              job_calls: JobCalls | None, session: bool) -> bytes:
-        out, _err, rep = reads
-        report = bytearray()
-        kill_deadline: int | None = None
-        child_dead = False  # seen through its pidfd: the template may be slow to say so (stopped, busy)
-        watching_pidfd = False
-        with selectors.DefaultSelector() as sel:
-            for fd in reads:
-                sel.register(fd, selectors.EVENT_READ)
-            if self.child_ended is None:
-                sel.register(self.sock, selectors.EVENT_READ)
-            if job_calls is not None:
-                sel.register(job_calls.channel, selectors.EVENT_READ)
-            if self._metadata is not None and self._metadata.sock is not None:
-                sel.register(self._metadata.sock, selectors.EVENT_READ)
-            if self.steward is not None:  # a session's, from its first step
-                sel.register(self.steward.listener, selectors.EVENT_READ)
-            open_pipes = 3
-            try:
-                # A job is over when its process ended and its pipes closed; a session step when its
-                # pipes closed (the child hands them back), unless the child died or exited meanwhile.
-                while open_pipes or (self.child_ended is None and not child_dead
-                                     and self._must_wait_for_end(report, session, outcome,
-                                                                 self.child_pidfd is not None)):
-                    self._start_steward(sel)
-                    if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
-                        outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
-                        self.kill_child()
-                    now = time.monotonic_ns()
-                    if kill_deadline is None and now >= deadline:
-                        outcome.timed_out = True
-                        kill_deadline = now + int(_KILL_GRACE * 1e9)
-                        self.kill_child()
-                    if kill_deadline is not None and now >= kill_deadline:
-                        self.broken = True
-                        raise PoolWorkerError("the template did not reap a killed job in time")
-                    if kill_deadline is not None and not watching_pidfd and self.child_pidfd is not None:
-                        sel.register(self.child_pidfd, selectors.EVENT_READ)
-                        watching_pidfd = True
-                    limit = (kill_deadline if kill_deadline is not None else deadline) - now
-                    for key, _ in sel.select(max(limit, 0) / 1e9):
-                        fd = key.fd
-                        if watching_pidfd and fd == self.child_pidfd:
-                            sel.unregister(fd)  # the killed child is dead: its result is due now
-                            child_dead = True
-                            continue
-                        if fd == self.sock.fileno():
-                            if self._receive(outcome):
-                                sel.unregister(self.sock)
-                            continue
-                        if self._metadata is not None and self._metadata.sock is not None \
-                                and fd == self._metadata.sock.fileno():
-                            sel.unregister(fd)
-                            self._metadata.take_listener()
-                            continue
-                        if self.steward is not None and fd == self.steward.listener:
-                            if not self.steward.answer():
-                                sel.unregister(fd)
-                            continue
-                        if job_calls is not None and fd == job_calls.channel.fileno():
-                            if not self._relay(job_calls, sel):
-                                outcome.protocol_violation = job_calls.violation
-                                self.kill_child()
-                            continue
-                        chunk = os.read(fd, _READ_CHUNK)
-                        if not chunk:
-                            sel.unregister(fd)
-                            open_pipes -= 1
-                        elif fd == rep:
-                            if len(report) + len(chunk) > _MAX_REPORT:
-                                report.clear()  # an oversized report is ignored, the exit status still counts
-                            else:
-                                report += chunk
-                        else:
-                            self._capture(outcome, fd == out, chunk, max_output)
-            except BaseException:
-                if self.child_ended is None:
-                    self.kill_child()
-                raise
-        outcome.duration_us = (time.monotonic_ns() - start) // 1000
-        if self.child_ended is None and not session:
-            # Answered from the report, which a job could write early and then go on: whatever it still
-            # does is killed now (an honest child is already exiting: the kill changes nothing for it).
-            # The template reaps it while the result travels.
-            self.kill_child()
-            self._unreaped_deadline = deadline
-            # Answered: nothing the job still asks is answered (a delegated call it makes now fails, as
-            # it dies), and the pool holds no listener or grant of it while idle.
-            self._close_metadata()
-        ended = self.child_ended
-        if ended is not None:
-            self._close_child()
-            outcome.ended = True
-            outcome.cpu_us, outcome.max_rss_kb = ended.cpu_us, ended.max_rss_kb
-            if os.WIFSIGNALED(ended.status):
-                outcome.signal = os.WTERMSIG(ended.status)
-                outcome.exit = 128 + outcome.signal
-            else:
-                outcome.exit = os.waitstatus_to_exitcode(ended.status)
-        return bytes(report)
+    # -- the loop ------------------------------------------------------------------------------------------
+    def _loop(self, serving: _Serving) -> None:
+        """Until the job is over: its process ended (or was answered) and its pipes closed; for a session
+        step, its pipes closed (the child hands them back), unless the child died or exited meanwhile."""
+        sel, capture = serving.sel, serving.capture
+        for fd in capture.pipes:
+            sel.register(fd, selectors.EVENT_READ, functools.partial(self._on_pipe, fd))
+        if self.child.state is not ChildState.ENDED:
+            sel.register(self.sock, selectors.EVENT_READ, self._on_template)
+        if serving.job_calls is not None:
+            sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_call)
+        if self._metadata is not None and self._metadata.sock is not None:
+            sel.register(self._metadata.sock, selectors.EVENT_READ, self._on_listener)
+        if self.steward is not None:  # a session's, from its first step
+            sel.register(self.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
+        try:
+            while capture.open or self._needs_end(serving):
+                wait = self._enforce(serving)
+                for key, _ in sel.select(max(wait, 0) / 1e9):
+                    handler: Handler = key.data
+                    handler(serving)
+        except BaseException:
+            if self.child.alive:
+                self.child.kill()
+            raise
 
-    @staticmethod
-    def _must_wait_for_end(report: bytearray, session: bool, outcome: Outcome, can_kill: bool) -> bool:
+    def _enforce(self, serving: _Serving) -> int:
+        """The deadline and the kills, checked between two waits; how long (ns) the next wait may be."""
+        self._start_steward(serving.sel)
+        outcome, job_calls = serving.outcome, serving.job_calls
+        if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
+            outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
+            self.child.kill()
+        now = time.monotonic_ns()
+        if serving.kill_deadline is None and now >= serving.deadline:
+            outcome.timed_out = True
+            serving.kill_deadline = now + int(_KILL_GRACE * 1e9)
+            self.child.kill()
+        if serving.kill_deadline is not None and now >= serving.kill_deadline:
+            self.broken = True
+            raise PoolWorkerError("the template did not reap a killed job in time")
+        if serving.kill_deadline is not None and not serving.watching_pidfd and self.child.pidfd is not None:
+            serving.sel.register(self.child.pidfd, selectors.EVENT_READ, self._on_pidfd)
+            serving.watching_pidfd = True
+        if not serving.capture.open and not serving.continued and self.child.pidfd is not None:
+            # Its pipes are closed and its exit status is needed: a child that stopped itself at its end
+            # (child._finish) goes on to exit. A running one is not disturbed by it.
+            serving.continued = True
+            self.child.signal(signal.SIGCONT)
+        return (serving.kill_deadline if serving.kill_deadline is not None else serving.deadline) - now
+
+    def _needs_end(self, serving: _Serving) -> bool:
         """After the pipes closed: is the child's end (its exit status) still needed?
 
         A complete report says how the code ended, so a job's result need not wait for the exit
-        teardown (0.5 to 1.5 ms): the child is killed as the result is answered (see _loop), so
-        nothing it might still do after its report happens. Only a missing or broken report, a kill,
-        a child not yet killable (its pidfd still on its way), or a session step that ended its process
-        needs the status the template reports."""
+        teardown (0.5 to 1.5 ms): the child is measured and killed as the result is answered (see
+        _finish), so nothing it might still do after its report happens. Only a missing or broken
+        report, a kill, a child not yet killable (its pidfd still on its way), or a session step that
+        ended its process needs the status the template reports."""
+        if self.child.state is ChildState.ENDED or serving.child_dead:
+            return False
+        outcome = serving.outcome
+        report = serving.capture.report
         if outcome.timed_out or outcome.protocol_violation is not None or not report:
             return True
-        if not session and not can_kill:
+        if not serving.session and self.child.pidfd is None:
             return True
         try:
             decoded = _report_decoder.decode(report)
         except msgspec.DecodeError:
             return True
-        return decoded.exited if session else decoded.setup_error is not None
+        return decoded.exited if serving.session else decoded.setup_error is not None
+
+    def _finish(self, serving: _Serving) -> None:
+        """The job is over: measure the process, kill it if its result leaves before its end, release it."""
+        outcome, child = serving.outcome, self.child
+        if child.state is ChildState.RUNNING and child.pid is not None:
+            # Alive as its result leaves (stopped at its end, or a session between steps): measured now,
+            # before any kill, whose teardown is not the job's work.
+            measured = live_usage(child.pid)
+            if measured is None or measured[1] is None:
+                self._await_end()  # it exited (or was killed): the template's wait4 has its peak memory
+            if child.state is ChildState.RUNNING and measured is not None:
+                outcome.cpu_us, outcome.max_rss_kb = child.used(*measured)
+        if child.state is ChildState.RUNNING and not serving.session:
+            # Answered from the report, which a job could write early and then go on: whatever it still
+            # does is killed now. The template reaps it while the result travels; nothing the job still
+            # asks is answered (a delegated call it makes now fails, as it dies), and the pool holds no
+            # listener or grant of it while idle.
+            child.answered(serving.deadline)
+            self._close_metadata()
+        ended = child.ended
+        if ended is not None:
+            outcome.cpu_us, outcome.max_rss_kb = child.used(ended.cpu_us, ended.max_rss_kb)
+            self._close_metadata()
+            child.release()
+            outcome.ended = True
+            if os.WIFSIGNALED(ended.status):
+                outcome.signal = os.WTERMSIG(ended.status)
+                outcome.exit = 128 + outcome.signal
+            else:
+                outcome.exit = os.waitstatus_to_exitcode(ended.status)
+
+    def _await_end(self) -> None:
+        """Give the template a moment to report a child that is exiting on its own."""
+        deadline = time.monotonic() + _END_WAIT
+        while self.child.state is not ChildState.ENDED:
+            if not select.select([self.sock], [], [], max(deadline - time.monotonic(), 0))[0]:
+                return  # its peak memory stays unknown; the next job settles its end
+            self._receive(Outcome())
 
     def _settle(self) -> None:
-        """Before the next job: collect the end of a child answered from its report (see _loop)."""
-        deadline = self._unreaped_deadline
-        if deadline is None:
+        """Before the next job: collect the end of a child answered from its report (see _finish)."""
+        child = self.child
+        if child.state is ChildState.ENDED:  # reported after its result left (see _await_end)
+            self._close_metadata()
+            child.release()
+        if child.state is not ChildState.ANSWERED:
             return
-        self._unreaped_deadline = None
-        kill_deadline = None
-        while self.child_ended is None:
+        assert child.deadline is not None
+        deadline, kill_deadline = child.deadline, None
+        while child.state is ChildState.ANSWERED:
             now = time.monotonic_ns()
             if kill_deadline is None and now >= deadline:
-                # It closed its output and kept running: its time is up all the same.
-                self.kill_child()
+                # Killed when it was answered; its time is up all the same: once more, then the template's grace.
+                child.kill()
                 kill_deadline = now + int(_KILL_GRACE * 1e9)
             if kill_deadline is not None and now >= kill_deadline:
                 self.broken = True
@@ -440,23 +458,49 @@ class Template:
                     self._receive(Outcome())
                 except PoolWorkerError as exc:  # the template died after the last job: this one was not sent
                     raise PoolWorkerError(str(exc), started=False) from None
-        self._close_child()
+        child.release()
 
-    def _relay(self, job_calls: JobCalls, sel: selectors.BaseSelector) -> bool:
+    # -- what the loop reads ---------------------------------------------------------------------------
+    @staticmethod
+    def _on_pipe(fd: int, serving: _Serving) -> None:
+        if not serving.capture.read(fd):
+            serving.sel.unregister(fd)
+
+    def _on_pidfd(self, serving: _Serving) -> None:
+        assert self.child.pidfd is not None
+        serving.sel.unregister(self.child.pidfd)  # the killed child is dead: its result is due now
+        serving.child_dead = True
+
+    def _on_template(self, serving: _Serving) -> None:
+        if self._receive(serving.outcome):
+            serving.sel.unregister(self.sock)
+
+    def _on_listener(self, serving: _Serving) -> None:
+        assert self._metadata is not None and self._metadata.sock is not None
+        serving.sel.unregister(self._metadata.sock)
+        self._metadata.take_listener()
+
+    def _on_metadata_call(self, serving: _Serving) -> None:
+        assert self.steward is not None
+        if not self.steward.answer():
+            serving.sel.unregister(self.steward.listener)
+
+    def _on_host_call(self, serving: _Serving) -> None:
+        job_calls = serving.job_calls
+        assert job_calls is not None
         try:
             chunk = job_calls.channel.recv(_READ_CHUNK)
         except OSError:
             chunk = b""
         if not chunk:
-            sel.unregister(job_calls.channel)
-            return True
+            serving.sel.unregister(job_calls.channel)
+            return
         try:
             job_calls.readable(chunk)
         except ProtocolViolation as exc:
-            job_calls.violation = str(exc)
-            sel.unregister(job_calls.channel)
-            return False
-        return True
+            job_calls.violation = serving.outcome.protocol_violation = str(exc)
+            serving.sel.unregister(job_calls.channel)
+            self.child.kill()
 
     def _receive(self, outcome: Outcome) -> bool:
         """Handle one frame from the template; True once the child has ended."""
@@ -467,14 +511,14 @@ class Template:
             # Even before Started, the template may have forked: the job counts as started.
             raise PoolWorkerError(f"the template died while serving the job ({exc})") from None
         if isinstance(frame, Started) and fds:
-            self.child_pidfd = fds[0]
             for extra in fds[1:]:
                 os.close(extra)
+            self.child.started(fds[0], frame.pid)
             if outcome.protocol_violation is not None or outcome.timed_out:
-                self.kill_child()  # condemned before its pidfd arrived: the kill could not reach it then
+                self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Ended):
-            self.child_ended = frame
+            self.child.reaped(frame)
             return True
         for fd in fds:
             os.close(fd)
@@ -488,7 +532,7 @@ class Template:
             return
         self._metadata = None
         self.steward = Steward(to_be.listener, to_be.writes, to_be.uid, to_be.gid)
-        sel.register(self.steward.listener, selectors.EVENT_READ)
+        sel.register(self.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
 
     def _close_metadata(self) -> None:
         if self._metadata is not None:
@@ -497,25 +541,6 @@ class Template:
         if self.steward is not None:
             self.steward.close()
             self.steward = None
-
-    def _close_child(self) -> None:
-        self._close_metadata()
-        if self.child_pidfd is not None:
-            os.close(self.child_pidfd)
-        self.child_pidfd = None
-        self.child_ended = None
-
-    @staticmethod
-    def _capture(outcome: Outcome, is_stdout: bool, chunk: bytes, max_output: int) -> None:
-        buffer = outcome.stdout if is_stdout else outcome.stderr
-        room = max_output - len(buffer)
-        if len(chunk) > room:
-            chunk = chunk[: max(room, 0)]
-            if is_stdout:
-                outcome.stdout_truncated = True
-            else:
-                outcome.stderr_truncated = True
-        buffer += chunk
 
     @staticmethod
     def _read_report(outcome: Outcome, raw_report: bytes) -> None:

@@ -1,0 +1,128 @@
+"""The life of the child a template is serving, as the server sees it: explicit states, checked moves.
+
+::
+
+    IDLE ──send──▶ SENT ──Started──▶ RUNNING ──Ended──▶ ENDED ──release──▶ IDLE
+                    │                   │                  ▲
+                    └──never reached────┘ answered         │
+                       the template     └──▶ ANSWERED ─────┘ Ended (reaped after its result left)
+                       (▶ IDLE)              (killed)
+
+``SENT``: the job is with the template, the child's pidfd has not arrived, so
+it cannot be killed yet. ``RUNNING``: it can; a session's child stays here
+between steps. ``ANSWERED``: its result left as soon as its report was
+complete; it was killed then, and its job's deadline still holds until the
+template has reaped it. ``ENDED``: the template reaped it and said how it
+ended. Any other move is a bug in the server, refused here as a
+:class:`PoolWorkerError` (the template is then replaced) rather than acted on.
+
+The child is killed in one place (:meth:`ChildLife.kill`), through its pidfd:
+no pid-reuse race, and nothing the job does can refuse it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+
+from ..errors import PoolWorkerError
+from .frames import Ended
+
+__all__ = ["ChildLife", "ChildState"]
+
+
+class ChildState(enum.Enum):
+    IDLE = "idle"
+    SENT = "sent"
+    RUNNING = "running"
+    ANSWERED = "answered"
+    ENDED = "ended"
+
+
+_MOVES: dict[ChildState, frozenset[ChildState]] = {
+    ChildState.IDLE: frozenset({ChildState.SENT}),
+    ChildState.SENT: frozenset({ChildState.RUNNING, ChildState.IDLE}),
+    ChildState.RUNNING: frozenset({ChildState.ANSWERED, ChildState.ENDED}),
+    ChildState.ANSWERED: frozenset({ChildState.ENDED}),
+    ChildState.ENDED: frozenset({ChildState.IDLE}),
+}
+
+
+class ChildLife:
+    """One template's current child: its state, its pidfd and pid, and how it ended."""
+
+    def __init__(self) -> None:
+        self.state = ChildState.IDLE
+        self.pidfd: int | None = None
+        self.pid: int | None = None
+        self.ended: Ended | None = None
+        # ANSWERED: the monotonic deadline (ns) of its job, which holds until it is reaped.
+        self.deadline: int | None = None
+        # CPU time of this child counted in results already sent (a session's steps): each reports its own.
+        self.cpu_us_reported = 0
+
+    def _move(self, state: ChildState) -> None:
+        if state not in _MOVES[self.state]:
+            raise PoolWorkerError(f"the pool lost track of its job's process ({self.state.value} -> {state.value})")
+        self.state = state
+
+    def sent(self) -> None:
+        self._move(ChildState.SENT)
+
+    def not_sent(self) -> None:
+        """The job never reached the template (it died, or the frame could not be sent)."""
+        self._move(ChildState.IDLE)
+
+    def started(self, pidfd: int, pid: int) -> None:
+        self._move(ChildState.RUNNING)
+        self.pidfd, self.pid, self.cpu_us_reported = pidfd, pid, 0
+
+    def answered(self, deadline: int) -> None:
+        """Its result left before the template reaped it: it is killed now, and reaped before the next job."""
+        self._move(ChildState.ANSWERED)
+        self.deadline = deadline
+        self.kill()
+
+    def reaped(self, ended: Ended) -> None:
+        self._move(ChildState.ENDED)
+        self.ended = ended
+
+    def release(self) -> None:
+        """ENDED -> IDLE: the pidfd is closed, the next job may come."""
+        self._move(ChildState.IDLE)
+        self._forget()
+
+    def abandon(self) -> None:
+        """Whatever the state, forget the child (its template is being closed, and the child dies with it)."""
+        self.state = ChildState.IDLE
+        self._forget()
+
+    def _forget(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        self.pidfd = self.pid = self.ended = self.deadline = None
+        self.cpu_us_reported = 0
+
+    @property
+    def alive(self) -> bool:
+        """Not yet reaped: a child that was sent, runs, or was answered and killed."""
+        return self.state in (ChildState.SENT, ChildState.RUNNING, ChildState.ANSWERED)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def signal(self, number: int) -> None:
+        """Send ``number`` through the pidfd; a no-op before the pidfd arrives or after the child ended."""
+        if self.pidfd is not None and self.state is not ChildState.ENDED:
+            try:
+                signal.pidfd_send_signal(self.pidfd, number)
+            except ProcessLookupError:
+                pass
+
+    def used(self, cpu_us: int, max_rss_kb: int | None) -> tuple[int, int | None]:
+        """What a result reports from the process's totals: its own CPU (the totals less what earlier
+        steps reported) and the peak."""
+        own = max(cpu_us - self.cpu_us_reported, 0)
+        self.cpu_us_reported = cpu_us
+        return own, max_rss_kb

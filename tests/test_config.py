@@ -12,59 +12,24 @@ The layout every test shares::
 
 from __future__ import annotations
 
-import os
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from pynox.config import EMPTY, Config, Limits, PoolSettings, load_config
+from pynox.config import EMPTY, Limits, PoolSettings, load_config
 from pynox.defaults import DEFAULTS
 from pynox.errors import ConfigError, RequestError
 from pynox.grants import to_job
 from pynox.protocol import Request
+from tests.config_tree import Tree, make_tree
 
 pytestmark = pytest.mark.pure
 
 
-@dataclass
-class Tree:
-    root: Path
-    etc: Path
-    data: Path
-    work: Path
-    data2: Path
-    outside: Path
-
-    def config(self, text: str, name: str = "pynox.toml", where: Path | None = None) -> Path:
-        path = (where or self.etc) / name
-        path.write_text(textwrap.dedent(text))
-        return path
-
-    def load(self, text: str) -> Config:
-        return load_config(self.config(text))
-
-    def ceiling(self, extra: str = "") -> Config:
-        """data readable, work writable, plus any extra [pool.limits] lines."""
-        return self.load(f"""
-            [pool.limits]
-            allow_read = ["{self.data}"]
-            allow_write = ["{self.work}"]
-            {textwrap.dedent(extra)}
-        """)
-
-
 @pytest.fixture
 def tree(tmp_path: Path) -> Tree:
-    root = Path(os.path.realpath(tmp_path))
-    dirs = {name: root / rel for name, rel in
-            (("etc", "etc"), ("data", "srv/data"), ("work", "srv/work"), ("data2", "srv/data2"),
-             ("outside", "outside"))}
-    for path in dirs.values():
-        path.mkdir(parents=True)
-    return Tree(root=root, **dirs)
+    return make_tree(tmp_path)
 
 
 def run(**fields: object) -> Request:
@@ -140,7 +105,7 @@ def test_settings_are_frozen(tree: Tree) -> None:
 def test_relative_paths_resolve_against_the_file_directory_not_the_cwd(
     tree: Tree, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tree.etc / "site").mkdir()
+    (tree.etc / "site").mkdir(exist_ok=True)
     (tree.etc / "data").mkdir()
     monkeypatch.chdir(tree.outside)
     config = tree.load("""

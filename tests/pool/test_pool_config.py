@@ -13,49 +13,22 @@ Layout (``tree`` fixture)::
 from __future__ import annotations
 
 import os
-import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.config_tree import Tree, make_tree
 
 from .pool_driver import PoolProcess, pool_process, refused
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@dataclass
-class Tree:
-    root: Path
-    etc: Path
-    site: Path
-    data: Path
-    work: Path
-    outside: Path
-    app: Path
-
-    def config(self, text: str, where: Path | None = None) -> Path:
-        path = (where or self.etc) / "pynox.toml"
-        path.write_text(textwrap.dedent(text))
-        return path
-
-
-def _tree(root: Path) -> Tree:
-    tree = Tree(root, root / "etc", root / "etc" / "site", root / "srv" / "data", root / "srv" / "work",
-                root / "outside", root / "app")
-    for path in (tree.etc, tree.site, tree.data, tree.work, tree.outside, tree.app):
-        path.mkdir(parents=True, exist_ok=True)
-    (tree.site / "config_helpers.py").write_text("ANSWER = 'from the config'\n")
-    (tree.data / "orders.csv").write_text("product,amount\n")
-    (tree.outside / "secret.txt").write_text("secret\n")
-    return tree
-
-
 @pytest.fixture
 def tree(tmp_path: Path) -> Tree:
-    return _tree(tmp_path.resolve())
+    return make_tree(tmp_path)
 
 
 FULL = """
@@ -88,7 +61,7 @@ FULL = """
 @pytest.fixture(scope="module")
 def configured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PoolProcess, Tree]]:
     """One pool under the full example config, shared by the tests that only send requests."""
-    tree = _tree(tmp_path_factory.mktemp("configured").resolve())
+    tree = make_tree(tmp_path_factory.mktemp("configured"))
     config = tree.config(FULL)
     with pool_process(f"--config={config}", cwd=tree.app) as pool:
         yield pool, tree

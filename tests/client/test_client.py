@@ -36,8 +36,10 @@ def test_raised_result_points_at_the_models_line(pool: Pool) -> None:
     result = pool.run("x = 1\nraise ValueError('bad value')", name="step.py")
     assert not result.ok and result.exit == 1
     assert result.error == {"type": "ValueError", "message": "bad value", "file": "step.py", "line": 2,
-                            "path": None, "hint": None}
-    assert result.text == "ValueError: bad value (step.py:2)"
+                            "path": None, "hint": None,
+                            "traceback": [{"file": "step.py", "line": 2, "source": "raise ValueError('bad value')",
+                                           "column": None, "omitted": 0}]}
+    assert result.text == "ValueError: bad value (step.py:2)\n    raise ValueError('bad value')"
     with pytest.raises(pynox.JobError) as caught:
         result.raise_for_error()
     assert caught.value.result is result

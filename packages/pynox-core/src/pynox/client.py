@@ -91,7 +91,8 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
                   env: Mapping[str, str] | None = None, timeout: Units | None = None,
                   memory: Units | None = None, max_output: Units | None = None,
                   max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
-                  profile: str | None = None, functions: Sequence[str] | None = None) -> Request:
+                  profile: str | None = None, functions: Sequence[str] | None = None,
+                  return_value: bool | None = None) -> Request:
     """A request with only the fields that were given (the pool applies defaults and the ceiling)."""
     return Request(
         code=code, script=os.fspath(script) if script is not None else None, name=name,
@@ -99,7 +100,7 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
         allow_write=_paths(allow_write), allow_network=allow_network,
         env=dict(env) if env is not None else None, timeout=timeout, memory=memory,
         max_output=max_output, max_file_size=max_file_size, package_dirs=_paths(package_dirs),
-        profile=profile, functions=list(functions) if functions else None,
+        profile=profile, functions=list(functions) if functions else None, return_value=return_value or None,
     )
 
 
@@ -405,15 +406,16 @@ class Pool:
 
     # -- public API --------------------------------------------------------------------------------------
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-            host_errors: HostErrors | None = None, **grants: Any) -> Result:
+            host_errors: HostErrors | None = None, return_value: bool = True, **grants: Any) -> Result:
         """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
 
         ``grants``: name, args, allow_read, allow_write, allow_network, env, timeout, memory, max_output,
-        max_file_size, package_dirs, profile. Raises :class:`pynox.RequestError` if the pool refused the
-        request before running it, and :class:`pynox.PoolError` if the pool gave no answer in time; every
-        failure of the code itself is in the result.
+        max_file_size, package_dirs, profile. ``return_value``: report repr() of a trailing expression's
+        value (:attr:`Result.return_value`), as a notebook shows it. Raises :class:`pynox.RequestError` if
+        the pool refused the request before running it, and :class:`pynox.PoolError` if the pool gave no
+        answer in time; every failure of the code itself is in the result.
         """
-        message = build_request(code, functions=list(functions or ()), **grants)
+        message = build_request(code, functions=list(functions or ()), return_value=return_value, **grants)
         self._slots.acquire()
         try:
             future = self._submit(message, functions, is_job=True, host_errors=host_errors)
@@ -475,9 +477,9 @@ class Pool:
             raise self._abandon(future, patience) from None
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-                   host_errors: HostErrors | None = None, **grants: Any) -> Result:
+                   host_errors: HostErrors | None = None, return_value: bool = True, **grants: Any) -> Result:
         """``run`` for asyncio: no thread is held while the job runs."""
-        message = build_request(code, functions=list(functions or ()), **grants)
+        message = build_request(code, functions=list(functions or ()), return_value=return_value, **grants)
         if not self._slots.acquire(blocking=False):
             waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire))
             try:
@@ -536,6 +538,11 @@ def _result(reply: Answer) -> Result:
     return result
 
 
+def _step(**fields: Any) -> dict[str, Any]:
+    """A session step's own fields, those that were given."""
+    return {key: value for key, value in fields.items() if value is not None and value is not False}
+
+
 class Session:
     """One process whose ``__main__`` survives between runs. A timeout or crash ends it; the next
     ``run`` starts a fresh one with the same permissions."""
@@ -583,9 +590,8 @@ class Session:
         return result
 
     def run(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
-            timeout: Units | None = None, max_output: Units | None = None) -> Result:
-        step = {k: v for k, v in {"name": name, "args": args, "timeout": timeout, "max_output": max_output}.items()
-                if v is not None}
+            timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True) -> Result:
+        step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         message, first = self._message(code, step)
         future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
         return self._after(self.pool._wait(future, self._limits(message), _SESSION_ROUNDS), first)
@@ -596,9 +602,9 @@ class Session:
         return Request(timeout=timeout) if timeout is not None else Request(profile=self.grants.get("profile"))
 
     async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
-                   timeout: Units | None = None, max_output: Units | None = None) -> Result:
-        step = {k: v for k, v in {"name": name, "args": args, "timeout": timeout, "max_output": max_output}.items()
-                if v is not None}
+                   timeout: Units | None = None, max_output: Units | None = None,
+                   return_value: bool = True) -> Result:
+        step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         message, first = self._message(code, step)
         future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
         return self._after(await self.pool._await(future, self._limits(message), _SESSION_ROUNDS), first)

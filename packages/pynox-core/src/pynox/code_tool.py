@@ -154,8 +154,9 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
     names = ", ".join(functions or ())
     return ToolDescription(
         summary="Run Python code in an isolated sandbox and return what it prints.",
-        usage=f"{lifetime} Only printed output comes back, so print() the results you need. Errors come back "
-              "as the exception type, message and line, with a hint when the sandbox refused something.",
+        usage=f"{lifetime} What the code prints comes back, then what it wrote to stderr. The value of a "
+              "final expression comes back too, as `Out: ...`, like a notebook cell. Errors come back as the "
+              "exception type, message and failing line, with a hint when the sandbox refused something.",
         permissions=tuple(permissions),
         functions=tuple(_signature(name, fn) for name, fn in (functions or {}).items()),
         functions_intro=f"Host functions (import them with `from pynox_host import {names}`); they run in the "
@@ -164,7 +165,7 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
         closing="Permissions are set by the host. If the task needs more, say so instead of trying to work "
                 "around it.",
         code="Python source code to run, as a complete script.",
-        returns="The printed output, followed by any error and a hint.",
+        returns="The printed output and stderr, the final expression's value, then any error with a hint.",
     )
 
 

@@ -21,7 +21,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["MAX_GRANTS", "Confinement", "ErrorInfo", "JobSpec", "Payload", "Report", "StepSpec"]
+__all__ = ["MAX_GRANTS", "Confinement", "ErrorInfo", "Frame", "JobSpec", "Payload", "Report", "StepSpec"]
 
 # Granted paths per job (reads, writes, package directories, the script): each travels as a descriptor.
 MAX_GRANTS = 128
@@ -49,6 +49,8 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     session: bool = False
     # How hints name a grant: keyword arguments ("api") or command-line flags ("cli").
     hint_style: Literal["api", "cli"] = "api"
+    # Report repr() of a trailing expression statement (the request's return_value).
+    return_value: bool = False
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(
@@ -59,7 +61,7 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
-                       functions=self.functions)
+                       functions=self.functions, return_value=self.return_value)
 
 
 class Confinement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -97,6 +99,7 @@ class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     args: list[str]
     env: dict[str, str]
     functions: list[str]
+    return_value: bool = False
 
 
 class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,6 +108,19 @@ class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     code: str
     name: str
     args: list[str]
+    return_value: bool = False
+
+
+class Frame(msgspec.Struct, omit_defaults=False):
+    """One entry of an error's traceback, outermost first: a frame of the job's own code (its file, line and
+    source line; ``column`` for a SyntaxError, 1-based), or, with ``omitted`` > 0 and the rest null, that
+    many frames in between that are not the job's own code (a library's), collapsed."""
+
+    file: str | None
+    line: int | None
+    source: str | None
+    column: int | None = None
+    omitted: int = 0
 
 
 class ErrorInfo(msgspec.Struct, omit_defaults=False):
@@ -114,6 +130,8 @@ class ErrorInfo(msgspec.Struct, omit_defaults=False):
     line: int | None = None
     path: str | None = None
     hint: str | None = None
+    # Where an exception of the job's code was raised (None for the pool's own errors: timeouts, kills).
+    traceback: list[Frame] | None = None
 
 
 class Report(msgspec.Struct):
@@ -124,3 +142,5 @@ class Report(msgspec.Struct):
     setup_error: str | None = None
     # The code called sys.exit(): in a session, the process ends with this step.
     exited: bool = False
+    # repr() of the trailing expression's value, when asked and it was not None.
+    return_value: str | None = None

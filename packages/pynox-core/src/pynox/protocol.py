@@ -69,6 +69,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     package_dirs: list[str] | None = None
     profile: str | None = None
     functions: list[str] | None = None
+    return_value: bool | None = None
     session: str | None = None
     close: bool | None = None
     stats: bool | None = None
@@ -140,6 +141,9 @@ class Result(msgspec.Struct, omit_defaults=False):
     runtime: ResultRuntime | None = None
     policy: ResultPolicy | None = None
     usage: Usage | None = None
+    # Only in the result of a request that asked for it (return_value: true): repr() of the value of the
+    # code's trailing expression, or null.
+    return_value: str | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class SessionResult(Result):

@@ -8,6 +8,7 @@ callers that prefer one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,9 @@ class Result:
     # What the job's process used (cpu_ms, max_rss_kb, host_calls, stdout_bytes, stderr_bytes); None from
     # a pool too old to say.
     usage: Usage | None = None
+    # repr() of the value of the code's trailing expression (``x = 6*7\nx`` gives ``'42'``); None when
+    # the last statement is not an expression, its value is None, or the run did not ask for it.
+    return_value: str | None = None
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -50,13 +54,14 @@ class Result:
         session = wire if isinstance(wire, SessionResult) else None
         return cls(
             exit=wire.exit, stdout=wire.stdout, stderr=wire.stderr,
-            error=msgspec.structs.asdict(wire.error) if wire.error is not None else None,
+            error=msgspec.to_builtins(wire.error) if wire.error is not None else None,
             stdout_truncated=wire.stdout_truncated, stderr_truncated=wire.stderr_truncated,
             duration_ms=wire.duration_ms, duration_us=wire.duration_us, queue_us=wire.queue_us,
             policy=msgspec.structs.asdict(wire.policy) if wire.policy is not None else {},
             runtime=msgspec.structs.asdict(wire.runtime) if wire.runtime is not None else {},
             session=session.session if session else None, step=session.step if session else None,
             session_ended=session.session_ended if session else False, id=wire.id, usage=wire.usage,
+            return_value=wire.return_value if isinstance(wire.return_value, str) else None,
         )
 
     @property
@@ -80,20 +85,45 @@ class Result:
 
     @property
     def text(self) -> str:
-        """What a model should read: the output, then the error with its hint, then a note on truncation."""
-        if not self.stdout:
-            return self.error_text or "(The code ran without printing anything. Use print() to show results.)"
-        return "\n".join(part for part in (self.stdout.rstrip("\n"), self.error_text) if part)
+        """What a model should read: the output, what the code wrote to stderr (marked, without the
+        traceback the error line sums up), the trailing value as ``Out: ...``, then the error with its
+        source line and hint, and notes on truncation and on a session's end."""
+        stderr = self.stderr_text
+        parts = [self.stdout.rstrip("\n"), f"[stderr]\n{stderr}" if stderr else "",
+                 f"Out: {self.return_value}" if self.return_value is not None else "", self.error_text]
+        return "\n".join(part for part in parts if part) or \
+            "(The code ran without printing anything. Use print() to show results.)"
+
+    @property
+    def stderr_text(self) -> str:
+        """What the code wrote to stderr (warnings, logging, libraries), as ``text`` shows it: without the
+        traceback of the exception that ended it, or the last line an exit status already shows; the
+        last characters of it when it is long."""
+        text = self.stderr
+        if self.error is not None and self.error.get("traceback") is not None:
+            text = _before_traceback(text, self.error)
+        elif self.error is None and self.exit != 0:
+            text = text.rstrip("\n").rpartition("\n")[0]  # error_text quotes its last line
+        text = text.strip("\n")
+        if len(text) > _STDERR_SHOWN:
+            text = f"[the last {_STDERR_SHOWN} of {len(text)} characters]\n{text[-_STDERR_SHOWN:]}"
+        return text
 
     @property
     def error_text(self) -> str:
         """``text`` without the output: what went wrong and the notes, or ``""`` for a clean run."""
+        return self.notes()
+
+    def notes(self, *, source_line: bool = True) -> str:
+        """:attr:`error_text`; ``source_line=False`` leaves out the failing line of source under the error
+        line, for a caller that shows the traceback itself (which has it)."""
         parts: list[str] = []
         error = self.error
         if error is not None:
             where = f" ({error['file']}:{error['line']})" if error.get("file") and error.get("line") else ""
             message = f": {error['message']}" if error.get("message") else ""
             parts.append(f"{error['type']}{message}{where}")
+            parts += _failing_line(error) if source_line else []
             if error.get("hint"):
                 parts.append(f"Hint: {error['hint']}")
         elif self.exit != 0:
@@ -113,3 +143,44 @@ class Result:
         if not self.ok:
             raise JobError(self.text, result=self)
         return self
+
+
+_STDERR_SHOWN = 4000  # characters of stderr in ``text``: the last ones, where the trouble usually is
+_TRACEBACK = "Traceback (most recent call last):"
+# How Python joins the tracebacks of a chain (an exception raised while handling another).
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+
+
+def _before_traceback(stderr: str, error: Mapping[str, Any]) -> str:
+    """``stderr`` up to the traceback Python printed for ``error`` at its end, chained ones included."""
+    lines = stderr.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == _TRACEBACK]
+    if not starts:  # a SyntaxError's report has no stack: it starts at its file and line
+        mark = f'  File "{error.get("file")}", line '
+        starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
+    if not starts:
+        return stderr
+    start = starts[-1]
+    while start >= 3 and lines[start - 3] == "\n" and lines[start - 2].rstrip("\n") in _CHAINED \
+            and lines[start - 1] == "\n":
+        earlier = [i for i in starts if i < start - 3]
+        if not earlier:
+            break
+        start = earlier[-1]
+    return "".join(lines[:start])
+
+
+def _failing_line(error: Mapping[str, Any]) -> list[str]:
+    """The source line that failed, under the error line (a SyntaxError's with a caret at its column)."""
+    frames = [frame for frame in error.get("traceback") or () if frame.get("source")]
+    if not frames:
+        return []
+    source = frames[-1]["source"]
+    shown = source.strip()
+    lines = [f"    {shown}"]
+    column = frames[-1].get("column")
+    if column:
+        indent = len(source) - len(source.lstrip())
+        lines.append("    " + " " * max(column - 1 - indent, 0) + "^")
+    return lines

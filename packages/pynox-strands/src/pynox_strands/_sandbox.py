@@ -161,7 +161,7 @@ def _stderr(result: Result) -> str:
     """The code's stderr, then, if anything went wrong, Pynox's text for it (error, hint, notes)."""
     if result.ok and not result.truncated and not result.session_ended:
         return result.stderr
-    notes = result.error_text
+    notes = result.notes(source_line=False)  # the traceback above shows the line
     lines = result.stderr.rstrip().splitlines()
     if lines and notes.startswith(lines[-1]):
         lines.pop()  # the traceback's last line, which the notes repeat with the file and line

@@ -9,6 +9,7 @@ the report carries ``setup_error`` and the exit status is ``SETUP_FAILED_EXIT`` 
 
 from __future__ import annotations
 
+import ast
 import atexit
 import builtins
 import errno
@@ -27,7 +28,7 @@ import msgspec
 
 from .. import hints
 from ..exits import SETUP_FAILED_EXIT
-from ..job import Confinement, ErrorInfo, Payload, Report, StepSpec
+from ..job import Confinement, ErrorInfo, Frame, Payload, Report, StepSpec
 from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.privileges import set_process_name
 from . import host_module
@@ -54,6 +55,11 @@ __all__ = ["run_job", "run_prepared"]
 _OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
 _MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
+_MAX_VALUE = 256 << 10  # characters of a trailing value's repr (the pool cuts it to max_output bytes)
+_MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
+# Top-level `await` works in job code: such code compiles to a coroutine, which runs on a fresh event loop.
+_COMPILE_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect into every job
 _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     MemoryError: "out of memory",
     KeyboardInterrupt: "interrupted",
@@ -90,9 +96,10 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
         _finish(report, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not {stage}: {exc}"))
     main = _new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
-        _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args))
-    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement),
-            measured=True)
+        _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
+                                                   return_value=payload.return_value))
+    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
+                             return_value=payload.return_value), measured=True)
 
 
 def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int]) -> NoReturn:
@@ -153,8 +160,8 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     except BaseException as exc:
         _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not read the job: {exc}"))
     main = _new_main(confinement, payload)
-    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement),
-            measured=True)
+    _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
+                             return_value=payload.return_value), measured=True)
 
 
 def _hand_over_listener(listener: int) -> None:
@@ -236,14 +243,14 @@ def _new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
 
 
 def _execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
-             confinement: Confinement, *, shutdown: bool = True) -> Report:
+             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False) -> Report:
     sys.argv = [name, *args]
     main.__file__ = name
     try:
         source = code if code is not None else _read_script(script or "")
         # Tracebacks then show the model its own lines, as they would for a file on disk.
         linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-        exec(compile(source, name, "exec"), main.__dict__)
+        value = _run(source, name, main.__dict__, return_value=return_value and code is not None)
         if shutdown:
             _shutdown()
     except SystemExit as exc:
@@ -251,7 +258,45 @@ def _execute(main: types.ModuleType, code: str | None, script: str | None, name:
     except BaseException as exc:
         _print_traceback(exc)
         return Report(exit=1, error=_describe(exc, name, confinement))
-    return Report(exit=0)
+    return Report(exit=0, return_value=value)
+
+
+def _run(source: str, name: str, namespace: dict[str, object], *, return_value: bool) -> str | None:
+    """Run ``source`` as ``__main__``; with ``return_value``, a final expression statement is evaluated as an
+    expression, and repr() of its value (unless None) is returned, as a notebook cell shows it."""
+    if not return_value:
+        body = compile(source, name, "exec", flags=_COMPILE_FLAGS)
+        last = None
+    else:
+        tree = ast.parse(source, name)
+        tail = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        assert tail is None or isinstance(tail, ast.Expr)
+        body = compile(tree, name, "exec", flags=_COMPILE_FLAGS)
+        last = compile(ast.Expression(tail.value), name, "eval", flags=_COMPILE_FLAGS) if tail else None
+    if (body.co_flags | (last.co_flags if last else 0)) & _CO_COROUTINE:
+        import asyncio  # only for code that awaits at top level
+
+        async def both() -> object:
+            ran = eval(body, namespace)
+            if asyncio.iscoroutine(ran):
+                await ran
+            value = eval(last, namespace) if last is not None else None
+            return await value if asyncio.iscoroutine(value) and last is not None and last.co_flags & _CO_COROUTINE \
+                else value
+
+        value = asyncio.run(both())
+    else:
+        exec(body, namespace)
+        value = eval(last, namespace) if last is not None else None
+    return None if value is None else _shown(value)
+
+
+def _shown(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # the value's own __repr__ failed: say so rather than fail the code that ran
+        text = f"<{type(value).__name__} object: repr() raised {type(exc).__name__}>"
+    return text if len(text) <= _MAX_VALUE else text[:_MAX_VALUE] + f"... ({len(text) - _MAX_VALUE} more characters)"
 
 
 def _serve_session(confinement: Confinement, main: types.ModuleType, first: StepSpec) -> NoReturn:
@@ -271,7 +316,8 @@ def _serve_session(confinement: Confinement, main: types.ModuleType, first: Step
             for target, fd in zip(STEP, fds, strict=True):
                 os.dup2(fd, target)
                 os.close(fd)
-        report = _execute(main, step.code, None, step.name, step.args, confinement, shutdown=False)
+        report = _execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
+                          return_value=step.return_value)
         if report.exited:  # sys.exit() or exit(): the session ends with this step
             _finish(REPORT, report)
         _flush_streams()
@@ -357,11 +403,40 @@ def _frames_in(exc: BaseException, *modules: str) -> bool:
 def _describe(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
     line = _location(exc, name)
     path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
-    message = str(exc) or _DEFAULT_MESSAGES.get(type(exc), "")
+    # A SyntaxError's str() adds "(agent.py, line 1)": the location is in file and line already.
+    syntax = isinstance(exc, SyntaxError) and exc.msg
+    message = exc.msg if syntax else str(exc) or _DEFAULT_MESSAGES.get(type(exc), "")  # type: ignore[attr-defined]
     if len(message) > _MAX_MESSAGE:
         message = message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
     return ErrorInfo(type=type(exc).__name__, message=message, file=name if line else None,
-                     line=line, path=path, hint=_hint(exc, path, spec))
+                     line=line, path=path, hint=_hint(exc, path, spec), traceback=_frames(exc, name))
+
+
+def _frames(exc: BaseException, name: str) -> list[Frame]:
+    """Where ``exc`` was raised, outermost first: the frames of the job's own code (``name``), each run of
+    other frames (a library's) collapsed into a count; Pynox's own frames are left out."""
+    if isinstance(exc, SyntaxError) and exc.filename == name and exc.lineno:
+        source = (exc.text or "").rstrip("\n") or None
+        return [Frame(file=name, line=exc.lineno, source=source, column=exc.offset)]
+    entries: list[Frame] = []
+    others = 0
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename in _OWN_FILES:
+            continue
+        if frame.filename != name:
+            others += 1
+            continue
+        if others:
+            entries.append(Frame(file=None, line=None, source=None, omitted=others))
+            others = 0
+        entries.append(Frame(file=name, line=frame.lineno, source=frame.line or None))
+    if others:
+        entries.append(Frame(file=None, line=None, source=None, omitted=others))
+    if len(entries) > _MAX_FRAMES:  # deep recursion: the way in and the way down, the middle counted
+        head, tail = entries[:_MAX_FRAMES // 2], entries[-_MAX_FRAMES // 2:]
+        middle = sum(entry.omitted or 1 for entry in entries[_MAX_FRAMES // 2:-_MAX_FRAMES // 2])
+        entries = [*head, Frame(file=None, line=None, source=None, omitted=middle), *tail]
+    return entries
 
 
 _PROCESS_CALLS = ("fork", "spawn", "exec", "system(", "popen")

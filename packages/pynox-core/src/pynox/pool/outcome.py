@@ -44,6 +44,8 @@ class Outcome:
     exited: bool = False
     # The job broke the host-call protocol and was killed.
     protocol_violation: str | None = None
+    # repr() of the code's trailing expression (see JobSpec.return_value).
+    return_value: str | None = None
 
     def conclude(self, spec: JobSpec, timeout: float) -> None:
         """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
@@ -104,7 +106,16 @@ def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec:
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
                     host_calls=outcome.host_calls, stdout_bytes=outcome.stdout_bytes,
                     stderr_bytes=outcome.stderr_bytes),
+        **({"return_value": _capped(outcome.return_value, max_output)} if spec.return_value else {}),
     )
+
+
+def _capped(value: str | None, limit: int) -> str | None:
+    """A value's repr, at most ``limit`` bytes of UTF-8 like each output stream, with a note when cut."""
+    if value is None or len(value.encode()) <= limit:
+        return value
+    kept = value.encode()[:limit].decode("utf-8", "ignore")
+    return f"{kept}... ({len(value) - len(kept)} more characters)"
 
 
 def to_result(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,

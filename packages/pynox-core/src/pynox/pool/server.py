@@ -321,8 +321,8 @@ class Server:
             fields = request.grant_fields()
             if fields:
                 raise RequestError(f"session {name!r} already exists and its permissions are fixed by its first "
-                                   f"request; a later step may carry only code, name, args, timeout and "
-                                   f"max_output, not {', '.join(fields)}")
+                                   f"request; a later step may carry only code, name, args, timeout, "
+                                   f"max_output and return_value, not {', '.join(fields)}")
             spec, max_output = existing.spec, existing.max_output
         else:
             spec, max_output = self._resolve(request, session=True)
@@ -335,7 +335,7 @@ class Server:
         # Like any request, a step's file name is agent.py unless it says otherwise.
         step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
-                    accepted_ns=time.monotonic_ns())
+                    accepted_ns=time.monotonic_ns(), return_value=bool(request.return_value))
         self.sessions.submit(name, step, lambda: (spec, max_output))
 
     def _refuse(self, request_id: str | int | float | None, message: str, *, session: str | None = None) -> None:

@@ -47,6 +47,7 @@ class Step:
     timeout: float
     max_output: int
     accepted_ns: int
+    return_value: bool = False
 
 
 class _EndedWhileIdle(Exception):
@@ -164,7 +165,7 @@ class Session(threading.Thread):
                 self._template = self.registry.new_template()
             self._channels = SessionChannels.create(bool(self.spec.functions))
             first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
-                                            timeout=step.timeout)
+                                            timeout=step.timeout, return_value=step.return_value)
             self._alive = True
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels)
         template, channels = self._template, self._channels
@@ -178,7 +179,8 @@ class Session(threading.Thread):
         start = time.monotonic_ns()
         channels.control.settimeout(step.timeout)
         try:
-            send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args),
+            send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
+                                                  return_value=step.return_value),
                        [w for _, w in pipes])
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout
@@ -218,7 +220,7 @@ class Session(threading.Thread):
 
     def _step_spec(self, step: Step) -> JobSpec:
         """The session's policy with this step's own timeout: the result's policy states what was enforced."""
-        return msgspec.structs.replace(self.spec, timeout=step.timeout)
+        return msgspec.structs.replace(self.spec, timeout=step.timeout, return_value=step.return_value)
 
     def _ready_python(self) -> str:
         return self._template.ready.python if self._template else self.registry.python

@@ -553,5 +553,6 @@ class Template:
         outcome.error = report.error
         outcome.setup_error = report.setup_error
         outcome.exited = report.exited
+        outcome.return_value = report.return_value
         if not outcome.ended:  # a session step: the process lives on, the step's status is in its report
             outcome.exit = report.exit

@@ -1,0 +1,95 @@
+"""What a result says of the code beyond its output: the trailing value, and where an exception came from.
+
+Through the real pool, on the wire: ``return_value`` only when asked, ``error.traceback`` for the job's
+own exceptions only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .pool_driver import PoolProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_a_trailing_expression_is_reported_only_when_asked(pool: PoolProcess) -> None:
+    asked = pool.run("x = 6 * 7\nx", return_value=True)
+    assert asked["return_value"] == "42" and asked["stdout"] == ""
+    assert "return_value" not in pool.run("x = 6 * 7\nx"), "the spec's result has no such field by default"
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("print(6 * 7)", None),  # print() returns None: the output is not shown twice
+    ("x = 1", None),  # the last statement is no expression
+    ("None", None),
+    ("'a' + 'b'", "'ab'"),
+    ("import datetime\ndatetime.date(2026, 12, 1)", "datetime.date(2026, 12, 1)"),
+    ("if True:\n    y = 2\ny * 3", "6"),
+])
+def test_the_value_is_repr_of_the_last_expression(pool: PoolProcess, code: str, expected: str | None) -> None:
+    result = pool.run(code, return_value=True)
+    assert result["exit"] == 0, result
+    assert result["return_value"] == expected
+
+
+def test_the_trailing_expression_runs_once(pool: PoolProcess) -> None:
+    result = pool.run("calls = []\ndef f():\n    calls.append(1)\n    return len(calls)\nf()", return_value=True)
+    assert result["return_value"] == "1"
+
+
+def test_top_level_await_runs_and_its_value_is_reported(pool: PoolProcess) -> None:
+    code = ("import asyncio\nasync def double(x):\n    await asyncio.sleep(0.01)\n    return 2 * x\n"
+            "a, b = await asyncio.gather(double(1), double(2))\n{'a': a, 'b': b}")
+    result = pool.run(code, return_value=True)
+    assert result["exit"] == 0, result
+    assert result["return_value"] == "{'a': 2, 'b': 4}"
+
+
+def test_a_value_is_capped_like_output(pool: PoolProcess) -> None:
+    result = pool.run("'x' * 10_000", return_value=True, max_output=100)
+    assert result["return_value"].startswith("'xxx") and "more characters" in result["return_value"]
+    assert len(result["return_value"].encode()) < 200
+
+
+def test_a_broken_repr_does_not_fail_the_code(pool: PoolProcess) -> None:
+    code = "class Odd:\n    def __repr__(self):\n        raise RuntimeError('no')\nOdd()"
+    result = pool.run(code, return_value=True)
+    assert result["exit"] == 0 and "repr() raised RuntimeError" in result["return_value"]
+
+
+def test_session_steps_report_their_values(pool: PoolProcess) -> None:
+    assert pool.run("y = 5", session="values", return_value=True)["return_value"] is None
+    assert pool.run("y * 2", session="values", return_value=True)["return_value"] == "10"
+    assert "return_value" not in pool.run("y * 3", session="values")
+    pool.send({"id": "close-values", "session": "values", "close": True})
+    pool.result("close-values")
+
+
+def test_a_traceback_lists_the_jobs_own_frames_and_counts_the_rest(pool: PoolProcess) -> None:
+    code = "import json\ndef parse(text):\n    return json.loads(text)\nparse('{')"
+    error = pool.run(code)["error"]
+    frames = error["traceback"]
+    assert [(f["file"], f["line"], f["source"]) for f in frames[:2]] == [
+        ("agent.py", 4, "parse('{')"), ("agent.py", 3, "return json.loads(text)")]
+    assert frames[2]["file"] is None and frames[2]["omitted"] >= 2, frames  # json's own frames
+    assert len(frames) == 3
+
+
+def test_a_deep_recursion_keeps_both_ends(pool: PoolProcess) -> None:
+    frames = pool.run("def down(n):\n    return down(n + 1)\ndown(0)")["error"]["traceback"]
+    assert len(frames) == 21
+    assert frames[0]["line"] == 3 and frames[-1]["line"] == 2
+    assert frames[10]["omitted"] > 900
+
+
+def test_a_syntax_error_says_where_once(pool: PoolProcess) -> None:
+    error = pool.run("x = (1,\n")["error"]
+    assert error["type"] == "SyntaxError" and error["message"] == "'(' was never closed"
+    assert (error["file"], error["line"]) == ("agent.py", 1)
+    assert error["traceback"] == [{"file": "agent.py", "line": 1, "source": "x = (1,", "column": 5, "omitted": 0}]
+
+
+def test_the_pools_own_errors_have_no_traceback(pool: PoolProcess) -> None:
+    result = pool.run("while True:\n    pass", timeout="300ms")
+    assert result["error"]["type"] == "TimeoutError" and result["error"]["traceback"] is None

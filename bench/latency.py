@@ -7,7 +7,9 @@ would. For each case it reports the median (p50) and p99 over many runs:
   ``subprocess.run([python, "-c", code])``;
 * a small pandas operation with pandas preloaded, beside a cold ``python -c "import pandas; ..."``;
 * a host-function round trip and a session step, beside a plain pool job;
-* throughput of trivial jobs with 2 workers, pipelined.
+* throughput of trivial jobs with 2 workers, pipelined;
+* cancel to free: with one worker busy on a long job, the time from sending ``{"cancel": ...}`` to
+  the result of a trivial job sent right after it (beside that trivial job alone).
 
     python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT]
 
@@ -74,6 +76,25 @@ class PoolDriver:
             assert reply["exit"] == 0, reply
         writer.join()
         return time.perf_counter() - start
+
+    def cancel_then_next(self) -> float:
+        """Start a long job, cancel it once it runs, send a trivial job: seconds from the cancel to that
+        job's result (the worker was busy until the cancel freed it)."""
+        assert self.stdin is not None and self.stdout is not None
+        self.ids += 1
+        slow, job = f"slow{self.ids}", f"next{self.ids}"
+        self.stdin.write(json.dumps({"id": slow, "code": "import time\ntime.sleep(30)"}).encode() + b"\n")
+        time.sleep(0.05)  # it is running by now
+        start = time.perf_counter()
+        self.stdin.write(json.dumps({"id": f"c{self.ids}", "cancel": slow}).encode() + b"\n"
+                         + json.dumps({"id": job, "code": "pass"}).encode() + b"\n")
+        while True:
+            reply = json.loads(self.stdout.readline())
+            if reply.get("id") == slow:
+                assert reply["error"]["type"] == "CancelledError", reply
+            if reply.get("id") == job:
+                assert reply["exit"] == 0, reply
+                return time.perf_counter() - start
 
     def close(self) -> None:
         assert self.stdin is not None
@@ -149,6 +170,13 @@ def main() -> int:
     elapsed = plain.batch("pass", count)
     results["pool throughput, 2 workers"] = {"jobs_per_s": round(count / elapsed), "jobs": count}
     plain.close()
+
+    single = PoolDriver("--workers=1")
+    results["pool cancel to the next job's result, 1 worker"] = summary(
+        [single.cancel_then_next() * 1000 for _ in range(max(runs // 5, 20))])
+    results["pool trivial job alone, 1 worker"] = summary(timed(
+        lambda: check_ok(single.request({"code": "pass"})), max(runs // 5, 20), pause=0.05))
+    single.close()
 
     try:
         import pandas  # noqa: F401  - only to know whether the pandas cases can run

@@ -47,6 +47,7 @@ from pynox.client import pool_command
 from pynox.job import ErrorInfo
 from pynox.protocol import (
     CallEvent,
+    CancelAnswer,
     Closed,
     JobLogLine,
     LineError,
@@ -259,6 +260,8 @@ def test_protocol_lines_are_what_the_code_speaks(block: Block) -> None:
             _check_result(block, value)
         elif "closed" in value:
             assert set(value) == _fields(Closed), f"{block.name}: fields of a closed answer"
+        elif "cancelled" in value:
+            assert set(value) == _fields(CancelAnswer), f"{block.name}: fields of a cancel answer"
         else:
             try:
                 parse_line(raw.encode())
@@ -325,12 +328,12 @@ _TIMINGS = {"duration_ms", "duration_us", "queue_us", "uptime_ms", "ts_ms", "dur
             "cpu_ms", "max_rss_kb"}
 # Values that depend on the machine rather than on the code: (pattern, what both sides become).
 _MACHINE = [(re.compile(r"\d+ MiB with its preloaded modules"), "N MiB with its preloaded modules")]
-TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "long-line", "setup-error", "worker-error",
+TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "cancel", "long-line", "setup-error", "worker-error",
                "configuration", "session", "host-functions", "stats", "logs")
 
 
 def _from_pool(value: dict[str, Any]) -> bool:
-    return "exit" in value or "event" in value or "closed" in value
+    return "exit" in value or "event" in value or "closed" in value or "cancelled" in value
 
 
 def _transcript(name: str) -> Block:
@@ -538,6 +541,15 @@ def test_transcript(name: str, trimmed: bool, tmp_path: Path) -> None:
         happened = _replay(block, pool)
         assert pool.finish() == 0
     _check(block, pool, happened, trimmed=trimmed)
+
+
+def test_transcript_cancel(tmp_path: Path) -> None:
+    block = _transcript("cancel")
+    # One worker: "slow" runs, "waiting" waits behind it; the pause lets "slow" start before the cancels.
+    with _pool(_workdir(tmp_path), "--workers=1") as pool:
+        happened = _replay(block, pool, on_sent={"waiting": lambda _: time.sleep(0.5)})
+        assert pool.finish() == 0
+    _check(block, pool, happened, trimmed=True)
 
 
 def test_transcript_long_line(tmp_path: Path) -> None:

@@ -475,6 +475,22 @@ class Pool:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), patience)
         except TimeoutError:
             raise self._abandon(future, patience) from None
+        except asyncio.CancelledError:
+            # The caller gave up on it (task.cancel(), asyncio.wait_for, asyncio.timeout): so does the pool,
+            # which kills the job now rather than letting it run on (and write its files) unobserved.
+            self._cancel(future)
+            raise
+
+    def _cancel(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            request_id = next((key for key, pending in self._pending.items() if pending.future is future), None)
+        process = self._process
+        if request_id is None or process is None or process.dead:
+            return  # answered meanwhile, or the pool is gone: nothing runs
+        try:
+            process.write(Request(id=f"{request_id}-cancel", cancel=request_id))
+        except PoolError:
+            pass  # the pool died: the job with it
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
                    host_errors: HostErrors | None = None, return_value: bool = True, **grants: Any) -> Result:
@@ -607,7 +623,14 @@ class Session:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         message, first = self._message(code, step)
         future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
-        return self._after(await self.pool._await(future, self._limits(message), _SESSION_ROUNDS), first)
+        try:
+            reply = await self.pool._await(future, self._limits(message), _SESSION_ROUNDS)
+        except asyncio.CancelledError:
+            with self._lock:  # a cancelled step ends its session: the next run starts a fresh one
+                if self._name == message.session:
+                    self._name = None
+            raise
+        return self._after(reply, first)
 
     def close(self) -> None:
         """End the process. The session object stays usable: a later ``run`` starts a fresh one."""

@@ -21,6 +21,7 @@ from .job import ErrorInfo
 __all__ = [
     "MAX_LINE",
     "CallEvent",
+    "CancelAnswer",
     "Closed",
     "ErrorInfo",
     "JobLogLine",
@@ -73,6 +74,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     session: str | None = None
     close: bool | None = None
     stats: bool | None = None
+    cancel: str | int | float | None = None
 
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
@@ -158,6 +160,14 @@ class Closed(msgspec.Struct):
     closed: bool = True
 
 
+class CancelAnswer(msgspec.Struct):
+    """The answer to ``{"cancel": ID}`` when it found the job: its own result follows (or came first),
+    as cancelled."""
+
+    id: RequestId
+    cancelled: RequestId
+
+
 class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     """The pool's first line, once every worker's template is ready. The client reads what is there: a
     field a pool does not send (a stand-in, an older version) takes its default."""
@@ -203,6 +213,7 @@ class StatsEvent(msgspec.Struct, kw_only=True):
     setup_errors: int
     request_errors: int
     worker_errors: int
+    cancelled: int
     host_calls: int
     duration_ms_total: int
     queue_us_total: int
@@ -256,7 +267,7 @@ def encode(message: msgspec.Struct | dict[str, Any]) -> bytes:
 _REPLY_HEAD = re.compile(rb'\s*\{\s*"reply"\s*:\s*\{\s*"call_id"\s*:\s*(\d{1,18})\s*[,}]')
 
 
-Answer = SessionResult | CallEvent | StatsEvent | Closed
+Answer = SessionResult | CallEvent | StatsEvent | Closed | CancelAnswer
 
 
 def decode_answer(line: bytes) -> Answer:
@@ -275,6 +286,8 @@ def decode_answer(line: bytes) -> Answer:
         raise msgspec.ValidationError(f"unknown event {kind!r}")
     if raw.get("closed") is True and "exit" not in raw:
         return msgspec.convert(raw, Closed)
+    if "cancelled" in raw and "exit" not in raw:
+        return msgspec.convert(raw, CancelAnswer)
     return msgspec.convert(raw, SessionResult)
 
 
@@ -386,6 +399,11 @@ def _check_shape(request: Request) -> None:
         extra = [f for f in request.__struct_fields__ if f not in ("id", "stats") and getattr(request, f) is not None]
         if extra:
             raise refuse(f"a stats request takes only id, got {', '.join(extra)}")
+        return
+    if request.cancel is not None:
+        extra = [f for f in request.__struct_fields__ if f not in ("id", "cancel") and getattr(request, f) is not None]
+        if extra:
+            raise refuse(f"a cancel request takes only id and cancel, got {', '.join(extra)}")
         return
     if request.close:
         if request.session is None:

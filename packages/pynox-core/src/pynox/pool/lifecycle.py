@@ -17,7 +17,10 @@ ended. Any other move is a bug in the server, refused here as a
 :class:`PoolWorkerError` (the template is then replaced) rather than acted on.
 
 The child is killed in one place (:meth:`ChildLife.kill`), through its pidfd:
-no pid-reuse race, and nothing the job does can refuse it.
+no pid-reuse race, and nothing the job does can refuse it. The server's worker
+thread moves the states; a cancel (from the thread reading requests) may kill
+at any moment, so the pidfd is used and closed under one lock, and a child
+condemned before its pidfd arrived is killed as it arrives.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import threading
 
 from ..errors import PoolWorkerError
 from .frames import Ended
@@ -61,6 +65,8 @@ class ChildLife:
         self.deadline: int | None = None
         # CPU time of this child counted in results already sent (a session's steps): each reports its own.
         self.cpu_us_reported = 0
+        self._lock = threading.Lock()  # the pidfd, between the worker and a cancel
+        self._condemned = False  # killed before its pidfd arrived (SENT): killed as soon as it does
 
     def _move(self, state: ChildState) -> None:
         if state not in _MOVES[self.state]:
@@ -75,8 +81,12 @@ class ChildLife:
         self._move(ChildState.IDLE)
 
     def started(self, pidfd: int, pid: int) -> None:
-        self._move(ChildState.RUNNING)
-        self.pidfd, self.pid, self.cpu_us_reported = pidfd, pid, 0
+        with self._lock:
+            self._move(ChildState.RUNNING)
+            self.pidfd, self.pid, self.cpu_us_reported = pidfd, pid, 0
+            condemned, self._condemned = self._condemned, False
+        if condemned:
+            self.kill()
 
     def answered(self, deadline: int) -> None:
         """Its result left before the template reaped it: it is killed now, and reaped before the next job."""
@@ -99,10 +109,12 @@ class ChildLife:
         self._forget()
 
     def _forget(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-        self.pidfd = self.pid = self.ended = self.deadline = None
-        self.cpu_us_reported = 0
+        with self._lock:
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+            self.pidfd = self.pid = self.ended = self.deadline = None
+            self.cpu_us_reported = 0
+            self._condemned = False
 
     @property
     def alive(self) -> bool:
@@ -112,13 +124,26 @@ class ChildLife:
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
+    def cancel(self) -> bool:
+        """Kill the child for a cancel, from any thread: True if it was still running (or on its way to),
+        False if its job was already over (answered, ended, or none)."""
+        with self._lock:
+            if self.state is ChildState.SENT and self.pidfd is None:
+                self._condemned = True
+                return True
+            if self.state is not ChildState.RUNNING:
+                return False
+        self.kill()
+        return True
+
     def signal(self, number: int) -> None:
         """Send ``number`` through the pidfd; a no-op before the pidfd arrives or after the child ended."""
-        if self.pidfd is not None and self.state is not ChildState.ENDED:
-            try:
-                signal.pidfd_send_signal(self.pidfd, number)
-            except ProcessLookupError:
-                pass
+        with self._lock:
+            if self.pidfd is not None and self.state is not ChildState.ENDED:
+                try:
+                    signal.pidfd_send_signal(self.pidfd, number)
+                except ProcessLookupError:
+                    pass
 
     def used(self, cpu_us: int, max_rss_kb: int | None) -> tuple[int, int | None]:
         """What a result reports from the process's totals: its own CPU (the totals less what earlier

@@ -11,7 +11,7 @@ import signal
 from dataclasses import dataclass, field
 
 from .. import hints
-from ..exits import SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
+from ..exits import CANCELLED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND
 from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult, Usage
@@ -46,10 +46,16 @@ class Outcome:
     protocol_violation: str | None = None
     # repr() of the code's trailing expression (see JobSpec.return_value).
     return_value: str | None = None
+    # The client cancelled it while it ran, and its process was killed for that.
+    cancelled: bool = False
 
     def conclude(self, spec: JobSpec, timeout: float) -> None:
         """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
-        if self.protocol_violation is not None:
+        if self.cancelled:
+            self.exit = CANCELLED_EXIT
+            self.error = ErrorInfo(type="CancelledError", message="the client cancelled the job; its process was "
+                                                                  "killed")
+        elif self.protocol_violation is not None:
             self.exit = WORKER_ERROR_EXIT
             self.error = ErrorInfo(type="PoolWorkerError", message=f"the job was killed: {self.protocol_violation}")
         elif self.timed_out or self.signal == signal.SIGXCPU:
@@ -126,7 +132,7 @@ def to_result(request_id: str | int | float | None, outcome: Outcome, spec: JobS
 
 def to_session_result(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,
                       python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int,
-                      session: str, step: int, session_ended: bool) -> SessionResult:
+                      session: str, step: int | None, session_ended: bool) -> SessionResult:
     fields = _result_fields(request_id, outcome, spec, max_output=max_output, python=python,
                             preloaded=preloaded, landlock_abi=landlock_abi, mode=mode, queue_us=queue_us)
     return SessionResult(**fields, session=session, step=step, session_ended=session_ended)  # type: ignore[arg-type]

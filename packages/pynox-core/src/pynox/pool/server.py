@@ -29,16 +29,18 @@ import msgspec
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
-from ..exits import WORKER_ERROR_EXIT
+from ..exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..grants import bounded, parse_request_duration, parse_request_size, to_job
 from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND
 from ..protocol import (
+    CancelAnswer,
     LineError,
     PoolLogEvent,
     ReadyEvent,
     Reply,
     Request,
+    RequestId,
     Result,
     SessionResult,
     StartError,
@@ -48,6 +50,7 @@ from ..protocol import (
     refusal,
     reply_call_id,
 )
+from .flights import Cancel, Flight, Flights
 from .frames import Ready
 from .hostcalls import CallRegistry
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
@@ -69,6 +72,7 @@ class _Job:
     spec: JobSpec
     max_output: int
     accepted_ns: int
+    flight: Flight
 
 
 class _Worker(threading.Thread):
@@ -93,11 +97,21 @@ class _Worker(threading.Thread):
         self.started_event.set()
         try:
             while (job := self.server.jobs.get()) is not None:
-                self.server.finish(self._serve_safely(job), session=None, step=None)
+                # A job cancelled while it was queued has been answered: it never starts.
+                if job.flight.start(self._cancel_running):
+                    result = self._serve_safely(job)
+                    if job.flight.answer():
+                        self.server.finish(result, session=None, step=None)
+                self.server.flights.remove(job.flight)
                 self.server.jobs.task_done()
         finally:
             if self.template is not None:
                 self.template.close()
+
+    def _cancel_running(self) -> bool:
+        """Kill the job this worker is running (a cancel, from the intake thread)."""
+        template = self.template
+        return template is not None and template.child.cancel()
 
     def _serve_safely(self, job: _Job) -> Result:
         """Serve one job; whatever goes wrong costs that job and its template, never this thread."""
@@ -127,6 +141,9 @@ class _Worker(threading.Thread):
                 if not exc.started and attempt == 0:
                     continue
                 return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)
+            if job.flight.cancelled:  # killed for a cancel: that, not the kill, is what happened to it
+                outcome.cancelled = True
+                outcome.conclude(job.spec, job.spec.timeout)
             return to_result(job.id, outcome, job.spec, max_output=job.max_output,
                              python=template.ready.python, preloaded=template.ready.preloaded,
                              landlock_abi=template.ready.landlock_abi, mode="pool", queue_us=queue_us)
@@ -171,6 +188,8 @@ class Server:
         self.ready: Ready  # the first template's, once started
         self.read_paths: list[str] = []
         self._stopping = False
+        # Requests accepted and not yet answered, for {"cancel": ID}.
+        self.flights = Flights()
         # Every directory or file a job of this pool has been allowed to write (see grants.Grants.of).
         self._written: set[str] = set()
         self.calls = CallRegistry(output.write, self.stats.record_host_call)
@@ -230,7 +249,7 @@ class Server:
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
-            landlock_abi=ready.landlock_abi)
+            landlock_abi=ready.landlock_abi, flights=self.flights)
         self.output.write(encode(self.ready_info))
         return workers
 
@@ -281,6 +300,9 @@ class Server:
         if message.stats:
             self.output.write(encode(self.stats.snapshot(message.id, sessions_active=self.sessions.active)))
             return
+        if message.cancel is not None:
+            self._cancel(message.id, message.cancel)
+            return
         try:
             if message.session is not None:
                 self._session_request(message, message.session)
@@ -289,7 +311,21 @@ class Server:
         except RequestError as exc:
             self._refuse(message.id, str(exc), session=message.session)
             return
+        self.flights.add(job.flight)
         self.jobs.put(job)
+
+    def _cancel(self, request_id: RequestId, target: RequestId) -> None:
+        """End every queued or running job with id ``target``; each still gets its one result, as cancelled."""
+        ended = [(flight, how) for flight in self.flights.find(target)
+                 if (how := flight.cancel()) is not Cancel.FINISHED]
+        if not ended:
+            self._refuse(request_id, f"cancel: no queued or running job has the id {quoted(target)}; it may "
+                                     "have finished already")
+            return
+        self.output.write(encode(CancelAnswer(id=request_id, cancelled=target)))
+        for flight, how in ended:
+            if how is Cancel.QUEUED:
+                flight.answer_cancelled()
 
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
         config = self.options.config
@@ -305,7 +341,18 @@ class Server:
 
     def _accept(self, request: Request) -> _Job:
         spec, max_output = self._resolve(request)
-        return _Job(request.id, spec, max_output, time.monotonic_ns())
+        job = _Job(request.id, spec, max_output, time.monotonic_ns(), Flight(request.id))
+        job.flight.answer_cancelled = lambda: self.finish(self._cancelled_while_queued(job), session=None,
+                                                          step=None)
+        return job
+
+    def _cancelled_while_queued(self, job: _Job) -> Result:
+        message = "the client cancelled the job before it started"
+        outcome = Outcome(exit=CANCELLED_EXIT, error=ErrorInfo(type="CancelledError", message=message))
+        ready = self.ready
+        return to_result(job.id, outcome, job.spec, max_output=job.max_output, python=ready.python,
+                         preloaded=ready.preloaded, landlock_abi=ready.landlock_abi, mode="pool",
+                         queue_us=(time.monotonic_ns() - job.accepted_ns) // 1000)
 
     def _session_request(self, request: Request, name: str) -> None:
         if not name or len(name) > 256:
@@ -335,7 +382,8 @@ class Server:
         # Like any request, a step's file name is agent.py unless it says otherwise.
         step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
-                    accepted_ns=time.monotonic_ns(), return_value=bool(request.return_value))
+                    accepted_ns=time.monotonic_ns(), return_value=bool(request.return_value),
+                    flight=Flight(request.id))
         self.sessions.submit(name, step, lambda: (spec, max_output))
 
     def _refuse(self, request_id: str | int | float | None, message: str, *, session: str | None = None) -> None:

@@ -17,15 +17,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
 from ..errors import PynoxError, RequestError
-from ..exits import REFUSED_EXIT, WORKER_ERROR_EXIT
+from ..exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..job import ErrorInfo, JobSpec, StepSpec
 from ..protocol import Closed, RequestId, SessionResult, encode
 from .descriptors import STEP
+from .flights import Flight, Flights
 from .frames import Ended, send_frame
 from .hostcalls import CallRegistry
 from .outcome import Outcome, to_session_result
@@ -48,6 +49,7 @@ class Step:
     max_output: int
     accepted_ns: int
     return_value: bool = False
+    flight: Flight = field(default_factory=lambda: Flight(None))
 
 
 class _EndedWhileIdle(Exception):
@@ -101,6 +103,8 @@ class Session(threading.Thread):
                     if item.id is not None:
                         self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
                     return
+                if not item.flight.start(self._kill_step):
+                    continue  # cancelled while it waited: answered then
                 if self._serve(item):
                     return  # later requests under this name start afresh; steps queued here are refused
         finally:
@@ -145,6 +149,9 @@ class Session(threading.Thread):
             self._answer(step, self._failure(step, f"the pool failed while serving this step "
                                                    f"({type(exc).__name__}); the session was stopped", queue_us))
             return True
+        if step.flight.cancelled:  # its process was killed for a cancel: the session ends with it
+            outcome.cancelled = outcome.ended = True
+            outcome.conclude(self.spec, step.timeout)
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
                            python=self._ready_python(), preloaded=self._preloaded(),
@@ -166,6 +173,8 @@ class Session(threading.Thread):
             self._channels = SessionChannels.create(bool(self.spec.functions))
             first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
                                             timeout=step.timeout, return_value=step.return_value)
+            if step.flight.cancelled:  # cancelled while its process started: it never runs
+                return Outcome(ended=True)
             self._alive = True
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels)
         template, channels = self._template, self._channels
@@ -201,9 +210,31 @@ class Session(threading.Thread):
             self._template.close()
             self._template = None
 
+    def _kill_step(self) -> bool:
+        """Kill the process running this session's step (a cancel, from the intake thread)."""
+        template = self._template
+        if template is None or not self._alive:
+            return True  # the process is still starting: _run_step stops the step before it runs
+        return template.child.cancel()
+
+    def answer_cancelled(self, step: Step) -> None:
+        """A step cancelled while it waited: it never runs, and the session goes on."""
+        outcome = Outcome(exit=CANCELLED_EXIT, error=ErrorInfo(type="CancelledError",
+                                                               message="the client cancelled the step before it ran"))
+        result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
+                                   python=self._ready_python(), preloaded=self._preloaded(),
+                                   landlock_abi=self._abi(), mode="session", queue_us=0,
+                                   session=self.session_name, step=None, session_ended=False)
+        self._deliver(step, result)
+
     def _answer(self, step: Step, result: SessionResult) -> None:
+        if step.flight.answer():  # not already answered by a cancel
+            self._deliver(step, result)
+
+    def _deliver(self, step: Step, result: SessionResult) -> None:
         self.last_used = time.monotonic()
         self.registry.finish(result, session=self.session_name, step=result.step)
+        self.registry.flights.remove(step.flight)
         with self.registry.lock:
             self.pending -= 1
 
@@ -237,8 +268,9 @@ class SessionRegistry:
 
     def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[[], Template],
                  finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
-                 python: str, landlock_abi: int) -> None:
+                 python: str, landlock_abi: int, flights: Flights) -> None:
         self.max_sessions = max_sessions
+        self.flights = flights
         self.idle = idle
         self.new_template = new_template
         self.finish = finish
@@ -284,6 +316,8 @@ class SessionRegistry:
                                    "their results before sending more")
             session.pending += 1
             session.last_used = time.monotonic()
+            self.flights.add(step.flight)
+            step.flight.answer_cancelled = lambda: session.answer_cancelled(step)
             session.items.put(step)
 
     def close(self, name: str, request_id: RequestId) -> bool:

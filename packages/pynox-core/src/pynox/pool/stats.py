@@ -11,12 +11,12 @@ import threading
 import time
 from collections import Counter
 
-from ..exits import REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
+from ..exits import CANCELLED_EXIT, REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..protocol import JobLogLine, RequestId, Result, StatsEvent
 
 __all__ = ["Stats", "classify", "log_line"]
 
-OUTCOMES = ("ok", "failed", "timeouts", "signals", "setup_errors", "request_errors", "worker_errors")
+OUTCOMES = ("ok", "failed", "timeouts", "signals", "setup_errors", "request_errors", "worker_errors", "cancelled")
 # The pool's own verdicts: an error type together with the exit status only the pool gives it. The job's
 # code can raise an exception of any name (its own TimeoutError, a class called RequestError), but its
 # exit status is then 1 (or what it passed to sys.exit), so it counts as failed, as the protocol says.
@@ -25,6 +25,7 @@ _POOL_VERDICTS = {
     ("SandboxSetupError", SETUP_FAILED_EXIT): "setup_errors",
     ("RequestError", REFUSED_EXIT): "request_errors",
     ("PoolWorkerError", WORKER_ERROR_EXIT): "worker_errors",
+    ("CancelledError", CANCELLED_EXIT): "cancelled",
 }
 
 
@@ -76,6 +77,7 @@ class Stats:
                 setup_errors=self._outcomes["setup_errors"],
                 request_errors=self._outcomes["request_errors"],
                 worker_errors=self._outcomes["worker_errors"],
+                cancelled=self._outcomes["cancelled"],
                 host_calls=self._host_calls,
                 duration_ms_total=self._duration_ms_total,
                 queue_us_total=self._queue_us_total,

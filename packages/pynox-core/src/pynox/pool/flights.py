@@ -1,0 +1,94 @@
+"""Accepted requests on their way to their one result, by id: what ``{"cancel": ID}`` finds and ends.
+
+A :class:`Flight` is queued, then running, then answered. Cancelling a queued
+flight answers it at once (its job never starts: the worker that takes it
+later drops it); cancelling a running one kills its process through the
+template's :class:`~.lifecycle.ChildLife`, and its worker answers it, as
+cancelled. Either way exactly one result leaves: whoever answers first marks
+the flight answered under its lock, and the other side sees that.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+
+from ..protocol import RequestId
+
+__all__ = ["Cancel", "Flight", "Flights"]
+
+
+class Cancel(enum.Enum):
+    QUEUED = "queued"  # the caller answers it now, as cancelled
+    RUNNING = "running"  # its process was killed; its worker answers it, as cancelled
+    FINISHED = "finished"  # too late: its result is already out, or about to be
+
+
+def _key(request_id: RequestId) -> tuple[str, object]:
+    # 1, 1.0 and True are equal in Python; as ids on the wire they are three different requests.
+    return type(request_id).__name__, request_id
+
+
+class Flight:
+    def __init__(self, request_id: RequestId) -> None:
+        self.id = request_id
+        self._lock = threading.Lock()
+        self._kill: Callable[[], bool] | None = None
+        self._answered = False
+        self.cancelled = False  # cancelled while it ran: its result says so
+        # Sends its result, as cancelled, when it is cancelled while queued (set by whoever queues it).
+        self.answer_cancelled: Callable[[], None] = lambda: None
+
+    def start(self, kill: Callable[[], bool]) -> bool:
+        """The worker takes it: ``kill`` ends its process (False if it had already ended). False if it
+        was cancelled while queued: it must not run, and it has been answered."""
+        with self._lock:
+            if self._answered:
+                return False
+            self._kill = kill
+            return True
+
+    def cancel(self) -> Cancel:
+        with self._lock:
+            if self._answered or self.cancelled:
+                return Cancel.FINISHED
+            if self._kill is None:
+                self._answered = True
+                return Cancel.QUEUED
+            if not self._kill():
+                return Cancel.FINISHED  # its process had ended: the result it earned stands
+            self.cancelled = True
+            return Cancel.RUNNING
+
+    def answer(self) -> bool:
+        """The worker's result is ready: True if it is the one to send (not answered by a cancel)."""
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+            return True
+
+
+class Flights:
+    """Every flight not yet answered, by request id (a client may reuse an id: all of them are found)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[tuple[str, object], list[Flight]] = {}
+
+    def add(self, flight: Flight) -> None:
+        with self._lock:
+            self._by_id.setdefault(_key(flight.id), []).append(flight)
+
+    def remove(self, flight: Flight) -> None:
+        with self._lock:
+            flights = self._by_id.get(_key(flight.id), [])
+            if flight in flights:
+                flights.remove(flight)
+            if not flights:
+                self._by_id.pop(_key(flight.id), None)
+
+    def find(self, request_id: RequestId) -> list[Flight]:
+        with self._lock:
+            return list(self._by_id.get(_key(request_id), ()))

@@ -6,7 +6,8 @@ would. For each case it reports the median (p50) and p99 over many runs:
 * ``print(1)`` on the pool, back to back and 20 ms apart (an agent's think time), beside
   ``subprocess.run([python, "-c", code])``;
 * a small pandas operation with pandas preloaded, beside a cold ``python -c "import pandas; ..."``;
-* a host-function round trip and a session step, beside a plain pool job;
+* a host-function round trip (one call, and four from threads at once) and a session step, beside a
+  plain pool job;
 * throughput of trivial jobs with 2 workers, pipelined;
 * cancel to free: with one worker busy on a long job, the time from sending ``{"cancel": ...}`` to
   the result of a trivial job sent right after it (beside that trivial job alone).
@@ -163,6 +164,11 @@ def main() -> int:
     results["pool host call round trip"] = summary(timed(lambda: check_ok(plain.request(
         {"code": "from pynox_host import f\nf(1)", "functions": ["f"]}, on_call=lambda call: call["args"][0])),
         runs))
+    four = ("import threading\nfrom pynox_host import f\n"
+            "ts = [threading.Thread(target=f, args=(i,)) for i in range(4)]\n[t.start() for t in ts]\n"
+            "[t.join() for t in ts]")
+    results["pool host calls from 4 threads at once"] = summary(timed(lambda: check_ok(plain.request(
+        {"code": four, "functions": ["f"]}, on_call=lambda call: call["args"][0])), runs))
     plain.request({"session": "bench", "code": "x = 0"})
     results["pool session step"] = summary(timed(
         lambda: check_ok(plain.request({"session": "bench", "code": "x += 1"})), runs))

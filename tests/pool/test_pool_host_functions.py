@@ -82,7 +82,7 @@ def test_an_uncaught_host_error_fails_the_job(pool: PoolProcess) -> None:
 def test_only_declared_names_exist_in_pynox_host(pool: PoolProcess) -> None:
     result = pool.run("import pynox_host\nprint(sorted(n for n in dir(pynox_host) if not n.startswith('_')))\n"
                       "from pynox_host import undeclared", host={"search": lambda: 1, "fetch": lambda: 2})
-    assert result["stdout"] == "['HostError', 'fetch', 'search']\n"
+    assert result["stdout"] == "['HostError', 'aio', 'fetch', 'search']\n"  # aio: the same, as coroutines
     assert result["error"]["type"] == "ImportError"
     assert pool.run("import pynox_host")["error"]["type"] == "ModuleNotFoundError"
 

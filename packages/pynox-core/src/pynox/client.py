@@ -232,13 +232,45 @@ class _FairSlots:
 
 
 class _Pending:
-    __slots__ = ("functions", "future", "host_errors", "is_job")
+    __slots__ = ("functions", "future", "host_errors", "is_job", "loop")
 
-    def __init__(self, functions: Mapping[str, HostFunction] | None, is_job: bool, host_errors: HostErrors) -> None:
+    def __init__(self, functions: Mapping[str, HostFunction] | None, is_job: bool, host_errors: HostErrors,
+                 loop: asyncio.AbstractEventLoop | None) -> None:
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.functions = functions
         self.is_job = is_job
         self.host_errors = host_errors
+        # Where an async host function of this run is awaited: the caller's loop (arun), else the client's.
+        self.loop = loop
+
+
+class _HostLoop:
+    """An event loop of the client's own, on a thread, for async host functions of a run made without one
+    (``run`` from a thread): started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._run, args=(self._loop,), name="pynox-host-loop", daemon=True).start()
+            return self._loop
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
 
 
 class Pool:
@@ -283,6 +315,7 @@ class Pool:
         self._process: _Process | None = None
         self._closed = False
         self._implicit_timeout: float | None = None
+        self._host_loop = _HostLoop()
         self.ready: dict[str, Any] = {}
         self._ensure_process()
 
@@ -326,6 +359,7 @@ class Pool:
             process, self._process = self._process, None
         if process is not None:
             process.close(timeout=timeout)
+        self._host_loop.close()
 
     def __enter__(self) -> Pool:
         return self
@@ -345,10 +379,11 @@ class Pool:
 
     # -- requests ----------------------------------------------------------------------------------------
     def _submit(self, message: Request, functions: Mapping[str, HostFunction] | None = None,
-                *, is_job: bool = False, host_errors: HostErrors | None = None) -> concurrent.futures.Future[Any]:
+                *, is_job: bool = False, host_errors: HostErrors | None = None,
+                loop: asyncio.AbstractEventLoop | None = None) -> concurrent.futures.Future[Any]:
         process = self._ensure_process()
         request_id = f"{self._prefix}-{next(self._ids)}"
-        pending = _Pending(functions, is_job, host_errors or self.host_errors)
+        pending = _Pending(functions, is_job, host_errors or self.host_errors, loop)
         with self._lock:
             self._pending[request_id] = pending
         try:
@@ -395,7 +430,16 @@ class Pool:
         if pending is None:
             return  # its job has ended (its result came first): the call must not start in the host
         function = pending.functions.get(event.function) if pending.functions else None
-        answer = answer_call(event.function, function, event.args, event.kwargs, host_errors=pending.host_errors)
+        loop = pending.loop or self._host_loop.get()
+
+        def run_awaitable(awaitable: Any) -> Any:
+            async def wait() -> Any:
+                return await awaitable
+
+            return asyncio.run_coroutine_threadsafe(wait(), loop).result()
+
+        answer = answer_call(event.function, function, event.args, event.kwargs, host_errors=pending.host_errors,
+                             run_awaitable=run_awaitable)
         reply = ReplyBody(call_id=event.call_id, **answer)
         process = self._process
         if process is not None:
@@ -508,8 +552,8 @@ class Pool:
             if self._process is None or self._process.dead:
                 # Starting (or restarting) the pool waits for its templates: not on the event loop.
                 await asyncio.to_thread(self._ensure_process)
-            reply = await self._await(self._submit(message, functions, is_job=True, host_errors=host_errors),
-                                      message)
+            reply = await self._await(self._submit(message, functions, is_job=True, host_errors=host_errors,
+                                                   loop=asyncio.get_running_loop()), message)
         finally:
             self._slots.release()
         return _result(reply)
@@ -622,7 +666,8 @@ class Session:
                    return_value: bool = True) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         message, first = self._message(code, step)
-        future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
+        future = self.pool._submit(message, self.functions, host_errors=self.host_errors,
+                                   loop=asyncio.get_running_loop())
         try:
             reply = await self.pool._await(future, self._limits(message), _SESSION_ROUNDS)
         except asyncio.CancelledError:

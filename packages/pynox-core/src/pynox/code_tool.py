@@ -161,7 +161,8 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
         functions=tuple(_signature(name, fn) for name, fn in (functions or {}).items()),
         functions_intro=f"Host functions (import them with `from pynox_host import {names}`); they run in the "
                         "host application, take and return JSON values, and raise pynox_host.HostError on "
-                        "failure:" if functions else "",
+                        "failure. Calls from threads, or awaited together from `pynox_host.aio`, run at the "
+                        "same time (8 at most):" if functions else "",
         closing="Permissions are set by the host. If the task needs more, say so instead of trying to work "
                 "around it.",
         code="Python source code to run, as a complete script.",

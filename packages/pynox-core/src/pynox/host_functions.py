@@ -123,13 +123,21 @@ def _shown(message: str) -> str:
 
 
 def answer_call(name: str, function: HostFunction | None, args: list[Any], kwargs: dict[str, Any], *,
-                host_errors: HostErrors = "safe") -> dict[str, Any]:
-    """Check and run one call; the reply's ``result`` or ``error``. Never raises."""
+                host_errors: HostErrors = "safe",
+                run_awaitable: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """Check and run one call; the reply's ``result`` or ``error``. Never raises.
+
+    An ``async def`` function's coroutine (any awaitable it returns) is run to its end by
+    ``run_awaitable`` (on an event loop; see the client)."""
     if function is None:
         return {"error": f"no host function {name!r} is registered for this run"}
     try:
         bound = _prepare(name, function, args, kwargs)
         value = function(*bound.args, **bound.kwargs)
+        if inspect.isawaitable(value):
+            if run_awaitable is None:
+                raise HostError(f"{name}() is async, and nothing here runs an event loop for it")
+            value = run_awaitable(value)
     except HostError as exc:  # raised on purpose (or by the checks above): its text is meant for the job
         return {"error": _shown(str(exc))}
     except BaseException as exc:  # SystemExit too (argparse in a tool): without a reply the job would hang

@@ -1,14 +1,21 @@
 """``pynox_host`` inside a confined job: the declared host functions, and nothing else.
 
-Each function sends one call frame on the job's channel descriptor and blocks
-until the pool answers with the host's result or error. The pool checks the
-name again (a forged frame naming an undeclared function gets an error and
-never reaches the client), counts calls and enforces the size limits; the
-checks here only give the model a clear error sooner.
+Each function sends one call frame on the job's channel descriptor, tagged with
+a number of the job's own, and blocks until the pool answers that tag with the
+host's result or error. Calls from several threads overlap: at most
+:data:`MAX_IN_FLIGHT` wait for the host at once (a further caller waits its
+turn here), and one reader thread hands each answer to its caller.
+``pynox_host.aio`` has the same functions as coroutines, so that
+``await asyncio.gather(search("x"), search("y"))`` makes two overlapping calls.
+
+The pool checks the name again (a forged frame naming an undeclared function
+gets an error and never reaches the client), counts calls and enforces the
+size limits; the checks here only give the model a clear error sooner.
 """
 
 from __future__ import annotations
 
+import itertools
 import socket
 import sys
 import threading
@@ -20,9 +27,10 @@ import msgspec
 from .frames import HEADER, pack, recv_exact
 from .host_values import NotPlainJSON, check_plain_json
 
-__all__ = ["MAX_PAYLOAD", "install_host_module"]
+__all__ = ["MAX_IN_FLIGHT", "MAX_PAYLOAD", "install_host_module"]
 
 MAX_PAYLOAD = 1_000_000  # bytes of JSON each way
+MAX_IN_FLIGHT = 8  # calls of one job waiting for the host at once (the pool refuses more)
 _MAX_ANSWER = MAX_PAYLOAD + 4096  # the answer wraps the result in a small object
 
 
@@ -35,11 +43,46 @@ HostError.__module__ = "pynox_host"
 
 
 def install_host_module(functions: list[str], channel_fd: int) -> None:
-    """Create ``pynox_host`` with one callable per declared name; importing anything else fails."""
-    sock = socket.socket(fileno=channel_fd)
-    lock = threading.Lock()  # one call in flight per job: the channel carries no call ids
+    """Create ``pynox_host`` (and ``pynox_host.aio``) with one callable per declared name; importing anything
+    else fails."""
+    channel = _Channel(socket.socket(fileno=channel_fd))
+    module = types.ModuleType("pynox_host", "Functions of the host application, callable from this job.")
+    aio = types.ModuleType("pynox_host.aio", "The host functions as coroutines: await them, or gather several.")
+    module.HostError = aio.HostError = HostError  # type: ignore[attr-defined]
+    for name in functions:
+        setattr(module, name, _bind(channel.call, name))
+        setattr(aio, name, _bind_async(channel.call, name))
+    module.__all__ = [*functions, "HostError"]  # type: ignore[attr-defined]
+    aio.__all__ = [*functions, "HostError"]  # type: ignore[attr-defined]
+    if "aio" not in functions:  # a host function of that name keeps it; `from pynox_host.aio import` still works
+        module.aio = aio  # type: ignore[attr-defined]
+    module.__path__ = []  # a package, so that `pynox_host.aio` imports
+    sys.modules["pynox_host"] = module
+    sys.modules["pynox_host.aio"] = aio
 
-    def call(function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+
+class _Waiting:
+    __slots__ = ("answer", "done")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer: dict[str, Any] | None = None
+
+
+class _Channel:
+    """The job's end of its host channel: tagged calls out, answers matched back by tag."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._turns = threading.BoundedSemaphore(MAX_IN_FLIGHT)
+        self._tags = itertools.count(1)
+        self._waiting: dict[int, _Waiting] = {}
+        self._reader: threading.Thread | None = None
+        self._broken: str | None = None
+
+    def call(self, function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             check_plain_json(list(args), "args")
             check_plain_json(kwargs, "kwargs")
@@ -49,22 +92,48 @@ def install_host_module(functions: list[str], channel_fd: int) -> None:
         if len(payload) > MAX_PAYLOAD:
             raise HostError(f"{function}(): arguments of {len(payload)} bytes exceed the 1 MB limit; "
                             "pass less data or write it to a granted file")
-        with lock:
+        with self._turns:
+            waiting = _Waiting()
+            with self._lock:
+                if self._broken is not None:
+                    raise HostError(f"{function}(): the host channel failed: {self._broken}")
+                tag = next(self._tags)
+                self._waiting[tag] = waiting
+                if self._reader is None:
+                    self._reader = threading.Thread(target=self._read, name="pynox-host-answers", daemon=True)
+                    self._reader.start()
+            frame = b'{"tag":' + str(tag).encode() + b"," + payload[1:]
             try:
-                sock.sendall(pack(payload))
-                answer = _receive(sock)
+                with self._send_lock:
+                    self.sock.sendall(pack(frame))
             except OSError as exc:
+                with self._lock:
+                    self._waiting.pop(tag, None)
                 raise HostError(f"{function}(): the host channel failed: {exc}") from None
+            waiting.done.wait()
+        answer = waiting.answer
+        if answer is None:
+            raise HostError(f"{function}(): the host channel failed: {self._broken}")
         if "error" in answer:
             raise HostError(str(answer["error"]))
         return answer.get("result")
 
-    module = types.ModuleType("pynox_host", "Functions of the host application, callable from this job.")
-    module.HostError = HostError  # type: ignore[attr-defined]
-    for name in functions:
-        setattr(module, name, _bind(call, name))
-    module.__all__ = [*functions, "HostError"]  # type: ignore[attr-defined]
-    sys.modules["pynox_host"] = module
+    def _read(self) -> None:
+        try:
+            while True:
+                answer = _receive(self.sock)
+                tag = answer.get("tag")
+                with self._lock:
+                    waiting = self._waiting.pop(tag, None) if isinstance(tag, int) else None
+                if waiting is not None:
+                    waiting.answer = answer
+                    waiting.done.set()
+        except OSError as exc:
+            with self._lock:
+                self._broken = str(exc) or type(exc).__name__
+                waiting_now, self._waiting = self._waiting, {}
+            for waiting in waiting_now.values():
+                waiting.done.set()
 
 
 def _bind(call: Any, name: str) -> Any:
@@ -73,6 +142,17 @@ def _bind(call: Any, name: str) -> Any:
 
     host_function.__name__ = host_function.__qualname__ = name
     host_function.__doc__ = f"Call the host function {name!r}; it runs in the host application, not here."
+    return host_function
+
+
+def _bind_async(call: Any, name: str) -> Any:
+    async def host_function(*args: Any, **kwargs: Any) -> Any:
+        import asyncio
+
+        return await asyncio.to_thread(call, name, args, kwargs)
+
+    host_function.__name__ = host_function.__qualname__ = name
+    host_function.__doc__ = f"Await the host function {name!r}; calls awaited together run at the same time."
     return host_function
 
 

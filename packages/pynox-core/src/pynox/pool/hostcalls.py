@@ -31,21 +31,20 @@ import msgspec
 
 from ..protocol import CallEvent, RequestId, encode
 from .frames import FrameBuffer, pack
-from .host_module import MAX_PAYLOAD
+from .host_module import MAX_IN_FLIGHT, MAX_PAYLOAD
 from .host_values import NotPlainJSON, check_plain_json
 
 __all__ = ["MAX_CALLS", "MAX_IN_FLIGHT", "MAX_IN_FLIGHT_BYTES", "CallRegistry", "JobCalls", "ProtocolViolation"]
 
 MAX_CALLS = 1000
-MAX_IN_FLIGHT = 8  # calls of one job waiting for the host at once
 MAX_IN_FLIGHT_BYTES = 2 * MAX_PAYLOAD  # their arguments, as sent
-# A call frame is exactly what pynox_host measures against MAX_PAYLOAD before sending: anything larger
-# was forged, and must not reach the client.
-_FRAME_LIMIT = MAX_PAYLOAD
+# A call frame is what pynox_host measures against MAX_PAYLOAD before sending, plus its tag (`"tag":N,`,
+# N at most 20 digits): anything larger was forged, and must not reach the client.
+_FRAME_LIMIT = MAX_PAYLOAD + 32
 _SEND_TIMEOUT = 5.0
-# Answers waiting for a job to read them. An honest job reads each answer before its next call, so it
-# never has more than one (at most 1 MB) outstanding; beyond this, the job is not reading and is killed.
-_OUTBOX_LIMIT = 2 * (MAX_PAYLOAD + 4096)
+# Answers waiting for a job to read them. An honest job's reader takes each as it comes, so it never has
+# more than its calls in flight outstanding (at most 1 MB each); beyond this, it is not reading and is killed.
+_OUTBOX_LIMIT = (MAX_IN_FLIGHT + 1) * (MAX_PAYLOAD + 4096)
 
 
 class ProtocolViolation(Exception):
@@ -56,6 +55,7 @@ class _CallFrame(msgspec.Struct, forbid_unknown_fields=True):
     function: str
     args: list[Any]
     kwargs: dict[str, Any]
+    tag: int = 0  # the job's own number for the call, echoed in its answer (calls from threads overlap)
 
 
 _call_decoder = msgspec.json.Decoder(_CallFrame)
@@ -100,8 +100,7 @@ class CallRegistry:
             self.closed = reason
             pending, self._pending = self._pending, {}
         for call_id, waiting in pending.items():
-            waiting.job.answered(call_id)
-            waiting.job.answer({"error": reason})
+            waiting.job.answer(waiting.job.answered(call_id), {"error": reason})
 
     def fail(self, call_id: int, reason: str) -> bool:
         """Answer a pending call with an error of the pool's own (its reply could not be read)."""
@@ -109,8 +108,7 @@ class CallRegistry:
             pending = self._pending.pop(call_id, None)
         if pending is None:
             return False
-        pending.job.answered(call_id)
-        pending.job.answer({"error": reason})
+        pending.job.answer(pending.job.answered(call_id), {"error": reason})
         return True
 
     def reply(self, call_id: int, result: Any, error: str | None) -> str | None:
@@ -119,18 +117,18 @@ class CallRegistry:
             pending = self._pending.pop(call_id, None)
         if pending is None:
             return f"reply to call {call_id}: no such call is pending (unknown, already answered, or its job ended)"
-        pending.job.answered(call_id)
+        tag = pending.job.answered(call_id)
         key, value = ("error", error) if error is not None else ("result", result)
         try:
             encoded = msgspec.json.encode(value)
         except (TypeError, msgspec.EncodeError):  # pragma: no cover - a decoded JSON value always encodes
-            pending.job.answer({"error": "the host's result is not JSON"})
+            pending.job.answer(tag, {"error": "the host's result is not JSON"})
             return None
         # The limit is on the value itself, as it is on the job's arguments (1 MB each way).
         if len(encoded) > MAX_PAYLOAD:
-            pending.job.answer({"error": f"the host's {key} of {len(encoded)} bytes exceeds the 1 MB limit"})
+            pending.job.answer(tag, {"error": f"the host's {key} of {len(encoded)} bytes exceeds the 1 MB limit"})
         else:
-            pending.job.send(b'{"' + key.encode() + b'":' + encoded + b"}")
+            pending.job.send(b'{"tag":' + str(tag).encode() + b',"' + key.encode() + b'":' + encoded + b"}")
         return None
 
 
@@ -148,7 +146,7 @@ class JobCalls:
         self.violation: str | None = None
         channel.settimeout(_SEND_TIMEOUT)
         self._buffer = FrameBuffer(_FRAME_LIMIT)
-        self._outstanding: dict[int, int] = {}  # call id -> bytes of its frame
+        self._outstanding: dict[int, tuple[int, int]] = {}  # call id -> (bytes of its frame, the job's tag)
         self._lock = threading.Lock()
         # Answers are written by a thread of this job's own: a job that stops reading its channel must
         # block neither intake (delivering the client's replies) nor its worker (whose loop enforces the
@@ -183,36 +181,38 @@ class JobCalls:
     def _call(self, call: _CallFrame, size: int) -> None:
         if call.function not in self.functions:
             # Forged: pynox_host only has declared names. The client never sees this call.
-            self.answer({"error": f"no host function named {call.function!r} was declared for this task"})
+            self.answer(call.tag, {"error": f"no host function named {call.function!r} was declared for this task"})
             return
         self.calls += 1
         if self.calls > MAX_CALLS:
-            self.answer({"error": f"this task reached its limit of {MAX_CALLS} host calls"})
+            self.answer(call.tag, {"error": f"this task reached its limit of {MAX_CALLS} host calls"})
             return
         with self._lock:
-            waiting, waiting_bytes = len(self._outstanding), sum(self._outstanding.values())
+            waiting, waiting_bytes = len(self._outstanding), sum(size for size, _ in self._outstanding.values())
         if waiting >= MAX_IN_FLIGHT or waiting_bytes + size > MAX_IN_FLIGHT_BYTES:
-            self.answer({"error": f"this task already has {waiting} host calls ({waiting_bytes} bytes) waiting "
-                                  f"for the host; at most {MAX_IN_FLIGHT} calls and {MAX_IN_FLIGHT_BYTES} bytes "
-                                  "may wait at once"})
+            self.answer(call.tag, {"error": f"this task already has {waiting} host calls ({waiting_bytes} bytes) "
+                                            f"waiting for the host; at most {MAX_IN_FLIGHT} calls and "
+                                            f"{MAX_IN_FLIGHT_BYTES} bytes may wait at once"})
             return
         call_id = self.registry._register(self)
         if call_id is None:  # the pool no longer reads replies: waiting would only run into the timeout
-            self.answer({"error": self.registry.closed})
+            self.answer(call.tag, {"error": self.registry.closed})
             return
         with self._lock:
-            self._outstanding[call_id] = size
+            self._outstanding[call_id] = (size, call.tag)
         self.registry._on_call()
         self.sent += 1
         self.registry._emit(encode(CallEvent(id=self.request_id, call_id=call_id, function=call.function,
                                              args=call.args, kwargs=call.kwargs)))
 
-    def answered(self, call_id: int) -> None:
+    def answered(self, call_id: int) -> int:
+        """The call is answered (or failed): its tag, for the answer."""
         with self._lock:
-            self._outstanding.pop(call_id, None)
+            _, tag = self._outstanding.pop(call_id, (0, 0))
+        return tag
 
-    def answer(self, message: dict[str, Any]) -> None:
-        self.send(msgspec.json.encode(message))
+    def answer(self, tag: int, message: dict[str, Any]) -> None:
+        self.send(msgspec.json.encode({"tag": tag, **message}))
 
     def send(self, payload: bytes) -> None:
         """Queue one answer for the job; never blocks. A job that lets answers pile up is marked violating."""

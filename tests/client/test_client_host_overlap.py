@@ -1,0 +1,109 @@
+"""Host calls that overlap: from threads of one job, from ``pynox_host.aio``, and to ``async def`` host functions.
+
+Each timing is the job's own clock around its calls, against what one call at a time would take
+(4 × 1 s); concurrency on the host side is counted by the host function itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pynox import Pool
+
+pytestmark = pytest.mark.timeout(90)
+
+_THREADS = ("import threading, time\nfrom pynox_host import {name}\nout = []\nstart = time.monotonic()\n"
+            "threads = [threading.Thread(target=lambda i=i: out.append({name}(i))) for i in range({count})]\n"
+            "[t.start() for t in threads]\n[t.join() for t in threads]\n"
+            "print(round(time.monotonic() - start, 2), sorted(out))")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    with Pool(workers=2) as shared:
+        yield shared
+
+
+class _Counter:
+    """A host function that takes ``seconds`` and records how many calls ran at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.now = self.most = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, i: int) -> int:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.now -= 1
+        return i
+
+
+def test_four_threads_calling_a_one_second_function_overlap(pool: Pool) -> None:
+    slow = _Counter(1.0)
+    result = pool.run(_THREADS.format(name="slow", count=4), functions={"slow": slow})
+    took, values = result.stdout.split(" ", 1)
+    assert values.strip() == "[0, 1, 2, 3]", result.text
+    assert float(took) < 1.6, f"four 1 s calls took {took}s in the job: they did not overlap"
+    assert slow.most == 4
+
+
+def test_at_most_eight_calls_of_one_job_wait_at_once_and_none_fails(pool: Pool) -> None:
+    slow = _Counter(0.3)
+    result = pool.run(_THREADS.format(name="slow", count=12), functions={"slow": slow})
+    assert result.ok and result.stdout.endswith(f"{list(range(12))}\n"), result.text
+    assert slow.most == 8
+
+
+def test_aio_functions_gather_into_overlapping_calls(pool: Pool) -> None:
+    slow = _Counter(1.0)
+    code = ("import asyncio, time\nfrom pynox_host.aio import slow\nstart = time.monotonic()\n"
+            "a, b = await asyncio.gather(slow(1), slow(2))\n"
+            "{'a': a, 'b': b, 'overlapped': time.monotonic() - start < 1.6}")
+    result = pool.run(code, functions={"slow": slow})
+    assert result.return_value == "{'a': 1, 'b': 2, 'overlapped': True}", result.text
+    assert slow.most == 2
+
+
+def test_an_async_host_function_is_awaited_from_run(pool: Pool) -> None:
+    async def search(query: str) -> str:
+        await asyncio.sleep(0.05)
+        return query.upper()
+
+    result = pool.run("from pynox_host import search\nsearch('pynox')", functions={"search": search})
+    assert result.return_value == "'PYNOX'", result.text
+
+
+def test_an_async_host_function_of_arun_runs_on_the_callers_loop() -> None:
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    async def where() -> str:
+        seen.append(asyncio.get_running_loop())
+        return "here"
+
+    async def scenario() -> tuple[str | None, asyncio.AbstractEventLoop]:
+        with Pool(workers=1) as pool:
+            result = await pool.arun("from pynox_host import where\nwhere()", functions={"where": where})
+        return result.return_value, asyncio.get_running_loop()
+
+    value, loop = asyncio.run(scenario())
+    assert value == "'here'" and seen == [loop]
+
+
+def test_an_async_host_functions_error_reaches_the_job(pool: Pool) -> None:
+    from pynox import HostError
+
+    async def refuse() -> None:
+        raise HostError("no such city")
+
+    result = pool.run("from pynox_host import refuse, HostError\ntry:\n    refuse()\nexcept HostError as e:\n"
+                      "    print('job saw:', e)", functions={"refuse": refuse})
+    assert result.stdout == "job saw: no such city\n"

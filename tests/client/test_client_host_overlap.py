@@ -1,7 +1,7 @@
 """Host calls that overlap: from threads of one job, from ``pynox_host.aio``, and to ``async def`` host functions.
 
 Each timing is the job's own clock around its calls, against what one call at a time would take
-(4 × 1 s); concurrency on the host side is counted by the host function itself.
+(4 x 1 s); concurrency on the host side is counted by the host function itself.
 """
 
 from __future__ import annotations

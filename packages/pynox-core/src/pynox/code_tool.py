@@ -155,7 +155,8 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
     return ToolDescription(
         summary="Run Python code in an isolated sandbox and return what it prints.",
         usage=f"{lifetime} What the code prints comes back, then what it wrote to stderr. The value of a "
-              "final expression comes back too, as `Out: ...`, like a notebook cell. Errors come back as the "
+              "final expression comes back too, as `Out: ...`, like a notebook cell, and so do matplotlib "
+              "figures (shown with plt.show() or left open), as images. Errors come back as the "
               "exception type, message and failing line, with a hint when the sandbox refused something.",
         permissions=tuple(permissions),
         functions=tuple(_signature(name, fn) for name, fn in (functions or {}).items()),

@@ -51,6 +51,8 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     hint_style: Literal["api", "cli"] = "api"
     # Report repr() of a trailing expression statement (the request's return_value).
     return_value: bool = False
+    # Bytes of PNG the job's figures may come back as, in all (its max_output); 0: none.
+    images: int = 0
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(
@@ -61,7 +63,7 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
-                       functions=self.functions, return_value=self.return_value)
+                       functions=self.functions, return_value=self.return_value, images=self.images)
 
 
 class Confinement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -100,6 +102,7 @@ class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     env: dict[str, str]
     functions: list[str]
     return_value: bool = False
+    images: int = 0
 
 
 class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -109,6 +112,7 @@ class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     args: list[str]
     return_value: bool = False
+    images: int = 0
 
 
 class Frame(msgspec.Struct, omit_defaults=False):
@@ -144,3 +148,5 @@ class Report(msgspec.Struct):
     exited: bool = False
     # repr() of the trailing expression's value, when asked and it was not None.
     return_value: str | None = None
+    # The figures the code showed or left open, base64 PNG ("" for one over the size limit).
+    images: list[str] = []

@@ -146,6 +146,10 @@ class Result(msgspec.Struct, omit_defaults=False):
     # Only in the result of a request that asked for it (return_value: true): repr() of the value of the
     # code's trailing expression, or null.
     return_value: str | msgspec.UnsetType | None = msgspec.UNSET
+    # Only when the code made figures (matplotlib): each a base64 PNG, at most max_output bytes of PNG in
+    # all; images_dropped counts those left out over that size.
+    images: list[str] | msgspec.UnsetType = msgspec.UNSET
+    images_dropped: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionResult(Result):

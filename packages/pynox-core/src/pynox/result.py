@@ -8,6 +8,7 @@ callers that prefer one.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,10 @@ class Result:
     # repr() of the value of the code's trailing expression (``x = 6*7\nx`` gives ``'42'``); None when
     # the last statement is not an expression, its value is None, or the run did not ask for it.
     return_value: str | None = None
+    # The figures the code showed (plt.show()) or left open, as PNG bytes; images_dropped counts those
+    # left out because all of them together were over max_output.
+    images: tuple[bytes, ...] = ()
+    images_dropped: int = 0
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -62,6 +67,8 @@ class Result:
             session=session.session if session else None, step=session.step if session else None,
             session_ended=session.session_ended if session else False, id=wire.id, usage=wire.usage,
             return_value=wire.return_value if isinstance(wire.return_value, str) else None,
+            images=tuple(base64.b64decode(image) for image in wire.images) if isinstance(wire.images, list) else (),
+            images_dropped=wire.images_dropped if isinstance(wire.images_dropped, int) else 0,
         )
 
     @property
@@ -90,9 +97,20 @@ class Result:
         source line and hint, and notes on truncation and on a session's end."""
         stderr = self.stderr_text
         parts = [self.stdout.rstrip("\n"), f"[stderr]\n{stderr}" if stderr else "",
-                 f"Out: {self.return_value}" if self.return_value is not None else "", self.error_text]
+                 f"Out: {self.return_value}" if self.return_value is not None else "", self._images_note,
+                 self.error_text]
         return "\n".join(part for part in parts if part) or \
             "(The code ran without printing anything. Use print() to show results.)"
+
+    @property
+    def _images_note(self) -> str:
+        shown = len(self.images)
+        if not shown and not self.images_dropped:
+            return ""
+        note = f"[{shown} image{'s' if shown != 1 else ''}"
+        if self.images_dropped:
+            note += f"; {self.images_dropped} more left out: all together they were over the output limit"
+        return note + "]"
 
     @property
     def stderr_text(self) -> str:

@@ -44,7 +44,7 @@ class Runtime:
     data_bytes: int
 
 
-def prepare_runtime(package_dirs: tuple[str, ...] = ()) -> Runtime:
+def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ...] = ()) -> Runtime:
     """Probe and precompile what every job needs; raises ``KernelSupportError`` when it cannot confine.
 
     Also empties the capability bounding set of the calling process (the template), once for all jobs.
@@ -58,7 +58,7 @@ def prepare_runtime(package_dirs: tuple[str, ...] = ()) -> Runtime:
     if not seccomp.supported():
         raise KernelSupportError("this kernel has no seccomp filters: Pynox will not run code unconfined.")
     filters = {network: seccomp.LoadableFilter(seccomp.compile_filter(network)) for network in (False, True)}
-    read_paths = tuple(runtime_paths(package_dirs))
+    read_paths = tuple(runtime_paths(package_dirs, data_dirs))
     rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
                          + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
     network_rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
@@ -163,9 +163,11 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
 BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
 
 
-def reset_environment() -> None:
+def reset_environment(runtime_env: dict[str, str] | None = None) -> None:
     """Make this process's environment the jobs' base (in the template, once: each child then only adds
-    what differs, instead of rewriting the whole environment, which costs a child ~80 page faults)."""
+    what differs, instead of rewriting the whole environment, which costs a child ~80 page faults).
+    ``runtime_env``: what the runtime's libraries need in every job of this template (its figures)."""
+    BASE_ENVIRONMENT.update(runtime_env or {})
     os.environ.clear()
     os.environ.update(BASE_ENVIRONMENT)
 

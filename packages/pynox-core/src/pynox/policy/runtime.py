@@ -52,10 +52,11 @@ def _python_paths(package_dirs: Iterable[str]) -> list[str]:
     return sorted(paths)
 
 
-def runtime_paths(package_dirs: Iterable[str] = ()) -> list[str]:
-    """Existing runtime paths, each also by its resolved name (Landlock rules attach to inodes)."""
+def runtime_paths(package_dirs: Iterable[str] = (), data_dirs: Iterable[str] = ()) -> list[str]:
+    """Existing runtime paths, each also by its resolved name (Landlock rules attach to inodes).
+    ``data_dirs``: what the runtime's libraries read in every job (matplotlib's prepared font cache)."""
     found: set[str] = set()
-    for path in (*_python_paths(package_dirs), *_SYSTEM):
+    for path in (*_python_paths(package_dirs), *_SYSTEM, *data_dirs):
         if os.path.exists(path):
             found.add(os.path.abspath(path))
             found.add(os.path.realpath(path))

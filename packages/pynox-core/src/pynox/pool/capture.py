@@ -2,8 +2,9 @@
 
 Past ``max_output`` a stream is still drained and counted, and what is read is
 dropped, so a flood never blocks the job and ``usage`` still says how much it
-wrote. The report is the child's word on how its code ended; one larger than
-the child ever writes is dropped whole (the exit status then speaks alone).
+wrote. The report is the child's word on how its code ended (and its figures,
+at most ``max_output`` bytes of PNG, in base64); one larger than the child
+ever writes is dropped whole (the exit status then speaks alone).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Capture:
         self.outcome = outcome
         self.max_output = max_output
         self.report = bytearray()
+        self.report_limit = MAX_REPORT + 2 * max_output  # the figures, base64: 4/3 of their bytes
 
     def read(self, fd: int) -> bool:
         """Read what ``fd`` has; False at its EOF (the caller stops watching it)."""
@@ -36,7 +38,7 @@ class Capture:
             self.open -= 1
             return False
         if fd == self.report_fd:
-            if len(self.report) + len(chunk) > MAX_REPORT:
+            if len(self.report) + len(chunk) > self.report_limit:
                 self.report.clear()  # not a report the child wrote: ignored, the exit status still counts
             else:
                 self.report += chunk

@@ -97,9 +97,9 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     main = _new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
-                                                   return_value=payload.return_value))
+                                                   return_value=payload.return_value, images=payload.images))
     _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
-                             return_value=payload.return_value), measured=True)
+                             return_value=payload.return_value, images=payload.images), measured=True)
 
 
 def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int]) -> NoReturn:
@@ -161,7 +161,7 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not read the job: {exc}"))
     main = _new_main(confinement, payload)
     _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
-                             return_value=payload.return_value), measured=True)
+                             return_value=payload.return_value, images=payload.images), measured=True)
 
 
 def _hand_over_listener(listener: int) -> None:
@@ -243,7 +243,8 @@ def _new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
 
 
 def _execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
-             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False) -> Report:
+             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False,
+             images: int = 0) -> Report:
     sys.argv = [name, *args]
     main.__file__ = name
     try:
@@ -251,14 +252,27 @@ def _execute(main: types.ModuleType, code: str | None, script: str | None, name:
         # Tracebacks then show the model its own lines, as they would for a file on disk.
         linecache.cache[name] = (len(source), None, source.splitlines(True), name)
         value = _run(source, name, main.__dict__, return_value=return_value and code is not None)
+        drawn = _figures(images)  # before the exit hooks: matplotlib's destroys every figure
         if shutdown:
             _shutdown()
     except SystemExit as exc:
-        return Report(exit=_exit_status(exc), exited=True)
+        return Report(exit=_exit_status(exc), exited=True, images=_figures(images))
     except BaseException as exc:
         _print_traceback(exc)
-        return Report(exit=1, error=_describe(exc, name, confinement))
-    return Report(exit=0, return_value=value)
+        return Report(exit=1, error=_describe(exc, name, confinement), images=_figures(images))
+    return Report(exit=0, return_value=value, images=drawn)
+
+
+def _figures(limit: int) -> list[str]:
+    """The figures the code showed or left open (only if it drew with pyplot: nothing is imported here)."""
+    if not limit or "matplotlib.pyplot" not in sys.modules:
+        return []
+    try:
+        from . import figures
+
+        return figures.collect(limit)
+    except Exception:  # a figure that cannot be drawn must not cost the code its result
+        return []
 
 
 def _run(source: str, name: str, namespace: dict[str, object], *, return_value: bool) -> str | None:
@@ -317,7 +331,7 @@ def _serve_session(confinement: Confinement, main: types.ModuleType, first: Step
                 os.dup2(fd, target)
                 os.close(fd)
         report = _execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
-                          return_value=step.return_value)
+                          return_value=step.return_value, images=step.images)
         if report.exited:  # sys.exit() or exit(): the session ends with this step
             _finish(REPORT, report)
         _flush_streams()

@@ -40,6 +40,10 @@ _MAX_FDS = MAX_GRANTS + 8  # a job's own descriptors, then one per grant
 class Init(msgspec.Struct, tag=True):
     preload: list[str]
     package_dirs: list[str]
+    # What the runtime's libraries need in every job (matplotlib's backend and config: pool/figures.py):
+    # variables in every job's environment, and directories every job may read.
+    job_env: dict[str, str] = {}
+    data_dirs: list[str] = []
 
 
 class Ready(msgspec.Struct, tag=True):

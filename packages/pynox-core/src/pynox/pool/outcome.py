@@ -48,6 +48,9 @@ class Outcome:
     return_value: str | None = None
     # The client cancelled it while it ran, and its process was killed for that.
     cancelled: bool = False
+    # Its figures as base64 PNGs (see figures.py), and how many were left out (over max_output in all).
+    images: list[str] = field(default_factory=list)
+    images_dropped: int = 0
 
     def conclude(self, spec: JobSpec, timeout: float) -> None:
         """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
@@ -113,6 +116,8 @@ def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec:
                     host_calls=outcome.host_calls, stdout_bytes=outcome.stdout_bytes,
                     stderr_bytes=outcome.stderr_bytes),
         **({"return_value": _capped(outcome.return_value, max_output)} if spec.return_value else {}),
+        **({"images": outcome.images} if outcome.images else {}),
+        **({"images_dropped": outcome.images_dropped} if outcome.images_dropped else {}),
     )
 
 

@@ -172,7 +172,8 @@ class Session(threading.Thread):
                 self._template = self.registry.new_template()
             self._channels = SessionChannels.create(bool(self.spec.functions))
             first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
-                                            timeout=step.timeout, return_value=step.return_value)
+                                            timeout=step.timeout, return_value=step.return_value,
+                                            images=step.max_output)
             if step.flight.cancelled:  # cancelled while its process started: it never runs
                 return Outcome(ended=True)
             self._alive = True
@@ -189,7 +190,7 @@ class Session(threading.Thread):
         channels.control.settimeout(step.timeout)
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
-                                                  return_value=step.return_value),
+                                                  return_value=step.return_value, images=step.max_output),
                        [w for _, w in pipes])
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout

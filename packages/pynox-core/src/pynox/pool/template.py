@@ -78,9 +78,9 @@ def _warm_up(init: Init, sock_fd: int) -> Runtime:
             raise RuntimeError(f"preloading {module!r} failed: {type(exc).__name__}: {exc}") from None
     _prove_single_threaded(init.preload)
     _prove_descriptors({0, 1, 2, sock_fd}, init.preload)
-    runtime = prepare_runtime(tuple(init.package_dirs))
+    runtime = prepare_runtime(tuple(init.package_dirs), tuple(init.data_dirs))
     # Preloads have read their BLAS settings; from here on the environment is what every job starts from.
-    reset_environment()
+    reset_environment(init.job_env)
     _behave_as_a_normal_interpreter()
     # Children inherit the heap: objects frozen here are never scanned by a child's collector.
     gc.collect()

@@ -32,6 +32,7 @@ from ..policy import tasks
 from ..policy.grants import close_all, open_grants
 from .capture import Capture
 from .descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, STDERR, STDOUT, sent_with_job
+from .figures import images_on_the_wire, matplotlib_setup
 from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
 from .hostcalls import JobCalls, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
@@ -68,6 +69,12 @@ def _job_ids(confinement: Confinement) -> tuple[int, int]:
     if confinement.uid is None:
         return os.geteuid(), os.getegid()
     return confinement.uid, confinement.gid if confinement.gid is not None else confinement.uid
+
+
+@functools.cache
+def _matplotlib() -> tuple[dict[str, str], str] | None:
+    """matplotlib's setup for every job of this pool (see figures.py): prepared once per pool process."""
+    return matplotlib_setup()
 
 
 def template_environment() -> dict[str, str]:
@@ -177,7 +184,9 @@ class Template:
             self.close()
             raise PoolWorkerError(f"could not put the template in its pids cgroup: {exc}") from None
         try:
-            send_frame(parent, Init(preload=preload, package_dirs=package_dirs))
+            figures = _matplotlib()
+            send_frame(parent, Init(preload=preload, package_dirs=package_dirs,
+                                    job_env=figures[0] if figures else {}, data_dirs=[figures[1]] if figures else []))
             parent.settimeout(_START_TIMEOUT)
             frame, _ = recv_frame(parent)
             parent.settimeout(None)
@@ -304,7 +313,7 @@ class Template:
                 channel.close()
         outcome.duration_us = (time.monotonic_ns() - start) // 1000
         self._finish(serving)
-        self._read_report(outcome, bytes(capture.report))
+        self._read_report(outcome, bytes(capture.report), max_output)
         outcome.conclude(spec, timeout)
         return outcome
 
@@ -543,7 +552,7 @@ class Template:
             self.steward = None
 
     @staticmethod
-    def _read_report(outcome: Outcome, raw_report: bytes) -> None:
+    def _read_report(outcome: Outcome, raw_report: bytes, image_limit: int) -> None:
         if outcome.timed_out or not raw_report:
             return
         try:
@@ -554,5 +563,6 @@ class Template:
         outcome.setup_error = report.setup_error
         outcome.exited = report.exited
         outcome.return_value = report.return_value
+        outcome.images, outcome.images_dropped = images_on_the_wire(report.images, image_limit)
         if not outcome.ended:  # a session step: the process lives on, the step's status is in its report
             outcome.exit = report.exit

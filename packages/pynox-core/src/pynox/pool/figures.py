@@ -1,0 +1,150 @@
+"""Figures: matplotlib works in a job, and what it draws comes back as PNG images.
+
+Two halves, one idea:
+
+* On the pool's side, :func:`matplotlib_setup` gives matplotlib what a confined
+  job cannot make for itself: a config and cache directory with the font list
+  already built (a job can write nowhere, so matplotlib could not import at
+  all). The directory is the pool user's own (``~/.cache/pynox``); every job
+  may read it and none may write it (it is a runtime path, see
+  ``policy.runtime``). Building the font list takes a second or two, once per
+  machine and matplotlib version.
+* In the job, this module is matplotlib's backend (``MPLBACKEND``): Agg, with a
+  ``show()`` that keeps each open figure as a PNG and closes it, as a
+  notebook's inline backend does. What is still open when the code ends is
+  kept too (:func:`collect`). Only the job's own code is drawn: nothing here
+  reads or writes a file.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+from typing import Any
+
+# FigureCanvas and FigureManager too, built when matplotlib asks for them (see __getattr__).
+__all__ = ["BACKEND", "collect", "images_on_the_wire", "matplotlib_setup", "show"]
+
+BACKEND = f"module://{__name__}"
+_PNG = b"\x89PNG\r\n\x1a\n"
+_BUILD_TIMEOUT = 300.0
+
+# The figures shown so far in this job, as PNG bytes (in the job's process only).
+_shown: list[bytes] = []
+
+
+# -- the pool's side ---------------------------------------------------------------------------------------
+def matplotlib_setup() -> tuple[dict[str, str], str] | None:
+    """The environment every job gets for matplotlib (its backend and config directory) and the directory
+    to grant read-only, or None when matplotlib is not installed or its font list cannot be built (a job
+    that imports it then fails with matplotlib's own message)."""
+    spec = importlib.util.find_spec("matplotlib")
+    if spec is None or not spec.origin:
+        return None
+    version = _version(os.path.dirname(spec.origin))
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.realpath(os.path.join(home, "pynox", f"matplotlib-{version}"))
+    env = {"MPLBACKEND": BACKEND, "MPLCONFIGDIR": directory}
+    if not any(name.startswith("fontlist-") for name in _listing(directory)):
+        try:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+            subprocess.run([sys.executable, "-I", "-c", "import matplotlib.font_manager"],
+                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MPLCONFIGDIR": directory,
+                                "MPLBACKEND": "agg"},
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=_BUILD_TIMEOUT, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return env, directory
+
+
+def _version(package_dir: str) -> str:
+    try:
+        with open(os.path.join(package_dir, "_version.py"), encoding="utf-8") as source:
+            for line in source:
+                if line.startswith("__version__"):
+                    return line.split("=", 1)[1].strip().strip("'\"")
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _listing(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def images_on_the_wire(images: list[str], limit: int) -> tuple[list[str], int]:
+    """What of a report's ``images`` a result carries: real PNGs (base64), at most ``limit`` bytes in all,
+    in order; and how many were dropped (over the limit, or not a PNG: the report is the job's word)."""
+    kept: list[str] = []
+    total = 0
+    for image in images:
+        try:
+            raw = base64.b64decode(image, validate=True)
+        except ValueError:
+            continue
+        if not raw.startswith(_PNG) or total + len(raw) > limit:
+            continue
+        kept.append(image)
+        total += len(raw)
+    return kept, len(images) - len(kept)
+
+
+# -- the job's side: matplotlib's backend ---------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    # Loaded by matplotlib itself, once the job imports pyplot: only then is matplotlib there to build on.
+    if name in ("FigureCanvas", "FigureManager"):
+        from matplotlib.backend_bases import FigureManagerBase
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        class FigureManager(FigureManagerBase):
+            @classmethod
+            def pyplot_show(cls, *, block: bool | None = None) -> None:
+                show()
+
+        globals().update(FigureCanvas=FigureCanvasAgg, FigureManager=FigureManager)
+        return globals()[name]
+    raise AttributeError(name)
+
+
+def show(*args: Any, **kwargs: Any) -> None:
+    """``plt.show()``: keep every open figure as a PNG, then close it (the next figure starts afresh)."""
+    _shown.extend(_open_figures(close=True))
+
+
+def _open_figures(*, close: bool) -> list[bytes]:
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return []
+    images = []
+    for number in pyplot.get_fignums():
+        figure = pyplot.figure(number)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        images.append(buffer.getvalue())
+    if close:
+        pyplot.close("all")
+    return images
+
+
+def collect(limit: int) -> list[str]:
+    """At the end of the code (or a session step): the figures shown, then those left open, as base64 PNGs,
+    at most ``limit`` bytes in all (the rest dropped: the pool says how many). Open figures are closed, so a
+    session's next step starts with none."""
+    images = [*_shown, *_open_figures(close=True)]
+    _shown.clear()
+    kept, total = [], 0
+    for image in images:
+        if total + len(image) > limit:
+            kept.append("")  # counted as dropped by the pool (not a PNG)
+            continue
+        total += len(image)
+        kept.append(base64.b64encode(image).decode("ascii"))
+    return kept

@@ -5,7 +5,11 @@ in its instructions, what the code may touch. With ``session=True`` each agent
 run gets one Pynox session: a variable from one call is there in the next, and
 the session ends with the run. ``catalog_price`` is a host function: it runs in
 this process (where it could use a database), the code calls it through
-``pynox_host``. A denied read comes back to the model as text with a hint.
+``pynox_host``, and, like a pydantic-ai tool, it takes the run's context (its
+first parameter, hidden from the model) to price for the run's own customer.
+A denied read comes back to the model as a failed tool part (the provider's
+error channel), with its text and hint; a good run's ``pynox.Result`` is the
+part's ``metadata``, for the application.
 
 For a real model, replace ``FunctionModel(scripted)`` with e.g.
 ``"anthropic:claude-sonnet-4-5"``.
@@ -16,9 +20,10 @@ For a real model, replace ``FunctionModel(scripted)`` with e.g.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -34,19 +39,24 @@ STEPS = [
 ]
 
 
-def catalog_price(product: str) -> float:
-    """The unit price of a product, in euros."""
-    return {"lamp": 25.0, "desk": 180.0}[product]
+@dataclass
+class Customer:
+    discount: float  # 0.1 is 10 % off
+
+
+def catalog_price(ctx: RunContext[Customer], product: str) -> float:
+    """The unit price of a product, in euros, for this customer."""
+    return {"lamp": 25.0, "desk": 180.0}[product] * (1 - ctx.deps.discount)
 
 
 def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """Plays STEPS in order, printing what each returned, then answers."""
     returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
     if returned:
-        print(f"--- run_python returned:\n{returned[-1].content}")
+        print(f"--- run_python returned ({returned[-1].outcome}):\n{returned[-1].content}")
     if len(returned) < len(STEPS):
         return ModelResponse(parts=[ToolCallPart("run_python", {"code": STEPS[len(returned)]})])
-    return ModelResponse(parts=[TextPart("3 orders, 410.00 EUR in total; /etc/shadow is not mine to read.")])
+    return ModelResponse(parts=[TextPart("3 orders, 369.00 EUR in total; /etc/shadow is not mine to read.")])
 
 
 def main() -> None:
@@ -56,9 +66,13 @@ def main() -> None:
         STEPS[0] = STEPS[0].replace("ORDERS", repr(str(orders)))
         toolset = PynoxToolset(pool, session=True, allow_read=[data], timeout="10s",
                                functions={"catalog_price": catalog_price})
-        agent = Agent(FunctionModel(scripted), capabilities=[PynoxCapability(toolset)])
+        agent = Agent(FunctionModel(scripted), deps_type=Customer, capabilities=[PynoxCapability(toolset)])
         print("--- instructions:\n" + toolset.model_instructions)
-        print("--- answer: " + agent.run_sync("How much are our orders worth?").output)
+        result = agent.run_sync("How much are our orders worth?", deps=Customer(discount=0.1))
+        counted = next(part for message in result.all_messages() for part in message.parts
+                       if isinstance(part, ToolReturnPart) and part.outcome == "success")
+        print(f"--- the application reads: exit {counted.metadata.exit}, stdout {counted.metadata.stdout!r}")
+        print("--- answer: " + result.output)
 
 
 if __name__ == "__main__":

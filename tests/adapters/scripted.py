@@ -46,6 +46,8 @@ class Transcript:
     tools: list[ToolSeen] = field(default_factory=list)
     instructions: str | None = None
     results: list[str] = field(default_factory=list)
+    # pydantic-ai's outcome of each tool return ("success", "failed", ...), beside its text.
+    outcomes: list[str] = field(default_factory=list)
     answer: str = ""
 
     def tool(self, name: str) -> ToolSeen:
@@ -77,7 +79,11 @@ def pydantic_model(calls: list[Call], transcript: Transcript | None = None, *, e
                             for tool in info.function_tools]
         transcript.instructions = info.instructions
         returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
-        transcript.results = [part.model_response_str() for part in returned]
+        # The text the model reads: a failed part's message goes through the provider's error channel
+        # (Anthropic is_error, Bedrock status=error); model_response_str() would wrap it in {"error": ...}.
+        transcript.results = [part.content if part.outcome == "failed" and isinstance(part.content, str)
+                              else part.model_response_str() for part in returned]
+        transcript.outcomes = [part.outcome for part in returned]
         if len(returned) < len(calls):
             name, args = calls[len(returned)]
             name = _resolve(name, [seen.name for seen in transcript.tools])

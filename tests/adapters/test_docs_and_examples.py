@@ -108,11 +108,13 @@ def test_readme_example_runs_offline(package: str, tmp_path: Path, earlier_pools
 def test_pydantic_ai_example(tmp_path: Path, earlier_pools: frozenset[int]) -> None:
     out = run_script(ROOT / "examples" / "pydantic_ai_agent.py", tmp_path, earlier_pools)
     assert "You can run Python code with the `run_python` tool." in out
-    assert "- catalog_price(product: str) -> float: The unit price of a product, in euros." in out
-    assert "3 orders\n" in out and "total 410.00 EUR\n" in out
-    assert "PermissionError: [Errno 13] Permission denied: '/etc/shadow'" in out
+    assert "- catalog_price(product: str) -> float: The unit price of a product, in euros, for this customer." in out
+    assert "--- run_python returned (success):\n3 orders\n" in out
+    assert "total 369.00 EUR\n" in out  # the run context's 10 % reached the host function
+    assert "--- run_python returned (failed):\nPermissionError: [Errno 13] Permission denied: '/etc/shadow'" in out
     assert 'allow_read=["/etc/shadow"]' in out
-    assert out.rstrip().endswith("--- answer: 3 orders, 410.00 EUR in total; /etc/shadow is not mine to read.")
+    assert "--- the application reads: exit 0, stdout '3 orders\\n'" in out
+    assert out.rstrip().endswith("--- answer: 3 orders, 369.00 EUR in total; /etc/shadow is not mine to read.")
 
 
 def test_strands_example(tmp_path: Path, earlier_pools: frozenset[int]) -> None:

@@ -649,11 +649,24 @@ class Session:
                 self._name = None
         return result
 
+    def _step_functions(self, functions: Mapping[str, HostFunction] | None) -> Mapping[str, HostFunction]:
+        """The callables of one step: the session's, or others under the same names (a framework's
+        context bound for this call, say); the names were fixed when the session started."""
+        if functions is None:
+            return self.functions
+        unknown = sorted(set(functions) - set(self.functions))
+        if unknown:
+            raise RequestError(f"a session's host functions are fixed when it starts; not among them: "
+                               f"{', '.join(unknown)}")
+        return {**self.functions, **functions}
+
     def run(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
-            timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True) -> Result:
+            timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,
+            functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
+        callables = self._step_functions(functions)
         message, first = self._message(code, step)
-        future = self.pool._submit(message, self.functions, host_errors=self.host_errors)
+        future = self.pool._submit(message, callables, host_errors=self.host_errors)
         return self._after(self.pool._wait(future, self._limits(message), _SESSION_ROUNDS), first)
 
     def _limits(self, message: Request) -> Request:
@@ -663,10 +676,11 @@ class Session:
 
     async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
                    timeout: Units | None = None, max_output: Units | None = None,
-                   return_value: bool = True) -> Result:
+                   return_value: bool = True, functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
+        callables = self._step_functions(functions)
         message, first = self._message(code, step)
-        future = self.pool._submit(message, self.functions, host_errors=self.host_errors,
+        future = self.pool._submit(message, callables, host_errors=self.host_errors,
                                    loop=asyncio.get_running_loop())
         try:
             reply = await self.pool._await(future, self._limits(message), _SESSION_ROUNDS)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping
@@ -128,7 +129,9 @@ def _signature(name: str, function: HostFunction) -> str:
         signature = str(visible_signature(function))
     except (TypeError, ValueError):
         signature = "(*args, **kwargs)"
-    summary = (inspect.getdoc(function) or "").strip().split("\n\n")[0].replace("\n", " ")
+    # A partial (a keyword the host fixed, a framework's context) is described by the function it wraps.
+    described = function.func if isinstance(function, functools.partial) else function
+    summary = (inspect.getdoc(described) or "").strip().split("\n\n")[0].replace("\n", " ")
     return f"{name}{signature}" + (f": {summary}" if summary else "")
 
 
@@ -236,9 +239,14 @@ class CodeTool:
             self._pool = default_pool()
         return self._pool
 
-    def _call(self, timeout: float | None, env: Mapping[str, str] | None, fresh: bool) -> tuple[
-            Session | None, dict[str, Any]]:
-        """Where a call runs (its session, or None for a fresh process) and the keywords of a fresh run."""
+    def _call(self, timeout: float | None, env: Mapping[str, str] | None, fresh: bool,
+              functions: Mapping[str, HostFunction] | None = None) -> tuple[Session | None, dict[str, Any]]:
+        """Where a call runs (its session, or None for a fresh process) and the keywords of its run."""
+        if functions is not None:
+            unknown = sorted(set(functions) - set(self._functions or ()))
+            if unknown:
+                raise PynoxError(f"host functions of one call must be the tool's own, under its names; not "
+                                 f"among them: {', '.join(unknown)}")
         pool = self._target()
         seconds = min(timeout, self.grants.timeout) if timeout is not None else None
         if not fresh and self.owns_session and self._session is None:
@@ -246,29 +254,32 @@ class CodeTool:
         if not fresh and self._session is not None:
             if env:
                 raise ValueError("a session's environment is fixed when it starts: env cannot change per call")
-            return self._session, {"timeout": seconds}
+            return self._session, {"timeout": seconds, "functions": functions}
         grants = dict(self._grants)
         if env:
             grants["env"] = {**(grants.get("env") or {}), **env}
         if seconds is not None:
             grants["timeout"] = seconds
-        return None, {"functions": None if fresh else self._functions, "host_errors": self._host_errors, **grants}
+        callables = {**(self._functions or {}), **(functions or {})} or None
+        return None, {"functions": None if fresh else callables, "host_errors": self._host_errors, **grants}
 
     def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
-            fresh: bool = False) -> Result:
+            fresh: bool = False, functions: Mapping[str, HostFunction] | None = None) -> Result:
         """Run ``code`` (in the session, unless ``fresh``); raises :class:`pynox.PynoxError` only for Pynox's
-        own failures. ``timeout`` (seconds) may only shorten the tool's; ``env`` adds to the tool's."""
-        session, keywords = self._call(timeout, env, fresh)
+        own failures. ``timeout`` (seconds) may only shorten the tool's; ``env`` adds to the tool's;
+        ``functions`` replaces host functions of the tool, under their names, for this call only (a
+        framework's run context bound into them, say)."""
+        session, keywords = self._call(timeout, env, fresh, functions)
         if session is not None:
             return session.run(code, **keywords)
         return self._target().run(code, **keywords)
 
     async def arun(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
-                   fresh: bool = False) -> Result:
+                   fresh: bool = False, functions: Mapping[str, HostFunction] | None = None) -> Result:
         """:meth:`run`, awaitable; starting the default pool (which waits for its templates) is off the loop."""
         if self._pool is None:
             await asyncio.to_thread(self._target)
-        session, keywords = self._call(timeout, env, fresh)
+        session, keywords = self._call(timeout, env, fresh, functions)
         if session is not None:
             return await session.arun(code, **keywords)
         return await self._target().arun(code, **keywords)

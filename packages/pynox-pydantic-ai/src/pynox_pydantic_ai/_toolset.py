@@ -1,64 +1,169 @@
-"""``PynoxToolset`` and ``PynoxCapability``: Pynox's ``run_python`` as pydantic-ai expects a tool to come."""
+"""``PynoxToolset`` and ``PynoxCapability``: Pynox's ``run_python`` as pydantic-ai's own tools behave.
+
+* A run whose code failed raises ``ToolFailed`` with the text the model reads: pydantic-ai records a
+  failed tool part (the provider's native error channel) and no retry is consumed. A good run returns
+  a ``ToolReturn``: the text and its figures (``BinaryContent``, ``image/png``) for the model, the
+  :class:`pynox.Result` as ``metadata`` for the application.
+* Host functions are written as pydantic-ai tools are: a first parameter annotated ``RunContext[...]``
+  receives the current run's context (hidden from the model's signature), ``async def`` ones are
+  awaited on the agent's loop, and pydantic-ai ``Tool`` objects are accepted as they are.
+* The permissions are stated once: in the tool's description, or, under :class:`PynoxCapability`, in
+  the instructions only.
+"""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai import RunContext
+from pydantic_ai import BinaryContent, RunContext, Tool, ToolFailed, ToolReturn
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
-from pynox import CodeTool, Pool, Session
+from pynox import CodeTool, Pool, PynoxError, Session
 
 __all__ = ["PynoxCapability", "PynoxToolset"]
 
+HostFunctions = Mapping[str, "Callable[..., Any] | Tool[Any]"] | Iterable["Tool[Any]"]
+
+
+class _NoContext:
+    """Stands for the run context in a host function's signature until a call binds the real one."""
+
+
+def _takes_context(function: Callable[..., Any]) -> bool:
+    """Whether ``function``'s first parameter is annotated ``RunContext[...]``, as pydantic-ai decides it."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if not parameters:
+        return False
+    annotation: Any = parameters[0].annotation
+    try:
+        annotation = typing.get_type_hints(function).get(parameters[0].name, annotation)
+    except Exception:  # an annotation that does not resolve here: read it as written
+        pass
+    if isinstance(annotation, str):
+        return annotation.split("[", 1)[0].rsplit(".", 1)[-1] == "RunContext"
+    return annotation is RunContext or typing.get_origin(annotation) is RunContext
+
+
+def _described(function: Callable[..., Any], description: str | None) -> Callable[..., Any]:
+    """``function`` with ``description`` as the docstring the model reads."""
+    if not description:
+        return function
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    call.__doc__ = description
+    return call
+
+
+def _host_functions(functions: HostFunctions | None) -> tuple[dict[str, Callable[..., Any]], dict[str, bool]]:
+    """The host functions by name, and for each whether it takes the run context."""
+    if functions is None:
+        return {}, {}
+    items = functions.items() if isinstance(functions, Mapping) else ((tool.name, tool) for tool in functions)
+    callables: dict[str, Callable[..., Any]] = {}
+    context: dict[str, bool] = {}
+    for name, value in items:
+        if isinstance(value, Tool):
+            callables[name] = _described(value.function, value.description)
+            context[name] = value.takes_ctx
+        elif callable(value):
+            callables[name] = value
+            context[name] = _takes_context(value)
+        else:
+            raise TypeError(f"host function {name!r} must be a callable or a pydantic-ai Tool, got "
+                            f"{type(value).__name__}")
+    return callables, context
+
 
 class PynoxToolset(FunctionToolset[AgentDepsT]):
-    """A toolset with one tool, ``run_python(code: str) -> str``, whose code runs in Pynox.
+    """A toolset with one tool, ``run_python(code: str)``, whose code runs in Pynox.
 
     The tool is async and awaits :meth:`pynox.Pool.arun`, so no thread waits while the code runs.
     Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env,
     timeout, memory, max_output, max_file_size, package_dirs), never from the model; ``functions``
-    are host functions the code may call through ``pynox_host``. ``pool=None`` uses the default pool,
-    started on the first call (never at import or here).
+    are host functions the code may call through ``pynox_host`` (callables or pydantic-ai ``Tool``
+    objects, by name or as a list of tools). ``pool=None`` uses the default pool, started on the first
+    call (never at import or here).
 
     ``session=True`` gives each agent run its own Pynox session (variables survive between the calls
     of one run) and ends it when the run ends; a :class:`pynox.Session` is shared by every run and
-    stays yours to close. A failure of the code, and a refusal by Pynox, reach the model as the
-    tool's text: they never abort the run.
+    stays yours to close.
     """
 
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
-                 functions: Mapping[str, Callable[..., Any]] | None = None, id: str | None = None,
-                 max_retries: int | None = None, **grants: Any) -> None:
+                 functions: HostFunctions | None = None, id: str | None = None, max_retries: int | None = None,
+                 **grants: Any) -> None:
         super().__init__(id=id, max_retries=max_retries)
-        self._runner = CodeTool(pool, profile=profile, session=session, functions=functions, **grants)
+        callables, self._takes_context = _host_functions(functions)
+        # The tool's own view of each function: one that takes the run context has it bound, so the
+        # signature the model reads (and the arguments the job may pass) leave it out.
+        shown = {name: functools.partial(fn, _NoContext()) if self._takes_context[name] else fn
+                 for name, fn in callables.items()}
+        self._callables = callables
+        self._runner = CodeTool(pool, profile=profile, session=session, functions=shown or None, **grants)
+        self.permissions_in_instructions = False
         self._add_run_python()
+
+    def _for_call(self, ctx: RunContext[AgentDepsT]) -> dict[str, Callable[..., Any]] | None:
+        bound: dict[str, Callable[..., Any]] = {name: functools.partial(fn, ctx) for name, fn in self._callables.items()
+                                                if self._takes_context[name]}
+        return bound or None
 
     def _add_run_python(self) -> None:
         runner = self._runner
 
-        async def run_python(code: str) -> str:
-            return await runner.atext(code)
+        async def run_python(ctx: RunContext[AgentDepsT], code: str) -> ToolReturn:
+            try:
+                result = await runner.arun(code, functions=self._for_call(ctx))
+            except PynoxError as exc:  # a refusal or a broken pool: the model reads it, the run goes on
+                raise ToolFailed(f"{type(exc).__name__}: {exc}") from exc
+            if not result.ok:
+                raise ToolFailed(result.text)
+            images = [BinaryContent(image, media_type="image/png") for image in result.images]
+            return ToolReturn(return_value=[result.text, *images] if images else result.text, metadata=result)
 
-        run_python.__doc__ = runner.doc
+        # The description is given whole below; the docstring gives the argument's (no Returns: section,
+        # which pydantic-ai would render as <returns> markup).
+        run_python.__doc__ = f"{runner.description.summary}\n\nArgs:\n    code: {runner.description.code}"
         # Calls into one session change its state: run them in the order the model made them, one at a time.
-        self.add_function(run_python, takes_ctx=False, sequential=runner.uses_session)
+        self.tools.pop("run_python", None)
+        self.add_function(run_python, takes_ctx=True, sequential=runner.uses_session, description=self.description)
 
     @property
     def description(self) -> str:
-        """The tool's docstring, as the model reads it."""
-        return self._runner.doc
+        """The tool's description, as the model reads it (the permissions too, unless the instructions say them)."""
+        parts = self._runner.description
+        body = [parts.summary, parts.usage]
+        if not self.permissions_in_instructions:
+            body.append(parts.rules)
+        elif parts.functions:
+            body.append("\n".join([parts.functions_intro, *(f"- {line}" for line in parts.functions)]))
+        return "\n\n".join(body)
 
     @property
     def model_instructions(self) -> str:
         """Instructions for the system prompt: the tool's name and what the code may touch."""
         rules = self._runner.description.rules
         return f"You can run Python code with the `run_python` tool. It runs in a sandbox the host set up.\n\n{rules}"
+
+    def state_permissions_in_instructions(self) -> None:
+        """The instructions carry the permissions (:class:`PynoxCapability`): the tool's description leaves
+        them out."""
+        self.permissions_in_instructions = True
+        self._add_run_python()
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
         if not self._runner.owns_session:
@@ -80,11 +185,16 @@ class PynoxCapability(AbstractCapability[AgentDepsT]):
 
         Agent(model, capabilities=[PynoxCapability(PynoxToolset(allow_read=["data"]))])
 
-    ``instructions=None`` uses the toolset's :attr:`PynoxToolset.model_instructions`.
+    ``instructions=None`` uses the toolset's :attr:`PynoxToolset.model_instructions`, and the tool's
+    description then leaves the permissions to them (each said once).
     """
 
     toolset: PynoxToolset[AgentDepsT]
     instructions: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.instructions is None:
+            self.toolset.state_permissions_in_instructions()
 
     @classmethod
     def get_serialization_name(cls) -> str | None:

@@ -11,6 +11,10 @@ A denied read comes back to the model as a failed tool part (the provider's
 error channel), with its text and hint; a good run's ``pynox.Result`` is the
 part's ``metadata``, for the application.
 
+Then ``PynoxCodeMode``: the agent's own ``get_weather`` tool becomes an awaitable
+global of one ``run_code`` tool, and the model's code calls it twice at once
+with ``asyncio.gather``; its last expression is the tool's result.
+
 For a real model, replace ``FunctionModel(scripted)`` with e.g.
 ``"anthropic:claude-sonnet-4-5"``.
 
@@ -19,6 +23,7 @@ For a real model, replace ``FunctionModel(scripted)`` with e.g.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +33,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import pynox
-from pynox_pydantic_ai import PynoxCapability, PynoxToolset
+from pynox_pydantic_ai import PynoxCapability, PynoxCodeMode, PynoxToolset
 
 # The code an LLM might write, one call per turn.
 STEPS = [
@@ -59,6 +64,26 @@ def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     return ModelResponse(parts=[TextPart("3 orders, 369.00 EUR in total; /etc/shadow is not mine to read.")])
 
 
+WEATHER_CODE = """import asyncio
+paris, tokyo = await asyncio.gather(get_weather(city='Paris'), get_weather(city='Tokyo'))
+{'Paris': round((paris['temp_f'] - 32) * 5 / 9, 1), 'Tokyo': round((tokyo['temp_f'] - 32) * 5 / 9, 1)}"""
+
+
+async def get_weather(city: str) -> dict[str, object]:
+    """Current weather for a city, temperatures in Fahrenheit."""
+    await asyncio.sleep(0.1)  # a real one would ask a weather service
+    return {"city": city, "temp_f": {"Paris": 68.0, "Tokyo": 77.0}[city]}
+
+
+def code_mode(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """One run_code call, then the answer it gave."""
+    returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
+    if not returned:
+        print("--- code mode tools: " + ", ".join(tool.name for tool in info.function_tools))
+        return ModelResponse(parts=[ToolCallPart("run_code", {"code": WEATHER_CODE})])
+    return ModelResponse(parts=[TextPart(f"In Celsius: {returned[-1].content.removeprefix('Out: ')}")])
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as data, pynox.Pool(workers=1) as pool:
         orders = Path(data, "orders.csv")
@@ -73,6 +98,9 @@ def main() -> None:
                        if isinstance(part, ToolReturnPart) and part.outcome == "success")
         print(f"--- the application reads: exit {counted.metadata.exit}, stdout {counted.metadata.stdout!r}")
         print("--- answer: " + result.output)
+
+        weather = Agent(FunctionModel(code_mode), tools=[get_weather], capabilities=[PynoxCodeMode(pool)])
+        print("--- code mode answer: " + weather.run_sync("Weather in Paris and Tokyo?").output)
 
 
 if __name__ == "__main__":

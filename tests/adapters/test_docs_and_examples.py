@@ -114,7 +114,9 @@ def test_pydantic_ai_example(tmp_path: Path, earlier_pools: frozenset[int]) -> N
     assert "--- run_python returned (failed):\nPermissionError: [Errno 13] Permission denied: '/etc/shadow'" in out
     assert 'allow_read=["/etc/shadow"]' in out
     assert "--- the application reads: exit 0, stdout '3 orders\\n'" in out
-    assert out.rstrip().endswith("--- answer: 3 orders, 369.00 EUR in total; /etc/shadow is not mine to read.")
+    assert "--- answer: 3 orders, 369.00 EUR in total; /etc/shadow is not mine to read.\n" in out
+    assert "--- code mode tools: run_code\n" in out
+    assert out.rstrip().endswith("--- code mode answer: In Celsius: {'Paris': 20.0, 'Tokyo': 25.0}")
 
 
 def test_strands_example(tmp_path: Path, earlier_pools: frozenset[int]) -> None:

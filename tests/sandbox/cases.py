@@ -434,7 +434,28 @@ METADATA = [
          print("done")
          """,
          Expect(exit=0, stdout=("done",)), _works("done", host=_canary_mode_changed),
-         request={"allow_write": ["$work"]}),
+         request={"allow_write": ["$work"]},
+         # Unconfined, the race is won sooner or later; on a loaded machine 3,000 tries may all lose it,
+         # so the control tries until it wins (10 s at most): it proves the harm is possible.
+         control_code="""\
+         import ctypes, os, threading, time
+         libc = ctypes.CDLL(None, use_errno=True)
+         mine, canary = b"$work/mine.txt\\0", b"$canary\\0"
+         path = ctypes.create_string_buffer(max(len(mine), len(canary)))
+         stop = []
+         def rewrite():
+             while not stop:
+                 ctypes.memmove(path, canary, len(canary))
+                 ctypes.memmove(path, mine, len(mine))
+         writer = threading.Thread(target=rewrite)
+         writer.start()
+         deadline = time.monotonic() + 10
+         while os.stat("$canary").st_mode & 0o777 != 0o777 and time.monotonic() < deadline:
+             libc.chmod(path, 0o777)
+         stop.append(True)
+         writer.join()
+         print("done")
+         """),
     # Whoever holds a filter's listener answers its calls, and may let them run unchecked: a job must never
     # have a listener of its own (the newest filter's answer would win over the pool's).
     Case("own_seccomp_listener", "seccomp.metadata",

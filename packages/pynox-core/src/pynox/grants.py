@@ -145,7 +145,7 @@ class Grants:
             allow_write=list(self.allow_write), network=self.network, timeout=self.timeout, memory=self.memory,
             max_file_size=self.max_file_size, package_dirs=list(self.package_dirs), functions=list(self.functions),
             uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
-            images=self.max_output,
+            images=self.max_output, host_globals=request.host_globals if self.functions else None,
         )
 
 

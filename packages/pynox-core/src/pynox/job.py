@@ -53,6 +53,8 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     return_value: bool = False
     # Bytes of PNG the job's figures may come back as, in all (its max_output); 0: none.
     images: int = 0
+    # The host functions as globals of __main__ too: called, or awaited (see protocol.Request).
+    host_globals: Literal["call", "await"] | None = None
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(
@@ -63,7 +65,8 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
-                       functions=self.functions, return_value=self.return_value, images=self.images)
+                       functions=self.functions, return_value=self.return_value, images=self.images,
+                       host_globals=self.host_globals)
 
 
 class Confinement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -103,6 +106,7 @@ class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     functions: list[str]
     return_value: bool = False
     images: int = 0
+    host_globals: Literal["call", "await"] | None = None
 
 
 class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -70,6 +70,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     package_dirs: list[str] | None = None
     profile: str | None = None
     functions: list[str] | None = None
+    # The host functions are also globals of the code: "call" (as from pynox_host) or "await" (as from
+    # pynox_host.aio), as CodeAct-style agents write their tool calls.
+    host_globals: Literal["call", "await"] | None = None
     return_value: bool | None = None
     session: str | None = None
     close: bool | None = None
@@ -79,7 +82,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
         names = ("allow_read", "allow_write", "allow_network", "env", "memory", "max_file_size",
-                 "package_dirs", "profile", "functions", "script")
+                 "package_dirs", "profile", "functions", "host_globals", "script")
         return [name for name in names if getattr(self, name) is not None]
 
 

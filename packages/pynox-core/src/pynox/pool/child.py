@@ -234,6 +234,9 @@ def _close_quietly(fd: int) -> None:
 def _new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=payload.name, __builtins__=builtins)
+    if payload.host_globals is not None and payload.functions:
+        module = sys.modules["pynox_host.aio" if payload.host_globals == "await" else "pynox_host"]
+        main.__dict__.update({name: getattr(module, name) for name in payload.functions})
     sys.modules["__main__"] = main
     if payload.script is not None:
         sys.path.insert(0, os.path.dirname(payload.script))

@@ -150,3 +150,29 @@ def test_the_specs_one_liner_runs_its_tool_under_test_model(monkeypatch: pytest.
     # TestModel writes the code "a": it really ran, in Pynox, and the model reads what Python said.
     assert call.args == {"code": "a"} and part.tool_name == "run_python"
     assert part.content == "NameError: name 'a' is not defined (agent.py:1)\n    a"
+
+
+def test_each_host_call_is_a_span_under_the_tool_call(pool: Pool) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from pydantic_ai.capabilities.instrumentation import Instrumentation
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    def lookup(key: str) -> str:
+        return key.upper()
+
+    code = "from pynox_host import lookup\nlookup('a') + lookup('b')"
+    agent = Agent(FunctionModel(_calls(code)), toolsets=[PynoxToolset(pool, functions={"lookup": lookup})],
+                  capabilities=[Instrumentation(settings=InstrumentationSettings(tracer_provider=provider))])
+    [part] = _returns(agent.run_sync("go"))
+    assert part.content == "Out: 'AB'"
+    spans = exporter.get_finished_spans()
+    calls = [span for span in spans if span.name == "pynox host call lookup"]
+    tool = next(span for span in spans if "run_python" in span.name)
+    assert len(calls) == 2 and all(span.parent is not None and span.parent.span_id == tool.context.span_id
+                                   for span in calls), [(s.name, s.parent) for s in spans]

@@ -18,9 +18,20 @@ import msgspec
 from .errors import JobError
 from .exits import REFUSED_EXIT, TIMEOUT_EXIT
 from .protocol import Result as WireResult
-from .protocol import SessionResult, Usage
+from .protocol import SessionResult
 
 __all__ = ["Result", "Usage"]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the job's process used, as the kernel counts it (the protocol's ``usage``)."""
+
+    cpu_ms: float = 0.0  # user and system, all threads; a session step's own
+    max_rss_kb: int | None = 0  # peak resident memory (a session's peak so far)
+    host_calls: int = 0  # host-function calls that reached the client
+    stdout_bytes: int = 0  # what the job wrote, cut by max_output or not
+    stderr_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,8 @@ class Result:
             policy=msgspec.structs.asdict(wire.policy) if wire.policy is not None else {},
             runtime=msgspec.structs.asdict(wire.runtime) if wire.runtime is not None else {},
             session=session.session if session else None, step=session.step if session else None,
-            session_ended=session.session_ended if session else False, id=wire.id, usage=wire.usage,
+            session_ended=session.session_ended if session else False, id=wire.id,
+            usage=Usage(**msgspec.structs.asdict(wire.usage)) if wire.usage is not None else None,
             return_value=wire.return_value if isinstance(wire.return_value, str) else None,
             images=tuple(base64.b64decode(image) for image in wire.images) if isinstance(wire.images, list) else (),
             images_dropped=wire.images_dropped if isinstance(wire.images_dropped, int) else 0,

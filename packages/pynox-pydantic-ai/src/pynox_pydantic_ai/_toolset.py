@@ -6,7 +6,8 @@
   :class:`pynox.Result` as ``metadata`` for the application.
 * Host functions are written as pydantic-ai tools are: a first parameter annotated ``RunContext[...]``
   receives the current run's context (hidden from the model's signature), ``async def`` ones are
-  awaited on the agent's loop, and pydantic-ai ``Tool`` objects are accepted as they are.
+  awaited on the agent's loop, and pydantic-ai ``Tool`` objects are accepted as they are. Each call
+  is a span of the run's tracer, under the ``run_python`` call that made it, as a nested tool call is.
 * The permissions are stated once: in the tool's description, or, under :class:`PynoxCapability`, in
   the instructions only.
 """
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
 from pydantic_ai import BinaryContent, RunContext, Tool, ToolFailed, ToolReturn
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.tools import AgentDepsT
@@ -88,6 +90,28 @@ def _host_functions(functions: HostFunctions | None) -> tuple[dict[str, Callable
     return callables, context
 
 
+def _traced(name: str, function: Callable[..., Any], ctx: RunContext[Any],
+            parent: otel_context.Context) -> Callable[..., Any]:
+    """``function``, each call a span of the run's tracer (a no-op tracer when the agent is not instrumented)."""
+    attributes = {"pynox.host_function": name, "gen_ai.tool.name": name}
+
+    if inspect.iscoroutinefunction(getattr(function, "func", function)):
+        async def traced_async(*args: Any, **kwargs: Any) -> Any:
+            with ctx.tracer.start_as_current_span(f"pynox host call {name}", context=parent, attributes=attributes):
+                return await function(*args, **kwargs)
+
+        traced: Callable[..., Any] = traced_async
+    else:
+        def traced_sync(*args: Any, **kwargs: Any) -> Any:
+            with ctx.tracer.start_as_current_span(f"pynox host call {name}", context=parent, attributes=attributes):
+                return function(*args, **kwargs)
+
+        traced = traced_sync
+    traced.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]  # what the job may pass
+    traced.__doc__ = getattr(function, "__doc__", None)
+    return traced
+
+
 class PynoxToolset(FunctionToolset[AgentDepsT]):
     """A toolset with one tool, ``run_python(code: str)``, whose code runs in Pynox.
 
@@ -118,8 +142,10 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
         self._add_run_python()
 
     def _for_call(self, ctx: RunContext[AgentDepsT]) -> dict[str, Callable[..., Any]] | None:
-        bound: dict[str, Callable[..., Any]] = {name: functools.partial(fn, ctx) for name, fn in self._callables.items()
-                                                if self._takes_context[name]}
+        """This call's host functions: the run context bound where one is taken, each call traced."""
+        parent = otel_context.get_current()  # the run_python call's span: host calls nest under it
+        bound = {name: _traced(name, functools.partial(fn, ctx) if self._takes_context[name] else fn, ctx, parent)
+                 for name, fn in self._callables.items()}
         return bound or None
 
     def _add_run_python(self) -> None:

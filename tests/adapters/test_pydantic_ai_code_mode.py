@@ -140,3 +140,25 @@ def test_selected_tools_get_the_runs_context_and_the_others_stay_native(pool: Po
                   capabilities=[PynoxCodeMode(pool, tools=["convert"])])
     assert agent.run_sync("go", deps=Deps("°C")).output == "Out: '21.5 °C'"
     assert sorted(seen["tools"]) == ["note", "run_code"]  # type: ignore[arg-type]
+
+
+def test_calls_from_the_code_go_through_the_agents_tool_machinery(pool: Pool) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from pydantic_ai.capabilities.instrumentation import Instrumentation
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: dict[str, object] = {}
+    agent = Agent(_model("await get_weather(city='Paris')\nawait get_weather(city=3)", seen),
+                  tools=[_weather_tool(_Weather())],
+                  capabilities=[PynoxCodeMode(pool), Instrumentation(settings=InstrumentationSettings(
+                      tracer_provider=provider))])
+    output = agent.run_sync("go").output
+    # Validated as the model's own call would be: 3 is not a city name (a string).
+    assert "get_weather(): invalid arguments" in output and "city" in output
+    names = [span.name for span in exporter.get_finished_spans()]
+    assert any("get_weather" in name for name in names), names  # traced by the agent's own capability

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent, BinaryContent, RunContext, Tool
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.models.test import TestModel
 
 import pynox
 from pynox import Pool
 from pynox_pydantic_ai import PynoxCapability, PynoxToolset
 
 from .scripted import code_calls, run_pydantic_ai
+from .test_docs_and_examples import run_script
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -139,17 +140,30 @@ def test_the_permissions_are_said_once_and_no_returns_block(pool: Pool) -> None:
     assert "Read files" in (capable.instructions or "") and "Read files" not in capable.tool("run_python").description
 
 
-def test_the_specs_one_liner_runs_its_tool_under_test_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "not-used: the model is overridden")
-    agent = Agent("anthropic:claude-sonnet-4-5", tools=[pynox.tool()])
-    with agent.override(model=TestModel(call_tools=["run_python"])):
-        result = agent.run_sync("use the tool")
-    [call] = [part for message in result.all_messages() for part in message.parts
-              if isinstance(part, ToolCallPart)]
-    [part] = _returns(result)
-    # TestModel writes the code "a": it really ran, in Pynox, and the model reads what Python said.
-    assert call.args == {"code": "a"} and part.tool_name == "run_python"
-    assert part.content == "NameError: name 'a' is not defined (agent.py:1)\n    a"
+_ONE_LINER = """\
+import os
+os.environ["ANTHROPIC_API_KEY"] = "not-used: the model is overridden"
+from pydantic_ai import Agent
+from pydantic_ai.messages import ToolCallPart, ToolReturnPart
+from pydantic_ai.models.test import TestModel
+import pynox
+
+agent = Agent("anthropic:claude-sonnet-4-5", tools=[pynox.tool()])
+with agent.override(model=TestModel(call_tools=["run_python"])):
+    result = agent.run_sync("use the tool")
+for message in result.all_messages():
+    for part in message.parts:
+        if isinstance(part, ToolCallPart | ToolReturnPart):
+            print(type(part).__name__, repr(part.args if isinstance(part, ToolCallPart) else part.content))
+"""
+
+
+def test_the_specs_one_liner_runs_its_tool_under_test_model(tmp_path: Path, earlier_pools: frozenset[int]) -> None:
+    # In a process of its own: pynox.tool() runs on the default pool, which lives until its process exits.
+    out = run_script(_ONE_LINER, tmp_path, earlier_pools)
+    # TestModel writes the code "a": it really ran, in Pynox, and the model read what Python said.
+    assert out.splitlines() == ["ToolCallPart {'code': 'a'}",
+                                "ToolReturnPart \"NameError: name 'a' is not defined (agent.py:1)\\n    a\""]
 
 
 def test_each_host_call_is_a_span_under_the_tool_call(pool: Pool) -> None:

@@ -6,9 +6,10 @@ and become coroutine globals of the code ``run_code`` runs (also importable from
 ``asyncio.gather``, and the code's trailing expression is the tool's result. The code runs in a
 Pynox job under the grants given here, so ``import pandas`` works where Monty could not.
 
-Each call the code makes goes back through the agent's own toolset: its arguments are validated
-against the tool's schema, the tool gets the run's context (deps, usage), and a ``ModelRetry`` it
-raises makes ``run_code`` itself a retry for the model. ``max_tool_calls`` bounds the calls of one
+Each call the code makes goes back through pydantic-ai's own machinery, a ``ToolManager`` over the
+agent's tools with the run's capabilities: its arguments are validated against the tool's schema,
+the run's hooks and tracing see it, the tool gets the run's context (deps, usage), and a
+``ModelRetry`` it raises makes ``run_code`` itself a retry for the model. ``max_tool_calls`` bounds the calls of one
 ``run_code``: the one past it fails in the sandbox with ``HostError``.
 """
 
@@ -19,8 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
 from pydantic_ai import BinaryContent, ModelRetry, RunContext, ToolFailed, ToolReturn
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.tools import AgentDepsT, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, WrapperToolset
 from pydantic_core import to_jsonable_python
@@ -134,7 +138,10 @@ class _CodeModeToolset(WrapperToolset[AgentDepsT]):
         async def run_code(ctx: RunContext[AgentDepsT], code: str) -> ToolReturn:
             calls = {"made": 0}
             retries: list[str] = []
-            functions = {name: _dispatcher(name, tool, ctx, wrapped, mode.max_tool_calls, calls, retries)
+            # A tool manager of the agent's own kind over its unwrapped tools: validation, the run's
+            # capability hooks (tracing among them) and retry counting, as for the model's own calls.
+            manager = await ToolManager[AgentDepsT](wrapped, root_capability=ctx.root_capability).for_run_step(ctx)
+            functions = {name: _dispatcher(name, tool, manager, mode.max_tool_calls, calls, retries)
                          for name, tool in selected.items()}
             try:
                 pool = mode._tool.pool  # the default pool starts here, on the first call
@@ -152,9 +159,9 @@ class _CodeModeToolset(WrapperToolset[AgentDepsT]):
         return run_code
 
 
-def _dispatcher(name: str, tool: ToolsetTool[Any], ctx: RunContext[Any], toolset: AbstractToolset[Any],
-                limit: int | None, calls: dict[str, int], retries: list[str]) -> Callable[..., Any]:
-    """The host function the code's ``await name(...)`` reaches: the agent's own tool, through its toolset."""
+def _dispatcher(name: str, tool: ToolsetTool[Any], manager: ToolManager[Any], limit: int | None,
+                calls: dict[str, int], retries: list[str]) -> Callable[..., Any]:
+    """The host function the code's ``await name(...)`` reaches: the agent's own tool, through a tool manager."""
     properties = list(tool.tool_def.parameters_json_schema.get("properties", {}))
 
     async def call(*args: Any, **kwargs: Any) -> Any:
@@ -165,14 +172,14 @@ def _dispatcher(name: str, tool: ToolsetTool[Any], ctx: RunContext[Any], toolset
         if limit is not None and calls["made"] > limit:
             raise HostError(f"{name}(): this code reached its limit of {limit} tool calls")
         try:
-            validated = tool.args_validator.validate_python(arguments)
-        except Exception as exc:  # pydantic's ValidationError: the code passed what the tool does not take
-            raise HostError(f"{name}(): invalid arguments: {exc}") from None
-        try:
-            value = await toolset.call_tool(name, validated, ctx, tool)
+            value = await manager.handle_call(ToolCallPart(name, arguments), wrap_validation_errors=False)
         except ModelRetry as exc:
             retries.append(f"{name}(): {exc.message}")
             raise HostError(f"{name}(): {exc.message}") from None
+        except ValidationError as exc:  # the code passed what the tool does not take
+            raise HostError(f"{name}(): invalid arguments: {exc}") from None
+        if isinstance(value, ToolReturn):
+            value = value.return_value
         return to_jsonable_python(value)  # a model or a dataclass a tool returns, as JSON for the code
 
     call.__name__ = name

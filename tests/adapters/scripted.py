@@ -130,7 +130,8 @@ class ScriptedStrandsModel(Model):
         self.transcript.instructions = system_prompt
         returned = [block["toolResult"] for message in messages for block in message["content"]
                     if "toolResult" in block]
-        self.transcript.results = ["\n".join(item.get("text", json.dumps(item)) for item in result["content"])
+        self.transcript.results = ["\n".join(item["text"] if "text" in item else "<image>" if "image" in item
+                                             else json.dumps(item) for item in result["content"])
                                    for result in returned]
         yield {"messageStart": {"role": "assistant"}}
         if len(returned) < len(self.calls):

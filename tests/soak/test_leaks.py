@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pool.pool_driver import jobs_of, pool_process
+from tests.pool.pool_driver import pool_process
 
 from .driver import idle_snapshot
 
@@ -57,10 +57,14 @@ def test_a_template_killed_mid_job_leaves_no_descriptor_in_the_pool(tmp_path: Pa
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         assert pool.run("print(1)")["exit"] == 0
         before, _ = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
-        for _ in range(4):
-            request_id = pool.submit(code="import time\ntime.sleep(30)")
+        for round_ in range(4):
+            # This job's own marker says it runs: a process of the job before it (answered, not yet
+            # reaped) would make a process count say so too early.
+            marker = tmp_path / f"running-{round_}"
+            request_id = pool.submit(code=f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(30)",
+                                     allow_write=[str(tmp_path)])
             end = time.monotonic() + 10
-            while not jobs_of(pool.pid):
+            while not marker.exists():
                 assert time.monotonic() < end, "the job never started"
                 time.sleep(0.02)
             (template,) = pool.templates()

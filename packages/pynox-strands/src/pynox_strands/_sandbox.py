@@ -55,7 +55,8 @@ class PynoxSandbox(Sandbox):
         self._vend_tool = vend_tool
 
     def get_tools(self) -> list[AgentTool]:
-        return [tool_for(self._runner)] if self._vend_tool else []
+        # The sandbox's session is shared with its python_repl, and the sandbox belongs to one agent.
+        return [tool_for(self._runner, per_agent=False)] if self._vend_tool else []
 
     async def aclose(self) -> None:
         """End the session this sandbox owns, if one was started."""

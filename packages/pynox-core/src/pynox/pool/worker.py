@@ -396,7 +396,10 @@ class Template:
         report = serving.capture.report
         if outcome.timed_out or outcome.protocol_violation is not None or not report:
             return True
-        if not serving.session and self.child.pidfd is None:
+        if self.child.pidfd is None:
+            # Its pidfd (the template's Started frame) must be read before the result leaves: a job's
+            # child is killed through it, and a session's idle check would take the unread frame for
+            # its end.
             return True
         try:
             decoded = _report_decoder.decode(report)

@@ -63,6 +63,28 @@ class Case:
         return Template(textwrap.dedent(code)).substitute({k: str(v) for k, v in world.values().items()})
 
 
+# A job that calls chmod on a path another of its threads keeps rewriting between its own file and the
+# canary; {tries} is the loop header around the call.
+_REWRITTEN_PATH = """\
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+mine, canary = b"$work/mine.txt\\0", b"$canary\\0"
+path = ctypes.create_string_buffer(max(len(mine), len(canary)))
+stop = []
+def rewrite():
+    while not stop:
+        ctypes.memmove(path, canary, len(canary))
+        ctypes.memmove(path, mine, len(mine))
+writer = threading.Thread(target=rewrite)
+writer.start()
+{tries}
+    libc.chmod(path, 0o777)
+stop.append(True)
+writer.join()
+print("done")
+"""
+
+
 # Expectations shared by many cases ---------------------------------------------------------------
 
 PERMISSION = ("PermissionError",)
@@ -415,47 +437,14 @@ METADATA = [
     # The pool reads the path from the job's memory while another thread rewrites it: whatever it read,
     # the change happens only if that file is in the write grant.
     Case("chmod_path_rewritten_meanwhile", "seccomp.metadata",
-         """\
-         import ctypes, threading
-         libc = ctypes.CDLL(None, use_errno=True)
-         mine, canary = b"$work/mine.txt\\0", b"$canary\\0"
-         path = ctypes.create_string_buffer(max(len(mine), len(canary)))
-         stop = []
-         def rewrite():
-             while not stop:
-                 ctypes.memmove(path, canary, len(canary))
-                 ctypes.memmove(path, mine, len(mine))
-         writer = threading.Thread(target=rewrite)
-         writer.start()
-         for _ in range(3000):
-             libc.chmod(path, 0o777)
-         stop.append(True)
-         writer.join()
-         print("done")
-         """,
+         _REWRITTEN_PATH.format(tries="for _ in range(3000):"),
          Expect(exit=0, stdout=("done",)), _works("done", host=_canary_mode_changed),
          request={"allow_write": ["$work"]},
          # Unconfined, the race is won sooner or later; on a loaded machine 3,000 tries may all lose it,
          # so the control tries until it wins (10 s at most): it proves the harm is possible.
-         control_code="""\
-         import ctypes, os, threading, time
-         libc = ctypes.CDLL(None, use_errno=True)
-         mine, canary = b"$work/mine.txt\\0", b"$canary\\0"
-         path = ctypes.create_string_buffer(max(len(mine), len(canary)))
-         stop = []
-         def rewrite():
-             while not stop:
-                 ctypes.memmove(path, canary, len(canary))
-                 ctypes.memmove(path, mine, len(mine))
-         writer = threading.Thread(target=rewrite)
-         writer.start()
-         deadline = time.monotonic() + 10
-         while os.stat("$canary").st_mode & 0o777 != 0o777 and time.monotonic() < deadline:
-             libc.chmod(path, 0o777)
-         stop.append(True)
-         writer.join()
-         print("done")
-         """),
+         control_code=_REWRITTEN_PATH.format(
+             tries="deadline = time.monotonic() + 10\n"
+                   "while os.stat('$canary').st_mode & 0o777 != 0o777 and time.monotonic() < deadline:")),
     # Whoever holds a filter's listener answers its calls, and may let them run unchecked: a job must never
     # have a listener of its own (the newest filter's answer would win over the pool's).
     Case("own_seccomp_listener", "seccomp.metadata",

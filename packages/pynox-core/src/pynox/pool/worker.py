@@ -50,6 +50,7 @@ _START_TIMEOUT = 300.0  # preloading pandas on a cold disk takes seconds, not mi
 # How long a result waits for the template's word on a job that exited on its own before it could be
 # measured (its peak memory is in the template's wait4): the template is reaping it as the result is due.
 _END_WAIT = 0.25
+_CONTINUE_EVERY = 10_000_000  # ns between two SIGCONTs to a child whose exit status is awaited
 # Hardware tuning the host may need for BLAS on this processor (see the env notes); not secrets.
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _report_decoder = msgspec.json.Decoder(Report)
@@ -146,7 +147,6 @@ class _Serving:
     kill_deadline: int | None = None  # set at the kill: the template must report the end by then
     child_dead: bool = False  # seen through its pidfd: the template may be slow to say so (stopped, busy)
     watching_pidfd: bool = False
-    continued: bool = False  # a child stopped at its end was let go on to exit (see _needs_end)
 
 
 class Template:
@@ -375,12 +375,14 @@ class Template:
         if serving.kill_deadline is not None and not serving.watching_pidfd and self.child.pidfd is not None:
             serving.sel.register(self.child.pidfd, selectors.EVENT_READ, self._on_pidfd)
             serving.watching_pidfd = True
-        if not serving.capture.open and not serving.continued and self.child.pidfd is not None:
+        wait = (serving.kill_deadline if serving.kill_deadline is not None else serving.deadline) - now
+        if not serving.capture.open and self.child.pidfd is not None:
             # Its pipes are closed and its exit status is needed: a child that stopped itself at its end
-            # (child._finish) goes on to exit. A running one is not disturbed by it.
-            serving.continued = True
+            # (child._finish) goes on to exit. It may stop only after its pipes closed, so this is said
+            # again every few milliseconds until its end arrives; a running child is not disturbed by it.
             self.child.signal(signal.SIGCONT)
-        return (serving.kill_deadline if serving.kill_deadline is not None else serving.deadline) - now
+            wait = min(wait, _CONTINUE_EVERY)
+        return wait
 
     def _needs_end(self, serving: _Serving) -> bool:
         """After the pipes closed: is the child's end (its exit status) still needed?

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..policy.grants import close_all
 from .outcome import Outcome
 
 __all__ = ["MAX_REPORT", "Capture"]
@@ -63,9 +64,5 @@ class Capture:
         buffer += chunk
 
     def close(self) -> None:
-        for fd in self.pipes:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_all(self.pipes)
         self.pipes = []

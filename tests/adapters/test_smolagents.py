@@ -236,13 +236,14 @@ def test_managed_agent_is_called_by_its_name_from_the_code(pool: pynox.Pool) -> 
     assert "find the lamp price" in str(helper_model.prompts[0])
 
 
-def test_variables_arrive_as_globals_and_non_json_is_a_clear_error(pool: pynox.Pool) -> None:
+def test_variables_arrive_as_globals_and_an_uncrossable_one_is_a_clear_error(pool: pynox.Pool) -> None:
     model = ScriptedModel(["final_answer(sum(readings) * scale['factor'])"])
     with CodeAgent(tools=[], model=model, executor=PynoxExecutor(pool), verbosity_level=QUIET) as agent:
         assert agent.run("sum them", additional_args={"readings": [1, 2, 3], "scale": {"factor": 10}}) == 60
 
     agent = CodeAgent(tools=[], model=ScriptedModel([]), executor=PynoxExecutor(pool), verbosity_level=QUIET)
-    with pytest.raises(TypeError, match=r"JSON; not JSON: 'handle' \(object\)"):
+    with pytest.raises(TypeError, match=r"cannot send these variables into the sandbox: 'handle' \(object\)\. "
+                                        "It sends JSON values, tuples"):
         agent.run("task", additional_args={"handle": object()})
     agent.cleanup()
 

@@ -24,15 +24,23 @@ How a step ends:
 from __future__ import annotations
 
 import ast
+import binascii
+import inspect
+import io
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from smolagents.local_python_executor import CodeOutput, InterpreterError, PythonExecutor
+from smolagents.local_python_executor import DEFAULT_MAX_LEN_OUTPUT, CodeOutput, InterpreterError, PythonExecutor
+from smolagents.utils import truncate_content
 
 import pynox
+
+from . import _values
+from ._values import NotSerializable, from_json_safe, to_json_safe
 
 __all__ = ["PynoxExecutor"]
 
@@ -42,84 +50,135 @@ logger = logging.getLogger(__name__)
 STEP_VALUE = "pynox_step_value"
 _EMIT = "__pynox_emit__"  # its wrapper in the session's globals
 _MAX_VARIABLES = 900_000  # bytes of JSON: a request line is capped at 1 MiB
+_MAX_VALUE = 900_000  # bytes of JSON for a step's trailing value: a host call's arguments are capped at 1 MB
+_CODEC = inspect.getsource(_values)  # runs in each session's process
+CROSSING_TYPES = ("JSON values, tuples, sets, bytes, dates, Decimal, paths, numpy arrays, pandas DataFrames and "
+                  "Series, PIL images and dataclasses")
 
-# Runs once per session process (and again after sending new variables), as its own step.
+# Runs once per session process (and again after sending new variables), as its own step. Values cross with
+# the codec of ._values, whose source runs here in a namespace of its own.
 _SETUP = """\
-def __pynox_setup__(names, variables):
+def __pynox_setup__(names, variables, codec):
     import json
     import pynox_host
+
+    values = {{"__name__": "pynox_smolagents_values"}}
+    exec(codec, values)
+    to_json, from_json = values["to_json_safe"], values["from_json_safe"]
 
     class FinalAnswerException(BaseException):
         \"\"\"Ends the step: the host already holds the answer. BaseException, so `except Exception` lets it pass.\"\"\"
 
-    def bind_final_answer(host):
-        def final_answer(*args, **kwargs):
-            host(*args, **kwargs)
-            raise FinalAnswerException()
-        return final_answer
+    def bind(name, host):
+        def call(*args, **kwargs):
+            try:
+                sent = to_json(list(args)), to_json(kwargs)
+            except TypeError as error:
+                raise TypeError(f"{{name}}(): {{error}}; tools take str, numbers, lists, dicts, tuples, sets, "
+                                "bytes, dates, numpy arrays, pandas DataFrames and Series, PIL images and "
+                                "dataclasses") from None
+            answer = from_json(host(*sent))
+            if name == "final_answer":
+                raise FinalAnswerException()
+            return answer
+        call.__name__ = name
+        return call
 
     send_value = getattr(pynox_host, {step_value!r})
 
     def emit(value):
         if value is not None:
             try:
-                text = json.dumps(value)
+                sent = to_json(value)
+                too_big = len(json.dumps(sent)) > {max_value}
             except (TypeError, ValueError):
-                value = text = str(value)
-            if len(text) > 100_000:  # shown truncated anyway; keep it well under the host call's limit
-                value = str(value)[:100_000]
+                sent, too_big = None, True
+            if too_big:  # only its display can come back: shown truncated anyway
+                sent = str(value)[:{max_value}]
             try:
-                send_value(value)
+                send_value(sent)
             except pynox_host.HostError:
                 pass  # only the display of the value is lost; the step itself succeeded
         return value
 
-    bound = {{name: getattr(pynox_host, name) for name in names}}
-    if "final_answer" in bound:
-        bound["final_answer"] = bind_final_answer(bound["final_answer"])
+    bound = {{name: bind(name, getattr(pynox_host, name)) for name in names}}
     bound[{emit!r}] = emit
-    return {{**json.loads(variables), **bound}}
+    return {{**from_json(json.loads(variables)), **bound}}
 
-globals().update(__pynox_setup__({names!r}, {variables!r}))
+globals().update(__pynox_setup__({names!r}, {variables!r}, {codec!r}))
 del __pynox_setup__
 """
 
 
 class PynoxExecutor(PythonExecutor):
-    """Run a ``CodeAgent``'s code in one Pynox session: ``CodeAgent(tools, model, executor=PynoxExecutor(...))``.
+    """Run a ``CodeAgent``'s code in one Pynox session: ``CodeAgent(tools, model, executor=PynoxExecutor(...))``,
+    or :class:`pynox_smolagents.PynoxCodeAgent`, which also tells the model what the sandbox allows and saves
+    and loads with it.
 
     ``pool``: the Pynox pool (default: the process-wide pool, started on the first step). Permissions come from
     ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env, timeout, memory, max_output, ...) and
     apply to every step; the timeout is per step and includes the time the agent's tools take. ``functions`` are
     extra host functions bound by name like the tools (the agent's prompt does not list them: say so in its
-    ``instructions``). ``name`` is the file name errors point at (``agent.py``).
+    ``instructions``). ``name`` is the file name errors point at (``agent.py``). ``max_print_outputs_length``
+    caps what a step's prints show the model, as for smolagents' local executor (default 50,000 characters).
+
+    Values cross as in smolagents' remote executors: tool arguments and results, ``final_answer``, a step's
+    trailing value and the agent's variables (``additional_args``) may be JSON values, tuples, sets, bytes,
+    dates, ``Decimal``, paths, numpy arrays, pandas DataFrames and Series, PIL images and dataclasses (which
+    arrive as dicts naming their class). Figures a step leaves open are kept in :attr:`step_images`.
 
     A timeout or crash ends the session: the next step starts a fresh process with the tools and the agent's
     variables bound again, and the error the model reads says that its own variables are gone.
-    ``additional_authorized_imports`` of ``CodeAgent`` only shapes its prompt: what the code may import and
-    touch is the kernel policy's decision here. Variables (``additional_args``) must be JSON values.
+    ``additional_authorized_imports`` of ``CodeAgent`` does not apply: what the code may import and touch is
+    the kernel policy's decision here.
     """
 
     def __init__(self, pool: pynox.Pool | None = None, *, profile: str | None = None,
                  functions: Mapping[str, Callable[..., Any]] | None = None, name: str = "agent.py",
-                 **grants: Any) -> None:
+                 max_print_outputs_length: int | None = None, **grants: Any) -> None:
         # Check the grants now (a bad one raises here, not as an error the model would retry forever).
         if functions and STEP_VALUE in functions:
             raise ValueError(f"{STEP_VALUE!r} is PynoxExecutor's own host function: give yours another name")
+        if max_print_outputs_length is not None and (type(max_print_outputs_length) is not int
+                                                     or max_print_outputs_length < 1):
+            raise ValueError(f"max_print_outputs_length must be a positive int, not {max_print_outputs_length!r}")
         self._grants_checked = pynox.CodeTool(pool, profile=profile, functions=functions, **grants)
         self.pool = pool
         self.grants: dict[str, Any] = {**grants, **({"profile": profile} if profile else {})}
         self.name = name
+        self.max_print_outputs_length = max_print_outputs_length
         self.state: dict[str, Any] = {"_print_outputs": ""}  # CodeAgent reads the logs of a failed step here
+        self.step_images: list[Any] = []  # the last step's figures, as PIL images
         self._functions = dict(functions or {})
         self._tools: dict[str, Callable[..., Any]] = {}
-        self._variables: dict[str, Any] = {}
+        self._variables: dict[str, Any] = {}  # as they will cross: JSON values with type markers
         self._variables_pending = False
         self._session: pynox.Session | None = None
         self._session_names: frozenset[str] = frozenset()
         self._step_lock = threading.Lock()
         self._final: list[Any] = []  # the step's final answer, once recorded
         self._value: list[Any] = []  # the step's trailing expression value, once sent
+
+    @property
+    def permissions(self) -> pynox.ToolDescription:
+        """What the model is told the code may do, from the grants after profile and ceiling."""
+        return self._grants_checked.description
+
+    def to_dict(self) -> dict[str, Any]:
+        """The executor's settings as JSON, what a saved agent is loaded with (see :class:`PynoxCodeAgent`).
+
+        The pool is not saved (the loaded agent runs on the pool it is given, else Pynox's default pool);
+        host functions cannot be (they are code): an executor with ``functions`` raises ``ValueError``.
+        """
+        if self._functions:
+            raise ValueError(f"PynoxExecutor(functions=...) cannot be saved: {', '.join(sorted(self._functions))} "
+                             "are code; make them smolagents tools, which the agent saves with itself")
+        saved = {key: _saved_grant(key, value) for key, value in self.grants.items()}
+        if self.name != "agent.py":
+            saved["name"] = self.name
+        if self.max_print_outputs_length is not None:
+            saved["max_print_outputs_length"] = self.max_print_outputs_length
+        return saved
 
     # -- PythonExecutor ------------------------------------------------------------------------------------
     def send_tools(self, tools: Mapping[str, Any]) -> None:
@@ -136,25 +195,33 @@ class PynoxExecutor(PythonExecutor):
 
     def send_variables(self, variables: Mapping[str, Any]) -> None:
         """Called by the agent at each run with its state (``additional_args``): bound as globals before the next
-        step. They travel as JSON: anything else raises ``TypeError`` here."""
+        step. A value of a type that cannot cross raises ``TypeError`` here."""
         if not variables:
             return
-        bad = [f"{key!r} ({type(value).__name__})" for key, value in variables.items() if not _is_json(value)]
+        crossing, bad = {}, []
+        for key, value in variables.items():
+            try:
+                crossing[key] = to_json_safe(value)
+            except NotSerializable:
+                bad.append(f"{key!r} ({type(value).__name__})")
+            except (ValueError, OSError) as exc:  # an image PIL could not write, an array numpy could not list
+                bad.append(f"{key!r} ({type(value).__name__}: {exc})")
         if bad:
-            raise TypeError(f"PynoxExecutor sends variables to the sandbox as JSON; not JSON: {', '.join(bad)}. "
-                            "Pass str, int, float, bool, None, lists and dicts with string keys, or write the data "
-                            "to a file the sandbox may read.")
-        self._variables.update(variables)
+            raise TypeError(f"PynoxExecutor cannot send these variables into the sandbox: {', '.join(bad)}. It "
+                            f"sends {CROSSING_TYPES}; write other data to a file the sandbox may read.")
+        self._variables.update(crossing)
         self._variables_pending = True
 
     def __call__(self, code_action: str) -> CodeOutput:
         with self._step_lock:
             self.state["_print_outputs"] = ""
+            self.step_images = []
             session = self._ready_session()
             del self._final[:], self._value[:]
             result = session.run(_wrap_trailing_expression(code_action), name=self.name)
-            logs = _logs(result)
+            logs = _logs(result, self.max_print_outputs_length or DEFAULT_MAX_LEN_OUTPUT)
             self.state["_print_outputs"] = logs
+            self.step_images = _images(result)
             final, value = list(self._final), list(self._value)
             del self._final[:], self._value[:]  # released: the next step starts with neither
             if final:
@@ -178,10 +245,10 @@ class PynoxExecutor(PythonExecutor):
         functions[STEP_VALUE] = self._record_value
         return functions
 
-    def _record_value(self, value: Any) -> None:
+    def _record_value(self, sent: Any) -> None:
         # Only the step's last value is kept: a step calling this in a loop holds one value, not all.
         self._refuse_after_final_answer(STEP_VALUE)
-        self._value[:] = [value]
+        self._value[:] = [_read(STEP_VALUE, sent)]
 
     def _refuse_after_final_answer(self, name: str) -> None:
         # smolagents' own executor stops at the first final_answer: code that catches the exception
@@ -190,14 +257,17 @@ class PynoxExecutor(PythonExecutor):
             raise pynox.HostError(f"{name}(): this step already gave its final answer; nothing more runs")
 
     def _bind_tool(self, name: str) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(args: Any = (), kwargs: Any = None) -> Any:
             self._refuse_after_final_answer(name)
+            args, kwargs = _read(name, args), _read(name, kwargs or {})
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise pynox.HostError(f"{name}(): call it as a function, {name}(...)")
             tool = self._tools.get(name) or self._functions[name]
             value = tool(*args, **kwargs)
             if name == "final_answer" and name in self._tools:
                 self._final[:] = [value]
                 return None  # the sandbox stops the step; the value needs no trip back
-            return value
+            return _written(name, value)
 
         call.__name__ = name
         return call
@@ -217,10 +287,11 @@ class PynoxExecutor(PythonExecutor):
         """Bind the tools and the variables in the session's globals (a new process has neither)."""
         variables = json.dumps(self._variables)
         if len(variables) > _MAX_VARIABLES:
-            raise InterpreterError(f"the agent's variables are {len(variables)} bytes of JSON, over the "
+            raise InterpreterError(f"the agent's variables are {len(variables)} bytes as JSON, over the "
                                    f"{_MAX_VARIABLES}-byte limit: write large data to a file the sandbox may read")
         names = sorted([*self._functions, *self._tools])
-        code = _SETUP.format(names=names, variables=variables, step_value=STEP_VALUE, emit=_EMIT)
+        code = _SETUP.format(names=names, variables=variables, codec=_CODEC, step_value=STEP_VALUE, emit=_EMIT,
+                             max_value=_MAX_VALUE)
         result = session.run(code, name="pynox_smolagents_setup.py")
         if not result.ok:  # our own code failed: say so plainly, it is not the model's to fix
             raise InterpreterError(f"PynoxExecutor could not prepare the session: {result.text}")
@@ -234,19 +305,55 @@ class PynoxExecutor(PythonExecutor):
         self._variables_pending = bool(self._variables)
 
 
-def _is_json(value: Any) -> bool:
+def _read(name: str, sent: Any) -> Any:
+    """A value the sandbox sent to ``name``, rebuilt; whatever the sandbox sends, a clear ``HostError`` at worst."""
     try:
-        json.dumps(value, allow_nan=True)
-    except (TypeError, ValueError):
-        return False
-    return True
+        return from_json_safe(sent)
+    except (NotSerializable, KeyError, TypeError, ValueError, OSError, RecursionError, binascii.Error) as exc:
+        raise pynox.HostError(f"{name}(): a value the code sent could not be read ({type(exc).__name__}: {exc})"
+                              ) from None
 
 
-def _logs(result: pynox.Result) -> str:
-    """What the step printed: stdout, then stderr if any, then notes a model needs."""
+def _written(name: str, value: Any) -> Any:
+    """A tool's result as it crosses into the sandbox."""
+    try:
+        return to_json_safe(value)
+    except (NotSerializable, ValueError, OSError) as exc:
+        raise pynox.HostError(f"{name}() returned a {type(value).__name__}, which cannot cross into the sandbox "
+                              f"({exc}); it sends {CROSSING_TYPES}") from None
+
+
+def _saved_grant(key: str, value: Any) -> Any:
+    """A grant as JSON: paths as strings; anything else JSON cannot hold raises ``ValueError`` naming it."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [_saved_grant(key, item) for item in value]
+    if isinstance(value, dict):
+        return {str(name): _saved_grant(key, item) for name, item in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise ValueError(f"PynoxExecutor's {key}={value!r} cannot be saved as JSON")
+
+
+def _images(result: pynox.Result) -> list[Any]:
+    if not result.images:
+        return []
+    from PIL import Image  # with matplotlib, which made the figures: only imported when there are some
+
+    images = [Image.open(io.BytesIO(png), formats=["PNG"]) for png in result.images]
+    for image in images:
+        image.load()
+    return images
+
+
+def _logs(result: pynox.Result, max_length: int) -> str:
+    """What the step printed: stdout, then stderr if any, cut to ``max_length`` as smolagents cuts its own
+    executor's prints, then notes a model needs."""
     logs = result.stdout
     if result.stderr and result.ok:
         logs += ("" if not logs or logs.endswith("\n") else "\n") + result.stderr
+    logs = str(truncate_content(logs, max_length=max_length))
     if result.truncated:
         logs += "\n[Output was truncated: print a summary instead of everything.]"
     if result.session_ended and result.ok:  # exit(): a failed step says it in its error instead

@@ -1,0 +1,260 @@
+"""Values across the sandbox boundary, with smolagents' own serialization semantics.
+
+smolagents' remote executors carry values as JSON with ``{"__type__": ...}``
+markers (``smolagents.serialization.SafeSerializer``): tuples, sets, bytes,
+dates, ``Decimal``, paths, numpy arrays, PIL images and dataclasses (which
+arrive as dicts naming their class) come back as what was sent. This module
+writes and reads the same markers, and adds pandas' ``DataFrame`` and
+``Series``, which smolagents can carry only as pickles: a pickle from the
+sandbox would run the sandbox's code on the host, so nothing here unpickles.
+
+It runs on both sides: imported on the host, and its source executed in each
+session's process (so it imports only the standard library at the top, and
+numpy, pandas or PIL only when a value of theirs is met). Reading is the
+host's guard against whatever the sandboxed code sends: it builds only the
+types above, an image only from PNG bytes, an array only of plain dtypes.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import decimal
+import io
+import math
+import pathlib
+from typing import Any
+
+# numpy dtype kinds an array may be rebuilt with: bool, integers, floats, complex, strings, dates, durations.
+ARRAY_KINDS = frozenset("biufcUSMm")
+
+
+class NotSerializable(TypeError):
+    """A value that cannot cross: its type is none of those this module carries."""
+
+
+def to_json_safe(obj: Any) -> Any:
+    """``obj`` as JSON values, with smolagents' type markers; raises :class:`NotSerializable`."""
+    kind = type(obj)
+    if obj is None or kind in (str, int, bool):
+        return obj
+    if kind is float:
+        return obj if math.isfinite(obj) else {"__type__": "float", "data": repr(obj)}
+    if kind is list:
+        return [to_json_safe(item) for item in obj]
+    if kind is dict:
+        if all(type(key) is str for key in obj):
+            return {key: to_json_safe(value) for key, value in obj.items()}
+        return {"__type__": "dict_with_complex_keys",
+                "data": [[to_json_safe(key), to_json_safe(value)] for key, value in obj.items()]}
+    if kind in (tuple, set, frozenset):
+        return {"__type__": kind.__name__, "data": [to_json_safe(item) for item in obj]}
+    if kind is bytes:
+        return {"__type__": "bytes", "data": base64.b64encode(obj).decode()}
+    if kind is complex:
+        return {"__type__": "complex", "real": obj.real, "imag": obj.imag}
+    if isinstance(obj, datetime.datetime):  # pandas' Timestamp too
+        return {"__type__": "datetime", "data": obj.isoformat()}
+    if kind is datetime.date:
+        return {"__type__": "date", "data": obj.isoformat()}
+    if kind is datetime.time:
+        return {"__type__": "time", "data": obj.isoformat()}
+    if isinstance(obj, datetime.timedelta):
+        return {"__type__": "timedelta", "total_seconds": obj.total_seconds()}
+    if kind is decimal.Decimal:
+        return {"__type__": "Decimal", "data": str(obj)}
+    if isinstance(obj, pathlib.PurePath):
+        return {"__type__": "Path", "data": str(obj)}
+    module = getattr(kind, "__module__", "") or ""
+    if module.startswith("numpy"):
+        return _numpy_to_json(obj)
+    if module.startswith("pandas"):
+        return _pandas_to_json(obj)
+    if module.startswith("PIL"):
+        return _image_to_json(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {"__type__": "dataclass", "class_name": kind.__name__, "module": module,
+                "data": {field.name: to_json_safe(getattr(obj, field.name)) for field in dataclasses.fields(obj)}}
+    raise NotSerializable(f"a {kind.__name__} cannot cross the sandbox boundary")
+
+
+def from_json_safe(obj: Any) -> Any:
+    """The value :func:`to_json_safe` wrote (a dataclass comes back as a dict naming its class, as in smolagents)."""
+    if isinstance(obj, list):
+        return [from_json_safe(item) for item in obj]
+    if not isinstance(obj, dict):
+        return obj
+    kind = obj.get("__type__")
+    if not isinstance(kind, str):
+        return {key: from_json_safe(value) for key, value in obj.items()}
+    reader = _READERS.get(kind)
+    if reader is None:  # as smolagents: a marker it does not know is an ordinary dict
+        return {key: from_json_safe(value) for key, value in obj.items()}
+    return reader(obj)
+
+
+def _numpy_to_json(obj: Any) -> Any:
+    import numpy
+
+    if isinstance(obj, numpy.ndarray):
+        if obj.dtype.kind not in ARRAY_KINDS:
+            raise NotSerializable(f"a numpy array of dtype {obj.dtype} cannot cross the sandbox boundary")
+        data = obj.astype(str).tolist() if obj.dtype.kind in "Mm" else to_json_safe(obj.tolist())
+        return {"__type__": "ndarray", "data": data, "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, numpy.generic):
+        return to_json_safe(obj.item())
+    raise NotSerializable(f"a {type(obj).__name__} cannot cross the sandbox boundary")
+
+
+def _pandas_to_json(obj: Any) -> Any:
+    import pandas
+
+    if isinstance(obj, pandas.DataFrame):
+        return {"__type__": "DataFrame", "columns": _index_to_json(obj.columns), "index": _index_to_json(obj.index),
+                "data": [_column_to_json(obj.iloc[:, position]) for position in range(obj.shape[1])],
+                "dtypes": [str(dtype) for dtype in obj.dtypes]}
+    if isinstance(obj, pandas.Series):
+        return {"__type__": "Series", "name": to_json_safe(obj.name), "index": _index_to_json(obj.index),
+                "data": _column_to_json(obj), "dtype": str(obj.dtype)}
+    if isinstance(obj, pandas.Timestamp):
+        return {"__type__": "datetime", "data": obj.isoformat()}
+    raise NotSerializable(f"a {type(obj).__name__} cannot cross the sandbox boundary")
+
+
+def _column_to_json(series: Any) -> list[Any]:
+    # Missing values become None: the column's dtype, carried beside, brings NaN or NaT back.
+    return [None if _is_missing(value) else to_json_safe(value) for value in series.tolist()]
+
+
+def _is_missing(value: Any) -> bool:
+    import pandas
+
+    try:
+        return bool(pandas.isna(value))
+    except (TypeError, ValueError):  # a list or array in a cell
+        return False
+
+
+def _index_to_json(index: Any) -> dict[str, Any]:
+    return {"values": [to_json_safe(value) for value in index.tolist()], "names": [to_json_safe(name)
+                                                                                    for name in index.names],
+            "dtype": str(index.dtype)}
+
+
+def _image_to_json(obj: Any) -> Any:
+    from PIL import Image
+
+    if not isinstance(obj, Image.Image):
+        raise NotSerializable(f"a {type(obj).__name__} cannot cross the sandbox boundary")
+    buffer = io.BytesIO()
+    obj.save(buffer, format="PNG")
+    return {"__type__": "PIL.Image", "data": base64.b64encode(buffer.getvalue()).decode()}
+
+
+# -- reading -------------------------------------------------------------------------------------------------------
+
+def _read_items(obj: dict[str, Any]) -> list[Any]:
+    data = obj["data"]
+    if not isinstance(data, list):
+        raise NotSerializable(f"a {obj['__type__']} needs a list of items")
+    return [from_json_safe(item) for item in data]
+
+
+def _read_float(obj: dict[str, Any]) -> float:
+    if obj["data"] not in ("nan", "inf", "-inf"):
+        raise NotSerializable("a float marker carries only nan, inf or -inf")
+    return float(obj["data"])
+
+
+def _read_complex_keys(obj: dict[str, Any]) -> dict[Any, Any]:
+    return {from_json_safe(key): from_json_safe(value) for key, value in obj["data"]}
+
+
+def _read_array(obj: dict[str, Any]) -> Any:
+    import numpy
+
+    dtype = numpy.dtype(str(obj["dtype"]))
+    if dtype.kind not in ARRAY_KINDS:
+        raise NotSerializable(f"a numpy array of dtype {dtype} cannot cross the sandbox boundary")
+    # A string dtype's width is taken from the data, never from the marker: "<U999999999" would be a
+    # gigabytes-per-item allocation the sender asked the host for.
+    array = numpy.array(from_json_safe(obj["data"]), dtype=dtype.kind if dtype.kind in "US" else dtype)
+    shape = obj.get("shape")
+    return array.reshape(shape) if isinstance(shape, list) else array
+
+
+def _read_index(obj: Any) -> Any:
+    import pandas
+
+    values = [from_json_safe(value) for value in obj["values"]]
+    names = [from_json_safe(name) for name in obj["names"]]
+    if len(names) > 1:
+        return pandas.MultiIndex.from_tuples([tuple(value) for value in values], names=names)
+    return pandas.Index(_read_column(values, obj["dtype"]), name=names[0] if names else None)
+
+
+def _read_column(values: Any, dtype: Any) -> Any:
+    """A Series of ``values`` (already read) in the dtype named, or in the one pandas infers if they do not fit."""
+    import pandas
+
+    try:
+        return pandas.Series(values, dtype=pandas.api.types.pandas_dtype(str(dtype)))
+    except (TypeError, ValueError, OverflowError):
+        return pandas.Series(values)
+
+
+def _read_frame(obj: dict[str, Any]) -> Any:
+    import pandas
+
+    columns, index = _read_index(obj["columns"]), _read_index(obj["index"])
+    data = {position: _read_column([from_json_safe(value) for value in values], dtype)
+            for position, (values, dtype) in enumerate(zip(obj["data"], obj["dtypes"], strict=True))}
+    frame = pandas.DataFrame(data, index=range(len(index)))
+    frame.index, frame.columns = index, columns
+    return frame
+
+
+def _read_series(obj: dict[str, Any]) -> Any:
+    series = _read_column([from_json_safe(value) for value in obj["data"]], obj["dtype"])
+    series.index = _read_index(obj["index"])
+    series.name = from_json_safe(obj["name"])
+    return series
+
+
+def _read_image(obj: dict[str, Any]) -> Any:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(base64.b64decode(obj["data"], validate=True)), formats=["PNG"])
+    image.load()  # a broken PNG fails here, not later in the caller's hands
+    return image
+
+
+def _read_dataclass(obj: dict[str, Any]) -> dict[str, Any]:
+    fields = obj["data"]
+    if not isinstance(fields, dict):
+        raise NotSerializable("a dataclass needs a dict of fields")
+    return {"__dataclass__": str(obj["class_name"]), "__module__": str(obj["module"]),
+            **{str(name): from_json_safe(value) for name, value in fields.items()}}
+
+
+_READERS = {
+    "float": _read_float,
+    "tuple": lambda obj: tuple(_read_items(obj)),
+    "set": lambda obj: set(_read_items(obj)),
+    "frozenset": lambda obj: frozenset(_read_items(obj)),
+    "dict_with_complex_keys": _read_complex_keys,
+    "bytes": lambda obj: base64.b64decode(obj["data"], validate=True),
+    "complex": lambda obj: complex(float(obj["real"]), float(obj["imag"])),
+    "datetime": lambda obj: datetime.datetime.fromisoformat(obj["data"]),
+    "date": lambda obj: datetime.date.fromisoformat(obj["data"]),
+    "time": lambda obj: datetime.time.fromisoformat(obj["data"]),
+    "timedelta": lambda obj: datetime.timedelta(seconds=float(obj["total_seconds"])),
+    "Decimal": lambda obj: decimal.Decimal(str(obj["data"])),
+    "Path": lambda obj: pathlib.Path(str(obj["data"])),
+    "ndarray": _read_array,
+    "DataFrame": _read_frame,
+    "Series": _read_series,
+    "PIL.Image": _read_image,
+    "dataclass": _read_dataclass,
+}

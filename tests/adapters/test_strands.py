@@ -36,7 +36,7 @@ def test_a_plain_function_is_dropped_by_strands_so_it_must_be_wrapped(pool: Pool
 def test_nothing_starts_before_the_first_call(earlier_pools: frozenset[int]) -> None:
     before = pynox_processes()
     python_tool(session=True)
-    PynoxSandbox(allow_read=["/usr/share"]).get_tools()
+    PynoxSandbox(allow_read=["/usr/share"], session=True, vend=["run_python", "python_repl", "file_editor"]).get_tools()
     assert pynox_processes() == before
 
 
@@ -139,9 +139,13 @@ def test_a_callers_session_outlives_agents_and_ends_with_its_block(pool: Pool,
     wait_for_idle(templates=WORKERS, ignore=earlier_pools)
 
 
-def test_the_model_is_shown_python_repl_as_strands_describes_it(pool: Pool) -> None:
+def test_a_stock_python_repl_the_agent_is_given_wins_over_the_vended_one(pool: Pool) -> None:
+    # strands skips a vended tool whose name the agent already has: the stock description is what the
+    # model then reads (the docs say to let the sandbox vend python_repl instead). It still runs in Pynox.
     transcript = Transcript()
     model = ScriptedStrandsModel([repl("print(1)")], transcript)
-    Agent(model=model, sandbox=PynoxSandbox(pool, vend_tool=False), tools=[python_repl], callback_handler=None)("go")
+    Agent(model=model, sandbox=PynoxSandbox(pool, vend=["python_repl"]), tools=[python_repl],
+          callback_handler=None)("go")
     assert [seen.name for seen in transcript.tools] == ["python_repl"]
+    assert "Files written to the working directory persist" in transcript.tool("python_repl").description
     assert json.loads(transcript.results[0])["output"] == "1\n"

@@ -3,9 +3,11 @@
 1. ``python_tool``: Pynox's ``run_python`` as a strands tool (a plain function
    in ``Agent(tools=[...])`` would be silently dropped). With a session, a
    variable from one call is there in the next.
-2. ``PynoxSandbox``: ``Agent(sandbox=...)`` makes strands' own ``python_repl``
-   run in Pynox; its file writes land only where the host allowed, and a
-   shell command fails with a message that says why.
+2. ``PynoxSandbox``: ``Agent(sandbox=...)`` with strands' ``python_repl`` and
+   ``file_editor`` vended by the sandbox, described as they really behave under
+   Pynox (where files may be written, whether variables persist): writes land
+   only where the host allowed, a denied path is named with the grant that
+   would allow it, and strands' ``shell`` fails with a message that says why.
 
 For a real model, pass e.g. ``strands.models.BedrockModel(...)`` instead of
 ``ScriptedModel``.
@@ -23,7 +25,7 @@ from typing import Any
 
 from strands import Agent
 from strands.models import Model
-from strands.vended_tools import python_repl, shell
+from strands.vended_tools import shell
 
 import pynox
 from pynox_strands import PynoxSandbox, python_tool
@@ -56,7 +58,7 @@ class ScriptedModel(Model):
         yield {"messageStart": {"role": "assistant"}}
         if len(results) < len(self.calls):
             name, args = self.calls[len(results)]
-            print(f"--- {name}: {next(iter(args.values()))}")
+            print(f"--- {name}: {args.get('code') or ' '.join(map(str, args.values()))}")
             yield {"contentBlockStart": {"start": {"toolUse": {"name": name, "toolUseId": f"call-{len(results)}"}}}}
             yield {"contentBlockDelta": {"delta": {"toolUse": {"input": json.dumps(args)}}}}
             yield {"contentBlockStop": {}}
@@ -76,13 +78,18 @@ def main() -> None:
             print("--- answer:", Agent(model=model, tools=[python_tool(session=session)], callback_handler=None)(
                 "Sum the first ten squares."))
 
-        # 2. strands' own python_repl and shell tools, routed to Pynox by the sandbox.
+        # 2. python_repl and file_editor vended by the sandbox (not strands' stock instances, whose
+        # descriptions are of another sandbox); strands' shell, routed to the sandbox, is refused.
         report = Path(out, "report.txt")
-        sandbox = PynoxSandbox(pool, allow_write=[out], timeout="10s", vend_tool=False)
+        sandbox = PynoxSandbox(pool, allow_write=[out], timeout="10s", vend=["python_repl", "file_editor"])
         model = ScriptedModel([("python_repl", {"code": f"open({str(report)!r}, 'w').write('42 rows')"}),
                                ("python_repl", {"code": "open('/etc/hostname', 'w').write('pwned')"}),
+                               ("file_editor", {"command": "view", "path": str(report)}),
+                               ("file_editor", {"command": "view", "path": "/etc/shadow"}),
                                ("shell", {"command": "rm -rf /"})], "Report written; the rest was refused.")
-        agent = Agent(model=model, sandbox=sandbox, tools=[python_repl, shell], callback_handler=None)
+        agent = Agent(model=model, sandbox=sandbox, tools=[shell], callback_handler=None)
+        description = agent.tool_registry.registry["python_repl"].tool_spec["description"]
+        print("--- python_repl is described as:", description.split("\n")[0])
         print("--- answer:", agent("Write the report."))
         print("--- the host reads:", report.read_text())
 

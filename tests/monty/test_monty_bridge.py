@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +16,9 @@ import pytest
 import pynox
 from pynox_monty import external_lookup, python_function
 
+from .glue import ROOT, feed
+
 pytestmark = pytest.mark.timeout(90)
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=2) as pool:
-        yield pool
-
-
-@pytest.fixture(scope="module")
-def monty() -> Iterator[pydantic_monty.Monty]:
-    with pydantic_monty.Monty() as monty:
-        yield monty
-
-
-def feed(monty: pydantic_monty.Monty, code: str, lookup: dict[str, Any]) -> Any:
-    with monty.checkout(script_name="agent.py") as session:
-        return session.feed_run(code, external_lookup=lookup)
 
 
 def test_example_prints_the_mean_and_the_stored_json() -> None:
@@ -93,6 +76,68 @@ def test_timeout_above_the_hosts_is_clamped(pool: pynox.Pool, monty: pydantic_mo
     assert job["exit"] == 124 and "300ms" in job["error"]["message"] and time.monotonic() - started < 5
     # The docstring the model may read says so.
     assert "Each call may run for 1s; `timeout` can only shorten that." in (lookup["run_python"].__doc__ or "")
+
+
+# Glue code that does what a timeout's hint says: retries with the longer timeout the hint proposes, until
+# it proposes none. Following a hint that proposes one the host would cut back, it never stops by itself.
+FOLLOWS_THE_HINT = """
+import re
+timeout = None
+attempts = 0
+while attempts < 3:
+    attempts += 1
+    job = run_python('while True:\\n    pass', timeout=timeout)
+    proposed = re.search(r'timeout="([^"]+)"', job['error']['hint'] or '')
+    if job['exit'] != 124 or proposed is None:
+        break
+    timeout = proposed.group(1)
+[attempts, job['error']['hint']]
+"""
+
+
+def test_glue_code_following_the_timeout_hint_stops_at_the_hosts_limit(pool: pynox.Pool,
+                                                                       monty: pydantic_monty.Monty) -> None:
+    lookup = {"run_python": python_function(pool, timeout="400ms")}
+    attempts, hint = feed(monty, FOLLOWS_THE_HINT, lookup)
+    assert attempts == 1, hint
+    assert hint == ("The code ran longer than its 400ms limit and was stopped. 400ms is the most the host allows "
+                    "a run_python call, and only the host can raise it: a longer `timeout` is cut back to it. "
+                    "Make the code faster (check for endless loops or waits), or do less in each call.")
+
+
+def test_a_timeout_shorter_than_the_hosts_may_be_raised_up_to_it(pool: pynox.Pool,
+                                                                 monty: pydantic_monty.Monty) -> None:
+    lookup = {"run_python": python_function(pool, timeout="1s")}
+    job = feed(monty, "run_python('while True:\\n    pass', timeout=0.3)", lookup)
+    assert job["exit"] == 124 and job["error"]["type"] == "TimeoutError"
+    assert job["error"]["hint"] == (
+        "The code ran longer than the 300ms its `timeout` gave it and was stopped. A run_python call may run "
+        "for at most 1s, the host's limit: pass a longer `timeout`, up to 1s, or make the code faster (check "
+        "for endless loops or waits).")
+    # The code's own TimeoutError is not the pool's timeout: its hint is left alone.
+    job = feed(monty, "run_python('raise TimeoutError(\"slow upstream\")')", lookup)
+    assert job["exit"] == 1 and job["error"]["type"] == "TimeoutError" and job["error"]["hint"] is None
+
+
+def _pools_own_answer(request: dict[str, Any]) -> dict[str, Any]:
+    """What a ``pynox pool`` process, driven over its JSON Lines, answers to one request."""
+    done = subprocess.run([sys.executable, "-m", "pynox", "pool", "--workers=1"], input=json.dumps(request) + "\n",
+                          capture_output=True, text=True, timeout=60, check=True)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[0]["event"] == "ready"
+    (answer,) = [line for line in lines if line.get("id") == request["id"]]
+    return answer
+
+
+def test_a_refusal_is_the_pools_own_result_as_the_bridge_shows_any_result(pool: pynox.Pool,
+                                                                           monty: pydantic_monty.Monty,
+                                                                           tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    wire = _pools_own_answer({"id": "r-1", "code": "print(1)", "allow_read": [str(missing)]})
+    assert wire["exit"] == 2 and wire["error"]["type"] == "RequestError"
+    job = feed(monty, "run_python('print(1)')", external_lookup(pool, allow_read=[missing]))
+    assert job == {"exit": wire["exit"], "stdout": wire["stdout"], "stderr": wire["stderr"], "error": wire["error"],
+                   "truncated": wire["stdout_truncated"] or wire["stderr_truncated"]}
 
 
 def test_bad_arguments_from_the_glue_code_raise_there(pool: pynox.Pool, monty: pydantic_monty.Monty) -> None:
@@ -153,10 +198,13 @@ def test_host_functions_serve_both_sandboxes_and_keep_their_error_type(pool: pyn
         external_lookup(pool, functions={"run_python": price})
 
 
-def test_readme_example_runs(tmp_path: Path) -> None:
-    readme = ROOT / "packages" / "pynox-monty" / "README.md"
+@pytest.mark.parametrize("block", [0, 1])
+def test_readme_examples_run(tmp_path: Path, block: int) -> None:
+    readme = (ROOT / "packages" / "pynox-monty" / "README.md").read_text()
+    blocks = [part.split("```", 1)[0] for part in readme.split("```python\n")[1:]]
+    assert len(blocks) == 2
     script = tmp_path / "readme_example.py"
-    script.write_text(readme.read_text().split("```python\n", 1)[1].split("```", 1)[0])
+    script.write_text(blocks[block])
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False,
                           cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "error"})
     assert done.returncode == 0, done.stderr

@@ -1,64 +1,113 @@
 """The bridge: ``run_python`` as a Monty external function, its permissions fixed by the host.
 
-Monty calls external functions synchronously on the thread that called
-``feed_run`` and needs plain data back, so ``run_python`` blocks on
-``Pool.run`` and returns a dict. Everything the heavy code did wrong (raised,
-was denied a path, timed out) is data the glue code can branch on; only a
-broken pool raises.
+``Monty`` calls external functions synchronously on the thread that called
+``feed_run`` and needs plain data back, so :func:`python_function` blocks on
+``Pool.run``. ``AsyncMonty`` awaits coroutine functions on the caller's event
+loop, so :func:`async_python_function` awaits ``Pool.arun``: calls the glue
+code gathers run at once, and the loop runs on while they do. Everything the
+heavy code did wrong (raised, was denied a path, timed out) is data the glue
+code can branch on; only a broken pool raises.
 """
 
 from __future__ import annotations
 
 import builtins
 import functools
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pynox
 from pynox import format_duration, parse_duration
 
-__all__ = ["external_lookup", "python_function"]
+from ._result import glue_result, refused
+from ._stubs import declare
+
+__all__ = ["async_external_lookup", "async_python_function", "external_lookup", "python_function"]
 
 HostFunction = Callable[..., Any]
+_STUB_SIGNATURE = "(code: str, timeout: str | int | float | None = None) -> RunPythonResult"
+
+
+class _Bridge:
+    """What every call of one ``run_python`` shares: the pool, the host's grants and limit, the host functions."""
+
+    def __init__(self, pool: pynox.Pool, *, profile: str | None, name: str, timeout: str | int | float | None,
+                 functions: Mapping[str, HostFunction] | None, grants: Mapping[str, Any]) -> None:
+        host_grants = {**grants, **({"timeout": timeout} if timeout is not None else {})}
+        # The grants after profile and ceiling, exactly as the pool will apply them (a bad one raises here).
+        self.effective = pynox.CodeTool(pool, profile=profile, functions=functions, **host_grants).grants
+        self.functions = dict(functions or {})
+        self._grants = {"name": name, **host_grants, **({"profile": profile} if profile else {})}
+
+    def request(self, code: str, timeout: str | int | float | None) -> tuple[dict[str, Any], float]:
+        """The keywords of one run and the timeout it gets; a bad argument from the glue code raises here."""
+        if not isinstance(code, str):  # the glue code's value, whatever the annotation says
+            raise TypeError(f"run_python() code must be a str of Python source, not {type(code).__name__}")
+        limit = self.effective.timeout
+        if timeout is None:
+            return {**self._grants, "functions": self.functions}, limit
+        try:
+            asked = parse_duration(timeout, "timeout")
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None  # a builtin type: Monty shows a custom one as Exception
+        given = min(asked, limit)
+        return {**self._grants, "functions": self.functions, "timeout": given}, given
+
+    def answer(self, run: Callable[[], pynox.Result], given: float) -> dict[str, Any]:
+        try:
+            result = run()
+        except pynox.RequestError as exc:
+            return refused(str(exc))
+        except pynox.PynoxError as exc:
+            raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
+        return glue_result(result, given=given, host_limit=self.effective.timeout)
+
+    async def answer_async(self, run: Callable[[], Awaitable[pynox.Result]], given: float) -> dict[str, Any]:
+        try:
+            result = await run()
+        except pynox.RequestError as exc:
+            return refused(str(exc))
+        except pynox.PynoxError as exc:
+            raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
+        return glue_result(result, given=given, host_limit=self.effective.timeout)
 
 
 def python_function(pool: pynox.Pool, *, profile: str | None = None, name: str = "heavy.py",
                     timeout: str | int | float | None = None, functions: Mapping[str, HostFunction] | None = None,
                     **grants: Any) -> Callable[..., dict[str, Any]]:
-    """The ``run_python(code, timeout=None) -> dict`` external function for Monty, running on ``pool``.
+    """The ``run_python(code, timeout=None) -> dict`` external function for ``Monty``, running on ``pool``.
 
     ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env, memory, max_output, max_file_size,
     package_dirs) fix what the code may do; the model's code cannot change them. ``timeout`` is the host's limit
     per call: the glue code may pass a shorter one, and a longer one is cut to it. ``functions`` are host
     functions the heavy code may import from ``pynox_host``. A bad grant raises here.
     """
-    host_grants = {**grants, **({"timeout": timeout} if timeout is not None else {})}
-    # The grants after profile and ceiling, exactly as the pool will apply them (a bad one raises here).
-    effective = pynox.CodeTool(pool, profile=profile, functions=functions, **host_grants).grants
-    limit = effective.timeout
-    run_grants = {**host_grants, **({"profile": profile} if profile else {})}
-    host_functions = dict(functions or {})
+    bridge = _Bridge(pool, profile=profile, name=name, timeout=timeout, functions=functions, grants=grants)
 
     def run_python(code: str, timeout: str | int | float | None = None) -> dict[str, Any]:
-        if not isinstance(code, str):
-            raise TypeError(f"run_python() code must be a str of Python source, not {type(code).__name__}")
-        call_grants = dict(run_grants)
-        if timeout is not None:
-            try:
-                asked = parse_duration(timeout, "timeout")
-            except ValueError as exc:
-                raise ValueError(str(exc)) from None  # a builtin type: Monty shows a custom one as Exception
-            call_grants["timeout"] = min(asked, limit)
-        try:
-            result = pool.run(code, name=name, functions=host_functions, **call_grants)
-        except pynox.RequestError as exc:
-            return _refused(str(exc))
-        except pynox.PynoxError as exc:
-            raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
-        return {"exit": result.exit, "stdout": result.stdout, "stderr": result.stderr, "error": result.error,
-                "truncated": result.truncated}
+        keywords, given = bridge.request(code, timeout)
+        return bridge.answer(lambda: pool.run(code, **keywords), given)
 
-    run_python.__doc__ = _docstring(effective, host_functions)
+    run_python.__doc__ = _docstring(bridge.effective, bridge.functions)
+    declare(run_python, _STUB_SIGNATURE)
+    return run_python
+
+
+def async_python_function(pool: pynox.Pool, *, profile: str | None = None, name: str = "heavy.py",
+                          timeout: str | int | float | None = None,
+                          functions: Mapping[str, HostFunction] | None = None,
+                          **grants: Any) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """:func:`python_function` for ``AsyncMonty``: ``async def run_python``, over ``Pool.arun``. The glue code
+    awaits it; calls it gathers (``asyncio.gather``) run at once, as many as the pool has workers."""
+    bridge = _Bridge(pool, profile=profile, name=name, timeout=timeout, functions=functions, grants=grants)
+
+    async def run_python(code: str, timeout: str | int | float | None = None) -> dict[str, Any]:
+        keywords, given = bridge.request(code, timeout)
+        return await bridge.answer_async(lambda: pool.arun(code, **keywords), given)
+
+    run_python.__doc__ = _docstring(bridge.effective, bridge.functions)
+    declare(run_python, _STUB_SIGNATURE)
     return run_python
 
 
@@ -68,33 +117,70 @@ def external_lookup(pool: pynox.Pool, *, functions: Mapping[str, HostFunction] |
     which takes the same ``options``) and each host function in ``functions``.
 
     A host function is callable both from the Monty glue code (by its name) and from the heavy code (through
-    ``pynox_host``). An exception it raises reaches Monty with its type name in the message.
+    ``pynox_host``). An exception it raises reaches Monty with its type name in the message. An ``async def``
+    one needs :func:`async_external_lookup` (``Monty`` has no event loop to run it on). Declare them all to
+    Monty's type checker with :func:`pynox_monty.type_stubs`.
     """
-    functions = dict(functions or {})
-    if "run_python" in functions:
-        raise ValueError("'run_python' is the bridge's own name: give the host function another one")
+    functions = _host_functions(functions)
+    for name, function in functions.items():
+        if inspect.iscoroutinefunction(function):
+            raise TypeError(f"{name} is an async function: Monty calls external_lookup's functions without an "
+                            "event loop; use async_external_lookup with AsyncMonty (or give it to python_function "
+                            "alone, for the heavy code)")
     lookup: dict[str, HostFunction] = {"run_python": python_function(pool, functions=functions, **options)}
     lookup.update({name: _readable_errors(name, function) for name, function in functions.items()})
     return lookup
 
 
-def _refused(message: str) -> dict[str, Any]:
-    """A request the pool refused before running it, in the shape of a result (the protocol's exit 2)."""
-    error = {"type": "RequestError", "message": message, "file": None, "line": None, "path": None, "hint": None}
-    return {"exit": 2, "stdout": "", "stderr": "", "error": error, "truncated": False}
+def async_external_lookup(pool: pynox.Pool, *, functions: Mapping[str, HostFunction] | None = None,
+                          **options: Any) -> dict[str, HostFunction]:
+    """:func:`external_lookup` for ``AsyncMontySession.feed_run``: ``run_python`` is
+    :func:`async_python_function`, and host functions may be ``async def`` (the glue code awaits those; the
+    heavy code calls them as it calls any other, and they are awaited on the loop that awaits run_python)."""
+    functions = _host_functions(functions)
+    lookup: dict[str, HostFunction] = {"run_python": async_python_function(pool, functions=functions, **options)}
+    lookup.update({name: _readable_errors(name, function) for name, function in functions.items()})
+    return lookup
+
+
+def _host_functions(functions: Mapping[str, HostFunction] | None) -> dict[str, HostFunction]:
+    functions = dict(functions or {})
+    if "run_python" in functions:
+        raise ValueError("'run_python' is the bridge's own name: give the host function another one")
+    return functions
+
+
+def _readable_error(name: str, exc: Exception) -> Exception:
+    """Monty turns an exception type it does not know into a bare ``Exception``: keep the type in the message."""
+    if getattr(builtins, type(exc).__name__, None) is type(exc):
+        return exc
+    return RuntimeError(f"{name}() failed: {type(exc).__name__}: {exc}")
 
 
 def _readable_errors(name: str, function: HostFunction) -> HostFunction:
-    """Monty turns an exception type it does not know into a bare ``Exception``: keep the type in the message."""
+    if inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def call_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await function(*args, **kwargs)
+            except Exception as exc:
+                readable = _readable_error(name, exc)
+                if readable is exc:
+                    raise
+                raise readable from exc
+
+        return call_async
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
         except Exception as exc:
-            if getattr(builtins, type(exc).__name__, None) is type(exc):
+            readable = _readable_error(name, exc)
+            if readable is exc:
                 raise
-            raise RuntimeError(f"{name}() failed: {type(exc).__name__}: {exc}") from exc
+            raise readable from exc
 
     return call
 

@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from strands import Agent
+from strands.vended_tools import file_editor as stock_file_editor
+from strands.vended_tools import python_repl as stock_python_repl
 
 from pynox import Pool
 from pynox_strands import PynoxSandbox
 
-from .scripted import Transcript, run_strands
+from .scripted import ScriptedStrandsModel, Transcript, run_strands
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,6 +60,11 @@ def tree(tmp_path: Path) -> Path:
 def test_the_model_sees_the_vended_tools_and_no_other(pool: Pool) -> None:
     transcript = drive(pool, [])
     assert [seen.name for seen in transcript.tools] == ["python_repl", "file_editor"]
+    agent = Agent(model=ScriptedStrandsModel([]), callback_handler=None,
+                  sandbox=PynoxSandbox(pool, vend=["python_repl", "file_editor"]))
+    # Tools of its own, not strands' module-level instances (whose descriptions it could not change).
+    assert agent.tool_registry.registry["python_repl"] is not stock_python_repl
+    assert agent.tool_registry.registry["file_editor"] is not stock_file_editor
 
 
 def test_file_editor_views_a_granted_directory_and_a_file_granted_on_its_own(pool: Pool, tree: Path) -> None:

@@ -21,11 +21,12 @@ from .glue import ROOT, feed
 pytestmark = pytest.mark.timeout(90)
 
 
-def test_example_prints_the_mean_and_the_stored_json() -> None:
+def test_example_prints_the_mean_the_stored_json_and_the_means_computed_at_once() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "monty_bridge.py")], capture_output=True,
                           text=True, timeout=120, check=False, env={**os.environ, "PYTHONWARNINGS": "error"})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["mean: 13", 'stored: {"mean": 13, "count": 3}']
+    assert done.stdout.splitlines() == ["mean: 13", 'stored: {"mean": 13, "count": 3}',
+                                        "means, computed at once: [13, 4]"]
 
 
 def test_example_writes_only_where_the_host_granted(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from smolagents import CodeAgent, Model, ToolCallingAgent, tool
 from smolagents.memory import ActionStep
 from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolCallFunction, MessageRole
 from smolagents.monitoring import LogLevel
+from smolagents.utils import AgentToolExecutionError
 
 import pynox
 from pynox_smolagents import PynoxExecutor, PynoxTool, python_tool
@@ -118,25 +119,28 @@ def test_tool_calling_agent_define_use_raise_retry_answer(pool: pynox.Pool) -> N
     agent = ToolCallingAgent(tools=[run_python], model=model, verbosity_level=QUIET)
     assert agent.run("What is half of the desk price plus 40?") == "110.0"
 
-    observations = [step.observations for step in action_steps(agent)]
-    assert observations[0] == "total is 40"
-    assert observations[1] == "65.0"  # a host function and the first call's variable
-    assert observations[2].startswith("ZeroDivisionError: division by zero (agent.py:1)")
-    assert observations[3] == "110.0"  # the retry, in the same process: `price` and `total` are still there
+    steps = action_steps(agent)
+    assert steps[0].observations == "total is 40"
+    assert steps[1].observations == "65.0"  # a host function and the first call's variable
+    # A failed run is the step's error, as for smolagents' own PythonInterpreterTool: its accounting sees it.
+    assert steps[2].observations is None and isinstance(steps[2].error, AgentToolExecutionError)
+    assert "InterpreterError: ZeroDivisionError: division by zero (agent.py:1)" in str(steps[2].error)
+    assert [step.error is None for step in steps] == [True, True, False, True, True]
+    assert steps[3].observations == "110.0"  # the retry, in the same process: `price` and `total` are still there
     # The model read the error before it retried.
     assert "ZeroDivisionError: division by zero" in "\n".join(str(p) for p in model.prompts[3])
 
 
-def test_tool_calling_agent_reads_a_denied_path_as_text(pool: pynox.Pool) -> None:
+def test_tool_calling_agent_reads_a_denied_path_as_its_step_error(pool: pynox.Pool) -> None:
     model = ScriptedModel([
         {"name": "run_python", "args": {"code": "print(open('/etc/passwd').read())"}},
         {"name": "final_answer", "args": {"answer": "denied"}},
     ])
     agent = ToolCallingAgent(tools=[python_tool(pool)], model=model, verbosity_level=QUIET)
     assert agent.run("Read /etc/passwd") == "denied"
-    observation = action_steps(agent)[0].observations or ""
-    assert observation.startswith("PermissionError") and 'allow_read=["/etc/passwd"]' in observation
-    assert "root:" not in observation
+    error = str(action_steps(agent)[0].error)
+    assert "InterpreterError: PermissionError" in error and 'allow_read=["/etc/passwd"]' in error
+    assert "root:" not in error
 
 
 # -- the executor -----------------------------------------------------------------------------------------------

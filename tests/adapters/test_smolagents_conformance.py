@@ -67,8 +67,17 @@ def run_smolagents(agent_kwargs: dict[str, Any], calls: list[Call]) -> Transcrip
                                         verbosity_level=LogLevel.OFF, **agent_kwargs)
     transcript.answer = str(agent.run("Use the Python tool."))
     steps = [step for step in agent.memory.steps if isinstance(step, ActionStep)]
-    transcript.results = [step.observations or "" for step in steps if not step.is_final_answer]
+    transcript.results = [step.observations or tool_error_text(step) for step in steps if not step.is_final_answer]
     return transcript
+
+
+def tool_error_text(step: ActionStep) -> str:
+    """A failed run is the step's error, which smolagents words "Error executing tool 'run_python' with arguments
+    {...}: InterpreterError: <text>\nPlease try again or use another tool": the suite compares <text>."""
+    if step.error is None:
+        return ""
+    text = str(step.error).split(": InterpreterError: ", 1)[1]
+    return text.removesuffix("\nPlease try again or use another tool")
 
 
 SMOLAGENTS_CASES = [

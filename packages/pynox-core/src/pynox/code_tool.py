@@ -216,6 +216,17 @@ class CodeTool:
         return self.description.text
 
     @property
+    def requested(self) -> dict[str, Any]:
+        """The grants as the host asked for them, ``profile`` among them, before profile and ceiling apply: an
+        equal tool is ``CodeTool(pool, session=..., **tool.requested)`` (adapters save a tool this way)."""
+        return dict(self._grants)
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        """The names of the host functions the code may call."""
+        return tuple(self._functions or ())
+
+    @property
     def uses_session(self) -> bool:
         """Whether calls share one process (calls must then not run concurrently)."""
         return self.owns_session or self._session is not None

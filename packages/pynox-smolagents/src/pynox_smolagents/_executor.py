@@ -29,7 +29,6 @@ import inspect
 import io
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,6 +39,7 @@ from smolagents.utils import truncate_content
 import pynox
 
 from . import _values
+from ._settings import saved_grants
 from ._values import NotSerializable, from_json_safe, to_json_safe
 
 __all__ = ["PynoxExecutor"]
@@ -167,13 +167,14 @@ class PynoxExecutor(PythonExecutor):
     def to_dict(self) -> dict[str, Any]:
         """The executor's settings as JSON, what a saved agent is loaded with (see :class:`PynoxCodeAgent`).
 
-        The pool is not saved (the loaded agent runs on the pool it is given, else Pynox's default pool);
-        host functions cannot be (they are code): an executor with ``functions`` raises ``ValueError``.
+        The pool is not saved (the loaded agent runs on the pool it is given, else Pynox's default pool).
+        Host functions cannot be (they are code), nor ``env`` (its values may be credentials): an executor
+        with either raises ``ValueError``.
         """
         if self._functions:
             raise ValueError(f"PynoxExecutor(functions=...) cannot be saved: {', '.join(sorted(self._functions))} "
                              "are code; make them smolagents tools, which the agent saves with itself")
-        saved = {key: _saved_grant(key, value) for key, value in self.grants.items()}
+        saved = saved_grants(self.grants, "PynoxExecutor")
         if self.name != "agent.py":
             saved["name"] = self.name
         if self.max_print_outputs_length is not None:
@@ -321,19 +322,6 @@ def _written(name: str, value: Any) -> Any:
     except (NotSerializable, ValueError, OSError) as exc:
         raise pynox.HostError(f"{name}() returned a {type(value).__name__}, which cannot cross into the sandbox "
                               f"({exc}); it sends {CROSSING_TYPES}") from None
-
-
-def _saved_grant(key: str, value: Any) -> Any:
-    """A grant as JSON: paths as strings; anything else JSON cannot hold raises ``ValueError`` naming it."""
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, (list, tuple)):
-        return [_saved_grant(key, item) for item in value]
-    if isinstance(value, dict):
-        return {str(name): _saved_grant(key, item) for name, item in value.items()}
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    raise ValueError(f"PynoxExecutor's {key}={value!r} cannot be saved as JSON")
 
 
 def _images(result: pynox.Result) -> list[Any]:

@@ -2,19 +2,30 @@
 
 The tool is the core's :class:`pynox.CodeTool`: its description (what the code
 may touch, written for the model) becomes the smolagents description, its
-``code`` argument the only input, and its text result the observation. A
-failure of the model's code is that text, never an exception, so the agent
-reads it and tries again.
+``code`` argument the only input, and its text result the observation. A run
+that failed raises smolagents' ``InterpreterError`` with that same text, as
+smolagents' own ``PythonInterpreterTool`` does: the agent records it as the
+step's error (``step.error``, its error accounting and callbacks see it), shows
+it to the model, and the model tries again.
+
+``to_dict()`` (so ``save()``, ``push_to_hub()`` and an agent's ``save()``) writes
+a subclass whose class attributes hold the grants; ``Tool.from_code`` builds
+the same tool from it, with the same grants.
 """
 
 from __future__ import annotations
 
+import json
+import textwrap
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from smolagents import Tool
+from smolagents.local_python_executor import InterpreterError
 
 import pynox
+
+from ._settings import saved_grants
 
 __all__ = ["PynoxTool", "python_tool"]
 
@@ -22,15 +33,28 @@ _CODE_INPUT = "Python source code to run, as a complete script."
 
 
 class PynoxTool(Tool):
-    """``run_python(code) -> str`` on a Pynox pool, as a smolagents tool. Build it with :func:`python_tool`."""
+    """``run_python(code) -> str`` on a Pynox pool, as a smolagents tool. Build it with :func:`python_tool`.
+
+    ``PynoxTool()`` with no tool builds its own from the class's :attr:`settings` (what a saved tool's
+    code sets), on ``pool`` (default: Pynox's default pool) with any ``grants`` given here over the saved ones.
+    """
 
     name = "run_python"
     description = "Run Python code in an isolated sandbox and return what it prints."
     # smolagents declares its tools' schema as class attributes; each instance sets its own in __init__.
     inputs = {"code": {"type": "string", "description": _CODE_INPUT}}  # noqa: RUF012
     output_type = "string"
+    # What a saved tool is rebuilt from: {"session": bool, "grants": {...}} (see to_dict).
+    settings: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, code_tool: pynox.CodeTool | Callable[[str], str]) -> None:
+    def __init__(self, code_tool: pynox.CodeTool | Callable[[str], str] | None = None, *,
+                 pool: pynox.Pool | None = None, **grants: Any) -> None:
+        if code_tool is None:
+            saved = type(self).settings
+            code_tool = pynox.CodeTool(pool, session=bool(saved.get("session", False)),
+                                       **{**saved.get("grants", {}), **grants})
+        elif pool is not None or grants:
+            raise TypeError("PynoxTool takes a tool, or a pool and grants to build one from: not both")
         # A run_python made by pynox.tool() or Pool.tool() carries the tool object it runs over.
         code_tool = getattr(code_tool, "code_tool", code_tool)
         if not isinstance(code_tool, pynox.CodeTool):
@@ -46,7 +70,39 @@ class PynoxTool(Tool):
         self.is_initialized = True  # nothing to set up: the pool starts on the first call
 
     def forward(self, code: str) -> str:
-        return self.code_tool.text(code)
+        if not isinstance(code, str):
+            raise InterpreterError(f"code must be a string of Python source, got {type(code).__name__}")
+        try:
+            result = self.code_tool.run(code)
+        except pynox.PynoxError as exc:  # a refusal or a broken pool: the model reads it as the step's error
+            raise InterpreterError(f"{type(exc).__name__}: {exc}") from None
+        if not result.ok:
+            raise InterpreterError(result.text)
+        return result.text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tool as smolagents saves tools: code that defines it (here, a subclass holding the grants).
+
+        Host functions cannot be saved (they are code), nor ``env`` (its values may be credentials): a tool
+        with either raises ``ValueError``; pass them again when loading (``Tool.from_code(code, env=...)``).
+        """
+        if self.code_tool.functions:
+            raise ValueError(f"a run_python tool with host functions ({', '.join(self.code_tool.functions)}) "
+                             "cannot be saved: they are code; make them smolagents tools of the agent instead")
+        settings = {"session": self.code_tool.owns_session,
+                    "grants": saved_grants(self.code_tool.requested, "run_python")}
+        code = textwrap.dedent(f"""\
+            import pynox_smolagents
+
+
+            class SavedRunPython(pynox_smolagents.PynoxTool):
+                name = {json.dumps(self.name)}
+                description = {json.dumps(self.description)}
+                inputs = {self.inputs!r}
+                output_type = {json.dumps(self.output_type)}
+                settings = {settings!r}
+            """)
+        return {"name": self.name, "code": code, "requirements": ["pynox_smolagents", "smolagents"]}
 
 
 def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, session: bool = False,

@@ -5,9 +5,11 @@ Two ways to use it:
 1. The spec's one-liner: Pynox's ``run_python`` as a tool of smolagents' own
    ``CodeAgent``. The agent's glue code runs in smolagents' local interpreter;
    only what it passes to ``run_python`` runs in the sandbox.
-2. ``PynoxExecutor``: every step of a ``CodeAgent`` runs in one Pynox session
+2. ``PynoxCodeAgent``: every step of a ``CodeAgent`` runs in one Pynox session
    (variables survive between steps), while its tools, here
-   ``exchange_rate``, stay in this process and are called by name.
+   ``exchange_rate``, stay in this process and are called by name. Values
+   cross as smolagents' own serializer carries them: the DataFrame given as
+   ``additional_args`` arrives as a DataFrame, and one comes back as the answer.
 
     python examples/smolagents_agent.py
 """
@@ -16,12 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 from smolagents import CodeAgent, Model, tool
 from smolagents.models import ChatMessage, MessageRole
 from smolagents.monitoring import LogLevel
 
 import pynox
-from pynox_smolagents import PynoxExecutor
+from pynox_smolagents import PynoxCodeAgent
 
 
 class ScriptedModel(Model):
@@ -59,12 +62,25 @@ def executor_agent(pool: pynox.Pool) -> Any:
         "euros = {c: a * exchange_rate(c) for c, a in amounts.items()}\nprint(euros)",  # step 2: a host tool
         "final_answer(f\"{sum(euros.values()):.1f} EUR\")",  # step 3: the answer ends the run
     ])
-    with CodeAgent(tools=[exchange_rate], model=model, executor=PynoxExecutor(pool, timeout="10s"),
-                   verbosity_level=LogLevel.OFF) as agent:
+    with PynoxCodeAgent(tools=[exchange_rate], model=model, executor_kwargs={"pool": pool, "timeout": "10s"},
+                        verbosity_level=LogLevel.OFF) as agent:
         return agent.run("How many euros are 120 USD and 55.50 GBP?")
+
+
+def table_agent(pool: pynox.Pool) -> Any:
+    orders = pd.DataFrame({"currency": ["USD", "GBP", "USD"], "amount": [120.0, 55.5, 30.0]})
+    model = ScriptedModel([
+        "orders['euros'] = [a * exchange_rate(c) for c, a in zip(orders['currency'], orders['amount'])]\n"
+        "final_answer(orders.groupby('currency')['euros'].sum())",  # a pandas Series, built in the sandbox
+    ])
+    with PynoxCodeAgent(tools=[exchange_rate], model=model, executor_kwargs={"pool": pool},
+                        verbosity_level=LogLevel.OFF) as agent:
+        return agent.run("Total euros per currency", additional_args={"orders": orders})
 
 
 if __name__ == "__main__":
     print("tool agent:", tool_agent())
     with pynox.Pool(workers=1) as pool:
         print("executor agent:", executor_agent(pool))
+        totals = table_agent(pool)
+        print("table agent:", type(totals).__name__, totals.round(1).to_dict())

@@ -354,7 +354,7 @@ COUNT = "import csv\\nprint(len(list(csv.DictReader(open('data/orders.csv')))))"
 model = ScriptedModel(REPLIES)
 '''
 DOC_REPLIES = {
-    "CodeAgent": '["n = len(open(\'data/orders.csv\').read().splitlines()) - 1", "final_answer(n)"]',
+    "PynoxCodeAgent": '["n = len(open(\'data/orders.csv\').read().splitlines()) - 1", "final_answer(n)"]',
     "ToolCallingAgent": '[("run_python", {"code": COUNT}), ("final_answer", {"answer": "3 orders"})]',
 }
 
@@ -369,7 +369,7 @@ def smolagents_doc_blocks() -> list[str]:
 def test_integrations_doc_blocks_run(tmp_path: Path) -> None:
     blocks = smolagents_doc_blocks()
     assert [next(kind for kind in DOC_REPLIES if f"import {kind}" in block) for block in blocks] == \
-        ["CodeAgent", "ToolCallingAgent"]
+        ["PynoxCodeAgent", "ToolCallingAgent"]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "orders.csv").write_text("product,amount\nlamp,25.00\ndesk,180.00\nlamp,12.50\n")
     for block in blocks:

@@ -4,7 +4,7 @@
 PYTHON ?= python3
 DIST ?= dist
 PACKAGES := packages/pynox-core packages/pynox-pydantic-ai packages/pynox-strands packages/pynox-smolagents \
-	packages/pynox-monty
+	packages/pynox-monty packages/pynox-ray
 
 .PHONY: wheel clean
 wheel:

@@ -32,7 +32,8 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     _run("make", "-C", ROOT, "wheel", f"DIST={dist}", f"PYTHON={sys.executable}", cwd=tmp_path)
     wheels = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
-    assert wheels == ["pynox_core", "pynox_monty", "pynox_pydantic_ai", "pynox_smolagents", "pynox_strands"], wheels
+    assert wheels == ["pynox_core", "pynox_monty", "pynox_pydantic_ai", "pynox_ray", "pynox_smolagents",
+                      "pynox_strands"], wheels
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     python = venv / "bin" / "python"

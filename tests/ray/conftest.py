@@ -1,0 +1,72 @@
+"""A real multi-node Ray cluster on this machine for the RayPool suite, started and ended here.
+
+``ray.cluster_utils.Cluster`` runs a head and a second node, each a raylet of its own with one CPU. Every
+process the cluster starts (GCS, raylets, workers, and the ``pynox pool`` each node actor starts) inherits
+this process's environment, so a marker variable set before the start finds them all in ``/proc``: after
+the suite, none may be left (templates and jobs are children of those pools and end with them).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+MARK = "PYNOX_RAY_TEST_RUN"
+_LEFTOVER_DEADLINE = 30.0  # seconds for a killed node's pool to drain its accepted jobs and exit
+
+
+def marked_processes(mark: str) -> dict[int, str]:
+    """Processes whose environment carries ``MARK=mark``, with their command lines."""
+    found = {}
+    needle = f"{MARK}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone meanwhile
+        if state != "Z" and needle in environ.split(b"\0"):
+            found[int(entry.name)] = cmdline[:200]
+    return found
+
+
+@pytest.fixture(scope="package")
+def cluster() -> Iterator[object]:
+    mark = uuid.uuid4().hex
+    os.environ[MARK] = mark
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no report leaves this machine
+    import ray
+    from ray.cluster_utils import Cluster
+
+    started = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        started.add_node(num_cpus=1)
+        ray.init(address=started.address, log_to_driver=False)
+        started.wait_for_nodes()
+        yield started
+    finally:
+        ray.shutdown()
+        started.shutdown()
+        del os.environ[MARK]
+    deadline = time.monotonic() + _LEFTOVER_DEADLINE
+    while (left := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes of the test cluster outlived it: {left}"
+
+
+@pytest.fixture(scope="package")
+def node_ids(cluster: object) -> list[str]:
+    """The head's ID first, then the added node's."""
+    import ray
+
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    head = [node["NodeID"] for node in nodes if "node:__internal_head__" in node["Resources"]]
+    return head + [node["NodeID"] for node in nodes if node["NodeID"] not in head]

@@ -138,6 +138,19 @@ def test_permission_errors_carry_a_hint(pool: PoolProcess) -> None:
     assert error["line"] == 1
 
 
+def test_the_hint_for_a_file_not_yet_there_names_a_grant_that_allows_it(pool: PoolProcess, tmp_path: Path) -> None:
+    """A grant must name a path that exists: the hint for a refused create names the nearest directory that does,
+    and following it lets the same code write the file. (Granting the file itself is refused: the control.)"""
+    target = tmp_path / "reports" / "new.txt"
+    target.parent.mkdir()
+    code = f"open({str(target)!r}, 'w').write('made')"
+    hint = _error(pool.run(code), "PermissionError")["hint"]
+    assert f'allow_write=["{target.parent}"]' in hint and f"{target} does not exist yet" in hint, hint
+    assert pool.run(code, allow_write=[str(target)])["error"]["type"] == "RequestError"
+    assert pool.run(code, allow_write=[str(target.parent)])["exit"] == 0
+    assert target.read_text() == "made"
+
+
 def test_memory_errors_carry_a_hint(pool: PoolProcess) -> None:
     result = pool.run("x = bytearray(600 << 20)", memory="256m")
     error = _error(result, "MemoryError")

@@ -48,13 +48,28 @@ def _absolute(path: str, cwd: str) -> str:
 def path_hint(path: str, cwd: str, read: Sequence[str], write: Sequence[str], style: Style) -> str:
     """Why ``path`` was denied and which grant would allow it."""
     absolute = _absolute(path, cwd)
+    # Only an existing path can be granted (the pool refuses a grant of one that is not there): a file the
+    # code tried to create is allowed by a grant of the nearest directory that exists.
+    target = _existing(absolute)
     if any(beneath(absolute, granted) for granted in read):
         return (f"{absolute} is readable but not writable in this sandbox. To modify it the host must grant "
-                f"{_grant(style, 'allow_write', absolute)}.")
+                f"{_grant(style, 'allow_write', target)}{_not_there(absolute, target)}.")
     granted = ", ".join(sorted({*read, *write})) or "none"
     return (f"{absolute} is outside the paths this sandbox may access (granted: {granted}). Work within "
-            f"the granted paths, or ask the host to grant {_grant(style, 'allow_read', absolute)} to read it "
-            f"({_grant(style, 'allow_write', absolute)} to write it).")
+            f"the granted paths, or ask the host to grant {_grant(style, 'allow_read', target)} to read it "
+            f"({_grant(style, 'allow_write', target)} to write it){_not_there(absolute, target)}.")
+
+
+def _existing(absolute: str) -> str:
+    """``absolute``, or its nearest ancestor that exists (path lookups are not confined: this reveals nothing
+    the code could not stat itself)."""
+    while not os.path.lexists(absolute) and absolute != os.path.dirname(absolute):
+        absolute = os.path.dirname(absolute)
+    return absolute
+
+
+def _not_there(absolute: str, target: str) -> str:
+    return "" if target == absolute else f"; {absolute} does not exist yet, and a grant names a path that exists"
 
 
 def subprocess_hint() -> str:

@@ -214,22 +214,12 @@ if os.path.isdir(path):
 elif os.path.lexists(path):
     open(path, 'rb').close()"""
 
-# A path that does not exist yet cannot be granted (the pool refuses such a grant), so a denial to create
-# one is told about the nearest directory that exists: the hint then names a grant the host can give.
 _WRITE = """\
-try:
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    with open(path, 'wb') as f:
-        f.write(content)
-except PermissionError as denied:
-    existing = denied.filename if isinstance(denied.filename, str) else path
-    if os.path.lexists(existing):
-        raise
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    raise PermissionError(denied.errno, denied.strerror, existing) from None"""
+parent = os.path.dirname(path)
+if parent:
+    os.makedirs(parent, exist_ok=True)
+with open(path, 'wb') as f:
+    f.write(content)"""
 
 
 def _no_cwd(cwd: str | None) -> None:

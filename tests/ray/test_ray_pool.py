@@ -132,7 +132,9 @@ def test_host_functions_on_a_remote_node_run_in_the_callers_process(cluster: obj
         await asyncio.sleep(0)
         return locate(tag)
 
-    many = "from pynox_host import locate\nfor i in range(1001):\n    locate('many')"
+    # Eight calls at once (the pool's most), so a loaded machine's round trips do not add up to the timeout.
+    many = ("from concurrent.futures import ThreadPoolExecutor\nfrom pynox_host import locate\n"
+            "with ThreadPoolExecutor(8) as calls:\n    list(calls.map(lambda i: locate('many'), range(1001)))")
     with RayPool(workers=1, nodes=[node_ids[1]]) as remote:
         result = remote.run("from pynox_host import locate\nprint(locate('sync'))", functions={"locate": locate})
         assert result.stdout == "1\n" and result.usage is not None and result.usage.host_calls == 1
@@ -145,10 +147,10 @@ def test_host_functions_on_a_remote_node_run_in_the_callers_process(cluster: obj
         assert [pid for pid, _ in where] == [os.getpid()] * 3
         # The 1,000-call limit is the node pool's own: the 1,001st call fails there, as it does locally.
         where.clear()
-        limited = remote.run(many, functions={"locate": locate})
+        limited = remote.run(many, functions={"locate": locate}, timeout="90s")
     assert len(where) == 1000
     where.clear()
-    assert _described(limited) == _described(local_pool.run(many, functions={"locate": locate}))
+    assert _described(limited) == _described(local_pool.run(many, functions={"locate": locate}, timeout="90s"))
     assert limited.error is not None and limited.error["type"] == "HostError", limited.text
 
 

@@ -13,6 +13,7 @@ import datetime
 import decimal
 import io
 import resource
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -256,3 +257,108 @@ def test_a_png_from_the_sandbox_is_opened_only_as_png(pool: pynox.Pool) -> None:
     png = base64.b64encode(buffer.getvalue()).decode()
     logs, received = run_direct(pool, f"{{'__type__': 'PIL.Image', 'data': {png!r}}}")
     assert len(received) == 1 and received[0].format == "PNG" and received[0].getpixel((0, 0)) == 7, logs
+
+
+# -- found by review: what a few bytes may ask of the host, and calls racing the final answer -------------------
+
+def host_peak_kb() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@pytest.mark.parametrize(("payload", "refusal"), [
+    # numpy gives every item the longest one's width: 6,000 empty strings beside one of 60,000 characters.
+    ("{'__type__': 'ndarray', 'data': ['x' * 60_000] + [''] * 6000, 'dtype': '<U1'}", "this array would take"),
+    # a blank 9,459 x 9,459 one-bit PNG: 15 KB of base64, 89 MB of pixels.
+    ("{'__type__': 'PIL.Image', 'data': __import__('base64').b64encode(BOMB).decode()}", "this image would take"),
+])
+def test_a_value_that_would_be_huge_in_memory_is_refused_before_it_exists(
+        pool: pynox.Pool, payload: str, refusal: str) -> None:
+    before = host_peak_kb()
+    logs, received = run_direct(pool, payload.replace("BOMB", BOMB_CODE))
+    assert received == [] and refusal in logs, logs
+    assert host_peak_kb() - before < 40_000  # KiB: the values asked for 1.4 GB and 89 MB
+
+
+BOMB_CODE = ("(lambda io, Image: (lambda b: (Image.new('1', (9459, 9459)).save(b, format='PNG', optimize=True), "
+             "b.getvalue())[1])(io.BytesIO()))(__import__('io'), __import__('PIL.Image').Image)")
+
+
+def test_a_column_dtype_is_rebuilt_only_among_the_plain_ones(pool: pynox.Pool) -> None:
+    """A Series marker naming a numpy bytes dtype 100 MB wide arrives as a Series of its values, not 2 GB."""
+    before = host_peak_kb()
+    logs, received = run_direct(pool, "{'__type__': 'Series', 'name': None, 'data': ['x'] * 20, 'dtype': "
+                                      "'S100000000', 'index': {'values': list(range(20)), 'names': [None], "
+                                      "'dtype': 'int64'}}")
+    assert len(received) == 1 and list(received[0]) == ["x"] * 20, logs
+    assert received[0].dtype.kind != "S" and host_peak_kb() - before < 40_000
+
+
+@pytest.mark.parametrize("payload", [
+    "{'__type__': 'Decimal', 'data': 'abc'}",
+    "{'__type__': 'timedelta', 'total_seconds': 1e300}",
+    "{'__type__': 'datetime', 'data': 'yesterday'}",
+])
+def test_any_failure_to_rebuild_is_a_host_error_naming_the_tool(pool: pynox.Pool, payload: str) -> None:
+    logs, received = run_direct(pool, payload)
+    assert received == [] and "refused: keep(): a value the code sent could not be read" in logs, logs
+
+
+PAID: list[float] = []
+
+
+@tool
+def pay(amount: int) -> str:
+    """Pay an amount, slowly.
+
+    Args:
+        amount: How much.
+    """
+    time.sleep(0.5)
+    PAID.append(time.monotonic())
+    return "paid"
+
+
+def test_racing_final_answers_reach_the_tool_once_and_the_first_one_wins(pool: pynox.Pool) -> None:
+    answered: list[Any] = []
+
+    @tool
+    def final_answer(answer: Any) -> Any:
+        """Give the final answer.
+
+        Args:
+            answer: The answer.
+        """
+        answered.append(answer)
+        time.sleep(0.05)
+        return answer
+
+    race = ("import threading, pynox_host\ngo = threading.Barrier(8)\ndef answer(i):\n    go.wait()\n    try:\n"
+            "        pynox_host.final_answer([i], {})\n    except BaseException:\n        pass\n"
+            "threads = [threading.Thread(target=answer, args=(i,)) for i in range(8)]\n"
+            "[t.start() for t in threads]\n[t.join() for t in threads]")
+    executor = PynoxExecutor(pool)
+    executor.send_tools({"final_answer": final_answer})
+    try:
+        output = executor(race)
+    finally:
+        executor.cleanup()
+    assert len(answered) == 1 and output.is_final_answer and output.output == answered[0]
+
+
+def test_a_tool_call_in_flight_ends_before_the_step_and_a_left_thread_reaches_no_tool(pool: pynox.Pool) -> None:
+    PAID.clear()
+    executor = PynoxExecutor(pool)
+    executor.send_tools({"pay": pay, "final_answer": keep})
+    try:
+        output = executor("import threading, time\nthreading.Thread(target=lambda: pay(1), daemon=True).start()\n"
+                          "time.sleep(0.1)\nprint('answering')")
+        returned = time.monotonic()
+        assert len(PAID) == 1 and PAID[0] <= returned  # the call begun in the step ended within it
+        # A session keeps its threads: one the last step left behind calls a tool between steps.
+        executor("import threading, time\ndef later():\n    time.sleep(1.0)\n    pay(2)\n"
+                 "threading.Thread(target=later, daemon=True).start()")
+        time.sleep(1.5)
+        assert len(PAID) == 1, "a thread of an ended step reached a tool"
+    finally:
+        executor.cleanup()
+    assert output.logs == "answering\n"

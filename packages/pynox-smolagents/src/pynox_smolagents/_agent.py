@@ -67,7 +67,10 @@ class PynoxCodeAgent(CodeAgent):
     def from_dict(cls, agent_dict: dict[str, Any], **kwargs: Any) -> PynoxCodeAgent:
         """As ``CodeAgent.from_dict`` (and so ``from_folder``), with the saved grants under any ``executor_kwargs``
         given here (``{"pool": pool}`` runs it on that pool, with its saved grants). An agent saved with another
-        executor loads confined by Pynox's defaults."""
+        executor loads confined by Pynox's defaults.
+
+        The saved grants are whatever ``agent.json`` says, as its tools are whatever their files say (smolagents
+        runs them on the host when it loads them): load only folders you trust, or give the grants here."""
         saved = agent_dict.get("executor_kwargs") if agent_dict.get("executor_type") == EXECUTOR_TYPE else None
         kwargs["executor_kwargs"] = {**(saved or {}), **(kwargs.get("executor_kwargs") or {})}
         kwargs["executor_type"] = EXECUTOR_TYPE

@@ -24,9 +24,7 @@ How a step ends:
 from __future__ import annotations
 
 import ast
-import binascii
 import inspect
-import io
 import json
 import logging
 import threading
@@ -40,7 +38,7 @@ import pynox
 
 from . import _values
 from ._settings import saved_grants
-from ._values import NotSerializable, from_json_safe, to_json_safe
+from ._values import NotSerializable, from_json_safe, images_from_png, to_json_safe
 
 __all__ = ["PynoxExecutor"]
 
@@ -156,6 +154,12 @@ class PynoxExecutor(PythonExecutor):
         self._session: pynox.Session | None = None
         self._session_names: frozenset[str] = frozenset()
         self._step_lock = threading.Lock()
+        # The step's host calls run on threads of their own (up to 8 at once): what they may still do is
+        # decided under this condition, which also lets the step wait for the calls in flight.
+        self._calls = threading.Condition()
+        self._in_flight = 0
+        self._answered = False  # a final_answer call has begun: nothing more reaches a tool
+        self._step_over = True  # no step is running: a call now comes from a thread the last step left behind
         self._final: list[Any] = []  # the step's final answer, once recorded
         self._value: list[Any] = []  # the step's trailing expression value, once sent
 
@@ -219,7 +223,12 @@ class PynoxExecutor(PythonExecutor):
             self.step_images = []
             session = self._ready_session()
             del self._final[:], self._value[:]
-            result = session.run(_wrap_trailing_expression(code_action), name=self.name)
+            with self._calls:
+                self._answered, self._step_over = False, False
+            try:
+                result = session.run(_wrap_trailing_expression(code_action), name=self.name)
+            finally:
+                self._end_step_calls()
             logs = _logs(result, self.max_print_outputs_length or DEFAULT_MAX_LEN_OUTPUT)
             self.state["_print_outputs"] = logs
             self.step_images = _images(result)
@@ -248,30 +257,61 @@ class PynoxExecutor(PythonExecutor):
 
     def _record_value(self, sent: Any) -> None:
         # Only the step's last value is kept: a step calling this in a loop holds one value, not all.
-        self._refuse_after_final_answer(STEP_VALUE)
-        self._value[:] = [_read(STEP_VALUE, sent)]
+        value = _read(STEP_VALUE, sent)
+        with self._calls:
+            self._refuse_after_final_answer(STEP_VALUE)
+            self._value[:] = [value]
 
     def _refuse_after_final_answer(self, name: str) -> None:
-        # smolagents' own executor stops at the first final_answer: code that catches the exception
-        # that ends the step (or calls the host function directly) may run on, but reaches no tool.
-        if self._final:
+        """Under ``_calls``. smolagents' own executor stops at the first final_answer: code that catches the
+        exception that ends the step (or calls the host function directly, or from another thread) may run
+        on, but reaches no tool; nor does a thread the step left running."""
+        if self._answered:
             raise pynox.HostError(f"{name}(): this step already gave its final answer; nothing more runs")
+        if self._step_over:
+            raise pynox.HostError(f"{name}(): the step that started this thread is over; nothing more runs")
 
     def _bind_tool(self, name: str) -> Callable[..., Any]:
         def call(args: Any = (), kwargs: Any = None) -> Any:
-            self._refuse_after_final_answer(name)
+            answers = name == "final_answer" and name in self._tools  # the agent's own final_answer tool
+            with self._calls:
+                self._refuse_after_final_answer(name)  # before anything is read; again below, where it counts
             args, kwargs = _read(name, args), _read(name, kwargs or {})
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise pynox.HostError(f"{name}(): call it as a function, {name}(...)")
-            tool = self._tools.get(name) or self._functions[name]
-            value = tool(*args, **kwargs)
-            if name == "final_answer" and name in self._tools:
-                self._final[:] = [value]
-                return None  # the sandbox stops the step; the value needs no trip back
-            return _written(name, value)
+            with self._calls:
+                self._refuse_after_final_answer(name)
+                self._answered = self._answered or answers  # the first final_answer shuts every later call out
+                self._in_flight += 1
+            try:
+                value = (self._tools.get(name) or self._functions[name])(*args, **kwargs)
+                if answers:
+                    self._final[:] = [value]
+                    return None  # the sandbox stops the step; the value needs no trip back
+                return _written(name, value)
+            except BaseException:
+                if answers:  # its checks refused the answer: the step goes on, and may answer again
+                    with self._calls:
+                        self._answered = False
+                raise
+            finally:
+                with self._calls:
+                    self._in_flight -= 1
+                    self._calls.notify_all()
 
         call.__name__ = name
         return call
+
+    def _end_step_calls(self) -> None:
+        """The step's process is gone: refuse its threads' further calls, and wait for those in flight, so
+        that nothing the step started still acts once it returns (as in smolagents' own executor, where a
+        tool call ends before the step does). A tool still running after the step's own time limit is left
+        to finish on its own, its result unused."""
+        with self._calls:
+            self._step_over = True
+            if not self._calls.wait_for(lambda: self._in_flight == 0, timeout=self._grants_checked.grants.timeout):
+                logger.warning("%d tool calls of the step were still running %s s after it ended; their results "
+                               "are not used", self._in_flight, self._grants_checked.grants.timeout)
 
     def _ready_session(self) -> pynox.Session:
         if self._session is None:
@@ -310,7 +350,7 @@ def _read(name: str, sent: Any) -> Any:
     """A value the sandbox sent to ``name``, rebuilt; whatever the sandbox sends, a clear ``HostError`` at worst."""
     try:
         return from_json_safe(sent)
-    except (NotSerializable, KeyError, TypeError, ValueError, OSError, RecursionError, binascii.Error) as exc:
+    except Exception as exc:  # the sandbox wrote it: any failure to rebuild it is the sender's, told as such
         raise pynox.HostError(f"{name}(): a value the code sent could not be read ({type(exc).__name__}: {exc})"
                               ) from None
 
@@ -325,14 +365,14 @@ def _written(name: str, value: Any) -> Any:
 
 
 def _images(result: pynox.Result) -> list[Any]:
+    """The step's figures as PIL images; figures a hostile step forged to be huge in memory are dropped."""
     if not result.images:
         return []
-    from PIL import Image  # with matplotlib, which made the figures: only imported when there are some
-
-    images = [Image.open(io.BytesIO(png), formats=["PNG"]) for png in result.images]
-    for image in images:
-        image.load()
-    return images
+    try:
+        return images_from_png(list(result.images))
+    except Exception as exc:  # the sandbox made these bytes: a figure that cannot be read is not shown
+        logger.warning("a step's figures could not be read and are not shown: %s: %s", type(exc).__name__, exc)
+        return []
 
 
 def _logs(result: pynox.Result, max_length: int) -> str:

@@ -12,12 +12,15 @@ It runs on both sides: imported on the host, and its source executed in each
 session's process (so it imports only the standard library at the top, and
 numpy, pandas or PIL only when a value of theirs is met). Reading is the
 host's guard against whatever the sandboxed code sends: it builds only the
-types above, an image only from PNG bytes, an array only of plain dtypes.
+types above, an image only from PNG bytes, arrays and columns only of plain
+dtypes, and nothing whose size in memory would exceed a budget (a few bytes
+of JSON can ask for gigabytes: a string dtype's width, a PNG's dimensions).
 """
 
 from __future__ import annotations
 
 import base64
+import contextvars
 import dataclasses
 import datetime
 import decimal
@@ -28,6 +31,13 @@ from typing import Any
 
 # numpy dtype kinds an array may be rebuilt with: bool, integers, floats, complex, strings, dates, durations.
 ARRAY_KINDS = frozenset("biufcUSMm")
+# Bytes one value may take once rebuilt: its images' pixels and its arrays' items together.
+MAX_REBUILT_BYTES = 64 << 20
+# pandas dtypes a column may be rebuilt with, beyond numpy's plain kinds (bool, numbers, dates, durations):
+# each holds its values as they came, so it takes no more memory than they do.
+COLUMN_DTYPES = frozenset({"object", "str", "string", "category", "boolean", "Int8", "Int16", "Int32", "Int64",
+                           "UInt8", "UInt16", "UInt32", "UInt64", "Float32", "Float64"})
+_budget: contextvars.ContextVar[list[int]] = contextvars.ContextVar("pynox_values_budget")
 
 
 class NotSerializable(TypeError):
@@ -79,18 +89,34 @@ def to_json_safe(obj: Any) -> Any:
     raise NotSerializable(f"a {kind.__name__} cannot cross the sandbox boundary")
 
 
-def from_json_safe(obj: Any) -> Any:
-    """The value :func:`to_json_safe` wrote (a dataclass comes back as a dict naming its class, as in smolagents)."""
+def from_json_safe(obj: Any, max_bytes: int = MAX_REBUILT_BYTES) -> Any:
+    """The value :func:`to_json_safe` wrote (a dataclass comes back as a dict naming its class, as in smolagents);
+    its arrays and images may take ``max_bytes`` at most, or :class:`NotSerializable` is raised before they exist."""
+    token = _budget.set([max_bytes, max_bytes])
+    try:
+        return _read(obj)
+    finally:
+        _budget.reset(token)
+
+
+def _spend(size: int, what: str) -> None:
+    budget = _budget.get()  # [remaining, limit]
+    if size > budget[0]:
+        raise NotSerializable(f"{what} would take {size} bytes in memory, over the {budget[1]}-byte limit of a value")
+    budget[0] -= size
+
+
+def _read(obj: Any) -> Any:
     if isinstance(obj, list):
-        return [from_json_safe(item) for item in obj]
+        return [_read(item) for item in obj]
     if not isinstance(obj, dict):
         return obj
     kind = obj.get("__type__")
     if not isinstance(kind, str):
-        return {key: from_json_safe(value) for key, value in obj.items()}
+        return {key: _read(value) for key, value in obj.items()}
     reader = _READERS.get(kind)
     if reader is None:  # as smolagents: a marker it does not know is an ordinary dict
-        return {key: from_json_safe(value) for key, value in obj.items()}
+        return {key: _read(value) for key, value in obj.items()}
     return reader(obj)
 
 
@@ -158,7 +184,7 @@ def _read_items(obj: dict[str, Any]) -> list[Any]:
     data = obj["data"]
     if not isinstance(data, list):
         raise NotSerializable(f"a {obj['__type__']} needs a list of items")
-    return [from_json_safe(item) for item in data]
+    return [_read(item) for item in data]
 
 
 def _read_float(obj: dict[str, Any]) -> float:
@@ -168,7 +194,7 @@ def _read_float(obj: dict[str, Any]) -> float:
 
 
 def _read_complex_keys(obj: dict[str, Any]) -> dict[Any, Any]:
-    return {from_json_safe(key): from_json_safe(value) for key, value in obj["data"]}
+    return {_read(key): _read(value) for key, value in obj["data"]}
 
 
 def _read_array(obj: dict[str, Any]) -> Any:
@@ -177,38 +203,70 @@ def _read_array(obj: dict[str, Any]) -> Any:
     dtype = numpy.dtype(str(obj["dtype"]))
     if dtype.kind not in ARRAY_KINDS:
         raise NotSerializable(f"a numpy array of dtype {dtype} cannot cross the sandbox boundary")
-    # A string dtype's width is taken from the data, never from the marker: "<U999999999" would be a
-    # gigabytes-per-item allocation the sender asked the host for.
-    array = numpy.array(from_json_safe(obj["data"]), dtype=dtype.kind if dtype.kind in "US" else dtype)
+    data = _read(obj["data"])
+    # A string dtype's width is taken from the data, never from the marker ("<U999999999" asks gigabytes per
+    # item), and numpy gives every item the longest one's: that size is checked before it is allocated.
+    items, widest = _extent(data)
+    per_item = dtype.itemsize if dtype.kind not in "US" else widest * (4 if dtype.kind == "U" else 1)
+    _spend(items * max(per_item, 1), "this array")
+    array = numpy.array(data, dtype=dtype.kind if dtype.kind in "US" else dtype)
     shape = obj.get("shape")
     return array.reshape(shape) if isinstance(shape, list) else array
+
+
+def _extent(data: Any) -> tuple[int, int]:
+    """How many leaves nested lists hold, and the length of the longest (a string's, or 1)."""
+    items, widest, pending = 0, 0, [data]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(value)
+            continue
+        items += 1
+        widest = max(widest, len(value) if isinstance(value, (str, bytes)) else 1)
+    return items, widest
 
 
 def _read_index(obj: Any) -> Any:
     import pandas
 
-    values = [from_json_safe(value) for value in obj["values"]]
-    names = [from_json_safe(name) for name in obj["names"]]
+    values = [_read(value) for value in obj["values"]]
+    names = [_read(name) for name in obj["names"]]
     if len(names) > 1:
         return pandas.MultiIndex.from_tuples([tuple(value) for value in values], names=names)
     return pandas.Index(_read_column(values, obj["dtype"]), name=names[0] if names else None)
 
 
 def _read_column(values: Any, dtype: Any) -> Any:
-    """A Series of ``values`` (already read) in the dtype named, or in the one pandas infers if they do not fit."""
+    """A Series of ``values`` (already read) in the dtype named if it is one of the plain ones (see
+    :data:`COLUMN_DTYPES`) and they fit it, else in the one pandas infers."""
     import pandas
 
     try:
-        return pandas.Series(values, dtype=pandas.api.types.pandas_dtype(str(dtype)))
-    except (TypeError, ValueError, OverflowError):
+        return pandas.Series(values, dtype=_column_dtype(str(dtype)))
+    except Exception:  # any dtype name pandas or numpy would not build from these values
         return pandas.Series(values)
+
+
+def _column_dtype(name: str) -> Any:
+    import numpy
+    import pandas
+
+    if name in COLUMN_DTYPES:
+        return name
+    dtype = pandas.api.types.pandas_dtype(name)  # TypeError for a name it does not know
+    if isinstance(dtype, numpy.dtype) and dtype.kind in "biufcMm":
+        return dtype
+    if isinstance(dtype, pandas.DatetimeTZDtype):  # dates with a time zone: 8 bytes each, as plain dates
+        return dtype
+    raise TypeError(f"dtype {name} is not rebuilt")
 
 
 def _read_frame(obj: dict[str, Any]) -> Any:
     import pandas
 
     columns, index = _read_index(obj["columns"]), _read_index(obj["index"])
-    data = {position: _read_column([from_json_safe(value) for value in values], dtype)
+    data = {position: _read_column([_read(value) for value in values], dtype)
             for position, (values, dtype) in enumerate(zip(obj["data"], obj["dtypes"], strict=True))}
     frame = pandas.DataFrame(data, index=range(len(index)))
     frame.index, frame.columns = index, columns
@@ -216,16 +274,33 @@ def _read_frame(obj: dict[str, Any]) -> Any:
 
 
 def _read_series(obj: dict[str, Any]) -> Any:
-    series = _read_column([from_json_safe(value) for value in obj["data"]], obj["dtype"])
+    series = _read_column([_read(value) for value in obj["data"]], obj["dtype"])
     series.index = _read_index(obj["index"])
-    series.name = from_json_safe(obj["name"])
+    series.name = _read(obj["name"])
     return series
 
 
 def _read_image(obj: dict[str, Any]) -> Any:
+    return _read_png(base64.b64decode(obj["data"], validate=True))
+
+
+def images_from_png(pngs: list[bytes], max_bytes: int = MAX_REBUILT_BYTES) -> list[Any]:
+    """PIL images from PNG files (a step's figures), their pixels within ``max_bytes`` together."""
+    token = _budget.set([max_bytes, max_bytes])
+    try:
+        return [_read_png(png) for png in pngs]
+    finally:
+        _budget.reset(token)
+
+
+def _read_png(data: bytes) -> Any:
+    """A PIL image from PNG bytes, its pixels within the value's budget (checked from the header, before they
+    are decoded: a few kilobytes of PNG can hold a blank image of gigabytes)."""
     from PIL import Image
 
-    image = Image.open(io.BytesIO(base64.b64decode(obj["data"], validate=True)), formats=["PNG"])
+    image = Image.open(io.BytesIO(data), formats=["PNG"])
+    width, height = image.size
+    _spend(width * height * max(len(image.getbands()), 1) * (4 if image.mode in ("I", "F") else 1), "this image")
     image.load()  # a broken PNG fails here, not later in the caller's hands
     return image
 
@@ -235,7 +310,7 @@ def _read_dataclass(obj: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(fields, dict):
         raise NotSerializable("a dataclass needs a dict of fields")
     return {"__dataclass__": str(obj["class_name"]), "__module__": str(obj["module"]),
-            **{str(name): from_json_safe(value) for name, value in fields.items()}}
+            **{str(name): _read(value) for name, value in fields.items()}}
 
 
 _READERS = {

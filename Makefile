@@ -1,4 +1,4 @@
-# `make wheel`: every distribution of the workspace as a wheel in dist/ (the core and the four adapters).
+# `make wheel`: every distribution of the workspace as a wheel in dist/ (the core, the four adapters and pynox-ray).
 # `pip install --find-links dist pynox-pydantic-ai` then installs from those files, and the frameworks
 # from the package index. tests/test_wheels.py does exactly that in a fresh environment.
 PYTHON ?= python3

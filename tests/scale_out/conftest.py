@@ -9,12 +9,15 @@ the suite, none may be left (templates and jobs are children of those pools and 
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.pool.pool_driver import descendants, reap_adopted_zombies
 
 MARK = "PYNOX_RAY_TEST_RUN"
 _LEFTOVER_DEADLINE = 30.0  # seconds for a killed node's pool to drain its accepted jobs and exit
@@ -46,6 +49,9 @@ def cluster() -> Iterator[object]:
     import ray
     from ray.cluster_utils import Cluster
 
+    # The test process is the subreaper of all it starts: Ray's daemons (GCS, raylets, their agents) are
+    # re-parented to it, and must be gone before the next suite counts its own processes.
+    before = set(descendants(os.getpid()))
     started = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         started.add_node(num_cpus=1)
@@ -57,9 +63,22 @@ def cluster() -> Iterator[object]:
         started.shutdown()
         del os.environ[MARK]
     deadline = time.monotonic() + _LEFTOVER_DEADLINE
-    while (left := marked_processes(mark)) and time.monotonic() < deadline:
+    while ((left := marked_processes(mark)) or _started_since(before)) and time.monotonic() < deadline:
+        reap_adopted_zombies()
         time.sleep(0.2)
-    assert not left, f"processes of the test cluster outlived it: {left}"
+    stragglers = _started_since(before)
+    for pid in stragglers:  # not to disturb the suites after this one, whatever the assertion below says
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.2)
+    reap_adopted_zombies()
+    assert not left and not stragglers, f"processes of the test cluster outlived it: {left or stragglers}"
+
+
+def _started_since(before: set[int]) -> list[int]:
+    return sorted(set(descendants(os.getpid())) - before)
 
 
 @pytest.fixture(scope="package")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scale-out.md"
-_BLOCK = re.compile(r"^<!-- run-by: tests/ray/test_ray_docs.py -->\n```python\n(?P<body>.*?)^```", re.M | re.S)
+_BLOCK = re.compile(r"^<!-- run-by: tests/scale_out/test_ray_docs.py -->\n```python\n(?P<body>.*?)^```", re.M | re.S)
 
 
 def test_the_scale_out_example_runs_on_the_cluster(cluster: object, tmp_path: Path) -> None:

@@ -10,9 +10,17 @@ would. For each case it reports the median (p50) and p99 over many runs:
   plain pool job;
 * throughput of trivial jobs with 2 workers, pipelined;
 * cancel to free: with one worker busy on a long job, the time from sending ``{"cancel": ...}`` to
-  the result of a trivial job sent right after it (beside that trivial job alone).
+  the result of a trivial job sent right after it (beside that trivial job alone);
+* in-process baselines a framework user compares with: smolagents' ``LocalPythonExecutor`` (unconfined, in
+  this process) on ``print(1)`` and on the pandas snippet, and pydantic-monty running ``print(1)``.
 
-    python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT]
+Each baseline's ratio to the pool case it stands beside is reported under ``ratios``.
+
+``--scaling`` adds the scaling tables: throughput and ``print(1)`` latency with 1, 2, 4 and 8 workers; steps
+per second and memory with 1, 10 and 100 concurrent sessions; and the p50 as the code and its output grow
+(1 KB, 100 KB, 1 MB).
+
+    python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT] [--scaling]
 
 ``--compare`` names another checkout of this repository (for example a ``git worktree`` of the
 previous main): its ``print(1)`` cases run in the same process, interleaved round by round with this
@@ -42,8 +50,10 @@ class PoolDriver:
         env = dict(os.environ)
         if source is not None:  # another checkout's pynox, ahead of the installed one
             env["PYTHONPATH"] = os.path.join(source, "packages", "pynox-core", "src")
+        # Buffered: unbuffered, readline() would read the result one byte (one system call) at a time, and
+        # the bench would time its own reading (a 1 MB output took a second that way).
         self.proc = subprocess.Popen([sys.executable, "-m", "pynox", "pool", *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0, env=env)
+                                     stdout=subprocess.PIPE, env=env)
         self.stdin = self.proc.stdin
         self.stdout = self.proc.stdout
         assert self.stdin is not None and self.stdout is not None
@@ -55,12 +65,12 @@ class PoolDriver:
                 on_call: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
         self.ids += 1
         assert self.stdin is not None and self.stdout is not None
-        self.stdin.write(json.dumps({"id": self.ids, **message}).encode() + b"\n")
+        self.send(json.dumps({"id": self.ids, **message}).encode() + b"\n")
         while True:
             reply = json.loads(self.stdout.readline())
             if reply.get("event") == "call" and on_call is not None:
-                self.stdin.write(json.dumps({"reply": {"call_id": reply["call_id"],
-                                                       "result": on_call(reply)}}).encode() + b"\n")
+                self.send(json.dumps({"reply": {"call_id": reply["call_id"],
+                                                "result": on_call(reply)}}).encode() + b"\n")
                 continue
             if reply.get("id") == self.ids:
                 return reply
@@ -70,7 +80,7 @@ class PoolDriver:
         assert self.stdin is not None and self.stdout is not None
         lines = b"".join(json.dumps({"id": f"b{i}", "code": code}).encode() + b"\n" for i in range(count))
         start = time.perf_counter()
-        writer = __import__("threading").Thread(target=self.stdin.write, args=(lines,))
+        writer = __import__("threading").Thread(target=self.send, args=(lines,))
         writer.start()
         for _ in range(count):
             reply = json.loads(self.stdout.readline())
@@ -84,11 +94,11 @@ class PoolDriver:
         assert self.stdin is not None and self.stdout is not None
         self.ids += 1
         slow, job = f"slow{self.ids}", f"next{self.ids}"
-        self.stdin.write(json.dumps({"id": slow, "code": "import time\ntime.sleep(30)"}).encode() + b"\n")
+        self.send(json.dumps({"id": slow, "code": "import time\ntime.sleep(30)"}).encode() + b"\n")
         time.sleep(0.05)  # it is running by now
         start = time.perf_counter()
-        self.stdin.write(json.dumps({"id": f"c{self.ids}", "cancel": slow}).encode() + b"\n"
-                         + json.dumps({"id": job, "code": "pass"}).encode() + b"\n")
+        self.send(json.dumps({"id": f"c{self.ids}", "cancel": slow}).encode() + b"\n"
+                  + json.dumps({"id": job, "code": "pass"}).encode() + b"\n")
         while True:
             reply = json.loads(self.stdout.readline())
             if reply.get("id") == slow:
@@ -96,6 +106,11 @@ class PoolDriver:
             if reply.get("id") == job:
                 assert reply["exit"] == 0, reply
                 return time.perf_counter() - start
+
+    def send(self, data: bytes) -> None:
+        assert self.stdin is not None
+        self.stdin.write(data)
+        self.stdin.flush()
 
     def close(self) -> None:
         assert self.stdin is not None
@@ -149,6 +164,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--compare", metavar="CHECKOUT", help="another checkout to measure print(1) against")
+    parser.add_argument("--scaling", action="store_true", help="also measure the scaling tables (minutes)")
     args = parser.parse_args()
     runs, results = args.runs, {}
     if args.compare:
@@ -197,6 +213,13 @@ def main() -> int:
             lambda: subprocess.run([sys.executable, "-c", PANDAS_CODE], check=True, capture_output=True),
             max(runs // 20, 10), warmup=1))
 
+    results.update(in_process_baselines(runs))
+    if args.scaling:
+        results.update(scaling(runs))
+    results["ratios"] = ratios(results)
+    results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                          "load_average_after": [round(load, 2) for load in os.getloadavg()]}
+
     width = max(map(len, results))
     print(f"{'case':<{width}}  figures   (cpus: {os.cpu_count()}, python {sys.version.split()[0]})")
     for name, figures in results.items():
@@ -205,6 +228,102 @@ def main() -> int:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=2)
     return 0
+
+
+def in_process_baselines(runs: int) -> dict[str, dict[str, float]]:
+    """What a framework user would compare the pool with: code run in this very process, unconfined."""
+    results: dict[str, dict[str, float]] = {}
+    try:
+        from smolagents.local_python_executor import LocalPythonExecutor
+    except ImportError:
+        print("smolagents not installed: skipping its baseline", file=sys.stderr)
+    else:
+        local = LocalPythonExecutor(additional_authorized_imports=["pandas"])
+        local.send_tools({})
+        results["smolagents LocalPythonExecutor print(1)"] = summary(timed(lambda: local("print(1)"), runs))
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            results["smolagents LocalPythonExecutor pandas op"] = summary(timed(lambda: local(PANDAS_CODE), runs))
+    try:
+        import pydantic_monty
+    except ImportError:
+        print("pydantic-monty not installed: skipping its baseline", file=sys.stderr)
+    else:
+        with pydantic_monty.Monty() as monty, monty.checkout(script_name="bench.py") as session:
+            results["pydantic-monty print(1)"] = summary(timed(
+                lambda: session.feed_run("print(1)", print_callback=lambda *_: None), runs))
+    return results
+
+
+# Each baseline beside the pool case it is compared with: the ratio is baseline p50 / pool p50.
+RATIO_PAIRS = {
+    "subprocess python -c print(1)": "pool print(1), 20 ms apart",
+    "cold python -c 'import pandas; ...'": "pool pandas op (preloaded), 20 ms apart",
+    "smolagents LocalPythonExecutor print(1)": "pool print(1), 20 ms apart",
+    "smolagents LocalPythonExecutor pandas op": "pool pandas op (preloaded), 20 ms apart",
+    "pydantic-monty print(1)": "pool print(1), 20 ms apart",
+}
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float]:
+    return {f"{baseline} / {pool}": round(results[baseline]["p50_ms"] / results[pool]["p50_ms"], 3)
+            for baseline, pool in RATIO_PAIRS.items() if baseline in results and pool in results}
+
+
+def scaling(runs: int) -> dict[str, dict[str, float]]:
+    """The scaling tables of docs/performance.md."""
+    results: dict[str, dict[str, float]] = {}
+    for workers in (1, 2, 4, 8):
+        pool = PoolDriver(f"--workers={workers}")
+        latency = summary(timed(lambda pool=pool: check_ok(pool.request({"code": "print(1)"})), runs // 2,
+                                pause=0.02))
+        count = max(runs * 2, 600)
+        results[f"scaling {workers} workers"] = {**latency, "jobs_per_s": round(count / pool.batch("pass", count)),
+                                                 "server_and_templates_rss_mb": tree_rss_mb(pool.proc.pid)}
+        pool.close()
+    for sessions in (1, 10, 100):
+        pool = PoolDriver("--workers=2", f"--max-sessions={max(sessions, 16)}")
+        names = [f"s{index}" for index in range(sessions)]
+        for name in names:
+            check_ok(pool.request({"session": name, "code": "x = 0"}))
+        steps = max(runs, 200)
+        start = time.perf_counter()
+        for step in range(steps):
+            check_ok(pool.request({"session": names[step % sessions], "code": "x += 1"}))
+        elapsed = time.perf_counter() - start
+        total = tree_rss_mb(pool.proc.pid)
+        results[f"scaling {sessions} sessions"] = {"steps_per_s": round(steps / elapsed), "total_rss_mb": total,
+                                                    "per_session_mb": round(total / sessions, 2)}
+        pool.close()
+    pool = PoolDriver("--workers=1")
+    # Decimal sizes: a request line is capped at 1 MiB, and so is a job's output by default.
+    for label, size in (("1 KB", 1_000), ("100 KB", 100_000), ("1 MB", 1_000_000)):
+        padding = "#" * (size - 40)  # a comment: code of this size that still runs in no time
+        results[f"scaling code {label}"] = summary(timed(
+            lambda code=f"print(1)\n{padding}": check_ok(pool.request({"code": code})), max(runs // 4, 30)))
+        results[f"scaling output {label}"] = summary(timed(
+            lambda code=f"print('x' * {size})": check_ok(pool.request({"code": code})), max(runs // 4, 30)))
+    pool.close()
+    return results
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and all its descendants (proportional set size, so shared pages count once)."""
+    total_kb, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/smaps_rollup") as rollup:
+                total_kb += next(int(line.split()[1]) for line in rollup if line.startswith("Pss:"))
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    pending += [int(child) for child in children.read().split()]
+        except (OSError, StopIteration):
+            continue
+    return round(total_kb / 1024, 1)
 
 
 if __name__ == "__main__":

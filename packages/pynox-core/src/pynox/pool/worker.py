@@ -301,7 +301,9 @@ class Template:
         capture = Capture(reads, outcome, max_output)
         job_calls = calls(channel) if calls is not None and channel is not None else None
         try:
-            with selectors.DefaultSelector() as sel:
+            # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
+            # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
+            with selectors.PollSelector() as sel:
                 serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9))
                 self._loop(serving)
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -43,3 +44,16 @@ def _collect_garbage_per_module() -> Iterator[None]:
     # here so the warning fails the module that leaked it, not whichever test runs next.
     yield
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _no_default_pool_left() -> Iterator[None]:
+    # Pynox's process-wide default pool lives until the interpreter exits: started by a test in this
+    # process, it would outlive it and fail every later test that counts the processes below this one.
+    # A test that means to use it runs its program in a subprocess, as a user's program would.
+    yield
+    client = sys.modules.get("pynox.client")
+    if client is not None and client._default is not None:
+        client._close_default()
+        pytest.fail("this test started Pynox's default pool in the test process (a tool or pool built with "
+                    "no pool); run that program in a subprocess, or pass the test's pool", pytrace=False)

@@ -9,6 +9,8 @@ that a file outside the grant was not read (with the granted file read, as the c
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from smolagents.models import MODEL_REGISTRY
 
 import pynox
 from pynox_smolagents import PynoxCodeAgent, PynoxExecutor, PynoxTool, python_tool
-from tests.adapters.test_smolagents import QUIET, ScriptedModel, action_steps
+from tests.adapters.test_smolagents import QUIET, ROOT, ScriptedModel, action_steps
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -196,19 +198,37 @@ def test_the_tool_saves_as_code_that_rebuilds_it_with_its_grants(pool: pynox.Poo
         made.code_tool.close()
 
 
+# Loading happens in a program of its own, as a user's would: the loaded tool runs on Pynox's default pool
+# (smolagents' loader passes no arguments to tools), which lives as long as its process.
+LOAD_AND_RUN = """
+import json, sys
+from smolagents import ToolCallingAgent
+from smolagents.models import MODEL_REGISTRY
+from pynox_smolagents import PynoxTool
+from tests.adapters import test_smolagents_saving as saving
+
+MODEL_REGISTRY[saving.ReloadedModel.__name__] = saving.ReloadedModel
+saving.NEXT_REPLIES.append([{"name": "run_python", "args": {"code": f"print(open({sys.argv[2]!r}).read())"}},
+                            {"name": "final_answer", "args": {"answer": "tried"}}])
+loaded = ToolCallingAgent.from_folder(sys.argv[1], verbosity_level=saving.QUIET)
+answer = loaded.run("read the secret")
+step = saving.action_steps(loaded)[0]
+print(json.dumps({"tool": type(loaded.tools["run_python"]).__name__, "answer": answer, "error": str(step.error)}))
+"""
+
+
 def test_a_tool_calling_agent_with_the_tool_saves_and_loads(
         pool: pynox.Pool, files: tuple[Path, Path], tmp_path: Path) -> None:
     data, secret = files
     agent = ToolCallingAgent(tools=[python_tool(pool, allow_read=[data])], model=ReloadedModel([]),
                              verbosity_level=QUIET)
     agent.save(tmp_path / "saved")
-    NEXT_REPLIES.append([{"name": "run_python", "args": {"code": f"print(open({str(secret)!r}).read())"}},
-                         {"name": "final_answer", "args": {"answer": "tried"}}])
-    loaded = ToolCallingAgent.from_folder(tmp_path / "saved", verbosity_level=QUIET)
-    assert isinstance(loaded.tools["run_python"], PynoxTool)
-    assert loaded.run("read the secret") == "tried"
-    step = action_steps(loaded)[0]
-    assert step.error is not None and "PermissionError" in str(step.error) and SECRET not in str(step.error)
+    done = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(tmp_path / "saved"), str(secret)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert loaded["tool"] == "SavedRunPython" and loaded["answer"] == "tried"
+    assert "PermissionError" in loaded["error"] and SECRET not in loaded["error"]
 
 
 def test_a_tool_with_host_functions_or_env_refuses_to_save(pool: pynox.Pool) -> None:

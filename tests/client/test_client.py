@@ -316,3 +316,20 @@ def test_pool_ready_is_the_line_the_pool_wrote(tmp_path: Path) -> None:
         assert pool.ready == {"event": "ready", "workers": 1, "runtime": "pynox", "preloaded_modules": [],
                               "newer_field": 5}
         pool.close(timeout=1)
+
+
+def test_relative_grants_resolve_where_the_pool_runs_whatever_the_caller_does_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool describes, and the pool grants, the same directory: the pool's, fixed when it started. Before,
+    a caller that changed directory got a description naming its new one, while the pool granted the old."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    for base in (home, elsewhere):
+        (base / "data").mkdir(parents=True)
+        (base / "data" / "orders.csv").write_text(f"{base.name}\n")
+    monkeypatch.chdir(home)
+    with Pool(workers=1) as own:
+        monkeypatch.chdir(elsewhere)
+        run_python = own.tool(allow_read=["data"])
+        assert f"Read files: {home / 'data'} " in (run_python.__doc__ or "")
+        assert run_python("print(open('data/orders.csv').read())").strip() == "home"
+        assert own.cwd == str(home)

@@ -321,3 +321,61 @@ def test_a_closed_pool_refuses_runs(cluster: object) -> None:
     pool.close()
     with pytest.raises(PoolError, match="this pool is closed"):
         pool.run("print(1)")
+
+
+# -- found by review ---------------------------------------------------------------------------------------------
+
+GCS_HANDSHAKE = """
+import socket
+s = socket.create_connection(({host!r}, {port}), timeout=5)
+s.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n" + bytes.fromhex("000000040000000000"))
+print("answered", s.recv(9)[3])
+open({marker!r}, "w").write("ran")
+"""
+
+
+def test_the_network_grant_is_refused_unless_the_operator_allows_it(cluster: object, out: Path) -> None:
+    """A job with the network reaches the cluster's own unauthenticated services (the GCS answers it): a
+    RayPool grants it only when made with network_grants=True."""
+    host, port = ray._private.worker.global_worker.node.gcs_address.rsplit(":", 1)
+    marker = out / "network-job-ran"
+    code = GCS_HANDSHAKE.format(host=host, port=int(port), marker=str(marker))
+    with RayPool(workers=1, nodes=1) as pool:
+        with pytest.raises(RequestError, match=r"network_grants=True"):
+            pool.run(code, allow_network=True, allow_write=[str(out)])
+        with pytest.raises(RequestError, match=r"network_grants=True"):
+            pool.session(allow_network=True)
+        with pytest.raises(RequestError, match=r"network_grants=True"):
+            pool.tool(allow_network=True)
+        assert not marker.exists()
+    with RayPool(workers=1, nodes=1, network_grants=True) as pool:  # the control: the harm is real
+        result = pool.run(code, allow_network=True, allow_write=[str(out)], timeout="20s")
+        assert result.exit == 0 and result.stdout.startswith("answered 4"), result.text  # an HTTP/2 SETTINGS frame
+        assert marker.read_text() == "ran"
+
+
+def test_a_tool_describes_the_paths_the_node_grants(cluster: object, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "orders.csv").write_text("lamp\n")
+    with RayPool(workers=1, nodes=1, cwd=tmp_path) as pool:
+        run_python = pool.tool(allow_read=["data"])
+        assert f"Read files: {tmp_path / 'data'} " in (run_python.__doc__ or "")
+        assert run_python(f"print(open({str(tmp_path / 'data' / 'orders.csv')!r}).read())").strip() == "lamp"
+
+
+def test_bad_options_and_inputs_are_clear_errors(cluster: object) -> None:
+    with pytest.raises(ConfigError, match="nodes must be a count or a list"):
+        RayPool(nodes=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="preload must be a list"):
+        RayPool(preload=None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="network_grants must be True or False"):
+        RayPool(network_grants="yes")  # type: ignore[arg-type]
+    with RayPool(workers=1, nodes=1) as pool:
+        with pytest.raises(RequestError, match="functions must map names to callables"):
+            pool.session(functions=3)  # type: ignore[arg-type]
+        with pytest.raises(RequestError, match="functions must map names to callables"):
+            pool.run("print(1)", functions={"f": 3})  # type: ignore[dict-item]
+        session = pool.session()
+        with pytest.raises(RequestError, match="exactly one of code and script is required"):
+            session.run(None)  # type: ignore[arg-type]
+        session.close()

@@ -108,11 +108,11 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
 class _Process:
     """One running ``pynox pool`` and its reader thread."""
 
-    def __init__(self, command: list[str], on_line: Callable[[Answer], None],
+    def __init__(self, command: list[str], cwd: str, on_line: Callable[[Answer], None],
                  on_bad_line: Callable[[bytes, str], None], on_exit: Callable[[_Process], None]) -> None:
         try:
             self.popen = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, close_fds=True)
+                                          stderr=subprocess.PIPE, close_fds=True, cwd=cwd)
         except OSError as exc:
             raise PoolError(f"cannot start the pool with {command[0]!r} (binary= or $PYNOX_BIN): {exc}") from None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
@@ -293,6 +293,9 @@ class Pool:
         _check_host_errors(host_errors)
         self.host_errors: HostErrors = host_errors
         self.workers = workers
+        # Where relative grants resolve: the pool process runs here, a restarted one too, whatever
+        # directory the caller moves to later (a tool's description resolves them here as well).
+        self.cwd = os.getcwd()
         self.config_path = os.path.abspath(os.fspath(config)) if config is not None else None
         command = [*pool_command(binary), "pool", f"--workers={workers}"]
         if preload:
@@ -328,7 +331,7 @@ class Pool:
             process = self._process
             if process is not None and not process.dead:
                 return process
-            process = _Process(self._command, self._dispatch, self._unreadable, self._process_exited)
+            process = _Process(self._command, self.cwd, self._dispatch, self._unreadable, self._process_exited)
             self._process = process
         try:
             first = process.ready.result(timeout=_READY_TIMEOUT)

@@ -103,11 +103,16 @@ def _effective_request(pool: Pool | None, profile: str | None, grants: Mapping[s
 
     config_path = pool.config_path if pool is not None else default_config_path()
     config = load_config(config_path) if config_path else EMPTY
-    return config.apply(build_request(profile=profile, **grants), os.getcwd())
+    return config.apply(build_request(profile=profile, **grants), _cwd(pool))
 
 
-def _tool_grants(request: Request) -> ToolGrants:
-    cwd = os.getcwd()
+def _cwd(pool: Pool | None) -> str:
+    """Where ``pool`` resolves relative grants (its process's directory; the default pool starts here)."""
+    return pool.cwd if pool is not None else os.getcwd()
+
+
+def _tool_grants(request: Request, pool: Pool | None) -> ToolGrants:
+    cwd = _cwd(pool)
     write = tuple(resolve_path(p, cwd, "allow_write") for p in request.allow_write or ())
     return ToolGrants(
         read=tuple(resolve_path(p, cwd, "allow_read") for p in request.allow_read or ()) + write,
@@ -199,7 +204,7 @@ class CodeTool:
         for name in functions or ():
             if not is_function_name(name):
                 raise PynoxError(f"host function name {name!r} {FUNCTION_RULE}")
-        self.grants: ToolGrants = _tool_grants(_effective_request(pool, profile, grants))
+        self.grants: ToolGrants = _tool_grants(_effective_request(pool, profile, grants), pool)
         preloaded = list(pool.ready.get("preloaded_modules", [])) if pool is not None else []
         self.description: ToolDescription = _describe(self.grants, session=bool(session), functions=functions,
                                                       preloaded=preloaded)

@@ -34,6 +34,15 @@ class NodePool:
     config path resolve on this node (the caller's working directory, by default)."""
 
     def __init__(self, options: PoolOptions, cwd: str) -> None:
+        # An operator who sets PYNOX_CONFIG in a node's environment fixes that node's config: its
+        # [pool.limits] ceiling is then one no caller can swap for a file of its own.
+        operator = os.environ.get("PYNOX_CONFIG")
+        if operator:
+            asked = options.get("config")
+            if asked is not None and os.path.abspath(asked) != os.path.abspath(operator):
+                raise pynox.ConfigError(f"this node's config is fixed by its operator (PYNOX_CONFIG={operator}); "
+                                        f"a RayPool may not name another ({asked})")
+            options = {**options, "config": operator}
         self._options = options
         self._cwd = cwd
         self._pool: pynox.Pool | None = None
@@ -47,7 +56,11 @@ class NodePool:
         async with self._starting:
             if self._pool is None:
                 # The pool (and its templates) inherit this directory: grants resolve on this node's tree.
-                os.chdir(self._cwd)
+                try:
+                    os.chdir(self._cwd)
+                except OSError as exc:
+                    raise pynox.ConfigError(f"cwd {self._cwd!r} cannot be entered on node {self.node_id()}: "
+                                            f"{exc.strerror}") from None
                 # Starting waits for the templates: off the loop, so replies to other runs keep flowing.
                 self._pool = await asyncio.to_thread(pynox.Pool, **self._options)
             return self._pool

@@ -64,7 +64,17 @@ def _check_host_errors(value: object) -> None:
 def _names(value: object, what: str) -> list[str]:
     if isinstance(value, str | os.PathLike):
         raise TypeError(f"{what} must be a list, e.g. {what}=['pandas'], not a single string")
-    return [os.fspath(item) for item in cast(Sequence[PathLike], value)]
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str | os.PathLike) for item in value):
+        raise ConfigError(f"{what} must be a list of names or paths, got {value!r}")
+    return [os.fspath(item) for item in value]
+
+
+def _check_functions(functions: object) -> None:
+    if functions is not None and not (isinstance(functions, Mapping)
+                                      and all(isinstance(name, str) and callable(function)
+                                              for name, function in functions.items())):
+        raise RequestError(f"functions must map names to callables, e.g. functions={{'search': search}}; got "
+                           f"{functions!r}")
 
 
 def _outcome(message: Message) -> Result:
@@ -84,20 +94,29 @@ class RayPool:
     ``cwd`` there (by default the caller's working directory, the same path on every node). This process
     must be connected to Ray (``ray.init()``); if it is not, ``ray.init()`` is called as Ray's own
     libraries do.
+
+    ``network_grants``: whether runs may ask ``allow_network=True``. Off by default: on a Ray node the
+    network reaches the cluster's own services (the GCS, the raylets, the dashboard), which run code for
+    anyone who connects unless the operator set up Ray's authentication or a firewall; a job given the
+    network could run code there, outside its sandbox. Turn it on only for such a cluster.
     """
 
     def __init__(self, workers: int = _DEFAULT_WORKERS, *, nodes: int | Sequence[str] | None = None,
                  preload: Sequence[str] = (), package_dirs: Sequence[PathLike] = (),
                  config: PathLike | None = None, binary: PathLike | None = None, log: str | None = None,
                  max_sessions: int | None = None, session_idle: Units | None = None,
-                 host_errors: HostErrors = "safe", cwd: PathLike | None = None) -> None:
+                 host_errors: HostErrors = "safe", cwd: PathLike | None = None,
+                 network_grants: bool = False) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise ConfigError(f"workers must be an integer, got {workers!r}")
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
         _check_host_errors(host_errors)
+        if not isinstance(network_grants, bool):
+            raise ConfigError(f"network_grants must be True or False, got {network_grants!r}")
         self.workers = workers
         self.host_errors: HostErrors = host_errors
+        self.network_grants = network_grants
         self.cwd = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
         self.config_path = os.path.join(self.cwd, os.fspath(config)) if config is not None else None
         self._options: dict[str, Any] = {
@@ -126,7 +145,7 @@ class RayPool:
             raise PoolError("the Ray cluster has no alive node")
         if nodes is None:
             return alive
-        if isinstance(nodes, bool) or (not isinstance(nodes, int) and isinstance(nodes, str | bytes)):
+        if isinstance(nodes, bool) or not isinstance(nodes, int | list | tuple):
             raise ConfigError(f"nodes must be a count or a list of Ray node IDs, got {nodes!r}")
         if isinstance(nodes, int):
             if not 1 <= nodes <= len(alive):
@@ -234,8 +253,16 @@ class RayPool:
             raise PoolError(f"{node.describe()} failed the run: {exc}") from None
         raise PoolError(f"{node.describe()} ended the run without its result")
 
+    def _check_network(self, grants: Mapping[str, Any]) -> None:
+        if grants.get("allow_network") and not self.network_grants:
+            raise RequestError("allow_network: this RayPool does not grant the network (RayPool(network_grants="
+                               "True) does): on a Ray node it reaches the cluster's own services, which run code "
+                               "for anyone who connects unless Ray's authentication or a firewall stops them")
+
     def _work(self, code: str | None, functions: Mapping[str, HostFunction] | None, host_errors: HostErrors | None,
               return_value: bool, grants: dict[str, Any]) -> Work:
+        self._check_network(grants)
+        _check_functions(functions)
         if host_errors is not None:
             _check_host_errors(host_errors)
         return Work(key=self._key(), code=code, functions=tuple(functions or ()), host_errors=host_errors,
@@ -276,6 +303,8 @@ class RayPool:
         # CodeTool uses only what a Pool and a RayPool share: run, arun, session, config_path, ready.
         code_tool = CodeTool(cast(pynox.Pool, self), profile=profile, session=session, functions=functions,
                              host_errors=host_errors, **grants)
+        if code_tool.grants.network:  # asked here or by the profile: refused now, not at the model's first call
+            self._check_network({"allow_network": True})
 
         def run_python(code: str) -> str:
             return code_tool.text(code)
@@ -388,6 +417,8 @@ class RaySession:
                  host_errors: HostErrors | None = None) -> None:
         if "script" in grants:
             raise RequestError("sessions take inline code, not script")
+        pool._check_network(grants)
+        _check_functions(functions)
         if host_errors is not None:
             _check_host_errors(host_errors)
         self.pool = pool
@@ -412,7 +443,11 @@ class RaySession:
         node = self._node
         return node.node_id if node is not None else None
 
-    def _step_functions(self, functions: Mapping[str, HostFunction] | None) -> Mapping[str, HostFunction]:
+    def _step_functions(self, code: object, functions: Mapping[str, HostFunction] | None
+                        ) -> Mapping[str, HostFunction]:
+        if code is None:  # as a local session's request is refused
+            raise RequestError("exactly one of code and script is required")
+        _check_functions(functions)
         if functions is None:
             return self.functions
         unknown = sorted(set(functions) - set(self.functions))
@@ -442,7 +477,7 @@ class RaySession:
     def run(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
             timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,
             functions: Mapping[str, HostFunction] | None = None) -> Result:
-        callables = self._step_functions(functions)
+        callables = self._step_functions(code, functions)
         with self.pool._running():
             node, work = self._prepare(code, _step(name=name, args=args, timeout=timeout, max_output=max_output),
                                        return_value)
@@ -452,7 +487,7 @@ class RaySession:
     async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
                    timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,
                    functions: Mapping[str, HostFunction] | None = None) -> Result:
-        callables = self._step_functions(functions)
+        callables = self._step_functions(code, functions)
         with self.pool._running():
             node, work = self._prepare(code, _step(name=name, args=args, timeout=timeout, max_output=max_output),
                                        return_value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,20 @@ def test_sessions_are_pinned_to_the_node_with_fewest() -> None:
     assert first is not second
     nodes.unpin(first)
     assert nodes.pin() is first
+
+
+def test_an_operators_pynox_config_on_a_node_cannot_be_swapped_by_the_caller(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The node actor's rule, without a cluster: PYNOX_CONFIG in the node's environment is its config."""
+    from pynox import ConfigError
+    from pynox_ray.node import NodePool
+
+    operator = tmp_path / "operator.toml"
+    monkeypatch.setenv("PYNOX_CONFIG", str(operator))
+    with pytest.raises(ConfigError, match="fixed by its operator"):
+        NodePool({"config": str(tmp_path / "mine.toml")}, str(tmp_path))
+    assert NodePool({"config": None}, str(tmp_path))._options["config"] == str(operator)
+    assert NodePool({"config": str(operator)}, str(tmp_path))._options["config"] == str(operator)
+    monkeypatch.delenv("PYNOX_CONFIG")
+    assert NodePool({"config": str(tmp_path / "mine.toml")}, str(tmp_path))._options["config"] == \
+        str(tmp_path / "mine.toml")  # the control: with no operator's file, the caller's is used

@@ -26,21 +26,9 @@ import sys
 import time
 from typing import Any
 
-from latency import PoolDriver  # type: ignore[import-not-found]  # run as a script from bench/
+from latency import PoolDriver, children_of  # type: ignore[import-not-found]  # run as a script from bench/
 
 PERF_EVENTS = "task-clock,page-faults,context-switches"
-
-
-def children_of(pid: int) -> list[int]:
-    """Children of every thread of ``pid`` (a worker thread, not the main one, starts the template)."""
-    children: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as listing:
-                children += [int(child) for child in listing.read().split()]
-        except OSError:
-            pass
-    return children
 
 
 def name_of(pid: int) -> str:

@@ -310,6 +310,18 @@ def scaling(runs: int) -> dict[str, dict[str, float]]:
     return results
 
 
+def children_of(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (a worker thread, not the main one, starts the template)."""
+    children: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                children += [int(child) for child in listing.read().split()]
+        except OSError:
+            pass
+    return children
+
+
 def tree_rss_mb(pid: int) -> float:
     """Resident memory of ``pid`` and all its descendants (proportional set size, so shared pages count once)."""
     total_kb, pending = 0, [pid]
@@ -318,9 +330,7 @@ def tree_rss_mb(pid: int) -> float:
         try:
             with open(f"/proc/{current}/smaps_rollup") as rollup:
                 total_kb += next(int(line.split()[1]) for line in rollup if line.startswith("Pss:"))
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    pending += [int(child) for child in children.read().split()]
+            pending += children_of(current)
         except (OSError, StopIteration):
             continue
     return round(total_kb / 1024, 1)

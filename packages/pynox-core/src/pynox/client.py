@@ -36,7 +36,7 @@ import msgspec
 
 from .defaults import DEFAULT_WORKERS
 from .errors import START_ERRORS, ConfigError, PoolError, RequestError
-from .host_functions import HostErrors, answer_call
+from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .protocol import (
     Answer,
     CallEvent,
@@ -245,35 +245,6 @@ class _Pending:
         self.loop = loop
 
 
-class _HostLoop:
-    """An event loop of the client's own, on a thread, for async host functions of a run made without one
-    (``run`` from a thread): started on first use."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._run, args=(self._loop,), name="pynox-host-loop", daemon=True).start()
-            return self._loop
-
-    @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
-
-    def close(self) -> None:
-        with self._lock:
-            loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
-
-
 class Pool:
     """A ``pynox pool`` process: warm templates, one confined child per run.
 
@@ -319,7 +290,7 @@ class Pool:
         self._process: _Process | None = None
         self._closed = False
         self._implicit_timeout: float | None = None
-        self._host_loop = _HostLoop()
+        self._host_loop = HostLoop()
         self.ready: dict[str, Any] = {}
         self._ensure_process()
 
@@ -434,16 +405,8 @@ class Pool:
         if pending is None:
             return  # its job has ended (its result came first): the call must not start in the host
         function = pending.functions.get(event.function) if pending.functions else None
-        loop = pending.loop or self._host_loop.get()
-
-        def run_awaitable(awaitable: Any) -> Any:
-            async def wait() -> Any:
-                return await awaitable
-
-            return asyncio.run_coroutine_threadsafe(wait(), loop).result()
-
         answer = answer_call(event.function, function, event.args, event.kwargs, host_errors=pending.host_errors,
-                             run_awaitable=run_awaitable)
+                             run_awaitable=awaiting_on(pending.loop or self._host_loop.get))
         reply = ReplyBody(call_id=event.call_id, **answer)
         process = self._process
         if process is not None:
@@ -654,15 +617,7 @@ class Session:
         return result
 
     def _step_functions(self, functions: Mapping[str, HostFunction] | None) -> Mapping[str, HostFunction]:
-        """The callables of one step: the session's, or others under the same names (a framework's
-        context bound for this call, say); the names were fixed when the session started."""
-        if functions is None:
-            return self.functions
-        unknown = sorted(set(functions) - set(self.functions))
-        if unknown:
-            raise RequestError(f"a session's host functions are fixed when it starts; not among them: "
-                               f"{', '.join(unknown)}")
-        return {**self.functions, **functions}
+        return step_functions(self.functions, functions)
 
     def run(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
             timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,

@@ -23,23 +23,82 @@ outside. So a call from a job is treated as a tool call from a model:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
+import threading
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import msgspec
 
-from .errors import HostError
+from .errors import HostError, RequestError
 from .pool.host_module import MAX_PAYLOAD
 from .pool.host_values import NotPlainJSON, check_plain_json
 
-__all__ = ["HostErrors", "answer_call", "visible_signature"]
+__all__ = ["HostErrors", "HostLoop", "answer_call", "awaiting_on", "step_functions", "visible_signature"]
 
 HostErrors = Literal["safe", "full"]
 HostFunction = Callable[..., Any]
+
+
+class HostLoop:
+    """An event loop on a thread of its own, for the async host functions of runs made without one (``run``
+    from a thread): started on first use."""
+
+    def __init__(self, thread_name: str = "pynox-host-loop") -> None:
+        self._thread_name = thread_name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._run, args=(self._loop,), name=self._thread_name, daemon=True).start()
+            return self._loop
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+
+
+def awaiting_on(loop: asyncio.AbstractEventLoop | Callable[[], asyncio.AbstractEventLoop]) -> Callable[[Any], Any]:
+    """The ``run_awaitable`` of :func:`answer_call`: await on ``loop`` (a loop, or what gives one when first
+    needed: a run's own loop, else a :class:`HostLoop`'s), from this thread, and block here for the value."""
+
+    def run_awaitable(awaitable: Any) -> Any:
+        async def wait() -> Any:
+            return await awaitable
+
+        target = loop if isinstance(loop, asyncio.AbstractEventLoop) else loop()
+        return asyncio.run_coroutine_threadsafe(wait(), target).result()
+
+    return run_awaitable
+
+
+def step_functions(fixed: Mapping[str, HostFunction], given: Mapping[str, HostFunction] | None
+                   ) -> Mapping[str, HostFunction]:
+    """The callables of one session step: the session's (``fixed``), or others under the same names (a
+    framework's context bound for this call, say); the names were fixed when the session started."""
+    if given is None:
+        return fixed
+    unknown = sorted(set(given) - set(fixed))
+    if unknown:
+        raise RequestError(f"a session's host functions are fixed when it starts; not among them: "
+                           f"{', '.join(unknown)}")
+    return {**fixed, **given}
 _MAX_MESSAGE = 10_000  # characters of an error message sent to the job
 _log = logging.getLogger(__name__)
 

@@ -34,10 +34,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import pynox
 from pynox import CodeTool, ConfigError, PoolError, RequestError, Result
 from pynox.exits import WORKER_ERROR_EXIT
-from pynox.host_functions import HostErrors
+from pynox.host_functions import HostErrors, HostLoop, step_functions
+from pynox.model_tool import make_tool
 from pynox.protocol import ErrorInfo, SessionResult, StatsEvent
 
-from .host_calls import HostLoop, answer
+from .host_calls import answer
 from .messages import Finished, HostCall, Message, Raised, Work
 from .node import NodePool
 from .placement import Node, Nodes
@@ -131,7 +132,7 @@ class RayPool:
         self._idle = threading.Condition(self._lock)
         self._active = 0
         self._closed = False
-        self._host_loop = HostLoop()
+        self._host_loop = HostLoop("pynox-ray-host-loop")
         self._ready: dict[str, Any] | None = None
         if not ray.is_initialized():
             ray.init()
@@ -300,19 +301,12 @@ class RayPool:
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
              **grants: Any) -> Callable[[str], str]:
         """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
-        # CodeTool uses only what a Pool and a RayPool share: run, arun, session, config_path, ready.
-        code_tool = CodeTool(cast(pynox.Pool, self), profile=profile, session=session, functions=functions,
-                             host_errors=host_errors, **grants)
+        # CodeTool uses only what a Pool and a RayPool share: run, arun, session, config_path, cwd, ready.
+        run_python = make_tool(cast(pynox.Pool, self), profile=profile, session=session, functions=functions,
+                               grants=grants, host_errors=host_errors)
+        code_tool: CodeTool = run_python.code_tool  # type: ignore[attr-defined]  # make_tool sets it
         if code_tool.grants.network:  # asked here or by the profile: refused now, not at the model's first call
             self._check_network({"allow_network": True})
-
-        def run_python(code: str) -> str:
-            return code_tool.text(code)
-
-        run_python.__doc__ = code_tool.doc
-        run_python.__annotations__ = {"code": str, "return": str}
-        run_python.close = code_tool.close  # type: ignore[attr-defined]
-        run_python.code_tool = code_tool  # type: ignore[attr-defined]
         return run_python
 
     @property
@@ -448,13 +442,7 @@ class RaySession:
         if code is None:  # as a local session's request is refused
             raise RequestError("exactly one of code and script is required")
         _check_functions(functions)
-        if functions is None:
-            return self.functions
-        unknown = sorted(set(functions) - set(self.functions))
-        if unknown:
-            raise RequestError(f"a session's host functions are fixed when it starts; not among them: "
-                               f"{', '.join(unknown)}")
-        return {**self.functions, **functions}
+        return step_functions(self.functions, functions)
 
     def _prepare(self, code: str, step: dict[str, Any], return_value: bool) -> tuple[Node, Work]:
         with self._lock:

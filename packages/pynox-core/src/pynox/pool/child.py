@@ -36,7 +36,6 @@ from .descriptors import (
     CHANNEL,
     CLAIM,
     CONTROL,
-    LISTENER,
     METADATA,
     PAYLOAD,
     REPORT,
@@ -45,6 +44,7 @@ from .descriptors import (
     STDERR,
     STDOUT,
     STEP,
+    handed_to_prepared,
     sent_with_job,
 )
 from .frames import recv_raw
@@ -105,15 +105,17 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
 def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int]) -> NoReturn:
     """A child forked and confined ahead of its job, with the confinement of the job before it.
 
-    The template hands it a job only if that job's confinement is the same and its grants name the
-    same files as ``grants``; the job's own descriptors (outputs, report, payload) arrive on
-    ``control``. Confinement happened before the job existed, so its cost is off the job's critical
-    path, and the payload is read only now: nothing of any earlier job was ever in this process
+    Once confined, it sends its seccomp listener to the server on ``control`` (or nothing, if its setup
+    failed), then waits there. The server hands it a job only if that job's confinement is the same and
+    its grants name the same files as ``grants``; the job's own descriptors (outputs, report, payload)
+    arrive on ``control``. Confinement happened before the job existed, so its cost is off the job's
+    critical path, and the payload is read only now: nothing of any earlier job was ever in this process
     beyond what the template holds. A setup failure is reported to the job it receives.
     """
     setup_error = None
     stage = "start a new session"
     atexit._clear()  # the template's exit hooks are not the job's
+    listener = None
     try:
         set_process_name("pynox-ready")
         os.setsid()
@@ -125,24 +127,28 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
                   (devnull, STDERR), (devnull, REPORT)])
         stage = "apply the policy"
         listener = confine(confinement, runtime, RULESET)
-        if listener != LISTENER:  # out of the way of the job's descriptors, which arrive below
-            os.dup2(listener, LISTENER)
-            os.close(listener)
     except BaseException as exc:  # fail closed: the job this child receives will only hear why
         setup_error = f"could not {stage}: {exc}"
+    control_socket = socket.socket(fileno=CONTROL)
+    try:
+        # The server answers the job's delegated calls with it; no copy stays here for the job's code.
+        socket.send_fds(control_socket, [b"L"], [listener] if listener is not None else [])
+        if listener is not None:
+            os.close(listener)
+    except OSError:
+        os._exit(0)  # discarded already: no job will come
     if setup_error is None:
         _warm_up()
-    control_socket = socket.socket(fileno=CONTROL)
     try:
         _, fds = recv_raw(control_socket)
     except (EOFError, OSError, ValueError):
-        os._exit(0)  # discarded by the template: no job will come
+        os._exit(0)  # discarded: no job will come
     control_socket.close()
     try:
         set_process_name("pynox-job")
     except OSError:
         pass  # a name is for operators; the job runs all the same
-    expected = sent_with_job(confinement.host_channel, session=False)
+    expected = handed_to_prepared(confinement.host_channel)
     if len(fds) != len(expected):
         os._exit(SETUP_FAILED_EXIT)
     for fd, target in zip(fds, expected, strict=True):
@@ -150,11 +156,6 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         os.close(fd)
     if setup_error is not None:
         _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=setup_error))
-    try:
-        _hand_over_listener(LISTENER)
-    except BaseException as exc:
-        _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not hand the metadata listener "
-                                                               f"to the pool: {exc}"))
     try:
         payload = _receive_payload(confinement)
     except BaseException as exc:

@@ -1,25 +1,25 @@
 """Where a job's descriptors live in its child, and the order the server sends them in.
 
 The server sends a job's own descriptors with its confinement (then one per
-granted path); the template passes them on untouched; the child puts each at
-its number. Defined here once, for all three and for the session's steps.
+granted path) to the template, which passes them on untouched, or hands them
+to a child prepared ahead itself; the child puts each at its number. Defined
+here once, for all three and for the session's steps.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "CHANNEL", "CLAIM", "CONTROL", "LISTENER", "METADATA", "PAYLOAD", "REPORT", "RULESET", "STAGING", "STDERR",
-    "STDOUT", "STEP", "sent_with_job",
+    "CHANNEL", "CLAIM", "CONTROL", "METADATA", "PAYLOAD", "REPORT", "RULESET", "STAGING", "STDERR", "STDOUT",
+    "STEP", "handed_to_prepared", "sent_with_job",
 ]
 
 STDOUT, STDERR, REPORT = 1, 2, 3
 CHANNEL = 4  # host-function calls, when the job declares functions
-CONTROL = 5  # session steps, when the job is a session (and, in a prepared child, the template's word)
+CONTROL = 5  # session steps, when the job is a session (in a prepared child: the server's hand-over)
 RULESET = 6  # the Landlock ruleset, closed once enforced
 PAYLOAD = 7  # the job's payload, read once confined
 CLAIM = 8  # one byte: whoever reads it (the child, or the server taking it back) decides if the job runs
 METADATA = 9  # a socket to the pool, which takes the seccomp listener on it (see pool/metadata.py)
-LISTENER = 10  # where a prepared child keeps its listener until its job's descriptors arrive
 STAGING = 16  # above every fixed number
 # What each later step of a session brings: its own outputs and report.
 STEP = (STDOUT, STDERR, REPORT)
@@ -29,3 +29,9 @@ def sent_with_job(host_channel: bool, session: bool) -> tuple[int, ...]:
     """The child's number for each of the job's own descriptors, in the order the server sends them."""
     return (STDOUT, STDERR, REPORT, PAYLOAD, CLAIM, METADATA) + ((CHANNEL,) if host_channel else ()) + (
         (CONTROL,) if session else ())
+
+
+def handed_to_prepared(host_channel: bool) -> tuple[int, ...]:
+    """The same for a job handed to a prepared child: no metadata socket, as the child sent its listener
+    on its control socket when it was confined."""
+    return (STDOUT, STDERR, REPORT, PAYLOAD, CLAIM) + ((CHANNEL,) if host_channel else ())

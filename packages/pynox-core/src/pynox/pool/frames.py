@@ -1,16 +1,17 @@
 """Frames: length-prefixed JSON over a connected unix stream socket, one 4-byte big-endian length each.
 
 Between the pool server and a template, descriptors travel with a frame as ``SCM_RIGHTS`` attached to its 4-byte
-header, so they arrive with the first byte of the frame. A job is one
-:class:`~pynox.job.Confinement` frame; its descriptors are the job's own
-(stdout, stderr, report, payload, claim, then the host channel and the
-session's control channel when it has them), then one per granted path. A template is trusted
-code, but a template that broke (killed, out of memory) can still send a short
-or oversized frame: every read is bounded and a bad frame is an ``EOFError``
-or ``ValueError``, which makes the server replace the template.
+header, so they arrive with the first byte of the frame. A job is one :class:`Fork` frame; its descriptors
+are the job's own (stdout, stderr, report, payload, claim, metadata, then the host channel and the
+session's control channel when it has them), then one per granted path. Every child a template forks has a
+serial number: it is announced once (:class:`Started` for a job, :class:`Prepared` for a child confined
+ahead of its job) and ends once (:class:`Ended`). A template is trusted code, but a template that broke
+(killed, out of memory) can still send a short or oversized frame: every read is bounded and a bad frame is
+an ``EOFError`` or ``ValueError``, which makes the server replace the template.
 
 A job's private channels carry the same frames: host-function calls (job <->
-pool) and session steps (pool -> session child). The job end is handed to the
+pool), session steps (pool -> session child) and the hand-over of a job to a
+prepared child (pool -> child). The job end is handed to the
 child as a descriptor; the child cannot open a socket of its own to reach
 anything. Everything the pool reads from a child is bounded: a header
 announcing more than the limit is a protocol violation, not an allocation
@@ -28,8 +29,9 @@ import msgspec
 from ..job import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "Ended", "FrameBuffer", "FrameTooLarge", "Init", "Ready", "Started", "TemplateFailed",
-    "confinement_decoder", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw", "send_frame",
+    "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepared", "Ready",
+    "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw", "send_frame",
+    "template_decoder",
 ]
 
 HEADER = struct.Struct("!I")
@@ -61,19 +63,54 @@ class TemplateFailed(msgspec.Struct, tag=True):
     kind: str = "warmup"
 
 
+class Fork(msgspec.Struct, tag=True):
+    """Server -> template: fork a child for this job (its descriptors attached, then its grants). ``job``
+    numbers the server's jobs on this template; a child prepared from this job's grants carries it."""
+
+    job: int
+    confinement: Confinement
+
+
+class Discard(msgspec.Struct, tag=True):
+    """Server -> template: the prepared child ``serial`` will get no job; kill it, prepare no other from it."""
+
+    serial: int
+
+
 class Started(msgspec.Struct, tag=True):
+    """Template -> server, with the child's pidfd: the job's child is forked."""
+
+    serial: int
     pid: int
 
 
+class Prepared(msgspec.Struct, tag=True):
+    """Template -> server, with the child's pidfd and the server's end of its control socket: a child was
+    forked and is confining itself ahead of its job, with the confinement and grants of job ``job``."""
+
+    serial: int
+    pid: int
+    job: int
+
+
 class Ended(msgspec.Struct, tag=True):
+    """Template -> server: child ``serial`` was reaped. ``prepares``: a child for the same confinement and
+    grants is being forked now (its Prepared frame follows)."""
+
+    serial: int
     status: int
     cpu_us: int
     max_rss_kb: int
+    prepares: bool = False
 
 
-_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Ended)
+class HandOver(msgspec.Struct, tag=True):
+    """Server -> prepared child, on its control socket: your job's own descriptors are attached."""
+
+
+_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended)
 init_decoder = msgspec.json.Decoder(Init)
-confinement_decoder = msgspec.json.Decoder(Confinement)
+template_decoder = msgspec.json.Decoder(Fork | Discard)
 
 
 def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -146,6 +183,6 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     return recv_exact(sock, size), list(fds)
 
 
-def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Ended, list[int]]:
+def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended, list[int]]:
     payload, fds = recv_raw(sock)
     return _decoder.decode(payload), fds

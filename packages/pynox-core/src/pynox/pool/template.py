@@ -6,12 +6,14 @@ in it). It preloads the operator's modules, proves it is single-threaded and
 holds only its expected descriptors, prepares the policy once, then serves
 jobs one at a time: fork, hand the child's pidfd to the server, reap, report.
 
-A job arrives as its :class:`~pynox.job.Confinement` with descriptors: the
-job's own (the payload among them, which the template never reads) and one
-per granted path, opened by the server when the job started. After a job,
+A job arrives as a :class:`~pynox.pool.frames.Fork` frame with descriptors:
+the job's own (the payload among them, which the template never reads) and
+one per granted path, opened by the server when the job started. After a job,
 the template confines a child ahead for the next one with the same
-confinement and the same grant descriptors; it serves the next job only if
-that job's confinement is identical and its grants name the very same files.
+confinement and the same grant descriptors, and hands the server its pidfd
+and control socket: the server gives it the next job itself (the template is
+not on that job's path) only if that job's confinement is identical and its
+grants name the very same files, and otherwise has the template discard it.
 
 Run as ``python -I -c ... <socket fd>`` by :mod:`pynox.pool.worker`.
 """
@@ -22,22 +24,35 @@ import collections
 import ctypes
 import gc
 import importlib
+import itertools
 import os
 import platform
+import select
 import signal
 import socket
 import sys
 import threading
 
-import msgspec
-
 from ..errors import KernelSupportError
+from ..job import Confinement
 from ..policy import Runtime, prepare_runtime, reset_environment
-from ..policy.grants import close_all, identity
+from ..policy.grants import close_all
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from .child import run_job, run_prepared
 from .descriptors import sent_with_job
-from .frames import Ended, Init, Ready, Started, TemplateFailed, confinement_decoder, init_decoder, recv_raw, send_frame
+from .frames import (
+    Ended,
+    Fork,
+    Init,
+    Prepared,
+    Ready,
+    Started,
+    TemplateFailed,
+    init_decoder,
+    recv_raw,
+    send_frame,
+    template_decoder,
+)
 
 __all__ = ["main"]
 
@@ -143,133 +158,136 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-class _Job:
-    """One job as the template received it: its confinement, its own descriptors, its grant descriptors."""
+class _Child:
+    """A child this template forked and has not reaped yet, and what it holds for it.
 
-    def __init__(self, raw: bytes, fds: list[int]) -> None:
-        self.confinement = confinement_decoder.decode(raw)
-        own = len(sent_with_job(self.confinement.host_channel, self.confinement.session))
-        self.fds, self.grants = fds[:own], fds[own:]
-        # What a prepared child must match: the same confinement, grants naming the same files.
-        self.key = (raw, identity(self.grants))
+    ``grants``: the descriptors of its job's grants, kept while it lives if another child may be prepared
+    from them (the confinement is then kept too): they keep the granted inodes alive, so the identity
+    the server matches a prepared child by cannot be taken by another file."""
+
+    def __init__(self, serial: int, pid: int, job: int, confinement: Confinement | None, grants: list[int]) -> None:
+        self.serial, self.pid, self.job = serial, pid, job
+        self.confinement, self.grants = confinement, grants
+        self.pidfd = os.pidfd_open(pid)
+        self.discarded = False
 
 
-class _Prepared:
-    """A child forked and confined ahead of the next job, with the confinement and grant descriptors of
-    the last one. It owns those descriptors while it waits: they keep the granted inodes alive, so the
-    identity it is matched by cannot be taken by another file."""
+class _Children:
+    """Every child of this template, by serial; each is announced once and reported ended once."""
 
-    def __init__(self, job: _Job, runtime: Runtime) -> None:
-        self.key = job.key
-        self.grants = job.grants
-        self.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.pid = os.fork()
-        if self.pid == 0:
-            run_prepared(job.confinement, runtime, child_end.fileno(), self.grants)
+    def __init__(self, sock: socket.socket, runtime: Runtime) -> None:
+        self.sock, self.runtime = sock, runtime
+        self.by_serial: dict[int, _Child] = {}
+        self._serials = itertools.count(1)
+
+    def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
+        """Fork the job's child; announce it with its pidfd."""
+        own = len(sent_with_job(confinement.host_channel, confinement.session))
+        own_fds, grants = fds[:own], fds[own:]
+        _refresh(self.runtime)
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            run_job(confinement, self.runtime, own_fds, grants)
+        close_all(own_fds)  # the child has them; the payload among them was never read here
+        # A session's child is the only one its template forks; any other job's grants may be prepared from.
+        if confinement.session:
+            close_all(grants)
+        child = self._add(pid, job, None if confinement.session else confinement,
+                          [] if confinement.session else grants)
+        send_frame(self.sock, Started(serial=child.serial, pid=pid), [child.pidfd])
+
+    def prepare(self, job: int, confinement: Confinement, grants: list[int]) -> None:
+        """Fork a child that confines itself now for a job like ``job``; the server gets its pidfd and its
+        control socket, and hands it the next job itself if that job's confinement and grants match."""
+        _refresh(self.runtime)
+        control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            run_prepared(confinement, self.runtime, child_end.fileno(), grants)
         child_end.close()
-        self.reaped = False
-
-    def hand_over(self, job: _Job) -> bool:
-        """Give the job's own descriptors to this child; False if it cannot take them (it died, and is
-        then reaped)."""
+        child = self._add(pid, job, confinement, grants)
         try:
-            send_frame(self.control, _HandOver(), job.fds)
-        except OSError:
-            self.discard()
-            return False
+            send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=job), [child.pidfd, control.fileno()])
         finally:
-            self.control.close()
-        return True
+            control.close()
 
-    def discard(self) -> None:
-        """Kill and reap the child, once: a failed hand-over has already done it, and once reaped, the pid
-        may belong to another process."""
-        self.control.close()
-        if self.reaped:
+    def _add(self, pid: int, job: int, confinement: Confinement | None, grants: list[int]) -> _Child:
+        child = _Child(next(self._serials), pid, job, confinement, grants)
+        self.by_serial[child.serial] = child
+        return child
+
+    def discard(self, serial: int) -> None:
+        """Kill a prepared child the server will not use (its end is reported when it is reaped). A child
+        already reaped (it died on its own meanwhile) is no longer here: nothing to do."""
+        child = self.by_serial.get(serial)
+        if child is None:
             return
-        self.reaped = True
-        try:
-            os.kill(self.pid, signal.SIGKILL)  # still our unreaped child: the pid cannot have been reused
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        child.discarded = True
+        signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
 
-    def release(self) -> None:
-        close_all(self.grants)
+    def reap(self, child: _Child) -> None:
+        """Report how ``child`` ended; then confine the next child ahead from its grants, unless it was a
+        session's or the server discarded it."""
+        _, status, usage = os.wait4(child.pid, 0)
+        os.close(child.pidfd)
+        del self.by_serial[child.serial]
+        prepares = child.confinement is not None and not child.discarded
+        send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=prepares,
+                                    cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
+        if prepares:
+            assert child.confinement is not None
+            # After the job, not while it runs: on two cores the preparation would take the CPU the job and
+            # the server need. The next job most likely has the same confinement (one tool, one profile).
+            self.prepare(child.job, child.confinement, child.grants)
+        else:
+            close_all(child.grants)
 
-
-class _HandOver(msgspec.Struct, tag=True):
-    """The template's word to a prepared child: your job's descriptors are attached."""
+    def kill_all(self) -> None:
+        for child in list(self.by_serial.values()):
+            try:
+                signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            close_all([child.pidfd, *child.grants])
+        self.by_serial.clear()
 
 
 def _serve(sock: socket.socket, runtime: Runtime) -> None:
-    prepared: _Prepared | None = None
+    """Serve the server's frames and reap children, whichever comes first, until the server closes the socket."""
+    children = _Children(sock, runtime)
     try:
         while True:
-            try:
-                raw, fds = recv_raw(sock)
-            except EOFError:
-                return
-            job = _Job(raw, fds)
-            pid = None
-            if prepared is not None:
-                if not job.confinement.session and prepared.key == job.key and prepared.hand_over(job):
-                    pid = prepared.pid
+            watched = {child.pidfd: child for child in children.by_serial.values()}
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            for fd in watched:
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll():
+                if fd in watched:
+                    children.reap(watched[fd])
+                    continue
+                try:
+                    raw, fds = recv_raw(sock)
+                except EOFError:
+                    return
+                frame = template_decoder.decode(raw)
+                if isinstance(frame, Fork):
+                    children.fork_job(frame.job, frame.confinement, fds)
                 else:
-                    prepared.discard()
-                prepared.release()
-                prepared = None
-            if pid is None:
-                _refresh(runtime)
-                pid = os.fork()
-                if pid == 0:
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
-                    run_job(job.confinement, runtime, job.fds, job.grants)
-            close_all(job.fds)  # the child has them; the payload among them was never read here
-            if not _report_start(sock, pid) or not _report_end(sock, pid):
-                close_all(job.grants)
-                return
-            # The next job most likely has the same confinement (one tool, one profile): confine a child
-            # for it now, while the result travels and the agent thinks. Not while this job runs: on two
-            # cores the preparation would take the CPU the job and the server need.
-            if job.confinement.session:
-                close_all(job.grants)
-            else:
-                _refresh(runtime)
-                prepared = _Prepared(job, runtime)
+                    close_all(fds)
+                    children.discard(frame.serial)
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the server closed our socket: we are being stopped
     finally:
-        if prepared is not None:
-            prepared.discard()
-            prepared.release()
+        children.kill_all()
 
 
 def _refresh(runtime: Runtime) -> None:
     """Reopen runtime rules whose path names another file now (see RuntimeRules), before a fork."""
     runtime.rules.refresh()
     runtime.network_rules.refresh()
-
-
-def _report_start(sock: socket.socket, pid: int) -> bool:
-    """Hand the child's pidfd to the server (for SIGKILL at its deadline). False if the server is gone."""
-    pidfd = os.pidfd_open(pid)
-    try:
-        send_frame(sock, Started(pid=pid), [pidfd])
-    except (BrokenPipeError, ConnectionResetError):
-        return False  # the server closed our socket: we are being stopped
-    finally:
-        os.close(pidfd)
-    return True
-
-
-def _report_end(sock: socket.socket, pid: int) -> bool:
-    """Reap the child and say how it ended. False if the server is gone."""
-    _, status, usage = os.wait4(pid, 0)
-    try:
-        send_frame(sock, Ended(status=status, cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6),
-                               max_rss_kb=usage.ru_maxrss))
-    except (BrokenPipeError, ConnectionResetError):
-        return False
-    return True
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ race, and the job cannot ignore it.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import select
 import selectors
@@ -29,11 +30,34 @@ import pynox
 from ..errors import KernelSupportError, PoolWorkerError
 from ..job import Confinement, JobSpec, Report
 from ..policy import tasks
-from ..policy.grants import close_all, open_grants
+from ..policy.grants import close_all, identity, open_grants
 from .capture import Capture
-from .descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, STDERR, STDOUT, sent_with_job
+from .descriptors import (
+    CHANNEL,
+    CLAIM,
+    CONTROL,
+    METADATA,
+    PAYLOAD,
+    REPORT,
+    STDERR,
+    STDOUT,
+    handed_to_prepared,
+    sent_with_job,
+)
 from .figures import images_on_the_wire, matplotlib_setup
-from .frames import Ended, Init, Ready, Started, TemplateFailed, recv_frame, send_frame
+from .frames import (
+    Discard,
+    Ended,
+    Fork,
+    HandOver,
+    Init,
+    Prepared,
+    Ready,
+    Started,
+    TemplateFailed,
+    recv_frame,
+    send_frame,
+)
 from .hostcalls import JobCalls, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
 from .metadata import Steward, receive_listener
@@ -53,9 +77,13 @@ _END_WAIT = 0.25
 _CONTINUE_EVERY = 10_000_000  # ns between two SIGCONTs to a child whose exit status is awaited
 # Hardware tuning the host may need for BLAS on this processor (see the env notes); not secrets.
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+# Jobs whose grants a template may still prepare a child from: the last two sent (one running, one ahead).
+_KEYS_KEPT = 2
 _report_decoder = msgspec.json.Decoder(Report)
 CallSink = Callable[[socket.socket], JobCalls]
 Handler = Callable[["_Serving"], None]
+# What a prepared child is matched by: its job's confinement, encoded, and what its grants name.
+Key = tuple[bytes, tuple[tuple[int, int], ...]]
 
 
 def _close_quietly(fd: int) -> None:
@@ -110,6 +138,24 @@ class _StewardToBe:
         if self.sock is not None:
             self.sock.close()
         close_all([*([self.listener] if self.listener is not None else []), *self.writes])
+
+
+@dataclass
+class _PreparedChild:
+    """A child the template confined ahead of the next job (see template.py), which the server hands that
+    job itself if it matches ``key``: its pidfd, and the server's end of its control socket, on which its
+    seccomp listener is waiting."""
+
+    serial: int
+    pid: int
+    pidfd: int
+    control: socket.socket
+    key: Key | None
+
+    def close(self) -> None:
+        """Closing the control socket ends the child if it is still waiting (it reads EOF)."""
+        self.control.close()
+        _close_quietly(self.pidfd)
 
 
 @dataclass
@@ -176,6 +222,15 @@ class Template:
         # job's write grants and its uid and gid until then, and the steward answering them from then on.
         self._metadata: _StewardToBe | None = None
         self.steward: Steward | None = None
+        # The child confined ahead of the next job, once the template announced it; the jobs it may have
+        # been prepared from (by the number sent with them); whether the template is preparing one now;
+        # children given up whose end the template has still to report.
+        self.prepared: _PreparedChild | None = None
+        self._keys: dict[int, Key] = {}
+        self._jobs = itertools.count(1)
+        self._prepare_due = False
+        self._released: set[int] = set()
+        self._child_serial: int | None = None
         limit, _ = tasks.available()
         try:
             if limit is not None:  # before the template can fork anything: every job it forks is bounded
@@ -217,6 +272,9 @@ class Template:
         # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
         self._close_metadata()
         self.child.abandon()
+        if self.prepared is not None:
+            self.prepared.close()
+            self.prepared = None
         if self.cgroup is not None:
             # Its children die with it (parent-death signal); what is still exiting is removed at exit.
             tasks.remove(self.cgroup, wait=0.5)
@@ -243,13 +301,9 @@ class Template:
             close_all(granted)
             raise
         claim = new_claim()
-        metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        # The steward keeps the write grants' descriptors: the files it may change are found from them.
-        self._metadata = _StewardToBe(metadata, writes, *_job_ids(confinement))
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         extra: list[socket.socket] = []
-        own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], PAYLOAD: payload, CLAIM: claim,
-               METADATA: job_metadata.fileno()}
+        own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], PAYLOAD: payload, CLAIM: claim}
         channel = session.channel if session is not None else None
         if spec.functions:
             job_end: socket.socket | None
@@ -263,11 +317,24 @@ class Template:
         if session is not None:
             extra.append(session.job_control)
             own[CONTROL] = session.job_control.fileno()
+        key = (msgspec.json.encode(confinement), identity(granted)) if session is None else None
         start = time.monotonic_ns()
         self.child.sent()
         try:
-            order = sent_with_job(confinement.host_channel, confinement.session)
-            send_frame(self.sock, confinement, [*(own[target] for target in order), *granted])
+            if not self._hand_to_prepared(key, own, writes, confinement):
+                metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                extra.append(job_metadata)
+                own[METADATA] = job_metadata.fileno()
+                # The steward keeps the write grants' descriptors: the files it may change are found from them.
+                self._metadata = _StewardToBe(metadata, writes, *_job_ids(confinement))
+                job = next(self._jobs)
+                if key is not None:  # the template prepares the next child from this job's grants
+                    self._keys[job] = key
+                    while len(self._keys) > _KEYS_KEPT:
+                        del self._keys[next(iter(self._keys))]
+                order = sent_with_job(confinement.host_channel, confinement.session)
+                send_frame(self.sock, Fork(job=job, confinement=confinement),
+                           [*(own[target] for target in order), *granted])
         except OSError as exc:
             self.broken = True
             self.child.not_sent()
@@ -281,7 +348,7 @@ class Template:
         finally:
             for _, w in pipes:
                 _close_quietly(w)
-            for sock in [*extra, job_metadata]:  # the child has its own copies now
+            for sock in extra:  # the child has its own copies now
                 sock.close()
             close_all([payload, *reads])
         try:
@@ -293,6 +360,39 @@ class Template:
             raise
         finally:
             os.close(claim)
+
+    def _hand_to_prepared(self, key: Key | None, own: dict[int, int], writes: list[int],
+                          confinement: Confinement) -> bool:
+        """Give the job to the child prepared ahead, if its confinement and grants are the job's; a child
+        that does not match is discarded. False: the job goes to the template, to fork a child of its own."""
+        prepared = self.prepared
+        if prepared is None:
+            return False
+        self.prepared = None
+        if prepared.key is None or prepared.key != key:
+            self._discard(prepared)
+            return False
+        try:
+            send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(
+                confinement.host_channel)])
+        except OSError:  # it died while it waited (killed from outside): the template reports its end
+            self._released.add(prepared.serial)
+            prepared.close()
+            return False
+        self._child_serial = prepared.serial
+        self.child.started(prepared.pidfd, prepared.pid)
+        # Its listener is waiting on the control socket, sent when it was confined.
+        self._metadata = _StewardToBe(prepared.control, writes, *_job_ids(confinement))
+        return True
+
+    def _discard(self, prepared: _PreparedChild) -> None:
+        """Have the template kill a prepared child that will get no job (and prepare none from it)."""
+        self._released.add(prepared.serial)
+        prepared.close()
+        try:
+            send_frame(self.sock, Discard(serial=prepared.serial))
+        except OSError:
+            self.broken = True  # the template is gone: the next job finds out and replaces it
 
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
                 calls: CallSink | None, channel: socket.socket | None, session: bool) -> Outcome:
@@ -456,6 +556,7 @@ class Template:
             self._close_metadata()
             child.release()
         if child.state is not ChildState.ANSWERED:
+            self._settle_prepared()
             return
         assert child.deadline is not None
         deadline, kill_deadline = child.deadline, None
@@ -470,11 +571,28 @@ class Template:
                 raise PoolWorkerError("the template did not reap a finished job in time", started=False)
             ready, _, _ = select.select([self.sock], [], [], ((kill_deadline or deadline) - now) / 1e9)
             if ready:
-                try:
-                    self._receive(Outcome())
-                except PoolWorkerError as exc:  # the template died after the last job: this one was not sent
-                    raise PoolWorkerError(str(exc), started=False) from None
+                self._receive_between_jobs()
         child.release()
+        self._settle_prepared()
+
+    def _settle_prepared(self) -> None:
+        """Before the next job: read what the template said meanwhile about prepared children (one it is
+        preparing now, whose frame is due in the time of a fork; one that died while it waited)."""
+        deadline = time.monotonic() + _KILL_GRACE
+        while True:
+            wait = max(deadline - time.monotonic(), 0) if self._prepare_due else 0
+            if not select.select([self.sock], [], [], wait)[0]:
+                if self._prepare_due:
+                    self.broken = True
+                    raise PoolWorkerError("the template did not prepare its next child in time", started=False)
+                return
+            self._receive_between_jobs()
+
+    def _receive_between_jobs(self) -> None:
+        try:
+            self._receive(Outcome())
+        except PoolWorkerError as exc:  # the template died after the last job: this one was not sent
+            raise PoolWorkerError(str(exc), started=False) from None
 
     # -- what the loop reads ---------------------------------------------------------------------------
     @staticmethod
@@ -529,17 +647,45 @@ class Template:
         if isinstance(frame, Started) and fds:
             for extra in fds[1:]:
                 os.close(extra)
+            self._child_serial = frame.serial
             self.child.started(fds[0], frame.pid)
             if outcome.protocol_violation is not None or outcome.timed_out:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
+        if isinstance(frame, Prepared) and len(fds) == 2:
+            self._on_prepared(frame, fds[0], fds[1])
+            return False
         if isinstance(frame, Ended):
-            self.child.reaped(frame)
-            return True
+            if frame.prepares:
+                self._prepare_due = True
+            if frame.serial == self._child_serial:
+                self._child_serial = None
+                self.child.reaped(frame)
+                return True
+            if self.prepared is not None and frame.serial == self.prepared.serial:  # died while it waited
+                self.prepared.close()
+                self.prepared = None
+                return False
+            if frame.serial in self._released:
+                self._released.discard(frame.serial)
+                return False
         for fd in fds:
             os.close(fd)
         self.broken = True
         raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
+
+    def _on_prepared(self, frame: Prepared, pidfd: int, control: int) -> None:
+        """The template confined a child ahead: keep it for the next job, if its job's key is known."""
+        self._prepare_due = False
+        prepared = _PreparedChild(frame.serial, frame.pid, pidfd, socket.socket(fileno=control),
+                                  self._keys.get(frame.job))
+        if self.prepared is not None:  # at most one waits: the newer one is for the latest job
+            self._discard(self.prepared)
+        self.prepared = None
+        if prepared.key is None:
+            self._discard(prepared)
+        else:
+            self.prepared = prepared
 
     def _start_steward(self, sel: selectors.BaseSelector) -> None:
         """Answer the child's metadata calls once its listener is here."""

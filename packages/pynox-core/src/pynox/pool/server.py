@@ -102,6 +102,8 @@ class _Worker(threading.Thread):
                     result = self._serve_safely(job)
                     if job.flight.answer():
                         self.server.finish(result, session=None, step=None)
+                    if self.template is not None:
+                        self.template.after_result()
                 self.server.flights.remove(job.flight)
                 self.server.jobs.task_done()
         finally:

@@ -549,6 +549,17 @@ class Template:
                 return  # its peak memory stays unknown; the next job settles its end
             self._receive(Outcome())
 
+    def after_result(self) -> None:
+        """Once a result has left: collect its child's end, and the child the template now prepares, while
+        the agent reads the result, rather than on the next job's path. A template that fails here is
+        marked broken and replaced before the next job."""
+        if self.broken:
+            return
+        try:
+            self._settle()
+        except PoolWorkerError:
+            self.broken = True
+
     def _settle(self) -> None:
         """Before the next job: collect the end of a child answered from its report (see _finish)."""
         child = self.child

@@ -24,6 +24,11 @@ def _templates(pool: PoolProcess) -> list[int]:
                   if depth == 1 and table[pid][3] == "pynox-template")
 
 
+def _prepared_children(pool: PoolProcess) -> list[int]:
+    table = proc_table()
+    return [pid for pid, depth in descendants(pool.pid, table).items() if depth == 2 and table[pid][3] == "pynox-ready"]
+
+
 def _marker_job(directory: Path, name: str) -> dict[str, object]:
     return {"code": f"open({str(directory / name)!r}, 'w').write('ran')\nprint('ran')",
             "allow_write": [str(directory)]}
@@ -210,3 +215,23 @@ def test_a_job_that_reports_early_and_goes_on_is_stopped_at_its_report(tmp_path:
         honest = code.replace("os.write(3, b'{\"exit\": 0}')\nfor fd in (1, 2, 3):\n    os.close(fd)\n", "")
         assert pool.run(honest, allow_write=[str(out)], timeout="10s")["exit"] == 0
         assert (out / "after").read_text() == "too late"
+
+
+def test_a_job_for_the_child_prepared_by_a_template_just_killed_runs_once_on_a_fresh_one(tmp_path: Path) -> None:
+    """The server hands a job to the child its template confined ahead; that child dies with its template,
+    but only once the template's exit has torn down its memory (milliseconds with pandas loaded). A job
+    handed to it in between would begin, then die: it must go to a fresh template instead, and run once."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with pool_process("--workers=1", "--preload=pandas", cwd=tmp_path) as pool:
+        for round_ in range(5):
+            assert pool.run(**_marker_job(markers, f"warm-{round_}"))["exit"] == 0  # prepares a child like it
+            end = time.monotonic() + 10
+            while not _prepared_children(pool):
+                assert time.monotonic() < end, "no child was prepared"
+                time.sleep(0.005)
+            (victim,) = _templates(pool)
+            os.kill(victim, signal.SIGKILL)
+            result = pool.result(pool.submit(**_marker_job(markers, f"job-{round_}")), timeout=60)
+            assert result["exit"] == 0, result["error"]
+            assert (markers / f"job-{round_}").read_text() == "ran"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .pool_driver import PoolProcess, new_id, pool_process, refused, wait_gone
+from .pool_driver import PoolProcess, new_id, pool_process, proc_table, refused, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -245,17 +245,64 @@ def test_close_takes_only_the_session(pool: PoolProcess) -> None:
     pool.run(session=name, close=True)
 
 
+def _processes_of_the_session(pool: PoolProcess, plain: set[int]) -> list[int]:
+    """The one session's child (new since ``plain``) and the template it was forked from."""
+    tree, table = pool.tree(), proc_table()
+    children = [pid for pid, depth in tree.items() if depth == 2 and pid not in plain]
+    assert len(children) == 1, tree
+    return [table[children[0]][0], children[0]]
+
+
+def _spare_templates(pool: PoolProcess, plain: set[int]) -> list[int]:
+    """Templates started since ``plain`` that have no child: started ahead for the next session."""
+    tree, table = pool.tree(), proc_table()
+    parents = {table[pid][0] for pid in tree if pid in table}
+    return [pid for pid, depth in tree.items() if depth == 1 and pid not in plain and pid not in parents]
+
+
+def _serving(template: int) -> bool:
+    """Whether a template has started and waits for work: blocked in its loop's poll(), not in its start."""
+    try:
+        with open(f"/proc/{template}/wchan") as wchan:
+            return "poll" in wchan.read()
+    except OSError:
+        return False
+
+
 def test_closing_a_session_ends_its_processes(tmp_path: Path) -> None:
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         plain = set(pool.tree())
         name = _session()
         _ok(pool.run("x = 1", session=name))
-        added = [pid for pid in pool.tree() if pid not in plain]
-        assert len(added) == 2, pool.tree()  # the session's template and its child
+        added = _processes_of_the_session(pool, plain)
         assert pool.stats()["sessions_active"] == 1
         pool.run(session=name, close=True)
         assert wait_gone(added, 5) == []
         assert pool.stats()["sessions_active"] == 0
+
+
+def test_a_new_session_starts_from_a_template_started_ahead_that_served_nothing(tmp_path: Path) -> None:
+    """After a pool's first session, one fresh template waits for the next (a template takes ~150 ms to
+    start): the next session's first step forks from it. It never served a job before; once taken,
+    another is started for the session after."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        plain = set(pool.tree())
+        first = _session()
+        _ok(pool.run("x = 1", session=first))
+        deadline = time.monotonic() + 30
+        while not (spares := [pid for pid in _spare_templates(pool, plain) if _serving(pid)]):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        assert len(spares) == 1, pool.tree()
+        assert [pid for pid, (ppid, *_) in proc_table().items() if ppid == spares[0]] == []  # nothing ran there
+        second = _session()
+        _ok(pool.run("y = 2", session=second))
+        # The second session's child was forked by the template that waited.
+        assert len([pid for pid, (ppid, *_) in proc_table().items() if ppid == spares[0]]) == 1, pool.tree()
+        fresh = pool.run("print('x' in dir())", session=second)
+        assert fresh["stdout"] == "False\n", fresh  # a session of its own: nothing of the first one
+        for name in (first, second):
+            pool.run(session=name, close=True)
 
 
 def test_a_session_ended_by_a_timeout_releases_its_slot_and_processes(tmp_path: Path) -> None:
@@ -263,7 +310,7 @@ def test_a_session_ended_by_a_timeout_releases_its_slot_and_processes(tmp_path: 
         plain = set(pool.tree())
         name = _session()
         _ok(pool.run("x = 1", session=name))
-        added = [pid for pid in pool.tree() if pid not in plain]
+        added = _processes_of_the_session(pool, plain)
         assert pool.run("import time\ntime.sleep(30)", session=name, timeout="500ms")["session_ended"] is True
         assert wait_gone(added, 5) == []
         assert pool.stats()["sessions_active"] == 0

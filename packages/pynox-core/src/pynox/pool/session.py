@@ -1,7 +1,10 @@
 """Sessions: one confined process per name whose ``__main__`` survives between steps, like a notebook.
 
-Each session owns a template (started on its first step) and one long-lived
-child confined once with the permissions of the session's first request.
+Each session owns a template and one long-lived child confined once with the
+permissions of the session's first request. The template is started ahead
+(:class:`_SpareTemplate`: once a pool has had a session, one fresh template
+waits for the next), so a new session's first step forks from a warm
+interpreter instead of waiting for one to start.
 Steps queue behind each other on the session's own thread, so sessions and
 plain jobs never wait for each other. A Python exception keeps the session;
 a timeout, a crash or ``exit()`` ends it, and the next request under the same
@@ -69,6 +72,61 @@ def _how(ended: Ended) -> str:
 @dataclass
 class _Close:
     id: RequestId | None  # None: closed by the pool (idle, shutdown), nobody to answer
+
+
+class _SpareTemplate:
+    """One template started ahead for the next new session, by a thread that lives as long as the pool (a
+    template dies with the thread that started it). It has served nothing: each session still gets a template
+    of its own. Started once the pool's first session asks for a template; if starting one fails, sessions
+    start their own, as before, and say why."""
+
+    def __init__(self, new_template: Callable[[], Template]) -> None:
+        self._new_template = new_template
+        self._ready = threading.Condition()
+        self._spare: Template | None = None
+        self._started = self._closed = False
+
+    def take(self) -> Template:
+        """The waiting template, or (none ready yet) one started now on the caller's thread."""
+        with self._ready:
+            spare, self._spare = self._spare, None
+            if not self._started:
+                self._started = True
+                threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
+            self._ready.notify_all()
+        return spare if spare is not None else self._new_template()
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            spare, self._spare = self._spare, None
+            self._ready.notify_all()
+        if spare is not None:
+            spare.close()
+
+    def _keep_one_ready(self) -> None:
+        while True:
+            with self._ready:
+                while self._spare is not None and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+            try:
+                template = self._new_template()
+            except PynoxError as exc:  # the session asking next starts its own and reports the same problem
+                _log.warning("could not start a template ahead for the next session: %s", exc)
+                # This thread must outlive the templates it started, which sessions hold: it waits for the end.
+                with self._ready:
+                    while not self._closed:
+                        self._ready.wait()
+                return
+            with self._ready:
+                closed = self._closed
+                if not closed:
+                    self._spare = template
+            if closed:  # the pool closed while it started
+                template.close()
+                return
 
 
 class Session(threading.Thread):
@@ -169,7 +227,7 @@ class Session(threading.Thread):
             calls = lambda channel: self.registry.calls.open(step.id, self.spec.functions, channel)  # noqa: E731
         if not self._alive:
             if self._template is None:
-                self._template = self.registry.new_template()
+                self._template = self.registry.spare.take()
             self._channels = SessionChannels.create(bool(self.spec.functions))
             first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
                                             timeout=step.timeout, return_value=step.return_value,
@@ -281,6 +339,7 @@ class SessionRegistry:
         self.landlock_abi = landlock_abi
         self.lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        self.spare = _SpareTemplate(new_template)
         self._reaper = threading.Thread(target=self._reap_idle, name="pynox-session-reaper", daemon=True)
         self._reaper.start()
 
@@ -346,6 +405,7 @@ class SessionRegistry:
                     session.items.put(_Close(None))
         for session in sessions:
             session.join()
+        self.spare.close()
 
     def _reap_idle(self) -> None:
         while True:

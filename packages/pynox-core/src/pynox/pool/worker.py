@@ -93,6 +93,29 @@ def _close_quietly(fd: int) -> None:
         pass
 
 
+_PF_EXITING = 0x4  # a task's flags, field 9 of /proc/<pid>/stat
+_SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # in the pending signals of field 31
+
+
+def _dying(pid: int) -> bool:
+    """Whether a process is gone or on its way out: SIGKILL pending, exiting, or a zombie.
+
+    A prepared child dies with its template (its parent-death signal), but only once the template's exit
+    has torn down its memory, milliseconds after the kill: a job handed to the child in between would
+    begin, then be killed with it. A job sent to a dying template instead is never read, so it is taken
+    back and retried (see Template.run)."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fields = os.read(fd, 4096).rpartition(b")")[2].split()
+        finally:
+            os.close(fd)
+        state, flags, pending = fields[0], int(fields[6]), int(fields[28])
+    except (OSError, ValueError, IndexError):
+        return True
+    return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
+
+
 def _job_ids(confinement: Confinement) -> tuple[int, int]:
     """The uid and gid the job runs as (see policy.confine): the operator's, or the pool's own."""
     if confinement.uid is None:
@@ -371,6 +394,10 @@ class Template:
         self.prepared = None
         if prepared.key is None or prepared.key != key:
             self._discard(prepared)
+            return False
+        if _dying(self.process.pid):  # the child dies with it: the job goes to the template, to be taken back
+            self._released.add(prepared.serial)
+            prepared.close()
             return False
         try:
             send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(

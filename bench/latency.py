@@ -11,8 +11,11 @@ would. For each case it reports the median (p50) and p99 over many runs:
 * throughput of trivial jobs with 2 workers, pipelined;
 * cancel to free: with one worker busy on a long job, the time from sending ``{"cancel": ...}`` to
   the result of a trivial job sent right after it (beside that trivial job alone);
+* the first step of a new session, and the private memory of a ``print(1)`` job's process;
 * in-process baselines a framework user compares with: smolagents' ``LocalPythonExecutor`` (unconfined, in
-  this process) on ``print(1)`` and on the pandas snippet, and pydantic-monty running ``print(1)``.
+  this process) on ``print(1)`` and on the pandas snippet, and pydantic-monty running ``print(1)``;
+* the closest peer on the same kernel primitives: ``sandlock`` (Landlock and seccomp) running the same
+  ``python -c print(1)``, from the bench-only dependency group (``pip install -r bench/requirements.txt``).
 
 Each baseline's ratio to the pool case it stands beside is reported under ``ratios``.
 
@@ -188,6 +191,13 @@ def main() -> int:
     plain.request({"session": "bench", "code": "x = 0"})
     results["pool session step"] = summary(timed(
         lambda: check_ok(plain.request({"session": "bench", "code": "x += 1"})), runs))
+    plain.request({"session": "bench", "close": True})
+    # A template starts in ~150 ms; one waits ahead for the next session. New sessions faster than that
+    # (a burst, back to back) wait for template starts; half a second apart, each finds one ready.
+    results["pool first step of a new session, 0.5 s apart"] = summary(first_steps(plain, max(runs // 10, 20),
+                                                                                  pause=0.5))
+    results["pool first step of a new session, back to back"] = summary(first_steps(plain, max(runs // 10, 20)))
+    results["pool print(1) job, private memory"] = job_private_memory(plain, max(runs // 20, 10))
     count = max(runs * 3, 1000)
     elapsed = plain.batch("pass", count)
     results["pool throughput, 2 workers"] = {"jobs_per_s": round(count / elapsed), "jobs": count}
@@ -214,6 +224,7 @@ def main() -> int:
             max(runs // 20, 10), warmup=1))
 
     results.update(in_process_baselines(runs))
+    results.update(sandlock_baseline(max(runs // 5, 20)))
     if args.scaling:
         results.update(scaling(runs))
     results["ratios"] = ratios(results)
@@ -258,9 +269,86 @@ def in_process_baselines(runs: int) -> dict[str, dict[str, float]]:
     return results
 
 
+def first_steps(pool: PoolDriver, runs: int, pause: float = 0.0) -> list[float]:
+    """Milliseconds to the first step's result of a new session (the session is closed after, untimed), new
+    sessions ``pause`` seconds apart."""
+    samples = []
+    for index in range(runs):
+        time.sleep(pause)
+        start = time.perf_counter()
+        check_ok(pool.request({"session": f"new{index}", "code": "x = 1"}))
+        samples.append((time.perf_counter() - start) * 1000)
+        pool.request({"session": f"new{index}", "close": True})
+    return samples
+
+
+def job_private_memory(pool: PoolDriver, runs: int) -> dict[str, float]:
+    """Private memory (MB) of a job's process once it has printed: what it copied of its template's pages
+    or allocated, read from the host (smaps_rollup) while the job sleeps after its ``print(1)``."""
+    sizes = []
+    for _ in range(runs):
+        pool.ids += 1
+        pool.send(json.dumps({"id": pool.ids, "code": "print(1)\nimport time\ntime.sleep(0.3)"}).encode() + b"\n")
+        time.sleep(0.15)
+        jobs = [pid for pid in descendants(pool.proc.pid) if process_name(pid) == "pynox-job"]
+        for pid in jobs:
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as rollup:
+                    fields = {line.split(":")[0]: int(line.split()[1]) for line in rollup if line.endswith("kB\n")}
+                sizes.append((fields["Private_Clean"] + fields["Private_Dirty"]) / 1024)
+            except OSError:
+                pass
+        while json.loads(pool.stdout.readline()).get("id") != pool.ids:
+            pass
+    ordered = sorted(sizes)
+    return {"p50_mb": round(statistics.median(ordered), 2), "max_mb": round(ordered[-1], 2), "runs": len(ordered)}
+
+
+def sandlock_baseline(runs: int) -> dict[str, dict[str, float]]:
+    """sandlock running ``python -c print(1)``: a process per call, confined with Landlock and seccomp. A control
+    first shows its confinement holds (writing outside its grants fails), so the figure is of a real sandbox."""
+    try:
+        import sandlock
+    except ImportError:
+        print("sandlock not installed (pip install -r bench/requirements.txt): skipping its baseline",
+              file=sys.stderr)
+        return {}
+    import sysconfig
+    readable = sorted({os.path.realpath(path) for path in (sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"],
+                                                           "/usr", "/lib", "/lib64", "/etc", "/proc", "/dev")})
+    sandbox = sandlock.Sandbox(fs_readable=readable)
+    denied = sandbox.run([sys.executable, "-c", "open('/root/.pynox-bench-probe', 'w')"], timeout=30)
+    assert not denied.success and not os.path.exists("/root/.pynox-bench-probe"), "sandlock did not confine"
+    return {"sandlock python -c print(1)": summary(timed(
+        lambda: check_ok({"exit": 0 if sandbox.run([sys.executable, "-c", "print(1)"], timeout=30).success else 1}),
+        runs))}
+
+
+def descendants(pid: int) -> list[int]:
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            kids = children_of(current)
+        except OSError:
+            continue
+        found += kids
+        pending += kids
+    return found
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
+
+
 # Each baseline beside the pool case it is compared with: the ratio is baseline p50 / pool p50.
 RATIO_PAIRS = {
     "subprocess python -c print(1)": "pool print(1), 20 ms apart",
+    "sandlock python -c print(1)": "pool print(1), 20 ms apart",
     "cold python -c 'import pandas; ...'": "pool pandas op (preloaded), 20 ms apart",
     "smolagents LocalPythonExecutor print(1)": "pool print(1), 20 ms apart",
     "smolagents LocalPythonExecutor pandas op": "pool pandas op (preloaded), 20 ms apart",

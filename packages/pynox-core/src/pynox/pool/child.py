@@ -116,6 +116,7 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     stage = "start a new session"
     atexit._clear()  # the template's exit hooks are not the job's
     listener = None
+    arranged = False
     try:
         set_process_name("pynox-ready")
         os.setsid()
@@ -125,11 +126,15 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         devnull = os.open("/dev/null", os.O_RDWR)
         _arrange([(control, CONTROL), (ruleset, RULESET), (devnull, 0), (devnull, STDOUT),
                   (devnull, STDERR), (devnull, REPORT)])
+        arranged = True
         stage = "apply the policy"
         listener = confine(confinement, runtime, RULESET)
     except BaseException as exc:  # fail closed: the job this child receives will only hear why
         setup_error = f"could not {stage}: {exc}"
-    control_socket = socket.socket(fileno=CONTROL)
+    try:
+        control_socket = socket.socket(fileno=CONTROL if arranged else control)
+    except OSError:
+        os._exit(SETUP_FAILED_EXIT)
     try:
         # The server answers the job's delegated calls with it; no copy stays here for the job's code.
         socket.send_fds(control_socket, [b"L"], [listener] if listener is not None else [])

@@ -94,6 +94,9 @@ class _SpareTemplate:
                 self._started = True
                 threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
             self._ready.notify_all()
+        if spare is not None and (spare.broken or spare.process.poll() is not None):  # it died while it waited
+            spare.close()
+            spare = None
         return spare if spare is not None else self._new_template()
 
     def close(self) -> None:
@@ -105,21 +108,23 @@ class _SpareTemplate:
             spare.close()
 
     def _keep_one_ready(self) -> None:
+        try:
+            self._start_spares()
+        except Exception:  # the session asking next starts its own and reports the problem
+            _log.exception("could not start a template ahead for the next session")
+        # This thread must outlive the templates it started, which sessions hold: it waits for the pool's end.
+        with self._ready:
+            while not self._closed:
+                self._ready.wait()
+
+    def _start_spares(self) -> None:
         while True:
             with self._ready:
                 while self._spare is not None and not self._closed:
                     self._ready.wait()
                 if self._closed:
                     return
-            try:
-                template = self._new_template()
-            except PynoxError as exc:  # the session asking next starts its own and reports the same problem
-                _log.warning("could not start a template ahead for the next session: %s", exc)
-                # This thread must outlive the templates it started, which sessions hold: it waits for the end.
-                with self._ready:
-                    while not self._closed:
-                        self._ready.wait()
-                return
+            template = self._new_template()
             with self._ready:
                 closed = self._closed
                 if not closed:

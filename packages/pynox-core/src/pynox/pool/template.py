@@ -34,6 +34,7 @@ import sys
 import threading
 
 from ..errors import KernelSupportError
+from ..exits import SETUP_FAILED_EXIT
 from ..job import Confinement
 from ..policy import Runtime, prepare_runtime, reset_environment
 from ..policy.grants import close_all
@@ -187,8 +188,11 @@ class _Children:
         _refresh(self.runtime)
         pid = os.fork()
         if pid == 0:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            run_job(confinement, self.runtime, own_fds, grants)
+            try:  # never returns; should it raise, the child must not go on as the template
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                run_job(confinement, self.runtime, own_fds, grants)
+            finally:
+                os._exit(SETUP_FAILED_EXIT)
         close_all(own_fds)  # the child has them; the payload among them was never read here
         # A session's child is the only one its template forks; any other job's grants may be prepared from.
         if confinement.session:
@@ -204,7 +208,10 @@ class _Children:
         control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:
-            run_prepared(confinement, self.runtime, child_end.fileno(), grants)
+            try:  # never returns; should it raise, the child must not go on as the template
+                run_prepared(confinement, self.runtime, child_end.fileno(), grants)
+            finally:
+                os._exit(SETUP_FAILED_EXIT)
         child_end.close()
         child = self._add(pid, job, confinement, grants)
         try:
@@ -224,7 +231,10 @@ class _Children:
         if child is None:
             return
         child.discarded = True
-        signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+        try:
+            signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # exiting already: its end is reported all the same
 
     def reap(self, child: _Child) -> None:
         """Report how ``child`` ended; then confine the next child ahead from its grants, unless it was a

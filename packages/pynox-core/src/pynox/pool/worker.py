@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import os
 import select
 import selectors
@@ -67,6 +68,8 @@ from .usage import live_usage
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
 
+_log = logging.getLogger(__name__)
+
 _READ_CHUNK = 1 << 16
 # After SIGKILL the kernel tears the process down; a template that does not report by then is broken.
 _KILL_GRACE = 5.0
@@ -82,7 +85,8 @@ _KEYS_KEPT = 2
 _report_decoder = msgspec.json.Decoder(Report)
 CallSink = Callable[[socket.socket], JobCalls]
 Handler = Callable[["_Serving"], None]
-# What a prepared child is matched by: its job's confinement, encoded, and what its grants name.
+# What a prepared child is matched by: its job's confinement, encoded, and what its grants and working
+# directory name (device, inode).
 Key = tuple[bytes, tuple[tuple[int, int], ...]]
 
 
@@ -98,12 +102,7 @@ _SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # in the pending signals of field 
 
 
 def _dying(pid: int) -> bool:
-    """Whether a process is gone or on its way out: SIGKILL pending, exiting, or a zombie.
-
-    A prepared child dies with its template (its parent-death signal), but only once the template's exit
-    has torn down its memory, milliseconds after the kill: a job handed to the child in between would
-    begin, then be killed with it. A job sent to a dying template instead is never read, so it is taken
-    back and retried (see Template.run)."""
+    """Whether a process is gone or on its way out: SIGKILL pending, exiting, or a zombie."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -114,6 +113,17 @@ def _dying(pid: int) -> bool:
     except (OSError, ValueError, IndexError):
         return True
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
+
+
+def _key(confinement: Confinement, granted: list[int]) -> Key | None:
+    """What a prepared child must have been confined with to take this job: the same confinement, grants
+    naming the same files, and the same working directory (a child prepared in it keeps it, even renamed).
+    None if the directory is gone: the job's own child will say so."""
+    try:
+        cwd = os.stat(confinement.cwd)
+    except OSError:
+        return None
+    return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
 
 
 def _job_ids(confinement: Confinement) -> tuple[int, int]:
@@ -340,7 +350,7 @@ class Template:
         if session is not None:
             extra.append(session.job_control)
             own[CONTROL] = session.job_control.fileno()
-        key = (msgspec.json.encode(confinement), identity(granted)) if session is None else None
+        key = _key(confinement, granted) if session is None else None
         start = time.monotonic_ns()
         self.child.sent()
         try:
@@ -395,7 +405,10 @@ class Template:
         if prepared.key is None or prepared.key != key:
             self._discard(prepared)
             return False
-        if _dying(self.process.pid):  # the child dies with it: the job goes to the template, to be taken back
+        # A killed process keeps its sockets open while its memory is torn down (milliseconds): a job handed
+        # to a child being killed, or to the child of a template being killed, would begin, then die. To the
+        # template instead, it is never read, so it is taken back and retried (see run).
+        if _dying(prepared.pid) or _dying(self.process.pid):
             self._released.add(prepared.serial)
             prepared.close()
             return False
@@ -585,6 +598,9 @@ class Template:
         try:
             self._settle()
         except PoolWorkerError:
+            self.broken = True
+        except Exception:  # a bug here must cost this template, never the worker thread (its templates die with it)
+            _log.exception("the pool failed while collecting a job's end")
             self.broken = True
 
     def _settle(self) -> None:

@@ -1,0 +1,176 @@
+"""The hand-over of a job to the child its template confined ahead, attacked from outside.
+
+The server hands a job straight to a prepared child when the job's confinement, grants and working
+directory are the child's. Each rule below is attacked through a real ``pynox pool`` and the harm is
+checked from the host (marker files, the pool's descriptors and processes):
+
+* a job is never handed to a child that is being killed, or whose template is: it would begin, then die
+  (a killed process keeps its sockets while its memory is torn down); it runs once on a fresh child;
+* the template started ahead for the next session never costs a live session (its thread outlives every
+  template it started, even when starting one fails) and a dead one is never handed out;
+* a working directory replaced between jobs is the new one, as a grant is;
+* descriptors and processes stay flat, and every request is answered once, under cancels and timeouts.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import resource
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.pool.pool_driver import PoolProcess, descendants, leftover_guard, pool_process, proc_table
+
+pytestmark = pytest.mark.timeout(300)
+
+_subreaper = pytest.fixture(scope="module", autouse=True, name="_subreaper")(leftover_guard)
+
+
+def _below(pool: PoolProcess, depth: int, names: tuple[str, ...]) -> list[int]:
+    table = proc_table()
+    return [pid for pid, d in descendants(pool.pid, table).items() if d == depth and table[pid][3] in names]
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _marker_job(out: Path, i: int) -> str:
+    return f"open({str(out / f'j{i}')!r}, 'w').close()\nprint({i})"
+
+
+def test_a_prepared_child_killed_before_the_next_job_costs_that_job_nothing(tmp_path: Path) -> None:
+    """The kill lands before the next job is sent; handed to the dying child, the job was answered SIGKILL
+    though its code never ran (about half of the jobs, before the fix)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        seen: collections.Counter[str] = collections.Counter()
+        for i in range(60):
+            result = pool.run(_marker_job(out, i), allow_write=[str(out)])
+            seen[result["error"]["type"] if result["error"] else "ok"] += 1
+            if result["error"] is not None:
+                assert not (out / f"j{i}").exists()  # it never ran: it could have run on a fresh child
+            time.sleep(random.random() * 0.004)
+            _kill(_below(pool, 2, ("pynox-ready", "pynox-template")))  # only children prepared ahead
+        assert seen == {"ok": 60}, seen
+
+
+def test_a_template_killed_before_the_next_job_costs_that_job_nothing(tmp_path: Path) -> None:
+    """The template dies before the job is sent; handed to its prepared child, the job began and died with
+    it (sometimes after writing its marker) and was not retried. Sent to the dying template, it is."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        failed = []
+        for i in range(60):
+            result = pool.run(_marker_job(out, i), allow_write=[str(out)])
+            if result["error"] is not None:
+                failed.append((i, result["error"]["message"][:80], (out / f"j{i}").exists()))
+            time.sleep(random.random() * 0.01)
+            _kill(_below(pool, 1, ("pynox-template",)))
+        assert failed == [], failed
+
+
+def test_a_spare_template_that_cannot_start_never_ends_a_live_session(tmp_path: Path) -> None:
+    """Starting the next spare fails (EMFILE here): had its thread ended, every template it started would
+    have died of its parent-death signal, and session B would have lost its state."""
+    with pool_process("--workers=1", cwd=tmp_path, check_exit=False) as pool:
+        assert pool.run("x = 1", session="A")["error"] is None
+        time.sleep(1.5)  # the spare is ready
+        assert pool.run("y = 2", session="B")["error"] is None  # B runs on the spare
+        time.sleep(1.5)  # the next spare is ready
+        limit = resource.prlimit(pool.pid, resource.RLIMIT_NOFILE)
+        used = len(os.listdir(f"/proc/{pool.pid}/fd"))
+        resource.prlimit(pool.pid, resource.RLIMIT_NOFILE, (used + 2, limit[1]))
+        pool.run("z = 3", session="C")  # takes the spare; starting the next one fails with EMFILE
+        time.sleep(1.0)
+        resource.prlimit(pool.pid, resource.RLIMIT_NOFILE, limit)
+        again = pool.run("print(y)", session="B")
+        assert again["stdout"] == "2\n", (again, bytes(pool.stderr[-600:]))
+
+
+def test_descriptors_and_processes_stay_flat_over_hundreds_of_jobs(tmp_path: Path) -> None:
+    """Same policy (hand-over), alternating grants (discard and fork), a renamed grant, host functions."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        counts = []
+        for i in range(300):
+            grants = [str(a)] if i % 3 else [str(b if i % 2 else a)]
+            if i % 50 == 49:
+                os.rename(a, tmp_path / f"a{i}")
+                a.mkdir()
+            host = {"f": lambda: 1} if i % 5 == 0 else None
+            code = "from pynox_host import f\nprint(f())" if host else "print(1)"
+            result = pool.run(code, allow_write=grants, host=host)
+            assert result["error"] is None and result["stdout"] == "1\n", result
+            if i % 25 == 0:
+                counts.append(len(os.listdir(f"/proc/{pool.pid}/fd")))
+                assert len(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) <= 2
+        assert max(counts) - min(counts) <= 2, counts
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_every_request_is_answered_once_when_cancelled_or_timed_out_at_hand_over(tmp_path: Path, how: str) -> None:
+    """A cancel sent 0-2 ms after the job, or a 1-5 ms timeout, with a child prepared each time."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        ids = []
+        for i in range(100):
+            if how == "cancel":
+                rid = pool.submit(code=f"print({i})", allow_write=[str(out)])
+                time.sleep(random.random() * 0.002)
+                pool.result(pool.submit(cancel=rid))
+            else:
+                rid = pool.submit(code=f"print({i})", allow_write=[str(out)], timeout=random.choice(["1ms", "5ms"]))
+            ids.append(rid)
+            pool.result(rid)
+        pool.quiet_for(lambda m: False, 0.5)
+        assert [rid for rid in ids if len(pool.responses(rid)) != 1] == []
+        assert pool.run("print('next')", allow_write=[str(out)])["stdout"] == "next\n"
+        assert b"Traceback" not in pool.stderr
+
+
+def test_a_spare_template_killed_while_it_waits_costs_the_next_session_nothing(tmp_path: Path) -> None:
+    """A spare killed while it waits is not handed out: the next session starts a template of its own."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        workers = set(_below(pool, 1, ("pynox-template",)))
+        assert pool.run("x = 1", session="A")["error"] is None
+        time.sleep(1.5)
+        table = proc_table()
+        busy = {table[pid][0] for pid, d in descendants(pool.pid, table).items() if d == 2}
+        spare = [pid for pid in _below(pool, 1, ("pynox-template",)) if pid not in workers | busy]
+        assert len(spare) == 1, spare
+        _kill(spare)
+        time.sleep(0.5)
+        first = pool.run("print('B1')", session="B")
+        assert first["error"] is None and first["stdout"] == "B1\n", first
+
+
+def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path) -> None:
+    """A prepared child entered the working directory before it was moved away: a job handed to it would
+    write into the old one. The directory is matched by device and inode, as grants are."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with pool_process("--workers=1", cwd=work) as pool:
+        assert pool.run("open('one', 'w').close()", allow_write=[str(tmp_path)])["error"] is None
+        end = time.monotonic() + 10
+        while not _below(pool, 2, ("pynox-ready",)):
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        os.rename(work, tmp_path / "work-old")
+        work.mkdir()
+        assert pool.run("open('two', 'w').close()", allow_write=[str(tmp_path)])["error"] is None
+        assert (work / "two").exists(), sorted(p.name for p in (tmp_path / "work-old").iterdir())

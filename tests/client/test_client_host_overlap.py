@@ -107,3 +107,21 @@ def test_an_async_host_functions_error_reaches_the_job(pool: Pool) -> None:
     result = pool.run("from pynox_host import refuse, HostError\ntry:\n    refuse()\nexcept HostError as e:\n"
                       "    print('job saw:', e)", functions={"refuse": refuse})
     assert result.stdout == "job saw: no such city\n"
+
+
+@pytest.mark.parametrize("first_answered", ["first", "last"])
+def test_each_thread_gets_its_own_answer_whatever_order_they_come_in(pool: Pool, first_answered: str) -> None:
+    """One waiting caller reads the channel for all and passes the reading on when its own answer comes:
+    answered last, the first caller delivers every other answer; answered first, it must pass the reading
+    on, or the others wait forever. Each thread checks that it got its own answer."""
+    def late_first(i: int) -> int:
+        time.sleep((i if first_answered == "first" else max(6 - i, 0)) * 0.05)
+        return i * 10
+
+    code = ("import threading\nfrom pynox_host import f\npairs = []\n"
+            "threads = [threading.Thread(target=lambda i=i: pairs.append((i, f(i)))) for i in range(6)]\n"
+            "[t.start() for t in threads]\n[t.join() for t in threads]\n"
+            "print(all(got == i * 10 for i, got in pairs), len(pairs))\n"
+            "print(f(7))")  # a call after the threads' reader has gone: this thread reads for itself
+    result = pool.run(code, functions={"f": late_first})
+    assert result.stdout == "True 6\n70\n", result.text

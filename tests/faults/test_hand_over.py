@@ -174,3 +174,31 @@ def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path
         work.mkdir()
         assert pool.run("open('two', 'w').close()", allow_write=[str(tmp_path)])["error"] is None
         assert (work / "two").exists(), sorted(p.name for p in (tmp_path / "work-old").iterdir())
+
+
+def test_no_child_is_prepared_while_a_job_runs(tmp_path: Path) -> None:
+    """A prepared child killed just before a job: the job gets a child of its own, and no prepared child lives
+    beside it (one would take the job's CPU and one of its threads, see policy/tasks.py): one the template
+    prepared as the job arrived is killed, and the next is prepared only after the job."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for _ in range(5):
+            assert pool.run("print(1)", allow_write=[str(out)])["error"] is None
+            end = time.monotonic() + 10
+            while not (ready := _below(pool, 2, ("pynox-ready",))):
+                assert time.monotonic() < end, "no child was prepared"
+                time.sleep(0.005)
+            _kill(ready)
+            job = pool.submit(code="import time\ntime.sleep(0.8)", allow_write=[str(out)])
+            time.sleep(0.2)  # a child prepared as the job arrived is killed by then
+            end = time.monotonic() + 0.4
+            while time.monotonic() < end:
+                table = proc_table()
+                below = descendants(pool.pid, table)
+                running = [pid for pid, depth in below.items() if depth == 2 and table[pid][3] == "pynox-job"]
+                prepared = [pid for pid, depth in below.items()
+                            if depth == 2 and table[pid][3] == "pynox-ready" and pid not in ready]
+                assert not (running and prepared), (running, prepared)
+                time.sleep(0.01)
+            assert pool.result(job)["error"] is None

@@ -110,8 +110,9 @@ class _SpareTemplate:
     def _keep_one_ready(self) -> None:
         try:
             self._start_spares()
-        except Exception:  # the session asking next starts its own and reports the problem
-            _log.exception("could not start a template ahead for the next session")
+        except Exception as exc:  # the session asking next starts its own and reports the problem
+            _log.warning("could not start a template ahead for the next session (%s: %s); sessions start their "
+                         "own", type(exc).__name__, exc)
         # This thread must outlive the templates it started, which sessions hold: it waits for the pool's end.
         with self._ready:
             while not self._closed:

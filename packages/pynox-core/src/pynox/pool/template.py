@@ -166,9 +166,11 @@ class _Child:
     from them (the confinement is then kept too): they keep the granted inodes alive, so the identity
     the server matches a prepared child by cannot be taken by another file."""
 
-    def __init__(self, serial: int, pid: int, job: int, confinement: Confinement | None, grants: list[int]) -> None:
+    def __init__(self, serial: int, pid: int, job: int, confinement: Confinement | None, grants: list[int], *,
+                 prepared: bool) -> None:
         self.serial, self.pid, self.job = serial, pid, job
         self.confinement, self.grants = confinement, grants
+        self.prepared = prepared  # confined ahead of its job, rather than forked for one
         self.pidfd = os.pidfd_open(pid)
         self.discarded = False
 
@@ -180,11 +182,18 @@ class _Children:
         self.sock, self.runtime = sock, runtime
         self.by_serial: dict[int, _Child] = {}
         self._serials = itertools.count(1)
+        # A child to prepare again once the job now running has ended (see reap).
+        self._deferred: _Child | None = None
 
     def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
         """Fork the job's child; announce it with its pidfd."""
         own = len(sent_with_job(confinement.host_channel, confinement.session))
         own_fds, grants = fds[:own], fds[own:]
+        # The server hands jobs to prepared children itself and sends this one here after the last job ended:
+        # a child still prepared will never get a job (the server has not seen it yet, or gave it up).
+        for other in self.by_serial.values():
+            if other.prepared:
+                self.discard(other.serial)
         _refresh(self.runtime)
         pid = os.fork()
         if pid == 0:
@@ -198,7 +207,7 @@ class _Children:
         if confinement.session:
             close_all(grants)
         child = self._add(pid, job, None if confinement.session else confinement,
-                          [] if confinement.session else grants)
+                          [] if confinement.session else grants, prepared=False)
         send_frame(self.sock, Started(serial=child.serial, pid=pid), [child.pidfd])
 
     def prepare(self, job: int, confinement: Confinement, grants: list[int]) -> None:
@@ -213,14 +222,15 @@ class _Children:
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         child_end.close()
-        child = self._add(pid, job, confinement, grants)
+        child = self._add(pid, job, confinement, grants, prepared=True)
         try:
             send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=job), [child.pidfd, control.fileno()])
         finally:
             control.close()
 
-    def _add(self, pid: int, job: int, confinement: Confinement | None, grants: list[int]) -> _Child:
-        child = _Child(next(self._serials), pid, job, confinement, grants)
+    def _add(self, pid: int, job: int, confinement: Confinement | None, grants: list[int], *,
+             prepared: bool) -> _Child:
+        child = _Child(next(self._serials), pid, job, confinement, grants, prepared=prepared)
         self.by_serial[child.serial] = child
         return child
 
@@ -245,13 +255,27 @@ class _Children:
         prepares = child.confinement is not None and not child.discarded
         send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=prepares,
                                     cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
+        # After a job, never while one runs: on two cores the preparation would take the CPU the job and the
+        # server need, and its pids would come out of the job's thread budget (policy/tasks.py). A prepared
+        # child that died while a job runs (the job went to a child of its own) is prepared again after it.
+        job_running = any(not other.prepared for other in self.by_serial.values())
+        if prepares and job_running:
+            if self._deferred is not None:
+                close_all(self._deferred.grants)
+            self._deferred = child
+            return
         if prepares:
             assert child.confinement is not None
-            # After the job, not while it runs: on two cores the preparation would take the CPU the job and
-            # the server need. The next job most likely has the same confinement (one tool, one profile).
+            # The next job most likely has the same confinement (one tool, one profile).
             self.prepare(child.job, child.confinement, child.grants)
         else:
             close_all(child.grants)
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None and (prepares or job_running):  # one prepared from a later job replaces it
+            close_all(deferred.grants)
+        elif deferred is not None:
+            assert deferred.confinement is not None
+            self.prepare(deferred.job, deferred.confinement, deferred.grants)
 
     def kill_all(self) -> None:
         for child in list(self.by_serial.values()):
@@ -262,6 +286,9 @@ class _Children:
                 pass
             close_all([child.pidfd, *child.grants])
         self.by_serial.clear()
+        if self._deferred is not None:
+            close_all(self._deferred.grants)
+            self._deferred = None
 
 
 def _serve(sock: socket.socket, runtime: Runtime) -> None:

@@ -59,11 +59,14 @@ def running_pools() -> frozenset[int]:
 
 def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
                   deadline: float = DEADLINE) -> dict[int, tuple[int, int, str]]:
-    """Wait until the pools below us are idle: at most ``templates`` templates, each with at most one child.
+    """Wait until the pools below us are idle: at most ``templates`` templates serving something, each with at
+    most one child.
 
     An idle template keeps one child forked and confined ahead of the next job; a second child is a job
     still running. A session has a template of its own, so a session still open shows as one template
-    too many. Returns what is left.
+    too many. Once a pool has had a session, one more template waits, childless, for the next session:
+    it is allowed here (one per pool), and the pool's close ends it (see :func:`wait_for_none`). Returns
+    what is left.
     """
     end = time.monotonic() + deadline
     while True:
@@ -71,7 +74,10 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
         template_pids = [pid for pid, (depth, _parent, _command) in left.items() if depth == 2]
         children = [parent for depth, parent, _command in left.values() if depth == 3]
         deeper = [pid for pid, (depth, _parent, _command) in left.items() if depth > 3]
-        if len(template_pids) <= templates and not deeper and all(children.count(t) <= 1 for t in template_pids):
+        serving = [pid for pid in template_pids if pid in children]
+        pools = {parent for depth, parent, _command in left.values() if depth == 2}
+        if (len(serving) <= templates and len(template_pids) <= templates + len(pools) and not deeper
+                and all(children.count(t) <= 1 for t in template_pids)):
             return left
         if time.monotonic() > end:
             raise AssertionError(f"still running {deadline}s after the agent finished: {left}")

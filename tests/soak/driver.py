@@ -273,15 +273,22 @@ class Snapshot:
 def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Snapshot:
     """Wait until the pool is idle (only its templates and their prepared children left), then measure it.
 
-    Idle is what makes two snapshots comparable: no job, no session, no session template, no zombie.
+    Idle is what makes two snapshots comparable: no job, no session, no session template, no zombie. Once
+    the pool has had a session, one template more waits, childless, for the next session; it is replaced
+    with each new session, so the snapshot measures the workers' templates only (the pool's descriptors
+    and threads still count the one waiting).
     """
     end = time.monotonic() + deadline
     while True:
         processes = below(pool.pid)
-        templates = sorted(pid for pid, (depth, state, _) in processes.items() if depth == 1 and state != "Z")
+        parents = {table_entry[0] for table_entry in proc_table().values()}
+        alive = [pid for pid, (depth, state, _) in processes.items() if depth == 1 and state != "Z"]
+        templates = sorted(pid for pid in alive if pid in parents)
+        waiting = [pid for pid in alive if pid not in parents]
         strays = {pid: info for pid, info in processes.items()
                   if info[1] == "Z" or info[0] > 2 or (info[0] == 2 and info[2] != "pynox-ready")}
-        if len(templates) == workers and not strays and len(processes) <= 2 * workers:
+        if (len(templates) == workers and len(waiting) <= 1 and not strays
+                and len(processes) <= 2 * workers + len(waiting)):
             # A template that has just forked its prepared child still holds the child's end of their
             # socket pair for a moment: idle means its descriptors hold still too.
             template_fds = {pid: fd_kinds(pid) for pid in templates}

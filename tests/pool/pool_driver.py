@@ -127,16 +127,16 @@ def descendants(root: int, table: dict[int, tuple[int, str, int, str]] | None = 
 
 # A template forks and confines a child ahead of its next job ("pynox-ready"); it is not a job yet.
 READY_CHILD = "pynox-ready"
-# A child the template has just forked still carries the template's name until it names itself: it
-# may become a prepared child, so it is not a job yet either.
-_UNNAMED_CHILD = "pynox-template"
+# What a child names itself once it runs a job or a session. Until then it carries the template's name (it
+# may become a prepared child); and a template that is starting may run a helper of its own below the pool
+# (ctypes looking for a library runs ldconfig), at the same depth as jobs.
+_JOB_NAMES = ("pynox-job", "pynox-session")
 
 
 def jobs_of(root: int) -> list[int]:
     """The running job and session processes below a pool (depth 2), prepared children excluded."""
     table = proc_table()
-    return [pid for pid, depth in descendants(root, table).items()
-            if depth == 2 and table[pid][3] not in (READY_CHILD, _UNNAMED_CHILD)]
+    return [pid for pid, depth in descendants(root, table).items() if depth == 2 and table[pid][3] in _JOB_NAMES]
 
 
 def reap_adopted_zombies() -> None:

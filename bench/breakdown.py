@@ -17,7 +17,6 @@ per-job counts are what matter, the wall time under them is not a latency figure
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -26,22 +25,14 @@ import sys
 import time
 from typing import Any
 
-from latency import PoolDriver, children_of  # type: ignore[import-not-found]  # run as a script from bench/
+from latency import PoolDriver, children_of, process_name, save_json  # type: ignore[import-not-found]  # from bench/
 
 PERF_EVENTS = "task-clock,page-faults,context-switches"
 
 
-def name_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as comm:
-            return comm.read().strip()
-    except OSError:
-        return ""
-
-
 def template_of(server: int) -> int:
     for child in children_of(server):
-        if name_of(child) == "pynox-template":
+        if process_name(child) == "pynox-template":
             return child
     raise RuntimeError("no pynox-template under the pool")
 
@@ -131,8 +122,7 @@ def main() -> int:
         top = ", ".join(f"{name} {count:.1f}" for name, count in list(counted.items())[:14])
         print(f"{role:18} {total:6.1f} syscalls per job: {top}")
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=2)
+        save_json(figures, args.json)
     return 0
 
 

@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from latency import report  # type: ignore[import-not-found]  # run as a script from bench/
+
 _PAGES = 10_000
 _ECHO_SERVER = r"""
 import os, queue, select, threading, msgspec
@@ -170,12 +172,7 @@ def main() -> int:
         "fork of a template-sized interpreter": template_sized_fork(max(args.runs // 10, 20)),
         "machine": {"cpus": os.cpu_count(), "load_average_after": [round(x, 2) for x in os.getloadavg()]},
     }
-    width = max(map(len, results))
-    for name, figures in results.items():
-        print(f"{name:<{width}}  " + "  ".join(f"{k}={v}" for k, v in figures.items()))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
+    report(results, args.json)
     return 0
 
 

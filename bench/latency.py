@@ -231,14 +231,24 @@ def main() -> int:
     results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                           "load_average_after": [round(load, 2) for load in os.getloadavg()]}
 
+    print(f"{'case':<{max(map(len, results))}}  figures   (cpus: {os.cpu_count()}, python {sys.version.split()[0]})")
+    report(results, args.json)
+    return 0
+
+
+def report(results: dict[str, Any], json_path: str | None) -> None:
+    """One line per case with its figures; with ``json_path``, every figure written there too (the benches share
+    this)."""
     width = max(map(len, results))
-    print(f"{'case':<{width}}  figures   (cpus: {os.cpu_count()}, python {sys.version.split()[0]})")
     for name, figures in results.items():
         print(f"{name:<{width}}  " + "  ".join(f"{k}={v}" for k, v in figures.items()))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
-    return 0
+    if json_path:
+        save_json(results, json_path)
+
+
+def save_json(results: dict[str, Any], path: str) -> None:
+    with open(path, "w") as out:
+        json.dump(results, out, indent=2)
 
 
 def in_process_baselines(runs: int) -> dict[str, dict[str, float]]:
@@ -412,13 +422,11 @@ def children_of(pid: int) -> list[int]:
 
 def tree_rss_mb(pid: int) -> float:
     """Resident memory of ``pid`` and all its descendants (proportional set size, so shared pages count once)."""
-    total_kb, pending = 0, [pid]
-    while pending:
-        current = pending.pop()
+    total_kb = 0
+    for current in [pid, *descendants(pid)]:
         try:
             with open(f"/proc/{current}/smaps_rollup") as rollup:
                 total_kb += next(int(line.split()[1]) for line in rollup if line.startswith("Pss:"))
-            pending += children_of(current)
         except (OSError, StopIteration):
             continue
     return round(total_kb / 1024, 1)

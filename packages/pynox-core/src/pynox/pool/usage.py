@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["live_usage"]
+__all__ = ["live_usage", "proc_text"]
 
 _CPUCLOCK_SCHED = 2  # the kernel's CPU clock of a whole process, as clock_getcpuclockid(3) builds it
 
@@ -29,15 +29,16 @@ def live_usage(pid: int) -> tuple[int, int | None] | None:
     its memory (it is exiting: a zombie, or about to be one). None if it is gone."""
     try:
         cpu_ns = time.clock_gettime_ns((~pid << 3) | _CPUCLOCK_SCHED)
-        peak = next((line for line in _read(f"/proc/{pid}/status").splitlines() if line.startswith(b"VmHWM:")), None)
+        status = proc_text(f"/proc/{pid}/status").splitlines()
+        peak = next((line for line in status if line.startswith(b"VmHWM:")), None)
     except (OSError, ValueError):
         return None
     return cpu_ns // 1000, int(peak.split()[1]) if peak is not None else None
 
 
-def _read(path: str) -> bytes:
-    """A /proc file's text in one read: three system calls, where open() adds a stat, an ioctl and seeks (this
-    runs once per job, on its result's path)."""
+def proc_text(path: str) -> bytes:
+    """A /proc file's text in one read: three system calls, where open() adds a stat, an ioctl and seeks (the
+    server reads these on every job's path)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, 16384)

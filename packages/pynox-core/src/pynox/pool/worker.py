@@ -64,7 +64,7 @@ from .lifecycle import ChildLife, ChildState
 from .metadata import Steward, receive_listener
 from .outcome import Outcome
 from .payload import new_claim, take_back, write_payload
-from .usage import live_usage
+from .usage import live_usage, proc_text
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
 
@@ -104,11 +104,7 @@ _SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # in the pending signals of field 
 def _dying(pid: int) -> bool:
     """Whether a process is gone or on its way out: SIGKILL pending, exiting, or a zombie."""
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fields = os.read(fd, 4096).rpartition(b")")[2].split()
-        finally:
-            os.close(fd)
+        fields = proc_text(f"/proc/{pid}/stat").rpartition(b")")[2].split()
         state, flags, pending = fields[0], int(fields[6]), int(fields[28])
     except (OSError, ValueError, IndexError):
         return True
@@ -409,15 +405,13 @@ class Template:
         # to a child being killed, or to the child of a template being killed, would begin, then die. To the
         # template instead, it is never read, so it is taken back and retried (see run).
         if _dying(prepared.pid) or _dying(self.process.pid):
-            self._released.add(prepared.serial)
-            prepared.close()
+            self._release(prepared)
             return False
         try:
             send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(
                 confinement.host_channel)])
         except OSError:  # it died while it waited (killed from outside): the template reports its end
-            self._released.add(prepared.serial)
-            prepared.close()
+            self._release(prepared)
             return False
         self._child_serial = prepared.serial
         self.child.started(prepared.pidfd, prepared.pid)
@@ -425,10 +419,14 @@ class Template:
         self._metadata = _StewardToBe(prepared.control, writes, *_job_ids(confinement))
         return True
 
-    def _discard(self, prepared: _PreparedChild) -> None:
-        """Have the template kill a prepared child that will get no job (and prepare none from it)."""
+    def _release(self, prepared: _PreparedChild) -> None:
+        """Give a prepared child up: its end, which the template reports, is then expected and passed over."""
         self._released.add(prepared.serial)
         prepared.close()
+
+    def _discard(self, prepared: _PreparedChild) -> None:
+        """Have the template kill a prepared child that will get no job (and prepare none from it)."""
+        self._release(prepared)
         try:
             send_frame(self.sock, Discard(serial=prepared.serial))
         except OSError:

@@ -54,6 +54,7 @@ class Case:
     grant: dict[str, Any] | None = None  # None: the control runs unconfined
     control_code: str | None = None
     needs: tuple[str, ...] = ()  # "landlock:6", "ipv6", "root", "syscall:NAME"
+    control_needs: tuple[str, ...] = ()  # what the control alone needs beyond ``needs``
     prepare: Callable[[World], None] | None = None  # arranges the world before either run
 
     def source(self, world: World, *, control: bool = False) -> str:
@@ -85,6 +86,19 @@ print("done")
 """
 
 
+# A job makes the kernel signal {owner}'s target for it, by writing to a socketpair whose reading end has
+# that owner, SIGKILL as its signal and O_ASYNC set.
+_SIGNAL_BY_OWNER = """\
+import fcntl, os, signal, socket, struct, time
+r, w = socket.socketpair()
+{owner}
+fcntl.fcntl(r, 10, signal.SIGKILL)  # F_SETSIG
+fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_ASYNC)
+w.send(b"x")
+time.sleep(0.2)
+"""
+
+
 # Expectations shared by many cases ---------------------------------------------------------------
 
 PERMISSION = ("PermissionError",)
@@ -113,6 +127,14 @@ def _marker_absent(world: World, run: Run) -> None:
 
 def _marker_present(world: World, run: Run) -> None:
     assert world.marker.exists(), f"the control did not start the process: {run.result.stderr}"
+
+
+def _readonly_intact(world: World, run: Run) -> None:
+    assert (world.readonly / "data.txt").read_text() == "readonly data", "a read-only grant was truncated"
+
+
+def _readonly_cut(world: World, run: Run) -> None:
+    assert (world.readonly / "data.txt").read_text() != "readonly data", "the control did not truncate"
 
 
 def _sleeper_alive(world: World, run: Run) -> None:
@@ -302,7 +324,20 @@ FILESYSTEM = [
          grant={"allow_write": ["$outside"]}),
     Case("truncate_canary", "landlock.write",
          'import os; os.truncate("$canary", 0)',
-         _denied("allow_write"), _works(host=_canary_is("")), grant={"allow_write": ["$outside"]}),
+         _denied("allow_write"), _works(host=_canary_is("")), grant={"allow_write": ["$outside"]},
+         needs=("landlock:3",)),
+    # Below ABI 3 Landlock does not govern truncation: seccomp refuses it by name, and a read-only open with
+    # O_TRUNC, at those ABIs (the controls run with the test's own powers, which a write grant below ABI 3
+    # does not give: truncating by name is refused there even inside one).
+    Case("truncate_outside_any_abi", "seccomp.truncate",
+         'import os; os.truncate("$canary", 0)',
+         _denied(), _works(host=_canary_is(""))),
+    Case("truncate_read_grant", "seccomp.truncate",
+         'import os; os.truncate("$readonly/data.txt", 3)',
+         _denied(host=_readonly_intact), _works(host=_readonly_cut), request={"allow_read": ["$readonly"]}),
+    Case("open_read_only_truncating", "seccomp.truncate",
+         'import os; os.close(os.open("$readonly/data.txt", os.O_RDONLY | os.O_TRUNC))',
+         _denied(host=_readonly_intact), _works(host=_readonly_cut), request={"allow_read": ["$readonly"]}),
     Case("write_into_read_grant", "landlock.read_only",
          'open("$readonly/data.txt", "w").write("pwned")',
          _denied("readable but not writable", 'allow_write=["$readonly/data.txt"]'),
@@ -323,19 +358,24 @@ FILESYSTEM = [
          'import os; os.symlink("$outside", "$work/door"); open("$work/door/canary.txt", "w").write("pwned")',
          _denied("allow_write"), _works(host=_canary_is("pwned")),
          request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+    # Below ABI 2 (refer) Landlock refuses every link or rename across directories, even between two write
+    # grants (EXDEV): the denials hold at every ABI, the granted controls need ABI 2.
     Case("hardlink_into_grant", "landlock.hardlink",
          'import os; os.link("$canary", "$work/hard"); print(open("$work/hard").read())',
          _denied("hard-linked", error=("OSError",), host=_file(lambda w: w.work / "hard", exists=False)),
-         _works("$token"), request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+         _works("$token"), request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]},
+         control_needs=("landlock:2",)),
     Case("rename_into_grant", "landlock.rename",
          'import os; os.rename("$canary", "$work/stolen"); print(open("$work/stolen").read())',
          _denied("allow_write", host=_file(lambda w: w.work / "stolen", exists=False)),
-         _works("$token"), request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+         _works("$token"), request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]},
+         control_needs=("landlock:2",)),
     Case("rename_out_of_grant", "landlock.rename",
          'import os; os.rename("$work/mine.txt", "$outside/dropped.txt")',
          _denied(host=_file(lambda w: w.work / "mine.txt", exists=True)),
          _works(host=_file(lambda w: w.outside / "dropped.txt", exists=True)),
-         request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]}),
+         request={"allow_write": ["$work"]}, grant={"allow_write": ["$work", "$outside"]},
+         control_needs=("landlock:2",)),
     Case("etc_passwd", "landlock.host",
          'print(open("/etc/passwd").read())',
          _denied('allow_read=["/etc/passwd"]'), _works("root:"), grant={"allow_read": ["/etc/passwd"]}),
@@ -568,7 +608,7 @@ NETWORK = [
     Case("abstract_unix_scoped", "landlock.scope_abstract",
          'import socket; s = socket.socket(socket.AF_UNIX); s.connect("\\0$abstract_name"); s.sendall(b"hello")',
          _denied(host=_no_abstract), _works(host=_abstract_hello),
-         request={"allow_network": True}, needs=("landlock:6",)),
+         request={"allow_network": True}),
     Case("netlink_socket", "network.families",
          'import socket; socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close(); print("opened")',
          _denied(), _works("opened"), request={"allow_network": True}),
@@ -583,17 +623,17 @@ SIGNALS = [
     Case("kill_template", "landlock.scope_signal",
          'import os, signal; os.kill(os.getppid(), signal.SIGKILL)',
          _denied(), _works("self"), control_code='import os; os.kill(os.getpid(), 0); print("self")',
-         grant={}, needs=("landlock:6",)),
+         grant={}),
     Case("kill_outside_process", "landlock.scope_signal",
          'import os, signal; os.kill($sleeper_pid, signal.SIGKILL)',
-         _denied(host=_sleeper_alive), _works(host=_sleeper_killed), needs=("landlock:6",)),
+         _denied(host=_sleeper_alive), _works(host=_sleeper_killed)),
     # Signal 0 checks permission without delivering anything: the test process must survive a broken policy.
     Case("signal_test_process", "landlock.scope_signal",
          'import os; os.kill($test_pid, 0); print("reachable")',
-         _denied("no grant allows it"), _works("reachable"), needs=("landlock:6",)),
+         _denied("no grant allows it"), _works("reachable")),
     Case("pidfd_kill_outside_process", "landlock.scope_signal",
          'import os, signal; signal.pidfd_send_signal(os.pidfd_open($sleeper_pid), signal.SIGKILL)',
-         _denied(host=_sleeper_alive), _works(host=_sleeper_killed), needs=("landlock:6",)),
+         _denied(host=_sleeper_alive), _works(host=_sleeper_killed)),
     # kill(-1) names every process: refused by the own-process filter (and by scoping, which would make it
     # report success with every target refused). The proof is the stopped sleeper staying stopped.
     # SIGCONT: should the policy ever fail, continuing running processes harms nothing.
@@ -601,7 +641,18 @@ SIGNALS = [
          'import os, signal; os.kill(-1, signal.SIGCONT)',
          _denied(host=_sleeper_stopped), _works(host=_sleeper_running),
          control_code='import os, signal; os.kill($sleeper_pid, signal.SIGCONT)',
-         prepare=_stop_sleeper, needs=("landlock:6",)),
+         prepare=_stop_sleeper),
+    # The kernel signals a descriptor's owner when it becomes ready (SIGIO, or whatever F_SETSIG picks):
+    # before Landlock's signal scoping (ABI 6) nothing but the own-process filter stands in the way.
+    Case("sigio_owner_outside_process", "seccomp.own_process",
+         _SIGNAL_BY_OWNER.format(owner="fcntl.fcntl(r, 8, $sleeper_pid)  # F_SETOWN"),
+         _denied(host=_sleeper_alive), _works(host=_sleeper_killed)),
+    Case("sigio_owner_ex_outside_process", "seccomp.own_process",
+         _SIGNAL_BY_OWNER.format(owner="fcntl.fcntl(r, 15, struct.pack('ii', 1, $sleeper_pid))  # F_SETOWN_EX"),
+         _denied(host=_sleeper_alive), _works(host=_sleeper_killed)),
+    Case("sigio_owner_socket_ioctl", "seccomp.own_process",
+         _SIGNAL_BY_OWNER.format(owner="fcntl.ioctl(r, 0x8901, struct.pack('i', $sleeper_pid))  # FIOSETOWN"),
+         _denied(host=_sleeper_alive), _works(host=_sleeper_killed)),
     Case("prlimit_outside_process", "seccomp.prlimit",
          'import resource; resource.prlimit($sleeper_pid, resource.RLIMIT_NOFILE, (5, 5))',
          _denied(host=_nofile_unchanged), _works(host=_nofile_changed)),
@@ -785,7 +836,7 @@ def _unprivileged(world: World, run: Run) -> None:
     out = run.result.stdout
     for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert f"{name} 0000000000000000" in out, out
-    assert "NoNewPrivs 1" in out and "Seccomp 2" in out and "dumpable 0" in out and "core (0, 0)" in out
+    assert "NoNewPrivs 1" in out and "Seccomp 2" in out and "dumpable 1" in out and "core (0, 0)" in out
 
 
 def _privileged_outside(world: World, run: Run) -> None:

@@ -18,9 +18,9 @@ import pytest
 
 from pynox.errors import RequestError
 from pynox.grants import to_job
-from pynox.policy import landlock
 from pynox.pool.worker import Template
 from pynox.protocol import Request
+from tests.setup_facts import require_landlock
 
 from .cases import CASES, WORKS, Case, Expect
 from .harness import SECRET, Run, Sandbox, World, run_unconfined
@@ -40,11 +40,8 @@ def _fill(value: Any, world: World) -> Any:
 def _require(needs: tuple[str, ...], world: World) -> None:
     for need in needs:
         kind, _, arg = need.partition(":")
-        if kind == "landlock" and landlock.abi_version() < int(arg):
-            reason = f"needs Landlock ABI {arg}, this kernel has {landlock.abi_version()}"
-            if os.environ.get("CI"):
-                pytest.fail(f"{reason}: CI must prove the policy, not skip it", pytrace=False)
-            pytest.skip(reason)
+        if kind == "landlock":
+            require_landlock(int(arg))
         if kind == "root" and (os.geteuid() != 0 or world.root_canary is None):
             pytest.skip("needs root (the test's own powers are the control)")
         if kind == "ipv6" and world.tcp6 is None:
@@ -100,7 +97,7 @@ def test_denied(case: Case, sandbox: Sandbox, world: World) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_control(case: Case, sandbox: Sandbox, world: World) -> None:
-    _require(case.needs, world)
+    _require((*case.needs, *case.control_needs), world)
     if case.prepare is not None:
         case.prepare(world)
     if case.grant is None:

@@ -120,6 +120,9 @@ def _pool_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     pool.add_argument("--log", choices=("json", "none"), help="one JSON line per finished job on stderr")
     pool.add_argument("--max-sessions", type=int, help="concurrent sessions (default 16)")
     pool.add_argument("--session-idle", help="close a session idle this long (default 10m)")
+    pool.add_argument("--landlock-abi", metavar="N",
+                      help="use Landlock ABI N at most, as a kernel of that ABI would (default: the kernel's; "
+                           "also [pool] landlock_abi or $PYNOX_LANDLOCK_ABI)")
 
 
 def build_parser() -> argparse.ArgumentParser:

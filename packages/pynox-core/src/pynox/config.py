@@ -37,7 +37,10 @@ from .paths import beneath
 from .protocol import Request
 from .units import parse_duration, parse_size
 
-__all__ = ["EMPTY", "Config", "Limits", "PoolOptions", "PoolSettings", "load_config", "merged", "pool_options"]
+__all__ = [
+    "EMPTY", "LANDLOCK_ABI_VARIABLE", "Config", "Limits", "PoolOptions", "PoolSettings", "landlock_abi_cap",
+    "landlock_abi_from_environment", "load_config", "merged", "pool_options",
+]
 
 _T = TypeVar("_T")
 
@@ -47,7 +50,8 @@ _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout",
 # `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
                     "max_file_size")
-_POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "limits")
+_POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "landlock_abi",
+              "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -65,6 +69,7 @@ class PoolSettings:
     session_idle: float = 600.0  # seconds
     log: str | None = None  # "json" or None
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
+    landlock_abi: int | None = None  # the highest Landlock ABI jobs use (see landlock_abi_cap)
 
 
 @dataclass(frozen=True)
@@ -270,7 +275,49 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         session_idle=PoolSettings.session_idle if idle is None else idle,
         log=log,
         run_as=_run_as(table),
+        landlock_abi=_landlock_abi(table),
     )
+
+
+# The highest Landlock ABI a pool uses, whatever the kernel offers: a fleet of mixed kernels behaves as
+# its oldest node does, and CI proves every rule as it holds on an older kernel (the kernel enforces
+# exactly the rights a ruleset handles, so a ruleset of ABI N behaves as on a kernel of ABI N). The pool's
+# command line wins over [pool] landlock_abi, which wins over this variable.
+LANDLOCK_ABI_VARIABLE = "PYNOX_LANDLOCK_ABI"
+_HIGHEST_KNOWN_ABI = 7
+
+
+def _abi_problem(value: object) -> str | None:
+    text = str(value).strip()
+    if isinstance(value, bool) or not (isinstance(value, int) or (text.isascii() and text.isdigit())):
+        return f"must be a Landlock ABI number (1 to {_HIGHEST_KNOWN_ABI}), got {value!r}"
+    if int(text) < 1:
+        return f"must be at least 1: Pynox never runs a job without Landlock, got {int(text)}"
+    return None
+
+
+def landlock_abi_cap(value: object, where: str) -> int:
+    """A Landlock ABI cap, checked: an integer from 1 (the oldest Landlock) up; ``where`` names its source."""
+    problem = _abi_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{where} {problem}")
+    return int(str(value).strip())
+
+
+def landlock_abi_from_environment() -> int | None:
+    """``$PYNOX_LANDLOCK_ABI``, checked; None when unset or empty."""
+    value = os.environ.get(LANDLOCK_ABI_VARIABLE, "").strip()
+    return landlock_abi_cap(value, f"${LANDLOCK_ABI_VARIABLE}") if value else None
+
+
+def _landlock_abi(table: _Table) -> int | None:
+    value = table.get("landlock_abi", int, "a Landlock ABI number")
+    if value is None:
+        return None
+    problem = _abi_problem(value)
+    if problem is not None:
+        raise table.error(problem, "landlock_abi")
+    return value
 
 
 def _run_as(table: _Table) -> tuple[int, int] | None:
@@ -357,6 +404,7 @@ class PoolOptions:
     log: str | None
     max_sessions: int
     session_idle: float
+    landlock_abi: int | None = None  # see landlock_abi_cap
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -382,4 +430,7 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         max_sessions=args.max_sessions if args.max_sessions is not None else settings.max_sessions,
         session_idle=(parse_duration(args.session_idle, "--session-idle") if args.session_idle
                       else settings.session_idle),
+        landlock_abi=(landlock_abi_cap(args.landlock_abi, "--landlock-abi") if args.landlock_abi is not None
+                      else settings.landlock_abi if settings.landlock_abi is not None
+                      else landlock_abi_from_environment()),
     )

@@ -32,7 +32,8 @@ BACKEND = "landlock+seccomp"
 class Runtime:
     """What the template prepares once for every job it forks."""
 
-    landlock_abi: int
+    landlock_abi: int  # what jobs are confined with: the kernel's ABI, or the operator's cap below it
+    landlock_abi_kernel: int
     read_paths: tuple[str, ...]
     filters: dict[bool, seccomp.LoadableFilter]
     # Stacked on the main filter, with the child's own pid written in (see own_process.py).
@@ -44,26 +45,29 @@ class Runtime:
     data_bytes: int
 
 
-def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ...] = ()) -> Runtime:
+def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ...] = (), *,
+                    max_abi: int | None = None) -> Runtime:
     """Probe and precompile what every job needs; raises ``KernelSupportError`` when it cannot confine.
+    ``max_abi``: the highest Landlock ABI to use (the operator's cap; see ``config.landlock_abi_cap``).
 
     Also empties the capability bounding set of the calling process (the template), once for all jobs.
     """
     from ..errors import KernelSupportError
 
-    abi = landlock.abi_version()
-    if abi < 1:
-        raise KernelSupportError("this kernel has no Landlock (or it is disabled): Pynox will not run "
-                                 "code unconfined. Run `pynox check` for details.")
+    kernel_abi, absent = landlock.probe()
+    if kernel_abi < 1:
+        raise KernelSupportError(f"Pynox will not run code unconfined: {absent}. `pynox check` tells more.")
     if not seccomp.supported():
         raise KernelSupportError("this kernel has no seccomp filters: Pynox will not run code unconfined.")
-    filters = {network: seccomp.LoadableFilter(seccomp.compile_filter(network)) for network in (False, True)}
+    abi = kernel_abi if max_abi is None else min(kernel_abi, max_abi)
+    filters = {network: seccomp.LoadableFilter(seccomp.compile_filter(network, abi)) for network in (False, True)}
     read_paths = tuple(runtime_paths(package_dirs, data_dirs))
     rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
                          + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
     network_rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
     drop_bounding_set()
-    return Runtime(abi, read_paths, filters, OwnProcessFilter.build(), rules, network_rules, private_data_bytes())
+    return Runtime(abi, kernel_abi, read_paths, filters, OwnProcessFilter.build(), rules, network_rules,
+                   private_data_bytes())
 
 
 class RuntimeRules:

@@ -71,14 +71,30 @@ class _PathBeneathAttr(ctypes.Structure):
 
 
 def abi_version() -> int:
-    """The Landlock ABI of the running kernel, or 0 when Landlock is absent or disabled."""
+    """The Landlock ABI of the running kernel, or 0 when Landlock is absent, disabled or blocked."""
+    return probe()[0]
+
+
+def probe() -> tuple[int, str]:
+    """The Landlock ABI this process can use, and when it is 0, why, in words an operator can act on."""
     try:
         return syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION,
-                       what="landlock_create_ruleset")
+                       what="landlock_create_ruleset"), ""
     except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
-            return 0
-        raise
+        return 0, _ABSENT.get(exc.errno or 0, f"landlock_create_ruleset failed: {exc.strerror}")
+
+
+_ABSENT = {
+    errno.ENOSYS: "this kernel has no Landlock (Linux 5.13 or later built with CONFIG_SECURITY_LANDLOCK), or "
+                  "a seccomp profile answers its system calls with ENOSYS",
+    errno.EOPNOTSUPP: "Landlock is built into this kernel but not enabled at boot: add landlock to the lsm= "
+                      "kernel parameter (see /sys/kernel/security/lsm)",
+    # Landlock never answers EPERM to a version query: something in front of the kernel refused it.
+    errno.EPERM: "the Landlock system calls are blocked (EPERM), most likely by a container's seccomp profile: "
+                 "Docker's default profile allows them from Docker 20.10.18 on; otherwise run the container "
+                 "with a profile that allows landlock_create_ruleset, landlock_add_rule and "
+                 "landlock_restrict_self",
+}
 
 
 def fs_rights(abi: int) -> int:

@@ -18,6 +18,14 @@ convention) or the job's own pid; ``kill`` also takes the job's own process
 group (``-pid``: the job leads its own session). Priority calls take
 ``PRIO_PROCESS`` or ``PRIO_PGRP`` only, never a whole uid. Everything else is
 ``EPERM``. Threads of the job other than its main one cannot be named by tid.
+
+``fcntl(fd, F_SETOWN, pid)`` names the process the kernel signals when the
+descriptor becomes ready (``SIGIO``, or any signal ``F_SETSIG`` picks, for any
+write to a pipe): without this rule a job could have the kernel send any
+signal to any process its uid may signal, root's included, on every kernel
+before Landlock's signal scoping (ABI 6, Linux 6.12). It too may name only the
+job or its own process group. ``F_SETOWN_EX`` and the socket ioctls that set an
+owner pass it in memory a filter cannot read; the main filter refuses them.
 """
 
 from __future__ import annotations
@@ -62,6 +70,8 @@ _PID_FIRST = (
 )
 # (which, who) calls: the kinds of "which" that name a process or a process group, lowest and highest.
 _WHICH_WHO = {"getpriority": (0, 1), "setpriority": (0, 1), "ioprio_get": (1, 2), "ioprio_set": (1, 2)}
+# fcntl's command that names a process (or, negative, a process group) to signal.
+F_SETOWN = 8
 
 
 def _arg(index: int) -> int:
@@ -106,7 +116,7 @@ def assemble() -> tuple[bytes, list[int], list[str]]:
     architecture does not know (they are left to the main filter, or do not exist here)."""
     resolved: dict[str, int] = {}
     unknown: list[str] = []
-    for name in (*_PID_FIRST, "kill", *_WHICH_WHO):
+    for name in (*_PID_FIRST, "kill", *_WHICH_WHO, "fcntl"):
         number = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
         if number < 0:
             unknown.append(name)
@@ -131,6 +141,11 @@ def assemble() -> tuple[bytes, list[int], list[str]]:
             asm.emit(_JGE, lowest, 0, "eperm")
             asm.emit(_LD_ABS, _arg(1))
             _pid_check(asm)
+        elif name == "fcntl":
+            asm.emit(_LD_ABS, _arg(1))
+            asm.emit(_JEQ, F_SETOWN, 0, "allow")  # only F_SETOWN names a process
+            asm.emit(_LD_ABS, _arg(2))
+            _pid_check(asm, negated=True)
         else:
             asm.emit(_LD_ABS, _arg(0))
             _pid_check(asm, negated=name == "kill")

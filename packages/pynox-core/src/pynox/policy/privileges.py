@@ -89,7 +89,7 @@ def drop_bounding_set() -> None:
 
 
 def drop_privileges() -> None:
-    """Drop every capability from the remaining sets, lock the securebits, set no_new_privs and non-dumpable.
+    """Drop every capability from the remaining sets, lock the securebits, set no_new_privs; stay dumpable.
 
     The bounding set is already empty (:func:`drop_bounding_set`, in the template)."""
     if os.geteuid() == 0:
@@ -102,5 +102,14 @@ def drop_privileges() -> None:
         err = ctypes.get_errno()
         raise OSError(err, f"capset: {os.strerror(err)}")
     prctl(_PR_SET_NO_NEW_PRIVS, 1, what="PR_SET_NO_NEW_PRIVS")
-    # Non-dumpable: no core file, and /proc/<pid> of the job is not open to other same-uid processes.
-    prctl(_PR_SET_DUMPABLE, 0, what="PR_SET_DUMPABLE")
+    # Dumpable, explicitly: a change of uid (switch_user) leaves a process non-dumpable, and a non-dumpable
+    # process is reachable only with CAP_SYS_PTRACE, which a pool run as an ordinary user or in a container
+    # lacks. The pool must reach the job (the steward reads the arguments of its delegated calls from its
+    # memory and opens what its descriptors name through /proc), and the job must read its own /proc/self
+    # (environ, mem), which a non-dumpable process's uid may not. What non-dumpable gave, and what gives
+    # it now: no core file (RLIMIT_CORE is 0, hard, and a job could always make itself dumpable with one
+    # prctl); no other job reaching this one (seccomp refuses ptrace and process_vm_*, Landlock grants a
+    # job only its own /proc/<pid> entries and refuses ptrace across its domains); the pool's uid reaching
+    # it, which only that uid's own processes can do: give jobs a uid of their own (run_as) when others run
+    # under the pool's. See docs/sandbox-contract.md.
+    prctl(_PR_SET_DUMPABLE, 1, what="PR_SET_DUMPABLE")

@@ -29,13 +29,16 @@ import pyseccomp
 
 from ._libc import syscall
 
-__all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "CompiledFilter", "LoadableFilter", "compile_filter", "install",
-           "syscall_number"]
+__all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "TRUNCATE_ABI", "CompiledFilter", "LoadableFilter",
+           "compile_filter", "install", "syscall_number"]
 
 _CLONE_THREAD = 0x00010000
 _SOCK_TYPE_MASK = 0xF  # the socket type in socketpair's second argument; the rest are flags
 _F_SETLEASE = 1024
 _F_NOTIFY = 1026
+_F_SETOWN_EX = 15
+_FIOSETOWN = 0x8901
+_SIOCSPGRP = 0x8902
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 # Inode flags and the like, set through ioctl on any descriptor, even one opened read-only: a job keeping
@@ -187,7 +190,24 @@ def _set_id_rules(f: pyseccomp.SyscallFilter) -> None:
     _deny(f, "openat2", err=errno.ENOSYS)
 
 
-def compile_filter(network: bool) -> CompiledFilter:
+def _truncate_rules(f: pyseccomp.SyscallFilter) -> None:
+    """Below Landlock ABI 3 (Linux 6.2) Landlock does not govern truncation, so a job could cut any file its
+    uid may write, a file granted read-only among them, by name (truncate) or by opening it read-only with
+    O_TRUNC, which Linux honours. Both are refused here: a job truncates a file it opened for writing
+    (ftruncate, which needs a descriptor Landlock let it open for writing), or opens it with "w"."""
+    _deny(f, "truncate")
+    for name, (flags, _) in _CREATING.items():
+        if flags is not None:
+            _deny(f, name, pyseccomp.Arg(flags, pyseccomp.MASKED_EQ, os.O_ACCMODE | os.O_TRUNC, os.O_TRUNC))
+
+
+# The first Landlock ABI that governs truncation.
+TRUNCATE_ABI = 3
+
+
+def compile_filter(network: bool, landlock_abi: int) -> CompiledFilter:
+    """The main filter for jobs with or without the network, confined with Landlock ABI ``landlock_abi``
+    (rules that make up for what an older ABI does not govern are added below it)."""
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # A syscall through a foreign ABI (int 0x80 on x86_64) would dodge the rules: refuse it.
     f.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.ERRNO(errno.ENOSYS))
@@ -211,8 +231,15 @@ def compile_filter(network: bool) -> CompiledFilter:
     # A lease on a file makes every other opener wait for its break (fs.lease-break-time, 45 s): a job
     # keeping uid 0 owns the runtime's files, so a lease on /etc/ld.so.cache would stall every program
     # the host starts. Directory notifications (dnotify) are inotify's elder: a per-uid budget too.
-    for command in (_F_SETLEASE, _F_NOTIFY):
+    # F_SETOWN_EX names the process to signal in memory the filter cannot read (F_SETOWN, which passes a
+    # pid, is checked against the job's own by the own-process filter): refused, and so are the socket
+    # ioctls that set an owner through a pointer. See own_process.py.
+    for command in (_F_SETLEASE, _F_NOTIFY, _F_SETOWN_EX):
         _deny(f, "fcntl", pyseccomp.Arg(1, pyseccomp.EQ, command))
+    for request in (_FIOSETOWN, _SIOCSPGRP):
+        _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, request))
+    if landlock_abi < TRUNCATE_ABI:
+        _truncate_rules(f)
     # prlimit64 on another process (the kernel allows it between processes of one uid: a job keeping
     # uid 0 could lower the pool's limits) is refused by the own-process filter, which knows the job's pid.
     # A memfd, not tempfile: tempfile would remember /tmp as every later job's temporary directory.

@@ -46,15 +46,18 @@ class Init(msgspec.Struct, tag=True):
     # variables in every job's environment, and directories every job may read.
     job_env: dict[str, str] = {}
     data_dirs: list[str] = []
+    # The highest Landlock ABI to use (config.landlock_abi_cap); None: the kernel's.
+    landlock_abi: int | None = None
 
 
 class Ready(msgspec.Struct, tag=True):
     python: str
     pid: int
     preloaded: list[str]
-    landlock_abi: int
+    landlock_abi: int  # the ABI jobs are confined with: the kernel's, or the operator's cap below it
     read_paths: list[str]
     seccomp_unknown: list[str]
+    landlock_abi_kernel: int = 0
 
 
 class TemplateFailed(msgspec.Struct, tag=True):

@@ -203,7 +203,8 @@ class Server:
         times, before the start counts as failed. A preload that fails to import is not retried."""
         for attempt in range(_START_ATTEMPTS):
             try:
-                return Template(self.options.preload, self.options.package_dirs)
+                return Template(self.options.preload, self.options.package_dirs,
+                                landlock_abi=self.options.landlock_abi)
             except PoolWorkerError as exc:
                 if not exc.transient or attempt == _START_ATTEMPTS - 1:
                     raise

@@ -28,6 +28,7 @@ import msgspec
 
 import pynox
 
+from ..config import landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
 from ..job import Confinement, JobSpec, Report
 from ..policy import tasks
@@ -227,7 +228,11 @@ class _Serving:
 class Template:
     """One warm template process, the socket to it, and the child it is serving."""
 
-    def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None) -> None:
+    def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
+                 landlock_abi: int | None = None) -> None:
+        """``landlock_abi``: the highest ABI its jobs use (None: ``$PYNOX_LANDLOCK_ABI``, else the kernel's)."""
+        if landlock_abi is None:
+            landlock_abi = landlock_abi_from_environment()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # -I: no PYTHON* variables, no user site, no current directory on sys.path.
         source_root = os.path.dirname(os.path.dirname(os.path.abspath(pynox.__file__)))
@@ -270,7 +275,8 @@ class Template:
         try:
             figures = _matplotlib()
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs,
-                                    job_env=figures[0] if figures else {}, data_dirs=[figures[1]] if figures else []))
+                                    job_env=figures[0] if figures else {}, data_dirs=[figures[1]] if figures else [],
+                                    landlock_abi=landlock_abi))
             parent.settimeout(_START_TIMEOUT)
             frame, _ = recv_frame(parent)
             parent.settimeout(None)

@@ -9,6 +9,7 @@ process; the host decides the permissions here, the model only writes code.
 
 import atexit
 import shutil
+import sys
 import tempfile
 
 import pynox
@@ -22,6 +23,9 @@ atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 run_python = pynox.tool(allow_write=[WORK], timeout="10s", memory="256m")
 
 if __name__ == "__main__":
-    print(run_python.__doc__)
-    print(run_python("import sys\nprint('Hello from an agent tool', sys.argv)"))
-    print(run_python("open('/etc/passwd').read()"))
+    try:
+        print(run_python.__doc__)
+        print(run_python("import sys\nprint('Hello from an agent tool', sys.argv)"))
+        print(run_python("open('/etc/passwd').read()"))
+    except (pynox.KernelSupportError, pynox.ConfigError) as exc:  # this machine or its config: the operator's
+        sys.exit(f"{type(exc).__name__}: {exc}")

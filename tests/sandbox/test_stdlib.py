@@ -58,3 +58,20 @@ def test_a_job_sets_its_own_limits_by_its_own_pid(sandbox: Sandbox, world: World
     run = sandbox.run(Request(code=code), cwd=str(world.root))
     assert run.result.stdout == "(100, 100)\n", run.result.stderr
     assert run_unconfined(code, cwd=str(world.root)).result.stdout == "(100, 100)\n"
+
+
+# Every attribute of sys.flags a plain interpreter has, by name, and as many in the tuple (3.13 adds gil,
+# which does not unpack). Values may differ only where the job truly differs: it has no user site.
+_FLAGS = """
+import sys
+names = [n for n in dir(sys.flags) if not n.startswith("_") and n not in dir(tuple)
+         and n not in ("n_fields", "n_sequence_fields", "n_unnamed_fields")]
+print(sorted((n, getattr(sys.flags, n)) for n in names if n != "no_user_site"), len(sys.flags))
+"""
+
+
+def test_sys_flags_are_a_plain_interpreters(sandbox: Sandbox, world: World) -> None:
+    run = sandbox.run(Request(code=_FLAGS), cwd=str(world.root))
+    assert run.result.exit == 0, run.result.stderr
+    plain = run_unconfined(_FLAGS, cwd=str(world.root))
+    assert run.result.stdout == plain.result.stdout, plain.result.stderr

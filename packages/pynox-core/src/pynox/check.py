@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment
 from .errors import KernelSupportError, PoolError
 from .exits import TIMEOUT_EXIT
 from .policy import BACKEND, landlock, seccomp, tasks
@@ -101,7 +102,7 @@ class CheckReport:
             "Kernel",
             f"  release        {facts['kernel']} ({facts['architecture']}), Python {facts['python']}, "
             f"uid {facts['uid']}",
-            f"  Landlock       ABI {facts['landlock_abi']}" + ("" if facts["landlock_abi"] else " (absent)"),
+            f"  Landlock       ABI {facts['landlock_abi']}" + _landlock_note(facts),
         ]
         for level in facts["landlock_coverage"]:
             mark = "yes" if level["available"] else "no "
@@ -114,6 +115,10 @@ class CheckReport:
             lines.append("  deny list      " + (f"unresolved here: {', '.join(unknown)}" if unknown
                                                 else "every system call name resolved"))
         lines.append(f"  threads        {facts['threads']}")
+        scope = facts["ptrace_scope"]
+        lines.append(f"  standing       capabilities {', '.join(facts['capabilities']) or 'none'} (of "
+                     f"{', '.join(_CAPABILITY_NAMES)}); outer seccomp filter {'yes' if facts['outer_seccomp'] else 'no'}"
+                     f"; Yama ptrace_scope {'absent' if scope is None else scope}")
         lines.append(f"  backend        {BACKEND}")
         if self.probes:
             lines.append("Self-test (each probe is a confined child on this machine)")
@@ -126,6 +131,14 @@ class CheckReport:
             lines.append(f"warning: {warning}")
         lines.append(f"Verdict: {self.verdict}")
         return "\n".join(lines)
+
+
+def _landlock_note(facts: dict[str, Any]) -> str:
+    if not facts["landlock_abi"]:
+        return f" (unavailable: {facts['landlock_absent']})"
+    if facts["landlock_abi"] < facts["landlock_abi_kernel"]:
+        return f" (capped by ${LANDLOCK_ABI_VARIABLE}; the kernel has ABI {facts['landlock_abi_kernel']})"
+    return ""
 
 
 def _libseccomp_version() -> str | None:
@@ -146,10 +159,10 @@ def _libseccomp_version() -> str | None:
 
 
 def _kernel_facts() -> dict[str, Any]:
-    try:
-        abi = landlock.abi_version()
-    except OSError:
-        abi = 0
+    kernel_abi, absent = landlock.probe()
+    cap = landlock_abi_from_environment()
+    abi = kernel_abi if cap is None else min(kernel_abi, cap)
+    capabilities = _own_capabilities()
     try:
         with open("/proc/sys/kernel/seccomp/actions_avail") as actions:
             seccomp_actions = actions.read().strip()
@@ -162,7 +175,15 @@ def _kernel_facts() -> dict[str, Any]:
         "architecture": platform.machine(),
         "python": platform.python_version(),
         "uid": os.geteuid(),
+        # What jobs are confined with; the kernel's own; the operator's cap ($PYNOX_LANDLOCK_ABI), if any.
         "landlock_abi": abi,
+        "landlock_abi_kernel": kernel_abi,
+        "landlock_abi_cap": cap,
+        "landlock_absent": absent or None,
+        # The pool's own standing: what a container or an ordinary user lacks shows here.
+        "capabilities": capabilities,
+        "ptrace_scope": _ptrace_scope(),
+        "outer_seccomp": _outer_seccomp(),
         "landlock_coverage": [{"abi": level, "covers": covers, "available": abi >= level}
                               for level, covers in LANDLOCK_LEVELS],
         "seccomp": seccomp.supported(),
@@ -173,6 +194,47 @@ def _kernel_facts() -> dict[str, Any]:
         "threads": _threads_fact(),
         "threads_bounded": tasks.available()[0] is not None,
     }
+
+
+# Capability numbers (linux/capability.h) the report names.
+_CAPABILITY_NAMES = {"CAP_SETPCAP": 8, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21}
+
+
+def _status_fields() -> dict[str, str]:
+    try:
+        with open("/proc/self/status") as status:
+            return {key: value.strip() for key, _, value in (line.partition(":") for line in status)}
+    except OSError:
+        return {}
+
+
+def _own_capabilities() -> list[str]:
+    """The capabilities this process holds, of those that change what the pool can do."""
+    effective = int(_status_fields().get("CapEff", "0"), 16)
+    return [name for name, bit in _CAPABILITY_NAMES.items() if effective >> bit & 1]
+
+
+def _ptrace_scope() -> int | None:
+    """Yama's ptrace_scope (None: no Yama). At 2 only CAP_SYS_PTRACE, at 3 nothing, reaches another process's
+    memory; the steward needs that to answer a job's chmod, chown and utime."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as scope:
+            return int(scope.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _outer_seccomp() -> bool:
+    """Whether this process already runs under a seccomp filter (a container's profile, most often)."""
+    return _status_fields().get("Seccomp", "0") == "2"
+
+
+def _steward_reaches_jobs(facts: dict[str, Any]) -> tuple[bool, str]:
+    scope = facts["ptrace_scope"]
+    if scope == 3 or (scope == 2 and "CAP_SYS_PTRACE" not in facts["capabilities"]):
+        return False, (f"Yama's ptrace_scope is {scope}: the pool cannot read its jobs' memory, so it refuses "
+                       "every chmod, chown and utime (shutil.copy2 and copytree fail in write grants)")
+    return True, ""
 
 
 def _threads_fact() -> str:
@@ -274,6 +336,13 @@ def _mode_kept(path: Callable[[_Lab], str], judge: _Judge) -> _Judge:
     return both
 
 
+def _kept_whole(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+    with open(os.path.join(lab.granted, "token.txt")) as token:
+        if token.read() != lab.token:
+            return False, "the file granted read-only was truncated"
+    return _refused("PermissionError")(result, lab, elapsed)
+
+
 def _timed_out(result: Result, lab: _Lab, elapsed: float) -> Verdict:
     if result.exit != TIMEOUT_EXIT:
         return False, f"expected exit {TIMEOUT_EXIT}, got {result.exit}"
@@ -285,11 +354,26 @@ def _timed_out(result: Result, lab: _Lab, elapsed: float) -> Verdict:
 _TIMEOUT = 0.3
 _STATUS = """\
 fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
-wanted = {"CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapBnd": "0" * 16,
-          "CapAmb": "0" * 16, "NoNewPrivs": "1", "Seccomp": "2"}
+wanted = {"CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16, "CapAmb": "0" * 16, "NoNewPrivs": "1",
+          "Seccomp": "2"}
 wrong = {k: fields[k].strip() for k, v in wanted.items() if fields[k].strip() != v}
 print("wrong:", wrong) if wrong else print("all zero")
+print("bounding", fields["CapBnd"].strip())
 """
+
+
+def _unprivileged(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+    """No capability, no_new_privs, the filter on; and an empty bounding set where the pool could empty it.
+    Without CAP_SETPCAP (an ordinary user, a container without it) the bounding set stays as it was, which
+    only limits what an exec could gain: a job can never exec, and no_new_privs would forbid any gain."""
+    passed, detail = _printed("all zero")(result, lab, elapsed)
+    if not passed:
+        return passed, detail
+    bounding = result.stdout.rpartition("bounding ")[2].strip()
+    if "CAP_SETPCAP" in _own_capabilities():
+        return (True, "worked") if bounding == "0" * 16 else (False, f"bounding set {bounding} was not emptied")
+    return True, (f"bounding set {bounding} kept: the pool has no CAP_SETPCAP to empty it (harmless: "
+                  "no_new_privs is set and exec is refused)")
 _ENVIRON = f"""\
 import os
 initial = open("/proc/self/environ", "rb").read()
@@ -305,8 +389,8 @@ class _ProbeSpec:
     request: Callable[[_Lab], dict[str, Any]]
     judge: _Judge
     min_abi: int = 1
-    # Works only when the pool runs as root: answering the job's delegated calls means reading its memory.
-    needs_root: bool = False
+    # Works only where the pool can read its jobs' memory (see _steward_reaches_jobs).
+    needs_steward: bool = False
 
 
 _PROBES = (
@@ -334,7 +418,7 @@ _PROBES = (
                                     "os.chmod(path, 0o640); os.utime(path, (1, 2))\n"
                                     "print(oct(os.stat(path).st_mode & 0o777), os.stat(path).st_mtime)",
                             "allow_write": [lab.granted]},
-               _printed("0o640 2.0"), needs_root=True),
+               _printed("0o640 2.0"), needs_steward=True),
     _ProbeSpec("subprocess", "starting a program is denied (seccomp)",
                lambda lab: {"code": "import subprocess; subprocess.run(['true'])"},
                _refused("PermissionError")),
@@ -348,16 +432,24 @@ _PROBES = (
                lambda lab: {"code": "import socket; socket.create_connection(('127.0.0.1', "
                                     f"{lab.listener.getsockname()[1]}), timeout=1)"},
                _no_connection(_refused("PermissionError"))),
-    _ProbeSpec("signal_parent", "signalling the template is denied (Landlock scoping)",
+    _ProbeSpec("signal_parent", "signalling the template is denied (seccomp; Landlock scoping too from ABI 6)",
                lambda lab: {"code": "import os; os.kill(os.getppid(), 0)"},
-               _refused("PermissionError"), min_abi=6),
+               _refused("PermissionError")),
+    _ProbeSpec("signal_owner", "making the kernel signal another process (F_SETOWN) is denied (seccomp)",
+               lambda lab: {"code": "import fcntl, os; r, w = os.pipe(); fcntl.fcntl(r, 8, os.getppid())"},
+               _refused("PermissionError")),
+    _ProbeSpec("truncate_read_only", "truncating a file granted read-only is denied (Landlock from ABI 3, "
+                                     "seccomp below)",
+               lambda lab: {"code": f"import os; os.truncate({lab.granted + '/token.txt'!r}, 3)",
+                            "allow_read": [lab.granted]},
+               _kept_whole),
     _ProbeSpec("kernel_surface", "ptrace is denied (seccomp)",
                lambda lab: {"code": "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                                     "if libc.ptrace(0, 0, 0, 0) == -1:\n"
                                     "    raise OSError(ctypes.get_errno(), 'ptrace')"},
                _refused("PermissionError")),
     _ProbeSpec("capabilities", "no capabilities, no_new_privs set, seccomp filter on",
-               lambda lab: {"code": _STATUS}, _printed("all zero")),
+               lambda lab: {"code": _STATUS}, _unprivileged),
     _ProbeSpec("environment", "the host's environment is not visible",
                lambda lab: {"code": _ENVIRON}, _printed("clean")),
     _ProbeSpec("memory_limit", "the memory limit raises MemoryError",
@@ -378,16 +470,17 @@ _PROBES = (
 )
 
 
-def _run_probe(template: Template, spec: _ProbeSpec, lab: _Lab) -> Probe:
+def _run_probe(template: Template, spec: _ProbeSpec, lab: _Lab, facts: dict[str, Any]) -> Probe:
     probe = Probe(spec.name, spec.rule)
     abi = template.ready.landlock_abi
     if abi < spec.min_abi:
         probe.status = "skip"
         probe.detail = f"needs Landlock ABI {spec.min_abi}, this kernel has {abi}"
         return probe
-    if spec.needs_root and os.geteuid() != 0:
+    reaches, why = _steward_reaches_jobs(facts)
+    if spec.needs_steward and not reaches:
         probe.status = "skip"
-        probe.detail = "a pool not running as root answers EPERM to chmod, chown and utime everywhere"
+        probe.detail = why
         return probe
     start = time.monotonic()
     result = run_on(template, Request(**spec.request(lab)), cwd=lab.root, hint_style="cli", mode="check")
@@ -429,7 +522,7 @@ def run_check() -> CheckReport:
             with _lab() as lab:
                 for spec in _PROBES:
                     try:
-                        report.probes.append(_run_probe(template, spec, lab))
+                        report.probes.append(_run_probe(template, spec, lab, report.facts))
                     except PoolError as exc:  # a probe that broke its template is a failed rule, not a crash
                         report.probes.append(Probe(spec.name, spec.rule, "fail", f"the template broke: {exc}"))
                         template.close()
@@ -442,20 +535,45 @@ def run_check() -> CheckReport:
 
 
 def _add_warnings(report: CheckReport) -> None:
-    abi = report.facts["landlock_abi"]
+    """Everything weaker here than on a current kernel with a pool run as root outside a container."""
+    facts = report.facts
+    abi, kernel_abi, cap = facts["landlock_abi"], facts["landlock_abi_kernel"], facts["landlock_abi_cap"]
+    warn = report.warnings.append
+    if cap is not None and cap < kernel_abi:
+        warn(f"Landlock is capped at ABI {abi} (${LANDLOCK_ABI_VARIABLE}) on a kernel of ABI {kernel_abi}: jobs "
+             "are confined as on that older kernel")
+    if 1 <= abi < 2:
+        warn(f"Landlock ABI {abi} has no refer right: renaming or hard-linking a file into another directory "
+             "fails with EXDEV, even within one write grant (copy it instead)")
+    if 1 <= abi < seccomp.TRUNCATE_ABI:
+        warn(f"Landlock ABI {abi} does not govern truncation: seccomp refuses truncate() by name and read-only "
+             "opens with O_TRUNC everywhere, write grants included (open the file for writing, or ftruncate)")
     if 1 <= abi < 4:
-        report.warnings.append(f"Landlock ABI {abi} has no TCP rules: with the network granted, nothing "
-                               "but seccomp's socket families limits where a job connects")
+        warn(f"Landlock ABI {abi} has no TCP rules: with the network granted, nothing but seccomp's socket "
+             "families limits where a job connects")
+    if 1 <= abi < 5:
+        warn(f"Landlock ABI {abi} does not govern ioctl on devices: a job may use any ioctl on the device "
+             "files it can open (/dev/null, /dev/zero, /dev/urandom and those in its grants)")
     if 1 <= abi < 6:
-        report.warnings.append(f"Landlock ABI {abi} has no scoping: a job can signal processes of its own "
-                               "uid, including the pool; run jobs under another uid on this kernel")
-    unresolved = report.facts.get("seccomp_unresolved")
+        warn(f"Landlock ABI {abi} has no scoping: signals to other processes (kill, sigqueue, pidfd, F_SETOWN) "
+             "are refused by seccomp alone, and abstract unix sockets are out of reach because seccomp "
+             "refuses unix sockets")
+    unresolved = facts.get("seccomp_unresolved")
     if unresolved:
-        report.warnings.append("this libseccomp does not know " + ", ".join(unresolved) + ": if this kernel "
-                               "has them, the filter cannot deny them (a newer libseccomp can)")
-    if not report.facts["threads_bounded"]:
-        report.warnings.append("nothing bounds the threads of a job here: one job can use up the machine's pid "
-                               "space (see the threads fact)")
-    if report.facts["uid"] == 0:
-        report.warnings.append("running as root: jobs keep uid 0 without any capability; files owned by "
-                               "root outside the grants stay protected by Landlock and seccomp only")
+        warn("this libseccomp does not know " + ", ".join(unresolved) + ": if this kernel has them, the filter "
+             "cannot deny them (a newer libseccomp can)")
+    if not facts["threads_bounded"]:
+        warn("nothing bounds the threads of a job here: one job can use up the machine's pid space (see the "
+             "threads fact)")
+    reaches, why = _steward_reaches_jobs(facts)
+    if not reaches:
+        warn(why)
+    if facts["uid"] != 0:
+        warn(f"running as uid {facts['uid']}: jobs run as that uid too, and its other processes can read their "
+             "memory (use a uid of their own for jobs when other programs run as this one)")
+    if facts["outer_seccomp"]:
+        warn("this process already runs under a seccomp filter (a container's profile?): the probes above ran "
+             "under it, so what they proved holds here")
+    if facts["uid"] == 0:
+        warn("running as root: jobs keep uid 0 without any capability; files owned by root outside the grants "
+             "stay protected by Landlock and seccomp only")

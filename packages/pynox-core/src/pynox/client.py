@@ -174,8 +174,8 @@ class _Process:
                 # handlers; anything else the pool says on stderr is a problem worth a warning.
                 if line.startswith("{"):
                     _pool_log.debug("%s", line)
-                elif line:
-                    _pool_log.warning("pynox pool: %s", line)
+                elif line:  # the pool names itself ("pynox pool: ..."), as the logger's name does
+                    _pool_log.warning("%s", line)
 
     def describe_exit(self) -> str:
         status = self.popen.poll()

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import EMPTY, load_config
 from .defaults import DEFAULTS
-from .errors import PynoxError
+from .errors import ConfigError, KernelSupportError, PynoxError
 from .grants import resolve_path
 from .host_functions import HostErrors, visible_signature
 from .names import FUNCTION_RULE, is_function_name
@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from .result import Result
 
 __all__ = ["CodeTool", "ToolDescription", "ToolGrants", "default_config_path"]
+
+# Failures only the operator can mend (this machine cannot confine code, the config is wrong): they are
+# raised from the tool, as from the pool, never handed to the model, which could only retry in vain.
+_OPERATORS_ERRORS = (KernelSupportError, ConfigError)
 
 HostFunction = Callable[..., Any]
 
@@ -306,6 +310,8 @@ class CodeTool:
             return f"Error: code must be a string of Python source, got {type(code).__name__}."
         try:
             return self.run(code).text
+        except _OPERATORS_ERRORS:
+            raise
         except PynoxError as exc:  # a refusal or a broken pool: tell the model, don't crash its agent
             return f"{type(exc).__name__}: {exc}"
 
@@ -315,6 +321,8 @@ class CodeTool:
             return f"Error: code must be a string of Python source, got {type(code).__name__}."
         try:
             return (await self.arun(code)).text
+        except _OPERATORS_ERRORS:
+            raise
         except PynoxError as exc:
             return f"{type(exc).__name__}: {exc}"
 

@@ -112,16 +112,17 @@ def _behave_as_a_normal_interpreter() -> None:
     read from here on."""
     ctypes.c_int.in_dll(ctypes.pythonapi, "Py_IgnoreEnvironmentFlag").value = 0
     ctypes.c_int.in_dll(ctypes.pythonapi, "Py_IsolatedFlag").value = 0
-    # sys.flags cannot be instantiated: the same fields, in the same order, as a named tuple.
-    names = [name for name in _FLAGS if hasattr(sys.flags, name)]
-    values = {name: getattr(sys.flags, name) for name in names} | {"ignore_environment": 0, "isolated": 0,
-                                                                   "safe_path": False}
-    sys.flags = collections.namedtuple("flags", names)(**values)  # type: ignore[assignment]  # a lookalike
-
-
-_FLAGS = ("debug", "inspect", "interactive", "optimize", "dont_write_bytecode", "no_user_site", "no_site",
-          "ignore_environment", "verbose", "bytes_warning", "quiet", "hash_randomization", "isolated", "dev_mode",
-          "utf8_mode", "warn_default_encoding", "safe_path", "int_max_str_digits")
+    # sys.flags cannot be instantiated: a named tuple of the same fields in the same order (those that
+    # unpack, __match_args__), with the ones that do not (3.13's gil) as attributes, as on sys.flags.
+    flags = sys.flags
+    names = list(flags.__match_args__)
+    extra = {name: getattr(flags, name) for name in dir(flags)
+             if not name.startswith("_") and name not in names and name not in dir(tuple)
+             and name not in ("n_fields", "n_sequence_fields", "n_unnamed_fields")}
+    values = {name: getattr(flags, name) for name in names} | {"ignore_environment": 0, "isolated": 0,
+                                                               "safe_path": False}
+    lookalike = type("flags", (collections.namedtuple("flags", names),), {"__slots__": (), **extra})
+    sys.flags = lookalike(**values)  # type: ignore[assignment]  # a lookalike
 
 
 def _prove_single_threaded(preload: list[str]) -> None:

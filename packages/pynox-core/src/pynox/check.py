@@ -116,9 +116,10 @@ class CheckReport:
                                                 else "every system call name resolved"))
         lines.append(f"  threads        {facts['threads']}")
         scope = facts["ptrace_scope"]
+        outer = "yes" if facts["outer_seccomp"] else "no"
         lines.append(f"  standing       capabilities {', '.join(facts['capabilities']) or 'none'} (of "
-                     f"{', '.join(_CAPABILITY_NAMES)}); outer seccomp filter {'yes' if facts['outer_seccomp'] else 'no'}"
-                     f"; Yama ptrace_scope {'absent' if scope is None else scope}")
+                     f"{', '.join(_CAPABILITY_NAMES)}); outer seccomp filter {outer}; "
+                     f"Yama ptrace_scope {'absent' if scope is None else scope}")
         lines.append(f"  backend        {BACKEND}")
         if self.probes:
             lines.append("Self-test (each probe is a confined child on this machine)")

@@ -17,7 +17,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pynox.config import EMPTY, Limits, PoolSettings, load_config
+from pynox.cli import build_parser
+from pynox.config import EMPTY, LANDLOCK_ABI_VARIABLE, Limits, PoolSettings, load_config, pool_options
 from pynox.defaults import DEFAULTS
 from pynox.errors import ConfigError, RequestError
 from pynox.grants import to_job
@@ -767,3 +768,37 @@ def test_the_ceiling_is_checked_at_apply_time_not_only_at_load(tree: Tree) -> No
     (tree.data / "moving").mkdir()
     request = run(allow_read=["srv/data/moving"])
     assert config.apply(request, str(tree.root)) == request
+
+
+# The Landlock ABI cap: [pool] landlock_abi, the pool's --landlock-abi, $PYNOX_LANDLOCK_ABI -----------
+
+
+@pytest.mark.pure
+def test_landlock_abi_in_the_file(tree: Tree) -> None:
+    assert tree.load("[pool]\nlandlock_abi = 3\n").pool.landlock_abi == 3
+    assert tree.load("[pool]\nworkers = 1\n").pool.landlock_abi is None
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("value", ["0", "-2", '"3"', "true", "2.5"])
+def test_a_bad_landlock_abi_names_file_table_and_key(tree: Tree, value: str) -> None:
+    path = tree.config(f"[pool]\nlandlock_abi = {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: [pool] landlock_abi: "), info.value
+
+
+@pytest.mark.pure
+def test_the_command_line_wins_over_the_file_which_wins_over_the_environment(
+        tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tree.config("[pool]\nlandlock_abi = 3\n")
+    monkeypatch.setenv(LANDLOCK_ABI_VARIABLE, "5")
+    parser = build_parser()
+    assert pool_options(parser.parse_args(["pool", "--config", str(path), "--landlock-abi", "2"])).landlock_abi == 2
+    assert pool_options(parser.parse_args(["pool", "--config", str(path)])).landlock_abi == 3
+    assert pool_options(parser.parse_args(["pool"])).landlock_abi == 5
+    monkeypatch.setenv(LANDLOCK_ABI_VARIABLE, "none")
+    with pytest.raises(ConfigError, match=r"^\$PYNOX_LANDLOCK_ABI must be a Landlock ABI number"):
+        pool_options(parser.parse_args(["pool"]))
+    with pytest.raises(ConfigError, match=r"^--landlock-abi must be at least 1"):
+        pool_options(parser.parse_args(["pool", "--landlock-abi", "0"]))

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.setup_facts import KERNEL_ABI
+
 from .pool_driver import PoolProcess, assert_no_leftovers, own_commands_env, pool_process, proc_table
 
 pytestmark = pytest.mark.timeout(90)
@@ -160,3 +162,33 @@ def test_templates_run_the_pool_interpreter(pool: PoolProcess) -> None:
     # The templates are children of the pool, each a separate process.
     table = proc_table()
     assert all(table[pid][0] == pool.pid for pid in pool.templates())
+
+
+# A rename between two directories of one write grant: Landlock ABI 1 has no refer right and refuses every
+# rename across directories (EXDEV); from ABI 2 it is allowed inside a write grant.
+_RENAME = """
+import os
+os.makedirs("a", exist_ok=True); os.makedirs("b", exist_ok=True)
+open("a/f", "w").close()
+try:
+    os.rename("a/f", "b/f")
+    print("renamed")
+except OSError as exc:
+    print("errno", exc.errno)
+"""
+
+
+@pytest.mark.skipif(KERNEL_ABI < 2, reason="needs a kernel of Landlock ABI 2 to tell ABI 1 from it")
+def test_landlock_abi_caps_what_the_kernel_enforces(tmp_path: Path) -> None:
+    # The cap is not a label: the kernel enforces ABI 1's rules on the capped pool's jobs, and the control,
+    # the same job on an uncapped pool, shows the kernel's own ABI allowing it.
+    with pool_process("--landlock-abi=1", cwd=tmp_path) as pool:
+        result = pool.run(_RENAME, allow_write=[str(tmp_path)])
+        assert result["stdout"] == "errno 18\n", result
+        assert result["policy"]["landlock_abi"] == 1
+    (tmp_path / "a" / "f").unlink()
+    env = {k: v for k, v in os.environ.items() if k != "PYNOX_LANDLOCK_ABI"}
+    with pool_process(cwd=tmp_path, env=env) as pool:
+        result = pool.run(_RENAME, allow_write=[str(tmp_path)])
+        assert result["stdout"] == "renamed\n", result
+        assert result["policy"]["landlock_abi"] == KERNEL_ABI

@@ -9,7 +9,8 @@ that a case broke is replaced before the next run; the case itself fails.
 writable and a read-only grant, a fake home and a canary in the real home,
 listeners the test owns (TCP, UDP, unix, abstract unix) and a sleeping
 process the job must not be able to touch. Everything a job must leave alone
-is snapshotted before a run and compared after it.
+is snapshotted before a run and compared after it. A world that could not be
+built whole ends whatever it had started before the error reaches the test.
 """
 
 from __future__ import annotations
@@ -112,7 +113,11 @@ def _loopback6_available() -> bool:
 _CAPLESS = """
 import ctypes, os, sys, time
 # Below the lowest priority, so that a renice to 19 shows (the test itself may run niced).
-os.setpriority(os.PRIO_PROCESS, 0, 10)
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, 10)
+except PermissionError:
+    sys.exit(f"cannot lower its niceness from {os.getpriority(os.PRIO_PROCESS, 0)} to 10 without root: "
+             "run the suite at a niceness of 10 or less, so that a renice to 19 can show")
 libc = ctypes.CDLL(None, use_errno=True)
 class Header(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -138,6 +143,7 @@ class World:
     root: Path
     token: str = field(default_factory=lambda: "canary-" + secrets.token_hex(12))
     _closers: list[object] = field(default_factory=list)
+    _processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.outside = self.root / "outside"
@@ -158,6 +164,13 @@ class World:
             self.root_canary.write_text(self.token)
         except OSError:
             self.root_canary = None  # type: ignore[assignment]  # not root: the case that needs it skips
+        try:
+            self._start()
+        except BaseException:
+            self.close()  # what was started before the error: a half-built world must not outlive the test
+            raise
+
+    def _start(self) -> None:
         self.tcp = self._listen(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0))
         self.tcp6 = self._listen(socket.AF_INET6, socket.SOCK_STREAM, ("::1", 0)) if _loopback6_available() else None
         self.udp = self._listen(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 0))
@@ -170,9 +183,13 @@ class World:
         self.mq_name = "/pynox-test-" + secrets.token_hex(8)
         # A process of the test's own uid: the job must not signal it, renice it or change its limits.
         self.sleeper = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL)
+        self._processes.append(self.sleeper)
         self.capless = subprocess.Popen([sys.executable, "-c", _CAPLESS], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE)
-        assert self.capless.stdout is not None and self.capless.stdout.readline() == b"ready\n"
+        self._processes.append(self.capless)
+        assert self.capless.stdout is not None
+        ready = self.capless.stdout.readline()
+        assert ready == b"ready\n", f"the capless process did not start (exit {self.capless.wait(10)}), see its stderr"
         self.capless_state = self.scheduling(self.capless.pid)
 
     def _listen(self, family: int, kind: int, address: object) -> socket.socket:
@@ -279,15 +296,17 @@ class World:
             return next(line for line in limits if line.startswith(name))
 
     def close(self) -> None:
+        """Ends everything the world started; also what a world that failed halfway had started."""
         for sock in self._closers:
             sock.close()  # type: ignore[attr-defined]
-        for process in (self.sleeper, self.capless):
+        for process in self._processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
             process.wait()
-        if self.capless.stdout is not None:
-            self.capless.stdout.close()
-        ctypes.CDLL(None).mq_unlink(self.mq_name.encode())
+            if process.stdout is not None:
+                process.stdout.close()
+        if hasattr(self, "mq_name"):
+            ctypes.CDLL(None).mq_unlink(self.mq_name.encode())
         if self.root_canary is not None:
             self.root_canary.unlink(missing_ok=True)
 

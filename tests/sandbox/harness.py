@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
 import secrets
 import signal
 import socket
@@ -159,11 +160,13 @@ class World:
         (self.work / "mine.txt").write_text("mine")
         (self.readonly / "data.txt").write_text("readonly data")
         (self.fake_home / ".ssh" / "id_rsa").write_text(self.token)
-        self.root_canary = Path("/root") / f".pynox-test-canary-{secrets.token_hex(6)}"
+        # The home of the test's uid (root's is /root), as the passwd database has it: HOME may point elsewhere.
+        self.real_home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+        self.home_canary: Path | None = self.real_home / f".pynox-test-canary-{secrets.token_hex(6)}"
         try:
-            self.root_canary.write_text(self.token)
+            self.home_canary.write_text(self.token)
         except OSError:
-            self.root_canary = None  # type: ignore[assignment]  # not root: the case that needs it skips
+            self.home_canary = None  # a home the test cannot write to: the cases that need the canary skip
         try:
             self._start()
         except BaseException:
@@ -205,7 +208,7 @@ class World:
         return {
             "token": self.token, "outside": self.outside, "canary": self.canary, "work": self.work,
             "readonly": self.readonly, "fake_home": self.fake_home, "marker": self.marker,
-            "root_canary": self.root_canary, "real_home": "/root",
+            "home_canary": self.home_canary, "real_home": self.real_home,
             "tcp_port": self.tcp.getsockname()[1], "tcp6_port": self.tcp6.getsockname()[1] if self.tcp6 else 0,
             "udp_port": self.udp.getsockname()[1], "unix_path": self.unix_path,
             "abstract_name": self.abstract_name, "sleeper_pid": self.sleeper.pid, "test_pid": os.getpid(),
@@ -223,8 +226,8 @@ class World:
         for root in roots:
             for path in sorted([root, *root.rglob("*")]):
                 state[str(path)] = _describe(path)
-        if self.root_canary is not None:
-            state[str(self.root_canary)] = _describe(self.root_canary)
+        if self.home_canary is not None:
+            state[str(self.home_canary)] = _describe(self.home_canary)
         return state
 
     def accepted(self, listener: socket.socket) -> bytes | None:
@@ -307,8 +310,8 @@ class World:
                 process.stdout.close()
         if hasattr(self, "mq_name"):
             ctypes.CDLL(None).mq_unlink(self.mq_name.encode())
-        if self.root_canary is not None:
-            self.root_canary.unlink(missing_ok=True)
+        if self.home_canary is not None:
+            self.home_canary.unlink(missing_ok=True)
 
 
 def _describe(path: Path) -> tuple[object, ...]:

@@ -619,6 +619,29 @@ SIGNALS = [
 
 
 
+# Root becomes an unused uid without capabilities, starts a process of that uid below the lowest priority,
+# and renices every process of the uid: only its own target (and itself) may change.
+_RENICE_OWN_UID = """\
+import ctypes, os, signal, time
+os.setpriority(os.PRIO_PROCESS, 0, 10)
+os.setgroups([])
+os.setresgid($scratch_id, $scratch_id, $scratch_id)
+os.setresuid($scratch_id, $scratch_id, $scratch_id)
+target = os.fork()
+if target == 0:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a control that dies takes it along
+    time.sleep(30)
+    os._exit(0)
+try:
+    os.setpriority(os.PRIO_USER, 0, 19)
+    with open(f"/proc/{target}/stat") as stat_file:
+        print("target nice", stat_file.read().rsplit(")", 1)[1].split()[16])
+finally:
+    os.kill(target, 9)
+    os.waitpid(target, 0)
+"""
+
+
 def _capless_untouched(world: World, run: Run) -> None:
     assert world.scheduling(world.capless.pid) == world.capless_state, "the job changed another process"
 
@@ -642,9 +665,15 @@ OTHER_PROCESSES = [
     Case("ioprio_capless_process", "seccomp.own_process",
          _CTYPES + 'check(libc.syscall($nr_ioprio_set, 1, $capless_pid, 3 << 13)); print("set")',
          _denied(host=_capless_untouched), _works("set", host=_capless_changed)),
+    # Run as the test's uid, the control would renice every process of it, this test runner among them, for
+    # good (only root may lower a niceness again): it runs as root, under an unused uid with a target of that
+    # uid, and leaves the test's own processes alone.
     Case("renice_every_process_of_the_uid", "seccomp.own_process",
          'import os; os.setpriority(os.PRIO_USER, 0, 19)',
-         _denied(host=_capless_untouched), _works(host=_capless_changed)),
+         _denied(host=_capless_untouched), _works("target nice 19", host=_capless_untouched),
+         control_code=_RENICE_OWN_UID,
+         control_needs_root="run by an ordinary user, the control would renice every process of its uid, this "
+                            "test runner included, and none of them could lower its niceness again"),
     # Probing which pids exist and what they are.
     Case("probe_priority", "seccomp.own_process",
          'import os; print("nice", os.getpriority(os.PRIO_PROCESS, $sleeper_pid))',

@@ -16,6 +16,8 @@ built whole ends whatever it had started before the error reaches the test.
 from __future__ import annotations
 
 import ctypes
+import functools
+import grp
 import os
 import pwd
 import secrets
@@ -208,7 +210,7 @@ class World:
         return {
             "token": self.token, "outside": self.outside, "canary": self.canary, "work": self.work,
             "readonly": self.readonly, "fake_home": self.fake_home, "marker": self.marker,
-            "home_canary": self.home_canary, "real_home": self.real_home,
+            "home_canary": self.home_canary, "real_home": self.real_home, "scratch_id": self.scratch_id,
             "tcp_port": self.tcp.getsockname()[1], "tcp6_port": self.tcp6.getsockname()[1] if self.tcp6 else 0,
             "udp_port": self.udp.getsockname()[1], "unix_path": self.unix_path,
             "abstract_name": self.abstract_name, "sleeper_pid": self.sleeper.pid, "test_pid": os.getpid(),
@@ -216,6 +218,11 @@ class World:
             "unix_dgram_path": self.unix_dgram_path, "capless_pid": self.capless.pid, "mq_name": self.mq_name,
             **_syscall_numbers(),
         }
+
+    @functools.cached_property
+    def scratch_id(self) -> int:
+        """A uid and gid that no account, group or process has: a control run as it touches nothing else."""
+        return _unused_id()
 
     # Observations from outside -------------------------------------------------------------------
 
@@ -312,6 +319,33 @@ class World:
             ctypes.CDLL(None).mq_unlink(self.mq_name.encode())
         if self.home_canary is not None:
             self.home_canary.unlink(missing_ok=True)
+
+
+def _unused_id() -> int:
+    taken = {int(line.split()[1]) for status in Path("/proc").glob("[0-9]*/status")
+             for line in _lines(status) if line.startswith("Uid:")}
+    while True:
+        # Low enough to be mapped in a container's user namespace (commonly 0..65535).
+        candidate = 50_000 + secrets.randbelow(10_000)
+        if candidate in taken:
+            continue
+        try:
+            pwd.getpwuid(candidate)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(candidate)
+            continue
+        except KeyError:
+            return candidate
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []  # the process ended while we looked
 
 
 def _describe(path: Path) -> tuple[object, ...]:

@@ -1,8 +1,14 @@
-"""Shared fixtures: the host probe, and the rule that CI never skips for want of a kernel feature.
+"""Shared fixtures: the host probe, the rule that CI never skips for want of a kernel feature, and root.
 
 Sandbox tests need Landlock and seccomp. On a machine without them a test is
 skipped with the reason, except in CI (``CI`` set), where a missing feature
 fails the run: a green CI must mean the policy was really proven.
+
+``@pytest.mark.needs_root("why")`` marks a test that cannot show what it shows without root, typically
+the control run beside a denial, which proves the harm is possible when unconfined: for an ordinary user
+the kernel refuses the harm anyway (a capability it needs), so the control would prove nothing. Run by
+any other user such a test is skipped with its reason; as root (CI runs as root) it runs. Only a control
+may need root, never the denial it stands beside.
 """
 
 from __future__ import annotations
@@ -36,6 +42,14 @@ def _kernel_features(request: pytest.FixtureRequest) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{reason}: CI must prove the policy, not skip it", pytrace=False)
         pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _needs_root(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("needs_root")
+    if marker is not None and os.geteuid() != 0:
+        (why,) = marker.args  # every use says why: the reason is what a reader of the skip sees
+        pytest.skip(f"needs root, the test runs as uid {os.geteuid()}: {why}")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -11,6 +11,8 @@ Each :class:`Case` runs twice:
   for it (starting processes, kernel attack surface), in a plain interpreter
   with the test's own powers (``grant=None``). The control must succeed, so
   the denial provably comes from the policy and not from a broken case.
+  A control that only root can run (``control_needs_root`` says why) is
+  skipped for any other user; the denial beside it runs for everyone.
 
 ``$name`` in code stands for a value of :meth:`harness.World.values`.
 """
@@ -53,8 +55,9 @@ class Case:
     request: dict[str, Any] = field(default_factory=dict)
     grant: dict[str, Any] | None = None  # None: the control runs unconfined
     control_code: str | None = None
-    needs: tuple[str, ...] = ()  # "landlock:6", "ipv6", "root", "syscall:NAME"
+    needs: tuple[str, ...] = ()  # "landlock:6", "ipv6", "home_canary", "syscall:NAME": both runs need it
     control_needs: tuple[str, ...] = ()  # what the control alone needs beyond ``needs``
+    control_needs_root: str | None = None  # why the control shows the harm only as root (the denial runs for all)
     prepare: Callable[[World], None] | None = None  # arranges the world before either run
 
     def source(self, world: World, *, control: bool = False) -> str:
@@ -106,6 +109,8 @@ READ_HINT = 'allow_read=["$canary"]'  # formatted per world by the runner
 PROCESS_HINT = ("process",)
 NETWORK_HINT = ("allow_network=True",)
 METADATA_HINT = ("permissions", "no grant allows it")
+# Why a control needs root, where the kernel refuses an ordinary user the harm itself.
+GIVE_AWAY = "only CAP_CHOWN may give a file to another owner: the kernel refuses an ordinary user's control"
 
 
 def _denied(*hint: str, error: tuple[str, ...] = PERMISSION, host: HostCheck | None = None) -> Expect:
@@ -272,8 +277,8 @@ def _no_set_id_in_work(world: World, run: Run) -> None:
     assert not found, [oct(path.stat().st_mode) for path in found]
 
 
-def _work_owned_by_root(world: World, run: Run) -> None:
-    assert all(path.lstat().st_uid == 0 for path in world.work.iterdir())
+def _work_owned_by_the_test(world: World, run: Run) -> None:
+    assert all(path.lstat().st_uid == os.geteuid() for path in world.work.iterdir())
 
 
 def _given_away(world: World, run: Run) -> None:
@@ -383,12 +388,12 @@ FILESYSTEM = [
          'print(open("$fake_home/.ssh/id_rsa").read())',
          _denied("allow_read"), _works("$token"), grant={"allow_read": ["$fake_home"]}),
     Case("real_home_file", "landlock.host",
-         'print(open("$root_canary").read())',
-         _denied("allow_read"), _works("$token"), grant={"allow_read": ["$root_canary"]}, needs=("root",)),
+         'print(open("$home_canary").read())',
+         _denied("allow_read"), _works("$token"), grant={"allow_read": ["$home_canary"]}, needs=("home_canary",)),
     Case("real_home_listing", "landlock.host",
          'import os; print(os.listdir("$real_home"))',
          _denied("allow_read"), _works(".pynox-test-canary-"), grant={"allow_read": ["$real_home"]},
-         needs=("root",)),
+         needs=("home_canary",)),
     Case("parent_proc_environ", "landlock.proc",
          'import os; print(len(open(f"/proc/{os.getppid()}/environ").read()) > 0)',
          _denied(), _works("True")),
@@ -421,7 +426,7 @@ METADATA = [
          _denied(*METADATA_HINT), _works(), request={"allow_read": ["$readonly"]}),
     Case("chown_canary", "seccomp.metadata",
          'import os; os.chown("$canary", 0, 0)',
-         _denied(*METADATA_HINT), _works(), needs=("root",)),
+         _denied(*METADATA_HINT), _works(), control_needs_root=GIVE_AWAY),
     Case("file_flags_read_grant", "seccomp.metadata",
          'import fcntl, os, struct\nfd = os.open("$readonly/data.txt", os.O_RDONLY)\n'
          'flags = struct.unpack("l", fcntl.ioctl(fd, 0x80086601, struct.pack("l", 0)))[0]\n'
@@ -472,8 +477,8 @@ METADATA = [
          request={"allow_write": ["$work"]}),
     Case("chown_own_file_to_another_user", "seccomp.metadata",
          'import os; path = f"$work/given-{os.getpid()}"; open(path, "w").close(); os.chown(path, 4242, 4242)',
-         _denied(*METADATA_HINT, host=_work_owned_by_root), _works(host=_given_away),
-         request={"allow_write": ["$work"]}, needs=("root",)),
+         _denied(*METADATA_HINT, host=_work_owned_by_the_test), _works(host=_given_away),
+         request={"allow_write": ["$work"]}, control_needs_root=GIVE_AWAY),
     # The pool reads the path from the job's memory while another thread rewrites it: whatever it read,
     # the change happens only if that file is in the write grant.
     Case("chmod_path_rewritten_meanwhile", "seccomp.metadata",
@@ -614,7 +619,8 @@ NETWORK = [
          _denied(), _works("opened"), request={"allow_network": True}),
     Case("packet_socket", "network.families",
          'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0).close(); print("opened")',
-         _denied(), _works("opened"), request={"allow_network": True}, needs=("root",)),
+         _denied(), _works("opened"), request={"allow_network": True},
+         control_needs_root="a packet socket needs CAP_NET_RAW: the kernel refuses an ordinary user's control"),
 ]
 
 # Other processes: Landlock scoping (signals), seccomp (limits) ------------------------------------
@@ -664,6 +670,29 @@ SIGNALS = [
 
 
 
+# Root becomes an unused uid without capabilities, starts a process of that uid below the lowest priority,
+# and renices every process of the uid: only its own target (and itself) may change.
+_RENICE_OWN_UID = """\
+import ctypes, os, signal, time
+os.setpriority(os.PRIO_PROCESS, 0, 10)
+os.setgroups([])
+os.setresgid($scratch_id, $scratch_id, $scratch_id)
+os.setresuid($scratch_id, $scratch_id, $scratch_id)
+target = os.fork()
+if target == 0:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a control that dies takes it along
+    time.sleep(30)
+    os._exit(0)
+try:
+    os.setpriority(os.PRIO_USER, 0, 19)
+    with open(f"/proc/{target}/stat") as stat_file:
+        print("target nice", stat_file.read().rsplit(")", 1)[1].split()[16])
+finally:
+    os.kill(target, 9)
+    os.waitpid(target, 0)
+"""
+
+
 def _capless_untouched(world: World, run: Run) -> None:
     assert world.scheduling(world.capless.pid) == world.capless_state, "the job changed another process"
 
@@ -687,9 +716,15 @@ OTHER_PROCESSES = [
     Case("ioprio_capless_process", "seccomp.own_process",
          _CTYPES + 'check(libc.syscall($nr_ioprio_set, 1, $capless_pid, 3 << 13)); print("set")',
          _denied(host=_capless_untouched), _works("set", host=_capless_changed)),
+    # Run as the test's uid, the control would renice every process of it, this test runner among them, for
+    # good (only root may lower a niceness again): it runs as root, under an unused uid with a target of that
+    # uid, and leaves the test's own processes alone.
     Case("renice_every_process_of_the_uid", "seccomp.own_process",
          'import os; os.setpriority(os.PRIO_USER, 0, 19)',
-         _denied(host=_capless_untouched), _works(host=_capless_changed)),
+         _denied(host=_capless_untouched), _works("target nice 19", host=_capless_untouched),
+         control_code=_RENICE_OWN_UID,
+         control_needs_root="run by an ordinary user, the control would renice every process of its uid, this "
+                            "test runner included, and none of them could lower its niceness again"),
     # Probing which pids exist and what they are.
     Case("probe_priority", "seccomp.own_process",
          'import os; print("nice", os.getpriority(os.PRIO_PROCESS, $sleeper_pid))',
@@ -757,7 +792,9 @@ SHARED_BUDGETS = [
     Case("file_lease_on_a_runtime_file", "seccomp.budgets",
          'import fcntl, os\nfd = os.open("/etc/ld.so.cache", os.O_RDONLY)\nfcntl.fcntl(fd, 1024, fcntl.F_WRLCK)\n'
          'fcntl.fcntl(fd, 1024, fcntl.F_UNLCK)\nprint("leased")',
-         _denied(), _works("leased")),
+         _denied(), _works("leased"),
+         control_needs_root="a lease on a file of another owner (root's /etc/ld.so.cache) needs CAP_LEASE: the "
+                            "kernel refuses an ordinary user's control"),
     Case("aio_context", "seccomp.budgets",
          _CTYPES + 'context = ctypes.c_ulong(0)\ncheck(libc.syscall($nr_io_setup, 1, ctypes.byref(context)))\n'
          'libc.syscall($nr_io_destroy, context)\nprint("created")',
@@ -773,11 +810,12 @@ SHARED_BUDGETS = [
 # Kernel attack surface: seccomp answers EPERM before the kernel looks at the (bogus) arguments -------
 
 
-def _syscall_case(name: str, args: str, *, case_id: str | None = None) -> Case:
+def _syscall_case(name: str, args: str, *, case_id: str | None = None, control_needs_root: str | None = None) -> Case:
     code = _CTYPES + f'check(libc.syscall($nr_{name}, {args})); print("returned")'
     # Unconfined, the call may succeed (exit 0) or fail for its arguments (exit 1): either is fine.
     return Case(case_id or name, "seccomp.surface", code, _denied(),
-                Expect(exit=None, host=_not_permission), needs=(f"syscall:{name}",))
+                Expect(exit=None, host=_not_permission), needs=(f"syscall:{name}",),
+                control_needs_root=control_needs_root)
 
 
 SURFACE = [
@@ -788,8 +826,10 @@ SURFACE = [
     _syscall_case("unshare", "0x10000000"),
     _syscall_case("setns", "-1, 0"),
     _syscall_case("chroot", "None"),
-    _syscall_case("pivot_root", "None, None"),
-    _syscall_case("bpf", "5, None, 0"),
+    _syscall_case("pivot_root", "None, None", control_needs_root="pivot_root checks CAP_SYS_ADMIN before its "
+                  "arguments: the kernel refuses an ordinary user's control with EPERM"),
+    _syscall_case("bpf", "5, None, 0", control_needs_root="bpf needs CAP_BPF while unprivileged BPF is disabled "
+                  "(kernel.unprivileged_bpf_disabled, the default): the kernel refuses an ordinary user's control"),
     _syscall_case("perf_event_open", "None, 0, -1, -1, 0"),
     _syscall_case("userfaultfd", "ctypes.c_int(-1)"),
     _syscall_case("io_uring_setup", "1, None"),
@@ -840,7 +880,7 @@ def _unprivileged(world: World, run: Run) -> None:
 
 
 def _privileged_outside(world: World, run: Run) -> None:
-    # Outside, the test runs as root: its capabilities are real, so the zeros above come from the policy.
+    # Outside, as root, the test's capabilities are real, so the zeros above come from the policy.
     assert "CapEff 0000000000000000" not in run.result.stdout, run.result.stdout
     assert "NoNewPrivs 0" in run.result.stdout
 
@@ -849,7 +889,9 @@ HYGIENE = [
     Case("host_environment", "hygiene.environment", _ENV_CODE,
          Expect(exit=0, host=_env_minimal), _works("$secret_name"), grant={"env": {"$secret_name": "given"}}),
     Case("privileges", "privileges.capabilities", _STATUS_CODE,
-         Expect(exit=0, host=_unprivileged), _works(host=_privileged_outside), needs=("root",)),
+         Expect(exit=0, host=_unprivileged), _works(host=_privileged_outside),
+         control_needs_root="an ordinary user holds no capability to drop, so only root's control shows what the "
+                            "policy takes away"),
 ]
 
 # Limits: rlimits in the child, deadline and output cap enforced from outside ------------------------

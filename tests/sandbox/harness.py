@@ -9,13 +9,17 @@ that a case broke is replaced before the next run; the case itself fails.
 writable and a read-only grant, a fake home and a canary in the real home,
 listeners the test owns (TCP, UDP, unix, abstract unix) and a sleeping
 process the job must not be able to touch. Everything a job must leave alone
-is snapshotted before a run and compared after it.
+is snapshotted before a run and compared after it. A world that could not be
+built whole ends whatever it had started before the error reaches the test.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import grp
 import os
+import pwd
 import secrets
 import signal
 import socket
@@ -112,7 +116,11 @@ def _loopback6_available() -> bool:
 _CAPLESS = """
 import ctypes, os, sys, time
 # Below the lowest priority, so that a renice to 19 shows (the test itself may run niced).
-os.setpriority(os.PRIO_PROCESS, 0, 10)
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, 10)
+except PermissionError:
+    sys.exit(f"cannot lower its niceness from {os.getpriority(os.PRIO_PROCESS, 0)} to 10 without root: "
+             "run the suite at a niceness of 10 or less, so that a renice to 19 can show")
 libc = ctypes.CDLL(None, use_errno=True)
 class Header(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -138,6 +146,7 @@ class World:
     root: Path
     token: str = field(default_factory=lambda: "canary-" + secrets.token_hex(12))
     _closers: list[object] = field(default_factory=list)
+    _processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.outside = self.root / "outside"
@@ -153,11 +162,20 @@ class World:
         (self.work / "mine.txt").write_text("mine")
         (self.readonly / "data.txt").write_text("readonly data")
         (self.fake_home / ".ssh" / "id_rsa").write_text(self.token)
-        self.root_canary = Path("/root") / f".pynox-test-canary-{secrets.token_hex(6)}"
+        # The home of the test's uid (root's is /root), as the passwd database has it: HOME may point elsewhere.
+        self.real_home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+        self.home_canary: Path | None = self.real_home / f".pynox-test-canary-{secrets.token_hex(6)}"
         try:
-            self.root_canary.write_text(self.token)
+            self.home_canary.write_text(self.token)
         except OSError:
-            self.root_canary = None  # type: ignore[assignment]  # not root: the case that needs it skips
+            self.home_canary = None  # a home the test cannot write to: the cases that need the canary skip
+        try:
+            self._start()
+        except BaseException:
+            self.close()  # what was started before the error: a half-built world must not outlive the test
+            raise
+
+    def _start(self) -> None:
         self.tcp = self._listen(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0))
         self.tcp6 = self._listen(socket.AF_INET6, socket.SOCK_STREAM, ("::1", 0)) if _loopback6_available() else None
         self.udp = self._listen(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 0))
@@ -170,9 +188,13 @@ class World:
         self.mq_name = "/pynox-test-" + secrets.token_hex(8)
         # A process of the test's own uid: the job must not signal it, renice it or change its limits.
         self.sleeper = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL)
+        self._processes.append(self.sleeper)
         self.capless = subprocess.Popen([sys.executable, "-c", _CAPLESS], stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE)
-        assert self.capless.stdout is not None and self.capless.stdout.readline() == b"ready\n"
+        self._processes.append(self.capless)
+        assert self.capless.stdout is not None
+        ready = self.capless.stdout.readline()
+        assert ready == b"ready\n", f"the capless process did not start (exit {self.capless.wait(10)}), see its stderr"
         self.capless_state = self.scheduling(self.capless.pid)
 
     def _listen(self, family: int, kind: int, address: object) -> socket.socket:
@@ -188,7 +210,7 @@ class World:
         return {
             "token": self.token, "outside": self.outside, "canary": self.canary, "work": self.work,
             "readonly": self.readonly, "fake_home": self.fake_home, "marker": self.marker,
-            "root_canary": self.root_canary, "real_home": "/root",
+            "home_canary": self.home_canary, "real_home": self.real_home, "scratch_id": self.scratch_id,
             "tcp_port": self.tcp.getsockname()[1], "tcp6_port": self.tcp6.getsockname()[1] if self.tcp6 else 0,
             "udp_port": self.udp.getsockname()[1], "unix_path": self.unix_path,
             "abstract_name": self.abstract_name, "sleeper_pid": self.sleeper.pid, "test_pid": os.getpid(),
@@ -196,6 +218,11 @@ class World:
             "unix_dgram_path": self.unix_dgram_path, "capless_pid": self.capless.pid, "mq_name": self.mq_name,
             **_syscall_numbers(),
         }
+
+    @functools.cached_property
+    def scratch_id(self) -> int:
+        """A uid and gid that no account, group or process has: a control run as it touches nothing else."""
+        return _unused_id()
 
     # Observations from outside -------------------------------------------------------------------
 
@@ -206,8 +233,8 @@ class World:
         for root in roots:
             for path in sorted([root, *root.rglob("*")]):
                 state[str(path)] = _describe(path)
-        if self.root_canary is not None:
-            state[str(self.root_canary)] = _describe(self.root_canary)
+        if self.home_canary is not None:
+            state[str(self.home_canary)] = _describe(self.home_canary)
         return state
 
     def accepted(self, listener: socket.socket) -> bytes | None:
@@ -279,17 +306,46 @@ class World:
             return next(line for line in limits if line.startswith(name))
 
     def close(self) -> None:
+        """Ends everything the world started; also what a world that failed halfway had started."""
         for sock in self._closers:
             sock.close()  # type: ignore[attr-defined]
-        for process in (self.sleeper, self.capless):
+        for process in self._processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
             process.wait()
-        if self.capless.stdout is not None:
-            self.capless.stdout.close()
-        ctypes.CDLL(None).mq_unlink(self.mq_name.encode())
-        if self.root_canary is not None:
-            self.root_canary.unlink(missing_ok=True)
+            if process.stdout is not None:
+                process.stdout.close()
+        if hasattr(self, "mq_name"):
+            ctypes.CDLL(None).mq_unlink(self.mq_name.encode())
+        if self.home_canary is not None:
+            self.home_canary.unlink(missing_ok=True)
+
+
+def _unused_id() -> int:
+    taken = {int(line.split()[1]) for status in Path("/proc").glob("[0-9]*/status")
+             for line in _lines(status) if line.startswith("Uid:")}
+    while True:
+        # Low enough to be mapped in a container's user namespace (commonly 0..65535).
+        candidate = 50_000 + secrets.randbelow(10_000)
+        if candidate in taken:
+            continue
+        try:
+            pwd.getpwuid(candidate)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(candidate)
+            continue
+        except KeyError:
+            return candidate
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []  # the process ended while we looked
 
 
 def _describe(path: Path) -> tuple[object, ...]:

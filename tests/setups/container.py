@@ -7,6 +7,10 @@ Run as root. The launcher changes itself, then execs COMMAND, which inherits all
 * **Capabilities**: Docker's default set (``CAPABILITIES``) in the bounding, permitted, effective and
   inheritable sets, every other capability dropped. Root inside keeps uid 0 but has no CAP_SYS_ADMIN,
   CAP_SYS_PTRACE, CAP_SYS_NICE or CAP_SYS_RESOURCE, as in a container.
+* **Nice 0**: a container's first process descends from the container daemon, not from whoever ran
+  ``docker run``, so it starts at the daemon's nice value, normally 0. The launcher sets 0 before it drops
+  CAP_SYS_NICE: started niced (CI runners often are), the command could otherwise never return below that
+  value, as a container's process can.
 * **No no_new_privs**: Docker sets it only when asked (``--security-opt no-new-privileges``). The kernel
   accepts a filter without it only from a holder of CAP_SYS_ADMIN, so the filter goes in first and the
   capabilities are dropped after.
@@ -241,6 +245,7 @@ def enter(profile: str = "docker") -> None:
     if os.geteuid() != 0:
         raise PermissionError(errno.EPERM, "the container setup needs root (it drops root's capabilities to "
                                            "Docker's, and installs the filter without no_new_privs)")
+    os.setpriority(os.PRIO_PROCESS, 0, 0)
     build_filter(profile).load()  # while CAP_SYS_ADMIN still allows a filter without no_new_privs
     _keep_only_docker_capabilities()
 

@@ -70,6 +70,11 @@ def test_the_process_gets_dockers_capabilities_and_a_filter_but_not_no_new_privs
     assert int(status["Seccomp_filters"]) == int(outside["Seccomp_filters"]) + 1
 
 
+def test_the_process_starts_at_nice_0_as_a_containers_first_process_does() -> None:
+    done = _launch(sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))")
+    assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr
+
+
 # Label: (system call, arguments, the answer inside the docker profile). Arguments are chosen so that outside
 # the launcher the call fails harmlessly (or succeeds in the throwaway child) with another answer.
 CALLS: dict[str, tuple[str, tuple[int, ...], int]] = {
@@ -149,6 +154,14 @@ def test_pynox_refuses_in_one_line_when_the_profile_blocks_landlock() -> None:
     assert len(lines) == 1, done.stderr
     assert "Traceback" not in done.stderr and done.stderr.count("pynox run:") == 1, done.stderr
     assert "blocked (EPERM)" in lines[0] and "container's seccomp profile" in lines[0], lines[0]
+
+
+def test_pynox_check_fails_and_says_why_when_the_profile_blocks_landlock() -> None:
+    done = _launch(sys.executable, "-m", "pynox", "check", profile="docker-pre-20.10.18")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    verdict = done.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("Verdict: FAIL") and "container's seccomp profile" in verdict, done.stdout
 
 
 @pytest.mark.pure

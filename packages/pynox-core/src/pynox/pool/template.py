@@ -122,7 +122,7 @@ def _behave_as_a_normal_interpreter() -> None:
     values = {name: getattr(flags, name) for name in names} | {"ignore_environment": 0, "isolated": 0,
                                                                "safe_path": False}
     lookalike = type("flags", (collections.namedtuple("flags", names),), {"__slots__": (), **extra})
-    sys.flags = lookalike(**values)  # type: ignore[assignment]  # a lookalike
+    sys.flags = lookalike(**values)  # a lookalike (the type made above is Any to mypy)
 
 
 def _prove_single_threaded(preload: list[str]) -> None:

@@ -134,6 +134,10 @@ def _marker_present(world: World, run: Run) -> None:
     assert world.marker.exists(), f"the control did not start the process: {run.result.stderr}"
 
 
+def _some_interfaces(world: World, run: Run) -> None:
+    assert int(run.result.stdout.split()[-1]) >= 1, run.result.stdout
+
+
 def _readonly_intact(world: World, run: Run) -> None:
     assert (world.readonly / "data.txt").read_text() == "readonly data", "a read-only grant was truncated"
 
@@ -614,6 +618,13 @@ NETWORK = [
          'import socket; s = socket.socket(socket.AF_UNIX); s.connect("\\0$abstract_name"); s.sendall(b"hello")',
          _denied(host=_no_abstract), _works(host=_abstract_hello),
          request={"allow_network": True}),
+    # The host's interfaces, addresses and MACs through the socket ioctls, on a socketpair end: no network,
+    # no host identity. The control, unconfined, lists the host's interfaces (loopback at least).
+    Case("interfaces_through_socketpair", "network.identity",
+         'import array, fcntl, socket, struct\na, b = socket.socketpair()\nbuf = array.array("B", bytes(4096))\n'
+         'got = fcntl.ioctl(a.fileno(), 0x8912, struct.pack("iL", 4096, buf.buffer_info()[0]))  # SIOCGIFCONF\n'
+         'print("interfaces", struct.unpack("i", got[:4])[0] // 40)',
+         _denied(), Expect(exit=0, stdout=("interfaces",), host=_some_interfaces)),
     Case("netlink_socket", "network.families",
          'import socket; socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close(); print("opened")',
          _denied(), _works("opened"), request={"allow_network": True}),
@@ -869,6 +880,7 @@ for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Se
     print(name, fields[name].strip())
 print("dumpable", ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))
 print("core", resource.getrlimit(resource.RLIMIT_CORE))
+print("priority", resource.getrlimit(resource.RLIMIT_NICE), resource.getrlimit(resource.RLIMIT_RTPRIO))
 """
 
 
@@ -884,6 +896,7 @@ def _unprivileged(world: World, run: Run) -> None:
     for name in ("CapInh", "CapPrm", "CapEff", "CapAmb", *(("CapBnd",) if _holds_setpcap() else ())):
         assert f"{name} 0000000000000000" in out, out
     assert "NoNewPrivs 1" in out and "Seccomp 2" in out and "dumpable 1" in out and "core (0, 0)" in out
+    assert "priority (0, 0) (0, 0)" in out, out  # whatever the pool inherited: no real-time class, no raise
 
 
 def _privileged_outside(world: World, run: Run) -> None:

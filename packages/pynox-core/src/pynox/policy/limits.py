@@ -12,6 +12,12 @@ The wall-clock timeout is enforced from outside by the pool (SIGKILL);
 timers): the kernel counts them per uid, for every process of that uid, so a
 job could otherwise use up the budget of the pool and of every other job.
 Plain ``kill`` and ``raise`` are not counted against it.
+
+``RLIMIT_NICE`` and ``RLIMIT_RTPRIO`` are 0: a job cannot raise its own
+priority or take a real-time scheduling class, whatever limits the pool was
+started with (a login session's limits.conf may grant both to a user's
+processes, and a job would inherit them; with them, a job could starve the
+machine under ``SCHED_FIFO``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def apply_limits(*, memory: int, timeout: float | None, max_file_size: int | Non
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     _set(resource.RLIMIT_NOFILE, max_open_files)
     _set(resource.RLIMIT_SIGPENDING, MAX_QUEUED_SIGNALS)
+    _set(resource.RLIMIT_NICE, 0)
+    _set(resource.RLIMIT_RTPRIO, 0)
     if max_file_size is not None:
         # Ignored, SIGXFSZ becomes EFBIG: Python raises OSError instead of the process dying.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -38,6 +38,7 @@ _F_SETLEASE = 1024
 _F_NOTIFY = 1026
 _F_SETOWN_EX = 15
 _FIOSETOWN = 0x8901
+_SOCKET_IOCTLS = 0x8900  # the 0x89xx range of <linux/sockios.h>
 _SIOCSPGRP = 0x8902
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -167,6 +168,10 @@ def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
     if not network:
         for name in _ADDRESSING:
             _deny(f, name)
+        # The socket ioctls (0x89xx: SIOCGIFCONF, SIOCGIFHWADDR, SIOCGIFADDR...) answer about the host's
+        # network interfaces on any socket, a socketpair end included: without the network a job learns
+        # nothing of the host's interfaces, addresses or MACs. None of them means anything on a socketpair.
+        _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFF00, _SOCKET_IOCTLS))
 
 
 # Where each call that creates a file takes its flags and mode (None: it has no flags, it always creates).

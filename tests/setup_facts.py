@@ -15,11 +15,21 @@ import pytest
 from pynox.config import landlock_abi_from_environment
 from pynox.policy import landlock
 
-__all__ = ["CAP", "KERNEL_ABI", "LANDLOCK_ABI", "require_landlock"]
+__all__ = ["CAP", "KERNEL_ABI", "LANDLOCK_ABI", "OUTER_SECCOMP", "require_landlock"]
 
 KERNEL_ABI = landlock.abi_version()
 CAP = landlock_abi_from_environment()
 LANDLOCK_ABI = KERNEL_ABI if CAP is None else min(KERNEL_ABI, CAP)
+
+
+def _outer_seccomp() -> bool:
+    with open("/proc/self/status") as status:
+        return any(line.split() == ["Seccomp:", "2"] for line in status)
+
+
+# Whether this run itself is under a seccomp filter (tests/setups/container.py, a real container): controls
+# that make a call such a profile refuses cannot show the harm there.
+OUTER_SECCOMP = _outer_seccomp()
 
 
 def require_landlock(abi: int) -> None:

@@ -200,6 +200,8 @@ finally:
 """
 
 
+@pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation; there only its "
+                        "RLIMIT_NPROC bounds threads, for all its processes together (the contract says so)")
 def test_threads_of_a_job_are_bounded(tmp_path: Path) -> None:
     limit, reason = tasks.available()
     if limit is None:

@@ -120,7 +120,7 @@ class CheckReport:
         lines.append(f"  standing       capabilities {', '.join(facts['capabilities']) or 'none'} (of "
                      f"{', '.join(_CAPABILITY_NAMES)}); outer seccomp filter {outer}; "
                      f"Yama ptrace_scope {'absent' if scope is None else scope}")
-        lines.append(f"  backend        {BACKEND}")
+        lines.append(f"  backend        {BACKEND}" + (" (cannot confine here)" if self.error else ""))
         if self.probes:
             lines.append("Self-test (each probe is a confined child on this machine)")
             width = max(len(p.name) for p in self.probes)
@@ -514,7 +514,8 @@ def run_check() -> CheckReport:
         with _host_secret():
             template = Template([], [])
     except KernelSupportError as exc:
-        report.error = str(exc)
+        # The template's message is for a pool ("...`pynox check` tells more"): here, the reason itself.
+        report.error = report.facts["landlock_absent"] or str(exc)
     except PoolError as exc:
         report.error = f"the template could not start: {exc}"
     else:
@@ -573,8 +574,8 @@ def _add_warnings(report: CheckReport) -> None:
         warn(f"running as uid {facts['uid']}: jobs run as that uid too, and its other processes can read their "
              "memory (use a uid of their own for jobs when other programs run as this one)")
     if facts["outer_seccomp"]:
-        warn("this process already runs under a seccomp filter (a container's profile?): the probes above ran "
-             "under it, so what they proved holds here")
+        warn("this process already runs under a seccomp filter (a container's profile?)"
+             + (": the probes above ran under it, so what they proved holds here" if report.probes else ""))
     if facts["uid"] == 0:
         warn("running as root: jobs keep uid 0 without any capability; files owned by root outside the grants "
              "stay protected by Landlock and seccomp only")

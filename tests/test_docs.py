@@ -233,8 +233,9 @@ def test_protocol_json_lines_parse(block: Block) -> None:
 
 # What a documented result may leave out, when the text above it says so.
 _TRIMMABLE = {"runtime", "policy", "usage"}
-# What a result has only sometimes: a value when the request asks for it, images when the code drew some.
-_ONLY_SOMETIMES = {"return_value", "images", "images_dropped"}
+# What a result has only sometimes: a value when the request asks for it, images when the code drew some,
+# refused in a refusal.
+_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:
@@ -247,6 +248,9 @@ def _check_result(block: Block, value: dict[str, Any]) -> None:
         assert set(value["policy"]) == _fields(ResultPolicy), f"{block.name}: policy fields"
     if value["error"] is not None:
         assert set(value["error"]) == _fields(ErrorInfo), f"{block.name}: error fields"
+    # A refusal says so in the pool's own field; a result of code that ran never has it.
+    refusal = value["exit"] == 2 and value["error"] is not None and value["error"]["type"] == "RequestError"
+    assert value.get("refused") is (True if refusal else None), f"{block.name}: refused"
 
 
 @pytest.mark.pure

@@ -602,18 +602,17 @@ class Session:
                 return msgspec.structs.replace(first, session=self._name), True
             return msgspec.structs.replace(build_request(code, **step), session=self._name), False
 
-    def _after(self, reply: Answer, first: bool) -> Result:
-        try:
-            result = _result(reply)
-        except RequestError:
-            if first:  # refused before it existed: the next run must bring the permissions again
-                with self._lock:
-                    self._name = None
-            raise
+    def _after(self, reply: Answer) -> Result:
+        """Forget the session's name only when the pool says it holds no session under it (``session_ended``,
+        in a result or a refusal): a name forgotten while the pool keeps it would hold a slot of
+        ``max_sessions`` until it idles out, and one kept while the pool has none would start a session
+        without its permissions."""
+        if isinstance(reply, SessionResult) and reply.session_ended:
+            with self._lock:
+                self._name = None
+        result = _result(reply)
         with self._lock:
             self.steps += 1
-            if result.session_ended:
-                self._name = None
         return result
 
     def _step_functions(self, functions: Mapping[str, HostFunction] | None) -> Mapping[str, HostFunction]:
@@ -624,9 +623,9 @@ class Session:
             functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         callables = self._step_functions(functions)
-        message, first = self._message(code, step)
+        message, _ = self._message(code, step)
         future = self.pool._submit(message, callables, host_errors=self.host_errors)
-        return self._after(self.pool._wait(future, self._limits(message), _SESSION_ROUNDS), first)
+        return self._after(self.pool._wait(future, self._limits(message), _SESSION_ROUNDS))
 
     def _limits(self, message: Request) -> Request:
         """What bounds a step's wait: its own timeout, else the session's grants."""
@@ -638,7 +637,7 @@ class Session:
                    return_value: bool = True, functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         callables = self._step_functions(functions)
-        message, first = self._message(code, step)
+        message, _ = self._message(code, step)
         future = self.pool._submit(message, callables, host_errors=self.host_errors,
                                    loop=asyncio.get_running_loop())
         try:
@@ -648,7 +647,7 @@ class Session:
                 if self._name == message.session:
                     self._name = None
             raise
-        return self._after(reply, first)
+        return self._after(reply)
 
     def close(self) -> None:
         """End the process. The session object stays usable: a later ``run`` starts a fresh one."""

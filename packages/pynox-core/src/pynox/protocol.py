@@ -153,6 +153,10 @@ class Result(msgspec.Struct, omit_defaults=False):
     # all; images_dropped counts those left out over that size.
     images: list[str] | msgspec.UnsetType = msgspec.UNSET
     images_dropped: int | msgspec.UnsetType = msgspec.UNSET
+    # Only in the result of a request the pool refused before anything ran: true. Set by the pool alone
+    # (a job's report reaches no field of the result but error, exit and its values), so a client tells
+    # "refused, never ran" from "ran" by this, never by exit and error.type, which a job once could forge.
+    refused: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionResult(Result):
@@ -307,7 +311,8 @@ def reply_call_id(head: bytes) -> int | None:
 
 def refusal(request_id: RequestId, message: str) -> Result:
     """The result of a request refused before anything ran."""
-    return Result(id=request_id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message))
+    return Result(id=request_id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
+                  refused=True)
 
 
 class LineError(Exception):

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from .errors import JobError
-from .exits import REFUSED_EXIT, TIMEOUT_EXIT
+from .exits import TIMEOUT_EXIT
 from .protocol import Result as WireResult
 from .protocol import SessionResult
 
@@ -63,6 +63,9 @@ class Result:
     # left out because all of them together were over max_output.
     images: tuple[bytes, ...] = ()
     images_dropped: int = 0
+    # The pool refused the request before anything ran (the client raises RequestError for it): the pool's
+    # own ``refused`` field, never read from exit and error type, which describe what ran.
+    refused: bool = False
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -81,6 +84,7 @@ class Result:
             return_value=wire.return_value if isinstance(wire.return_value, str) else None,
             images=tuple(base64.b64decode(image) for image in wire.images) if isinstance(wire.images, list) else (),
             images_dropped=wire.images_dropped if isinstance(wire.images_dropped, int) else 0,
+            refused=wire.refused is True,
         )
 
     @property
@@ -88,10 +92,6 @@ class Result:
         """The code ran to the end: exit status 0 and no error."""
         return self.exit == 0 and self.error is None
 
-    @property
-    def refused(self) -> bool:
-        """The pool refused the request before anything ran (the client raises RequestError for it)."""
-        return self.exit == REFUSED_EXIT and self.error is not None and self.error.get("type") == "RequestError"
 
     @property
     def timed_out(self) -> bool:

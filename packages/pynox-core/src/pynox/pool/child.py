@@ -179,17 +179,19 @@ def _hand_over_listener(listener: int) -> None:
 
 
 def _receive_payload(confinement: Confinement) -> Payload:
-    """Claim the job, then read it, confined already: its environment, then its host functions, if any.
+    """Read the job, confined already: its environment, then its host functions, if any; then claim it.
 
     The claim (see :func:`pynox.pool.payload.new_claim`) makes a job run at most once: a job the server
-    took back, to retry on another template, was never begun here."""
-    if not claim(CLAIM):
-        os._exit(SETUP_FAILED_EXIT)  # the server took the job back: it runs elsewhere, or nowhere
-    os.close(CLAIM)
+    took back, to retry on another template, was never begun here. It is the last step before the code
+    runs, so the pool knows from it alone whether the code may have run: a setup failure it reports is
+    believed only while the claim is still there (see report.py)."""
     payload = read_payload(PAYLOAD)
     add_environment(payload.env)
     if confinement.host_channel:
         host_module.install_host_module(payload.functions, CHANNEL)
+    if not claim(CLAIM):
+        os._exit(SETUP_FAILED_EXIT)  # the server took the job back: it runs elsewhere, or nowhere
+    os.close(CLAIM)
     return payload
 
 

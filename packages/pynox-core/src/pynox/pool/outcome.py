@@ -1,8 +1,11 @@
 """What happened to one job, and the protocol result that says so.
 
-The exit status comes from the kernel (the template's ``wait4``), never from
-the job: a job can write anything on its report descriptor, but it cannot fake
-having been killed, or not.
+The exit status comes from the kernel (the template's ``wait4``), or, for a
+job answered from its report, from the shape of that report (report.py), never
+from a number the job wrote: a job can write anything on its report
+descriptor, but it cannot fake having been killed, or not, and every verdict
+here (timeout, cancellation, setup failure, worker failure) is set from what
+the pool itself saw.
 """
 
 from __future__ import annotations
@@ -115,18 +118,11 @@ def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec:
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
                     host_calls=outcome.host_calls, stdout_bytes=outcome.stdout_bytes,
                     stderr_bytes=outcome.stderr_bytes),
-        **({"return_value": _capped(outcome.return_value, max_output)} if spec.return_value else {}),
+        # Bounded where the report is read (report.py), like every value from the job.
+        **({"return_value": outcome.return_value} if spec.return_value else {}),
         **({"images": outcome.images} if outcome.images else {}),
         **({"images_dropped": outcome.images_dropped} if outcome.images_dropped else {}),
     )
-
-
-def _capped(value: str | None, limit: int) -> str | None:
-    """A value's repr, at most ``limit`` bytes of UTF-8 like each output stream, with a note when cut."""
-    if value is None or len(value.encode()) <= limit:
-        return value
-    kept = value.encode()[:limit].decode("utf-8", "ignore")
-    return f"{kept}... ({len(value) - len(kept)} more characters)"
 
 
 def to_result(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,

@@ -45,8 +45,9 @@ def write_payload_to(fd: int, payload: Payload) -> None:
 
 def new_claim() -> int:
     """The job's claim: the read end of a pipe holding one byte, which the server sends with the job and
-    keeps. The child takes the byte before it reads its payload; if the template dies, the server takes
-    it back if it is still there. Exactly one of them gets it, so a job the server retries never began."""
+    keeps. The child takes the byte as the last step before the code runs; if the template dies, the
+    server takes it back if it is still there. Exactly one of them gets it, so a job the server retries
+    never began, and one the server takes back at its end never ran (its setup failed)."""
     claim, end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     os.write(end, _CLAIM)
     os.close(end)

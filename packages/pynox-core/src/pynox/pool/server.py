@@ -393,8 +393,12 @@ class Server:
         if session is None:
             self.finish(refusal(request_id, message), session=None, step=None)
             return
-        # A refused session request still says which session it was for; the session itself goes on.
-        result = SessionResult(**msgspec.structs.asdict(refusal(request_id, message)), session=session)
+        # A refused session request still says which session it was for, and whether the pool holds one under
+        # that name (a session that goes on), or none (a refused first request: its client must forget the
+        # name, and bring the permissions again with the next one).
+        existing = self.sessions.get(session)
+        result = SessionResult(**msgspec.structs.asdict(refusal(request_id, message)), session=session,
+                               session_ended=existing is None or existing.closing)
         self.finish(result, session=session, step=None)
 
 

@@ -312,7 +312,7 @@ class Session(threading.Thread):
 
     def _refused(self, step: Step, message: str) -> SessionResult:
         return SessionResult(id=step.id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
-                             session=self.session_name, step=None, session_ended=True)
+                             refused=True, session=self.session_name, step=None, session_ended=True)
 
     def _step_spec(self, step: Step) -> JobSpec:
         """The session's policy with this step's own timeout: the result's policy states what was enforced."""

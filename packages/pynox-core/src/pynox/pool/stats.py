@@ -2,7 +2,9 @@
 
 Outcome counters are disjoint and add up to ``jobs``: every finished request
 (a refused one included) is exactly one of ok, failed, timeouts, signals,
-setup_errors, request_errors or worker_errors. ``errors`` counts by error type.
+setup_errors, request_errors or worker_errors. ``errors`` counts by error type:
+a bounded set of names (a job names its own exception classes, as many and as
+long as it likes), the rest counted together under ``OTHER_ERRORS``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,19 @@ from collections import Counter
 from ..exits import CANCELLED_EXIT, REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..protocol import JobLogLine, RequestId, Result, StatsEvent
 
-__all__ = ["Stats", "classify", "log_line"]
+__all__ = ["MAX_ERROR_TYPES", "OTHER_ERRORS", "Stats", "classify", "log_line"]
+
+# Distinct error types counted by name, first come first counted, besides the pool's own (always by name);
+# each name is at most report.MAX_ERROR_TYPE characters, so a stats event stays a few kilobytes.
+MAX_ERROR_TYPES = 64
+# Not a Python class name (the parentheses), so no exception of a job's code is counted under it by mistake.
+OTHER_ERRORS = "(other)"
 
 OUTCOMES = ("ok", "failed", "timeouts", "signals", "setup_errors", "request_errors", "worker_errors", "cancelled")
 # The pool's own verdicts: an error type together with the exit status only the pool gives it. The job's
-# code can raise an exception of any name (its own TimeoutError, a class called RequestError), but its
-# exit status is then 1 (or what it passed to sys.exit), so it counts as failed, as the protocol says.
+# code can raise an exception of any name (its own TimeoutError, a class called RequestError), and write
+# any report, but an error from the job always comes with exit 1 (see report.py), so it counts as failed,
+# as the protocol says.
 _POOL_VERDICTS = {
     ("TimeoutError", TIMEOUT_EXIT): "timeouts",
     ("SandboxSetupError", SETUP_FAILED_EXIT): "setup_errors",
@@ -27,6 +36,7 @@ _POOL_VERDICTS = {
     ("PoolWorkerError", WORKER_ERROR_EXIT): "worker_errors",
     ("CancelledError", CANCELLED_EXIT): "cancelled",
 }
+_POOL_TYPES = frozenset({*(error_type for error_type, _ in _POOL_VERDICTS), "SignalError"})
 
 
 def classify(result: Result) -> str:
@@ -46,6 +56,7 @@ class Stats:
         self.workers = workers
         self._outcomes: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
+        self._named: set[str] = set()  # the error types of jobs counted by name (at most MAX_ERROR_TYPES)
         self._duration_ms_total = 0
         self._queue_us_total = 0
         self._host_calls = 0
@@ -54,9 +65,16 @@ class Stats:
         with self._lock:
             self._outcomes[classify(result)] += 1
             if result.error is not None:
-                self._errors[result.error.type] += 1
+                self._errors[self._error_key(result.error.type)] += 1
             self._duration_ms_total += result.duration_ms
             self._queue_us_total += result.queue_us
+
+    def _error_key(self, error_type: str) -> str:
+        if error_type in self._errors or error_type in _POOL_TYPES or len(self._named) < MAX_ERROR_TYPES:
+            if error_type not in self._errors and error_type not in _POOL_TYPES:
+                self._named.add(error_type)
+            return error_type
+        return OTHER_ERRORS
 
     def record_host_call(self) -> None:
         with self._lock:

@@ -30,7 +30,7 @@ import pynox
 
 from ..config import landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
-from ..job import Confinement, JobSpec, Report
+from ..job import Confinement, JobSpec
 from ..policy import tasks
 from ..policy.grants import close_all, identity, open_grants
 from .capture import Capture
@@ -46,7 +46,7 @@ from .descriptors import (
     handed_to_prepared,
     sent_with_job,
 )
-from .figures import images_on_the_wire, matplotlib_setup
+from .figures import matplotlib_setup
 from .frames import (
     Discard,
     Ended,
@@ -65,6 +65,7 @@ from .lifecycle import ChildLife, ChildState
 from .metadata import Steward, receive_listener
 from .outcome import Outcome
 from .payload import new_claim, take_back, write_payload
+from .report import JobWord, read_report
 from .usage import live_usage, proc_text
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
@@ -83,7 +84,6 @@ _CONTINUE_EVERY = 10_000_000  # ns between two SIGCONTs to a child whose exit st
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 # Jobs whose grants a template may still prepare a child from: the last two sent (one running, one ahead).
 _KEYS_KEPT = 2
-_report_decoder = msgspec.json.Decoder(Report)
 CallSink = Callable[[socket.socket], JobCalls]
 Handler = Callable[["_Serving"], None]
 # What a prepared child is matched by: its job's confinement, encoded, and what its grants and working
@@ -220,9 +220,22 @@ class _Serving:
     job_calls: JobCalls | None
     session: bool
     deadline: int  # monotonic ns
+    max_output: int
     kill_deadline: int | None = None  # set at the kill: the template must report the end by then
     child_dead: bool = False  # seen through its pidfd: the template may be slow to say so (stopped, busy)
     watching_pidfd: bool = False
+    # The job's word from its report (see report.py), read once its pipes have closed; None if it wrote none
+    # the pool can take.
+    word: JobWord | None = None
+    word_read: bool = False
+    claimed: bool = False  # the pool holds the job's claim (a job, or a session's first step)
+
+    def read_word(self) -> JobWord | None:
+        if not self.word_read:
+            self.word_read = True
+            self.word = read_report(bytes(self.capture.report), value_limit=self.max_output,
+                                    image_limit=self.max_output)
+        return self.word
 
 
 class Template:
@@ -388,7 +401,7 @@ class Template:
             close_all([payload, *reads])
         try:
             return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
-                                calls=calls, channel=channel, session=session is not None)
+                                calls=calls, channel=channel, session=session is not None, claim=claim)
         except PoolWorkerError as exc:
             if exc.started and take_back(claim):  # no child claimed the job: it never began
                 raise PoolWorkerError(str(exc), started=False) from None
@@ -439,8 +452,12 @@ class Template:
             self.broken = True  # the template is gone: the next job finds out and replaces it
 
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
-                calls: CallSink | None, channel: socket.socket | None, session: bool) -> Outcome:
-        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude."""
+                calls: CallSink | None, channel: socket.socket | None, session: bool,
+                claim: int | None = None) -> Outcome:
+        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude.
+
+        ``claim``: the job's claim (see payload.py), for a job or a session's first step; the pool takes the
+        job's word on a setup failure only if no child claimed it, since the code runs only after the claim."""
         outcome = Outcome()
         capture = Capture(reads, outcome, max_output)
         job_calls = calls(channel) if calls is not None and channel is not None else None
@@ -448,7 +465,8 @@ class Template:
             # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
             with selectors.PollSelector() as sel:
-                serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9))
+                serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9),
+                                   max_output, claimed=claim is not None)
                 self._loop(serving)
         finally:
             capture.close()
@@ -459,7 +477,7 @@ class Template:
                 channel.close()
         outcome.duration_us = (time.monotonic_ns() - start) // 1000
         self._finish(serving)
-        self._read_report(outcome, bytes(capture.report), max_output)
+        self._take_word(outcome, serving.read_word(), claim)
         outcome.conclude(spec, timeout)
         return outcome
 
@@ -510,6 +528,13 @@ class Template:
         if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
             outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
             self.child.kill()
+        if serving.session and not serving.capture.open and not outcome.protocol_violation and \
+                self._broken_step_report(serving):
+            # A step's process lives on, so no exit status will speak for it: a report the pool cannot take
+            # leaves the step without an outcome. The session is ended now, as a broken channel is, rather
+            # than kept waiting until its deadline for an end that is not coming.
+            outcome.protocol_violation = "its session step wrote a report the pool could not take"
+            self.child.kill()
         now = time.monotonic_ns()
         if serving.kill_deadline is None and now >= serving.deadline:
             outcome.timed_out = True
@@ -541,19 +566,28 @@ class Template:
         if self.child.state is ChildState.ENDED or serving.child_dead:
             return False
         outcome = serving.outcome
-        report = serving.capture.report
-        if outcome.timed_out or outcome.protocol_violation is not None or not report:
+        if outcome.timed_out or outcome.protocol_violation is not None:
             return True
         if self.child.pidfd is None:
             # Its pidfd (the template's Started frame) must be read before the result leaves: a job's
             # child is killed through it, and a session's idle check would take the unread frame for
             # its end.
             return True
-        try:
-            decoded = _report_decoder.decode(report)
-        except msgspec.DecodeError:
+        word = serving.read_word()
+        if word is None:  # no report the pool can take: the kernel's exit status is all there is
             return True
-        return decoded.exited if serving.session else decoded.setup_error is not None
+        # A setup failure ends the process (a later step's cannot be taken: _enforce ends the session).
+        return word.shape == "setup" or (serving.session and word.shape == "exited")
+
+    def _broken_step_report(self, serving: _Serving) -> bool:
+        """A step's pipes closed, its process still runs, and its report is none the pool can take: missing
+        or not of a step's shapes (a setup failure only on a first step, whose claim the pool holds)."""
+        if self.child.state is ChildState.ENDED or serving.child_dead:
+            return False
+        word = serving.read_word()
+        if word is None and (self.child.pid is None or _dying(self.child.pid)):
+            return False  # killed (memory, a signal): its pipes closed as it died, and its end will say how
+        return word is None or (word.shape == "setup" and not serving.claimed)
 
     def _finish(self, serving: _Serving) -> None:
         """The job is over: measure the process, kill it if its result leaves before its end, release it."""
@@ -763,17 +797,19 @@ class Template:
             self.steward = None
 
     @staticmethod
-    def _read_report(outcome: Outcome, raw_report: bytes, image_limit: int) -> None:
-        if outcome.timed_out or not raw_report:
-            return
-        try:
-            report = _report_decoder.decode(raw_report)
-        except msgspec.DecodeError:
-            return  # the job wrote garbage over its report channel: the exit status stands alone
-        outcome.error = report.error
-        outcome.setup_error = report.setup_error
-        outcome.exited = report.exited
-        outcome.return_value = report.return_value
-        outcome.images, outcome.images_dropped = images_on_the_wire(report.images, image_limit)
-        if not outcome.ended:  # a session step: the process lives on, the step's status is in its report
-            outcome.exit = report.exit
+    def _take_word(outcome: Outcome, word: JobWord | None, claim: int | None) -> None:
+        """Take the job's word (report.py) where the pool's own knowledge agrees with it."""
+        if outcome.timed_out or word is None:
+            return  # the exit status stands alone
+        if word.shape == "setup" and (claim is None or not take_back(claim)):
+            return  # it claimed its job, so its code may have run: a setup failure is not its to report
+        ended = outcome.ended and outcome.signal is None
+        if ended and outcome.exit != word.exit:
+            return  # the kernel's status says otherwise: the report is not the child's
+        outcome.error = word.error
+        outcome.setup_error = word.setup_error
+        outcome.exited = word.shape == "exited"
+        outcome.return_value = word.return_value
+        outcome.images, outcome.images_dropped = word.images, word.images_dropped
+        if not outcome.ended:  # answered from the report, or a session step whose process lives on
+            outcome.exit = word.exit

@@ -1,0 +1,144 @@
+"""The one place the pool reads a job's report: decoded, checked for shape, and bounded.
+
+The report is written after confinement, by code the job controls from its
+first instruction: it is hostile input. It may describe only the job's own
+Python outcome, one of four shapes:
+
+========  ============================  =====================================
+shape     report                        exit status the pool gives it
+========  ============================  =====================================
+ran       no error, not exited          0
+raised    ``error``                     1 (whatever number the report states)
+exited    ``exited``, ``exit`` 0-255    that number: ``sys.exit(N)`` is the job's own
+setup     ``setup_error`` and nothing   125, only if the job was never claimed
+          else
+========  ============================  =====================================
+
+The exit status of a job that raised is always 1, so the pair (``exit``,
+``error.type``) by which the protocol tells the pool's verdicts (timeout,
+refusal, setup failure, cancellation, worker failure) can only come from the
+pool. The job's exception class keeps its own name, even one of those
+(``TimeoutError``, ``CancelledError``): a socket timeout or an asyncio
+cancellation is a real exception of the job's code, and renaming it would
+tell the model something false about its own code; with exit 1 it reads as
+exactly that. A setup failure means the code never ran, which the pool knows
+only from the claim byte (see payload.py): the child claims its job as the
+last step before the code, so a job that claimed it may have run, and its
+word on a setup failure is not taken.
+
+A report of any other shape, or one that is not JSON of the report's type, is
+not the child's: it is ignored and the exit status the kernel reports stands
+alone (see worker.py). Every string and list in a report is bounded here,
+whatever the child would have written, so nothing downstream (results, stats,
+logs) holds more of the job's word than these bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from ..exits import SETUP_FAILED_EXIT
+from ..job import ErrorInfo, Frame, Report
+from .figures import images_on_the_wire
+
+__all__ = ["MAX_ERROR_TYPE", "JobWord", "bounded", "read_report"]
+
+# Characters of each string from a report; the child's own caps are tighter (a message: 2,000).
+MAX_ERROR_TYPE = 128  # a class name; Python's longest builtin is 25
+_MAX_MESSAGE = 4000
+_MAX_PATH = 4096  # PATH_MAX: an error's file and path, a frame's file
+_MAX_HINT = 8000  # a path hint lists the grants
+_MAX_SOURCE = 1000  # one line of source in a traceback entry
+_MAX_SETUP = 4000
+# Traceback entries: the child keeps its outermost and innermost ten frames and counts the middle in one.
+_MAX_FRAMES = 21
+_MAX_IMAGES = 64  # figures in one result; the rest are counted as dropped
+
+_decoder = msgspec.json.Decoder(Report)
+
+
+@dataclass
+class JobWord:
+    """What the pool takes from a report: the job's own outcome, bounded."""
+
+    shape: Literal["ran", "raised", "exited", "setup"]
+    exit: int
+    error: ErrorInfo | None = None
+    setup_error: str | None = None
+    return_value: str | None = None
+    images: list[str] = field(default_factory=list)
+    images_dropped: int = 0
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters, with a note of how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def _optional(text: str | None, limit: int) -> str | None:
+    return None if text is None else bounded(text, limit)
+
+
+def _value(value: str | None, limit: int) -> str | None:
+    """A value's repr, at most ``limit`` bytes of UTF-8 like each output stream, with a note when cut."""
+    if value is None or len(value) <= limit // 4 or len(value.encode()) <= limit:
+        return value
+    kept = value.encode()[:limit].decode("utf-8", "ignore")
+    return f"{kept}... ({len(value) - len(kept)} more characters)"
+
+
+def _frames(frames: list[Frame] | None) -> list[Frame] | None:
+    if frames is None:
+        return None
+    kept = [Frame(file=_optional(f.file, _MAX_PATH), line=f.line, source=_optional(f.source, _MAX_SOURCE),
+                  column=f.column, omitted=f.omitted) for f in frames[:_MAX_FRAMES]]
+    if len(frames) > _MAX_FRAMES:
+        kept.append(Frame(file=None, line=None, source=None, omitted=len(frames) - _MAX_FRAMES))
+    return kept
+
+
+def _error(error: ErrorInfo) -> ErrorInfo:
+    return ErrorInfo(type=bounded(error.type, MAX_ERROR_TYPE), message=bounded(error.message, _MAX_MESSAGE),
+                     file=_optional(error.file, _MAX_PATH), line=error.line, path=_optional(error.path, _MAX_PATH),
+                     hint=_optional(error.hint, _MAX_HINT), traceback=_frames(error.traceback))
+
+
+def _shape(report: Report) -> Literal["ran", "raised", "exited", "setup"] | None:
+    if report.setup_error is not None:
+        plain = report.error is None and not report.exited and report.return_value is None and not report.images
+        return "setup" if plain and report.exit == SETUP_FAILED_EXIT else None
+    if report.error is not None:
+        return None if report.exited else "raised"
+    if report.exited:
+        return "exited" if 0 <= report.exit <= 255 else None
+    return "ran"
+
+
+def read_report(raw: bytes, *, value_limit: int, image_limit: int) -> JobWord | None:
+    """The job's word from its raw report, bounded; None if it is not a report of one of the four shapes.
+
+    ``value_limit``: bytes of a trailing value's repr (the job's max_output); ``image_limit``: bytes of PNG
+    in all. A ``setup`` word still needs the claim checked by the caller (it alone holds the claim)."""
+    if not raw:
+        return None
+    try:
+        report = _decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None  # the job wrote garbage over its report channel
+    shape = _shape(report)
+    if shape is None:
+        return None
+    if shape == "setup":
+        return JobWord("setup", SETUP_FAILED_EXIT, setup_error=bounded(report.setup_error or "", _MAX_SETUP))
+    images, dropped = images_on_the_wire(report.images[:_MAX_IMAGES], image_limit)
+    return JobWord(
+        shape, {"ran": 0, "raised": 1, "exited": report.exit}[shape],
+        error=_error(report.error) if report.error is not None else None,
+        return_value=_value(report.return_value, value_limit), images=images,
+        images_dropped=dropped + max(len(report.images) - _MAX_IMAGES, 0),
+    )

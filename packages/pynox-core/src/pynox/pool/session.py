@@ -230,7 +230,7 @@ class Session(threading.Thread):
     def _run_step(self, step: Step) -> Outcome:
         calls: CallSink | None = None
         if self.spec.functions:
-            calls = lambda channel: self.registry.calls.open(step.id, self.spec.functions, channel)  # noqa: E731
+            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox)  # noqa: E731
         if not self._alive:
             if self._template is None:
                 self._template = self.registry.spare.take()
@@ -264,7 +264,7 @@ class Session(threading.Thread):
             for _, w in pipes:
                 os.close(w)
         return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
-                                calls=calls, channel=channels.channel, session=True)
+                                calls=calls, outbox=channels.outbox, session=True)
 
     def _stop_process(self) -> None:
         self._alive = False

@@ -60,7 +60,7 @@ from .frames import (
     recv_frame,
     send_frame,
 )
-from .hostcalls import JobCalls, ProtocolViolation
+from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
 from .metadata import Steward, receive_listener
 from .outcome import Outcome
@@ -84,7 +84,7 @@ _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 # Jobs whose grants a template may still prepare a child from: the last two sent (one running, one ahead).
 _KEYS_KEPT = 2
 _report_decoder = msgspec.json.Decoder(Report)
-CallSink = Callable[[socket.socket], JobCalls]
+CallSink = Callable[[Outbox], JobCalls]
 Handler = Callable[["_Serving"], None]
 # What a prepared child is matched by: its job's confinement, encoded, and what its grants and working
 # directory name (device, inode).
@@ -190,20 +190,24 @@ class _PreparedChild:
 
 @dataclass
 class SessionChannels:
-    """The pool's and the child's ends of a session's control and host-call channels."""
+    """The pool's and the child's ends of a session's control and host-call channels, and the outbox of
+    the host-call channel, which its steps share."""
 
     control: socket.socket
     job_control: socket.socket
     channel: socket.socket | None
     job_channel: socket.socket | None
+    outbox: Outbox | None
 
     @classmethod
     def create(cls, with_functions: bool) -> SessionChannels:
         control, job_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel, job_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if with_functions else (None, None)
-        return cls(control, job_control, channel, job_channel)
+        return cls(control, job_control, channel, job_channel, Outbox(channel) if channel is not None else None)
 
     def close(self) -> None:
+        if self.outbox is not None:
+            self.outbox.close()  # never waits: a frozen child reads nothing
         for sock in (self.control, self.job_control, self.channel, self.job_channel):
             if sock is not None:
                 sock.close()
@@ -340,10 +344,12 @@ class Template:
         extra: list[socket.socket] = []
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], PAYLOAD: payload, CLAIM: claim}
         channel = session.channel if session is not None else None
+        outbox = session.outbox if session is not None else None
         if spec.functions:
             job_end: socket.socket | None
             if session is None:
                 channel, job_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                outbox = Outbox(channel)
             else:
                 job_end = session.job_channel
             assert job_end is not None  # checked above, before anything was opened
@@ -376,8 +382,9 @@ class Template:
             self._close_metadata()
             for r, _ in pipes:
                 os.close(r)  # the write ends are closed below, once
-            if channel is not None and session is None:
-                channel.close()
+            if outbox is not None and session is None:
+                outbox.close()
+                outbox.channel.close()
             os.close(claim)
             raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
         finally:
@@ -388,7 +395,7 @@ class Template:
             close_all([payload, *reads])
         try:
             return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
-                                calls=calls, channel=channel, session=session is not None)
+                                calls=calls, outbox=outbox, session=session is not None)
         except PoolWorkerError as exc:
             if exc.started and take_back(claim):  # no child claimed the job: it never began
                 raise PoolWorkerError(str(exc), started=False) from None
@@ -439,11 +446,17 @@ class Template:
             self.broken = True  # the template is gone: the next job finds out and replaces it
 
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
-                calls: CallSink | None, channel: socket.socket | None, session: bool) -> Outcome:
-        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude."""
+                calls: CallSink | None, outbox: Outbox | None, session: bool) -> Outcome:
+        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude.
+
+        Once the loop is over, nothing here waits on the job (its deadline is no longer watched): the
+        teardown of its pipes and host channel only closes and drops, whatever the job still reads or
+        writes; a job's child is then killed (_finish) unless it has ended."""
         outcome = Outcome()
         capture = Capture(reads, outcome, max_output)
-        job_calls = calls(channel) if calls is not None and channel is not None else None
+        job_calls = calls(outbox) if calls is not None and outbox is not None else None
+        if session and outbox is not None:
+            outbox.resume()  # it was frozen since its last step: its time to read its answers starts now
         try:
             # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
@@ -455,8 +468,9 @@ class Template:
             if job_calls is not None:
                 outcome.host_calls = job_calls.sent
                 job_calls.close()
-            if channel is not None and not session:  # a session's channel lives as long as the session
-                channel.close()
+            if outbox is not None and not session:  # a session's channel lives as long as the session
+                outbox.close()  # drops what the job did not read, without waiting for it
+                outbox.channel.close()
         outcome.duration_us = (time.monotonic_ns() - start) // 1000
         self._finish(serving)
         self._read_report(outcome, bytes(capture.report), max_output)
@@ -488,6 +502,7 @@ class Template:
             sel.register(self.sock, selectors.EVENT_READ, self._on_template)
         if serving.job_calls is not None:
             sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_call)
+            sel.register(serving.job_calls.outbox.wakeup, selectors.EVENT_READ, self._on_answers_waiting)
         if self._metadata is not None and self._metadata.sock is not None:
             sel.register(self._metadata.sock, selectors.EVENT_READ, self._on_listener)
         if self.steward is not None:  # a session's, from its first step
@@ -507,10 +522,15 @@ class Template:
         """The deadline and the kills, checked between two waits; how long (ns) the next wait may be."""
         self._start_steward(serving.sel)
         outcome, job_calls = serving.outcome, serving.job_calls
-        if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
-            outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
-            self.child.kill()
         now = time.monotonic_ns()
+        stall: int | None = None
+        if job_calls is not None and not outcome.protocol_violation:
+            violation = job_calls.violation or job_calls.outbox.judge(now)
+            if violation is not None:
+                outcome.protocol_violation = violation  # it stopped reading its answers
+                self.child.kill()
+            else:
+                stall = job_calls.outbox.stall_deadline()
         if serving.kill_deadline is None and now >= serving.deadline:
             outcome.timed_out = True
             serving.kill_deadline = now + int(_KILL_GRACE * 1e9)
@@ -522,6 +542,8 @@ class Template:
             serving.sel.register(self.child.pidfd, selectors.EVENT_READ, self._on_pidfd)
             serving.watching_pidfd = True
         wait = (serving.kill_deadline if serving.kill_deadline is not None else serving.deadline) - now
+        if stall is not None:
+            wait = min(wait, stall - now)
         if not serving.capture.open and self.child.pidfd is not None:
             # Its pipes are closed and its exit status is needed: a child that stopped itself at its end
             # (child._finish) goes on to exit. It may stop only after its pipes closed, so this is said
@@ -676,6 +698,11 @@ class Template:
         assert self.steward is not None
         if not self.steward.answer():
             serving.sel.unregister(self.steward.listener)
+
+    @staticmethod
+    def _on_answers_waiting(serving: _Serving) -> None:
+        assert serving.job_calls is not None
+        serving.job_calls.outbox.woken()  # the next _enforce sees when they condemn the job
 
     def _on_host_call(self, serving: _Serving) -> None:
         job_calls = serving.job_calls

@@ -64,3 +64,67 @@ def test_a_job_that_reads_its_answers_slowly_ends_at_its_deadline(tmp_path: Path
         assert pool.run("print('next')", wait=5)["stdout"] == "next\n"
         assert time.monotonic() - begun < 2
     assert pid not in proc_table() or proc_table()[pid][1] == "Z"
+
+
+# A session step that leaves a thread behind: it burns CPU and writes into the grant every 50 ms.
+_LEFT_BEHIND = """
+import os, threading, time
+def work():
+    with open('grant/beat', 'a', buffering=1) as beat:
+        while True:
+            end = time.monotonic() + 0.05
+            while time.monotonic() < end:
+                pass
+            beat.write('.\\n')
+threading.Thread(target=work, daemon=True).start()
+print(os.getpid())
+"""
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of the whole process, in clock ticks, read from the host."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0]
+
+
+def test_a_session_runs_nothing_between_its_steps(tmp_path: Path) -> None:
+    """Finding 6 of issue 30: a step's background thread ran on after the step's result (and its 2 s
+    deadline), writing and burning CPU until the session was closed."""
+    import os
+
+    (tmp_path / "grant").mkdir()
+    beat = tmp_path / "grant" / "beat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        first = pool.run(_LEFT_BEHIND, session="busy", allow_write=["grant"], timeout="2s")
+        assert first["exit"] == 0, first
+        pid = int(first["stdout"])
+        size, cpu = beat.stat().st_size, _cpu_ticks(pid)
+        time.sleep(3)  # past the step's deadline too
+        grew, used = beat.stat().st_size - size, (_cpu_ticks(pid) - cpu) / ticks
+        assert grew == 0, f"the session wrote {grew} bytes into its grant between steps"
+        assert used < 0.05, f"the session used {used:.2f} s of CPU between steps"
+        assert _state(pid) == "T", "the session's process is not stopped between steps"
+        # The next step continues it, under the next step's own deadline: the thread runs while it does.
+        second = pool.run("import time\ntime.sleep(0.5)", session="busy", timeout="2s")
+        assert second["exit"] == 0 and second["session_ended"] is False, second
+        assert beat.stat().st_size > size, "the step's thread did not run on during the next step"
+        size = beat.stat().st_size
+        time.sleep(1)
+        assert beat.stat().st_size == size and _state(pid) == "T"
+        # A stopped session is closed, killed and reaped like any other (no leftover: pool_process checks).
+        assert pool.run(session="busy", close=True)["closed"] is True
+        assert wait_gone([pid], 5) == []
+
+
+def test_a_stopped_session_is_closed_when_idle(tmp_path: Path) -> None:
+    with pool_process("--workers=1", "--session-idle=1s", cwd=tmp_path) as pool:
+        pid = int(pool.run("import os\nprint(os.getpid())", session="idle")["stdout"])
+        assert wait_gone([pid], 10) == [], "an idle stopped session was not closed"
+        assert pool.run("print(1)", session="idle")["step"] == 1

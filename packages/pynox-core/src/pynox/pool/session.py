@@ -9,6 +9,8 @@ Steps queue behind each other on the session's own thread, so sessions and
 plain jobs never wait for each other. A Python exception keeps the session;
 a timeout, a crash or ``exit()`` ends it, and the next request under the same
 name starts a fresh process with the permissions that request brings.
+Between steps the process is stopped (see ``Template.collect``): a session runs
+no code of its own, and a step's deadline covers everything the step started.
 """
 
 from __future__ import annotations
@@ -251,6 +253,9 @@ class Session(threading.Thread):
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
+        # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
+        # behind included) runs under this step's deadline.
+        template.continue_child()
         channels.control.settimeout(step.timeout)
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,

@@ -449,9 +449,10 @@ class Template:
                 calls: CallSink | None, outbox: Outbox | None, session: bool) -> Outcome:
         """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude.
 
-        Once the loop is over, nothing here waits on the job (its deadline is no longer watched): the
-        teardown of its pipes and host channel only closes and drops, whatever the job still reads or
-        writes; a job's child is then killed (_finish) unless it has ended."""
+        Once the loop is over, nothing here waits on the job (its deadline is no longer watched): a
+        session's child is frozen at once, and the teardown of its pipes and host channel only closes
+        and drops, whatever the job still reads or writes; a job's child is then killed (_finish)
+        unless it has ended."""
         outcome = Outcome()
         capture = Capture(reads, outcome, max_output)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
@@ -463,6 +464,12 @@ class Template:
             with selectors.PollSelector() as sel:
                 serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9))
                 self._loop(serving)
+            if session:
+                # Between steps, nothing of the session runs: not a thread its step left behind, not a
+                # call it makes. Stopped before it is measured, so its figures are final; continued as
+                # its next step is sent (Session._run_step), under that step's deadline. A child that
+                # ended or was killed is not signalled (see ChildLife.signal).
+                self.child.signal(signal.SIGSTOP)
         finally:
             capture.close()
             if job_calls is not None:
@@ -490,6 +497,11 @@ class Template:
 
     def kill_child(self) -> None:
         self.child.kill()
+
+    def continue_child(self) -> None:
+        """A session's next step is being sent: its child, frozen since its last step (see collect), runs
+        again, under this step's deadline."""
+        self.child.signal(signal.SIGCONT)
 
     # -- the loop ------------------------------------------------------------------------------------------
     def _loop(self, serving: _Serving) -> None:

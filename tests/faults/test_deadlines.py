@@ -128,3 +128,24 @@ def test_a_stopped_session_is_closed_when_idle(tmp_path: Path) -> None:
         pid = int(pool.run("import os\nprint(os.getpid())", session="idle")["stdout"])
         assert wait_gone([pid], 10) == [], "an idle stopped session was not closed"
         assert pool.run("print(1)", session="idle")["step"] == 1
+
+
+def test_a_cancelled_slow_reader_ends_at_the_cancel(tmp_path: Path) -> None:
+    """The same reader, without a report of its own and with a long timeout: a cancel ends it at once."""
+    (tmp_path / "grant").mkdir()
+    trace = tmp_path / "grant" / "trace"
+    code = _SLOW_READER.replace("os.write(3, b'{\"exit\": 0}')\nfor fd in (1, 2, 3):\n    os.close(fd)\n", "")
+    assert code != _SLOW_READER
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        job = pool.submit(code=code, functions=["search"], allow_write=["grant"], timeout="60s")
+        time.sleep(1.0)
+        asked = time.monotonic()
+        assert pool.result(pool.submit(cancel=job))["cancelled"] == job
+        result = pool.result(job, timeout=30)
+        took = time.monotonic() - asked
+        assert result["error"]["type"] == "CancelledError", result
+        assert took < 2, f"the cancelled job was answered {took:.1f} s after the cancel"
+        size = trace.stat().st_size
+        time.sleep(1)
+        assert trace.stat().st_size == size, "the cancelled job wrote on into its grant"
+        assert wait_gone([_pid_in(trace)], 1.0) == []

@@ -20,9 +20,11 @@ deep, carries a value that is not plain JSON, or is too large) is a
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,14 +36,17 @@ from .frames import FrameBuffer, pack
 from .host_module import MAX_IN_FLIGHT, MAX_PAYLOAD
 from .host_values import NotPlainJSON, check_plain_json
 
-__all__ = ["MAX_CALLS", "MAX_IN_FLIGHT", "MAX_IN_FLIGHT_BYTES", "CallRegistry", "JobCalls", "ProtocolViolation"]
+__all__ = ["MAX_CALLS", "MAX_IN_FLIGHT", "MAX_IN_FLIGHT_BYTES", "CallRegistry", "JobCalls", "Outbox",
+           "ProtocolViolation"]
 
 MAX_CALLS = 1000
 MAX_IN_FLIGHT_BYTES = 2 * MAX_PAYLOAD  # their arguments, as sent
 # A call frame is what pynox_host measures against MAX_PAYLOAD before sending, plus its tag (`"tag":N,`,
 # N at most 20 digits): anything larger was forged, and must not reach the client.
 _FRAME_LIMIT = MAX_PAYLOAD + 32
-_SEND_TIMEOUT = 5.0
+# A job that takes none of the answers waiting for it for this long, while it runs, is not reading.
+_STALL = 5.0
+_STALL_NS = int(_STALL * 1e9)
 # Answers waiting for a job to read them. An honest job's reader takes each as it comes, so it never has
 # more than its calls in flight outstanding (at most 1 MB each); beyond this, it is not reading and is killed.
 _OUTBOX_LIMIT = (MAX_IN_FLIGHT + 1) * (MAX_PAYLOAD + 4096)
@@ -78,8 +83,8 @@ class CallRegistry:
         self._pending: dict[int, _Pending] = {}
         self.closed: str | None = None  # why no reply can come any more
 
-    def open(self, request_id: RequestId, functions: list[str], channel: socket.socket) -> JobCalls:
-        return JobCalls(self, request_id, functions, channel)
+    def open(self, request_id: RequestId, functions: list[str], outbox: Outbox) -> JobCalls:
+        return JobCalls(self, request_id, functions, outbox)
 
     def _register(self, job: JobCalls) -> int | None:
         with self._lock:
@@ -132,28 +137,133 @@ class CallRegistry:
         return None
 
 
-class JobCalls:
-    """The pool's end of one job's channel: read call frames, check them, emit events, answer."""
+class Outbox:
+    """Answers on their way to the job at the other end of one channel, written by a thread of their own.
 
-    def __init__(self, registry: CallRegistry, request_id: RequestId, functions: list[str],
-                 channel: socket.socket) -> None:
+    The outbox belongs to the channel, not to one job's calls: a session's steps share their channel,
+    and two writers would interleave their frames. Nobody ever waits for it: a job that stops reading
+    blocks only this thread, never intake (delivering the client's replies) nor the job's worker (whose
+    loop enforces the deadline and answers forged calls). The worker judges it instead: answers that
+    wait beyond :data:`_OUTBOX_LIMIT`, or that the job has not taken for :data:`_STALL` while it ran,
+    condemn the job (:attr:`violation`); :attr:`wakeup` becomes readable when answers start to wait, so
+    that a worker asleep until the deadline looks again. Closing never waits either: the channel is shut down, which
+    ends a write in progress at once, and the thread closes its own copy of the descriptor when it ends,
+    so its writes can never reach a descriptor number reused since."""
+
+    def __init__(self, channel: socket.socket) -> None:
+        self.channel = channel
+        channel.setblocking(True)  # the worker reads it only once it is readable; the sender may block
+        self.violation: str | None = None
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._bytes = 0  # queued and not yet taken by the job
+        self._since: int | None = None  # monotonic ns: since when queued answers wait with no progress
+        self._sender: threading.Thread | None = None
+        self._closed = False
+        # Replies are queued by intake, while the worker may sleep until the deadline.
+        self.wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def put(self, frame: bytes) -> None:
+        """Queue one answer frame; never blocks."""
+        with self._lock:
+            if self.violation is not None or self._closed:
+                return
+            if self._bytes + len(frame) > _OUTBOX_LIMIT:
+                self._condemn("the job does not read the answers to its host calls")
+                return
+            if not self._bytes:
+                self._since = time.monotonic_ns()
+                os.eventfd_write(self.wakeup, 1)
+            self._bytes += len(frame)
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_queued, args=(self.channel.dup(),),
+                                                name="pynox-host-answers", daemon=True)
+                self._sender.start()
+        self._queue.put(frame)
+
+    def _send_queued(self, sock: socket.socket) -> None:
+        try:
+            while (frame := self._queue.get()) is not None:
+                view = memoryview(frame)
+                while view:
+                    sent = sock.send(view)  # blocks while the job does not read; shutdown ends it
+                    view = view[sent:]
+                    with self._lock:
+                        self._bytes -= sent
+                        self._since = time.monotonic_ns() if self._bytes else None
+        except OSError:
+            return  # shut down (the job ended, or was condemned) or the job is gone: its result says how
+        finally:
+            sock.close()
+
+    def judge(self, now: int) -> str | None:
+        """The worker's check while the job runs: condemn a job that has not taken its answers for
+        :data:`_STALL`. Returns the violation, if any."""
+        with self._lock:
+            if self.violation is None and self._since is not None and now - self._since >= _STALL_NS:
+                self._condemn(f"the job did not read the answers to its host calls for {_STALL:.0f}s")
+            return self.violation
+
+    def stall_deadline(self) -> int | None:
+        """When (monotonic ns) the answers now waiting condemn the job if it takes none of them."""
+        with self._lock:
+            return None if self._since is None else self._since + _STALL_NS
+
+    def resume(self) -> None:
+        """The job was frozen (a session between steps) and runs again: its time to read starts now."""
+        with self._lock:
+            if self._since is not None:
+                self._since = time.monotonic_ns()
+
+    def _condemn(self, reason: str) -> None:
+        """With the lock held: mark the job for killing, and wake its worker, which may be waiting for
+        anything but this (the job's deadline): shutting the channel down makes it readable, at EOF."""
+        if self.violation is None:
+            self.violation = reason
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        if not self._closed:  # before close() the owner has not closed the channel: the descriptor is ours
+            try:
+                self.channel.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def woken(self) -> None:
+        """The worker saw :attr:`wakeup`."""
+        try:
+            os.eventfd_read(self.wakeup)
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        """The channel's job is over: what waits is dropped. Returns at once; the owner may then close
+        the channel (the sender writes only on its own copy, which a shutdown has made useless)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._shut_down()
+            self._closed = True
+            os.close(self.wakeup)
+        self._queue.put(None)
+
+
+class JobCalls:
+    """The pool's end of one job's (or one session step's) calls: read call frames, check them, emit
+    events, answer through the channel's :class:`Outbox`."""
+
+    def __init__(self, registry: CallRegistry, request_id: RequestId, functions: list[str], outbox: Outbox) -> None:
         self.registry = registry
         self.request_id = request_id
         self.functions = set(functions)
-        self.channel = channel
+        self.outbox = outbox
+        self.channel = outbox.channel
         self.calls = 0  # calls counted against MAX_CALLS
         self.sent = 0  # calls that reached the client (its call events)
         self.violation: str | None = None
-        channel.settimeout(_SEND_TIMEOUT)
         self._buffer = FrameBuffer(_FRAME_LIMIT)
         self._outstanding: dict[int, tuple[int, int]] = {}  # call id -> (bytes of its frame, the job's tag)
         self._lock = threading.Lock()
-        # Answers are written by a thread of this job's own: a job that stops reading its channel must
-        # block neither intake (delivering the client's replies) nor its worker (whose loop enforces the
-        # job's deadline, and answers forged calls).
-        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._outbox_bytes = 0
-        self._sender: threading.Thread | None = None
         self._closed = False
 
     def readable(self, chunk: bytes) -> None:
@@ -215,52 +325,17 @@ class JobCalls:
         self.send(msgspec.json.encode({"tag": tag, **message}))
 
     def send(self, payload: bytes) -> None:
-        """Queue one answer for the job; never blocks. A job that lets answers pile up is marked violating."""
-        frame = pack(payload)
+        """Queue one answer for the job; never blocks. Once its job (or step) is over, its answers are
+        dropped, as its pending calls are."""
         with self._lock:
-            if self.violation is not None or self._closed:
+            if self._closed:
                 return
-            if self._outbox_bytes + len(frame) > _OUTBOX_LIMIT:
-                self._condemn("the job does not read the answers to its host calls")
-                return
-            self._outbox_bytes += len(frame)
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send_queued, name="pynox-host-answers", daemon=True)
-                self._sender.start()
-        self._outbox.put(frame)
-
-    def _send_queued(self) -> None:
-        while (frame := self._outbox.get()) is not None:
-            try:
-                self.channel.sendall(frame)
-            except TimeoutError:
-                with self._lock:  # a partial frame is on the channel: nothing sent after it could be read
-                    self._condemn(f"the job did not read the answer to its host call for {_SEND_TIMEOUT:.0f}s")
-                return
-            except OSError:
-                return  # the job ended meanwhile; its result says how
-            with self._lock:
-                self._outbox_bytes -= len(frame)
-
-    def _condemn(self, reason: str) -> None:
-        """With the lock held: mark the job for killing, and wake its worker, which may be waiting for
-        anything but this (the job's deadline): shutting the channel down makes it readable, at EOF."""
-        if self.violation is None:
-            self.violation = reason
-        if not self._closed:  # before close() the worker has not closed the channel: the descriptor is ours
-            try:
-                self.channel.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self.outbox.put(pack(payload))
 
     def close(self) -> None:
-        """The job (or the session step) ended: calls it left unanswered are dropped, the sender stops.
-
-        Called before the channel is closed: no answer may be written to a descriptor number reused since."""
+        """The job (or the session step) ended: calls it left unanswered are dropped. Never waits: the
+        channel and its outbox belong to whoever made them (the job's worker, or the session)."""
         with self._lock:
             outstanding, self._outstanding = self._outstanding, {}
-            sender, self._closed = self._sender, True
+            self._closed = True
         self.registry.drop(set(outstanding))
-        if sender is not None:
-            self._outbox.put(None)
-            sender.join()

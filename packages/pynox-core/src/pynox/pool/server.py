@@ -154,7 +154,7 @@ class _Worker(threading.Thread):
     def _calls_for(self, job: _Job) -> CallSink | None:
         if not job.spec.functions:
             return None
-        return lambda channel: self.server.calls.open(job.id, job.spec.functions, channel)
+        return lambda outbox: self.server.calls.open(job.id, job.spec.functions, outbox)
 
     def _healthy_template(self) -> Template | None:
         template = self.template

@@ -9,6 +9,8 @@ Steps queue behind each other on the session's own thread, so sessions and
 plain jobs never wait for each other. A Python exception keeps the session;
 a timeout, a crash or ``exit()`` ends it, and the next request under the same
 name starts a fresh process with the permissions that request brings.
+Between steps the process is stopped (see ``Template.collect``): a session runs
+no code of its own, and a step's deadline covers everything the step started.
 """
 
 from __future__ import annotations
@@ -230,7 +232,7 @@ class Session(threading.Thread):
     def _run_step(self, step: Step) -> Outcome:
         calls: CallSink | None = None
         if self.spec.functions:
-            calls = lambda channel: self.registry.calls.open(step.id, self.spec.functions, channel)  # noqa: E731
+            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox)  # noqa: E731
         if not self._alive:
             if self._template is None:
                 self._template = self.registry.spare.take()
@@ -251,6 +253,9 @@ class Session(threading.Thread):
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
+        # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
+        # behind included) runs under this step's deadline.
+        template.continue_child()
         channels.control.settimeout(step.timeout)
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
@@ -264,7 +269,7 @@ class Session(threading.Thread):
             for _, w in pipes:
                 os.close(w)
         return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
-                                calls=calls, channel=channels.channel, session=True)
+                                calls=calls, outbox=channels.outbox, session=True)
 
     def _stop_process(self) -> None:
         self._alive = False

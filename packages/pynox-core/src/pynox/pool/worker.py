@@ -60,7 +60,7 @@ from .frames import (
     recv_frame,
     send_frame,
 )
-from .hostcalls import JobCalls, ProtocolViolation
+from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
 from .metadata import Steward, receive_listener
 from .outcome import Outcome
@@ -84,7 +84,7 @@ _CONTINUE_EVERY = 10_000_000  # ns between two SIGCONTs to a child whose exit st
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 # Jobs whose grants a template may still prepare a child from: the last two sent (one running, one ahead).
 _KEYS_KEPT = 2
-CallSink = Callable[[socket.socket], JobCalls]
+CallSink = Callable[[Outbox], JobCalls]
 Handler = Callable[["_Serving"], None]
 # What a prepared child is matched by: its job's confinement, encoded, and what its grants and working
 # directory name (device, inode).
@@ -190,20 +190,24 @@ class _PreparedChild:
 
 @dataclass
 class SessionChannels:
-    """The pool's and the child's ends of a session's control and host-call channels."""
+    """The pool's and the child's ends of a session's control and host-call channels, and the outbox of
+    the host-call channel, which its steps share."""
 
     control: socket.socket
     job_control: socket.socket
     channel: socket.socket | None
     job_channel: socket.socket | None
+    outbox: Outbox | None
 
     @classmethod
     def create(cls, with_functions: bool) -> SessionChannels:
         control, job_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel, job_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if with_functions else (None, None)
-        return cls(control, job_control, channel, job_channel)
+        return cls(control, job_control, channel, job_channel, Outbox(channel) if channel is not None else None)
 
     def close(self) -> None:
+        if self.outbox is not None:
+            self.outbox.close()  # never waits: a frozen child reads nothing
         for sock in (self.control, self.job_control, self.channel, self.job_channel):
             if sock is not None:
                 sock.close()
@@ -353,10 +357,12 @@ class Template:
         extra: list[socket.socket] = []
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], PAYLOAD: payload, CLAIM: claim}
         channel = session.channel if session is not None else None
+        outbox = session.outbox if session is not None else None
         if spec.functions:
             job_end: socket.socket | None
             if session is None:
                 channel, job_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                outbox = Outbox(channel)
             else:
                 job_end = session.job_channel
             assert job_end is not None  # checked above, before anything was opened
@@ -389,8 +395,9 @@ class Template:
             self._close_metadata()
             for r, _ in pipes:
                 os.close(r)  # the write ends are closed below, once
-            if channel is not None and session is None:
-                channel.close()
+            if outbox is not None and session is None:
+                outbox.close()
+                outbox.channel.close()
             os.close(claim)
             raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
         finally:
@@ -401,7 +408,7 @@ class Template:
             close_all([payload, *reads])
         try:
             return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
-                                calls=calls, channel=channel, session=session is not None, claim=claim)
+                                calls=calls, outbox=outbox, session=session is not None, claim=claim)
         except PoolWorkerError as exc:
             if exc.started and take_back(claim):  # no child claimed the job: it never began
                 raise PoolWorkerError(str(exc), started=False) from None
@@ -452,15 +459,21 @@ class Template:
             self.broken = True  # the template is gone: the next job finds out and replaces it
 
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
-                calls: CallSink | None, channel: socket.socket | None, session: bool,
+                calls: CallSink | None, outbox: Outbox | None, session: bool,
                 claim: int | None = None) -> Outcome:
         """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude.
 
         ``claim``: the job's claim (see payload.py), for a job or a session's first step; the pool takes the
-        job's word on a setup failure only if no child claimed it, since the code runs only after the claim."""
+        job's word on a setup failure only if no child claimed it, since the code runs only after the claim.
+        Once the loop is over, nothing here waits on the job (its deadline is no longer watched): a
+        session's child is frozen at once, and the teardown of its pipes and host channel only closes
+        and drops, whatever the job still reads or writes; a job's child is then killed (_finish)
+        unless it has ended."""
         outcome = Outcome()
         capture = Capture(reads, outcome, max_output)
-        job_calls = calls(channel) if calls is not None and channel is not None else None
+        job_calls = calls(outbox) if calls is not None and outbox is not None else None
+        if session and outbox is not None:
+            outbox.resume()  # it was frozen since its last step: its time to read its answers starts now
         try:
             # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
@@ -468,13 +481,20 @@ class Template:
                 serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9),
                                    max_output, claimed=claim is not None)
                 self._loop(serving)
+            if session:
+                # Between steps, nothing of the session runs: not a thread its step left behind, not a
+                # call it makes. Stopped before it is measured, so its figures are final; continued as
+                # its next step is sent (Session._run_step), under that step's deadline. A child that
+                # ended or was killed is not signalled (see ChildLife.signal).
+                self.child.signal(signal.SIGSTOP)
         finally:
             capture.close()
             if job_calls is not None:
                 outcome.host_calls = job_calls.sent
                 job_calls.close()
-            if channel is not None and not session:  # a session's channel lives as long as the session
-                channel.close()
+            if outbox is not None and not session:  # a session's channel lives as long as the session
+                outbox.close()  # drops what the job did not read, without waiting for it
+                outbox.channel.close()
         outcome.duration_us = (time.monotonic_ns() - start) // 1000
         self._finish(serving)
         self._take_word(outcome, serving.read_word(), claim)
@@ -495,6 +515,11 @@ class Template:
     def kill_child(self) -> None:
         self.child.kill()
 
+    def continue_child(self) -> None:
+        """A session's next step is being sent: its child, frozen since its last step (see collect), runs
+        again, under this step's deadline."""
+        self.child.signal(signal.SIGCONT)
+
     # -- the loop ------------------------------------------------------------------------------------------
     def _loop(self, serving: _Serving) -> None:
         """Until the job is over: its process ended (or was answered) and its pipes closed; for a session
@@ -506,6 +531,7 @@ class Template:
             sel.register(self.sock, selectors.EVENT_READ, self._on_template)
         if serving.job_calls is not None:
             sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_call)
+            sel.register(serving.job_calls.outbox.wakeup, selectors.EVENT_READ, self._on_answers_waiting)
         if self._metadata is not None and self._metadata.sock is not None:
             sel.register(self._metadata.sock, selectors.EVENT_READ, self._on_listener)
         if self.steward is not None:  # a session's, from its first step
@@ -525,9 +551,15 @@ class Template:
         """The deadline and the kills, checked between two waits; how long (ns) the next wait may be."""
         self._start_steward(serving.sel)
         outcome, job_calls = serving.outcome, serving.job_calls
-        if job_calls is not None and job_calls.violation is not None and not outcome.protocol_violation:
-            outcome.protocol_violation = job_calls.violation  # it stopped reading its answers
-            self.child.kill()
+        now = time.monotonic_ns()
+        stall: int | None = None
+        if job_calls is not None and not outcome.protocol_violation:
+            violation = job_calls.violation or job_calls.outbox.judge(now)
+            if violation is not None:
+                outcome.protocol_violation = violation  # it stopped reading its answers
+                self.child.kill()
+            else:
+                stall = job_calls.outbox.stall_deadline()
         if serving.session and not serving.capture.open and not outcome.protocol_violation and \
                 self._broken_step_report(serving):
             # A step's process lives on, so no exit status will speak for it: a report the pool cannot take
@@ -535,7 +567,6 @@ class Template:
             # than kept waiting until its deadline for an end that is not coming.
             outcome.protocol_violation = "its session step wrote a report the pool could not take"
             self.child.kill()
-        now = time.monotonic_ns()
         if serving.kill_deadline is None and now >= serving.deadline:
             outcome.timed_out = True
             serving.kill_deadline = now + int(_KILL_GRACE * 1e9)
@@ -547,6 +578,8 @@ class Template:
             serving.sel.register(self.child.pidfd, selectors.EVENT_READ, self._on_pidfd)
             serving.watching_pidfd = True
         wait = (serving.kill_deadline if serving.kill_deadline is not None else serving.deadline) - now
+        if stall is not None:
+            wait = min(wait, stall - now)
         if not serving.capture.open and self.child.pidfd is not None:
             # Its pipes are closed and its exit status is needed: a child that stopped itself at its end
             # (child._finish) goes on to exit. It may stop only after its pipes closed, so this is said
@@ -710,6 +743,11 @@ class Template:
         assert self.steward is not None
         if not self.steward.answer():
             serving.sel.unregister(self.steward.listener)
+
+    @staticmethod
+    def _on_answers_waiting(serving: _Serving) -> None:
+        assert serving.job_calls is not None
+        serving.job_calls.outbox.woken()  # the next _enforce sees when they condemn the job
 
     def _on_host_call(self, serving: _Serving) -> None:
         job_calls = serving.job_calls

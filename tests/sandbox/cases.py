@@ -815,6 +815,12 @@ SHARED_BUDGETS = [
     Case("inotify_instance", "seccomp.budgets",
          _CTYPES + 'check(libc.syscall($nr_inotify_init1, 0)); print("created")',
          _denied(), _works("created")),
+    # Pages written into a memfd count against no limit of the job's: with memory=128m it held 2 GiB. The
+    # control, unconfined, holds 300 MiB in one.
+    Case("memfd_beyond_memory_limit", "seccomp.budgets",
+         'import os\nfd = os.memfd_create("hoard")\nchunk = bytes(1 << 20)\nfor _ in range(300):\n'
+         '    os.write(fd, chunk)\nprint("held", os.fstat(fd).st_size >> 20, "MiB")',
+         _denied(), _works("held 300 MiB"), request={"memory": "128m"}),
     Case("message_queue", "seccomp.budgets",
          _CTYPES + 'check(libc.mq_open(b"$mq_name", os.O_CREAT | os.O_RDWR, 0o600, None)); print("created")',
          _denied(host=_no_message_queue), _works("created", host=_message_queue_made)),

@@ -101,7 +101,11 @@ _FILE_METADATA = (
     "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     "setxattrat", "removexattrat", "file_setattr", "utime", "utimes", "futimesat",
 )
-DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE, *_FILE_METADATA, *_SHARED_BUDGETS)
+# Memory no limit of the job counts: pages written into a memfd are neither RLIMIT_DATA's nor RLIMIT_AS's
+# (a job with memory=128m held 2 GiB in memfds). Until a job's memory is counted by a cgroup, a job may not
+# make one (memfd_secret's pages are locked memory, counted by nothing of the job's either).
+_UNCOUNTED_MEMORY = ("memfd_create", "memfd_secret")
+DENIED_SYSCALLS = (*_NO_PROGRAMS, *_ATTACK_SURFACE, *_FILE_METADATA, *_SHARED_BUDGETS, *_UNCOUNTED_MEMORY)
 # System calls numbered from 424 on have one number on every architecture below; a libseccomp older
 # than the kernel does not know their names but can still deny them by number.
 _UNIFIED_NUMBERS = {"fchmodat2": 452, "statmount": 457, "listmount": 458, "setxattrat": 463, "removexattrat": 466,

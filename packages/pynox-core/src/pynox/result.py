@@ -92,7 +92,6 @@ class Result:
         """The code ran to the end: exit status 0 and no error."""
         return self.exit == 0 and self.error is None
 
-
     @property
     def timed_out(self) -> bool:
         """The pool killed the code at its timeout."""

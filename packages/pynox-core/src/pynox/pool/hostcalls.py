@@ -237,8 +237,8 @@ class Outbox:
             pass
 
     def close(self) -> None:
-        """The channel's job is over: what waits is dropped. Returns at once; the owner may then close
-        the channel (the sender writes only on its own copy, which a shutdown has made useless)."""
+        """The channel's job is over: what waits is dropped, and the channel is closed. Returns at once (the
+        sender writes only on its own copy, which the shutdown has made useless)."""
         with self._lock:
             if self._closed:
                 return
@@ -246,6 +246,7 @@ class Outbox:
             self._closed = True
             os.close(self.wakeup)
         self._queue.put(None)
+        self.channel.close()
 
 
 class JobCalls:

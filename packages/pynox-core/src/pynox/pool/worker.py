@@ -195,20 +195,19 @@ class SessionChannels:
 
     control: socket.socket
     job_control: socket.socket
-    channel: socket.socket | None
     job_channel: socket.socket | None
-    outbox: Outbox | None
+    outbox: Outbox | None  # the pool's end of the host-call channel, in the outbox that owns it
 
     @classmethod
     def create(cls, with_functions: bool) -> SessionChannels:
         control, job_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel, job_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if with_functions else (None, None)
-        return cls(control, job_control, channel, job_channel, Outbox(channel) if channel is not None else None)
+        return cls(control, job_control, job_channel, Outbox(channel) if channel is not None else None)
 
     def close(self) -> None:
         if self.outbox is not None:
             self.outbox.close()  # never waits: a frozen child reads nothing
-        for sock in (self.control, self.job_control, self.channel, self.job_channel):
+        for sock in (self.control, self.job_control, self.job_channel):
             if sock is not None:
                 sock.close()
 
@@ -356,7 +355,6 @@ class Template:
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
         extra: list[socket.socket] = []
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], PAYLOAD: payload, CLAIM: claim}
-        channel = session.channel if session is not None else None
         outbox = session.outbox if session is not None else None
         if spec.functions:
             job_end: socket.socket | None
@@ -397,7 +395,6 @@ class Template:
                 os.close(r)  # the write ends are closed below, once
             if outbox is not None and session is None:
                 outbox.close()
-                outbox.channel.close()
             os.close(claim)
             raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
         finally:
@@ -494,7 +491,6 @@ class Template:
                 job_calls.close()
             if outbox is not None and not session:  # a session's channel lives as long as the session
                 outbox.close()  # drops what the job did not read, without waiting for it
-                outbox.channel.close()
         outcome.duration_us = (time.monotonic_ns() - start) // 1000
         self._finish(serving)
         self._take_word(outcome, serving.read_word(), claim)

@@ -345,6 +345,10 @@ FILESYSTEM = [
     Case("truncate_read_grant", "seccomp.truncate",
          'import os; os.truncate("$readonly/data.txt", 3)',
          _denied(host=_readonly_intact), _works(host=_readonly_cut), request={"allow_read": ["$readonly"]}),
+    # Access mode 3 opens for neither reading nor writing, so Landlock below ABI 3 asks for no right at all.
+    Case("open_ioctl_only_truncating", "seccomp.truncate",
+         'import os; os.close(os.open("$readonly/data.txt", os.O_ACCMODE | os.O_TRUNC))',
+         _denied(host=_readonly_intact), _works(host=_readonly_cut), request={"allow_read": ["$readonly"]}),
     Case("open_read_only_truncating", "seccomp.truncate",
          'import os; os.close(os.open("$readonly/data.txt", os.O_RDONLY | os.O_TRUNC))',
          _denied(host=_readonly_intact), _works(host=_readonly_cut), request={"allow_read": ["$readonly"]}),

@@ -206,8 +206,12 @@ def _truncate_rules(f: pyseccomp.SyscallFilter) -> None:
     (ftruncate, which needs a descriptor Landlock let it open for writing), or opens it with "w"."""
     _deny(f, "truncate")
     for name, (flags, _) in _CREATING.items():
-        if flags is not None:
-            _deny(f, name, pyseccomp.Arg(flags, pyseccomp.MASKED_EQ, os.O_ACCMODE | os.O_TRUNC, os.O_TRUNC))
+        if flags is None:
+            continue
+        # Access mode 3 ("for ioctl only") opens with neither read nor write in the file's mode, so Landlock
+        # asks for no right at all, and O_TRUNC still truncates: refused as the read-only mode is.
+        for mode in (os.O_RDONLY, os.O_ACCMODE):
+            _deny(f, name, pyseccomp.Arg(flags, pyseccomp.MASKED_EQ, os.O_ACCMODE | os.O_TRUNC, mode | os.O_TRUNC))
 
 
 # The first Landlock ABI that governs truncation.

@@ -15,7 +15,7 @@ and control socket: the server gives it the next job itself (the template is
 not on that job's path) only if that job's confinement is identical and its
 grants name the very same files, and otherwise has the template discard it.
 
-Run as ``python -I -c ... <socket fd>`` by :mod:`pynox.pool.worker`.
+Run as ``python -I -c ... <socket fd> <server pid>`` by :mod:`pynox.pool.worker`.
 """
 
 from __future__ import annotations
@@ -60,11 +60,13 @@ __all__ = ["main"]
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
-    # Ctrl-C reaches the whole process group; the server decides how the pool ends, not us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server = int(sys.argv[2])
+    _leave_stopping_to_the_server()
     set_parent_death_signal(signal.SIGKILL)
     set_process_name("pynox-template")
-    if os.getppid() == 1:  # the server died before we could arm the death signal
+    # Reparented (to init, a subreaper, or a container's PID 1): the server died before the death signal
+    # was armed. Its pid, not "1", says so: the server itself may be PID 1 of a PID namespace.
+    if os.getppid() != server:
         os._exit(1)
     try:
         payload, _ = recv_raw(sock)
@@ -84,6 +86,20 @@ def main() -> None:
                            read_paths=list(runtime.read_paths),
                            seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.compiled.unknown})))
     _serve(sock, runtime)
+
+
+# A supervisor's stop signals reach more than the pool: Ctrl-C and supervisord's stopasgroup its process group,
+# systemd's KillMode=control-group every process of its cgroup, a terminal's hangup its foreground group. The
+# server decides how the pool ends (a drain, then a deadline) and how each job ends: the template ignores
+# them, and every job inherits that (a job's own code may still install a handler).
+_SERVERS_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _leave_stopping_to_the_server() -> None:
+    for signum in _SERVERS_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    # The server waits for them on a thread with them blocked, and a blocked mask is inherited across exec.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SERVERS_SIGNALS)
 
 
 def _warm_up(init: Init, sock_fd: int) -> Runtime:
@@ -200,7 +216,6 @@ class _Children:
         pid = os.fork()
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
-                signal.signal(signal.SIGINT, signal.default_int_handler)
                 run_job(confinement, self.runtime, own_fds, grants)
             finally:
                 os._exit(SETUP_FAILED_EXIT)

@@ -258,7 +258,7 @@ class Template:
                      "from pynox.pool.template import main; del sys.modules['typing_extensions']; main()")
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-c", bootstrap, str(child.fileno())],
+                [sys.executable, "-I", "-c", bootstrap, str(child.fileno()), str(os.getpid())],
                 env=template_environment(), pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=stderr, cwd="/",
             )

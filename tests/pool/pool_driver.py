@@ -211,7 +211,9 @@ class PoolProcess:
     """One real ``pynox pool`` process driven over its pipes."""
 
     def __init__(self, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
-                 expect_ready: bool = True, command: Sequence[str] = POOL) -> None:
+                 expect_ready: bool = True, command: Sequence[str] = POOL, start_new_session: bool = False) -> None:
+        """``start_new_session``: the pool leads a process group of its own, as a supervisor starts it (a
+        signal to its group then reaches the pool and its templates, and not the test)."""
         self.args = list(args)
         self.messages: list[dict[str, Any]] = []
         self.bad_lines: list[bytes] = []
@@ -225,7 +227,7 @@ class PoolProcess:
         self._calls: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.proc = subprocess.Popen(
             [*command, *self.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=cwd, env=env if env is not None else os.environ.copy(),
+            cwd=cwd, env=env if env is not None else os.environ.copy(), start_new_session=start_new_session,
         )
         with _live_lock:
             _live.add(self.proc.pid)

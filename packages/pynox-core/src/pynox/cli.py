@@ -117,7 +117,13 @@ def _pool_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     pool.add_argument("--package-dir", action="append", dest="package_dirs", metavar="PATH",
                       help="a directory of packages readable and importable in every job")
     pool.add_argument("--config", help="a pynox.toml with [pool], [pool.limits] and [profiles.*]")
-    pool.add_argument("--log", choices=("json", "none"), help="one JSON line per finished job on stderr")
+    pool.add_argument("--log", choices=("json", "none"),
+                      help="every stderr line JSON: one per finished job, and the pool's own events")
+    pool.add_argument("--log-redact", action="store_true", default=None,
+                      help="job log lines leave out the error message (it may quote the job's data)")
+    pool.add_argument("--drain-timeout", metavar="DURATION",
+                      help="after SIGTERM or SIGINT, how long accepted jobs may run on before they are stopped "
+                           "(default 25s)")
     pool.add_argument("--max-sessions", type=int, help="concurrent sessions (default 16)")
     pool.add_argument("--session-idle", help="close a session idle this long (default 10m)")
     pool.add_argument("--landlock-abi", metavar="N",

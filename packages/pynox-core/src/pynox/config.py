@@ -50,8 +50,8 @@ _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout",
 # `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
                     "max_file_size")
-_POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "run_as", "landlock_abi",
-              "limits")
+_POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
+              "landlock_abi", "drain_timeout", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -68,6 +68,10 @@ class PoolSettings:
     max_sessions: int = 16
     session_idle: float = 600.0  # seconds
     log: str | None = None  # "json" or None
+    log_redact: bool = False  # job log lines leave out the error message (it may quote the job's data)
+    # After a stop signal, how long accepted jobs may run on before they are stopped (see pool/shutdown.py):
+    # under the 30 s a Kubernetes pod is given by default, with time left for the escalation.
+    drain_timeout: float = 25.0  # seconds
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
     landlock_abi: int | None = None  # the highest Landlock ABI jobs use (see landlock_abi_cap)
 
@@ -266,6 +270,8 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     if log is not None and log != "json":
         raise table.error(f'the only log format is "json", got {log!r}', "log")
     idle = table.units("session_idle", parse_duration)
+    drain = table.units("drain_timeout", parse_duration)
+    redact = table.get("log_redact", bool, "true or false")
     max_sessions = table.positive_int("max_sessions")
     return PoolSettings(
         workers=table.positive_int("workers"),
@@ -274,6 +280,8 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         max_sessions=PoolSettings.max_sessions if max_sessions is None else max_sessions,
         session_idle=PoolSettings.session_idle if idle is None else idle,
         log=log,
+        log_redact=bool(redact),
+        drain_timeout=PoolSettings.drain_timeout if drain is None else drain,
         run_as=_run_as(table),
         landlock_abi=_landlock_abi(table),
     )
@@ -405,6 +413,8 @@ class PoolOptions:
     max_sessions: int
     session_idle: float
     landlock_abi: int | None = None  # see landlock_abi_cap
+    drain_timeout: float = PoolSettings.drain_timeout
+    log_redact: bool = False
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -433,4 +443,7 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         landlock_abi=(landlock_abi_cap(args.landlock_abi, "--landlock-abi") if args.landlock_abi is not None
                       else settings.landlock_abi if settings.landlock_abi is not None
                       else landlock_abi_from_environment()),
+        drain_timeout=(parse_duration(args.drain_timeout, "--drain-timeout") if args.drain_timeout
+                       else settings.drain_timeout),
+        log_redact=bool(args.log_redact) or settings.log_redact,
     )

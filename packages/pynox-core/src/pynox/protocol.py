@@ -249,14 +249,24 @@ class JobLogLine(msgspec.Struct, kw_only=True):
     usage: Usage | None
 
 
+PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",
+                        "config_warning", "log"]
+
+
 class PoolLogEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A line on stderr (``log = "json"``) about the pool itself: a template that failed to start
-    (``retry`` counts the attempts at a replacement), a config file's warning."""
+    """A line on stderr (``log = "json"``) about the pool itself: its lifecycle (``start``, ``ready``, a
+    ``signal`` it received, the ``drain`` it began, the ``stop`` of what was left, its ``exit`` and
+    ``status``), a ``start_error``, a template that failed to start (``retry`` counts the attempts at a
+    replacement), a config file's warning, or a record of the pool's own Python logging (``log``, with its
+    ``level``)."""
 
     ts_ms: int
-    event: Literal["template_error", "config_warning"]
+    event: PoolEventName
     message: str
     retry: int | None = None
+    pid: int | None = None
+    status: int | None = None
+    level: str | None = None
 
 
 class CallEvent(msgspec.Struct, tag_field="event", tag="call"):

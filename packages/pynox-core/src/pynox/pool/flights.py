@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 from ..protocol import RequestId
 
-__all__ = ["Cancel", "Flight", "Flights"]
+__all__ = ["CLIENT_CANCELLED", "Cancel", "Flight", "Flights"]
+
+CLIENT_CANCELLED = "the client cancelled the job"
 
 
 class Cancel(enum.Enum):
@@ -36,7 +38,8 @@ class Flight:
         self._lock = threading.Lock()
         self._kill: Callable[[], bool] | None = None
         self._answered = False
-        self.cancelled = False  # cancelled while it ran: its result says so
+        # Why it was killed while it ran (its result says so): the client's cancel, or the pool's shutdown.
+        self.cancelled: str | None = None
         # Sends its result, as cancelled, when it is cancelled while queued (set by whoever queues it).
         self.answer_cancelled: Callable[[], None] = lambda: None
 
@@ -56,10 +59,22 @@ class Flight:
             if self._kill is None:
                 self._answered = True
                 return Cancel.QUEUED
-            if not self._kill():
-                return Cancel.FINISHED  # its process had ended: the result it earned stands
-            self.cancelled = True
-            return Cancel.RUNNING
+            return self._kill_running(CLIENT_CANCELLED)
+
+    def stop(self, reason: str) -> bool:
+        """The pool's shutdown escalated: kill it if it runs (its worker answers it, as cancelled for
+        ``reason``); True if it was killed. A queued one is left to its worker, which refuses it."""
+        with self._lock:
+            if self._answered or self.cancelled or self._kill is None:
+                return False
+            return self._kill_running(reason) is Cancel.RUNNING
+
+    def _kill_running(self, reason: str) -> Cancel:
+        assert self._kill is not None  # it runs
+        if not self._kill():
+            return Cancel.FINISHED  # its process had ended: the result it earned stands
+        self.cancelled = reason
+        return Cancel.RUNNING
 
     def answer(self) -> bool:
         """The worker's result is ready: True if it is the one to send (not answered by a cancel)."""
@@ -92,3 +107,7 @@ class Flights:
     def find(self, request_id: RequestId) -> list[Flight]:
         with self._lock:
             return list(self._by_id.get(_key(request_id), ()))
+
+    def all(self) -> list[Flight]:
+        with self._lock:
+            return [flight for flights in self._by_id.values() for flight in flights]

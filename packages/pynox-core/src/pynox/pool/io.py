@@ -1,8 +1,8 @@
 """The pool's two pipes: request lines in (bounded, interruptible by signals) and result lines out.
 
-Input is read with ``os.read`` under ``select`` together with the signal
-wake-up descriptor, so SIGTERM stops intake cleanly between lines instead of
-raising inside a half-handled request. A line longer than the limit is
+Input is read with ``os.read`` under ``select`` together with a wake-up
+descriptor, so the end of a drain stops intake between lines, never inside a
+half-handled request. A line longer than the limit is
 discarded as it streams past, never buffered whole.
 """
 
@@ -34,15 +34,19 @@ class TooLong:
 
 
 class LineReader:
+    """Lines of ``fd`` until EOF or until ``stopping()`` is true (checked when ``wakeup_fd`` is written);
+    then :meth:`rest` gives the complete lines already written, so that they can be answered too."""
+
     def __init__(self, fd: int, wakeup_fd: int, stopping: Callable[[], bool]) -> None:
         self._fd = fd
         self._wakeup = wakeup_fd
         self._stopping = stopping
+        self._buffer = bytearray()
+        self._discarding = 0  # bytes of an over-long line skipped so far
+        self._head = b""  # its first bytes
+        self._eof = False
 
     def __iter__(self) -> Iterator[bytes | TooLong]:
-        buffer = bytearray()
-        discarding = 0  # bytes of an over-long line skipped so far
-        head = b""  # its first bytes
         while not self._stopping():
             ready, _, _ = select.select([self._fd, self._wakeup], [], [])
             if self._wakeup in ready:
@@ -50,32 +54,64 @@ class LineReader:
                 continue
             chunk = os.read(self._fd, _CHUNK)
             if not chunk:
+                self._eof = True
                 break
-            buffer += chunk
-            while True:
-                newline = buffer.find(b"\n")
-                if newline < 0:
-                    if len(buffer) > MAX_LINE:
-                        if not discarding:
-                            head = bytes(buffer[:_HEAD])
-                        discarding += len(buffer)
-                        buffer.clear()
-                    break
-                line = bytes(buffer[:newline])
-                del buffer[: newline + 1]
-                if discarding:
-                    yield TooLong(discarding + len(line), head)
-                    discarding = 0
-                elif len(line) > MAX_LINE:
-                    yield TooLong(len(line), line[:_HEAD])
-                elif line.strip():
-                    yield line
+            yield from self._lines(chunk)
         if self._stopping():
             return
-        if discarding:
-            yield TooLong(discarding + len(buffer), head)
-        elif buffer.strip():  # a last line without its newline still counts
+        yield from self._last()
+
+    def rest(self) -> Iterator[bytes | TooLong]:
+        """After a stop: the lines already in the buffer and in the pipe, without waiting for more. A last
+        line without its newline is left: its writer may not have finished it."""
+        if self._eof:
+            return
+        os.set_blocking(self._fd, False)
+        try:
+            yield from self._lines(b"")
+            while True:
+                try:
+                    chunk = os.read(self._fd, _CHUNK)
+                except BlockingIOError:
+                    return
+                if not chunk:
+                    yield from self._last()
+                    return
+                yield from self._lines(chunk)
+        finally:
+            os.set_blocking(self._fd, True)
+
+    def _lines(self, chunk: bytes) -> Iterator[bytes | TooLong]:
+        buffer = self._buffer
+        buffer += chunk
+        while True:
+            newline = buffer.find(b"\n")
+            if newline < 0:
+                if len(buffer) > MAX_LINE:
+                    if not self._discarding:
+                        self._head = bytes(buffer[:_HEAD])
+                    self._discarding += len(buffer)
+                    buffer.clear()
+                return
+            line = bytes(buffer[:newline])
+            del buffer[: newline + 1]
+            if self._discarding:
+                yield TooLong(self._discarding + len(line), self._head)
+                self._discarding = 0
+            elif len(line) > MAX_LINE:
+                yield TooLong(len(line), line[:_HEAD])
+            elif line.strip():
+                yield line
+
+    def _last(self) -> Iterator[bytes | TooLong]:
+        """At EOF: a last line without its newline still counts."""
+        buffer = self._buffer
+        if self._discarding:
+            yield TooLong(self._discarding + len(buffer), self._head)
+        elif buffer.strip():
             yield bytes(buffer) if len(buffer) <= MAX_LINE else TooLong(len(buffer), bytes(buffer[:_HEAD]))
+        self._discarding = 0
+        buffer.clear()
 
 
 class Output:

@@ -49,8 +49,8 @@ class Outcome:
     protocol_violation: str | None = None
     # repr() of the code's trailing expression (see JobSpec.return_value).
     return_value: str | None = None
-    # The client cancelled it while it ran, and its process was killed for that.
-    cancelled: bool = False
+    # Why its process was killed while it ran: the client cancelled it, or the pool's shutdown stopped it.
+    cancelled: str | None = None
     # Its figures as base64 PNGs (see figures.py), and how many were left out (over max_output in all).
     images: list[str] = field(default_factory=list)
     images_dropped: int = 0
@@ -59,8 +59,7 @@ class Outcome:
         """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
         if self.cancelled:
             self.exit = CANCELLED_EXIT
-            self.error = ErrorInfo(type="CancelledError", message="the client cancelled the job; its process was "
-                                                                  "killed")
+            self.error = ErrorInfo(type="CancelledError", message=f"{self.cancelled}; its process was killed")
         elif self.protocol_violation is not None:
             self.exit = WORKER_ERROR_EXIT
             self.error = ErrorInfo(type="PoolWorkerError", message=f"the job was killed: {self.protocol_violation}")

@@ -22,9 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import msgspec
+
+import pynox
 
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
@@ -36,6 +37,7 @@ from ..policy import BACKEND
 from ..protocol import (
     CancelAnswer,
     LineError,
+    PoolEventName,
     PoolLogEvent,
     ReadyEvent,
     Reply,
@@ -50,12 +52,16 @@ from ..protocol import (
     refusal,
     reply_call_id,
 )
+from ..units import format_duration
 from .flights import Cancel, Flight, Flights
 from .frames import Ready
 from .hostcalls import CallRegistry
+from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
+from .jsonlog import log_records_as_json
 from .outcome import Outcome, to_result
 from .session import SessionRegistry, Step
+from .shutdown import Shutdown
 from .stats import Stats, log_line
 from .worker import CallSink, Template
 
@@ -99,7 +105,9 @@ class _Worker(threading.Thread):
             while (job := self.server.jobs.get()) is not None:
                 # A job cancelled while it was queued has been answered: it never starts.
                 if job.flight.start(self._cancel_running):
-                    result = self._serve_safely(job)
+                    # Read after the flight started: a shutdown that escalates later kills it instead.
+                    stopping = self.server.stop_reason
+                    result = self._serve_safely(job) if stopping is None else self.server.stopped_before_start(job)
                     if job.flight.answer():
                         self.server.finish(result, session=None, step=None)
                     if self.template is not None:
@@ -144,7 +152,7 @@ class _Worker(threading.Thread):
                     continue
                 return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)
             if job.flight.cancelled:  # killed for a cancel: that, not the kill, is what happened to it
-                outcome.cancelled = True
+                outcome.cancelled = job.flight.cancelled
                 outcome.conclude(job.spec, job.spec.timeout)
             return to_result(job.id, outcome, job.spec, max_output=job.max_output,
                              python=template.ready.python, preloaded=template.ready.preloaded,
@@ -189,7 +197,16 @@ class Server:
         self.ready_info: ReadyEvent | None = None
         self.ready: Ready  # the first template's, once started
         self.read_paths: list[str] = []
-        self._stopping = False
+        self.workers: list[_Worker] = []
+        # How the pool ends (see shutdown.py). The intake lock is held while a line is accepted: once the
+        # drain holds it, every later line sees the stage and is refused, and nothing more is queued.
+        self.shutdown = Shutdown(options.drain_timeout, on_drain=self._start_drain, on_stop=self._stop)
+        self._intake = threading.Lock()
+        self.drained = threading.Event()
+        self.stop_reason: str | None = None  # set when the drain escalates
+        self._cut = 0  # jobs the escalation killed or refused: the drain was not complete
+        self._cut_lock = threading.Lock()
+        self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes intake when the drain is over
         # Requests accepted and not yet answered, for {"cancel": ID}.
         self.flights = Flights()
         # Every directory or file a job of this pool has been allowed to write (see grants.Grants.of).
@@ -215,16 +232,25 @@ class Server:
         self.stats.record(result)
         self.output.write(encode(result))
         if self.options.log == "json":
-            self._log(encode(log_line(result, session=session, step=step)))
+            line = log_line(result, session=session, step=step)
+            if self.options.log_redact:
+                line.message = None
+            self._log(encode(line))
 
-    def log_event(self, event: Literal["template_error", "config_warning"], message: str, *,
-                  retry: int | None = None) -> None:
+    def log_event(self, event: PoolEventName, message: str, *, retry: int | None = None,
+                  status: int | None = None) -> None:
+        """A line about the pool itself: JSON with ``--log=json``, else a line of text an operator reads
+        (template errors are results' business then, and say nothing here)."""
         if self.options.log == "json":
-            self._log(encode(PoolLogEvent(ts_ms=int(time.time() * 1000), event=event, message=message, retry=retry)))
+            self._log(encode(PoolLogEvent(ts_ms=int(time.time() * 1000), event=event, message=message, retry=retry,
+                                          pid=os.getpid() if event in ("start", "ready", "exit") else None,
+                                          status=status)))
+        elif event in ("config_warning", "signal", "stop"):
+            self._log(f"pynox pool: {'warning: ' if event == 'config_warning' else ''}{message}\n".encode())
 
     # -- startup -----------------------------------------------------------------------------------------
     def start(self) -> list[_Worker]:
-        workers = [_Worker(i, self) for i in range(self.options.workers)]
+        workers = self.workers = [_Worker(i, self) for i in range(self.options.workers)]
         for worker in workers:
             worker.start()
         for worker in workers:
@@ -252,21 +278,67 @@ class Server:
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
-            landlock_abi=ready.landlock_abi, flights=self.flights)
+            landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step)
         self.output.write(encode(self.ready_info))
         return workers
 
+    # -- shutdown ----------------------------------------------------------------------------------------
+    def _start_drain(self) -> None:
+        threading.Thread(target=self._drain, name="pynox-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        """Every job accepted so far is answered (run, or stopped by the escalation), then the workers and
+        the sessions end, and intake is woken to exit."""
+        if self.shutdown.refusing():
+            self.log_event("drain", f"draining: accepted jobs run on for at most "
+                                    f"{format_duration(self.shutdown.drain_timeout)}; new requests are refused")
+        with self._intake:  # the line being accepted now is the last one queued
+            pass
+        for _ in self.workers:
+            self.jobs.put(None)
+        for worker in self.workers:
+            worker.join()
+        self.sessions.shutdown()
+        self.shutdown.cancel_deadline()
+        self.drained.set()
+        os.write(self.wake[1], b"x")
+
+    def _stop(self, reason: str) -> None:
+        """The drain escalated: running jobs are killed (answered as cancelled for ``reason``), queued ones
+        are refused by whoever takes them."""
+        self.stop_reason = reason
+        self.log_event("stop", f"{reason}: running jobs are stopped, queued ones refused")
+        for flight in self.flights.all():
+            if flight.stop(reason):
+                self.count_cut()
+
+    def _stopped_step(self) -> str | None:
+        """Why a session step taken now must not run (the drain escalated), counted as cut; else None."""
+        if self.stop_reason is None:
+            return None
+        self.count_cut()
+        return f"{self.shutdown.why()}: {self.stop_reason}"
+
+    def stopped_before_start(self, job: _Job) -> Result:
+        self.count_cut()
+        return refusal(job.id, f"{self.shutdown.why()}: {self.stop_reason}")
+
+    def count_cut(self) -> None:
+        with self._cut_lock:
+            self._cut += 1
+
+    @property
+    def drain_complete(self) -> bool:
+        """Every job accepted to run ran to its end: none was stopped or refused by the escalation."""
+        with self._cut_lock:
+            return self._cut == 0
+
     # -- intake ------------------------------------------------------------------------------------------
-    def stop_intake(self) -> None:
-        self._stopping = True
-
-    def stopping(self) -> bool:
-        return self._stopping
-
     def handle_line(self, line: bytes | TooLong) -> None:
         """Answer one input line; whatever goes wrong costs that line a refusal, never the pool."""
         try:
-            self._handle_line(line)
+            with self._intake:
+                self._handle_line(line)
         except Exception as exc:
             _log.exception("the pool failed while reading a request")
             request_id = None
@@ -305,6 +377,9 @@ class Server:
             return
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
+            return
+        if self.shutdown.refusing() and not (message.session is not None and message.close):
+            self._refuse(message.id, self.shutdown.why(), session=message.session)
             return
         try:
             if message.session is not None:
@@ -407,41 +482,83 @@ def _write_log(line: bytes) -> None:
     sys.stderr.buffer.flush()
 
 
+# Stop signals: waited for on a thread of their own (see _watch_signals), blocked everywhere else, so that
+# no handler ever runs in the middle of intake, holding its lock.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGNALS = (*_STOP_SIGNALS, signal.SIGHUP)
+
+
+def _watch_signals(server: Server) -> None:
+    while True:
+        signum = signal.sigwaitinfo(_SIGNALS).si_signo
+        name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            # A terminal's hangup or `systemctl reload`: the pool does not reload its config (a running
+            # pool's grants and limits stay what its jobs were accepted under). Restart it to apply a change.
+            server.log_event("signal", "SIGHUP ignored: the pool does not reload its config; restart it to "
+                                       "apply a change")
+            continue
+        stage = server.shutdown.stage
+        server.log_event("signal", f"{name} received while {stage.value}")
+        server.shutdown.signalled(name)
+
+
+# The pool's exit status when its drain was cut short (the deadline, or a second signal): a job was stopped
+# or refused after it was accepted (EX_TEMPFAIL: run it again elsewhere).
+DRAIN_CUT_EXIT = 75
+
+
 def serve(args: argparse.Namespace) -> int:
-    """Run the pool until stdin ends or SIGTERM; returns the process exit status."""
+    """Run the pool until stdin ends or a stop signal; returns the process exit status."""
+    if os.getpid() == 1:  # a container's entrypoint: be its init, and run the pool below (see init.py)
+        return serve_as_init(lambda: _serve(args))
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    # Before any thread starts, so that every thread inherits the mask and only the watcher takes them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     stdin_fd, stdout = stdio()
     output = Output(stdout)
+    json_log = getattr(args, "log", None) == "json"
+    if json_log:
+        log_records_as_json(_write_log)
     try:
         options = pool_options(args)
         server = Server(options, output, _write_log)
+        server.log_event("start", f"pynox pool {pynox.__version__} starting {options.workers} workers")
+        threading.Thread(target=_watch_signals, args=(server,), name="pynox-signals", daemon=True).start()
         for warning in options.config.warnings:
-            if options.log == "json":
-                server.log_event("config_warning", warning)
-            else:
-                print(f"pynox pool: warning: {warning}", file=sys.stderr, flush=True)
+            server.log_event("config_warning", warning)
         workers = server.start()
     except (PynoxError, OSError) as exc:
         kind = type(exc).__name__
         output.write(encode(StartErrorEvent(error=StartError(type=kind, message=str(exc)))))
-        print(f"pynox pool: {kind}: {exc}", file=sys.stderr)
+        if json_log:
+            _write_log(encode(PoolLogEvent(ts_ms=int(time.time() * 1000), event="start_error",
+                                           message=f"{kind}: {exc}")))
+        else:
+            print(f"pynox pool: {kind}: {exc}", file=sys.stderr)
         return 1 if not isinstance(exc, KernelSupportError) else 125
+    server.log_event("ready", f"ready: {len(workers)} workers")
     # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
     watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
-    wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wakeup_w)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop_intake())
-    signal.signal(signal.SIGINT, lambda *_: server.stop_intake())
+    # Intake reads on through a drain: every line it reads is answered, a request as refused.
+    reader = LineReader(stdin_fd, server.wake[0], server.drained.is_set)
     try:
-        for line in LineReader(stdin_fd, wakeup_r, server.stopping):
+        for line in reader:
+            server.handle_line(line)
+        if not server.drained.is_set():  # EOF: no reply to a host call can be read from here on
+            server.calls.close("the host cannot answer: the pool's input has ended")
+            server.shutdown.input_ended()
+            server.drained.wait()
+        # Lines already written when the drain ended are answered too (refused), not left unread.
+        for line in reader.rest():
             server.handle_line(line)
     except BrokenPipeError:
         os._exit(1)
-    # No reply to a host call can be read from here on: a job waiting for one fails now, not at its deadline.
-    server.calls.close("the host cannot answer: the pool's input has ended (EOF or SIGTERM)")
-    # Drain: every accepted job finishes and is answered, then the workers stop.
-    for _ in workers:
-        server.jobs.put(None)
-    for worker in workers:
-        worker.join()
-    server.sessions.shutdown()
-    return 0
+    server.calls.close("the pool has stopped")
+    status = 0 if server.drain_complete else DRAIN_CUT_EXIT
+    server.log_event("exit", "drained" if status == 0 else "stopped before every accepted job ran to its end",
+                     status=status)
+    return status

@@ -171,6 +171,12 @@ class Session(threading.Thread):
                     return
                 if not item.flight.start(self._kill_step):
                     continue  # cancelled while it waited: answered then
+                # Read after the flight started: a shutdown that escalates later kills it instead.
+                stopped = self.registry.stopped()
+                if stopped is not None:
+                    self.registry.forget(self)
+                    self._answer(item, self._refused(item, stopped))
+                    return
                 if self._serve(item):
                     return  # later requests under this name start afresh; steps queued here are refused
         finally:
@@ -184,8 +190,9 @@ class Session(threading.Thread):
             except queue.Empty:
                 return
             if isinstance(item, Step):
-                self._answer(item, self._refused(item, "the session ended before this step ran; send the step "
-                                                       "again to start a new session"))
+                stopped = self.registry.stopped()  # the pool's shutdown ended it, or the session itself did
+                self._answer(item, self._refused(item, stopped or "the session ended before this step ran; send "
+                                                                  "the step again to start a new session"))
             elif item.id is not None:
                 self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
 
@@ -216,7 +223,7 @@ class Session(threading.Thread):
                                                    f"({type(exc).__name__}); the session was stopped", queue_us))
             return True
         if step.flight.cancelled:  # its process was killed for a cancel: the session ends with it
-            outcome.cancelled = outcome.ended = True
+            outcome.cancelled, outcome.ended = step.flight.cancelled, True
             outcome.conclude(self.spec, step.timeout)
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
@@ -338,8 +345,11 @@ class SessionRegistry:
 
     def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[[], Template],
                  finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
-                 python: str, landlock_abi: int, flights: Flights) -> None:
+                 python: str, landlock_abi: int, flights: Flights,
+                 stopped: Callable[[], str | None] = lambda: None) -> None:
+        """``stopped``: why a step taken now must not run (the pool's drain escalated), or None."""
         self.max_sessions = max_sessions
+        self.stopped = stopped
         self.flights = flights
         self.idle = idle
         self.new_template = new_template

@@ -1,0 +1,267 @@
+"""The shutdown and signal contract, with signals sent as each supervisor sends them.
+
+- to the pool's pid alone (``kill``, Docker and Kubernetes to a container's PID 1, supervisord by default);
+- to its process group (supervisord ``stopasgroup``/``killasgroup``, Ctrl-C in a terminal);
+- to every process of its cgroup (systemd's default ``KillMode=control-group``): simulated by signalling
+  every process of the pool's tree, templates, jobs and children prepared ahead included, which is what
+  systemd does to every pid of the unit's cgroup.
+
+Each test checks from outside what became of every accepted line: it ran to its end, or the pool refused
+it with ``refused: true`` saying it is shutting down; and the pool's exit status says whether the drain
+was complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .pool_driver import DEADLINE, POOL, PoolProcess, descendants, jobs_of, refused, wait_gone
+
+DRAIN_CUT = 75  # the pool's exit status when its drain was cut short (see docs/reliability.md)
+
+
+def _deliver(pool: PoolProcess, signum: int, how: str) -> None:
+    if how == "pid":
+        os.kill(pool.pid, signum)
+    elif how == "group":
+        os.killpg(pool.pid, signum)
+    else:  # "cgroup": every process, as systemd's KillMode=control-group does
+        for pid in [pool.pid, *descendants(pool.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+def _wait_running(pool: PoolProcess, count: int) -> list[int]:
+    end = time.monotonic() + DEADLINE
+    while time.monotonic() < end:
+        if len(running := jobs_of(pool.pid)) >= count:
+            return running
+        time.sleep(0.02)
+    raise AssertionError(f"{count} jobs did not start: {pool.tree()}")
+
+
+def _only_answer(pool: PoolProcess, request_id: str) -> dict[str, Any]:
+    answers = pool.responses(request_id)
+    assert len(answers) == 1, (request_id, answers)
+    return answers[0]
+
+
+def _shutting_down(result: dict[str, Any]) -> None:
+    refused(result, "shutting down")
+    assert result["refused"] is True, result
+
+
+@pytest.mark.parametrize("how", ["pid", "group", "cgroup"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_drains_every_accepted_job_however_it_is_delivered(tmp_path: Path, how: str,
+                                                                        signum: int) -> None:
+    pool = PoolProcess("--workers=2", cwd=tmp_path, start_new_session=True)
+    try:
+        assert pool.run("x = 'open'", session="nb")["exit"] == 0
+        running = [pool.submit(code=f"import time\ntime.sleep(1.5)\nprint('done {i}')") for i in range(2)]
+        queued = [pool.submit(code=f"print({i})") for i in range(3)]
+        step = pool.submit(session="nb", code="import time\ntime.sleep(0.3)\nprint(x)")
+        pool.stats()  # answered after the lines before it were read: they are accepted
+        _wait_running(pool, 3)  # both jobs and the session's step
+        templates = pool.templates()
+        _deliver(pool, signum, how)
+        time.sleep(0.3)
+        # The templates did not die of it (they ignore it: the pool decides how jobs end).
+        assert set(templates) <= set(pool.templates()), (templates, pool.tree())
+        status = pool.wait_exit()
+        assert [_only_answer(pool, i)["stdout"] for i in running] == ["done 0\n", "done 1\n"]
+        assert [_only_answer(pool, i)["stdout"] for i in queued] == ["0\n", "1\n", "2\n"]
+        assert _only_answer(pool, step)["stdout"] == "open\n"
+        assert status == 0, bytes(pool.stderr)
+    finally:
+        pool.finish()
+
+
+def test_300_lines_then_sigterm_every_line_is_answered_once(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=2", cwd=tmp_path)
+    try:
+        ids = [f"l{i}" for i in range(300)]
+        lines = b"".join(json.dumps({"id": i, "code": f"import time\ntime.sleep(0.02)\nprint({n})"}).encode()
+                         + b"\n" for n, i in enumerate(ids))
+        pool.send(lines)
+        pool.proc.send_signal(signal.SIGTERM)
+        status = pool.wait_exit()
+        ran = refusals = 0
+        for n, request_id in enumerate(ids):
+            answer = _only_answer(pool, request_id)
+            if answer.get("refused"):
+                _shutting_down(answer)
+                refusals += 1
+            else:
+                assert answer["stdout"] == f"{n}\n", answer
+                ran += 1
+        assert ran + refusals == 300 and refusals > 0, (ran, refusals)
+        assert status == 0, bytes(pool.stderr)  # everything accepted to run ran
+    finally:
+        pool.finish()
+
+
+def test_requests_sent_during_the_drain_are_refused_and_stats_still_answered(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=1", cwd=tmp_path)
+    try:
+        running = pool.submit(code="import time\ntime.sleep(1.5)\nprint('done')")
+        _wait_running(pool, 1)
+        pool.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        late = pool.submit(code="print('late')")
+        _shutting_down(pool.result(late))
+        step = pool.submit(session="late", code="print('late')")
+        _shutting_down(pool.result(step))
+        assert pool.stats()["event"] == "stats"
+        assert pool.result(running)["stdout"] == "done\n"
+        assert pool.wait_exit() == 0
+    finally:
+        pool.finish()
+
+
+def test_the_drain_deadline_stops_running_jobs_and_refuses_queued_ones(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=1", "--drain-timeout=1s", cwd=tmp_path)
+    try:
+        running = pool.submit(code="import time\ntime.sleep(30)\nprint('done')", timeout="60s")
+        queued = [pool.submit(code="print('queued')") for _ in range(2)]
+        pool.stats()
+        _wait_running(pool, 1)
+        family = [pool.pid, *descendants(pool.pid)]
+        signalled = time.monotonic()
+        pool.proc.send_signal(signal.SIGTERM)
+        stopped = pool.result(running, timeout=10)
+        took = time.monotonic() - signalled
+        assert stopped["error"]["type"] == "CancelledError" and "drain" in stopped["error"]["message"], stopped
+        assert stopped["stdout"] == ""
+        assert 0.9 < took < 5, took
+        for request_id in queued:
+            _shutting_down(_only_answer(pool, request_id) if pool.responses(request_id) else pool.result(request_id))
+        assert pool.wait_exit() == DRAIN_CUT
+        assert wait_gone(family, 5) == []
+    finally:
+        pool.finish()
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_escalates_at_once(tmp_path: Path, second: int) -> None:
+    pool = PoolProcess("--workers=1", "--drain-timeout=60s", cwd=tmp_path)
+    try:
+        running = pool.submit(code="import time\ntime.sleep(30)\nprint('done')", timeout="60s")
+        _wait_running(pool, 1)
+        pool.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        pool.quiet_for(lambda m: m.get("id") == running, 0.3)  # still draining: the job runs on
+        signalled = time.monotonic()
+        pool.proc.send_signal(second)
+        stopped = pool.result(running, timeout=10)
+        assert time.monotonic() - signalled < 5
+        assert stopped["error"]["type"] == "CancelledError", stopped
+        assert pool.wait_exit() == DRAIN_CUT
+    finally:
+        pool.finish()
+
+
+@pytest.mark.parametrize("how", ["pid", "group", "cgroup"])
+def test_sighup_is_ignored_and_every_accepted_request_is_answered(tmp_path: Path, how: str) -> None:
+    pool = PoolProcess("--workers=2", "--log=json", cwd=tmp_path, start_new_session=True)
+    try:
+        ids = [pool.submit(code=f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(11)]
+        pool.stats()
+        _wait_running(pool, 2)
+        templates = pool.templates()
+        _deliver(pool, signal.SIGHUP, how)
+        assert [pool.result(i)["stdout"] for i in ids] == [f"{i}\n" for i in range(11)]
+        assert pool.proc.poll() is None
+        assert set(templates) <= set(pool.templates())
+        assert pool.run("print('after')")["stdout"] == "after\n"
+        assert pool.finish() == 0
+        events = [line for line in pool.log_lines() if line.get("event") == "signal"]
+        assert events and "SIGHUP" in events[0]["message"] and "ignored" in events[0]["message"], events
+    finally:
+        pool.finish()
+
+
+# --- the pool as PID 1 ----------------------------------------------------------------------------------
+
+
+_IN_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+
+
+@pytest.mark.needs_root("unshare --pid needs CAP_SYS_ADMIN")
+def test_the_pool_runs_as_pid_1_of_a_pid_namespace(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=2", cwd=tmp_path, command=[*_IN_NAMESPACE, *POOL])
+    try:
+        result = pool.run("import os\nprint(os.getpid() > 1)")
+        assert result["stdout"] == "True\n", result
+        assert pool.run("y = 2", session="ns")["exit"] == 0
+        assert pool.run("print(y * 21)", session="ns")["stdout"] == "42\n"
+        assert pool.finish() == 0
+    finally:
+        pool.finish()
+
+
+@pytest.mark.needs_root("unshare --pid needs CAP_SYS_ADMIN")
+def test_pid_1_drains_on_sigterm_and_reaps_the_orphans_of_a_killed_template(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=2", cwd=tmp_path, command=[*_IN_NAMESPACE, *POOL])
+    try:
+        init = next(pid for pid, depth in descendants(pool.pid).items() if depth == 1)  # the namespace's PID 1
+        # A template killed under its running job: the job's child is orphaned to PID 1, which must reap it.
+        victim_job = pool.submit(code="import time\ntime.sleep(30)", timeout="60s")
+        job = _wait_running_below(init, 1)[0]
+        template = _parent(job)
+        os.kill(template, signal.SIGKILL)
+        assert pool.result(victim_job)["error"]["type"] == "PoolWorkerError"
+        end = time.monotonic() + 5
+        while time.monotonic() < end and any(state == "Z" for state in _children_states(init)):
+            time.sleep(0.05)
+        assert not [s for s in _children_states(init) if s == "Z"], "PID 1 left zombies unreaped"
+        running = pool.submit(code="import time\ntime.sleep(1)\nprint('done')")
+        _wait_running_below(init, 1)
+        os.kill(init, signal.SIGTERM)  # docker stop, Kubernetes: the signal goes to PID 1 alone
+        assert pool.result(running)["stdout"] == "done\n"
+        assert pool.wait_exit() == 0
+    finally:
+        pool.finish()
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def _children_states(pid: int) -> list[str]:
+    states = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    states.append(fields[0])
+    return states
+
+
+def _wait_running_below(root: int, count: int) -> list[int]:
+    end = time.monotonic() + DEADLINE
+    while time.monotonic() < end:
+        if len(running := jobs_of_below(root)) >= count:
+            return running
+        time.sleep(0.02)
+    raise AssertionError(f"{count} jobs did not start below {root}")
+
+
+def jobs_of_below(root: int) -> list[int]:
+    """Jobs anywhere below ``root`` (in a namespace, the pool is one level further down)."""
+    found = []
+    for pid in descendants(root):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as comm:
+            if comm.read().strip() in ("pynox-job", "pynox-session"):
+                found.append(pid)
+    return found

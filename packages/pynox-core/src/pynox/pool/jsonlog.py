@@ -4,15 +4,17 @@ exceptions and warnings included, as :class:`~pynox.protocol.PoolLogEvent` lines
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
 
 from ..protocol import PoolLogEvent, encode
 
-__all__ = ["log_records_as_json"]
+__all__ = ["log_records_as_json", "relay_as_json"]
 
 
 class _JsonLines(logging.Handler):
@@ -51,3 +53,21 @@ def log_records_as_json(write: Callable[[bytes], None]) -> None:
 
     sys.excepthook = uncaught
     threading.excepthook = uncaught_in_thread
+
+
+def relay_as_json(write: Callable[[bytes], None], source: str) -> int:
+    """A descriptor whose lines reach ``write`` as JSON log lines (``level`` WARNING: a template has
+    nothing to say on stderr unless something is wrong, such as a preload that prints); the caller keeps it
+    open and hands it to its templates as their stderr."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+
+    def relay() -> None:
+        with open(read_end, "rb") as lines:
+            for raw in lines:
+                text = raw.decode("utf-8", "replace").rstrip("\n")
+                if text:
+                    write(encode(PoolLogEvent(ts_ms=int(time.time() * 1000), event="log", level="WARNING",
+                                              message=f"{source}: {text}")))
+
+    threading.Thread(target=relay, name="pynox-template-stderr", daemon=True).start()
+    return write_end

@@ -58,7 +58,7 @@ from .frames import Ready
 from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
-from .jsonlog import log_records_as_json
+from .jsonlog import log_records_as_json, relay_as_json
 from .outcome import Outcome, to_result
 from .session import SessionRegistry, Step
 from .shutdown import Shutdown
@@ -213,6 +213,8 @@ class Server:
         self._written: set[str] = set()
         self.calls = CallRegistry(output.write, self.stats.record_host_call)
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
+        # What a template writes on stderr (a preload that prints, a crash): as JSON lines too, with --log=json.
+        self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self) -> Template:
@@ -220,7 +222,7 @@ class Server:
         times, before the start counts as failed. A preload that fails to import is not retried."""
         for attempt in range(_START_ATTEMPTS):
             try:
-                return Template(self.options.preload, self.options.package_dirs,
+                return Template(self.options.preload, self.options.package_dirs, stderr=self._template_stderr,
                                 landlock_abi=self.options.landlock_abi)
             except PoolWorkerError as exc:
                 if not exc.transient or attempt == _START_ATTEMPTS - 1:

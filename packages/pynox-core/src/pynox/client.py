@@ -69,6 +69,33 @@ _STDERR_LINES = 50
 _pool_log = logging.getLogger("pynox.pool")
 
 
+# The pool's own events (--log=json) at the level of what they say; its lines about jobs at DEBUG (they
+# carry identifiers and outcomes, never output, but an error message may quote the job's data).
+_EVENT_LEVELS = {"start_error": logging.ERROR, "template_error": logging.WARNING, "config_warning": logging.WARNING,
+                 "stop": logging.WARNING}
+
+
+def _log_json_line(line: str) -> None:
+    """One ``--log=json`` line of the pool as one record: its message as the record's message, and the
+    decoded fields as the record's ``pynox`` attribute, for a handler to format as it formats its own."""
+    try:
+        fields = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        fields = None
+    if not isinstance(fields, dict):
+        _pool_log.warning("%s", line)
+        return
+    event = fields.get("event")
+    if event == "job":
+        _pool_log.debug("job %s: exit %s%s", fields.get("id"), fields.get("exit"),
+                        f" ({fields['error']})" if fields.get("error") else "", extra={"pynox": fields})
+        return
+    level = (logging.getLevelName(fields["level"]) if event == "log" and isinstance(fields.get("level"), str)
+             else _EVENT_LEVELS.get(event, logging.INFO))
+    _pool_log.log(level if isinstance(level, int) else logging.WARNING, "pynox pool: %s",
+                  fields.get("message", event), extra={"pynox": fields})
+
+
 def pool_command(binary: PathLike | None) -> list[str]:
     """``binary``, else ``$PYNOX_BIN``, else this interpreter's ``pynox`` module."""
     chosen = binary if binary is not None else os.environ.get("PYNOX_BIN")
@@ -170,10 +197,8 @@ class _Process:
             for raw in stderr:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 self.stderr_tail.append(line)
-                # --log=json lines carry identifiers and outcomes, never output: DEBUG for the caller's
-                # handlers; anything else the pool says on stderr is a problem worth a warning.
                 if line.startswith("{"):
-                    _pool_log.debug("%s", line)
+                    _log_json_line(line)
                 elif line:  # the pool names itself ("pynox pool: ..."), as the logger's name does
                     _pool_log.warning("%s", line)
 

@@ -528,7 +528,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         options = pool_options(args)
         server = Server(options, output, _write_log)
-        server.log_event("start", f"pynox pool {pynox.__version__} starting {options.workers} workers")
+        server.log_event("start", f"pynox {pynox.__version__} starting {options.workers} workers")
         threading.Thread(target=_watch_signals, args=(server,), name="pynox-signals", daemon=True).start()
         for warning in options.config.warnings:
             server.log_event("config_warning", warning)
@@ -542,7 +542,7 @@ def _serve(args: argparse.Namespace) -> int:
         else:
             print(f"pynox pool: {kind}: {exc}", file=sys.stderr)
         return 1 if not isinstance(exc, KernelSupportError) else 125
-    server.log_event("ready", f"ready: {len(workers)} workers")
+    server.log_event("ready", f"ready with {len(workers)} workers")
     # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
     watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
     # Intake reads on through a drain: every line it reads is answered, a request as refused.
@@ -561,6 +561,6 @@ def _serve(args: argparse.Namespace) -> int:
         os._exit(1)
     server.calls.close("the pool has stopped")
     status = 0 if server.drain_complete else DRAIN_CUT_EXIT
-    server.log_event("exit", "drained" if status == 0 else "stopped before every accepted job ran to its end",
-                     status=status)
+    server.log_event("exit", f"exit {status}: " + ("every accepted job ran to its end" if status == 0 else
+                                                   "stopped before every accepted job ran to its end"), status=status)
     return status

@@ -91,7 +91,7 @@ def _log_json_line(line: str) -> None:
                         f" ({fields['error']})" if fields.get("error") else "", extra={"pynox": fields})
         return
     level = (logging.getLevelName(fields["level"]) if event == "log" and isinstance(fields.get("level"), str)
-             else _EVENT_LEVELS.get(event, logging.INFO))
+             else _EVENT_LEVELS.get(str(event), logging.INFO))
     _pool_log.log(level if isinstance(level, int) else logging.WARNING, "pynox pool: %s",
                   fields.get("message", event), extra={"pynox": fields})
 

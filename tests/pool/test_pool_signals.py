@@ -265,3 +265,27 @@ def jobs_of_below(root: int) -> list[int]:
             if comm.read().strip() in ("pynox-job", "pynox-session"):
                 found.append(pid)
     return found
+
+
+def test_a_stop_signal_while_the_templates_start_waits_for_the_pool_then_drains_it(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=2", "--preload=json,decimal", cwd=tmp_path, expect_ready=False)
+    try:
+        # Once the pool has blocked its signals (before that the default action applies: it is not running
+        # yet), and before its templates are up.
+        end = time.monotonic() + DEADLINE
+        while not _blocks_sigterm(pool.pid) and time.monotonic() < end:
+            time.sleep(0.005)
+        assert not pool.messages, "ready before the signal: the test proves nothing"
+        pool.proc.send_signal(signal.SIGTERM)
+        assert pool.wait_exit() == 0
+        assert pool.messages and pool.messages[0]["event"] == "ready", pool.messages
+    finally:
+        pool.finish()
+
+
+def _blocks_sigterm(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigBlk:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    return False

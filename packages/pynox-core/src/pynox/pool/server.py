@@ -294,6 +294,8 @@ class Server:
         if self.shutdown.refusing():
             self.log_event("drain", f"draining: accepted jobs run on for at most "
                                     f"{format_duration(self.shutdown.drain_timeout)}; new requests are refused")
+        else:
+            self.log_event("drain", "the input ended: accepted jobs run to their end")
         with self._intake:  # the line being accepted now is the last one queued
             pass
         for _ in self.workers:
@@ -529,7 +531,6 @@ def _serve(args: argparse.Namespace) -> int:
         options = pool_options(args)
         server = Server(options, output, _write_log)
         server.log_event("start", f"pynox {pynox.__version__} starting {options.workers} workers")
-        threading.Thread(target=_watch_signals, args=(server,), name="pynox-signals", daemon=True).start()
         for warning in options.config.warnings:
             server.log_event("config_warning", warning)
         workers = server.start()
@@ -543,6 +544,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"pynox pool: {kind}: {exc}", file=sys.stderr)
         return 1 if not isinstance(exc, KernelSupportError) else 125
     server.log_event("ready", f"ready with {len(workers)} workers")
+    # Only now: a signal that came while the templates started waits (blocked) until there is a pool to drain.
+    threading.Thread(target=_watch_signals, args=(server,), name="pynox-signals", daemon=True).start()
     # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
     watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
     # Intake reads on through a drain: every line it reads is answered, a request as refused.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import time
@@ -36,10 +37,52 @@ def _deliver(pool: PoolProcess, signum: int, how: str) -> None:
         os.kill(pool.pid, signum)
     elif how == "group":
         os.killpg(pool.pid, signum)
-    else:  # "cgroup": every process, as systemd's KillMode=control-group does
+    elif how == "cgroup-fs":  # what systemd does: every pid its cgroup (and those below) lists
+        assert pool.cgroup is not None
+        for pid in _cgroup_pids(pool.cgroup):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+    else:  # "cgroup": every process of the pool's tree, as systemd's KillMode=control-group does
         for pid in [pool.pid, *descendants(pool.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
+
+
+def _cgroup_pids(path: str) -> list[int]:
+    pids = []
+    for directory, _, _ in os.walk(path):
+        with open(os.path.join(directory, "cgroup.procs")) as procs:
+            pids += [int(line) for line in procs if line.strip()]
+    return pids
+
+
+def _tracking_hierarchy() -> str | None:
+    """A cgroup hierarchy that only tracks membership, as systemd's own does: cgroup2 (unified), else the
+    v1 name=systemd one."""
+    with open("/proc/mounts") as mounts:
+        found = {fields[2]: fields[1] for fields in (line.split() for line in mounts)
+                 if fields[2] == "cgroup2" or (fields[2] == "cgroup" and "name=systemd" in fields[3])}
+    return found.get("cgroup2") or found.get("cgroup")
+
+
+class _PoolInCgroup(PoolProcess):
+    """A pool started in a cgroup of its own, as systemd starts a unit's main process."""
+
+    cgroup: str | None = None
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        hierarchy = _tracking_hierarchy()
+        assert hierarchy is not None
+        self.cgroup = os.path.join(hierarchy, f"pynox-signals-test-{os.getpid()}")
+        os.makedirs(self.cgroup, exist_ok=True)
+        # The pool enters it before its first instruction: a shell puts itself there, then becomes the pool.
+        enter = f"echo $$ > {shlex.quote(self.cgroup)}/cgroup.procs && exec \"$@\""
+        super().__init__(*args, cwd=cwd, start_new_session=True, command=["sh", "-c", enter, "sh", *POOL])
+
+    def remove_cgroup(self) -> None:
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.cgroup)
 
 
 def _wait_running(pool: PoolProcess, count: int) -> list[int]:
@@ -62,11 +105,17 @@ def _shutting_down(result: dict[str, Any]) -> None:
     assert result["refused"] is True, result
 
 
-@pytest.mark.parametrize("how", ["pid", "group", "cgroup"])
+_IN_A_CGROUP = pytest.param("cgroup-fs", marks=[
+    pytest.mark.needs_root("making a cgroup needs root"),
+    pytest.mark.skipif(_tracking_hierarchy() is None, reason="no cgroup2 nor name=systemd hierarchy mounted")])
+
+
+@pytest.mark.parametrize("how", ["pid", "group", "cgroup", _IN_A_CGROUP])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_drains_every_accepted_job_however_it_is_delivered(tmp_path: Path, how: str,
                                                                         signum: int) -> None:
-    pool = PoolProcess("--workers=2", cwd=tmp_path, start_new_session=True)
+    pool = (_PoolInCgroup("--workers=2", cwd=tmp_path) if how == "cgroup-fs"
+            else PoolProcess("--workers=2", cwd=tmp_path, start_new_session=True))
     try:
         assert pool.run("x = 'open'", session="nb")["exit"] == 0
         running = [pool.submit(code=f"import time\ntime.sleep(1.5)\nprint('done {i}')") for i in range(2)]
@@ -75,6 +124,9 @@ def test_a_stop_signal_drains_every_accepted_job_however_it_is_delivered(tmp_pat
         pool.stats()  # answered after the lines before it were read: they are accepted
         _wait_running(pool, 3)  # both jobs and the session's step
         templates = pool.templates()
+        if how == "cgroup-fs":  # the whole tree is in the cgroup: the delivery reaches every process
+            assert isinstance(pool, _PoolInCgroup) and pool.cgroup is not None
+            assert {pool.pid, *pool.tree()} <= set(_cgroup_pids(pool.cgroup))
         _deliver(pool, signum, how)
         time.sleep(0.3)
         # The templates did not die of it (they ignore it: the pool decides how jobs end).
@@ -86,6 +138,8 @@ def test_a_stop_signal_drains_every_accepted_job_however_it_is_delivered(tmp_pat
         assert status == 0, bytes(pool.stderr)
     finally:
         pool.finish()
+        if isinstance(pool, _PoolInCgroup):
+            pool.remove_cgroup()
 
 
 def test_300_lines_then_sigterm_every_line_is_answered_once(tmp_path: Path) -> None:

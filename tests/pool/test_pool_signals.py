@@ -294,6 +294,23 @@ def test_pid_1_drains_on_sigterm_and_reaps_the_orphans_of_a_killed_template(tmp_
         pool.finish()
 
 
+@_NAMESPACES_REFUSED
+@pytest.mark.needs_root("unshare --pid needs CAP_SYS_ADMIN")
+def test_when_the_pool_below_pid_1_dies_pid_1_exits_with_its_status_at_once(tmp_path: Path) -> None:
+    pool = PoolProcess("--workers=1", cwd=tmp_path, command=[*_IN_NAMESPACE, *POOL])
+    try:
+        running = pool.submit(code="import time\ntime.sleep(30)", timeout="60s")
+        init = next(pid for pid, depth in descendants(pool.pid).items() if depth == 1)
+        _wait_running_below(init, 1)
+        server = next(pid for pid, depth in descendants(init).items() if depth == 1)
+        os.kill(server, signal.SIGKILL)
+        # PID 1 holds none of the pool's pipes: the client sees their end as soon as the pool is gone.
+        assert pool.wait_exit(timeout=5) == 128 + signal.SIGKILL
+        assert pool.responses(running) == []
+    finally:
+        pool.finish()
+
+
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])

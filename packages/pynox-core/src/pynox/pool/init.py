@@ -32,6 +32,11 @@ def serve_as_init(serve: Callable[[], int]) -> int:
         _own_group_and_terminal()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
         return serve()
+    # The pool's pipes are the pool's: a client must see EOF, or EPIPE, when the pool ends, not when we do.
+    quiet = os.open("/dev/null", os.O_RDWR)
+    os.dup2(quiet, 0)
+    os.dup2(quiet, 1)
+    os.close(quiet)
     while True:
         signum = signal.sigwaitinfo(waited).si_signo
         if signum != signal.SIGCHLD:

@@ -16,10 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
+import select
 import shlex
 import shutil
 import signal
+import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,18 @@ import pytest
 
 from tests.setup_facts import OUTER_SECCOMP
 
-from .pool_driver import DEADLINE, POOL, PoolProcess, descendants, jobs_of, refused, wait_gone
+from .pool_driver import (
+    DEADLINE,
+    POOL,
+    PoolProcess,
+    assert_no_leftovers,
+    descendants,
+    jobs_of,
+    mark_live,
+    refused,
+    unmark_live,
+    wait_gone,
+)
 
 DRAIN_CUT = 75  # the pool's exit status when its drain was cut short (see docs/reliability.md)
 
@@ -368,3 +383,62 @@ def _blocks_sigterm(pid: int) -> bool:
             if line.startswith("SigBlk:"):
                 return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
     return False
+
+
+@_NAMESPACES_REFUSED
+@pytest.mark.needs_root("unshare --pid needs CAP_SYS_ADMIN")
+def test_ctrl_c_on_the_terminal_of_a_pool_that_is_pid_1_drains_once(tmp_path: Path) -> None:
+    """`docker run -it`: the terminal's SIGINT goes to its foreground process group. The pool holds the
+    terminal in a group of its own, so it gets one SIGINT (a drain), not a second one forwarded by PID 1
+    (which would stop the drain at once)."""
+    pid, terminal = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs at once
+        attributes = termios.tcgetattr(0)
+        attributes[3] &= ~termios.ECHO  # lflags: no echo of the requests; ISIG stays, so ^C is SIGINT
+        termios.tcsetattr(0, termios.TCSANOW, attributes)
+        os.chdir(tmp_path)
+        os.execvp(_IN_NAMESPACE[0], [*_IN_NAMESPACE, *POOL, "--workers=1"])
+    mark_live(pid)
+    seen = bytearray()
+
+    def read_until(predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = DEADLINE,
+                   must: bool = True) -> None:
+        end = time.monotonic() + timeout
+        while not predicate(_json_lines(seen)):
+            if time.monotonic() > end:
+                assert not must, bytes(seen)
+                return
+            ready, _, _ = select.select([terminal], [], [], 0.1)
+            if ready:
+                with contextlib.suppress(OSError):  # EIO: the terminal's last holder is gone
+                    if not (chunk := os.read(terminal, 1 << 16)):
+                        break
+                    seen.extend(chunk)
+
+    try:
+        read_until(lambda lines: any(line.get("event") == "ready" for line in lines), timeout=60)
+        os.write(terminal, b'{"id": "slow", "code": "import time\\ntime.sleep(1.5)\\nprint(\'done\')"}\n')
+        read_until(lambda lines: False, timeout=0.7, must=False)  # it runs
+        os.write(terminal, b"\x03")  # Ctrl-C
+        read_until(lambda lines: any(line.get("id") == "slow" for line in lines))
+        (result,) = [line for line in _json_lines(seen) if line.get("id") == "slow"]
+        assert result["stdout"] == "done\n" and result["error"] is None, result
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        os.close(terminal)
+        unmark_live(pid)
+    assert_no_leftovers()
+
+
+def _json_lines(raw: bytearray) -> list[dict[str, Any]]:
+    lines = []
+    for line in bytes(raw).replace(b"\r", b"").split(b"\n"):
+        with contextlib.suppress(ValueError):
+            if isinstance(value := json.loads(line), dict):
+                lines.append(value)
+    return lines

@@ -5,9 +5,13 @@ ceiling, schedules jobs onto worker threads (one warm template each), relays
 results with their counters and log lines. It never forks job code itself: it
 has threads and open descriptors that a job must never inherit.
 
-Flow control: the accepted queue holds twice the worker count; when it is
-full, intake stops reading stdin. A client that stops reading results blocks
-the writers, then the workers, then intake: memory stays bounded.
+Flow control: the accepted queue holds twice the worker count, and intake
+reads ahead of a full queue by one more job per worker, so that a stats,
+cancel or host-call reply written just behind a full queue is still answered
+at once; with that many waiting, intake stops reading stdin. A client that
+stops reading results blocks the writers, then the workers, then intake:
+memory stays bounded. Stats that never wait on intake are on the metrics
+socket (:mod:`.metrics`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Literal
 
 import msgspec
 
+from .. import __version__
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
@@ -54,9 +59,10 @@ from .flights import Cancel, Flight, Flights
 from .frames import Ready
 from .hostcalls import CallRegistry
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
+from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .session import SessionRegistry, Step
-from .stats import Stats, log_line
+from .stats import Gauges, Stats, log_line
 from .worker import CallSink, Template
 
 __all__ = ["serve"]
@@ -64,6 +70,9 @@ __all__ = ["serve"]
 _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
+# Jobs that wait for a worker, per worker: the protocol's queue of twice the workers, and one read ahead of it
+# (see the module's docstring). Intake stops reading stdin when this many wait.
+_QUEUED_PER_WORKER = 2 + 1
 
 
 @dataclass
@@ -86,6 +95,7 @@ class _Worker(threading.Thread):
         self.started_event = threading.Event()
         self.start_error: BaseException | None = None
         self.start_problem = ""  # why the last replacement template failed, for the job's result
+        self.busy = False  # running a job (a gauge of the stats)
 
     def run(self) -> None:
         try:
@@ -99,7 +109,9 @@ class _Worker(threading.Thread):
             while (job := self.server.jobs.get()) is not None:
                 # A job cancelled while it was queued has been answered: it never starts.
                 if job.flight.start(self._cancel_running):
+                    self.busy = True
                     result = self._serve_safely(job)
+                    self.busy = False
                     if job.flight.answer():
                         self.server.finish(result, session=None, step=None)
                     if self.template is not None:
@@ -168,6 +180,8 @@ class _Worker(threading.Thread):
         except PynoxError as exc:
             self.start_problem = str(exc)
             self.server.log_event("template_error", str(exc))
+        else:
+            self.server.stats.record_template_restart()
         return self.template
 
     def _worker_error(self, job: _Job, queue_us: int, message: str, duration_us: int = 0) -> Result:
@@ -183,8 +197,9 @@ class Server:
         self.options = options
         self.output = output
         self._log = log
-        self.stats = Stats(options.workers)
-        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=2 * options.workers)
+        self.stats = Stats(options.workers, version=__version__)
+        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=_QUEUED_PER_WORKER * options.workers)
+        self.workers: list[_Worker] = []  # once started
         self.cwd = os.getcwd()
         self.ready_info: ReadyEvent | None = None
         self.ready: Ready  # the first template's, once started
@@ -196,6 +211,8 @@ class Server:
         self._written: set[str] = set()
         self.calls = CallRegistry(output.write, self.stats.record_host_call)
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
+        # Where a job may never write (see grants.Grants.of).
+        self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self) -> Template:
@@ -224,7 +241,7 @@ class Server:
 
     # -- startup -----------------------------------------------------------------------------------------
     def start(self) -> list[_Worker]:
-        workers = [_Worker(i, self) for i in range(self.options.workers)]
+        workers = self.workers = [_Worker(i, self) for i in range(self.options.workers)]
         for worker in workers:
             worker.start()
         for worker in workers:
@@ -255,6 +272,20 @@ class Server:
             landlock_abi=ready.landlock_abi, flights=self.flights)
         self.output.write(encode(self.ready_info))
         return workers
+
+    # -- observing -------------------------------------------------------------------------------------
+    def gauges(self) -> Gauges:
+        """The load at this moment; readable from any thread, before the pool is ready too."""
+        started = self.ready_info is not None
+        return Gauges(busy_workers=sum(worker.busy for worker in self.workers), queued=self.jobs.qsize(),
+                      queue_capacity=self.jobs.maxsize, in_flight=self.flights.unanswered(),
+                      sessions_active=self.sessions.active if started else 0,
+                      max_sessions=self.options.max_sessions, draining=self._stopping)
+
+    def state(self) -> Literal["starting", "serving", "draining"]:
+        if self._stopping:
+            return "draining"
+        return "serving" if self.ready_info is not None else "starting"
 
     # -- intake ------------------------------------------------------------------------------------------
     def stop_intake(self) -> None:
@@ -301,7 +332,7 @@ class Server:
                 self._refuse(None, problem)
             return
         if message.stats:
-            self.output.write(encode(self.stats.snapshot(message.id, sessions_active=self.sessions.active)))
+            self.output.write(encode(self.stats.snapshot(message.id, self.gauges())))
             return
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
@@ -337,7 +368,8 @@ class Server:
         run_as = config.pool.run_as
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
                                   writable=self._written, ceiling=config.ceiling,
-                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None)
+                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
+                                  pool_files=self._pool_files)
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
         return spec, max_output
@@ -411,9 +443,14 @@ def serve(args: argparse.Namespace) -> int:
     """Run the pool until stdin ends or SIGTERM; returns the process exit status."""
     stdin_fd, stdout = stdio()
     output = Output(stdout)
+    metrics: MetricsSocket | None = None
     try:
         options = pool_options(args)
         server = Server(options, output, _write_log)
+        if options.metrics_socket is not None:
+            # Bound before any template starts: a probe sees "starting", and a path in use stops the pool now.
+            metrics = MetricsSocket(options.metrics_socket, lambda: server.stats.snapshot(None, server.gauges()),
+                                    server.state)
         for warning in options.config.warnings:
             if options.log == "json":
                 server.log_event("config_warning", warning)
@@ -421,6 +458,8 @@ def serve(args: argparse.Namespace) -> int:
                 print(f"pynox pool: warning: {warning}", file=sys.stderr, flush=True)
         workers = server.start()
     except (PynoxError, OSError) as exc:
+        if metrics is not None:
+            metrics.close()
         kind = type(exc).__name__
         output.write(encode(StartErrorEvent(error=StartError(type=kind, message=str(exc)))))
         print(f"pynox pool: {kind}: {exc}", file=sys.stderr)
@@ -436,6 +475,7 @@ def serve(args: argparse.Namespace) -> int:
             server.handle_line(line)
     except BrokenPipeError:
         os._exit(1)
+    server.stop_intake()  # input ended (EOF) or a signal came: the pool drains, as its stats and health say
     # No reply to a host call can be read from here on: a job waiting for one fails now, not at its deadline.
     server.calls.close("the host cannot answer: the pool's input has ended (EOF or SIGTERM)")
     # Drain: every accepted job finishes and is answered, then the workers stop.
@@ -444,4 +484,6 @@ def serve(args: argparse.Namespace) -> int:
     for worker in workers:
         worker.join()
     server.sessions.shutdown()
+    if metrics is not None:
+        metrics.close()
     return 0

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,13 +46,12 @@ class Gate:
         return (self.root / name).exists()
 
     def wait_started(self, pool: PoolProcess, name: str) -> None:
-        # The pool answers nothing for a job while it waits; its marker file is seen from outside.
-        pool.quiet_for(lambda m: m.get("id") == name, 0)
-        for _ in range(int(DEADLINE / 0.02)):
-            if self.started(name):
-                return
-            pool.quiet_for(lambda m: False, 0.02)
-        raise AssertionError(f"job {name} did not start within {DEADLINE}s")
+        """Until the job's marker file exists, seen from outside (the pool says nothing while a job runs)."""
+        end = time.monotonic() + DEADLINE
+        while not self.started(name):
+            assert not pool.responses(name), f"job {name} ended before it started: {pool.responses(name)}"
+            assert time.monotonic() < end, f"job {name} did not start within {DEADLINE}s"
+            time.sleep(0.02)
 
     def open(self) -> None:
         self.open_file.touch()
@@ -131,10 +132,11 @@ def test_the_metrics_socket_answers_while_intake_is_blocked(tmp_path: Path, gate
         capacity = pool.stats()["queue_capacity"]
         # More than the pool takes in: intake blocks on the last one, and a stats line behind it is not read.
         names = [pool.submit(**gate.job(f"queued-{i}")) for i in range(capacity + 2)]
-        status, text = _scrape(socket_path)
-        assert status == 200
+        end = time.monotonic() + DEADLINE
+        while (samples := _samples(_scrape(socket_path)[1]))["pynox_in_flight"] < 1 + capacity + 1:
+            assert time.monotonic() < end, f"intake took in less than it should: {samples}"
+            time.sleep(0.02)  # intake is still reading what was just written
         assert not any(pool.responses(name) for name in ["running", *names]), "a blocking job ended"
-        samples = _samples(text)
         assert samples["pynox_workers_busy"] == WORKERS and samples["pynox_queue_depth"] == capacity
         assert samples["pynox_queue_capacity"] == capacity
         assert samples["pynox_in_flight"] == 1 + capacity + 1  # the one intake holds is accepted
@@ -174,10 +176,10 @@ def test_health_says_serving_then_draining(tmp_path: Path, gate: Gate, socket_pa
         pool.submit(**gate.job("running"))
         gate.wait_started(pool, "running")
         pool.close_stdin()  # EOF: the pool drains the job it holds
-        for _ in range(int(DEADLINE / 0.05)):
-            if _scrape(socket_path, "/readyz")[0] == 503:
-                break
-            pool.quiet_for(lambda m: False, 0.05)
+        end = time.monotonic() + DEADLINE
+        while _scrape(socket_path, "/readyz")[0] != 503:  # the pool has read the EOF
+            assert time.monotonic() < end, "the pool never said it drains"
+            time.sleep(0.05)
         draining = health()
         assert (draining.returncode, draining.stdout) == (1, "draining\n"), draining
         assert health("--live").returncode == 0
@@ -267,4 +269,32 @@ def test_unknown_routes_and_methods(tmp_path: Path, socket_path: Path) -> None:
             peer.connect(str(socket_path))
             assert peer.recv(65536) == b""
         assert pool.run("print(1)", id=new_id())["stdout"] == "1\n"
+        pool.finish()
+
+
+def test_template_restarts_are_counted(tmp_path: Path, socket_path: Path) -> None:
+    with pool_process("--workers=1", f"--metrics-socket={socket_path}", cwd=tmp_path) as pool:
+        assert pool.stats()["template_restarts"] == 0
+        [template] = pool.templates()
+        os.kill(template, signal.SIGKILL)
+        assert pool.run("print(1)")["stdout"] == "1\n"  # on a replacement
+        assert pool.templates() != [template]
+        assert pool.stats()["template_restarts"] == 1
+        assert _samples(_scrape(socket_path)[1])["pynox_template_restarts_total"] == 1
+        pool.finish()
+
+
+def test_session_steps_are_in_flight_against_max_sessions(tmp_path: Path, gate: Gate) -> None:
+    with pool_process("--workers=1", "--max-sessions=3", cwd=tmp_path) as pool:
+        job = gate.job("step")
+        pool.submit(session="nb", **job)
+        gate.wait_started(pool, "step")
+        stats = pool.stats()
+        assert (stats["sessions_active"], stats["max_sessions"], stats["in_flight"]) == (1, 3, 1)
+        assert (stats["busy_workers"], stats["queued"]) == (0, 0)  # a session has its own process, not a worker
+        gate.open()
+        assert pool.result("step")["exit"] == 0
+        assert pool.stats()["in_flight"] == 0
+        pool.run(session="nb", close=True)
+        assert pool.stats()["sessions_active"] == 0
         pool.finish()

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -197,6 +200,44 @@ def test_only_the_pools_user_may_connect(tmp_path: Path, socket_path: Path) -> N
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
         assert _scrape(socket_path, "/livez") == (200, "ok\n")  # the control: its own user connects
         pool.finish()
+
+
+def _connect_as(uid: int, path: Path) -> int:
+    """0 if a process of ``uid`` connects to ``path``, 13 if it is refused (EACCES), 1 on anything else. A fork
+    of this process rather than a new interpreter, which that user may not be allowed to read."""
+    with warnings.catch_warnings():
+        # Python 3.12 on warns of a fork in a threaded process; this child makes system calls only.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
+    if child == 0:  # only system calls until _exit: the forked copy of a threaded process must not do more
+        status = 1
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(str(path))
+            status = 0
+        except PermissionError:
+            status = 13
+        finally:
+            os._exit(status)
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+
+
+@pytest.mark.needs_root("the test connects as another user, which only root can become")
+def test_another_user_cannot_connect(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # A directory anyone may pass through, so that only the socket's own mode decides.
+    run = Path(tempfile.mkdtemp(prefix="pynox-metrics-"))
+    try:
+        run.chmod(0o755)
+        path = run / "metrics.sock"
+        with pool_process(f"--metrics-socket={path}", cwd=tmp_path_factory.mktemp("cwd")) as pool:
+            assert _connect_as(65534, path) == 13
+            path.chmod(0o666)  # the control: the same user connects once the mode lets it
+            assert _connect_as(65534, path) == 0
+            pool.finish()
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def test_a_job_cannot_reach_the_metrics_socket(tmp_path: Path, socket_path: Path) -> None:

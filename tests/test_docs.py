@@ -331,7 +331,9 @@ DOC_CWD = "/srv/agent"  # the pool's working directory
 DOC_PYTHON = "3.11.7"
 DOC_LANDLOCK_ABI = 7
 _TIMINGS = {"duration_ms", "duration_us", "queue_us", "uptime_ms", "ts_ms", "duration_ms_total", "queue_us_total",
-            "cpu_ms", "max_rss_kb"}
+            "cpu_ms", "max_rss_kb", "pid"}
+# The stats' latency histograms: which bucket a result falls in is a timing too; their bounds and count are not.
+_HISTOGRAMS = {"duration_seconds", "queue_seconds"}
 # Values that depend on the machine rather than on the code: (pattern, what both sides become).
 _MACHINE = [(re.compile(r"\d+ MiB with its preloaded modules"), "N MiB with its preloaded modules")]
 TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "cancel", "long-line", "setup-error", "worker-error",
@@ -411,6 +413,8 @@ class _Pool:
 
     def normal(self, value: Any, key: str | None = None) -> Any:
         """``value`` with what differs from run to run made equal: timings, and the machine's own numbers."""
+        if isinstance(value, dict) and key in _HISTOGRAMS:
+            return {k: "<timings>" if k in ("counts", "sum") else v for k, v in value.items()}
         if isinstance(value, dict):
             return {k: self.normal(v, k) for k, v in value.items()}
         if isinstance(value, list):

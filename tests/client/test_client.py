@@ -215,6 +215,10 @@ def test_stats(pool: Pool) -> None:
     pool.run("print(1)")
     stats = pool.stats()
     assert stats["event"] == "stats" and stats["jobs"] == before + 1 and stats["workers"] == 2
+    # The gauges and histograms too, as plain values a caller can serialise or compare.
+    assert stats["busy_workers"] == 0 and stats["queue_capacity"] == 6 and stats["pid"] > 0
+    assert isinstance(stats["duration_seconds"], dict) and stats["duration_seconds"]["count"] >= 1
+    assert stats["duration_seconds"]["counts"][-1] <= stats["duration_seconds"]["count"]
 
 
 def test_pool_process_killed_under_the_client_then_the_next_call_works() -> None:

@@ -313,13 +313,16 @@ def test_when_the_client_dies_the_pool_and_all_its_processes_exit(tmp_path: Path
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_the_queue_holds_twice_the_worker_count(tmp_path: Path, workers: int) -> None:
-    """Intake stops reading once 2 x workers jobs wait: a stats line behind the excess is answered only later."""
+def test_the_queue_holds_twice_the_worker_count_and_intake_reads_one_more_per_worker(tmp_path: Path,
+                                                                                     workers: int) -> None:
+    """Intake stops reading once 2 x workers jobs are queued and another one per worker is read ahead: a stats
+    line behind the excess is answered only later (the metrics socket answers at once: test_pool_saturation)."""
     with pool_process(f"--workers={workers}", cwd=tmp_path) as pool:
         busy = [pool.submit(code="import time\ntime.sleep(1.5)") for _ in range(workers)]
         _wait_for_jobs(pool, workers)
-        waiting = [pool.submit(code="print('queued')") for _ in range(2 * workers)]
-        room = pool.stats()  # the queue is exactly full, intake is still free
+        waiting = [pool.submit(code="print('queued')") for _ in range(3 * workers)]
+        room = pool.stats()  # the queue and the read-ahead are exactly full, intake is still free
+        assert room["queue_capacity"] == 3 * workers and room["queued"] == 3 * workers
         assert not any(pool.responses(i) for i in busy), "the busy jobs finished too soon to show anything"
         excess = pool.submit(code="print('excess')")
         blocked = pool.submit(stats=True)

@@ -101,6 +101,10 @@ def soak(workdir: Path, results: int, seed: int) -> dict[str, Any]:
         assert stats["errors"] == dict(tally.errors), where
         assert stats["host_calls"] == tally.host_calls, where
         assert stats["sessions_active"] == 0, where
+        # Idle: nothing running, waiting or unanswered; every result that ran is in the latency histograms.
+        assert (stats["busy_workers"], stats["queued"], stats["in_flight"]) == (0, 0, 0), where
+        timed = tally.results - tally.outcomes["request_errors"]
+        assert stats["duration_seconds"]["count"] == stats["queue_seconds"]["count"] == timed, where
         figures = _compare_idle(warm, after)
     # The pool has exited 0 and left nothing behind (pool_process checks both); its stderr is complete.
     log = [line for line in bytes(pool.stderr).splitlines() if line.strip()]

@@ -103,6 +103,30 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_health(args: argparse.Namespace) -> int:
+    from .pool.metrics import probe
+
+    route = "/livez" if args.live else "/readyz"
+    try:
+        status, body = probe(args.socket, route, args.timeout)
+    except OSError as exc:
+        print(f"pynox health: {args.socket}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(body.strip() or f"HTTP {status}")
+    return 0 if status == 200 else 1
+
+
+def _health_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    health = sub.add_parser("health", help="ask a pool's metrics socket whether it serves (for probes)",
+                            description="Exit 0 if the pool at SOCKET is ready (serving), 1 if it is starting, "
+                                        "draining or does not answer.")
+    health.add_argument("socket", metavar="SOCKET", help="the pool's --metrics-socket path")
+    health.add_argument("--live", action="store_true",
+                        help="only ask whether the pool process answers (a liveness probe), not whether it serves")
+    health.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS",
+                        help="give up after this long (default 2)")
+
+
 def _cmd_pool(args: argparse.Namespace) -> int:
     from .pool.server import serve
 
@@ -129,23 +153,27 @@ def _pool_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     pool.add_argument("--landlock-abi", metavar="N",
                       help="use Landlock ABI N at most, as a kernel of that ABI would (default: the kernel's; "
                            "also [pool] landlock_abi or $PYNOX_LANDLOCK_ABI)")
+    pool.add_argument("--metrics-socket", metavar="PATH",
+                      help="serve Prometheus metrics and health on a unix socket at PATH, mode 0600 (also [pool] "
+                           "metrics_socket)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pynox", description="Run model-written Python under a Linux kernel policy.")
     parser.add_argument("--version", action="version", version=f"pynox {__import__('pynox').__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check,pool}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check,pool,health}")
     _run_parser(sub)
     sub.add_parser("check", help="report what this kernel enforces and prove it").add_argument(
         "--json", action="store_true", help="machine-readable report")
     _pool_parser(sub)
+    _health_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"run": _cmd_run, "check": _cmd_check, "pool": _cmd_pool}
+    commands = {"run": _cmd_run, "check": _cmd_check, "pool": _cmd_pool, "health": _cmd_health}
     try:
         return commands[args.command](args)
     except PynoxError as exc:

@@ -556,11 +556,12 @@ class Pool:
         return Session(self, functions, grants, host_errors=host_errors)
 
     def stats(self) -> dict[str, Any]:
-        """The pool's counters (see the protocol's stats event), by name."""
+        """The pool's counters and gauges (see the protocol's stats event), by name; its histograms as dicts."""
         event = self._submit(Request(stats=True)).result()
         if not isinstance(event, StatsEvent):
             raise PoolError(f"the pool answered a stats request with {type(event).__name__}")
-        return msgspec.structs.asdict(event)
+        stats: dict[str, Any] = msgspec.to_builtins(event)
+        return stats
 
     def tool(self, profile: str | None = None, *, session: bool = False,
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,

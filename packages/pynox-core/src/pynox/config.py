@@ -39,7 +39,7 @@ from .units import parse_duration, parse_size
 
 __all__ = [
     "EMPTY", "LANDLOCK_ABI_VARIABLE", "Config", "Limits", "PoolOptions", "PoolSettings", "landlock_abi_cap",
-    "landlock_abi_from_environment", "load_config", "merged", "pool_options",
+    "landlock_abi_from_environment", "load_config", "merged", "metrics_socket", "pool_options",
 ]
 
 _T = TypeVar("_T")
@@ -51,7 +51,7 @@ _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout",
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
                     "max_file_size")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "limits")
+              "landlock_abi", "drain_timeout", "metrics_socket", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -74,6 +74,7 @@ class PoolSettings:
     drain_timeout: float = 25.0  # seconds
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
     landlock_abi: int | None = None  # the highest Landlock ABI jobs use (see landlock_abi_cap)
+    metrics_socket: str | None = None  # absolute: where the pool serves its metrics and health (see metrics_socket)
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,37 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         drain_timeout=PoolSettings.drain_timeout if drain is None else drain,
         run_as=_run_as(table),
         landlock_abi=_landlock_abi(table),
+        metrics_socket=_metrics_socket(table, base),
     )
+
+
+# A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
+_MAX_SOCKET_PATH = 107
+
+
+def metrics_socket(value: str, base: str) -> str:
+    """The absolute path of the metrics socket ``value`` names, relative to ``base``; its directory must exist
+    (resolved, as the pool will bind there). Raises ConfigError with the reason, for the caller to place."""
+    if not value or "\0" in value:
+        raise ConfigError("expected a path, got an empty string or one with NUL")
+    path = os.path.join(os.path.realpath(os.path.dirname(os.path.join(base, value))), os.path.basename(value))
+    if not os.path.basename(value):
+        raise ConfigError(f"{value} names a directory; give the path of the socket file to create")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ConfigError(f"the directory of {value} does not exist (resolved to {os.path.dirname(path)})")
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise ConfigError(f"{path} is longer than the {_MAX_SOCKET_PATH} bytes a unix socket's path may have")
+    return path
+
+
+def _metrics_socket(table: _Table, base: str) -> str | None:
+    value = table.get("metrics_socket", str, "a path")
+    if value is None:
+        return None
+    try:
+        return metrics_socket(value, base)
+    except ConfigError as exc:
+        raise table.error(str(exc), "metrics_socket") from None
 
 
 # The highest Landlock ABI a pool uses, whatever the kernel offers: a fleet of mixed kernels behaves as
@@ -415,6 +446,7 @@ class PoolOptions:
     landlock_abi: int | None = None  # see landlock_abi_cap
     drain_timeout: float = PoolSettings.drain_timeout
     log_redact: bool = False
+    metrics_socket: str | None = None  # see metrics_socket
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -446,4 +478,15 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         drain_timeout=(parse_duration(args.drain_timeout, "--drain-timeout") if args.drain_timeout
                        else settings.drain_timeout),
         log_redact=bool(args.log_redact) or settings.log_redact,
+        metrics_socket=_metrics_socket_option(args, settings),
     )
+
+
+def _metrics_socket_option(args: argparse.Namespace, settings: PoolSettings) -> str | None:
+    flag = args.metrics_socket
+    if flag is None:
+        return settings.metrics_socket
+    try:
+        return metrics_socket(flag, os.getcwd())
+    except ConfigError as exc:
+        raise ConfigError(f"--metrics-socket: {exc}") from None

@@ -78,11 +78,14 @@ class Grants:
 
     @classmethod
     def of(cls, request: Request, *, cwd: str, runtime_paths: Sequence[str] = (), writable: Iterable[str] = (),
-           ceiling: tuple[Sequence[str], Sequence[str]] | None = None, defaults: Defaults = DEFAULTS) -> Grants:
+           ceiling: tuple[Sequence[str], Sequence[str]] | None = None, defaults: Defaults = DEFAULTS,
+           pool_files: Mapping[str, str] | None = None) -> Grants:
         """The grants of a request already :func:`bounded` by its config; raises :class:`RequestError`
         saying what is wrong.
 
         ``runtime_paths``: where the interpreter and its packages live (no write grant may overlap them).
+        ``pool_files``: the pool's own files (its metrics socket), by what they are: no write grant may hold
+        one, or a job could remove or replace it.
         ``writable``: where jobs of this pool have been allowed to write: no grant may go through a symlink
         there (nor beneath this request's own write grants, nor the ceiling's). ``ceiling``: the
         [pool.limits] roots (readable, writable) the resolved paths must lie beneath, judged on the very
@@ -104,6 +107,10 @@ class Grants:
             if runtime is not None:
                 raise RequestError(f"allow_write: {path} overlaps the runtime path {runtime}; a job may never "
                                    "write where the interpreter and its packages live")
+            for what, pool_file in (pool_files or {}).items():
+                if beneath(pool_file, path):
+                    raise RequestError(f"allow_write: {path} holds the pool's {what} {pool_file}; a job may never "
+                                       "write where the pool keeps its own files")
         _refuse_planted_links({"allow_read": read, "allow_write": write, "package_dirs": packages,
                                "script": scripts},
                               [*allow_write, *(ceiling[1] if ceiling is not None else ()), *writable])
@@ -152,10 +159,11 @@ class Grants:
 def to_job(request: Request, *, cwd: str, runtime_paths: Sequence[str], hint_style: Literal["api", "cli"] = "api",
            defaults: Defaults = DEFAULTS, writable: Iterable[str] = (),
            ceiling: tuple[Sequence[str], Sequence[str]] | None = None, uid: int | None = None,
-           gid: int | None = None, session: bool = False) -> tuple[JobSpec, int]:
+           gid: int | None = None, session: bool = False,
+           pool_files: Mapping[str, str] | None = None) -> tuple[JobSpec, int]:
     """The job a :func:`bounded` request runs as, and its output cap (see :meth:`Grants.of`)."""
     grants = Grants.of(request, cwd=cwd, runtime_paths=runtime_paths, writable=writable, ceiling=ceiling,
-                       defaults=defaults)
+                       defaults=defaults, pool_files=pool_files)
     return grants.job(request, cwd=cwd, hint_style=hint_style, uid=uid, gid=gid, session=session,
                       defaults=defaults), grants.max_output
 

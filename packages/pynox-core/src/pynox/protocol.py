@@ -24,6 +24,7 @@ __all__ = [
     "CancelAnswer",
     "Closed",
     "ErrorInfo",
+    "Histogram",
     "JobLogLine",
     "PoolLogEvent",
     "ReadyEvent",
@@ -208,8 +209,19 @@ class StartErrorEvent(msgspec.Struct, tag_field="event", tag="error"):
 first_line_decoder = msgspec.json.Decoder(ReadyEvent | StartErrorEvent)
 
 
+class Histogram(msgspec.Struct, kw_only=True):
+    """A distribution in fixed buckets, as a Prometheus histogram: ``counts[i]`` observations were at most
+    ``le[i]`` seconds (cumulative, so the last bucket, +Inf, is ``count``); ``sum`` is their total."""
+
+    le: list[float] = []
+    counts: list[int] = []
+    count: int = 0
+    sum: float = 0.0
+
+
 class StatsEvent(msgspec.Struct, kw_only=True):
-    """The answer to ``{"stats": true}``: counters since the pool started."""
+    """The answer to ``{"stats": true}``: counters since the pool started, and gauges of this moment. A field
+    a pool does not send (an older version) takes its default."""
 
     id: RequestId
     event: Literal["stats"] = "stats"
@@ -229,6 +241,21 @@ class StatsEvent(msgspec.Struct, kw_only=True):
     duration_ms_total: int
     queue_us_total: int
     errors: dict[str, int]
+    # Who answered: the pool's process and version.
+    pid: int = 0
+    version: str = ""
+    # Saturation, at this moment: workers running a job, jobs waiting for one (and the most that wait before
+    # intake stops reading), requests accepted and not yet answered (jobs and session steps), the session cap.
+    busy_workers: int = 0
+    queued: int = 0
+    queue_capacity: int = 0
+    in_flight: int = 0
+    max_sessions: int = 0
+    draining: bool = False  # input ended or a signal came: accepted work finishes, nothing new is read
+    template_restarts: int = 0  # worker templates started to replace one that died or broke
+    # Latency of every result that was not refused: its run (duration_us) and its wait for a worker (queue_us).
+    duration_seconds: Histogram = msgspec.field(default_factory=Histogram)
+    queue_seconds: Histogram = msgspec.field(default_factory=Histogram)
 
 
 class JobLogLine(msgspec.Struct, kw_only=True):

@@ -76,6 +76,11 @@ class Flight:
         self.cancelled = reason
         return Cancel.RUNNING
 
+    @property
+    def answered(self) -> bool:
+        with self._lock:
+            return self._answered
+
     def answer(self) -> bool:
         """The worker's result is ready: True if it is the one to send (not answered by a cancel)."""
         with self._lock:
@@ -103,6 +108,11 @@ class Flights:
                 flights.remove(flight)
             if not flights:
                 self._by_id.pop(_key(flight.id), None)
+
+    def unanswered(self) -> int:
+        """Requests accepted and not yet answered (a flight cancelled while queued is answered at once)."""
+        with self._lock:
+            return sum(not flight.answered for flights in self._by_id.values() for flight in flights)
 
     def find(self, request_id: RequestId) -> list[Flight]:
         with self._lock:

@@ -5,9 +5,13 @@ ceiling, schedules jobs onto worker threads (one warm template each), relays
 results with their counters and log lines. It never forks job code itself: it
 has threads and open descriptors that a job must never inherit.
 
-Flow control: the accepted queue holds twice the worker count; when it is
-full, intake stops reading stdin. A client that stops reading results blocks
-the writers, then the workers, then intake: memory stays bounded.
+Flow control: the accepted queue holds twice the worker count, and intake
+reads ahead of a full queue by one more job per worker, so that a stats,
+cancel or host-call reply written just behind a full queue is still answered
+at once; with that many waiting, intake stops reading stdin. A client that
+stops reading results blocks the writers, then the workers, then intake:
+memory stays bounded. Stats that never wait on intake are on the metrics
+socket (:mod:`.metrics`).
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
-import pynox
-
+from .. import __version__
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
@@ -59,10 +63,11 @@ from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
 from .jsonlog import log_records_as_json, relay_as_json
+from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .session import SessionRegistry, Step
-from .shutdown import Shutdown
-from .stats import Stats, log_line
+from .shutdown import Shutdown, Stage
+from .stats import Gauges, Stats, log_line
 from .worker import CallSink, Template
 
 __all__ = ["serve"]
@@ -70,6 +75,9 @@ __all__ = ["serve"]
 _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
+# Jobs that wait for a worker, per worker: the protocol's queue of twice the workers, and one read ahead of it
+# (see the module's docstring). Intake stops reading stdin when this many wait.
+_QUEUED_PER_WORKER = 2 + 1
 
 
 @dataclass
@@ -92,6 +100,7 @@ class _Worker(threading.Thread):
         self.started_event = threading.Event()
         self.start_error: BaseException | None = None
         self.start_problem = ""  # why the last replacement template failed, for the job's result
+        self.busy = False  # running a job (a gauge of the stats)
 
     def run(self) -> None:
         try:
@@ -107,7 +116,9 @@ class _Worker(threading.Thread):
                 if job.flight.start(self._cancel_running):
                     # Read after the flight started: a shutdown that escalates later kills it instead.
                     stopping = self.server.stop_reason
+                    self.busy = True
                     result = self._serve_safely(job) if stopping is None else self.server.stopped_before_start(job)
+                    self.busy = False
                     if job.flight.answer():
                         self.server.finish(result, session=None, step=None)
                     if self.template is not None:
@@ -176,6 +187,8 @@ class _Worker(threading.Thread):
         except PynoxError as exc:
             self.start_problem = str(exc)
             self.server.log_event("template_error", str(exc))
+        else:
+            self.server.stats.record_template_restart()
         return self.template
 
     def _worker_error(self, job: _Job, queue_us: int, message: str, duration_us: int = 0) -> Result:
@@ -191,13 +204,13 @@ class Server:
         self.options = options
         self.output = output
         self._log = log
-        self.stats = Stats(options.workers)
-        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=2 * options.workers)
+        self.stats = Stats(options.workers, version=__version__)
+        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=_QUEUED_PER_WORKER * options.workers)
+        self.workers: list[_Worker] = []  # once started
         self.cwd = os.getcwd()
         self.ready_info: ReadyEvent | None = None
         self.ready: Ready  # the first template's, once started
         self.read_paths: list[str] = []
-        self.workers: list[_Worker] = []
         # How the pool ends (see shutdown.py). The intake lock is held while a line is accepted: once the
         # drain holds it, every later line sees the stage and is refused, and nothing more is queued.
         self.shutdown = Shutdown(options.drain_timeout, on_drain=self._start_drain, on_stop=self._stop)
@@ -215,6 +228,8 @@ class Server:
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
         # What a template writes on stderr (a preload that prints, a crash): as JSON lines too, with --log=json.
         self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
+        # Where a job may never write (see grants.Grants.of).
+        self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self) -> Template:
@@ -337,6 +352,24 @@ class Server:
         with self._cut_lock:
             return self._cut == 0
 
+    # -- observing -------------------------------------------------------------------------------------
+    def gauges(self) -> Gauges:
+        """The load at this moment; readable from any thread, before the pool is ready too."""
+        started = self.ready_info is not None
+        return Gauges(busy_workers=sum(worker.busy for worker in self.workers), queued=self.jobs.qsize(),
+                      queue_capacity=self.jobs.maxsize, in_flight=self.flights.unanswered(),
+                      sessions_active=self.sessions.active if started else 0,
+                      max_sessions=self.options.max_sessions, draining=self.draining())
+
+    def state(self) -> Literal["starting", "serving", "draining"]:
+        if self.draining():
+            return "draining"
+        return "serving" if self.ready_info is not None else "starting"
+
+    def draining(self) -> bool:
+        """The pool has begun to end (its input ended, or a stop signal came): it takes no new work."""
+        return self.shutdown.stage is not Stage.SERVING
+
     # -- intake ------------------------------------------------------------------------------------------
     def handle_line(self, line: bytes | TooLong) -> None:
         """Answer one input line; whatever goes wrong costs that line a refusal, never the pool."""
@@ -377,7 +410,7 @@ class Server:
                 self._refuse(None, problem)
             return
         if message.stats:
-            self.output.write(encode(self.stats.snapshot(message.id, sessions_active=self.sessions.active)))
+            self.output.write(encode(self.stats.snapshot(message.id, self.gauges())))
             return
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
@@ -416,7 +449,8 @@ class Server:
         run_as = config.pool.run_as
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
                                   writable=self._written, ceiling=config.ceiling,
-                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None)
+                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
+                                  pool_files=self._pool_files)
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
         return spec, max_output
@@ -527,14 +561,21 @@ def _serve(args: argparse.Namespace) -> int:
     json_log = getattr(args, "log", None) == "json"
     if json_log:
         log_records_as_json(_write_log)
+    metrics: MetricsSocket | None = None
     try:
         options = pool_options(args)
         server = Server(options, output, _write_log)
-        server.log_event("start", f"pynox {pynox.__version__} starting {options.workers} workers")
+        server.log_event("start", f"pynox {__version__} starting {options.workers} workers")
+        if options.metrics_socket is not None:
+            # Bound before any template starts: a probe sees "starting", and a path in use stops the pool now.
+            metrics = MetricsSocket(options.metrics_socket, lambda: server.stats.snapshot(None, server.gauges()),
+                                    server.state)
         for warning in options.config.warnings:
             server.log_event("config_warning", warning)
         workers = server.start()
     except (PynoxError, OSError) as exc:
+        if metrics is not None:
+            metrics.close()
         kind = type(exc).__name__
         output.write(encode(StartErrorEvent(error=StartError(type=kind, message=str(exc)))))
         if json_log:
@@ -563,6 +604,8 @@ def _serve(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         os._exit(1)
     server.calls.close("the pool has stopped")
+    if metrics is not None:
+        metrics.close()
     status = 0 if server.drain_complete else DRAIN_CUT_EXIT
     server.log_event("exit", f"exit {status}: " + ("every accepted job ran to its end" if status == 0 else
                                                    "stopped before every accepted job ran to its end"), status=status)

@@ -1,28 +1,44 @@
-"""The pool's counters and its per-job log line.
+"""The pool's counters, its latency histograms and its per-job log line.
 
 Outcome counters are disjoint and add up to ``jobs``: every finished request
 (a refused one included) is exactly one of ok, failed, timeouts, signals,
 setup_errors, request_errors or worker_errors. ``errors`` counts by error type:
 a bounded set of names (a job names its own exception classes, as many and as
 long as it likes), the rest counted together under ``OTHER_ERRORS``.
+
+Latency is counted in fixed buckets, as a Prometheus histogram is, so that
+p50 and p99 can be read from one snapshot or from the rate of two: a
+result's run (``duration_us``) and its wait for a worker (``queue_us``). A
+refused result ran nothing and waited for nothing, so it is in neither.
+The gauges (busy workers, queue depth, in flight) belong to the server,
+which reads them at the moment of the snapshot and hands them in.
 """
 
 from __future__ import annotations
 
+import bisect
+import os
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from ..exits import CANCELLED_EXIT, REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
-from ..protocol import JobLogLine, RequestId, Result, StatsEvent
+from ..protocol import Histogram, JobLogLine, RequestId, Result, StatsEvent
 
-__all__ = ["MAX_ERROR_TYPES", "OTHER_ERRORS", "Stats", "classify", "log_line"]
+__all__ = ["DURATION_BUCKETS", "MAX_ERROR_TYPES", "OTHER_ERRORS", "OUTCOMES", "QUEUE_BUCKETS", "Gauges", "Stats",
+           "classify", "log_line"]
 
 # Distinct error types counted by name, first come first counted, besides the pool's own (always by name);
 # each name is at most report.MAX_ERROR_TYPE characters, so a stats event stays a few kilobytes.
 MAX_ERROR_TYPES = 64
 # Not a Python class name (the parentheses), so no exception of a job's code is counted under it by mistake.
 OTHER_ERRORS = "(other)"
+
+# Upper bounds in seconds, fixed for the pool's life (a histogram's buckets never change under a scraper).
+# A job's run: from a print (a few ms) to the longest timeouts; its wait: from an idle worker (µs) to a backlog.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0)
 
 OUTCOMES = ("ok", "failed", "timeouts", "signals", "setup_errors", "request_errors", "worker_errors", "cancelled")
 # The pool's own verdicts: an error type together with the exit status only the pool gives it. The job's
@@ -49,11 +65,50 @@ def classify(result: Result) -> str:
     return "ok" if result.exit == 0 and error_type is None else "failed"
 
 
+class _Buckets:
+    """One histogram's counts, by bucket (not cumulative: a bucket's own count), with their sum."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)  # the last one is above every bound (+Inf)
+        self._sum_us = 0
+
+    def observe(self, us: int) -> None:
+        # bisect_left: a value equal to a bound is in that bound's bucket (Prometheus' "le", less or equal).
+        self._counts[bisect.bisect_left(self.bounds, us / 1e6)] += 1
+        self._sum_us += us
+
+    def snapshot(self) -> Histogram:
+        cumulative, total = [], 0
+        for count in self._counts[:-1]:
+            total += count
+            cumulative.append(total)
+        return Histogram(le=list(self.bounds), counts=cumulative, count=total + self._counts[-1],
+                         sum=self._sum_us / 1e6)
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """The pool's load at one moment, as the server sees it."""
+
+    busy_workers: int
+    queued: int
+    queue_capacity: int
+    in_flight: int
+    sessions_active: int
+    max_sessions: int
+    draining: bool
+
+
 class Stats:
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, version: str = "") -> None:
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self.workers = workers
+        self.version = version
+        self._template_restarts = 0
+        self._durations = _Buckets(DURATION_BUCKETS)
+        self._waits = _Buckets(QUEUE_BUCKETS)
         self._outcomes: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._named: set[str] = set()  # the error types of jobs counted by name (at most MAX_ERROR_TYPES)
@@ -68,6 +123,9 @@ class Stats:
                 self._errors[self._error_key(result.error.type)] += 1
             self._duration_ms_total += result.duration_ms
             self._queue_us_total += result.queue_us
+            if result.refused is not True:
+                self._durations.observe(result.duration_us)
+                self._waits.observe(result.queue_us)
 
     def _error_key(self, error_type: str) -> str:
         if error_type in self._errors or error_type in _POOL_TYPES or len(self._named) < MAX_ERROR_TYPES:
@@ -80,13 +138,17 @@ class Stats:
         with self._lock:
             self._host_calls += 1
 
-    def snapshot(self, request_id: RequestId, sessions_active: int) -> StatsEvent:
+    def record_template_restart(self) -> None:
+        with self._lock:
+            self._template_restarts += 1
+
+    def snapshot(self, request_id: RequestId, gauges: Gauges) -> StatsEvent:
         with self._lock:
             return StatsEvent(
                 id=request_id,
                 uptime_ms=int((time.monotonic() - self._started) * 1000),
                 workers=self.workers,
-                sessions_active=sessions_active,
+                sessions_active=gauges.sessions_active,
                 jobs=sum(self._outcomes.values()),
                 ok=self._outcomes["ok"],
                 failed=self._outcomes["failed"],
@@ -100,6 +162,17 @@ class Stats:
                 duration_ms_total=self._duration_ms_total,
                 queue_us_total=self._queue_us_total,
                 errors=dict(self._errors),
+                pid=os.getpid(),
+                version=self.version,
+                busy_workers=gauges.busy_workers,
+                queued=gauges.queued,
+                queue_capacity=gauges.queue_capacity,
+                in_flight=gauges.in_flight,
+                max_sessions=gauges.max_sessions,
+                draining=gauges.draining,
+                template_restarts=self._template_restarts,
+                duration_seconds=self._durations.snapshot(),
+                queue_seconds=self._waits.snapshot(),
             )
 
 

@@ -339,3 +339,40 @@ def test_session_steps_are_in_flight_against_max_sessions(tmp_path: Path, gate: 
         pool.run(session="nb", close=True)
         assert pool.stats()["sessions_active"] == 0
         pool.finish()
+
+
+def test_a_cancel_just_behind_a_full_queue_is_answered_at_once(tmp_path: Path, gate: Gate) -> None:
+    with pool_process(f"--workers={WORKERS}", cwd=tmp_path) as pool:
+        pool.submit(**gate.job("running"))
+        gate.wait_started(pool, "running")
+        waiting = [pool.submit(**gate.job(f"queued-{i}")) for i in range(QUEUE + 1)]
+        cancel = pool.submit(cancel=waiting[-1])
+        assert pool.result(cancel) == {"id": cancel, "cancelled": waiting[-1]}
+        assert pool.result(waiting[-1])["error"]["type"] == "CancelledError"
+        assert not any(pool.responses(name) for name in ["running", *waiting[:-1]]), "a blocking job ended"
+        gate.open()
+        for name in ["running", *waiting[:-1]]:
+            assert pool.result(name)["exit"] == 0
+        assert not gate.started(waiting[-1])  # seen from outside: the cancelled job never ran
+        pool.finish()
+
+
+def test_a_host_reply_just_behind_a_full_queue_reaches_its_job(tmp_path: Path, gate: Gate) -> None:
+    """The reply a running job waits for is written after the jobs that fill the queue: intake must read past
+    them, or the job waits for its reply until its timeout while the jobs behind it wait for the job."""
+    call_now = gate.root / "call-now"
+    code = (f"import os, time\nfrom pynox_host import lookup\nopen({str(gate.root / 'caller')!r}, 'w').close()\n"
+            f"while not os.path.exists({str(call_now)!r}):\n    time.sleep(0.01)\nprint(lookup('k'))\n")
+    with pool_process(f"--workers={WORKERS}", cwd=tmp_path) as pool:
+        caller = pool.submit(host={"lookup": lambda key: f"value of {key}"}, id="caller", code=code,
+                             allow_write=[str(gate.root)], timeout="20s")
+        gate.wait_started(pool, "caller")
+        waiting = [pool.submit(**gate.job(f"queued-{i}")) for i in range(QUEUE + 1)]
+        call_now.touch()  # the call, and so its reply, come after every line above
+        result = pool.result(caller)
+        assert (result["exit"], result["stdout"]) == (0, "value of k\n"), result
+        assert not any(pool.responses(name) for name in waiting), "a blocking job ended"
+        gate.open()
+        for name in waiting:
+            assert pool.result(name)["exit"] == 0
+        pool.finish()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from pydantic import ValidationError
 from pydantic_ai import BinaryContent, ModelRetry, RunContext, ToolFailed, ToolReturn
@@ -30,7 +30,7 @@ from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, 
 from pydantic_core import to_jsonable_python
 
 import pynox
-from pynox import HostError, Pool, PynoxError
+from pynox import Grants, HostError, Pool, PynoxError, check_grants
 
 __all__ = ["PynoxCodeMode"]
 
@@ -68,10 +68,11 @@ class PynoxCodeMode(AbstractCapability[AgentDepsT]):
     tools: ToolSelector = "all"
     max_tool_calls: int | None = None
     max_retries: int = 1
-    grants: dict[str, Any] = field(default_factory=dict)
+    grants: Grants = field(default_factory=lambda: Grants())
 
     def __init__(self, pool: Pool | None = None, *, tools: ToolSelector = "all", max_tool_calls: int | None = None,
-                 max_retries: int = 1, **grants: Any) -> None:
+                 max_retries: int = 1, **grants: Unpack[Grants]) -> None:
+        check_grants("PynoxCodeMode()", grants)
         if max_tool_calls is not None and max_tool_calls < 0:
             raise ValueError(f"max_tool_calls must be at least 0, got {max_tool_calls}")
         self.pool, self.tools, self.max_tool_calls, self.max_retries = pool, tools, max_tool_calls, max_retries

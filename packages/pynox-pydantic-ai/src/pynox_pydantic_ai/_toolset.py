@@ -20,7 +20,7 @@ import inspect
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from opentelemetry import context as otel_context
 from pydantic_ai import BinaryContent, RunContext, Tool, ToolFailed, ToolReturn
@@ -28,7 +28,7 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
-from pynox import CodeTool, Pool, PynoxError, Session
+from pynox import CodeTool, Grants, Pool, PynoxError, Session, check_grants
 
 __all__ = ["PynoxCapability", "PynoxToolset"]
 
@@ -129,7 +129,8 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
 
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: HostFunctions | None = None, id: str | None = None, max_retries: int | None = None,
-                 **grants: Any) -> None:
+                 **grants: Unpack[Grants]) -> None:
+        check_grants("PynoxToolset()", grants)
         super().__init__(id=id, max_retries=max_retries)
         callables, self._takes_context = _host_functions(functions)
         # The tool's own view of each function: one that takes the run context has it bound, so the

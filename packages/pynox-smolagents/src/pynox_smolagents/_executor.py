@@ -29,12 +29,13 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from smolagents.local_python_executor import DEFAULT_MAX_LEN_OUTPUT, CodeOutput, InterpreterError, PythonExecutor
 from smolagents.utils import truncate_content
 
 import pynox
+from pynox import check_grants
 
 from . import _values
 from ._settings import saved_grants
@@ -133,8 +134,9 @@ class PynoxExecutor(PythonExecutor):
 
     def __init__(self, pool: pynox.Pool | None = None, *, profile: str | None = None,
                  functions: Mapping[str, Callable[..., Any]] | None = None, name: str = "agent.py",
-                 max_print_outputs_length: int | None = None, **grants: Any) -> None:
+                 max_print_outputs_length: int | None = None, **grants: Unpack[pynox.Grants]) -> None:
         # Check the grants now (a bad one raises here, not as an error the model would retry forever).
+        check_grants("PynoxExecutor()", grants)
         if functions and STEP_VALUE in functions:
             raise ValueError(f"{STEP_VALUE!r} is PynoxExecutor's own host function: give yours another name")
         if max_print_outputs_length is not None and (type(max_print_outputs_length) is not int

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 from smolagents import Tool
 from smolagents.local_python_executor import InterpreterError
 
 import pynox
+from pynox import check_grants
 
 from ._settings import saved_grants
 
@@ -48,7 +49,8 @@ class PynoxTool(Tool):
     settings: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, code_tool: pynox.CodeTool | Callable[[str], str] | None = None, *,
-                 pool: pynox.Pool | None = None, **grants: Any) -> None:
+                 pool: pynox.Pool | None = None, **grants: Unpack[pynox.Grants]) -> None:
+        check_grants(f"{type(self).__name__}()", grants)
         if code_tool is None:
             saved = type(self).settings
             code_tool = pynox.CodeTool(pool, session=bool(saved.get("session", False)),
@@ -106,7 +108,8 @@ class PynoxTool(Tool):
 
 
 def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, session: bool = False,
-                functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Any) -> PynoxTool:
+                functions: Mapping[str, Callable[..., Any]] | None = None,
+                **grants: Unpack[pynox.Grants]) -> PynoxTool:
     """A smolagents tool named ``run_python`` that runs the model's code on ``pool`` (default: Pynox's default
     pool, started on the first call).
 
@@ -114,4 +117,5 @@ def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, s
     ...), fixed here; ``session=True`` keeps variables between calls; ``functions`` are host functions the code
     imports from ``pynox_host``. A bad grant raises here, before any agent runs.
     """
+    check_grants("python_tool()", grants)
     return PynoxTool(pynox.CodeTool(pool, profile=profile, session=session, functions=functions, **grants))

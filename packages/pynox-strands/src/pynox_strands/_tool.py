@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from strands import ToolContext, tool
 from strands.tools.decorator import DecoratedFunctionTool
 
-from pynox import CodeTool, Pool, PynoxError, Result, Session
+from pynox import CodeTool, Grants, Pool, PynoxError, Result, Session, check_grants
 
 __all__ = ["python_tool", "tool_result"]
 
@@ -71,7 +71,7 @@ def tool_for(runner: CodeTool, *, per_agent: bool = True) -> DecoratedFunctionTo
 
 def python_tool(pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                 functions: Mapping[str, Callable[..., Any]] | None = None,
-                **grants: Any) -> DecoratedFunctionTool[..., dict[str, Any]]:
+                **grants: Unpack[Grants]) -> DecoratedFunctionTool[..., dict[str, Any]]:
     """A strands tool ``run_python(code: str)`` whose code runs in Pynox.
 
     Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env,
@@ -84,4 +84,5 @@ def python_tool(pool: Pool | None = None, *, profile: str | None = None, session
     :class:`pynox.Session` instead to share one session on purpose and decide when it ends. A failed
     run is a tool result with ``status: "error"``.
     """
+    check_grants("python_tool()", grants)
     return tool_for(CodeTool(pool, profile=profile, session=session, functions=functions, **grants))

@@ -44,7 +44,7 @@ def build(pool: pynox.Pool) -> None:
     PynoxCodeMode(pool, max_output="1MB")
     strands_tool(pool, max_file_size="10MB")
     smolagents_tool(pool, package_dirs=["vendor"])
-    PynoxExecutor(pool, max_print_outputs_length=500, allow_read=["data"])
+    PynoxExecutor(pool, timeout_seconds=5, allow_read=["data"])
 '''
 
 TYPOS = {  # line of the script -> the call with a misspelt grant

@@ -148,7 +148,7 @@ def _signature(name: str, function: HostFunction) -> str:
 def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, HostFunction] | None,
               preloaded: list[str], session_scope: str | None = None) -> ToolDescription:
     if session:
-        lifetime = (f"Calls {session_scope or ''}{' ' if session_scope else ''}share one Python process, like "
+        lifetime = (f"Calls share one Python process{' ' if session_scope else ''}{session_scope or ''}, like "
                     "notebook cells: variables, imports and functions defined in one call are there in the "
                     "next. If a call times out, crashes or is cancelled, the process is replaced and that state "
                     "is lost (the result says so).")
@@ -192,7 +192,7 @@ class CodeTool:
     started by the first call and ended by :meth:`close` (:meth:`for_run` gives a copy with a session of
     its own, for frameworks whose state lives per agent run); a :class:`pynox.Session` is used as it is and
     stays the caller's to close. ``session_scope`` says to the model what one session spans, as the framework
-    keeps it ("of one conversation": "Calls of one conversation share one Python process"). Raises
+    keeps it ("within one agent run": "Calls share one Python process within one agent run"). Raises
     :class:`pynox.RequestError` (or ``ConfigError``) for a grant or profile the pool would refuse.
     """
 

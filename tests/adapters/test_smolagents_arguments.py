@@ -1,5 +1,6 @@
 """smolagents' own executor and agent arguments mean for ``PynoxExecutor`` what they mean for its other executors,
-and a saved ``PynoxCodeAgent`` reloads and runs from its own ``app.py`` (issue 32, rows 8, 9 and 11).
+a saved ``PynoxCodeAgent`` reloads and runs from its own ``app.py``, and one session tool given to two agents
+keeps a session per agent (issue 32, rows 8, 9, 11 and the shared-tool note).
 
 Each test goes through smolagents' real code path (``CodeAgent.run``, ``save``, the saved ``app.py``) with a
 scripted model, on a real pool.
@@ -15,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from smolagents import CodeAgent
+from smolagents import CodeAgent, ToolCallingAgent
 from smolagents.local_python_executor import InterpreterError
 
 import pynox
-from pynox_smolagents import PynoxCodeAgent, PynoxExecutor
+from pynox_smolagents import PynoxCodeAgent, PynoxExecutor, python_tool
 from tests.adapters.test_smolagents import QUIET, ROOT, ScriptedModel, action_steps
 
 pytestmark = pytest.mark.timeout(120)
@@ -122,3 +123,22 @@ def test_a_plain_code_agent_with_a_pynox_executor_saves_its_requirement(pool: py
     CodeAgent(tools=[], model=ReloadedModel([]), executor=PynoxExecutor(pool), verbosity_level=QUIET).save(
         tmp_path / "saved")
     assert "pynox-smolagents" in (tmp_path / "saved" / "requirements.txt").read_text().split()
+
+
+def test_one_session_tool_given_to_two_agents_keeps_a_session_per_agent(pool: pynox.Pool) -> None:
+    def run(code: str) -> dict[str, object]:
+        return {"name": "run_python", "args": {"code": code}}
+
+    shared = python_tool(pool, session=True)
+    assert "Calls share one Python process of this agent" in shared.description
+    answer = {"name": "final_answer", "args": {"answer": "done"}}
+    alice = ToolCallingAgent(tools=[shared], model=ScriptedModel([run("secret = 'alice-token'"), run("print(secret)"),
+                                                                  answer]), verbosity_level=QUIET)
+    bob = ToolCallingAgent(tools=[shared], model=ScriptedModel([run("print(secret)"), answer]),
+                           verbosity_level=QUIET)
+    alice.run("go")
+    bob.run("go")
+    assert action_steps(alice)[1].observations == "alice-token"  # the control: one agent's calls share state
+    assert "NameError: name 'secret' is not defined" in str(action_steps(bob)[0].error)
+    for agent in (alice, bob):
+        agent.tools["run_python"].code_tool.close()  # type: ignore[attr-defined]

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from smolagents import CodeAgent
-from smolagents.agents import AGENT_REGISTRY
+from smolagents.agents import AGENT_REGISTRY, MultiStepAgent
 from smolagents.memory import ActionStep
 
 from ._executor import PynoxExecutor
+from ._tool import PynoxTool
 
 __all__ = ["EXECUTOR_TYPE", "PynoxCodeAgent", "save_with_its_executor"]
 
@@ -143,8 +144,8 @@ def save_with_its_executor() -> None:
     """Make ``CodeAgent.to_dict`` (which ``save`` and ``push_to_hub`` use) record a ``PynoxExecutor`` as
     ``executor_type: "pynox"`` with its grants and ``pynox-smolagents`` among the requirements, so no saved
     agent reloads with the local executor; and make ``CodeAgent(executor=PynoxExecutor(...))`` give the
-    executor the agent's ``max_print_outputs_length``, as smolagents gives it to the executors it builds.
-    Idempotent."""
+    executor the agent's ``max_print_outputs_length``, as smolagents gives it to the executors it builds; and
+    give each agent its own copy of a ``python_tool(session=True)`` (its own session). Idempotent."""
     to_dict = CodeAgent.to_dict
     if getattr(to_dict, "_pynox_saves_executor", False):
         return
@@ -156,6 +157,16 @@ def save_with_its_executor() -> None:
         executor = getattr(self, "python_executor", None)
         if isinstance(executor, PynoxExecutor):
             executor.follow_agent(self.max_print_outputs_length)
+
+    agent_init = MultiStepAgent.__init__
+
+    @functools.wraps(agent_init)
+    def init_with_tools_of_its_own(self: MultiStepAgent, *args: Any, **kwargs: Any) -> None:
+        agent_init(self, *args, **kwargs)
+        # smolagents gives a tool no sign of which agent calls it: a session tool's state follows the agent
+        # only if each agent holds its own copy.
+        self.tools = {name: tool.for_agent(self) if isinstance(tool, PynoxTool) else tool
+                      for name, tool in self.tools.items()}
 
     @functools.wraps(to_dict)
     def to_dict_with_executor(self: CodeAgent) -> dict[str, Any]:
@@ -170,5 +181,6 @@ def save_with_its_executor() -> None:
     to_dict_with_executor._pynox_saves_executor = True  # type: ignore[attr-defined]
     CodeAgent.to_dict = to_dict_with_executor
     CodeAgent.__init__ = init_telling_its_executor
+    MultiStepAgent.__init__ = init_with_tools_of_its_own
     # smolagents loads managed agents by class name from this registry.
     AGENT_REGISTRY.setdefault(PynoxCodeAgent.__name__, PynoxCodeAgent)

@@ -17,10 +17,10 @@ PACKAGES = Path(__file__).resolve().parents[1] / "packages"
 ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty")
 
 EXPORTS = [
-    "CodeTool", "ConfigError", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
-    "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "SandboxSetupError", "Session",
-    "ToolDescription", "ToolGrants", "Usage", "__version__", "format_duration", "format_size", "parse_duration",
-    "parse_size", "run", "tool",
+    "CodeTool", "ConfigError", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
+    "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "SandboxSetupError",
+    "Session", "SessionGrants", "ToolDescription", "ToolGrants", "Usage", "__version__", "check_grants",
+    "format_duration", "format_size", "parse_duration", "parse_size", "run", "tool",
 ]
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,9 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     wheels = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
     assert wheels == ["pynox_core", "pynox_monty", "pynox_pydantic_ai", "pynox_ray", "pynox_smolagents",
                       "pynox_strands"], wheels
+    for wheel in dist.glob("*.whl"):  # each package's types reach its users (PEP 561)
+        with zipfile.ZipFile(wheel) as archive:
+            assert any(name.endswith("/py.typed") for name in archive.namelist()), wheel.name
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     python = venv / "bin" / "python"

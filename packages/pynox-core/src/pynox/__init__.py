@@ -12,7 +12,7 @@ for Pynox's own failures (see :mod:`pynox.errors`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .errors import (
     ConfigError,
@@ -25,6 +25,7 @@ from .errors import (
     RequestError,
     SandboxSetupError,
 )
+from .grant_types import Grants, RunGrants, SessionGrants, check_grants
 
 if TYPE_CHECKING:
     from .client import Pool, PynoxPool, Session
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CodeTool",
     "ConfigError",
+    "Grants",
     "HostError",
     "JobError",
     "KernelSupportError",
@@ -47,12 +49,15 @@ __all__ = [
     "PynoxPool",
     "RequestError",
     "Result",
+    "RunGrants",
     "SandboxSetupError",
     "Session",
+    "SessionGrants",
     "ToolDescription",
     "ToolGrants",
     "Usage",
     "__version__",
+    "check_grants",
     "format_duration",
     "format_size",
     "parse_duration",
@@ -80,7 +85,7 @@ def __getattr__(name: str) -> Any:
 
 
 def run(code: str | None = None, *, functions: Mapping[str, Callable[..., Any]] | None = None,
-        **grants: Any) -> Result:
+        **grants: Unpack[RunGrants]) -> Result:
     """Run code on the default pool (started on first use, closed at exit); see :meth:`Pool.run`."""
     from .client import default_pool
 
@@ -89,7 +94,7 @@ def run(code: str | None = None, *, functions: Mapping[str, Callable[..., Any]] 
 
 def tool(profile: str | None = None, *, session: bool = False,
          functions: Mapping[str, Callable[..., Any]] | None = None, host_errors: str | None = None,
-         **grants: Any) -> Callable[[str], str]:
+         **grants: Unpack[Grants]) -> Callable[[str], str]:
     """A ``run_python(code: str) -> str`` function for a model, on the default pool.
 
     Permissions come from ``profile`` (in ``$PYNOX_CONFIG`` or ``./pynox.toml``) and from ``grants``
@@ -102,4 +107,4 @@ def tool(profile: str | None = None, *, session: bool = False,
     from .model_tool import make_tool
 
     return make_tool(None, profile=profile, session=session, functions=functions, grants=grants,
-                     host_errors=host_errors)  # type: ignore[arg-type]  # checked by the pool's run
+                     host_errors=host_errors)  # type: ignore[arg-type]  # host_errors: checked by the pool's run

@@ -30,12 +30,13 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, Unpack
 
 import msgspec
 
 from .defaults import DEFAULT_WORKERS
 from .errors import START_ERRORS, ConfigError, PoolError, RequestError
+from .grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .protocol import (
     Answer,
@@ -442,16 +443,20 @@ class Pool:
 
     # -- public API --------------------------------------------------------------------------------------
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-            host_errors: HostErrors | None = None, return_value: bool = True, **grants: Any) -> Result:
+            host_errors: HostErrors | None = None, return_value: bool = True,
+            host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
         """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
 
         ``grants``: name, args, allow_read, allow_write, allow_network, env, timeout, memory, max_output,
         max_file_size, package_dirs, profile. ``return_value``: report repr() of a trailing expression's
         value (:attr:`Result.return_value`), as a notebook shows it. Raises :class:`pynox.RequestError` if
         the pool refused the request before running it, and :class:`pynox.PoolError` if the pool gave no
-        answer in time; every failure of the code itself is in the result.
+        answer in time; every failure of the code itself is in the result. ``host_globals="await"`` binds the
+        host functions as coroutines in the code's globals (``"call"``: as plain functions).
         """
-        message = build_request(code, functions=list(functions or ()), return_value=return_value, **grants)
+        check_grants("Pool.run()", grants, RUN_GRANT_NAMES)
+        message = build_request(code, functions=list(functions or ()), return_value=return_value,
+                                host_globals=host_globals, **grants)
         self._slots.acquire()
         try:
             future = self._submit(message, functions, is_job=True, host_errors=host_errors)
@@ -529,9 +534,12 @@ class Pool:
             pass  # the pool died: the job with it
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-                   host_errors: HostErrors | None = None, return_value: bool = True, **grants: Any) -> Result:
+                   host_errors: HostErrors | None = None, return_value: bool = True,
+                   host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
         """``run`` for asyncio: no thread is held while the job runs."""
-        message = build_request(code, functions=list(functions or ()), return_value=return_value, **grants)
+        check_grants("Pool.arun()", grants, RUN_GRANT_NAMES)
+        message = build_request(code, functions=list(functions or ()), return_value=return_value,
+                                host_globals=host_globals, **grants)
         if not self._slots.acquire(blocking=False):
             waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire))
             try:
@@ -551,9 +559,13 @@ class Pool:
         return _result(reply)
 
     def session(self, *, functions: Mapping[str, HostFunction] | None = None,
-                host_errors: HostErrors | None = None, **grants: Any) -> Session:
-        """A stateful process: variables survive between ``run`` calls. Permissions are fixed here."""
-        return Session(self, functions, grants, host_errors=host_errors)
+                host_errors: HostErrors | None = None, host_globals: Literal["call", "await"] | None = None,
+                **grants: Unpack[SessionGrants]) -> Session:
+        """A stateful process: variables survive between ``run`` calls. Permissions are fixed here, and so is
+        ``host_globals`` (see :meth:`run`)."""
+        check_grants("Pool.session()", grants, SESSION_GRANT_NAMES)
+        fixed: dict[str, Any] = {**grants, **({"host_globals": host_globals} if host_globals else {})}
+        return Session(self, functions, fixed, host_errors=host_errors)
 
     def stats(self) -> dict[str, Any]:
         """The pool's counters and gauges (see the protocol's stats event), by name; its histograms as dicts."""
@@ -565,7 +577,7 @@ class Pool:
 
     def tool(self, profile: str | None = None, *, session: bool = False,
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
-             **grants: Any) -> Callable[[str], str]:
+             **grants: Unpack[Grants]) -> Callable[[str], str]:
         """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
         from .model_tool import make_tool
 

@@ -22,11 +22,12 @@ import inspect
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .config import EMPTY, load_config
 from .defaults import DEFAULTS
 from .errors import ConfigError, KernelSupportError, PynoxError
+from .grant_types import Grants, check_grants
 from .grants import resolve_path
 from .host_functions import HostErrors, visible_signature
 from .names import FUNCTION_RULE, is_function_name
@@ -145,11 +146,12 @@ def _signature(name: str, function: HostFunction) -> str:
 
 
 def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, HostFunction] | None,
-              preloaded: list[str]) -> ToolDescription:
+              preloaded: list[str], session_scope: str | None = None) -> ToolDescription:
     if session:
-        lifetime = ("Calls share one Python process, like notebook cells: variables, imports and functions "
-                    "defined in one call are there in the next. If a call times out or crashes, the process "
-                    "is replaced and that state is lost (the result says so).")
+        lifetime = (f"Calls share one Python process{' ' if session_scope else ''}{session_scope or ''}, like "
+                    "notebook cells: variables, imports and functions defined in one call are there in the "
+                    "next. If a call times out, crashes or is cancelled, the process is replaced and that state "
+                    "is lost (the result says so).")
     else:
         lifetime = "Each call runs in a fresh process: nothing (variables, imports, files in memory) survives it."
     permissions = [
@@ -189,33 +191,36 @@ class CodeTool:
     ``session``: ``False`` runs each call in a fresh process; ``True`` keeps one session the tool owns,
     started by the first call and ended by :meth:`close` (:meth:`for_run` gives a copy with a session of
     its own, for frameworks whose state lives per agent run); a :class:`pynox.Session` is used as it is and
-    stays the caller's to close. Raises :class:`pynox.RequestError` (or ``ConfigError``) for a grant or
-    profile the pool would refuse.
+    stays the caller's to close. ``session_scope`` says to the model what one session spans, as the framework
+    keeps it ("within one agent run": "Calls share one Python process within one agent run"). Raises
+    :class:`pynox.RequestError` (or ``ConfigError``) for a grant or profile the pool would refuse.
     """
 
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
-                 **grants: Any) -> None:
+                 session_scope: str | None = None, **grants: Unpack[Grants]) -> None:
         from .client import Session
 
+        check_grants(f"{type(self).__name__}()", grants)
+        requested: dict[str, Any] = dict(grants)
         if isinstance(session, Session):
             if pool is not None or profile is not None or functions or grants or host_errors is not None:
                 raise TypeError("a pynox.Session carries its own pool, permissions and functions: pass it alone")
             pool = session.pool
-            grants = dict(session.grants)
-            profile = grants.pop("profile", None)
+            requested = dict(session.grants)
+            profile = requested.pop("profile", None)
             functions = session.functions or None
         for name in functions or ():
             if not is_function_name(name):
                 raise PynoxError(f"host function name {name!r} {FUNCTION_RULE}")
-        self.grants: ToolGrants = _tool_grants(_effective_request(pool, profile, grants), pool)
+        self.grants: ToolGrants = _tool_grants(_effective_request(pool, profile, requested), pool)
         preloaded = list(pool.ready.get("preloaded_modules", [])) if pool is not None else []
         self.description: ToolDescription = _describe(self.grants, session=bool(session), functions=functions,
-                                                      preloaded=preloaded)
+                                                      preloaded=preloaded, session_scope=session_scope)
         self._pool = pool
         self._functions = dict(functions) if functions else None
         self._host_errors = host_errors
-        self._grants = {**grants, **({"profile": profile} if profile else {})}
+        self._grants = {**requested, **({"profile": profile} if profile else {})}
         self.owns_session = session is True
         self._session: Session | None = session if isinstance(session, Session) else None
 

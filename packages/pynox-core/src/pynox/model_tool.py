@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .code_tool import CodeTool
+from .grant_types import Grants
 from .host_functions import HostErrors
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ HostFunction = Callable[..., Any]
 
 
 def make_tool(pool: Pool | None, *, profile: str | None, session: bool,
-              functions: Mapping[str, HostFunction] | None, grants: Mapping[str, Any],
+              functions: Mapping[str, HostFunction] | None, grants: Grants,
               host_errors: HostErrors | None = None) -> Callable[[str], str]:
     """Build ``run_python`` on ``pool`` (``None``: the default pool, started on the first call)."""
     tool = CodeTool(pool, profile=profile, session=session, functions=functions, host_errors=host_errors,

@@ -15,10 +15,10 @@ import builtins
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import pynox
-from pynox import format_duration, parse_duration
+from pynox import Grants, SessionGrants, check_grants, format_duration, parse_duration
 
 from ._result import glue_result, refused
 from ._stubs import declare
@@ -29,16 +29,21 @@ HostFunction = Callable[..., Any]
 _STUB_SIGNATURE = "(code: str, timeout: str | int | float | None = None) -> RunPythonResult"
 
 
+class LookupOptions(SessionGrants, total=False):
+    """:func:`python_function`'s keywords, as :func:`external_lookup` passes them on."""
+
+    name: str
+
+
 class _Bridge:
     """What every call of one ``run_python`` shares: the pool, the host's grants and limit, the host functions."""
 
-    def __init__(self, pool: pynox.Pool, *, profile: str | None, name: str, timeout: str | int | float | None,
-                 functions: Mapping[str, HostFunction] | None, grants: Mapping[str, Any]) -> None:
-        host_grants = {**grants, **({"timeout": timeout} if timeout is not None else {})}
+    def __init__(self, pool: pynox.Pool, *, profile: str | None, name: str,
+                 functions: Mapping[str, HostFunction] | None, grants: Grants) -> None:
         # The grants after profile and ceiling, exactly as the pool will apply them (a bad one raises here).
-        self.effective = pynox.CodeTool(pool, profile=profile, functions=functions, **host_grants).grants
+        self.effective = pynox.CodeTool(pool, profile=profile, functions=functions, **grants).grants
         self.functions = dict(functions or {})
-        self._grants = {"name": name, **host_grants, **({"profile": profile} if profile else {})}
+        self._grants = {"name": name, **grants, **({"profile": profile} if profile else {})}
 
     def request(self, code: str, timeout: str | int | float | None) -> tuple[dict[str, Any], float]:
         """The keywords of one run and the timeout it gets; a bad argument from the glue code raises here."""
@@ -74,16 +79,17 @@ class _Bridge:
 
 
 def python_function(pool: pynox.Pool, *, profile: str | None = None, name: str = "heavy.py",
-                    timeout: str | int | float | None = None, functions: Mapping[str, HostFunction] | None = None,
-                    **grants: Any) -> Callable[..., dict[str, Any]]:
+                    functions: Mapping[str, HostFunction] | None = None,
+                    **grants: Unpack[Grants]) -> Callable[..., dict[str, Any]]:
     """The ``run_python(code, timeout=None) -> dict`` external function for ``Monty``, running on ``pool``.
 
     ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env, memory, max_output, max_file_size,
-    package_dirs) fix what the code may do; the model's code cannot change them. ``timeout`` is the host's limit
-    per call: the glue code may pass a shorter one, and a longer one is cut to it. ``functions`` are host
+    package_dirs, timeout) fix what the code may do; the model's code cannot change them. ``timeout`` is the host's
+    limit per call: the glue code may pass a shorter one, and a longer one is cut to it. ``functions`` are host
     functions the heavy code may import from ``pynox_host``. A bad grant raises here.
     """
-    bridge = _Bridge(pool, profile=profile, name=name, timeout=timeout, functions=functions, grants=grants)
+    check_grants("python_function()", grants)
+    bridge = _Bridge(pool, profile=profile, name=name, functions=functions, grants=grants)
 
     def run_python(code: str, timeout: str | int | float | None = None) -> dict[str, Any]:
         keywords, given = bridge.request(code, timeout)
@@ -95,12 +101,12 @@ def python_function(pool: pynox.Pool, *, profile: str | None = None, name: str =
 
 
 def async_python_function(pool: pynox.Pool, *, profile: str | None = None, name: str = "heavy.py",
-                          timeout: str | int | float | None = None,
                           functions: Mapping[str, HostFunction] | None = None,
-                          **grants: Any) -> Callable[..., Awaitable[dict[str, Any]]]:
+                          **grants: Unpack[Grants]) -> Callable[..., Awaitable[dict[str, Any]]]:
     """:func:`python_function` for ``AsyncMonty``: ``async def run_python``, over ``Pool.arun``. The glue code
     awaits it; calls it gathers (``asyncio.gather``) run at once, as many as the pool has workers."""
-    bridge = _Bridge(pool, profile=profile, name=name, timeout=timeout, functions=functions, grants=grants)
+    check_grants("async_python_function()", grants)
+    bridge = _Bridge(pool, profile=profile, name=name, functions=functions, grants=grants)
 
     async def run_python(code: str, timeout: str | int | float | None = None) -> dict[str, Any]:
         keywords, given = bridge.request(code, timeout)
@@ -112,7 +118,7 @@ def async_python_function(pool: pynox.Pool, *, profile: str | None = None, name:
 
 
 def external_lookup(pool: pynox.Pool, *, functions: Mapping[str, HostFunction] | None = None,
-                    **options: Any) -> dict[str, HostFunction]:
+                    **options: Unpack[LookupOptions]) -> dict[str, HostFunction]:
     """The ``external_lookup`` mapping for ``MontySession.feed_run``: ``run_python`` (see :func:`python_function`,
     which takes the same ``options``) and each host function in ``functions``.
 
@@ -133,7 +139,7 @@ def external_lookup(pool: pynox.Pool, *, functions: Mapping[str, HostFunction] |
 
 
 def async_external_lookup(pool: pynox.Pool, *, functions: Mapping[str, HostFunction] | None = None,
-                          **options: Any) -> dict[str, HostFunction]:
+                          **options: Unpack[LookupOptions]) -> dict[str, HostFunction]:
     """:func:`external_lookup` for ``AsyncMontySession.feed_run``: ``run_python`` is
     :func:`async_python_function`, and host functions may be ``async def`` (the glue code awaits those; the
     heavy code calls them as it calls any other, and they are awaited on the loop that awaits run_python)."""

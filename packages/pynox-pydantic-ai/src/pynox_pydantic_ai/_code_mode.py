@@ -11,14 +11,19 @@ agent's tools with the run's capabilities: its arguments are validated against t
 the run's hooks and tracing see it, the tool gets the run's context (deps, usage), and a
 ``ModelRetry`` it raises makes ``run_code`` itself a retry for the model. ``max_tool_calls`` bounds the calls of one
 ``run_code``: the one past it fails in the sandbox with ``HostError``.
+
+The ``run_code`` calls of one agent run share one Pynox session, as the harness's ``CodeMode`` keeps its
+state: variables, imports and functions survive from call to call, and the session ends with the run (a
+cancelled run's code is stopped at once). The description tells the model so, and what the code may touch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Unpack
 
 from pydantic import ValidationError
 from pydantic_ai import BinaryContent, ModelRetry, RunContext, ToolFailed, ToolReturn
@@ -30,7 +35,7 @@ from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, 
 from pydantic_core import to_jsonable_python
 
 import pynox
-from pynox import HostError, Pool, PynoxError
+from pynox import Grants, HostError, Pool, PynoxError, Session, check_grants
 
 __all__ = ["PynoxCodeMode"]
 
@@ -68,10 +73,11 @@ class PynoxCodeMode(AbstractCapability[AgentDepsT]):
     tools: ToolSelector = "all"
     max_tool_calls: int | None = None
     max_retries: int = 1
-    grants: dict[str, Any] = field(default_factory=dict)
+    grants: Grants = field(default_factory=lambda: Grants())
 
     def __init__(self, pool: Pool | None = None, *, tools: ToolSelector = "all", max_tool_calls: int | None = None,
-                 max_retries: int = 1, **grants: Any) -> None:
+                 max_retries: int = 1, **grants: Unpack[Grants]) -> None:
+        check_grants("PynoxCodeMode()", grants)
         if max_tool_calls is not None and max_tool_calls < 0:
             raise ValueError(f"max_tool_calls must be at least 0, got {max_tool_calls}")
         self.pool, self.tools, self.max_tool_calls, self.max_retries = pool, tools, max_tool_calls, max_retries
@@ -97,12 +103,45 @@ class PynoxCodeMode(AbstractCapability[AgentDepsT]):
 
 
 @dataclass
+class _RunState:
+    """What the ``run_code`` calls of one agent run share: their session, and the calls in flight."""
+
+    session: Session | None = None
+    names: frozenset[str] = frozenset()  # the host functions the session was started with
+    running: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    async def end(self) -> None:
+        """Stop the calls still running (their jobs are killed, not waited for), then end the session."""
+        current = asyncio.current_task()
+        running = [task for task in self.running if task is not current and not task.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        session, self.session = self.session, None
+        if session is not None:
+            await session.aclose()
+
+
+@dataclass
 class _CodeModeToolset(WrapperToolset[AgentDepsT]):
     """The agent's toolset with the selected tools behind ``run_code``; the others stay as they are."""
 
     mode: PynoxCodeMode[AgentDepsT]
+    # The run's shared state (set by for_run; a step's copy of this toolset shares it).
+    run: _RunState | None = None
     # The run_code tool of the latest get_tools (its functions are the tools selected then).
     _own: FunctionToolset[AgentDepsT] | None = field(default=None, init=False, repr=False)
+
+    async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
+        run = await super().for_run(ctx)
+        assert isinstance(run, _CodeModeToolset)  # WrapperToolset.for_run gives self or a replace() of it
+        return replace(run, run=_RunState())
+
+    async def __aexit__(self, *args: Any) -> bool | None:
+        if self.run is not None:
+            await self.run.end()
+        return await super().__aexit__(*args)
 
     async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
         inner = await self.wrapped.get_tools(ctx)
@@ -126,14 +165,21 @@ class _CodeModeToolset(WrapperToolset[AgentDepsT]):
         lines = [_signature(tool.tool_def) for tool in selected.values()]
         cap = (f" At most {self.mode.max_tool_calls} function calls per run." if self.mode.max_tool_calls is not None
                else "")
+        rules = self.mode._tool.description
         return ("Run Python code (full CPython, in an isolated sandbox) that calls these functions. They are "
                 "async globals of the code: await them, or run several at once with `await asyncio.gather(...)`; "
                 "the code may await at top level. The value of the code's last expression is the result; "
                 f"print() what else you need.{cap}\n\n" + "\n".join(f"- {line}" for line in lines) +
-                "\n\nThe sandbox allows no network, no subprocesses and no files beyond what the host granted.")
+                "\n\nThe run_code calls of this run share one Python process, like notebook cells: variables, "
+                "imports and functions defined in one call are there in the next. A new run starts fresh, and so "
+                "does the call after one that timed out or crashed (its result says so).\n\n"
+                "What the code may do:\n" + "\n".join(f"- {line}" for line in rules.permissions) +
+                f"\n\n{rules.closing}")
 
     def _run_code(self, selected: dict[str, ToolsetTool[AgentDepsT]]) -> Callable[..., Any]:
         mode, wrapped = self.mode, self.wrapped
+
+        state = self.run if self.run is not None else _RunState()  # no for_run: this call's alone
 
         async def run_code(ctx: RunContext[AgentDepsT], code: str) -> ToolReturn:
             calls = {"made": 0}
@@ -143,11 +189,17 @@ class _CodeModeToolset(WrapperToolset[AgentDepsT]):
             manager = await ToolManager[AgentDepsT](wrapped, root_capability=ctx.root_capability).for_run_step(ctx)
             functions = {name: _dispatcher(name, tool, manager, mode.max_tool_calls, calls, retries)
                          for name, tool in selected.items()}
+            task = asyncio.current_task()
+            if task is not None:
+                state.running.add(task)
             try:
-                pool = mode._tool.pool  # the default pool starts here, on the first call
-                result = await pool.arun(code, functions=functions, host_globals="await", **mode.grants)
+                session = await _session_for(state, mode, functions)
+                result = await session.arun(code, functions=functions)
             except PynoxError as exc:
                 raise ToolFailed(f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                if task is not None:
+                    state.running.discard(task)
             if retries:  # a tool asked the model to try again: so does run_code, with its words
                 raise ModelRetry(retries[0])
             if not result.ok:
@@ -157,6 +209,21 @@ class _CodeModeToolset(WrapperToolset[AgentDepsT]):
 
         run_code.__doc__ = "Run code.\n\nArgs:\n    code: Python source code to run."
         return run_code
+
+
+async def _session_for(state: _RunState, mode: PynoxCodeMode[Any], functions: dict[str, Callable[..., Any]]
+                       ) -> Session:
+    """The run's session, started on its first call; a call with other tools selected needs a new process (the
+    pool fixes a session's host functions when it starts)."""
+    names = frozenset(functions)
+    if state.session is not None and state.names != names:
+        session, state.session = state.session, None
+        await session.aclose()
+    if state.session is None:
+        pool = await asyncio.to_thread(lambda: mode._tool.pool)  # the default pool starts here, off the loop
+        state.session = pool.session(functions=functions, host_globals="await", **mode.grants)
+        state.names = names
+    return state.session
 
 
 def _dispatcher(name: str, tool: ToolsetTool[Any], manager: ToolManager[Any], limit: int | None,

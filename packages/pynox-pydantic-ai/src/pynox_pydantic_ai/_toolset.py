@@ -10,29 +10,42 @@
   is a span of the run's tracer, under the ``run_python`` call that made it, as a nested tool call is.
 * The permissions are stated once: in the tool's description, or, under :class:`PynoxCapability`, in
   the instructions only.
+* A host function that raises ``ModelRetry`` makes ``run_python`` a retry for the model, with its message,
+  as a tool of the agent's own would; the code sees a ``HostError`` with the same message.
+* ``session=True`` keeps state for one agent run, and nothing is left running after it. A conversation
+  continued in a later run (``message_history``) starts in a fresh process: the description says so, and
+  the first result of such a run tells the model its earlier variables are gone. A cancelled run
+  (``task.cancel()``, ``asyncio.wait_for``) stops its running code at once: the job is killed, not
+  waited for, and its session ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import inspect
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from opentelemetry import context as otel_context
-from pydantic_ai import BinaryContent, RunContext, Tool, ToolFailed, ToolReturn
+from pydantic_ai import BinaryContent, ModelRetry, RunContext, Tool, ToolFailed, ToolReturn
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import AgentDepsT
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 
-from pynox import CodeTool, Pool, PynoxError, Session
+from pynox import CodeTool, Grants, HostError, Pool, PynoxError, Session, check_grants
 
 __all__ = ["PynoxCapability", "PynoxToolset"]
 
 HostFunctions = Mapping[str, "Callable[..., Any] | Tool[Any]"] | Iterable["Tool[Any]"]
+_RUN_SCOPE = ("within one agent run (this message and the calls it leads to; the next message starts in a fresh "
+              "process, even in the same conversation)")
+_STATE_GONE = ("[A fresh process: variables, imports and functions from earlier messages of this conversation are "
+               "gone; define again what you need.]")
 
 
 class _NoContext:
@@ -91,20 +104,30 @@ def _host_functions(functions: HostFunctions | None) -> tuple[dict[str, Callable
 
 
 def _traced(name: str, function: Callable[..., Any], ctx: RunContext[Any],
-            parent: otel_context.Context) -> Callable[..., Any]:
-    """``function``, each call a span of the run's tracer (a no-op tracer when the agent is not instrumented)."""
+            parent: otel_context.Context, retries: list[str]) -> Callable[..., Any]:
+    """``function``, each call a span of the run's tracer (a no-op tracer when the agent is not instrumented); a
+    ``ModelRetry`` it raises is kept in ``retries`` for the model and reaches the code as a ``HostError`` with its
+    message."""
     attributes = {"pynox.host_function": name, "gen_ai.tool.name": name}
 
     if inspect.iscoroutinefunction(getattr(function, "func", function)):
         async def traced_async(*args: Any, **kwargs: Any) -> Any:
             with ctx.tracer.start_as_current_span(f"pynox host call {name}", context=parent, attributes=attributes):
-                return await function(*args, **kwargs)
+                try:
+                    return await function(*args, **kwargs)
+                except ModelRetry as exc:
+                    retries.append(f"{name}(): {exc.message}")
+                    raise HostError(f"{name}(): {exc.message}") from None
 
         traced: Callable[..., Any] = traced_async
     else:
         def traced_sync(*args: Any, **kwargs: Any) -> Any:
             with ctx.tracer.start_as_current_span(f"pynox host call {name}", context=parent, attributes=attributes):
-                return function(*args, **kwargs)
+                try:
+                    return function(*args, **kwargs)
+                except ModelRetry as exc:
+                    retries.append(f"{name}(): {exc.message}")
+                    raise HostError(f"{name}(): {exc.message}") from None
 
         traced = traced_sync
     traced.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]  # what the job may pass
@@ -123,13 +146,14 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
     call (never at import or here).
 
     ``session=True`` gives each agent run its own Pynox session (variables survive between the calls
-    of one run) and ends it when the run ends; a :class:`pynox.Session` is shared by every run and
-    stays yours to close.
+    of one run) and ends it when the run ends; a run that continues a conversation starts fresh, and the
+    model is told so. A :class:`pynox.Session` is shared by every run and stays yours to close.
     """
 
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: HostFunctions | None = None, id: str | None = None, max_retries: int | None = None,
-                 **grants: Any) -> None:
+                 **grants: Unpack[Grants]) -> None:
+        check_grants("PynoxToolset()", grants)
         super().__init__(id=id, max_retries=max_retries)
         callables, self._takes_context = _host_functions(functions)
         # The tool's own view of each function: one that takes the run context has it bound, so the
@@ -137,14 +161,18 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
         shown = {name: functools.partial(fn, _NoContext()) if self._takes_context[name] else fn
                  for name, fn in callables.items()}
         self._callables = callables
-        self._runner = CodeTool(pool, profile=profile, session=session, functions=shown or None, **grants)
+        self._runner = CodeTool(pool, profile=profile, session=session, functions=shown or None,
+                                session_scope=_RUN_SCOPE if session is True else None, **grants)
+        self._running: set[asyncio.Task[Any]] = set()  # this run's run_python calls in flight
+        self._state_gone = False  # the run continues a conversation whose code ran: its first result says so
         self.permissions_in_instructions = False
         self._add_run_python()
 
-    def _for_call(self, ctx: RunContext[AgentDepsT]) -> dict[str, Callable[..., Any]] | None:
+    def _for_call(self, ctx: RunContext[AgentDepsT], retries: list[str]) -> dict[str, Callable[..., Any]] | None:
         """This call's host functions: the run context bound where one is taken, each call traced."""
         parent = otel_context.get_current()  # the run_python call's span: host calls nest under it
-        bound = {name: _traced(name, functools.partial(fn, ctx) if self._takes_context[name] else fn, ctx, parent)
+        bound = {name: _traced(name, functools.partial(fn, ctx) if self._takes_context[name] else fn, ctx, parent,
+                               retries)
                  for name, fn in self._callables.items()}
         return bound or None
 
@@ -152,14 +180,25 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
         runner = self._runner
 
         async def run_python(ctx: RunContext[AgentDepsT], code: str) -> ToolReturn:
+            retries: list[str] = []
+            task = asyncio.current_task()
+            if task is not None:
+                self._running.add(task)
             try:
-                result = await runner.arun(code, functions=self._for_call(ctx))
+                result = await runner.arun(code, functions=self._for_call(ctx, retries))
             except PynoxError as exc:  # a refusal or a broken pool: the model reads it, the run goes on
                 raise ToolFailed(f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                if task is not None:
+                    self._running.discard(task)
+            note, self._state_gone = (f"{_STATE_GONE}\n" if self._state_gone else ""), False
+            if retries:  # a host function asked the model to try again: so does run_python, with its words
+                raise ModelRetry(note + retries[0])
             if not result.ok:
-                raise ToolFailed(result.text)
+                raise ToolFailed(note + result.text)
             images = [BinaryContent(image, media_type="image/png") for image in result.images]
-            return ToolReturn(return_value=[result.text, *images] if images else result.text, metadata=result)
+            text = note + result.text
+            return ToolReturn(return_value=[text, *images] if images else text, metadata=result)
 
         # The description is given whole below; the docstring gives the argument's (no Returns: section,
         # which pydantic-ai would render as <returns> markup).
@@ -192,15 +231,25 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
         self._add_run_python()
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
-        if not self._runner.owns_session:
-            return self
-        run = copy.copy(self)  # the same settings; its own session and a tool bound to it
-        run._runner = self._runner.for_run()
+        run = copy.copy(self)  # the same settings; its own calls in flight and, if owned, its own session
+        run._running = set()
+        if self._runner.owns_session:
+            run._runner = self._runner.for_run()
+            run._state_gone = any(isinstance(part, ToolCallPart) and part.tool_name == "run_python"
+                                  for message in ctx.messages for part in message.parts)
         run.tools = {}
         run._add_run_python()
         return run
 
     async def __aexit__(self, *args: Any) -> bool | None:
+        # pydantic-ai leaves the toolset while a cancelled run's calls may still be running: stop them now
+        # (their jobs are killed, and a session's process with its step), not when their code ends.
+        current = asyncio.current_task()
+        running = [task for task in self._running if task is not current and not task.done()]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
         await self._runner.aclose()
         return await super().__aexit__(*args)
 

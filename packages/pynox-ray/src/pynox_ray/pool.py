@@ -25,7 +25,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import ray
 import ray.exceptions
@@ -34,6 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import pynox
 from pynox import CodeTool, ConfigError, PoolError, RequestError, Result
 from pynox.exits import WORKER_ERROR_EXIT
+from pynox.grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
 from pynox.host_functions import HostErrors, HostLoop, step_functions
 from pynox.model_tool import make_tool
 from pynox.protocol import ErrorInfo, SessionResult, StatsEvent
@@ -271,9 +272,11 @@ class RayPool:
 
     # -- public API --------------------------------------------------------------------------------------
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-            host_errors: HostErrors | None = None, return_value: bool = True, **grants: Any) -> Result:
+            host_errors: HostErrors | None = None, return_value: bool = True,
+            **grants: Unpack[RunGrants]) -> Result:
         """Run code on the freest node and wait for its :class:`pynox.Result`; see :meth:`pynox.Pool.run`."""
-        work = self._work(code, functions, host_errors, return_value, grants)
+        check_grants("RayPool.run()", grants, RUN_GRANT_NAMES)
+        work = self._work(code, functions, host_errors, return_value, dict(grants))
         with self._running():
             node = self._nodes.acquire()
             try:
@@ -282,9 +285,11 @@ class RayPool:
                 self._nodes.release(node)
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
-                   host_errors: HostErrors | None = None, return_value: bool = True, **grants: Any) -> Result:
+                   host_errors: HostErrors | None = None, return_value: bool = True,
+                   **grants: Unpack[RunGrants]) -> Result:
         """``run`` for asyncio: no thread is held while the job runs or waits for a node."""
-        work = self._work(code, functions, host_errors, return_value, grants)
+        check_grants("RayPool.arun()", grants, RUN_GRANT_NAMES)
+        work = self._work(code, functions, host_errors, return_value, dict(grants))
         with self._running():
             node = await self._nodes.acquire_async()
             try:
@@ -293,13 +298,14 @@ class RayPool:
                 self._nodes.release(node)
 
     def session(self, *, functions: Mapping[str, HostFunction] | None = None,
-                host_errors: HostErrors | None = None, **grants: Any) -> RaySession:
+                host_errors: HostErrors | None = None, **grants: Unpack[SessionGrants]) -> RaySession:
         """A stateful process on one node: variables survive between ``run`` calls; see :meth:`pynox.Pool.session`."""
-        return RaySession(self, functions, grants, host_errors=host_errors)
+        check_grants("RayPool.session()", grants, SESSION_GRANT_NAMES)
+        return RaySession(self, functions, dict(grants), host_errors=host_errors)
 
     def tool(self, profile: str | None = None, *, session: bool = False,
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
-             **grants: Any) -> Callable[[str], str]:
+             **grants: Unpack[Grants]) -> Callable[[str], str]:
         """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
         # CodeTool uses only what a Pool and a RayPool share: run, arun, session, config_path, cwd, ready.
         run_python = make_tool(cast(pynox.Pool, self), profile=profile, session=session, functions=functions,

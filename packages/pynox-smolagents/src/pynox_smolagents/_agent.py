@@ -17,13 +17,17 @@ runs the model's code unconfined in smolagents' local executor. Two guards:
 from __future__ import annotations
 
 import functools
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 from smolagents import CodeAgent
-from smolagents.agents import AGENT_REGISTRY
+from smolagents.agents import AGENT_REGISTRY, MultiStepAgent
 from smolagents.memory import ActionStep
 
 from ._executor import PynoxExecutor
+from ._tool import PynoxTool
 
 __all__ = ["EXECUTOR_TYPE", "PynoxCodeAgent", "save_with_its_executor"]
 
@@ -56,12 +60,10 @@ class PynoxCodeAgent(CodeAgent):
             raise TypeError(f"PynoxCodeAgent's executor must be a PynoxExecutor, not {type(executor).__name__}")
         if executor is not None and executor_kwargs:
             raise TypeError("give PynoxCodeAgent an executor or executor_kwargs, not both")
-        # A saved CodeAgent lists smolagents' authorized imports; they mean nothing here (see the prompt).
-        del additional_authorized_imports
+        # smolagents' authorized imports reach the executor, which checks them as smolagents' own executors do.
         super().__init__(tools, model, executor=executor, executor_type=EXECUTOR_TYPE,
-                         executor_kwargs=executor_kwargs, **kwargs)
-        if executor is not None and executor.max_print_outputs_length is None:
-            executor.max_print_outputs_length = self.max_print_outputs_length
+                         executor_kwargs=executor_kwargs, additional_authorized_imports=additional_authorized_imports,
+                         **kwargs)
 
     @classmethod
     def from_dict(cls, agent_dict: dict[str, Any], **kwargs: Any) -> PynoxCodeAgent:
@@ -86,7 +88,21 @@ class PynoxCodeAgent(CodeAgent):
     def create_python_executor(self) -> PynoxExecutor:
         options = dict(self.executor_kwargs)
         options.setdefault("max_print_outputs_length", self.max_print_outputs_length)
+        options.setdefault("additional_authorized_imports", self.additional_authorized_imports)
         return PynoxExecutor(**options)
+
+    def save(self, output_dir: str | os.PathLike[str], relative_path: str | None = None) -> None:
+        """smolagents' ``save``, whose ``app.py`` then imports this class from ``pynox_smolagents`` (smolagents'
+        template imports every agent class from ``smolagents``, where this one is not)."""
+        super().save(output_dir, relative_path=relative_path)
+        app = Path(output_dir) / "app.py"
+        text = app.read_text(encoding="utf-8")
+        first = re.search(r"^from smolagents import (.*)$", text, flags=re.MULTILINE)
+        if first is None:
+            raise ValueError(f"smolagents wrote an app.py this version of pynox_smolagents does not know: {app}")
+        names = [name.strip() for name in first.group(1).split(",") if name.strip() != type(self).__name__]
+        imports = f"from smolagents import {', '.join(names)}\nfrom pynox_smolagents import {type(self).__name__}"
+        app.write_text(text[:first.start()] + imports + text[first.end():], encoding="utf-8")
 
     def initialize_system_prompt(self) -> str:
         prompt = str(super().initialize_system_prompt())
@@ -120,12 +136,37 @@ def _show_figures(memory_step: ActionStep, agent: Any) -> None:
         memory_step.observations_images = [*(memory_step.observations_images or []), *executor.step_images]
 
 
+# What a saved agent whose code runs in Pynox needs installed to load (smolagents comes with it).
+REQUIREMENT = "pynox-smolagents"
+
+
 def save_with_its_executor() -> None:
     """Make ``CodeAgent.to_dict`` (which ``save`` and ``push_to_hub`` use) record a ``PynoxExecutor`` as
-    ``executor_type: "pynox"`` with its grants, so no saved agent reloads with the local executor. Idempotent."""
+    ``executor_type: "pynox"`` with its grants and ``pynox-smolagents`` among the requirements, so no saved
+    agent reloads with the local executor; and make ``CodeAgent(executor=PynoxExecutor(...))`` give the
+    executor the agent's ``max_print_outputs_length``, as smolagents gives it to the executors it builds; and
+    give each agent its own copy of a ``python_tool(session=True)`` (its own session). Idempotent."""
     to_dict = CodeAgent.to_dict
     if getattr(to_dict, "_pynox_saves_executor", False):
         return
+    init = CodeAgent.__init__
+
+    @functools.wraps(init)
+    def init_telling_its_executor(self: CodeAgent, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        executor = getattr(self, "python_executor", None)
+        if isinstance(executor, PynoxExecutor):
+            executor.follow_agent(self.max_print_outputs_length)
+
+    agent_init = MultiStepAgent.__init__
+
+    @functools.wraps(agent_init)
+    def init_with_tools_of_its_own(self: MultiStepAgent, *args: Any, **kwargs: Any) -> None:
+        agent_init(self, *args, **kwargs)
+        # smolagents gives a tool no sign of which agent calls it: a session tool's state follows the agent
+        # only if each agent holds its own copy.
+        self.tools = {name: tool.for_agent(self) if isinstance(tool, PynoxTool) else tool
+                      for name, tool in self.tools.items()}
 
     @functools.wraps(to_dict)
     def to_dict_with_executor(self: CodeAgent) -> dict[str, Any]:
@@ -134,9 +175,12 @@ def save_with_its_executor() -> None:
         if isinstance(executor, PynoxExecutor):
             agent_dict["executor_type"] = EXECUTOR_TYPE
             agent_dict["executor_kwargs"] = executor.to_dict()
+            agent_dict["requirements"] = sorted({*agent_dict.get("requirements", ()), REQUIREMENT})
         return agent_dict
 
     to_dict_with_executor._pynox_saves_executor = True  # type: ignore[attr-defined]
     CodeAgent.to_dict = to_dict_with_executor
+    CodeAgent.__init__ = init_telling_its_executor
+    MultiStepAgent.__init__ = init_with_tools_of_its_own
     # smolagents loads managed agents by class name from this registry.
     AGENT_REGISTRY.setdefault(PynoxCodeAgent.__name__, PynoxCodeAgent)

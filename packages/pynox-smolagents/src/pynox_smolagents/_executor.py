@@ -24,17 +24,19 @@ How a step ends:
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Unpack
 
 from smolagents.local_python_executor import DEFAULT_MAX_LEN_OUTPUT, CodeOutput, InterpreterError, PythonExecutor
 from smolagents.utils import truncate_content
 
 import pynox
+from pynox import check_grants
 
 from . import _values
 from ._settings import saved_grants
@@ -50,6 +52,7 @@ _EMIT = "__pynox_emit__"  # its wrapper in the session's globals
 _MAX_VARIABLES = 900_000  # bytes of JSON: a request line is capped at 1 MiB
 _MAX_VALUE = 900_000  # bytes of JSON for a step's trailing value: a host call's arguments are capped at 1 MB
 _CODEC = inspect.getsource(_values)  # runs in each session's process
+_UNSET = object()  # timeout_seconds not given (None means "no limit" to smolagents)
 CROSSING_TYPES = ("JSON values, tuples, sets, bytes, dates, Decimal, paths, numpy arrays, pandas DataFrames and "
                   "Series, PIL images and dataclasses")
 
@@ -127,14 +130,23 @@ class PynoxExecutor(PythonExecutor):
 
     A timeout or crash ends the session: the next step starts a fresh process with the tools and the agent's
     variables bound again, and the error the model reads says that its own variables are gone.
-    ``additional_authorized_imports`` of ``CodeAgent`` does not apply: what the code may import and touch is
-    the kernel policy's decision here.
+
+    smolagents' own executor arguments mean what they mean for its other executors: ``timeout_seconds`` is
+    the time limit of a step (Pynox's ``timeout``; give one or the other; ``None``, no limit, is refused:
+    every Pynox job has one); ``additional_authorized_imports`` are checked to be installed, as smolagents'
+    local executor checks them, and the code may import them (and any other installed package: what the code
+    may import and touch is the kernel policy's decision here, not an import list).
     """
 
     def __init__(self, pool: pynox.Pool | None = None, *, profile: str | None = None,
                  functions: Mapping[str, Callable[..., Any]] | None = None, name: str = "agent.py",
-                 max_print_outputs_length: int | None = None, **grants: Any) -> None:
+                 max_print_outputs_length: int | None = None, timeout_seconds: float | object | None = _UNSET,
+                 additional_authorized_imports: Sequence[str] = (), **grants: Unpack[pynox.Grants]) -> None:
         # Check the grants now (a bad one raises here, not as an error the model would retry forever).
+        check_grants("PynoxExecutor()", grants)
+        if timeout_seconds is not _UNSET:
+            grants["timeout"] = _step_timeout(timeout_seconds, grants.get("timeout"))
+        self.additional_authorized_imports = _installed(additional_authorized_imports)
         if functions and STEP_VALUE in functions:
             raise ValueError(f"{STEP_VALUE!r} is PynoxExecutor's own host function: give yours another name")
         if max_print_outputs_length is not None and (type(max_print_outputs_length) is not int
@@ -162,6 +174,17 @@ class PynoxExecutor(PythonExecutor):
         self._step_over = True  # no step is running: a call now comes from a thread the last step left behind
         self._final: list[Any] = []  # the step's final answer, once recorded
         self._value: list[Any] = []  # the step's trailing expression value, once sent
+
+    def follow_agent(self, max_print_outputs_length: int | None) -> None:
+        """Take the agent's ``max_print_outputs_length`` (what smolagents passes to the executors it builds);
+        ``ValueError`` if this executor was given another."""
+        if max_print_outputs_length is None:
+            return
+        if self.max_print_outputs_length is None:
+            self.max_print_outputs_length = max_print_outputs_length
+        elif self.max_print_outputs_length != max_print_outputs_length:
+            raise ValueError(f"the agent's max_print_outputs_length={max_print_outputs_length} and its "
+                             f"PynoxExecutor's {self.max_print_outputs_length} differ: give it once")
 
     @property
     def permissions(self) -> pynox.ToolDescription:
@@ -344,6 +367,31 @@ class PynoxExecutor(PythonExecutor):
             session.close()
         # A new process needs the variables again.
         self._variables_pending = bool(self._variables)
+
+
+def _step_timeout(seconds: object, timeout: object) -> float:
+    """smolagents' ``timeout_seconds`` as Pynox's timeout of a step; ``ValueError`` for what Pynox cannot mean."""
+    if timeout is not None:
+        raise ValueError("PynoxExecutor takes timeout_seconds (smolagents' name) or timeout (Pynox's), not both")
+    if seconds is None:
+        raise ValueError("PynoxExecutor(timeout_seconds=None) would run a step without a time limit, and every "
+                         "Pynox job has one: give a number of seconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ValueError(f"timeout_seconds must be a positive number of seconds, not {seconds!r}")
+    return float(seconds)
+
+
+def _installed(imports: Sequence[str]) -> list[str]:
+    """``imports`` (smolagents' ``additional_authorized_imports``), each checked to be installed, as smolagents'
+    local executor checks them (``"*"`` and ``"pkg.*"`` as it reads them)."""
+    if isinstance(imports, str):
+        raise TypeError("additional_authorized_imports must be a list of module names, not a single string")
+    missing = [module for module in (item.split(".")[0] for item in imports)
+               if module != "*" and importlib.util.find_spec(module) is None]
+    if missing:
+        raise InterpreterError(f"Non-installed authorized modules: {', '.join(missing)}. Please install these "
+                               "modules or remove them from the authorized imports list.")
+    return list(imports)
 
 
 def _read(name: str, sent: Any) -> Any:

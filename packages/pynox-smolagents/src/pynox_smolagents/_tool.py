@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import json
 import textwrap
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 from smolagents import Tool
 from smolagents.local_python_executor import InterpreterError
 
 import pynox
+from pynox import check_grants
 
 from ._settings import saved_grants
 
 __all__ = ["PynoxTool", "python_tool"]
 
 _CODE_INPUT = "Python source code to run, as a complete script."
+_AGENT_SCOPE = "of this agent (no other agent sees its variables)"  # each agent holds its own copy: for_agent
 
 
 class PynoxTool(Tool):
@@ -48,10 +51,12 @@ class PynoxTool(Tool):
     settings: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, code_tool: pynox.CodeTool | Callable[[str], str] | None = None, *,
-                 pool: pynox.Pool | None = None, **grants: Any) -> None:
+                 pool: pynox.Pool | None = None, **grants: Unpack[pynox.Grants]) -> None:
+        check_grants(f"{type(self).__name__}()", grants)
         if code_tool is None:
             saved = type(self).settings
-            code_tool = pynox.CodeTool(pool, session=bool(saved.get("session", False)),
+            session = bool(saved.get("session", False))
+            code_tool = pynox.CodeTool(pool, session=session, session_scope=_AGENT_SCOPE if session else None,
                                        **{**saved.get("grants", {}), **grants})
         elif pool is not None or grants:
             raise TypeError("PynoxTool takes a tool, or a pool and grants to build one from: not both")
@@ -68,6 +73,16 @@ class PynoxTool(Tool):
         self.inputs = {"code": {"type": "string", "description": parts.code}}
         super().__init__()
         self.is_initialized = True  # nothing to set up: the pool starts on the first call
+
+    def for_agent(self, agent: Any) -> PynoxTool:
+        """The tool as ``agent`` holds it: this one, or, if it owns a session, a copy with a session of its own
+        (ended when the agent is gone), so one tool given to two agents never shares their variables."""
+        if not self.code_tool.owns_session:
+            return self
+        runner = self.code_tool.for_run()
+        own = type(self)(runner)
+        weakref.finalize(agent, runner.close)
+        return own
 
     def forward(self, code: str) -> str:
         if not isinstance(code, str):
@@ -106,7 +121,8 @@ class PynoxTool(Tool):
 
 
 def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, session: bool = False,
-                functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Any) -> PynoxTool:
+                functions: Mapping[str, Callable[..., Any]] | None = None,
+                **grants: Unpack[pynox.Grants]) -> PynoxTool:
     """A smolagents tool named ``run_python`` that runs the model's code on ``pool`` (default: Pynox's default
     pool, started on the first call).
 
@@ -114,4 +130,6 @@ def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, s
     ...), fixed here; ``session=True`` keeps variables between calls; ``functions`` are host functions the code
     imports from ``pynox_host``. A bad grant raises here, before any agent runs.
     """
-    return PynoxTool(pynox.CodeTool(pool, profile=profile, session=session, functions=functions, **grants))
+    check_grants("python_tool()", grants)
+    return PynoxTool(pynox.CodeTool(pool, profile=profile, session=session, functions=functions,
+                                    session_scope=_AGENT_SCOPE if session else None, **grants))

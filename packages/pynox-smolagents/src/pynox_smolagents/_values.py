@@ -293,12 +293,32 @@ def images_from_png(pngs: list[bytes], max_bytes: int = MAX_REBUILT_BYTES) -> li
         _budget.reset(token)
 
 
+# The chunks that define a PNG's pixels: the pool keeps only these in a job's figures (pynox.pool.figures);
+# this codec, which also runs as source inside the job, keeps its own copy of the rule for images that cross
+# as values. Text and colour-profile chunks are compressed data PIL inflates on open, whatever the pixels.
+_PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"sBIT", b"bKGD",
+                           b"pHYs"})
+
+
+def _pixels_only(png: bytes) -> bytes:
+    """``png`` with only the chunks of its pixels (a chunk that runs past the end raises ``ValueError``)."""
+    kept, at = [png[:8]], 8
+    while at + 12 <= len(png):
+        end = at + 12 + int.from_bytes(png[at:at + 4], "big")
+        if end > len(png):
+            raise ValueError("a PNG chunk runs past the end")
+        if png[at + 4:at + 8] in _PIXEL_CHUNKS:
+            kept.append(png[at:end])
+        at = end
+    return b"".join(kept)
+
+
 def _read_png(data: bytes) -> Any:
     """A PIL image from PNG bytes, its pixels within the value's budget (checked from the header, before they
-    are decoded: a few kilobytes of PNG can hold a blank image of gigabytes)."""
+    are decoded: a few kilobytes of PNG can hold a blank image of gigabytes), its text chunks never read."""
     from PIL import Image
 
-    image = Image.open(io.BytesIO(data), formats=["PNG"])
+    image = Image.open(io.BytesIO(_pixels_only(data)), formats=["PNG"])
     width, height = image.size
     _spend(width * height * max(len(image.getbands()), 1) * (4 if image.mode in ("I", "F") else 1), "this image")
     image.load()  # a broken PNG fails here, not later in the caller's hands

@@ -14,6 +14,6 @@ from __future__ import annotations
 
 from ._errors import DeniedPath, UnsupportedOperation
 from ._sandbox import PynoxSandbox
-from ._tool import python_tool
+from ._tool import PynoxSessionTools, python_tool
 
-__all__ = ["DeniedPath", "PynoxSandbox", "UnsupportedOperation", "python_tool"]
+__all__ = ["DeniedPath", "PynoxSandbox", "PynoxSessionTools", "UnsupportedOperation", "python_tool"]

@@ -20,13 +20,13 @@ import json
 import os
 import re
 from collections.abc import AsyncGenerator, Callable, Collection, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from strands.sandbox import ExecutionResult, FileInfo, Sandbox, StreamChunk
 from strands.sandbox.errors import SandboxPathNotFoundError, SandboxTimeoutError
 from strands.types.tools import AgentTool
 
-from pynox import CodeTool, Pool, PynoxError, Result, Session
+from pynox import CodeTool, Grants, Pool, PynoxError, Result, Session, check_grants
 
 from ._errors import DeniedPath, UnsupportedOperation
 from ._vended import VENDABLE, vended_tool
@@ -55,7 +55,8 @@ class PynoxSandbox(Sandbox):
 
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: Mapping[str, Callable[..., Any]] | None = None, vend: Collection[str] | None = None,
-                 vend_tool: bool = True, **grants: Any) -> None:
+                 vend_tool: bool = True, **grants: Unpack[Grants]) -> None:
+        check_grants("PynoxSandbox()", grants)
         self._vend = _vend_names(vend, vend_tool)
         self._runner = CodeTool(pool, profile=profile, session=session, functions=functions, **grants)
 

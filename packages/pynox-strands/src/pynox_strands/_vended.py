@@ -41,7 +41,7 @@ def vended_tool(name: str, sandbox: PynoxSandbox, runner: CodeTool) -> AgentTool
     """The tool called ``name`` (one of :data:`VENDABLE`) over ``sandbox``, whose code runs by ``runner``."""
     if name == "run_python":
         # The sandbox's session is shared with its python_repl, and the sandbox belongs to one agent.
-        return tool_for(runner, per_agent=False)
+        return tool_for(runner)
     if name == "python_repl":
         return make_python_repl(sandbox=sandbox, description=python_repl_description(runner))
     return _file_editor(sandbox, file_editor_description(runner))

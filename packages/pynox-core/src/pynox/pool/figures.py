@@ -81,20 +81,54 @@ def _listing(directory: str) -> list[str]:
 
 
 def images_on_the_wire(images: list[str], limit: int) -> tuple[list[str], int]:
-    """What of a report's ``images`` a result carries: real PNGs (base64), at most ``limit`` bytes in all,
-    in order; and how many were dropped (over the limit, or not a PNG: the report is the job's word)."""
+    """What of a report's ``images`` a result carries: real PNGs (base64), each re-encoded to the chunks that
+    define its pixels (:func:`pixels_only`), at most ``limit`` bytes in all, in order; and how many were dropped
+    (over the limit, or not a well-formed PNG: the report is the job's word)."""
     kept: list[str] = []
     total = 0
     for image in images:
         try:
-            raw = base64.b64decode(image, validate=True)
+            raw = pixels_only(base64.b64decode(image, validate=True))
         except ValueError:
             continue
-        if not raw.startswith(_PNG) or total + len(raw) > limit:
+        if total + len(raw) > limit:
             continue
-        kept.append(image)
+        kept.append(base64.b64encode(raw).decode("ascii"))
         total += len(raw)
     return kept, len(images) - len(kept)
+
+
+# The chunks a PNG's pixels need; every other one is dropped at the boundary. Text (tEXt, zTXt, iTXt) and
+# colour profiles (iCCP) are compressed data a reader inflates when it opens the file, whatever the pixels:
+# PIL inflates up to 64 MiB of text per image, so 14 one-pixel PNGs of 64 KB each held 845 MiB of one host.
+PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"sBIT", b"bKGD",
+                          b"pHYs"})
+
+
+def pixels_only(png: bytes) -> bytes:
+    """``png`` with only its :data:`PIXEL_CHUNKS`, so no reader inflates more than its pixels; ``ValueError``
+    for bytes that are not a PNG whose chunks fit (its header first, its end last)."""
+    if not png.startswith(_PNG):
+        raise ValueError("not a PNG")
+    kept = [_PNG]
+    at, kinds = len(_PNG), []
+    while at < len(png):
+        if at + 12 > len(png):
+            raise ValueError("a PNG chunk runs past the end")
+        length = int.from_bytes(png[at:at + 4], "big")
+        kind = png[at + 4:at + 8]
+        end = at + 12 + length
+        if end > len(png):
+            raise ValueError("a PNG chunk runs past the end")
+        kinds.append(kind)
+        if kind in PIXEL_CHUNKS:
+            kept.append(png[at:end])
+        at = end
+        if kind == b"IEND":
+            break
+    if not kinds or kinds[0] != b"IHDR" or kinds[-1] != b"IEND" or b"IDAT" not in kinds:
+        raise ValueError("a PNG needs a header, pixels and an end")
+    return b"".join(kept)
 
 
 # -- the job's side: matplotlib's backend ---------------------------------------------------------------------

@@ -275,3 +275,16 @@ def test_a_grant_the_pool_refuses_stops_the_server_before_it_serves(earlier_pool
                           check=False, stdin=subprocess.PIPE)
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done
     wait_for_none(earlier_pools)
+
+
+@pytest.mark.needs_root("the container launcher installs a seccomp filter and drops capabilities")
+def test_where_landlock_is_blocked_the_server_refuses_to_start(earlier_pools: frozenset[int]) -> None:
+    """Inside a container whose seccomp profile predates Landlock (Docker before 20.10.18), the server never
+    serves unconfined code: it exits 2 with the pool's reason, before answering anything."""
+    done = subprocess.run([sys.executable, "-m", "tests.setups.container", "--profile", "docker-pre-20.10.18", "--",
+                           SERVER], capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.PIPE,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and done.stdout == "", done
+    assert "pynox-mcp: Pynox will not run code unconfined: the Landlock system calls are blocked" in done.stderr
+    assert "Traceback" not in done.stderr
+    wait_for_none(earlier_pools)

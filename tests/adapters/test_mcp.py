@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -60,7 +61,8 @@ async def run(client: Client, code: str, **arguments: Any) -> types.CallToolResu
 def test_help_names_every_flag() -> None:
     done = subprocess.run([SERVER, "--help"], capture_output=True, text=True, timeout=30, check=True)
     for flag in ("--allow-read", "--allow-write", "--allow-network", "--timeout", "--memory", "--max-output",
-                 "--max-file-size", "--env", "--preload", "--workers", "--config", "--profile", "--session"):
+                 "--max-file-size", "--env", "--preload", "--workers", "--config", "--profile", "--session", "--http",
+                 "--host"):
         assert flag in done.stdout, flag
     done = subprocess.run([sys.executable, "-m", "pynox_mcp", "--help"], capture_output=True, text=True, timeout=30,
                           check=True)
@@ -288,3 +290,53 @@ def test_where_landlock_is_blocked_the_server_refuses_to_start(earlier_pools: fr
     assert "pynox-mcp: Pynox will not run code unconfined: the Landlock system calls are blocked" in done.stderr
     assert "Traceback" not in done.stderr
     wait_for_none(earlier_pools)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_streamable_http_binds_loopback_checks_the_host_and_answers_as_stdio_does(
+        earlier_pools: frozenset[int]) -> None:
+    port = _free_port()
+    server = subprocess.Popen([SERVER, "--http", str(port)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < end, "the HTTP server did not start"
+                time.sleep(0.1)
+        # Bound to loopback only: /proc/net/tcp lists the listening socket as 127.0.0.1 (0100007F).
+        listening = [line.split()[1] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                     if line.split()[3] == "0A"]
+        assert f"0100007F:{port:04X}" in listening and f"00000000:{port:04X}" not in listening
+
+        async def body() -> types.CallToolResult:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                return await client.call_tool("run_python", {"code": "print('over http')\n1 / 0"})
+
+        result = anyio.run(body)
+        assert result.is_error and text_of(result).startswith("over http\nZeroDivisionError: division by zero")
+        # A request naming another host (a web page's, rebound to 127.0.0.1) is refused before any code runs.
+        request = (f"POST /mcp HTTP/1.1\r\nHost: attacker.example:{port}\r\nContent-Type: application/json\r\n"
+                   "Accept: application/json, text/event-stream\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            raw.sendall(request.encode())
+            status = raw.recv(200).split(b"\r\n")[0]
+        assert status.split()[1] in (b"403", b"421"), status
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    wait_for_none(earlier_pools)
+
+
+def test_http_has_no_sessions_and_says_so() -> None:
+    done = subprocess.run([SERVER, "--http", "1", "--session"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 2 and "--session needs the stdio transport" in done.stderr

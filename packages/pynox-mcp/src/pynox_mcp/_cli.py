@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--session", action="store_true",
                       help="keep variables between calls, like notebook cells, in one process per client connection "
                            "(the model can pass restart: true to start over); by default every call is fresh")
+    transport = parser.add_argument_group("transport (default: stdio)")
+    transport.add_argument("--http", type=int, metavar="PORT",
+                           help="serve streamable HTTP on PORT at /mcp instead of stdio; no authentication, so any "
+                                "local process can call it: keep it on loopback (every call is fresh: no --session)")
+    transport.add_argument("--host", default="127.0.0.1",
+                           help="the address --http binds (default 127.0.0.1); the Host and Origin headers of a "
+                                "request must name loopback while it is")
     return parser
 
 
@@ -93,8 +100,20 @@ async def _serve(tool: RunPython) -> None:
         await tool.close()
 
 
+def _serve_http(tool: RunPython, host: str, port: int) -> None:
+    import uvicorn
+
+    # The SDK checks the Host and Origin headers against loopback names when it binds loopback (a web page
+    # cannot reach the server through DNS rebinding); stateless: no MCP session, every call a fresh job.
+    app = build_server(tool).streamable_http_app(host=host, stateless_http=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.http is not None and args.session:
+        parser.error("--session needs the stdio transport: over --http every call is a fresh process")
     pool: Pool | None = None
     try:
         pool = Pool(args.workers, preload=[name for name in args.preload.split(",") if name], config=args.config)
@@ -109,7 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pynox-mcp: {exc}", file=sys.stderr)
         return 2
     try:
-        anyio.run(_serve, tool)
+        if args.http is not None:
+            _serve_http(tool, args.host, args.http)
+        else:
+            anyio.run(_serve, tool)
     except KeyboardInterrupt:
         pass
     finally:

@@ -8,7 +8,7 @@
 * Calls run concurrently, as the SDK dispatches them, up to the pool's workers. With sessions on, the
   connection has one Python process, so its calls run one at a time, in order.
 * State belongs to the connection: a stdio server serves one client, and its session (and pool) end
-  when that client disconnects.
+  when that client disconnects. Over streamable HTTP the server is stateless: every call is fresh.
 """
 
 from __future__ import annotations

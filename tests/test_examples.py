@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -39,3 +42,21 @@ def test_codeact() -> None:
     out = run_example("codeact.py")
     assert "2 products: lamp, lamp shade; total 37.00 EUR" in out
     assert "host said: no product named 'sofa'" in out
+
+
+# docs/use-cases.md shows what each of its examples printed: the example is run, and the transcript must be
+# its output to the character (the models are scripted, so the output is fixed; nothing in it is invented).
+USE_CASES = EXAMPLES.parent / "docs" / "use-cases.md"
+_OUTPUT_OF = re.compile(r"^<!-- output-of: (?P<example>examples/\S+) -->\n```text\n(?P<body>.*?)^```$",
+                        re.MULTILINE | re.DOTALL)
+TRANSCRIPTS = {match.group("example"): match.group("body") for match in _OUTPUT_OF.finditer(USE_CASES.read_text())}
+
+
+def test_the_use_cases_guide_shows_four_agents() -> None:
+    assert sorted(TRANSCRIPTS) == ["examples/analyst_agent.py", "examples/codeact_agent.py",
+                                   "examples/mcp_notebook.py", "examples/monty_agent.py"]
+
+
+@pytest.mark.parametrize("example", sorted(TRANSCRIPTS))
+def test_a_use_case_prints_its_transcript(example: str) -> None:
+    assert run_example(example.removeprefix("examples/")) == TRANSCRIPTS[example]

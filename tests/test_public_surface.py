@@ -14,7 +14,7 @@ from pathlib import Path
 import pynox
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
-ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty")
+ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain")
 
 EXPORTS = [
     "CodeTool", "ConfigError", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",

@@ -19,7 +19,7 @@ import pytest
 pytestmark = [pytest.mark.wheels, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-ADAPTERS = ["pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty"]
+ADAPTERS = ["pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain"]
 
 
 def _run(*command: str | os.PathLike[str], cwd: Path, timeout: float = 600) -> str:
@@ -33,8 +33,8 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     _run("make", "-C", ROOT, "wheel", f"DIST={dist}", f"PYTHON={sys.executable}", cwd=tmp_path)
     wheels = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
-    assert wheels == ["pynox_core", "pynox_monty", "pynox_pydantic_ai", "pynox_ray", "pynox_smolagents",
-                      "pynox_strands"], wheels
+    assert wheels == ["pynox_core", "pynox_langchain", "pynox_mcp", "pynox_monty", "pynox_pydantic_ai", "pynox_ray",
+                      "pynox_smolagents", "pynox_strands"], wheels
     for wheel in dist.glob("*.whl"):  # each package's types reach its users (PEP 561)
         with zipfile.ZipFile(wheel) as archive:
             assert any(name.endswith("/py.typed") for name in archive.namelist()), wheel.name
@@ -45,10 +45,13 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
          cwd=tmp_path)
     # Our packages came from the wheels, not from the checkout or an editable path.
     where = json.loads(_run(python, "-c", "import json, pynox, pynox_pydantic_ai, pynox_strands, pynox_smolagents, "
-                                          "pynox_monty\nprint(json.dumps([pynox.__file__, pynox_monty.__file__]))",
+                                          "pynox_monty, pynox_mcp, pynox_langchain\nprint(json.dumps([pynox.__file__, "
+                                          "pynox_monty.__file__, pynox_mcp.__file__, pynox_langchain.__file__]))",
                             cwd=tmp_path))
     assert all(path.startswith(str(venv)) for path in where), where
     report = json.loads(_run(venv / "bin" / "pynox", "check", "--json", cwd=tmp_path))
     assert report["ok"] is True, report
     job = json.loads(_run(venv / "bin" / "pynox", "run", "--json", "-c", "print(6 * 7)", cwd=tmp_path))
     assert job["stdout"] == "42\n" and job["policy"]["backend"] == "landlock+seccomp", job
+    # The MCP server's console script is installed, and its help names the grants.
+    assert "--allow-read" in _run(venv / "bin" / "pynox-mcp", "--help", cwd=tmp_path)

@@ -14,10 +14,12 @@ from typing import Any
 import strands
 
 from pynox import Pool
+from pynox_langchain import python_tool as langchain_tool
 from pynox_pydantic_ai import PynoxCapability, PynoxToolset
 from pynox_strands import PynoxSandbox, python_tool
 
 from .scripted import Call, Transcript, run_pydantic_ai, run_strands
+from .scripted_langgraph import run_langgraph
 
 
 @dataclass(frozen=True)
@@ -48,5 +50,7 @@ CASES = [
          session_ends_with_run=False),
     # The spec's line: strands.tool(pynox.tool(...)).
     Case("strands/tool(pynox.tool)", lambda pool, **o: {"tools": [strands.tool(pool.tool(**o))]}, run_strands,
+         session_ends_with_run=False),
+    Case("langgraph/python_tool", lambda pool, **o: {"tools": [langchain_tool(pool, **o)]}, run_langgraph,
          session_ends_with_run=False),
 ]

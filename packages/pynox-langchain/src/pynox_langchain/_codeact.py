@@ -1,0 +1,140 @@
+"""CodeAct on LangGraph with the code in Pynox: :class:`PynoxEval` and :func:`create_codeact_graph`.
+
+:class:`PynoxEval` is an ``eval_fn`` in the shape ``langgraph-codeact``'s ``create_codeact`` takes,
+``(code, context) -> (output, new_variables)``: the code runs in one Pynox session (so its variables
+live on in that process, and ``new_variables`` is always empty: nothing the code made is copied into
+the graph's state), and the callables of ``context`` (the agent's tools) are host functions, globals of
+the code as CodeAct's prompt promises them, running in this process.
+
+``langgraph-codeact`` 0.1.3, its latest release, requires ``langgraph<0.4``; this workspace pins
+LangGraph 1.x, so it is not installed here. :func:`create_codeact_graph` is the same loop written with
+LangGraph itself (model, then sandbox while the model writes code), taking the same ``eval_fn``; with
+an older LangGraph, ``create_codeact(model, tools, PynoxEval(...))`` takes it unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import tool as make_langchain_tool
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+
+from pynox import CodeTool, Pool, Result
+
+__all__ = ["CodeActState", "PynoxEval", "create_codeact_graph"]
+
+_FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+
+
+class PynoxEval:
+    """Run CodeAct's scripts in one Pynox session, with the callables of the context as host functions.
+
+    Arguments as for :func:`pynox_langchain.python_tool` (``pool``, ``profile``, grants). The session
+    starts with the first script and keeps its variables until :meth:`close`; a context with other
+    functions than the session's starts a new one. Call it (sync) or await :meth:`aeval`.
+    ``last_result`` is the :class:`pynox.Result` of the latest script.
+    """
+
+    def __init__(self, pool: Pool | None = None, *, profile: str | None = None, **grants: Any) -> None:
+        self._pool = pool
+        self._profile = profile
+        self._grants = grants
+        self._runner: CodeTool | None = None
+        self._names: tuple[str, ...] = ()
+        # Checked now, with no functions yet: a bad grant fails here, not at the model's first script.
+        CodeTool(pool, profile=profile, **grants)
+        self.last_result: Result | None = None
+
+    def _runner_for(self, context: Mapping[str, Any]) -> tuple[CodeTool, dict[str, Callable[..., Any]]]:
+        functions = {name: value for name, value in context.items() if callable(value) and name.isidentifier()}
+        names = tuple(sorted(functions))
+        if self._runner is None or names != self._names:
+            self.close()
+            grants: dict[str, Any] = {**self._grants, **({"host_globals": "call"} if functions else {})}
+            self._runner = CodeTool(self._pool, profile=self._profile, session=True, functions=functions or None,
+                                    **grants)
+            self._names = names
+        return self._runner, functions
+
+    def __call__(self, code: str, context: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        runner, functions = self._runner_for(context)
+        self.last_result = runner.run(code, functions=functions or None)
+        return self.last_result.text, {}
+
+    async def aeval(self, code: str, context: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """:meth:`__call__`, awaitable (``create_codeact`` awaits a coroutine function)."""
+        runner, functions = self._runner_for(context)
+        self.last_result = await runner.arun(code, functions=functions or None)
+        return self.last_result.text, {}
+
+    def close(self) -> None:
+        """End the session (its process and variables); the next script starts a fresh one."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.close()
+
+
+class CodeActState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    script: str | None  # the code of the model's last message, if it wrote any
+    failed: bool  # whether the last script failed (as its Result said), for the application to see
+
+
+def _tool_functions(tools: Sequence[BaseTool | Callable[..., Any]]) -> tuple[dict[str, Callable[..., Any]], str]:
+    made = [t if isinstance(t, BaseTool) else make_langchain_tool(t) for t in tools]
+    functions: dict[str, Callable[..., Any]] = {}
+    lines: list[str] = []
+    for tool in made:
+        function = tool.func if isinstance(tool, StructuredTool) else None
+        if function is None:
+            raise TypeError(f"tool {tool.name!r} has no synchronous function for the code to call")
+        functions[tool.name] = function
+        lines.append(f"def {tool.name}{inspect.signature(function)}:\n    \"\"\"{tool.description}\"\"\"")
+    return functions, "\n".join(lines)
+
+
+def create_codeact_graph(model: BaseChatModel, tools: Sequence[BaseTool | Callable[..., Any]],
+                         eval_fn: PynoxEval, *, prompt: str | None = None) -> StateGraph[Any]:
+    """The CodeAct loop as a LangGraph ``StateGraph`` (compile it): the model answers; if its message has
+    fenced code, ``eval_fn`` runs it with ``tools`` as functions and the output goes back to the model as
+    the next message; a message without code ends the run."""
+    functions, signatures = _tool_functions(tools)
+    system = (f"{prompt}\n\n" if prompt else "") + (
+        "Write Python in a fenced code block to act; print what you need to see. Variables persist between "
+        "blocks. Answer in plain text, without a code block, when you are done.\n\nFunctions you can call "
+        f"directly in the code:\n{signatures}")
+
+    def call_model(state: CodeActState) -> dict[str, Any]:
+        reply = model.invoke([SystemMessage(system), *state.get("messages", [])])
+        text = reply.text if isinstance(reply, AIMessage) else str(reply.content)
+        blocks = _FENCED.findall(text)
+        return {"messages": [reply], "script": "\n\n".join(block.strip("\n") for block in blocks) or None}
+
+    def observed(output: str) -> dict[str, Any]:
+        failed = eval_fn.last_result is not None and not eval_fn.last_result.ok
+        return {"messages": [HumanMessage(output)], "failed": failed}
+
+    def sandbox(state: CodeActState) -> dict[str, Any]:
+        return observed(eval_fn(state.get("script") or "", functions)[0])
+
+    async def asandbox(state: CodeActState) -> dict[str, Any]:
+        return observed((await eval_fn.aeval(state.get("script") or "", functions))[0])
+
+    def route(state: CodeActState) -> str:
+        return "sandbox" if state.get("script") else END
+
+    graph: StateGraph[Any] = StateGraph(CodeActState)
+    graph.add_node("call_model", call_model)
+    graph.add_node("sandbox", RunnableLambda(sandbox, afunc=asandbox))  # invoke and ainvoke
+    graph.add_edge(START, "call_model")
+    graph.add_conditional_edges("call_model", route, ["sandbox", END])
+    graph.add_edge("sandbox", "call_model")
+    return graph

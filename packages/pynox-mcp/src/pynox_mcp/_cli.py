@@ -1,0 +1,139 @@
+"""``pynox-mcp``: the command line that starts the server, with every grant the operator's.
+
+The pool starts, and runs one empty job under the grants, before the server answers anything, so a
+machine that cannot confine code, a bad config or a grant the pool refuses stops the server at once
+with one line on stderr (exit 2), not at the model's first call. When the client disconnects (stdin
+ends), calls still running are cancelled (the pool kills their jobs), the pool is closed, and the
+process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from mcp.server.stdio import stdio_server
+
+from pynox import CodeTool, Pool, PynoxError, __version__
+
+from ._server import RunPython, build_server
+
+__all__ = ["build_parser", "main"]
+
+# After the client is gone, how long the pool may take to stop: the runs it was running were cancelled.
+_CLOSE_TIMEOUT = 5.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pynox-mcp",
+        description="An MCP server (stdio) with one tool, run_python, whose code runs in a fresh, kernel-confined "
+                    "Python process. Every permission comes from these flags (or a pynox.toml profile under its "
+                    "ceiling), never from the model.",
+        epilog="Claude Desktop / Cursor: {\"mcpServers\": {\"pynox\": {\"command\": \"pynox-mcp\", "
+               "\"args\": [\"--allow-read\", \"/path/to/data\"]}}}")
+    parser.add_argument("--version", action="version", version=f"pynox-mcp {__version__}")
+    grants = parser.add_argument_group("what the code may do (default: read nothing, write nowhere, no network)")
+    grants.add_argument("--allow-read", action="append", default=[], metavar="PATH",
+                        help="let the code read PATH (a file or a directory); repeat for more")
+    grants.add_argument("--allow-write", action="append", default=[], metavar="PATH",
+                        help="let the code read and write PATH; repeat for more")
+    grants.add_argument("--allow-network", action="store_true", default=None,
+                        help="let the code open TCP connections and bind ports")
+    grants.add_argument("--timeout", help="wall-clock limit per call, e.g. 10s or 500ms (default 30s)")
+    grants.add_argument("--memory", help="memory limit per call, e.g. 256m or 1g (default 1g)")
+    grants.add_argument("--max-output", help="bytes of stdout and of stderr kept per call (default 1m)")
+    grants.add_argument("--max-file-size", help="largest file the code may write, e.g. 10m")
+    grants.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="set a variable for the code; NAME alone passes this server's own value of NAME")
+    grants.add_argument("--config", metavar="FILE", help="a pynox.toml: its [pool.limits] ceiling bounds every grant")
+    grants.add_argument("--profile", help="a [profiles.NAME] of the config to start from; the flags add to it")
+    pool = parser.add_argument_group("the pool")
+    pool.add_argument("--workers", type=int, default=4, help="calls that run at the same time (default 4)")
+    pool.add_argument("--preload", default="", metavar="MODULES",
+                      help="comma-separated modules imported once in the warm template (e.g. numpy,pandas)")
+    pool.add_argument("--session", action="store_true",
+                      help="keep variables between calls, like notebook cells, in one process per client connection "
+                           "(the model can pass restart: true to start over); by default every call is fresh")
+    transport = parser.add_argument_group("transport (default: stdio)")
+    transport.add_argument("--http", type=int, metavar="PORT",
+                           help="serve streamable HTTP on PORT at /mcp instead of stdio; no authentication, so any "
+                                "local process can call it: keep it on loopback (every call is fresh: no --session)")
+    transport.add_argument("--host", default="127.0.0.1",
+                           help="the address --http binds (default 127.0.0.1); the Host and Origin headers of a "
+                                "request must name loopback while it is")
+    return parser
+
+
+def _env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not name:
+            raise PynoxError(f"--env {item!r}: expected NAME=VALUE or NAME")
+        if not sep:
+            if name not in os.environ:
+                raise PynoxError(f"--env {name}: this server has no variable {name} to pass on")
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
+def _grants(args: argparse.Namespace) -> dict[str, Any]:
+    grants: dict[str, Any] = {"allow_read": args.allow_read or None, "allow_write": args.allow_write or None,
+                              "allow_network": args.allow_network, "timeout": args.timeout, "memory": args.memory,
+                              "max_output": args.max_output, "max_file_size": args.max_file_size,
+                              "env": _env(args.env) or None}
+    return {key: value for key, value in grants.items() if value is not None}
+
+
+async def _serve(tool: RunPython) -> None:
+    server = build_server(tool)
+    try:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        await tool.close()
+
+
+def _serve_http(tool: RunPython, host: str, port: int) -> None:
+    import uvicorn
+
+    # The SDK checks the Host and Origin headers against loopback names when it binds loopback (a web page
+    # cannot reach the server through DNS rebinding); stateless: no MCP session, every call a fresh job.
+    app = build_server(tool).streamable_http_app(host=host, stateless_http=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.http is not None and args.session:
+        parser.error("--session needs the stdio transport: over --http every call is a fresh process")
+    pool: Pool | None = None
+    try:
+        pool = Pool(args.workers, preload=[name for name in args.preload.split(",") if name], config=args.config)
+        runner = CodeTool(pool, profile=args.profile, session=args.session, **_grants(args))
+        # One empty job under the grants, before serving: the pool's own rules (a grant overlapping the
+        # runtime, say) refuse a bad grant here, to the operator, not to the model at every call.
+        runner.run("pass", fresh=True).raise_for_error()
+        tool = RunPython(runner)
+    except PynoxError as exc:
+        if pool is not None:
+            pool.close(timeout=_CLOSE_TIMEOUT)
+        print(f"pynox-mcp: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.http is not None:
+            _serve_http(tool, args.host, args.http)
+        else:
+            anyio.run(_serve, tool)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        pool.close(timeout=_CLOSE_TIMEOUT)
+    return 0

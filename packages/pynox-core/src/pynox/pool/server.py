@@ -49,6 +49,7 @@ from ..protocol import (
     parse_line,
     refusal,
     reply_call_id,
+    request_id_from_head,
 )
 from .flights import Cancel, Flight, Flights
 from .frames import Ready
@@ -286,7 +287,8 @@ class Server:
                 self._refuse(None, f"reply to call {call_id}: line of {line.size} bytes exceeds the 1 MiB "
                                    "limit; the job's call fails with HostError")
                 return
-            self._refuse(None, f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
+            self._refuse(request_id_from_head(line.head),
+                         f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
             return
         try:
             message = parse_line(line)
@@ -367,6 +369,15 @@ class Server:
         if request.script is not None:
             raise RequestError("sessions take inline code, not script")
         existing = self.sessions.get(name)
+        if request.open and existing is not None and not existing.closing:
+            raise RequestError(f"open: session {quoted(name)} is already open; its later steps carry no open")
+        if (existing is None or existing.closing) and not (request.open or request.grant_fields()):
+            # A later step, to a name the pool holds no session under: it ended (session_idle, a timeout, a
+            # crash) or this pool never had it (it was restarted). Opening one with the defaults would run
+            # the step with other grants and limits than the session's, and without its state.
+            raise RequestError(f"there is no open session named {quoted(name)} (it ended, or this pool never "
+                               "opened it); a step cannot open one: send the session's first request again, "
+                               'with its grants and limits, or "open": true for none')
         if existing is not None and not existing.closing:
             fields = request.grant_fields()
             if fields:

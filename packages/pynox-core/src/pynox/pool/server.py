@@ -28,7 +28,7 @@ import msgspec
 
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
-from ..errors import KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
+from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..grants import bounded, parse_request_duration, parse_request_size, to_job
 from ..job import ErrorInfo, JobSpec
@@ -239,6 +239,15 @@ class Server:
         first = workers[0].template
         assert first is not None  # every worker started without error
         ready = self.ready = first.ready
+        try:
+            # Only now is it known how much a job inherits from its template (preloaded modules included).
+            self.options.config.refuse_memory_below(
+                ready.memory_floor, "a job of this pool needs to start (what its template holds, with the "
+                                    "preloaded modules, plus 16 MiB to run)")
+        except ConfigError:
+            for _ in workers:
+                self.jobs.put(None)
+            raise
         self.read_paths = ready.read_paths
         self.ready_info = ReadyEvent(
             workers=self.options.workers,

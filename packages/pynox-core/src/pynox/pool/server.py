@@ -385,8 +385,8 @@ class Server:
             # crash) or this pool never had it (it was restarted). Opening one with the defaults would run
             # the step with other grants and limits than the session's, and without its state.
             raise RequestError(f"there is no open session named {quoted(name)} (it ended, or this pool never "
-                               "opened it); a step cannot open one: send the session's first request again, "
-                               'with its grants and limits, or "open": true for none')
+                               "opened it), and a step cannot open one: this step did not run. Send the "
+                               'session\'s first request again, with its grants and limits, or "open": true for none')
         if existing is not None and not existing.closing:
             fields = request.grant_fields()
             if fields:

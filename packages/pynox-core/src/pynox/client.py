@@ -9,7 +9,12 @@ threads (and asyncio tasks, through ``arun``) may have runs in flight at once.
 
 No run waits for ever: if the pool answers nothing within three times the
 run's timeout plus a margin (the jobs queued ahead of it included), the run
-raises :class:`PoolError`.
+raises :class:`PoolError`; and if the pool wrote no line at all meanwhile, it
+is hung: it is killed, every request sent to it fails at once, and the next
+call starts a new pool. ``stats`` and ``close`` take timeouts of their own.
+
+A pool made before ``os.fork()`` is the parent's: in the child it forgets that
+process (see ``Pool._after_fork_in_child``) and starts its own at first use.
 
 The client keeps at most as many plain jobs in flight as the pool can accept
 without blocking its intake (running plus queued: three per worker). A pool
@@ -540,13 +545,13 @@ class Pool:
     def _wait(self, future: concurrent.futures.Future[Any], message: Request, rounds: int = _ROUNDS) -> Any:
         return self._wait_for(future, self._patience(message, rounds))
 
-    def _wait_for(self, future: concurrent.futures.Future[Any], patience: float) -> Any:
+    def _wait_for(self, future: concurrent.futures.Future[Any], patience: float, *, hang: bool = True) -> Any:
         try:
             return future.result(timeout=patience)
         except concurrent.futures.TimeoutError:
-            raise self._abandon(future, patience) from None
+            raise self._abandon(future, patience, hang=hang) from None
 
-    def _abandon(self, future: concurrent.futures.Future[Any], patience: float) -> PoolError:
+    def _abandon(self, future: concurrent.futures.Future[Any], patience: float, *, hang: bool = True) -> PoolError:
         """Forget a request the pool never answered; the error its caller raises. A pool that wrote nothing
         at all since the request was sent (no result, no call, no stats for anyone) is hung: it is killed,
         every request sent to it is answered with that error now, and the next call starts a new pool."""
@@ -556,7 +561,7 @@ class Pool:
                 del self._pending[found[0]]
         if found is not None:
             process = found[1].process
-            if not process.dead and process.last_heard < found[1].sent:
+            if hang and not process.dead and process.last_heard < found[1].sent:
                 error = PoolError(f"the pool answered nothing for {patience:.0f}s while requests were pending; "
                                   "it was stopped, and the next call starts a new one")
                 process.stop_hung(str(error))
@@ -782,7 +787,8 @@ class Session:
             name, self._name = self._name, None
         if name is not None:
             try:
-                self.pool._wait_for(self.pool._submit(Request(session=name, close=True)), timeout)
+                # Not a sign of a hung pool: a close is answered only after the session's running step.
+                self.pool._wait_for(self.pool._submit(Request(session=name, close=True)), timeout, hang=False)
             except PoolError:
                 pass  # the pool is gone (or hung, and now stopped), and the session with it
 

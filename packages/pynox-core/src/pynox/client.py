@@ -60,7 +60,7 @@ from .protocol import (
     first_line_decoder,
 )
 from .result import Result
-from .units import format_size, parse_duration
+from .units import parse_duration
 
 __all__ = ["Pool", "PynoxPool", "Session", "pool_command"]
 
@@ -434,8 +434,9 @@ class Pool:
         request_id = f"{self._prefix}-{next(self._ids)}"
         line = encode(msgspec.structs.replace(message, id=request_id))
         if len(line) - 1 > MAX_LINE:  # the pool would discard it unread: say why now, not at its patience
-            raise RequestError(f"the request is {format_size(len(line) - 1)} as a protocol line, over the pool's "
-                               f"1 MiB line limit (code, args and env together); nothing was sent")
+            raise RequestError(f"the request is {(len(line) - 1) / (1 << 20):.1f} MiB as a protocol line, over the "
+                               "pool's 1 MiB line limit (code, args and env together); nothing was sent: pass "
+                               "large inputs as files under allow_read")
         pending = _Pending(process, functions, is_job, host_errors or self.host_errors, loop)
         with self._lock:
             self._pending[request_id] = pending

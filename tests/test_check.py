@@ -122,3 +122,62 @@ def test_a_bad_abi_cap_is_one_clear_line(value: str) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("pynox check: ConfigError: $PYNOX_LANDLOCK_ABI must be"), done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+# --- pynox check --config: a config validated without serving -------------------------------------
+
+
+def _config(tmp_path: os.PathLike[str], text: str) -> str:
+    path = os.path.join(tmp_path, "pynox.toml")
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('[pool.limits]\nmemory = "10m"\n', ["[pool.limits] memory", "SandboxSetupError"]),
+    ('[pool.limits]\nmemory = "512"\n', ["[pool.limits] memory", "512 bytes"]),
+    ("[pool]\nworkers = 1000\n", ["[pool] workers", "256"]),
+    ("[pool]\nworker = 2\n", ["[pool]", "unknown key 'worker'"]),
+    ('[pool]\npreload = ["no_such_module_anywhere"]\n', ["[pool]", "no_such_module_anywhere"]),
+])
+def test_check_config_refuses_a_config_naming_the_file_and_key(tmp_path: os.PathLike[str], text: str,
+                                                               words: list[str],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = _config(tmp_path, text)
+    assert main(["check", "--config", path]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"pynox check: ConfigError: {path}: "), error
+    assert "--workers" not in error
+    for word in words:
+        assert word in error, error
+
+
+def test_check_config_refuses_a_memory_floor_raised_by_preloads_that_a_pool_start_refuses_too(
+        tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # 48m loads (above the static floor), but a template that preloads numpy holds more than that already.
+    text = '[pool]\npreload = ["numpy"]\n[pool.limits]\nmemory = "48m"\n'
+    path = _config(tmp_path, text)
+    code = main(["check", "--config", path])
+    error = capsys.readouterr().err
+    assert code == 1 and "[pool.limits] memory" in error and "preloaded" in error, error
+    pool = subprocess.run([sys.executable, "-m", "pynox", "pool", "--workers=1", f"--config={path}"],
+                          input=b"", capture_output=True, timeout=120)
+    first = json.loads(pool.stdout.splitlines()[0])
+    assert pool.returncode == 1 and first["event"] == "error", first
+    assert first["error"]["type"] == "ConfigError" and "[pool.limits] memory" in first["error"]["message"]
+
+
+def test_check_config_passes_a_good_config_and_checks_the_named_profile(
+        tmp_path: os.PathLike[str], capsys: pytest.CaptureFixture[str]) -> None:
+    os.mkdir(os.path.join(tmp_path, "data"))
+    path = _config(tmp_path, '[pool.limits]\nmemory = "512m"\ntimeout = "7d"\nallow_read = ["data"]\n'
+                             '[profiles.ok]\nallow_read = ["data"]\n[profiles.wide]\nallow_read = ["/etc"]\n')
+    assert main(["check", "--config", path]) == 0
+    assert f"{path}: valid" in capsys.readouterr().out
+    assert main(["check", "--config", path, "--profile", "ok"]) == 0
+    capsys.readouterr()
+    assert main(["check", "--config", path, "--profile", "wide"]) == 1
+    assert "[profiles.wide]" in capsys.readouterr().err
+    assert main(["check", "--config", path, "--profile", "nope"]) == 1
+    assert "no [profiles.nope]" in capsys.readouterr().err

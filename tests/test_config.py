@@ -802,3 +802,31 @@ def test_the_command_line_wins_over_the_file_which_wins_over_the_environment(
         pool_options(parser.parse_args(["pool"]))
     with pytest.raises(ConfigError, match=r"^--landlock-abi must be at least 1"):
         pool_options(parser.parse_args(["pool", "--landlock-abi", "0"]))
+
+
+# --- limits the runtime cannot meet, and errors that name the file's own key ------------------------
+
+
+@pytest.mark.parametrize("memory", ['"10m"', '"512"', "512", '"31m"'])
+@pytest.mark.parametrize("table", ["pool.limits", "profiles.small"])
+def test_a_memory_limit_no_job_can_start_under_is_refused_naming_file_table_and_key(
+        tree: Tree, table: str, memory: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        tree.load(f"[{table}]\nmemory = {memory}\n")
+    message = str(caught.value)
+    assert message.startswith(f"{tree.etc / 'pynox.toml'}: [{table}] memory: "), message
+    assert "SandboxSetupError" in message and "32m" in message
+
+
+def test_a_memory_limit_a_job_can_start_under_loads(tree: Tree) -> None:
+    assert tree.load('[pool.limits]\nmemory = "32m"\n').limits == Limits(memory=32 << 20)
+
+
+def test_too_many_workers_in_the_file_names_the_files_key_not_a_flag(tree: Tree) -> None:
+    with pytest.raises(ConfigError) as caught:
+        tree.load("[pool]\nworkers = 1000\n")
+    message = str(caught.value)
+    assert "[pool] workers" in message and "--workers" not in message and "256" in message
+    # The flag itself is still named as the flag.
+    with pytest.raises(ConfigError, match="--workers"):
+        pool_options(build_parser().parse_args(["pool", "--workers=1000"]))

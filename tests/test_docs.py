@@ -292,7 +292,7 @@ def test_documented_messages_match_a_real_pool(tmp_path: Path) -> None:
     """The ready, result, session result, closed and stats lines of the doc have a real pool's fields."""
     requests = [
         {"id": 1, "code": "print(1)"},
-        {"id": 2, "session": "s", "code": "x = 1"},
+        {"id": 2, "session": "s", "code": "x = 1", "open": True},
         {"id": 3, "session": "s", "close": True},
         {"id": 4, "stats": True},
     ]
@@ -607,7 +607,7 @@ def test_transcripts_stats_and_logs(tmp_path: Path) -> None:
         pool.send('{"id": "tool-42", "code": "open(\'/etc/passwd\').read()"}')
         pool.send('{"id": "tool-43", "code": "print(1)", "allow_network": "yes"}')
         pool.read(), pool.read()
-        pool.send('{"id": "nb", "session": "nb-1", "code": "rows = [1, 2, 3]"}')
+        pool.send('{"id": "nb", "session": "nb-1", "code": "rows = [1, 2, 3]", "open": true}')
         pool.read()
         pool.send('{"id": "nb2", "session": "nb-1", "code": "print(len(rows))"}')
         pool.read()

@@ -14,7 +14,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pynox.protocol import MAX_LINE, LineError, Reply, ReplyBody, Request, encode, parse_line, refusal
+from pynox.protocol import (
+    MAX_LINE,
+    LineError,
+    Reply,
+    ReplyBody,
+    Request,
+    encode,
+    parse_line,
+    refusal,
+    request_id_from_head,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -327,3 +337,27 @@ def test_a_reply_with_both_result_and_error_is_refused() -> None:
     with pytest.raises(LineError, match="not both"):
         parse_line(b'{"reply": {"call_id": 3, "result": 1, "error": "no"}}')
     assert parse_line(b'{"reply": {"call_id": 3, "result": null}}') == Reply(reply=ReplyBody(call_id=3, result=None))
+
+
+@pytest.mark.parametrize(("head", "found"), [
+    (b'{"id": "task-1", "code": "', "task-1"),
+    (b'{"id":"a-7","code":"x', "a-7"),
+    (b'  {"id": 42, "code": "', 42),
+    (b'{"id": "q\\"uote", "code"', 'q"uote'),
+    (encode(Request(id="p-3", code="x" * 300))[:256], "p-3"),  # as the Python client writes it
+    (b'{"code": "x", "id": "late"}', None),  # not first: not looked for
+    (b'{"id": "cut-off', None),
+    (b'{"id": true, "code": "', None),
+    (b'{"id": 1.5, "code": "', None),
+    (b"garbage", None),
+])
+def test_the_id_of_an_over_long_line_is_read_from_its_head_only_when_it_comes_first(head: bytes,
+                                                                                     found: object) -> None:
+    assert request_id_from_head(head) == found
+
+
+def test_open_needs_a_session() -> None:
+    with pytest.raises(LineError, match="open needs the session"):
+        parse_line(b'{"id": 1, "code": "x", "open": true}')
+    assert parse_line(b'{"id": 1, "session": "s", "code": "x", "open": true}') == Request(
+        id=1, session="s", code="x", open=True)

@@ -28,6 +28,7 @@ PIB = 1 << 50
     ("5S", 5.0), ("2M", 120.0), ("500MS", 0.5), ("1H", 3600.0),
     (" 5s ", 5.0), ("5 s", 5.0), ("\t5s\n", 5.0),
     ("168h", float(WEEK)), (f"{WEEK}s", float(WEEK)),
+    ("7d", float(WEEK)), ("1d", 86400.0), ("0.5d", 43200.0), ("2D", 172800.0),  # the docs' "at most 7 days"
     (5, 5.0), (0.25, 0.25), (1, 1.0), (WEEK, float(WEEK)), (1e-3, 0.001),
 ])
 def test_parse_duration(value: str | int | float, seconds: float) -> None:
@@ -38,14 +39,14 @@ def test_parse_duration(value: str | int | float, seconds: float) -> None:
 
 @pytest.mark.parametrize("value", [
     # no unit in a string, or an unknown unit
-    "", " ", "5", "1.5", "s", "ms", "5x", "5d", "5sec", "5 secs", "5us", "5ns", "1w", "5ss",
+    "", " ", "5", "1.5", "s", "ms", "5x", "5sec", "5 secs", "5us", "5ns", "1w", "5ss",
     # not a plain decimal
     "1e3s", "1_000s", "0x10s", ".5s", "5.s", "+5s", "five s", "5s5", "5s 2m", "∞s", "nans", "infs",
     "\u0665s",  # Arabic-Indic digit five: not an ASCII digit
     # not more than zero
     "0s", "0ms", "0.0s", "-5s", "-1ms", 0, 0.0, -0.0, -1, -0.5,
     # over a week
-    f"{WEEK + 1}s", "169h", "10081m", WEEK + 1, WEEK + 0.001, 1e300,
+    f"{WEEK + 1}s", "169h", "10081m", "8d", "7.01d", WEEK + 1, WEEK + 0.001, 1e300,
     # not finite
     math.nan, math.inf, -math.inf,
     # wrong types, bool included

@@ -115,7 +115,7 @@ ready = pool.stdout.readline()
 lines = [
     {"id": "long-1", "code": "import time\\ntime.sleep(60)"},
     {"id": "host", "functions": ["f"], "code": "from pynox_host import f\\nf()"},
-    {"id": "step", "session": "nb", "code": "import time\\ntime.sleep(60)"},
+    {"id": "step", "session": "nb", "open": True, "code": "import time\\ntime.sleep(60)"},
 ]
 if sys.argv[1] == "blocked":  # results the client will never read: the pool blocks writing them
     lines += [{"id": f"big-{i}", "code": "print('x' * 300000)"} for i in range(8)]

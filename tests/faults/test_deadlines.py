@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pool.pool_driver import pool_process, proc_table, wait_gone
+from tests.pool.pool_driver import pool_process, proc_table, refused, wait_gone
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,7 +127,9 @@ def test_a_stopped_session_is_closed_when_idle(tmp_path: Path) -> None:
     with pool_process("--workers=1", "--session-idle=1s", cwd=tmp_path) as pool:
         pid = int(pool.run("import os\nprint(os.getpid())", session="idle")["stdout"])
         assert wait_gone([pid], 10) == [], "an idle stopped session was not closed"
-        assert pool.run("print(1)", session="idle")["step"] == 1
+        # Closed, so its next step is refused; a session opened again under the name starts at step 1.
+        refused(pool.run("print(1)", session="idle"), "no open session")
+        assert pool.run("print(1)", session="idle", open=True)["step"] == 1
 
 
 def test_a_cancelled_slow_reader_ends_at_the_cancel(tmp_path: Path) -> None:

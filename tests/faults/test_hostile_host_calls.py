@@ -253,11 +253,15 @@ def test_a_run_gives_up_when_the_pool_never_answers(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(pynox.client, "_ANSWER_MARGIN", 1.0)  # three timeouts of 0.5 s, plus one second
     with pynox.Pool(workers=1, binary=fake) as pool:
         start = time.monotonic()
-        with pytest.raises(pynox.PoolError, match="no answer"):
+        first = pool._process
+        # A pool that wrote nothing since the run was sent is hung: stopped, and replaced at the next call.
+        with pytest.raises(pynox.PoolError, match="answered nothing"):
             pool.run("print(1)", timeout="0.5s")
         assert time.monotonic() - start < 5
+        assert first is not None and first.dead
         session = pool.session(timeout="0.2s")
-        with pytest.raises(pynox.PoolError, match="no answer"):
+        with pytest.raises(pynox.PoolError, match="answered nothing"):
             session.run("x = 1")
+        assert pool._process is not first
         pool.close(timeout=1)
 

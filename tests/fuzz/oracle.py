@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pynox.protocol import MAX_LINE, LineError, Reply, RequestId, parse_line
+from pynox.protocol import MAX_LINE, LineError, Reply, RequestId, parse_line, request_id_from_head
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ NO_CALL_PENDING = "no such call is pending"
 # Beyond this depth either answer is right: the refusal of the whole line, or what this process finds.
 UNCERTAIN_DEPTH = 200
 TOO_DEEP = ("not valid JSON: nested too deeply", "invalid request: nested too deeply")
+# The bytes of an over-long line the pool keeps to name it (pool/io.py): its id is found in them or not at all.
+_HEAD = 256
 
 
 def nesting(line: bytes) -> int:
@@ -72,7 +74,9 @@ def expect(line: bytes) -> Expected:
 
 def _expect(line: bytes) -> Expected:
     if len(line) > MAX_LINE:
-        return Expected("refused", message=f"line of {len(line)} bytes exceeds the 1 MiB limit; it was discarded")
+        # Never parsed: its id is known only when the line starts with it, within the head the pool keeps.
+        return Expected("refused", request_id_from_head(line[:_HEAD]),
+                        message=f"line of {len(line)} bytes exceeds the 1 MiB limit; it was discarded")
     if not line.strip():
         return Expected("none")
     try:

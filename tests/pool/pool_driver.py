@@ -225,6 +225,10 @@ class PoolProcess:
         self._reading.set()
         self._handlers: dict[str, dict[str, Callable[..., Any]]] = {}
         self._calls: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        # Sessions this driver opened and the pool has not said ended: as the Python client does, the first
+        # request under a name says "open" (a code-only step to a name the pool holds no session under is
+        # refused). A request that gives ``open`` itself (False too) is sent as it is.
+        self.open_sessions: set[str] = set()
         self.proc = subprocess.Popen(
             [*command, *self.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=cwd, env=env if env is not None else os.environ.copy(), start_new_session=start_new_session,
@@ -284,6 +288,8 @@ class PoolProcess:
         if not isinstance(message, dict):
             self.bad_lines.append(line)
             return
+        if message.get("session_ended") is True or message.get("closed") is True:
+            self.open_sessions.discard(message.get("session"))  # type: ignore[arg-type]
         with self._cond:
             self.messages.append(message)
             self._cond.notify_all()
@@ -363,6 +369,11 @@ class PoolProcess:
         """Send one request; ``host`` functions are declared (unless ``functions`` is given) and answered
         from here. Returns the request's id."""
         request_id = fields.setdefault("id", new_id())
+        session = fields.get("session")
+        opens = not fields.get("close") and "open" not in fields and session not in self.open_sessions
+        if isinstance(session, str) and opens:
+            fields["open"] = True
+            self.open_sessions.add(session)
         if host is not None:
             fields.setdefault("functions", list(host))
             self.handle_calls(request_id, host)

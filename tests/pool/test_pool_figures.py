@@ -78,3 +78,17 @@ def test_the_python_api_gives_bytes_and_the_text_a_note() -> None:
                           timeout="60s")
     assert len(result.images) == 2 and all(image.startswith(_PNG) for image in result.images)
     assert result.text.startswith("Out: [<matplotlib.lines.Line2D") and "[2 images]" in result.text
+
+
+def test_the_font_cache_is_kept_per_installed_matplotlib_never_under_an_unknown_version() -> None:
+    import importlib.metadata
+
+    from pynox.pool.figures import matplotlib_setup
+
+    setup = matplotlib_setup()
+    assert setup is not None
+    env, directory = setup
+    name = os.path.basename(env["MPLCONFIGDIR"])
+    assert env["MPLCONFIGDIR"] == directory
+    assert name.startswith(f"matplotlib-{importlib.metadata.version('matplotlib')}-"), name
+    assert any(entry.startswith("fontlist-") for entry in os.listdir(directory))

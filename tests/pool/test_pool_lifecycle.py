@@ -272,7 +272,7 @@ import json, subprocess, sys, time
 pool = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 ready = pool.stdout.readline()
 pool.stdin.write(b'{"id": "long", "code": "import time\\\\ntime.sleep(60)"}\\n')
-pool.stdin.write(b'{"id": "step", "session": "nb", "code": "import time\\\\ntime.sleep(60)"}\\n')
+pool.stdin.write(b'{"id": "step", "session": "nb", "open": true, "code": "import time\\\\ntime.sleep(60)"}\\n')
 pool.stdin.flush()
 print(json.dumps({"pool": pool.pid, "ready": json.loads(ready)}), flush=True)
 time.sleep(120)

@@ -176,9 +176,22 @@ def test_a_line_over_one_mib_is_discarded_and_the_next_line_is_read_normally(poo
     assert pool.result(next_id)["stdout"] == "next\n"
     errors = [m for m in pool.messages[start:] if m.get("error") and m["error"]["type"] == "RequestError"]
     assert len(errors) == 1, errors
-    assert errors[0]["id"] is None  # the line was never parsed, so its id is unknown
+    # The line was never parsed, but its id comes first (as the Python client writes it): its caller
+    # hears of the refusal at once instead of waiting out its patience.
+    assert errors[0]["id"] == too_long_id and errors[0]["refused"] is True
     assert "1 MiB" in errors[0]["error"]["message"] or str(MIB) in errors[0]["error"]["message"]
-    assert pool.responses(too_long_id) == []
+    assert pool.responses(too_long_id) == [errors[0]]
+
+
+def test_a_line_over_one_mib_whose_id_is_not_first_is_refused_without_one(pool: PoolProcess) -> None:
+    request_id, next_id = new_id("id-last"), new_id("next")
+    start = len(pool.messages)
+    pool.send(b'{"code": "' + b"a" * (MIB + 1) + b'", "id": "' + request_id.encode() + b'"}\n')
+    pool.send(json.dumps({"id": next_id, "code": "print('next')"}).encode() + b"\n")
+    assert pool.result(next_id)["stdout"] == "next\n"
+    refusals = [m for m in pool.messages[start:] if m.get("error") and m.get("id") is None
+                and "1 MiB" in m["error"]["message"]]
+    assert len(refusals) == 1 and pool.responses(request_id) == []
 
 
 def test_a_huge_line_is_not_buffered_whole(pool: PoolProcess) -> None:
@@ -194,7 +207,7 @@ def test_a_huge_line_is_not_buffered_whole(pool: PoolProcess) -> None:
     pool.send(b'"}\n' + json.dumps({"id": next_id, "code": "print('ok')"}).encode() + b"\n")
     assert pool.result(next_id)["stdout"] == "ok\n"
     assert rss_kb(pool.pid) - before < 8 * 1024
-    assert pool.responses("huge") == []
+    assert [m["error"]["type"] for m in pool.responses("huge")] == ["RequestError"]
 
 
 # --- request fields -------------------------------------------------------------------------------------

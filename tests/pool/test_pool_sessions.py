@@ -361,7 +361,8 @@ def test_max_sessions_and_session_idle(tmp_path: Path) -> None:
         while pool.stats()["sessions_active"] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pool.stats()["sessions_active"] == 0
-        assert pool.run("print(x)", session=a)["error"]["type"] == "NameError"
+        # The next step finds no session: refused, never run in one opened with the defaults.
+        refused(pool.run("print(x)", session=a), "no open session")
         _ok(pool.run("x = 'c'", session=_session()))
 
 
@@ -380,3 +381,29 @@ def test_max_sessions_defaults_to_16(tmp_path: Path) -> None:
 
 def test_a_session_name_is_required(pool: PoolProcess) -> None:
     refused(pool.run("x = 1", session=""))
+
+
+def test_a_step_to_a_session_the_pool_does_not_hold_is_refused_not_opened_with_the_defaults(
+        pool: PoolProcess) -> None:
+    # After session_idle or a restart of the pool, a client's next step is code only: run with the defaults,
+    # it would have other grants and limits than the session was opened with, and none of its state.
+    name = _session()
+    pool.open_sessions.add(name)  # as a client does that still holds the name: the step goes out code-only
+    answer = pool.run("print('ran')", session=name, timeout="5s")
+    refused(answer, "no open session", name)
+    assert answer["session_ended"] is True and answer["session"] == name
+    # Nothing was opened under that name: closing it is refused too.
+    refused(pool.run(session=name, close=True), "no open session")
+
+
+def test_a_session_opens_with_open_true_or_with_its_grants(pool: PoolProcess) -> None:
+    name, other = _session(), _session()
+    opened = _ok(pool.run("x = 1", session=name))  # the driver says "open": true, as the Python client does
+    assert opened["step"] == 1 and opened["policy"]["allow_read"] == []
+    assert _ok(pool.run("print(x)", session=name))["stdout"] == "1\n"
+    refused(pool.run("x = 2", session=name, open=True), "already open")
+    # A request with a grant can only be a first request: it opens the session, as the protocol's example does.
+    assert _ok(pool.run("y = 1", session=other, memory="256m"))["policy"]["memory_bytes"] == 256 << 20
+    for session in (name, other):
+        pool.run(session=session, close=True)
+    refused(pool.run("print(1)", open=True), "open needs the session")

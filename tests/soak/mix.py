@@ -195,7 +195,7 @@ def _scenario(rng: random.Random, n: int) -> Scenario:
     """Define, use, raise (the session survives), crash (it ends), then a fresh process under the same name."""
     name = f"soak-session-{n}"
     with_host = rng.random() < 0.5
-    first: dict[str, Any] = {"session": name, "code": f"x = {n}"}
+    first: dict[str, Any] = {"session": name, "code": f"x = {n}", "open": True}
     if with_host:
         first["functions"] = ["echo"]
     use = "from pynox_host import echo\nprint(echo(x))" if with_host else "print(x)"
@@ -209,8 +209,8 @@ def _scenario(rng: random.Random, n: int) -> Scenario:
             Expect("failed", 1, "KeyError", session_ended=False, step=3)),
         Job("session_crash", {"session": name, "code": crash, **extra},
             Expect(**{**crashed.__dict__, "session_ended": True, "step": 4})),
-        # A new process: the variable is gone, and it is step 1 again.
-        Job("session_step", {"session": name, "code": "print(x)"},
+        # A new process, opened again (a step alone is refused): the variable is gone, and it is step 1 again.
+        Job("session_step", {"session": name, "code": "print(x)", "open": True},
             Expect("failed", 1, "NameError", session_ended=False, step=1)),
         Job("session_close", {"session": name, "close": True}, Expect("closed", 0)),
     ]

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment
-from .errors import KernelSupportError, PoolError
+from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment, load_config
+from .errors import ConfigError, KernelSupportError, PoolError, RequestError
 from .exits import TIMEOUT_EXIT
 from .policy import BACKEND, landlock, seccomp, tasks
 from .pool.worker import Template
@@ -504,6 +504,42 @@ def _host_secret() -> Iterator[None]:
             del os.environ[_SECRET_NAME]
         else:
             os.environ[_SECRET_NAME] = previous
+
+
+def check_config(path: str, profile: str | None = None) -> list[str]:
+    """Validate a ``pynox.toml`` as ``pynox pool --config`` would start with it, without serving: every table
+    and key, the profiles against the ceiling, and the memory limits against what a job of its templates
+    needs (one template is started with its preloads to know that). Returns what an operator should read;
+    raises :class:`ConfigError` naming the file, table and key."""
+    config = load_config(path)
+    file = config.path or path
+    if profile is not None:
+        if profile not in config.profiles:
+            known = ", ".join(sorted(config.profiles)) or "none are configured"
+            raise ConfigError(f"{file}: --profile: no [profiles.{profile}] in the file (known: {known})")
+        try:
+            config.apply(Request(code="", profile=profile), os.path.dirname(file))
+        except RequestError as exc:
+            raise ConfigError(f"{file}: [profiles.{profile}]: a request naming it is refused: {exc}") from None
+    settings = config.pool
+    try:
+        template = Template(list(settings.preload), list(settings.package_dirs),
+                            landlock_abi=settings.landlock_abi)
+    except PoolError as exc:
+        raise ConfigError(f"{file}: [pool]: a template could not start with its preload and package_dirs: "
+                          f"{exc}") from None
+    try:
+        floor = template.ready.memory_floor
+        config.refuse_memory_below(floor, "a job of this pool needs to start (what its template holds, with the "
+                                          "preloaded modules, plus 16 MiB to run)")
+    finally:
+        template.close()
+    lines = [f"{file}: valid" + (f", profile {profile!r} included" if profile else "")]
+    lines.append(f"profiles: {', '.join(sorted(config.profiles)) or 'none'}; ceiling: "
+                 f"{'[pool.limits]' if config.limits is not None else 'none'}; a job needs at least "
+                 f"{floor / (1 << 20):.1f} MiB of memory")
+    lines += [f"warning: {warning}" for warning in config.warnings]
+    return lines
 
 
 def run_check() -> CheckReport:

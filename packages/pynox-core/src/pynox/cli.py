@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 import msgspec
 
 from .defaults import DEFAULT_WORKERS
-from .errors import PynoxError, RequestError
+from .errors import ConfigError, PynoxError, RequestError
 from .protocol import Request, Result
 
 __all__ = ["main"]
@@ -93,8 +94,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .check import run_check
+    from .check import check_config, run_check
 
+    if args.profile is not None and args.config is None:
+        raise ConfigError("--profile needs --config FILE: the profile is one of that file's")
+    if args.config is not None:
+        lines = check_config(args.config, args.profile)
+        if args.json:
+            print(json.dumps({"config": os.path.abspath(args.config), "ok": True, "report": lines}, indent=2))
+        else:
+            print("\n".join(lines))
+        return 0
     report = run_check()
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
@@ -163,8 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pynox {__import__('pynox').__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check,pool,health}")
     _run_parser(sub)
-    sub.add_parser("check", help="report what this kernel enforces and prove it").add_argument(
-        "--json", action="store_true", help="machine-readable report")
+    check = sub.add_parser("check", help="report what this kernel enforces and prove it, or check a config file")
+    check.add_argument("--json", action="store_true", help="machine-readable report")
+    check.add_argument("--config", metavar="FILE",
+                       help="validate this pynox.toml as `pynox pool --config` would start with it, without "
+                            "serving (no kernel probes)")
+    check.add_argument("--profile", metavar="NAME", help="with --config: also check that [profiles.NAME] is "
+                                                        "there and fits under the ceiling")
     _pool_parser(sub)
     _health_parser(sub)
     return parser

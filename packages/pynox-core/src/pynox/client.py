@@ -9,7 +9,12 @@ threads (and asyncio tasks, through ``arun``) may have runs in flight at once.
 
 No run waits for ever: if the pool answers nothing within three times the
 run's timeout plus a margin (the jobs queued ahead of it included), the run
-raises :class:`PoolError`.
+raises :class:`PoolError`; and if the pool wrote no line at all meanwhile, it
+is hung: it is killed, every request sent to it fails at once, and the next
+call starts a new pool. ``stats`` and ``close`` take timeouts of their own.
+
+A pool made before ``os.fork()`` is the parent's: in the child it forgets that
+process (see ``Pool._after_fork_in_child``) and starts its own at first use.
 
 The client keeps at most as many plain jobs in flight as the pool can accept
 without blocking its intake (running plus queued: three per worker). A pool
@@ -22,13 +27,16 @@ import asyncio
 import atexit
 import collections
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Unpack
 
@@ -39,6 +47,7 @@ from .errors import START_ERRORS, ConfigError, PoolError, RequestError
 from .grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .protocol import (
+    MAX_LINE,
     Answer,
     CallEvent,
     Reply,
@@ -151,13 +160,19 @@ class _Process:
         self._on_exit = on_exit
         self._write_lock = threading.Lock()
         self.dead = False
+        # When the pool last wrote a line (any line: a result, a call, stats): a pool that wrote none for a
+        # run's whole patience, since that run was sent, is hung (see Pool._hung).
+        self.last_heard = time.monotonic()
+        self.hung: str | None = None  # why the client stopped it, when it did
         self._readers = [threading.Thread(target=self._read_stdout, name="pynox-client-reader", daemon=True),
                          threading.Thread(target=self._read_stderr, name="pynox-client-stderr", daemon=True)]
         for reader in self._readers:
             reader.start()
 
     def write(self, message: Request | Reply) -> None:
-        line = encode(message)
+        self.write_line(encode(message))
+
+    def write_line(self, line: bytes) -> None:
         stdin = self.popen.stdin
         assert stdin is not None
         with self._write_lock:
@@ -172,6 +187,7 @@ class _Process:
         assert stdout is not None
         try:
             for raw in stdout:
+                self.last_heard = time.monotonic()
                 if not self.ready.done():
                     self.ready.set_result(raw)
                     continue
@@ -203,30 +219,62 @@ class _Process:
                 elif line:  # the pool names itself ("pynox pool: ..."), as the logger's name does
                     _pool_log.warning("%s", line)
 
+    def stop_hung(self, why: str) -> None:
+        """Kill a pool that answers nothing (SIGKILL also ends a stopped process); its reader then ends."""
+        self.hung = why
+        self.dead = True  # the next call starts a new pool without waiting for this one's end
+        try:
+            self.popen.kill()
+        except OSError:
+            pass  # already gone
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: this pool is the parent's. Its pipes are pointed at /dev/null, so that nothing
+        of the child (a buffered line, a close) ever reaches the parent's pool or reads its answers."""
+        self.dead = True
+        self.hung = "this pool belongs to the process that forked"
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for stream in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+                if stream is not None:
+                    os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+        # Not this process's child: never waited for, signalled or warned about from here.
+        self.popen.returncode = 0
+
     def describe_exit(self) -> str:
+        if self.hung is not None:
+            return self.hung
         status = self.popen.poll()
         tail = " | ".join(list(self.stderr_tail)[-5:])
         return f"exit status {status}" + (f"; it said: {tail}" if tail else "")
 
-    def _close_stdin(self) -> None:
+    def _close_stdin(self, timeout: float | None = None) -> None:
         stdin = self.popen.stdin
-        with self._write_lock:
-            try:
-                if stdin is not None:
-                    stdin.close()
-            except OSError:
-                pass  # already broken: the process is gone
+        # A writer blocked on a pool that stopped reading holds the lock: then the kill that follows ends it.
+        if not self._write_lock.acquire(timeout=-1 if timeout is None else timeout):
+            return
+        try:
+            if stdin is not None:
+                stdin.close()
+        except OSError:
+            pass  # already broken: the process is gone
+        finally:
+            self._write_lock.release()
 
     def close(self, timeout: float) -> None:
-        self._close_stdin()  # EOF: the pool drains what it accepted and exits
+        """EOF, then up to ``timeout`` seconds for the pool to drain and exit, then a kill."""
+        deadline = time.monotonic() + timeout
+        self._close_stdin(timeout)  # EOF: the pool drains what it accepted and exits
         try:
-            self.popen.wait(timeout=timeout)
+            self.popen.wait(timeout=max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
         for reader in self._readers:
             if reader is not threading.current_thread():
-                reader.join(timeout=5)
+                reader.join(timeout=max(deadline - time.monotonic(), 0.5))
 
 
 class _FairSlots:
@@ -259,11 +307,13 @@ class _FairSlots:
 
 
 class _Pending:
-    __slots__ = ("functions", "future", "host_errors", "is_job", "loop")
+    __slots__ = ("functions", "future", "host_errors", "is_job", "loop", "process", "sent")
 
-    def __init__(self, functions: Mapping[str, HostFunction] | None, is_job: bool, host_errors: HostErrors,
-                 loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(self, process: _Process, functions: Mapping[str, HostFunction] | None, is_job: bool,
+                 host_errors: HostErrors, loop: asyncio.AbstractEventLoop | None) -> None:
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.process = process  # the pool it was sent to: only that pool's end fails it
+        self.sent = time.monotonic()
         self.functions = functions
         self.is_job = is_job
         self.host_errors = host_errors
@@ -318,6 +368,7 @@ class Pool:
         self._implicit_timeout: float | None = None
         self._host_loop = HostLoop()
         self.ready: dict[str, Any] = {}
+        _live_pools.add(self)
         self._ensure_process()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -350,7 +401,9 @@ class Pool:
     def close(self, timeout: float = 60.0) -> None:
         """Let runs in flight finish (their host functions still answered), then stop the pool process.
 
-        Safe to call twice. Runs still unfinished after ``timeout`` seconds end with the pool."""
+        Safe to call twice. Returns within about ``timeout`` seconds: runs still unfinished then end with
+        the pool, which is killed."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             self._closed = True
             in_flight = [pending.future for pending in self._pending.values()]
@@ -359,8 +412,22 @@ class Pool:
         with self._lock:
             process, self._process = self._process, None
         if process is not None:
-            process.close(timeout=timeout)
+            process.close(timeout=max(deadline - time.monotonic(), 0))
         self._host_loop.close()
+
+    def _after_fork_in_child(self) -> None:
+        """In the child of a fork (a pre-fork server's worker): the pool process, its pipes and every run in
+        flight are the parent's. The child forgets them all and starts a pool of its own at its first call;
+        sharing the parent's pipe would hand each process the other's answers (request ids are per Pool)."""
+        self._lock = threading.Lock()  # another thread may have held it at the fork: it does not exist here
+        self._pending = {}
+        self._slots = _FairSlots(3 * self.workers)
+        self._prefix = uuid.uuid4().hex[:8]
+        self._host_loop = HostLoop()
+        process, self._process = self._process, None
+        if process is not None:
+            process.forget_after_fork()
+            _forgotten_in_child.append(process)  # never collected: its streams then point at /dev/null
 
     def __enter__(self) -> Pool:
         return self
@@ -369,11 +436,18 @@ class Pool:
         self.close()
 
     def _process_exited(self, process: _Process) -> None:
+        if process.hung is not None:
+            error = PoolError(process.hung)
+        else:
+            error = PoolError(f"the pool process exited while this run was in flight ({process.describe_exit()})")
+        self._fail_pending(process, error)
+
+    def _fail_pending(self, process: _Process, error: PoolError) -> None:
+        """Answer every run sent to ``process`` with ``error`` (runs sent to a newer pool go on)."""
         with self._lock:
-            stale = [(key, p) for key, p in self._pending.items()]
+            stale = [(key, p) for key, p in self._pending.items() if p.process is process]
             for key, _ in stale:
                 del self._pending[key]
-        error = PoolError(f"the pool process exited while this run was in flight ({process.describe_exit()})")
         for _, pending in stale:
             if not pending.future.done():
                 pending.future.set_exception(error)
@@ -384,11 +458,16 @@ class Pool:
                 loop: asyncio.AbstractEventLoop | None = None) -> concurrent.futures.Future[Any]:
         process = self._ensure_process()
         request_id = f"{self._prefix}-{next(self._ids)}"
-        pending = _Pending(functions, is_job, host_errors or self.host_errors, loop)
+        line = encode(msgspec.structs.replace(message, id=request_id))
+        if len(line) - 1 > MAX_LINE:  # the pool would discard it unread: say why now, not at its patience
+            raise RequestError(f"the request is {(len(line) - 1) / (1 << 20):.1f} MiB as a protocol line, over the "
+                               "pool's 1 MiB line limit (code, args and env together); nothing was sent: pass "
+                               "large inputs as files under allow_read")
+        pending = _Pending(process, functions, is_job, host_errors or self.host_errors, loop)
         with self._lock:
             self._pending[request_id] = pending
         try:
-            process.write(msgspec.structs.replace(message, id=request_id))
+            process.write_line(line)
         except PoolError as exc:
             with self._lock:
                 self._pending.pop(request_id, None)
@@ -495,18 +574,30 @@ class Pool:
         return self._implicit_timeout
 
     def _wait(self, future: concurrent.futures.Future[Any], message: Request, rounds: int = _ROUNDS) -> Any:
-        patience = self._patience(message, rounds)
+        return self._wait_for(future, self._patience(message, rounds))
+
+    def _wait_for(self, future: concurrent.futures.Future[Any], patience: float, *, hang: bool = True) -> Any:
         try:
             return future.result(timeout=patience)
         except concurrent.futures.TimeoutError:
-            raise self._abandon(future, patience) from None
+            raise self._abandon(future, patience, hang=hang) from None
 
-    def _abandon(self, future: concurrent.futures.Future[Any], patience: float) -> PoolError:
-        """Forget a run the pool never answered; the error its caller raises."""
+    def _abandon(self, future: concurrent.futures.Future[Any], patience: float, *, hang: bool = True) -> PoolError:
+        """Forget a request the pool never answered; the error its caller raises. A pool that wrote nothing
+        at all since the request was sent (no result, no call, no stats for anyone) is hung: it is killed,
+        every request sent to it is answered with that error now, and the next call starts a new pool."""
         with self._lock:
-            for key, pending in list(self._pending.items()):
-                if pending.future is future:
-                    del self._pending[key]
+            found = next(((key, p) for key, p in self._pending.items() if p.future is future), None)
+            if found is not None:
+                del self._pending[found[0]]
+        if found is not None:
+            process = found[1].process
+            if hang and not process.dead and process.last_heard < found[1].sent:
+                error = PoolError(f"the pool answered nothing for {patience:.0f}s while requests were pending; "
+                                  "it was stopped, and the next call starts a new one")
+                process.stop_hung(str(error))
+                self._fail_pending(process, error)
+                return error
         return PoolError(f"the pool gave no answer within {patience:.0f}s; the run was abandoned")
 
     async def _await(self, future: concurrent.futures.Future[Any], message: Request,
@@ -567,9 +658,10 @@ class Pool:
         fixed: dict[str, Any] = {**grants, **({"host_globals": host_globals} if host_globals else {})}
         return Session(self, functions, fixed, host_errors=host_errors)
 
-    def stats(self) -> dict[str, Any]:
-        """The pool's counters and gauges (see the protocol's stats event), by name; its histograms as dicts."""
-        event = self._submit(Request(stats=True)).result()
+    def stats(self, timeout: float = 30.0) -> dict[str, Any]:
+        """The pool's counters and gauges (see the protocol's stats event), by name; its histograms as dicts.
+        Raises :class:`pynox.PoolError` when the pool gives no answer within ``timeout`` seconds."""
+        event = self._wait_for(self._submit(Request(stats=True)), timeout)
         if not isinstance(event, StatsEvent):
             raise PoolError(f"the pool answered a stats request with {type(event).__name__}")
         stats: dict[str, Any] = msgspec.to_builtins(event)
@@ -610,7 +702,12 @@ def _step(**fields: Any) -> dict[str, Any]:
 
 class Session:
     """One process whose ``__main__`` survives between runs. A timeout or crash ends it; the next
-    ``run`` starts a fresh one with the same permissions."""
+    ``run`` starts a fresh one with the same permissions.
+
+    A session never comes back with other grants or limits than its first request's: when the pool no
+    longer holds it (closed after ``session_idle``, or the pool was restarted), the pool refuses the next
+    step, and the step is sent again in a new process opened with the session's own grants; its result's
+    ``session_reopened`` (and its text) says that the state was lost, and why."""
 
     def __init__(self, pool: Pool, functions: Mapping[str, HostFunction] | None, grants: dict[str, Any], *,
                  host_errors: HostErrors | None = None) -> None:
@@ -624,6 +721,7 @@ class Session:
         self.grants = grants
         self.steps = 0
         self._name: str | None = None
+        self._opened_on: _Process | None = None  # the pool process the session's first request went to
         self._lock = threading.Lock()
 
     @property
@@ -632,15 +730,30 @@ class Session:
         return self._name is not None
 
     def _message(self, code: str, step: dict[str, Any]) -> tuple[Request, bool]:
-        """The request, and whether it creates the session (carrying its permissions)."""
+        """The request, and whether it opens the session (carrying its permissions)."""
         with self._lock:
             if self._name is None:
                 self._name = f"session-{uuid.uuid4().hex[:12]}"
                 first = build_request(code, functions=list(self.functions), **{**self.grants, **step})
-                return msgspec.structs.replace(first, session=self._name), True
+                return msgspec.structs.replace(first, session=self._name, open=True), True
             return msgspec.structs.replace(build_request(code, **step), session=self._name), False
 
-    def _after(self, reply: Answer) -> Result:
+    def _lost(self, reply: Answer, message: Request) -> str | None:
+        """Why the pool holds no session for this later step it refused (it never ran), else None: then the
+        step is sent again, opening a new session with the first request's grants."""
+        if not (isinstance(reply, SessionResult) and reply.refused and reply.session_ended):
+            return None
+        with self._lock:
+            if self._name != message.session:
+                return None  # already forgotten or reopened by another step
+            self._name = None
+            restarted = self._opened_on is not None and self._opened_on is not self.pool._process
+        if restarted:
+            return "the pool was restarted since the session was opened"
+        return ("the pool no longer held it: it was closed after session_idle without a step, or ended with "
+                "an earlier step")
+
+    def _after(self, reply: Answer, reopened: str | None = None) -> Result:
         """Forget the session's name only when the pool says it holds no session under it (``session_ended``,
         in a result or a refusal): a name forgotten while the pool keeps it would hold a slot of
         ``max_sessions`` until it idles out, and one kept while the pool has none would start a session
@@ -651,7 +764,7 @@ class Session:
         result = _result(reply)
         with self._lock:
             self.steps += 1
-        return result
+        return dataclasses.replace(result, session_reopened=reopened) if reopened else result
 
     def _step_functions(self, functions: Mapping[str, HostFunction] | None) -> Mapping[str, HostFunction]:
         return step_functions(self.functions, functions)
@@ -661,9 +774,21 @@ class Session:
             functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         callables = self._step_functions(functions)
-        message, _ = self._message(code, step)
-        future = self.pool._submit(message, callables, host_errors=self.host_errors)
-        return self._after(self.pool._wait(future, self._limits(message), _SESSION_ROUNDS))
+        message, first = self._message(code, step)
+        reply = self.pool._wait(self._submit(message, first, callables), self._limits(message), _SESSION_ROUNDS)
+        lost = None if first else self._lost(reply, message)
+        if lost is not None:
+            message, _ = self._message(code, step)
+            reply = self.pool._wait(self._submit(message, True, callables), self._limits(message),
+                                    _SESSION_ROUNDS)
+        return self._after(reply, lost)
+
+    def _submit(self, message: Request, first: bool, callables: Mapping[str, HostFunction],
+                loop: asyncio.AbstractEventLoop | None = None) -> concurrent.futures.Future[Any]:
+        future = self.pool._submit(message, callables, host_errors=self.host_errors, loop=loop)
+        if first:
+            self._opened_on = self.pool._process
+        return future
 
     def _limits(self, message: Request) -> Request:
         """What bounds a step's wait: its own timeout, else the session's grants."""
@@ -675,27 +800,36 @@ class Session:
                    return_value: bool = True, functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         callables = self._step_functions(functions)
-        message, _ = self._message(code, step)
-        future = self.pool._submit(message, callables, host_errors=self.host_errors,
-                                   loop=asyncio.get_running_loop())
+        message, first = self._message(code, step)
+        reply = await self._asend(message, first, callables)
+        lost = None if first else self._lost(reply, message)
+        if lost is not None:
+            message, _ = self._message(code, step)
+            reply = await self._asend(message, True, callables)
+        return self._after(reply, lost)
+
+    async def _asend(self, message: Request, first: bool, callables: Mapping[str, HostFunction]) -> Answer:
+        future = self._submit(message, first, callables, asyncio.get_running_loop())
         try:
-            reply = await self.pool._await(future, self._limits(message), _SESSION_ROUNDS)
+            reply: Answer = await self.pool._await(future, self._limits(message), _SESSION_ROUNDS)
         except asyncio.CancelledError:
             with self._lock:  # a cancelled step ends its session: the next run starts a fresh one
                 if self._name == message.session:
                     self._name = None
             raise
-        return self._after(reply)
+        return reply
 
-    def close(self) -> None:
-        """End the process. The session object stays usable: a later ``run`` starts a fresh one."""
+    def close(self, timeout: float = 30.0) -> None:
+        """End the process, waiting at most ``timeout`` seconds for the pool to confirm. The session object
+        stays usable: a later ``run`` starts a fresh one."""
         with self._lock:
             name, self._name = self._name, None
         if name is not None:
             try:
-                self.pool._submit(Request(session=name, close=True)).result()
+                # Not a sign of a hung pool: a close is answered only after the session's running step.
+                self.pool._wait_for(self.pool._submit(Request(session=name, close=True)), timeout, hang=False)
             except PoolError:
-                pass  # the pool is gone, and the session with it
+                pass  # the pool is gone (or hung, and now stopped), and the session with it
 
     async def aclose(self) -> None:
         """``close`` for asyncio callers: the event loop is not blocked while the pool answers."""
@@ -707,6 +841,20 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+# Every open Pool of this process, so that the child of a fork can make each forget its parent's pool.
+_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+_forgotten_in_child: list[_Process] = []
+
+
+def _after_fork_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+    for pool in list(_live_pools):
+        pool._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _default: Pool | None = None
 _default_lock = threading.Lock()

@@ -35,11 +35,11 @@ from .grants import bounded, dedupe, enforce_ceiling, merged, resolve
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath
 from .protocol import Request
-from .units import parse_duration, parse_size
+from .units import format_size, parse_duration, parse_size
 
 __all__ = [
-    "EMPTY", "LANDLOCK_ABI_VARIABLE", "Config", "Limits", "PoolOptions", "PoolSettings", "landlock_abi_cap",
-    "landlock_abi_from_environment", "load_config", "merged", "metrics_socket", "pool_options",
+    "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Limits", "PoolOptions", "PoolSettings",
+    "landlock_abi_cap", "landlock_abi_from_environment", "load_config", "merged", "metrics_socket", "pool_options",
 ]
 
 _T = TypeVar("_T")
@@ -56,6 +56,10 @@ _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory"
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
 _MAX_WORKERS = 256
+# The least memory limit a Python job starts under anywhere: a bare interpreter's heap (about 11 MiB),
+# which the job inherits from its template, plus the 16 MiB it needs to run, rounded up. A pool whose
+# preloaded modules make its templates heavier raises the floor at start (Config.refuse_memory_below).
+LEAST_MEMORY = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,19 @@ class Config:
     def ceiling(self) -> tuple[list[str], list[str]] | None:
         """The [pool.limits] roots a request's resolved paths must lie beneath: (readable, writable)."""
         return (self.limits.readable, list(self.limits.allow_write)) if self.limits is not None else None
+
+    def refuse_memory_below(self, floor: int, why: str) -> None:
+        """Raise ConfigError, naming the file, table and key, for a memory limit of the ceiling or of a profile
+        below ``floor`` (what a job of the started pool needs, ``why``): every job under it would fail."""
+        if self.path is None:
+            return
+        tables = [("pool.limits", self.limits.memory if self.limits else None)]
+        tables += [(f"profiles.{name}", _size_or_none(profile.memory)) for name, profile in self.profiles.items()]
+        for table, memory in tables:
+            if memory is not None and memory < floor:
+                raise ConfigError(f"{self.path}: [{table}] memory: {format_size(memory)} is below the "
+                                  f"{floor / (1 << 20):.1f} MiB {why}; every job under it would fail with "
+                                  "SandboxSetupError")
 
     def profile(self, name: str) -> Request:
         """The profile called ``name``; RequestError (the request named it) if there is none."""
@@ -199,6 +216,19 @@ class _Table:
         return dedupe(resolved)
 
 
+def _size_or_none(value: object) -> int | None:
+    return parse_size(value) if isinstance(value, str | int | float) else None
+
+
+def _memory(table: _Table) -> int | None:
+    """A memory limit no job could start under is refused here, not by every job's SandboxSetupError."""
+    memory = table.units("memory", parse_size)
+    if memory is not None and memory < LEAST_MEMORY:
+        raise table.error(f"{format_size(memory)} is below the {format_size(LEAST_MEMORY)} a Python job needs to "
+                          "start; every job under it would fail with SandboxSetupError", "memory")
+    return memory
+
+
 def _type_name(value: object) -> str:
     return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
             float: "a float"}.get(type(value), type(value).__name__)
@@ -274,8 +304,11 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     drain = table.units("drain_timeout", parse_duration)
     redact = table.get("log_redact", bool, "true or false")
     max_sessions = table.positive_int("max_sessions")
+    workers = table.positive_int("workers")
+    if workers is not None and workers > _MAX_WORKERS:
+        raise table.error(f"must be between 1 and {_MAX_WORKERS}, got {workers}", "workers")
     return PoolSettings(
-        workers=table.positive_int("workers"),
+        workers=workers,
         preload=tuple(dedupe(preload)),
         package_dirs=tuple(table.paths("package_dirs", base, must_exist=True) or ()),
         max_sessions=PoolSettings.max_sessions if max_sessions is None else max_sessions,
@@ -383,7 +416,7 @@ def _limits(table: _Table, base: str) -> Limits:
         allow_write=tuple(table.paths("allow_write", base, must_exist=True) or ()),
         allow_network=bool(network),
         timeout=table.units("timeout", parse_duration),
-        memory=table.units("memory", parse_size),
+        memory=_memory(table),
         max_output=table.units("max_output", parse_size),
         max_file_size=table.units("max_file_size", parse_size),
     )
@@ -408,7 +441,7 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
         env=dict(env) if env is not None else None,
         functions=dedupe(functions) if functions is not None else None,
         timeout=table.units("timeout", parse_duration),
-        memory=table.units("memory", parse_size),
+        memory=_memory(table),
         max_output=table.units("max_output", parse_size),
         max_file_size=table.units("max_file_size", parse_size),
     )

@@ -44,6 +44,7 @@ __all__ = [
     "parse_line",
     "refusal",
     "reply_call_id",
+    "request_id_from_head",
 ]
 
 MAX_LINE = 1 << 20  # bytes, without the newline
@@ -76,6 +77,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     host_globals: Literal["call", "await"] | None = None
     return_value: bool | None = None
     session: str | None = None
+    # With ``session``: this request opens the session (the Python client says so on every first
+    # request); a request that opens none, to a name the pool holds no session under, is refused.
+    open: bool | None = None
     close: bool | None = None
     stats: bool | None = None
     cancel: str | int | float | None = None
@@ -339,6 +343,22 @@ def decode_answer(line: bytes) -> Answer:
     return msgspec.convert(raw, SessionResult)
 
 
+_REQUEST_HEAD = re.compile(rb'\s*\{\s*"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,18})\s*[,}]')
+
+
+def request_id_from_head(head: bytes) -> RequestId:
+    """The id of a request line too long to parse, from its first bytes only, when the id comes first (as
+    the Python client writes it): its refusal then reaches the caller waiting for it."""
+    match = _REQUEST_HEAD.match(head)
+    if match is None:
+        return None
+    try:
+        value = msgspec.json.decode(match.group(1))
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, str | int) else None
+
+
 def reply_call_id(head: bytes) -> int | None:
     """The call a reply line answers, from its first bytes only (for a line too long to parse): a
     client that writes ``call_id`` first, as the Python client does, still gets its call answered."""
@@ -454,6 +474,8 @@ def _check_shape(request: Request) -> None:
         if extra:
             raise refuse(f"a cancel request takes only id and cancel, got {', '.join(extra)}")
         return
+    if request.open is not None and request.session is None:
+        raise refuse("open needs the session to open")
     if request.close:
         if request.session is None:
             raise refuse("close needs the session to close")

@@ -66,6 +66,9 @@ class Result:
     # The pool refused the request before anything ran (the client raises RequestError for it): the pool's
     # own ``refused`` field, never read from exit and error type, which describe what ran.
     refused: bool = False
+    # Why the session's earlier process was gone when this step came (closed after session_idle, the pool
+    # restarted): the step ran in a new process, opened with the session's own grants, without its state.
+    session_reopened: str | None = None
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -107,11 +110,19 @@ class Result:
         traceback the error line sums up), the trailing value as ``Out: ...``, then the error with its
         source line and hint, and notes on truncation and on a session's end."""
         stderr = self.stderr_text
-        parts = [self.stdout.rstrip("\n"), f"[stderr]\n{stderr}" if stderr else "",
+        parts = [self._reopened_note, self.stdout.rstrip("\n"), f"[stderr]\n{stderr}" if stderr else "",
                  f"Out: {self.return_value}" if self.return_value is not None else "", self._images_note,
                  self.error_text]
         return "\n".join(part for part in parts if part) or \
             "(The code ran without printing anything. Use print() to show results.)"
+
+    @property
+    def _reopened_note(self) -> str:
+        if self.session_reopened is None:
+            return ""
+        return (f"[The session's earlier process was gone ({self.session_reopened}): this call ran in a new one, "
+                "with the same permissions. Variables, imports and functions defined in earlier calls are gone: "
+                "define again what this code needs.]")
 
     @property
     def _images_note(self) -> str:

@@ -13,7 +13,7 @@ from .errors import ConfigError, quoted
 
 __all__ = ["format_duration", "format_size", "parse_duration", "parse_size"]
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "g": 1 << 30, "gb": 1 << 30, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _NUMBER_UNIT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
@@ -23,7 +23,7 @@ _MAX_BYTES = 1 << 50
 
 
 def parse_duration(value: str | int | float, what: str = "duration") -> float:
-    """Return seconds. ``"500ms"``, ``"5s"``, ``"2m"``, ``"1h"``, or a number of seconds."""
+    """Return seconds. ``"500ms"``, ``"5s"``, ``"2m"``, ``"1h"``, ``"7d"``, or a number of seconds."""
     if isinstance(value, bool):
         raise ConfigError(f"{what}: expected a duration like '5s', got {quoted(value)}")
     if isinstance(value, int | float):
@@ -33,7 +33,8 @@ def parse_duration(value: str | int | float, what: str = "duration") -> float:
         match = _NUMBER_UNIT.fullmatch(value)
         unit = match.group(2).lower() if match else ""
         if match is None or unit not in _DURATION_UNITS:
-            raise ConfigError(f"{what}: {quoted(value)} is not a duration; write e.g. '500ms', '5s', '2m' or '1h'")
+            raise ConfigError(f"{what}: {quoted(value)} is not a duration; write e.g. '500ms', '5s', '2m', '1h' "
+                              "or '1d'")
         seconds = float(match.group(1)) * _DURATION_UNITS[unit]
     else:
         raise ConfigError(f"{what}: expected a duration like '5s', got {type(value).__name__}")

@@ -44,6 +44,11 @@ class Runtime:
     # Private writable memory the template already holds, which every child inherits.
     data_bytes: int
 
+    @property
+    def memory_floor(self) -> int:
+        """The least memory limit a job forked from here can start under."""
+        return self.data_bytes + _MIN_HEADROOM
+
 
 def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ...] = (), *,
                     max_abi: int | None = None) -> Runtime:
@@ -144,7 +149,7 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
     The caller has already started a new session, built ``ruleset`` and closed every other descriptor.
     """
     # The child inherits the template's heap (preloaded modules): a limit below it could not even start.
-    if confinement.memory < runtime.data_bytes + _MIN_HEADROOM:
+    if confinement.memory < runtime.memory_floor:
         raise MemoryError(f"memory limit {confinement.memory >> 20} MiB is below what the runtime already uses "
                           f"({runtime.data_bytes >> 20} MiB with its preloaded modules) plus "
                           f"{_MIN_HEADROOM >> 20} MiB to run; raise it")

@@ -45,9 +45,8 @@ def matplotlib_setup() -> tuple[dict[str, str], str] | None:
     spec = importlib.util.find_spec("matplotlib")
     if spec is None or not spec.origin:
         return None
-    version = _version(os.path.dirname(spec.origin))
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = os.path.realpath(os.path.join(home, "pynox", f"matplotlib-{version}"))
+    directory = os.path.realpath(os.path.join(home, "pynox", _cache_name(os.path.dirname(spec.origin))))
     env = {"MPLBACKEND": BACKEND, "MPLCONFIGDIR": directory}
     if not any(name.startswith("fontlist-") for name in _listing(directory)):
         try:
@@ -62,15 +61,19 @@ def matplotlib_setup() -> tuple[dict[str, str], str] | None:
     return env, directory
 
 
-def _version(package_dir: str) -> str:
+def _cache_name(package_dir: str) -> str:
+    """The font cache's directory for this matplotlib: one per installed version and place, so a cache built
+    by another matplotlib (whose fonts or format differ, and which makes every job print a warning) is
+    never read. The version is the distribution's own (its _version.py differs between releases)."""
+    import hashlib  # the pool's side only: a job loads this module as its backend, and needs neither
+    import importlib.metadata
+
     try:
-        with open(os.path.join(package_dir, "_version.py"), encoding="utf-8") as source:
-            for line in source:
-                if line.startswith("__version__"):
-                    return line.split("=", 1)[1].strip().strip("'\"")
-    except OSError:
-        pass
-    return "unknown"
+        version = importlib.metadata.version("matplotlib")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unversioned"
+    place = hashlib.sha256(os.path.realpath(package_dir).encode()).hexdigest()[:12]
+    return f"matplotlib-{version}-{place}"
 
 
 def _listing(directory: str) -> list[str]:

@@ -58,6 +58,7 @@ class Ready(msgspec.Struct, tag=True):
     read_paths: list[str]
     seccomp_unknown: list[str]
     landlock_abi_kernel: int = 0
+    memory_floor: int = 0  # bytes: the least memory limit a job of this template starts under
 
 
 class TemplateFailed(msgspec.Struct, tag=True):

@@ -33,7 +33,7 @@ import msgspec
 from .. import __version__
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
-from ..errors import KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
+from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..grants import bounded, parse_request_duration, parse_request_size, to_job
 from ..job import ErrorInfo, JobSpec
@@ -55,6 +55,7 @@ from ..protocol import (
     parse_line,
     refusal,
     reply_call_id,
+    request_id_from_head,
 )
 from ..units import format_duration
 from .flights import Cancel, Flight, Flights
@@ -281,6 +282,15 @@ class Server:
         first = workers[0].template
         assert first is not None  # every worker started without error
         ready = self.ready = first.ready
+        try:
+            # Only now is it known how much a job inherits from its template (preloaded modules included).
+            self.options.config.refuse_memory_below(
+                ready.memory_floor, "a job of this pool needs to start (what its template holds, with the "
+                                    "preloaded modules, plus 16 MiB to run)")
+        except ConfigError:
+            for _ in workers:
+                self.jobs.put(None)
+            raise
         self.read_paths = ready.read_paths
         self.ready_info = ReadyEvent(
             workers=self.options.workers,
@@ -395,7 +405,8 @@ class Server:
                 self._refuse(None, f"reply to call {call_id}: line of {line.size} bytes exceeds the 1 MiB "
                                    "limit; the job's call fails with HostError")
                 return
-            self._refuse(None, f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
+            self._refuse(request_id_from_head(line.head),
+                         f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
             return
         try:
             message = parse_line(line)
@@ -480,6 +491,15 @@ class Server:
         if request.script is not None:
             raise RequestError("sessions take inline code, not script")
         existing = self.sessions.get(name)
+        if request.open and existing is not None and not existing.closing:
+            raise RequestError(f"open: session {quoted(name)} is already open; its later steps carry no open")
+        if (existing is None or existing.closing) and not (request.open or request.grant_fields()):
+            # A later step, to a name the pool holds no session under: it ended (session_idle, a timeout, a
+            # crash) or this pool never had it (it was restarted). Opening one with the defaults would run
+            # the step with other grants and limits than the session's, and without its state.
+            raise RequestError(f"there is no open session named {quoted(name)} (it ended, or this pool never "
+                               "opened it), and a step cannot open one: this step did not run. Send the "
+                               'session\'s first request again, with its grants and limits, or "open": true for none')
         if existing is not None and not existing.closing:
             fields = request.grant_fields()
             if fields:

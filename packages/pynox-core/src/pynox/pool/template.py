@@ -83,7 +83,7 @@ def main() -> None:
         return
     send_frame(sock, Ready(python=platform.python_version(), pid=os.getpid(), preloaded=init.preload,
                            landlock_abi=runtime.landlock_abi, landlock_abi_kernel=runtime.landlock_abi_kernel,
-                           read_paths=list(runtime.read_paths),
+                           read_paths=list(runtime.read_paths), memory_floor=runtime.memory_floor,
                            seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.compiled.unknown})))
     _serve(sock, runtime)
 

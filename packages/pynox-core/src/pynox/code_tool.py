@@ -22,7 +22,7 @@ import inspect
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from .config import EMPTY, load_config
 from .defaults import DEFAULTS
@@ -198,7 +198,8 @@ class CodeTool:
 
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
-                 session_scope: str | None = None, **grants: Unpack[Grants]) -> None:
+                 session_scope: str | None = None, host_globals: Literal["call", "await"] | None = None,
+                 **grants: Unpack[Grants]) -> None:
         from .client import Session
 
         check_grants(f"{type(self).__name__}()", grants)
@@ -209,6 +210,7 @@ class CodeTool:
             pool = session.pool
             requested = dict(session.grants)
             profile = requested.pop("profile", None)
+            host_globals = requested.pop("host_globals", None)
             functions = session.functions or None
         for name in functions or ():
             if not is_function_name(name):
@@ -220,6 +222,7 @@ class CodeTool:
         self._pool = pool
         self._functions = dict(functions) if functions else None
         self._host_errors = host_errors
+        self._host_globals = host_globals  # how host functions are bound in the code (see Pool.run)
         self._grants = {**requested, **({"profile": profile} if profile else {})}
         self.owns_session = session is True
         self._session: Session | None = session if isinstance(session, Session) else None
@@ -275,7 +278,8 @@ class CodeTool:
         pool = self._target()
         seconds = min(timeout, self.grants.timeout) if timeout is not None else None
         if not fresh and self.owns_session and self._session is None:
-            self._session = pool.session(functions=self._functions, host_errors=self._host_errors, **self._grants)
+            self._session = pool.session(functions=self._functions, host_errors=self._host_errors,
+                                         host_globals=self._host_globals, **self._grants)
         if not fresh and self._session is not None:
             if env:
                 raise ValueError("a session's environment is fixed when it starts: env cannot change per call")
@@ -286,7 +290,8 @@ class CodeTool:
         if seconds is not None:
             grants["timeout"] = seconds
         callables = {**(self._functions or {}), **(functions or {})} or None
-        return None, {"functions": None if fresh else callables, "host_errors": self._host_errors, **grants}
+        return None, {"functions": None if fresh else callables, "host_errors": self._host_errors,
+                      "host_globals": self._host_globals, **grants}
 
     def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
             fresh: bool = False, functions: Mapping[str, HostFunction] | None = None) -> Result:

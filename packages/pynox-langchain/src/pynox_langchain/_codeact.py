@@ -58,9 +58,8 @@ class PynoxEval:
         names = tuple(sorted(functions))
         if self._runner is None or names != self._names:
             self.close()
-            grants: dict[str, Any] = {**self._grants, **({"host_globals": "call"} if functions else {})}
             self._runner = CodeTool(self._pool, profile=self._profile, session=True, functions=functions or None,
-                                    **grants)
+                                    host_globals="call" if functions else None, **self._grants)
             self._names = names
         return self._runner, functions
 

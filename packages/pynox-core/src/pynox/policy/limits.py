@@ -18,11 +18,18 @@ priority or take a real-time scheduling class, whatever limits the pool was
 started with (a login session's limits.conf may grant both to a user's
 processes, and a job would inherit them; with them, a job could starve the
 machine under ``SCHED_FIFO``).
+
+A job's ``oom_score_adj`` is 1000: when its template's memory cgroup is full
+(see ``cgroups.py``), or the machine's memory, the kernel kills the job first,
+never the template that shares its cgroup (whose resident pages may outweigh a
+job that holds its memory in a tmpfs). A job cannot lower it again: the file is
+not among those Landlock lets it write.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import resource
 import signal
 
@@ -48,6 +55,11 @@ def apply_limits(*, memory: int, timeout: float | None, max_file_size: int | Non
     _set(resource.RLIMIT_SIGPENDING, MAX_QUEUED_SIGNALS)
     _set(resource.RLIMIT_NICE, 0)
     _set(resource.RLIMIT_RTPRIO, 0)
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"1000")
+    finally:
+        os.close(fd)
     if max_file_size is not None:
         # Ignored, SIGXFSZ becomes EFBIG: Python raises OSError instead of the process dying.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

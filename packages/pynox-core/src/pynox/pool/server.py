@@ -32,7 +32,7 @@ from ..errors import KernelSupportError, PoolWorkerError, PynoxError, RequestErr
 from ..exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..grants import bounded, parse_request_duration, parse_request_size, to_job
 from ..job import ErrorInfo, JobSpec
-from ..policy import BACKEND
+from ..policy import BACKEND, cgroups
 from ..protocol import (
     CancelAnswer,
     LineError,
@@ -217,7 +217,7 @@ class Server:
         if self.options.log == "json":
             self._log(encode(log_line(result, session=session, step=step)))
 
-    def log_event(self, event: Literal["template_error", "config_warning"], message: str, *,
+    def log_event(self, event: Literal["template_error", "config_warning", "bound_not_in_force"], message: str, *,
                   retry: int | None = None) -> None:
         if self.options.log == "json":
             self._log(encode(PoolLogEvent(ts_ms=int(time.time() * 1000), event=event, message=message, retry=retry)))
@@ -248,6 +248,7 @@ class Server:
             profiles=sorted(self.options.config.profiles),
             landlock_abi=ready.landlock_abi,
             backend=BACKEND,
+            bounds_not_in_force=cgroups.available().not_in_force(),
         )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
@@ -420,6 +421,12 @@ def serve(args: argparse.Namespace) -> int:
             else:
                 print(f"pynox pool: warning: {warning}", file=sys.stderr, flush=True)
         workers = server.start()
+        assert server.ready_info is not None
+        for missing in server.ready_info.bounds_not_in_force:  # never loosened silently
+            if options.log == "json":
+                server.log_event("bound_not_in_force", missing)
+            else:
+                print(f"pynox pool: warning: per-job bound not in force: {missing}", file=sys.stderr, flush=True)
     except (PynoxError, OSError) as exc:
         kind = type(exc).__name__
         output.write(encode(StartErrorEvent(error=StartError(type=kind, message=str(exc)))))

@@ -60,6 +60,7 @@ __all__ = ["MAX_JOB_TASKS", "Bounds", "Hierarchy", "MemoryCounter", "TemplateGro
 MAX_JOB_TASKS = 256  # threads of one job, its main thread included
 _REMOVE_WAIT = 2.0  # seconds a cgroup may take to empty after its processes were killed
 _CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant between its mkdir and its use
+_SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
 _POOL_NAME = f"pynox-{os.getpid()}-{secrets.token_hex(4)}"
 _cleaned_at_exit: set[str] = set()
 
@@ -209,7 +210,9 @@ class MemoryCounter:
         usage = int(self._read("usage"))
         stat = _fields(self._read("stat", 8192))
         self._held = max(usage - stat.get(b"active_file", 0) - stat.get(b"inactive_file", 0), 0)
-        limit = self._held + memory
+        # A limit below what a child needs to reach its own check of ``memory`` (policy.confine, which
+        # refuses less than the runtime plus 16 MiB before any code runs) would kill it in its setup.
+        limit = self._held + max(memory, _SETUP_MEMORY)
         text = str(limit).encode()
         swap = self._fds.get("swap_limit")
         if swap is not None and limit > self._limit_set:

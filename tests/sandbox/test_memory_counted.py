@@ -147,6 +147,8 @@ def test_cgroups_of_a_dead_pool_are_swept_whatever_its_pid_and_a_pool_leaves_non
         pytest.skip("no cgroup can be made here")
     for base in bases:
         os.makedirs(os.path.join(base, *_STALE), exist_ok=True)
+        for stale in (os.path.join(base, *_STALE), os.path.join(base, _STALE[0])):  # as if made long ago
+            os.utime(stale, (0, 0))
     with pool_process("--workers=2", cwd=tmp_path) as pool:
         assert pool.run("print(1)")["exit"] == 0
         templates = pool.templates()

@@ -39,8 +39,9 @@ Names. A pool's cgroups are ``pynox-<pid>-<random>``: two pools that are each
 PID 1 of their own PID namespace, sharing a cgroupfs, never collide. Whether a
 pool's pid is alive cannot be known across PID namespaces, so the sweep that
 removes what dead pools left takes only what the kernel lets it remove: an
-empty cgroup (``rmdir`` of one that holds a process fails); a live pool whose
-new cgroup was swept in the instant before it was filled makes it again.
+empty cgroup (``rmdir`` of one that holds a process fails) made more than 10 s
+ago (one just made may be about to be filled); a live pool whose directory was
+swept while empty makes it again.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ __all__ = ["MAX_JOB_TASKS", "Bounds", "Hierarchy", "MemoryCounter", "TemplateGro
 MAX_JOB_TASKS = 256  # threads of one job, its main thread included
 _REMOVE_WAIT = 2.0  # seconds a cgroup may take to empty after its processes were killed
 _CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant between its mkdir and its use
+_SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
 _POOL_NAME = f"pynox-{os.getpid()}-{secrets.token_hex(4)}"
 _cleaned_at_exit: set[str] = set()
@@ -377,13 +379,21 @@ def memory_counted() -> bool:
 def _sweep(base: str) -> None:
     """Remove every empty cgroup other pools left: a live pool's hold its templates, and rmdir refuses them."""
     for entry in os.scandir(base):
-        if not (entry.name.startswith("pynox-") and entry.name != _POOL_NAME and entry.is_dir()):
+        if not (entry.name.startswith("pynox-") and entry.name != _POOL_NAME and entry.is_dir()) or _young(entry):
             continue
         with contextlib.suppress(OSError):
             for leaf in os.scandir(entry.path):
-                if leaf.is_dir():
+                if leaf.is_dir() and not _young(leaf):
                     remove(leaf.path)
         remove(entry.path)
+
+
+def _young(entry: os.DirEntry[str]) -> bool:
+    """Made in the last seconds: a pool may be about to fill it (a cgroup's times are those of its mkdir)."""
+    try:
+        return time.time() - entry.stat().st_mtime < _SWEEP_AGE
+    except OSError:
+        return False
 
 
 def _usable(hierarchy: Hierarchy | None, reason: str) -> tuple[Hierarchy | None, str]:

@@ -195,7 +195,7 @@ class MemoryCounter:
         now = self._read("limit").strip()
         self._limit_set = int(now) if now.isdigit() else 1 << 62
         self._held = 0
-        self._kills = self._kill_count()
+        self.settle()
 
     def _open(self, what: str, path: str, written: bool) -> None:
         self._fds[what] = os.open(path, (os.O_RDWR if written else os.O_RDONLY) | os.O_CLOEXEC)
@@ -206,24 +206,34 @@ class MemoryCounter:
     def _kill_count(self) -> int:
         return _fields(self._read("events", 4096)).get(b"oom_kill", 0)
 
-    def start(self, memory: int) -> None:
-        """Before a job: its limit is what the cgroup holds and the kernel cannot reclaim, plus ``memory``;
-        its peak starts from there."""
+    def settle(self) -> None:
+        """Between jobs, off their path (``memory.stat`` costs ~100 us to read): what the cgroup holds that
+        the kernel cannot reclaim, the base of the next job's limit. Pages of the child prepared ahead, if
+        it is forked after this, count against that job, whose process it becomes."""
         usage = int(self._read("usage"))
         stat = _fields(self._read("stat", 8192))
         self._held = max(usage - stat.get(b"active_file", 0) - stat.get(b"inactive_file", 0), 0)
+        self._kills = self._kill_count()  # a kill between jobs (of a child prepared ahead) is no job's verdict
+
+    def start(self, memory: int) -> None:
+        """Before a job: its limit is what the cgroup held unreclaimably when last settled, plus ``memory``;
+        its peak starts from here."""
         # A limit below what a child needs to reach its own check of ``memory`` (policy.confine, which
         # refuses less than the runtime plus 16 MiB before any code runs) would kill it in its setup.
+        # Never above the usage now: what was freed since it settled (a grant's tmpfs file the host removed)
+        # is not the job's to take.
+        self._held = min(self._held, int(self._read("usage")))
         limit = self._held + max(memory, _SETUP_MEMORY)
-        text = str(limit).encode()
-        swap = self._fds.get("swap_limit")
-        if swap is not None and limit > self._limit_set:
-            os.pwrite(swap, text, 0)  # memory+swap may never be below memory: raised first, lowered last
-            swap = None
-        os.pwrite(self._fds["limit"], text, 0)
-        if swap is not None:
-            os.pwrite(swap, text, 0)
-        self._limit_set = limit
+        if limit != self._limit_set:
+            text = str(limit).encode()
+            swap = self._fds.get("swap_limit")
+            if swap is not None and limit > self._limit_set:
+                os.pwrite(swap, text, 0)  # memory+swap may never be below memory: raised first, lowered last
+                swap = None
+            os.pwrite(self._fds["limit"], text, 0)
+            if swap is not None:
+                os.pwrite(swap, text, 0)
+            self._limit_set = limit
         peak = self._fds.get("peak")
         if peak is not None:
             try:
@@ -231,14 +241,18 @@ class MemoryCounter:
             except OSError:  # a v2 kernel before 6.12 cannot reset it: the peak of a later job is unknown
                 os.close(self._fds.pop("peak"))
 
-    def measure(self) -> tuple[int | None, bool]:
-        """After a job (or a step): what it added at its peak, in KiB (None: unknown here), and whether the
-        kernel killed a process of this cgroup for its memory since the last measure."""
+    def measure(self) -> int | None:
+        """After a job (or a step): what it added at its peak, in KiB (None: unknown here)."""
+        if "peak" not in self._fds:
+            return None
+        return max(int(self._read("peak")) - self._held, 0) // 1024
+
+    def killed(self) -> bool:
+        """Whether the kernel killed a process of this cgroup for its memory since the last time asked
+        (read only for a job killed by SIGKILL, which is how the kernel kills)."""
         kills = self._kill_count()
         killed, self._kills = kills > self._kills, kills
-        if "peak" not in self._fds:
-            return None, killed
-        return max(int(self._read("peak")) - self._held, 0) // 1024, killed
+        return killed
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -306,6 +306,11 @@ class Template:
             self.close()
             raise PoolWorkerError(f"the template sent {type(frame).__name__} instead of Ready")
         self.ready: Ready = frame
+        try:
+            self._settle_memory()  # what it holds with its preloads: none of it counts against a job
+        except PoolWorkerError:
+            self.close()
+            raise
 
     @property
     def pid(self) -> int:
@@ -654,11 +659,11 @@ class Template:
             # The kernel's own count: what the job's cgroup held at its peak, and whether it killed the job
             # for its memory (a kill the job cannot fake, nor hide).
             try:
-                outcome.memory_peak_kb, killed = self.cgroups.memory.measure()
+                outcome.memory_peak_kb = self.cgroups.memory.measure()
+                outcome.memory_exceeded = outcome.signal == signal.SIGKILL and self.cgroups.memory.killed()
             except OSError as exc:
                 self.broken = True
                 raise PoolWorkerError(f"cannot read the template's memory cgroup: {exc}") from None
-            outcome.memory_exceeded = killed and outcome.signal == signal.SIGKILL
 
     def _await_end(self) -> None:
         """Give the template a moment to report a child that is exiting on its own."""
@@ -676,11 +681,20 @@ class Template:
             return
         try:
             self._settle()
+            self._settle_memory()
         except PoolWorkerError:
             self.broken = True
         except Exception:  # a bug here must cost this template, never the worker thread (its templates die with it)
             _log.exception("the pool failed while collecting a job's end")
             self.broken = True
+
+    def _settle_memory(self) -> None:
+        """What the template's memory cgroup holds between jobs: the base of the next job's limit."""
+        if self.cgroups is not None and self.cgroups.memory is not None:
+            try:
+                self.cgroups.memory.settle()
+            except OSError as exc:
+                raise PoolWorkerError(f"cannot read the template's memory cgroup: {exc}") from None
 
     def _settle(self) -> None:
         """Before the next job: collect the end of a child answered from its report (see _finish)."""

@@ -88,7 +88,11 @@ def _used(place: Path) -> int:
 def test_pages_a_job_writes_into_a_granted_tmpfs_count_against_its_memory(tmp_path: Path, tmpfs: Path) -> None:
     _counted()
     with pool_process("--workers=1", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+        templates = pool.templates()
         hoard = pool.run(_fill(tmpfs, 400), memory="128m", timeout="30s", allow_write=[str(tmpfs)], wait=60)
+        # The kernel killed the job, not the template that shares its cgroup.
+        assert pool.templates() == templates, hoard
         # From the host: the tmpfs holds no more than the job's memory.
         assert _used(tmpfs) <= 128 * _MIB, (_used(tmpfs) >> 20, hoard)
         # The verdict is the pool's, from the cgroup's own count of the kernel's kills.
@@ -101,6 +105,27 @@ def test_pages_a_job_writes_into_a_granted_tmpfs_count_against_its_memory(tmp_pa
         assert _used(tmpfs) >= 400 * _MIB
         # And what a job counted is reported: the cgroup's peak, its tmpfs pages included.
         assert fine["usage"]["memory_peak_kb"] >= 400 * 1024, fine["usage"]
+
+
+def test_a_job_that_kills_itself_is_no_memory_verdict(tmp_path: Path) -> None:
+    # A SIGKILL the job sends itself is not the kernel's kill for its memory: the pool reads which it was.
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        done = pool.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", memory="128m")
+    assert done["exit"] == 137 and done["error"]["type"] == "SignalError", done
+
+
+@pytest.mark.needs_root("the tmpfs is mounted by the test; an ordinary user's pool has no memory cgroup")
+def test_a_session_counts_what_all_its_steps_hold(tmp_path: Path, tmpfs: Path) -> None:
+    _counted()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        grant = {"allow_write": [str(tmpfs)], "memory": "128m", "timeout": "30s"}
+        first = pool.run(_fill(tmpfs, 60).replace('"hoard"', '"first"'), session="hoard", **grant)
+        assert first["exit"] == 0 and first["usage"]["memory_peak_kb"] >= 60 * 1024, first
+        second = pool.run(_fill(tmpfs, 100).replace('"hoard"', '"second"'), session="hoard", wait=60)
+        # The second step's pages add to the first's: together over the session's memory, it is killed.
+        assert second["error"]["type"] == "MemoryError" and second["session_ended"] is True, second
+        held = sum((tmpfs / name).stat().st_blocks * 512 for name in ("first", "second"))
+        assert held <= 128 * _MIB, held >> 20
 
 
 _PIPES = """

@@ -61,6 +61,7 @@ __all__ = ["MAX_JOB_TASKS", "Bounds", "Hierarchy", "MemoryCounter", "TemplateGro
 MAX_JOB_TASKS = 256  # threads of one job, its main thread included
 _REMOVE_WAIT = 2.0  # seconds a cgroup may take to empty after its processes were killed
 _CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant between its mkdir and its use
+_SWEEP_WAIT = 0.2  # seconds an emptied directory of a dead pool may stay busy
 _SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
 _POOL_NAME = f"pynox-{os.getpid()}-{secrets.token_hex(4)}"
@@ -395,11 +396,13 @@ def _sweep(base: str) -> None:
     for entry in os.scandir(base):
         if not (entry.name.startswith("pynox-") and entry.name != _POOL_NAME and entry.is_dir()) or _young(entry):
             continue
+        left = 0
         with contextlib.suppress(OSError):
             for leaf in os.scandir(entry.path):
-                if leaf.is_dir() and not _young(leaf):
-                    remove(leaf.path)
-        remove(entry.path)
+                if leaf.is_dir() and (_young(leaf) or not remove(leaf.path)):
+                    left += 1  # a live pool's: it holds a process, or is about to
+        if not left:
+            remove(entry.path, _SWEEP_WAIT)  # a child just removed may keep it busy for a moment
 
 
 def _young(entry: os.DirEntry[str]) -> bool:

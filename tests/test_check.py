@@ -37,6 +37,9 @@ def test_run_check_passes_here() -> None:
     assert report.facts["seccomp_unresolved"] == []
     if os.geteuid() == 0:  # root may make the pids cgroup this machine has; an ordinary user may not
         assert report.facts["threads_bounded"] is True, report.facts["threads"]
+    # Root may make the memory cgroup this machine has; an ordinary user may not, and the check warns.
+    assert report.facts["memory_counted"] is (os.geteuid() == 0), report.facts["memory"]
+    assert ("no cgroup counts a job's memory" in report.render()) is not report.facts["memory_counted"]
     # About 0.8 s here; the margin is for a loaded CI machine, not for a slower check.
     assert report.seconds < 3.0, f"check took {report.seconds:.2f}s"
     data = report.as_dict()

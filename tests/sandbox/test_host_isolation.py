@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pynox.policy import tasks
+from pynox.policy import cgroups
 from pynox.policy.limits import MAX_QUEUED_SIGNALS
 from tests.pool.pool_driver import PoolProcess, descendants, leftover_guard, pool_process, proc_table
 
@@ -203,7 +203,8 @@ finally:
 @pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation; there only its "
                         "RLIMIT_NPROC bounds threads, for all its processes together (the contract says so)")
 def test_threads_of_a_job_are_bounded(tmp_path: Path) -> None:
-    limit, reason = tasks.available()
+    bounds = cgroups.available()
+    limit, reason = bounds.pids, bounds.pids_reason
     if limit is None:
         if os.environ.get("CI"):
             pytest.fail(f"CI must prove the thread bound: {reason}", pytrace=False)
@@ -211,15 +212,16 @@ def test_threads_of_a_job_are_bounded(tmp_path: Path) -> None:
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         # Memory alone would allow thousands of threads with small stacks.
         flood = pool.run(_THREADS.replace("COUNT", "5000"), memory="512m", timeout="20s", wait=40)
-        assert flood["stdout"] == f"started {tasks.MAX_JOB_TASKS - 1}\n", flood
+        assert flood["stdout"] == f"started {cgroups.MAX_JOB_TASKS - 1}\n", flood
         assert flood["error"]["type"] == "RuntimeError" and "threads" in flood["error"]["hint"], flood
         # Control: below the bound threads work, so the bound is what stopped the flood.
-        fine = pool.run(_THREADS.replace("COUNT", str(tasks.MAX_JOB_TASKS - 10)), memory="512m")
-        assert fine["exit"] == 0 and fine["stdout"] == f"started {tasks.MAX_JOB_TASKS - 10}\n", fine
+        fine = pool.run(_THREADS.replace("COUNT", str(cgroups.MAX_JOB_TASKS - 10)), memory="512m")
+        assert fine["exit"] == 0 and fine["stdout"] == f"started {cgroups.MAX_JOB_TASKS - 10}\n", fine
         # From outside: the template's own cgroup holds the bound.
         (template,) = pool.templates()
-        bound = Path(limit.base, f"pynox-{pool.pid}", f"template-{template}", "pids.max").read_text()
-        assert bound == f"{tasks.MAX_JOB_TASKS + 1}\n"
+        (bound_file,) = Path(limit.base).glob(f"pynox-{pool.pid}-*/template-{template}/pids.max")
+        bound = bound_file.read_text()
+        assert bound == f"{cgroups.MAX_JOB_TASKS + 1}\n"
 
 
 _QUEUE_SIGNALS = """

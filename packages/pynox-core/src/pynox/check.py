@@ -30,7 +30,7 @@ from typing import Any
 from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment, load_config
 from .errors import ConfigError, KernelSupportError, PoolError, RequestError
 from .exits import TIMEOUT_EXIT
-from .policy import BACKEND, landlock, seccomp, tasks
+from .policy import BACKEND, cgroups, landlock, seccomp
 from .pool.worker import Template
 from .protocol import Request, Result
 from .runner import run_on
@@ -115,6 +115,7 @@ class CheckReport:
             lines.append("  deny list      " + (f"unresolved here: {', '.join(unknown)}" if unknown
                                                 else "every system call name resolved"))
         lines.append(f"  threads        {facts['threads']}")
+        lines.append(f"  memory         {facts['memory']}")
         scope = facts["ptrace_scope"]
         outer = "yes" if facts["outer_seccomp"] else "no"
         lines.append(f"  standing       capabilities {', '.join(facts['capabilities']) or 'none'} (of "
@@ -193,7 +194,10 @@ def _kernel_facts() -> dict[str, Any]:
         "pyseccomp": getattr(pyseccomp, "__version__", "unknown"),
         # What bounds the threads of a job (the pid space is shared by the whole machine).
         "threads": _threads_fact(),
-        "threads_bounded": tasks.available()[0] is not None,
+        "threads_bounded": cgroups.available().pids is not None,
+        # What counts a job's memory: its own pages (rlimits) only, or all the kernel holds for it (a cgroup).
+        "memory": _memory_fact(),
+        "memory_counted": cgroups.memory_counted(),
     }
 
 
@@ -239,12 +243,21 @@ def _steward_reaches_jobs(facts: dict[str, Any]) -> tuple[bool, str]:
 
 
 def _threads_fact() -> str:
-    limit, reason = tasks.available()
-    if limit is not None:
+    bounds = cgroups.available()
+    reason = bounds.pids_reason
+    if bounds.pids is not None:
         return reason
     if os.geteuid() != 0:
         return f"not bounded per job ({reason}); RLIMIT_NPROC of uid {os.geteuid()} bounds them all together"
     return f"not bounded per job ({reason}); only memory bounds them (RLIMIT_NPROC never applies to root)"
+
+
+def _memory_fact() -> str:
+    bounds = cgroups.available()
+    if bounds.memory is not None:
+        return bounds.memory_reason + " (tmpfs pages and kernel buffers included)"
+    return (f"its own pages only ({bounds.memory_reason}): memfd and System V shm are refused, and each file a "
+            "job writes is bounded by its memory")
 
 
 # The self-test ------------------------------------------------------------------------------------
@@ -603,6 +616,14 @@ def _add_warnings(report: CheckReport) -> None:
     if not facts["threads_bounded"]:
         warn("nothing bounds the threads of a job here: one job can use up the machine's pid space (see the "
              "threads fact)")
+    if not facts["memory_counted"]:
+        warn("no cgroup counts a job's memory here: pages it writes into a tmpfs in its grants (/dev/shm, a tmpfs "
+             "mount) and kernel buffers count against no limit; each file it writes is bounded by its memory "
+             "instead (see the memory fact)")
+    if not facts["memory_counted"]:
+        warn("no cgroup counts a job's memory here: pages it writes into a tmpfs in its grants (/dev/shm, a tmpfs "
+             "mount) and kernel buffers count against no limit; each file it writes is bounded by its memory "
+             "instead (see the memory fact)")
     reaches, why = _steward_reaches_jobs(facts)
     if not reaches:
         warn(why)

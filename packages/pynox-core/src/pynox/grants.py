@@ -39,6 +39,7 @@ from .errors import ConfigError, RequestError, cut, quoted
 from .job import MAX_GRANTS, JobSpec
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath
+from .policy.cgroups import memory_counted
 from .policy.runtime import overlapping
 from .protocol import Request
 from .units import format_duration, format_size, parse_duration, parse_size
@@ -150,7 +151,9 @@ class Grants:
             # The script itself must be readable, and only it: its directory is not granted.
             allow_read=[*self.allow_read, *self.package_dirs, *([self.script] if self.script else [])],
             allow_write=list(self.allow_write), network=self.network, timeout=self.timeout, memory=self.memory,
-            max_file_size=self.max_file_size, package_dirs=list(self.package_dirs), functions=list(self.functions),
+            # Where no cgroup counts what a job writes into a tmpfs, each file it writes is bounded by its memory.
+            max_file_size=self.max_file_size if self.max_file_size is not None or memory_counted() else self.memory,
+            package_dirs=list(self.package_dirs), functions=list(self.functions),
             uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
             images=self.max_output, host_globals=request.host_globals if self.functions else None,
         )

@@ -128,10 +128,13 @@ class ResultPolicy(msgspec.Struct):
 class Usage(msgspec.Struct, frozen=True):
     """What the job's process used, as the kernel counts it (see pool/usage.py); a session step's
     ``cpu_ms`` is that step's, its ``max_rss_kb`` the process's peak so far (None: the process was gone
-    before it could be measured, and the template did not say)."""
+    before it could be measured, and the template did not say). ``memory_peak_kb``: what the job's memory
+    cgroup held above its start at its peak, tmpfs pages and kernel buffers included (for a session, since
+    its start); None where no cgroup counts a job's memory (``pynox check`` says)."""
 
     cpu_ms: float = 0.0
     max_rss_kb: int | None = 0
+    memory_peak_kb: int | None = None
     host_calls: int = 0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
@@ -197,6 +200,8 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     profiles: list[str] = []
     landlock_abi: int = 0
     backend: str = ""
+    # Each per-job bound this setup cannot give (no pids or memory cgroup), as a sentence; empty: all hold.
+    bounds_not_in_force: list[str] = []
 
 
 class StartError(msgspec.Struct):
@@ -281,7 +286,7 @@ class JobLogLine(msgspec.Struct, kw_only=True):
 
 
 PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",
-                        "config_warning", "log"]
+                        "config_warning", "bound_not_in_force", "log"]
 
 
 class PoolLogEvent(msgspec.Struct, kw_only=True, omit_defaults=True):

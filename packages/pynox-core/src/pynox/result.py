@@ -29,6 +29,8 @@ class Usage:
 
     cpu_ms: float = 0.0  # user and system, all threads; a session step's own
     max_rss_kb: int | None = 0  # peak resident memory (a session's peak so far)
+    # the memory cgroup's peak above the job's start, tmpfs pages and kernel buffers included; None uncounted
+    memory_peak_kb: int | None = None
     host_calls: int = 0  # host-function calls that reached the client
     stdout_bytes: int = 0  # what the job wrote, cut by max_output or not
     stderr_bytes: int = 0
@@ -53,8 +55,8 @@ class Result:
     step: int | None = None
     session_ended: bool = False
     id: str | int | float | None = None
-    # What the job's process used (cpu_ms, max_rss_kb, host_calls, stdout_bytes, stderr_bytes); None from
-    # a pool too old to say.
+    # What the job's process used (cpu_ms, max_rss_kb, memory_peak_kb, host_calls, stdout_bytes,
+    # stderr_bytes); None from a pool too old to say.
     usage: Usage | None = None
     # repr() of the value of the code's trailing expression (``x = 6*7\nx`` gives ``'42'``); None when
     # the last statement is not an expression, its value is None, or the run did not ask for it.

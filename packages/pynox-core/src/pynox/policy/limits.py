@@ -18,18 +18,36 @@ priority or take a real-time scheduling class, whatever limits the pool was
 started with (a login session's limits.conf may grant both to a user's
 processes, and a job would inherit them; with them, a job could starve the
 machine under ``SCHED_FIFO``).
+
+A job's ``oom_score_adj`` is 1000, from the first step of its child
+(:func:`first_to_be_killed`): when its template's memory cgroup is full
+(see ``cgroups.py``), or the machine's memory, the kernel kills the job first,
+never the template that shares its cgroup (whose resident pages may outweigh a
+job that holds its memory in a tmpfs). A job cannot lower it again: the file is
+not among those Landlock lets it write.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import resource
 import signal
 
-__all__ = ["ADDRESS_SPACE_HEADROOM", "MAX_QUEUED_SIGNALS", "apply_limits"]
+__all__ = ["ADDRESS_SPACE_HEADROOM", "MAX_QUEUED_SIGNALS", "apply_limits", "first_to_be_killed"]
 
 ADDRESS_SPACE_HEADROOM = 1 << 30
 MAX_QUEUED_SIGNALS = 64
+
+
+def first_to_be_killed() -> None:
+    """The first step of a child, before it allocates anything: from here on an OOM kill in its
+    template's cgroup takes the child, never the template."""
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"1000")
+    finally:
+        os.close(fd)
 
 
 def _set(which: int, value: int) -> None:

@@ -30,6 +30,7 @@ from .. import hints
 from ..exits import SETUP_FAILED_EXIT
 from ..job import Confinement, ErrorInfo, Frame, Payload, Report, StepSpec
 from ..policy import Runtime, add_environment, build_ruleset, confine
+from ..policy.limits import first_to_be_killed
 from ..policy.privileges import set_process_name
 from . import host_module
 from .descriptors import (
@@ -75,6 +76,7 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     report = fds[2]
     atexit._clear()  # the template's exit hooks are not the job's
     try:
+        first_to_be_killed()
         set_process_name("pynox-session" if confinement.session else "pynox-job")
         os.setsid()
         stage = "build the Landlock ruleset"
@@ -118,6 +120,7 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     listener = None
     arranged = False
     try:
+        first_to_be_killed()
         set_process_name("pynox-ready")
         os.setsid()
         stage = "build the Landlock ruleset"

@@ -18,7 +18,7 @@ from ..exits import CANCELLED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERRO
 from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND
 from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult, Usage
-from ..units import format_duration
+from ..units import format_duration, format_size
 
 __all__ = ["Outcome", "to_result", "to_session_result"]
 
@@ -38,6 +38,10 @@ class Outcome:
     # What the process used (see usage.py), and what the job did through the pool.
     cpu_us: int = 0
     max_rss_kb: int | None = 0
+    # What the template's memory cgroup held above the job's start at its peak (None: no cgroup counts it),
+    # and whether the kernel killed the job for reaching its limit there.
+    memory_peak_kb: int | None = None
+    memory_exceeded: bool = False
     host_calls: int = 0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
@@ -68,6 +72,13 @@ class Outcome:
             self.error = ErrorInfo(type="TimeoutError",
                                    message=f"the code did not finish within {format_duration(timeout)}",
                                    hint=hints.timeout_hint(timeout, spec.hint_style))
+        elif self.memory_exceeded:
+            self.exit = 1  # as for the MemoryError a job's own allocation raises
+            self.error = ErrorInfo(type="MemoryError",
+                                   message=f"the job reached its memory limit of {format_size(spec.memory)}, as the "
+                                           "kernel counts it (tmpfs pages and kernel buffers included), and the "
+                                           "kernel killed it",
+                                   hint=hints.memory_hint(spec.memory, spec.hint_style))
         elif self.setup_error is not None:
             self.exit = SETUP_FAILED_EXIT
             self.error = ErrorInfo(type="SandboxSetupError", message=self.setup_error)
@@ -115,8 +126,8 @@ def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec:
             max_file_size=spec.max_file_size, backend=BACKEND, landlock_abi=landlock_abi,
         ),
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
-                    host_calls=outcome.host_calls, stdout_bytes=outcome.stdout_bytes,
-                    stderr_bytes=outcome.stderr_bytes),
+                    memory_peak_kb=outcome.memory_peak_kb, host_calls=outcome.host_calls,
+                    stdout_bytes=outcome.stdout_bytes, stderr_bytes=outcome.stderr_bytes),
         # Bounded where the report is read (report.py), like every value from the job.
         **({"return_value": outcome.return_value} if spec.return_value else {}),
         **({"images": outcome.images} if outcome.images else {}),

@@ -37,7 +37,7 @@ from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxErro
 from ..exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..grants import bounded, parse_request_duration, parse_request_size, to_job
 from ..job import ErrorInfo, JobSpec
-from ..policy import BACKEND
+from ..policy import BACKEND, cgroups
 from ..protocol import (
     CancelAnswer,
     LineError,
@@ -263,8 +263,9 @@ class Server:
             self._log(encode(PoolLogEvent(ts_ms=int(time.time() * 1000), event=event, message=message, retry=retry,
                                           pid=os.getpid() if event in ("start", "ready", "exit") else None,
                                           status=status)))
-        elif event in ("config_warning", "signal", "stop"):
-            self._log(f"pynox pool: {'warning: ' if event == 'config_warning' else ''}{message}\n".encode())
+        elif event in ("config_warning", "bound_not_in_force", "signal", "stop"):
+            warning = event in ("config_warning", "bound_not_in_force")
+            self._log(f"pynox pool: {'warning: ' if warning else ''}{message}\n".encode())
 
     # -- startup -----------------------------------------------------------------------------------------
     def start(self) -> list[_Worker]:
@@ -301,6 +302,7 @@ class Server:
             profiles=sorted(self.options.config.profiles),
             landlock_abi=ready.landlock_abi,
             backend=BACKEND,
+            bounds_not_in_force=cgroups.available().not_in_force(),
         )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
@@ -593,6 +595,9 @@ def _serve(args: argparse.Namespace) -> int:
         for warning in options.config.warnings:
             server.log_event("config_warning", warning)
         workers = server.start()
+        assert server.ready_info is not None
+        for missing in server.ready_info.bounds_not_in_force:  # never loosened silently
+            server.log_event("bound_not_in_force", f"per-job bound not in force: {missing}")
     except (PynoxError, OSError) as exc:
         if metrics is not None:
             metrics.close()

@@ -273,7 +273,7 @@ class _Children:
         send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=prepares,
                                     cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
         # After a job, never while one runs: on two cores the preparation would take the CPU the job and the
-        # server need, and its pids would come out of the job's thread budget (policy/tasks.py). A prepared
+        # server need, and its pids would come out of the job's thread budget (policy/cgroups.py). A prepared
         # child that died while a job runs (the job went to a child of its own) is prepared again after it.
         job_running = any(not other.prepared for other in self.by_serial.values())
         if prepares and job_running:

@@ -31,7 +31,7 @@ import pynox
 from ..config import landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
 from ..job import Confinement, JobSpec
-from ..policy import tasks
+from ..policy import cgroups
 from ..policy.grants import close_all, identity, open_grants
 from .capture import Capture
 from .descriptors import (
@@ -266,7 +266,7 @@ class Template:
             child.close()
         self.sock = parent
         self.broken = False
-        self.cgroup: str | None = None
+        self.cgroups: cgroups.TemplateGroup | None = None
         self.child = ChildLife()
         # The child's delegated metadata calls (see metadata.py): the socket its listener arrives on, the
         # job's write grants and its uid and gid until then, and the steward answering them from then on.
@@ -281,13 +281,13 @@ class Template:
         self._prepare_due = False
         self._released: set[int] = set()
         self._child_serial: int | None = None
-        limit, _ = tasks.available()
+        bounds = cgroups.available()
         try:
-            if limit is not None:  # before the template can fork anything: every job it forks is bounded
-                self.cgroup = limit.confine_template(self.process.pid, f"template-{self.process.pid}")
+            if bounds.hierarchies():  # before the template can fork anything: every job it forks is bounded
+                self.cgroups = cgroups.TemplateGroup.confine(bounds, self.process.pid, f"template-{self.process.pid}")
         except OSError as exc:
             self.close()
-            raise PoolWorkerError(f"could not put the template in its pids cgroup: {exc}") from None
+            raise PoolWorkerError(f"could not put the template in its cgroups: {exc}") from None
         try:
             figures = _matplotlib()
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs,
@@ -306,6 +306,11 @@ class Template:
             self.close()
             raise PoolWorkerError(f"the template sent {type(frame).__name__} instead of Ready")
         self.ready: Ready = frame
+        try:
+            self._settle_memory()  # what it holds with its preloads: none of it counts against a job
+        except PoolWorkerError:
+            self.close()
+            raise
 
     @property
     def pid(self) -> int:
@@ -326,10 +331,10 @@ class Template:
         if self.prepared is not None:
             self.prepared.close()
             self.prepared = None
-        if self.cgroup is not None:
+        if self.cgroups is not None:
             # Its children die with it (parent-death signal); what is still exiting is removed at exit.
-            tasks.remove(self.cgroup, wait=0.5)
-            self.cgroup = None
+            self.cgroups.close(wait=0.5)
+            self.cgroups = None
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
             session: SessionChannels | None = None) -> Outcome:
@@ -342,7 +347,8 @@ class Template:
         self._settle()
         if spec.functions and session is not None and session.job_channel is None:
             raise PoolWorkerError("a session with host functions has no channel for them", started=False)
-        confinement = spec.confinement(tasks.MAX_JOB_TASKS if self.cgroup is not None else None)
+        bounds = cgroups.available()
+        confinement = spec.confinement(cgroups.MAX_JOB_TASKS if bounds.pids is not None else None)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
         reads, writes = granted[:len(confinement.allow_read)], granted[len(confinement.allow_read):]
@@ -373,6 +379,8 @@ class Template:
         start = time.monotonic_ns()
         self.child.sent()
         try:
+            if self.cgroups is not None and self.cgroups.memory is not None:
+                self.cgroups.memory.start(confinement.memory)
             if not self._hand_to_prepared(key, own, writes, confinement):
                 metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 extra.append(job_metadata)
@@ -647,6 +655,15 @@ class Template:
                 outcome.exit = 128 + outcome.signal
             else:
                 outcome.exit = os.waitstatus_to_exitcode(ended.status)
+        if self.cgroups is not None and self.cgroups.memory is not None:
+            # The kernel's own count: what the job's cgroup held at its peak, and whether it killed the job
+            # for its memory (a kill the job cannot fake, nor hide).
+            try:
+                outcome.memory_peak_kb = self.cgroups.memory.measure()
+                outcome.memory_exceeded = outcome.signal == signal.SIGKILL and self.cgroups.memory.killed()
+            except OSError as exc:
+                self.broken = True
+                raise PoolWorkerError(f"cannot read the template's memory cgroup: {exc}") from None
 
     def _await_end(self) -> None:
         """Give the template a moment to report a child that is exiting on its own."""
@@ -664,11 +681,20 @@ class Template:
             return
         try:
             self._settle()
+            self._settle_memory()
         except PoolWorkerError:
             self.broken = True
         except Exception:  # a bug here must cost this template, never the worker thread (its templates die with it)
             _log.exception("the pool failed while collecting a job's end")
             self.broken = True
+
+    def _settle_memory(self) -> None:
+        """What the template's memory cgroup holds between jobs: the base of the next job's limit."""
+        if self.cgroups is not None and self.cgroups.memory is not None:
+            try:
+                self.cgroups.memory.settle()
+            except OSError as exc:
+                raise PoolWorkerError(f"cannot read the template's memory cgroup: {exc}") from None
 
     def _settle(self) -> None:
         """Before the next job: collect the end of a child answered from its report (see _finish)."""

@@ -1,0 +1,444 @@
+"""What the kernel holds for a job, counted and bounded: one cgroup per template, for threads and memory.
+
+Threads. Every thread takes a pid from the machine's pid space (``pid_max``,
+32768 by default), and a job's threads cost it only their stacks: a 1 GiB job
+can hold about 20,000 of them, two such jobs the whole machine.
+``RLIMIT_NPROC`` would bound them, but the kernel never applies it to uid 0,
+and a pool run as root runs its jobs as uid 0 unless ``run_as`` says
+otherwise. So a template's ``pids.max`` is the template itself plus
+:data:`MAX_JOB_TASKS`: a template serves one job at a time, and the child it
+prepares ahead only exists between jobs. A job that reaches the bound gets
+``EAGAIN`` from ``clone``, which Python reports as ``RuntimeError: can't
+start new thread`` (with a hint, see ``hints.py``).
+
+Memory. ``RLIMIT_DATA`` counts a job's private writable memory only: pages it
+writes into a tmpfs (a grant on ``/dev/shm``, any tmpfs mount), pipe buffers
+and the kernel's own allocations for it count against no rlimit (with
+``memory=128m`` a job kept 400 MiB in a granted tmpfs). A memory cgroup counts
+them all, as the kernel charges them: anonymous and shared memory, tmpfs
+pages, page tables, kernel stacks, pipe buffers. Before each job the pool sets
+the template's cgroup limit to what the cgroup holds that cannot be reclaimed
+(the template, the child prepared ahead, tmpfs pages earlier jobs left in
+their grants) plus the job's ``memory``: page cache is left out, since the
+kernel reclaims it for the job, and would otherwise grow the limit job after
+job. A job over its limit is killed by the kernel's OOM killer, which picks the
+job first (its ``oom_score_adj`` is 1000, see ``limits.py``), never the
+template; the pool reads the kill in the cgroup's own count (``oom_kill`` of
+``memory.events`` or ``memory.oom_control``) and gives ``MemoryError``. Socket
+buffers are not charged for ``AF_UNIX`` sockets: those are bounded by each
+socket's send buffer times the job's descriptors.
+
+A job cannot leave its cgroup or change its limits: Landlock gives it no access
+to the cgroup files. Both cgroup versions work, each controller where it is:
+v1 (a ``pids`` or ``memory`` hierarchy, the process's own cgroup in it), or v2
+when the pool's own cgroup may have children with the controller (the root
+cgroup, or a delegated one). Where neither is, :func:`available` says why, and
+the pool says at start which per-job bound is not in force.
+
+Names. A pool's cgroups are ``pynox-<pid>-<random>``: two pools that are each
+PID 1 of their own PID namespace, sharing a cgroupfs, never collide. Whether a
+pool's pid is alive cannot be known across PID namespaces, so the sweep that
+removes what dead pools left takes only what the kernel lets it remove: an
+empty cgroup (``rmdir`` of one that holds a process fails) made more than 10 s
+ago (one just made may be about to be filled); a live pool whose directory was
+swept while empty makes it again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import functools
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["MAX_JOB_TASKS", "Bounds", "Hierarchy", "MemoryCounter", "TemplateGroup", "available", "detect",
+           "memory_counted", "remove"]
+
+MAX_JOB_TASKS = 256  # threads of one job, its main thread included
+_REMOVE_WAIT = 2.0  # seconds a cgroup may take to empty after its processes were killed
+_CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant between its mkdir and its use
+_SWEEP_WAIT = 0.2  # seconds an emptied directory of a dead pool may stay busy
+_SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
+_SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
+_POOL_NAME = f"pynox-{os.getpid()}-{secrets.token_hex(4)}"
+_cleaned_at_exit: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """A directory of a cgroup hierarchy this pool may create cgroups in, for ``controllers``."""
+
+    base: str
+    version: int
+    controllers: tuple[str, ...]
+
+    def pool_directory(self) -> str:
+        return os.path.join(self.base, _POOL_NAME)
+
+    def make_pool_directory(self) -> str:
+        """This pool's cgroup, holding its templates' (with the controllers enabled for them, on v2)."""
+        pool = self.pool_directory()
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(pool)
+            if pool not in _cleaned_at_exit:
+                _cleaned_at_exit.add(pool)
+                atexit.register(remove_pool, self)
+        if self.version == 2:
+            _write(os.path.join(pool, "cgroup.subtree_control"),
+                   " ".join(f"+{name}" for name in self.controllers))
+        return pool
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Where this pool bounds a job's threads and memory: a hierarchy for each, or None and why not."""
+
+    pids: Hierarchy | None
+    pids_reason: str
+    memory: Hierarchy | None
+    memory_reason: str
+
+    def hierarchies(self) -> list[Hierarchy]:
+        found = [self.pids, self.memory]
+        return [h for i, h in enumerate(found) if h is not None and h not in found[:i]]
+
+    def not_in_force(self) -> list[str]:
+        """Each per-job bound this setup cannot give, as a sentence: the ready event and the start say them."""
+        missing = []
+        if self.pids is None:
+            missing.append(f"threads bounded by memory only ({self.pids_reason})")
+        if self.memory is None:
+            missing.append("memory counts the job's own pages only, not tmpfs pages or kernel buffers; each "
+                           f"file a job writes is bounded by its memory ({self.memory_reason})")
+        return missing
+
+
+def remove(path: str, wait: float = 0.0) -> bool:
+    """Remove an emptied cgroup; its last processes may still be exiting, so retry for ``wait`` seconds."""
+    end = time.monotonic() + wait
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() >= end:
+                return False
+        time.sleep(0.01)
+
+
+def remove_pool(hierarchy: Hierarchy) -> None:
+    """At the pool's end: remove every cgroup it made (their processes are gone or going)."""
+    pool = hierarchy.pool_directory()
+    try:
+        names = [entry.path for entry in os.scandir(pool) if entry.is_dir()]
+    except FileNotFoundError:
+        return
+    for path in names:
+        remove(path, _REMOVE_WAIT)
+    remove(pool, _REMOVE_WAIT)
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _fields(text: bytes) -> dict[bytes, int]:
+    """``name value`` lines (memory.stat, memory.events, memory.oom_control) as a dict."""
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(b" ")
+        with contextlib.suppress(ValueError):
+            found[name] = int(value)
+    return found
+
+
+class MemoryCounter:
+    """A template's memory cgroup, as the pool reads and sets it around each job (descriptors kept open: a
+    few system calls a job)."""
+
+    # (what, file on v1, file on v2, written by the pool)
+    _FILES = (("usage", "memory.usage_in_bytes", "memory.current", False),
+              ("limit", "memory.limit_in_bytes", "memory.max", True),
+              ("events", "memory.oom_control", "memory.events", False),
+              ("stat", "memory.stat", "memory.stat", False))
+
+    def __init__(self, path: str, version: int) -> None:
+        self.version = version
+        self._fds: dict[str, int] = {}
+        try:
+            for what, v1, v2, written in self._FILES:
+                self._open(what, os.path.join(path, v2 if version == 2 else v1), written)
+            # The peak since the job started: v1 resets it by a write of 0; v2 from Linux 6.12, per descriptor.
+            with contextlib.suppress(OSError):
+                self._open("peak", os.path.join(path, "memory.peak" if version == 2 else "memory.max_usage_in_bytes"),
+                           True)
+            # Swap would let a job hold more than its limit: none on v2; on v1 memory+swap follows the limit.
+            if version == 2:
+                with contextlib.suppress(FileNotFoundError):
+                    _write(os.path.join(path, "memory.swap.max"), "0")
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self._open("swap_limit", os.path.join(path, "memory.memsw.limit_in_bytes"), True)
+        except BaseException:
+            self.close()
+            raise
+        # The limit now (v2 says "max" for none): memory+swap must never be set below it.
+        now = self._read("limit").strip()
+        self._limit_set = int(now) if now.isdigit() else 1 << 62
+        self._held = 0
+        self.settle()
+
+    def _open(self, what: str, path: str, written: bool) -> None:
+        self._fds[what] = os.open(path, (os.O_RDWR if written else os.O_RDONLY) | os.O_CLOEXEC)
+
+    def _read(self, what: str, size: int = 64) -> bytes:
+        return os.pread(self._fds[what], size, 0)
+
+    def _kill_count(self) -> int:
+        return _fields(self._read("events", 4096)).get(b"oom_kill", 0)
+
+    def settle(self) -> None:
+        """Between jobs, off their path (``memory.stat`` costs ~100 us to read): what the cgroup holds that
+        the kernel cannot reclaim, the base of the next job's limit. Pages of the child prepared ahead, if
+        it is forked after this, count against that job, whose process it becomes."""
+        usage = int(self._read("usage"))
+        stat = _fields(self._read("stat", 8192))
+        self._held = max(usage - stat.get(b"active_file", 0) - stat.get(b"inactive_file", 0), 0)
+        self._kills = self._kill_count()  # a kill between jobs (of a child prepared ahead) is no job's verdict
+
+    def start(self, memory: int) -> None:
+        """Before a job: its limit is what the cgroup held unreclaimably when last settled, plus ``memory``;
+        its peak starts from here."""
+        # A limit below what a child needs to reach its own check of ``memory`` (policy.confine, which
+        # refuses less than the runtime plus 16 MiB before any code runs) would kill it in its setup.
+        # Never above the usage now: what was freed since it settled (a grant's tmpfs file the host removed)
+        # is not the job's to take.
+        self._held = min(self._held, int(self._read("usage")))
+        limit = self._held + max(memory, _SETUP_MEMORY)
+        if limit != self._limit_set:
+            text = str(limit).encode()
+            swap = self._fds.get("swap_limit")
+            if swap is not None and limit > self._limit_set:
+                os.pwrite(swap, text, 0)  # memory+swap may never be below memory: raised first, lowered last
+                swap = None
+            os.pwrite(self._fds["limit"], text, 0)
+            if swap is not None:
+                os.pwrite(swap, text, 0)
+            self._limit_set = limit
+        peak = self._fds.get("peak")
+        if peak is not None:
+            try:
+                os.pwrite(peak, b"0" if self.version == 1 else b"reset", 0)
+            except OSError:  # a v2 kernel before 6.12 cannot reset it: the peak of a later job is unknown
+                os.close(self._fds.pop("peak"))
+
+    def measure(self) -> int | None:
+        """After a job (or a step): what it added at its peak, in KiB (None: unknown here)."""
+        if "peak" not in self._fds:
+            return None
+        return max(int(self._read("peak")) - self._held, 0) // 1024
+
+    def killed(self) -> bool:
+        """Whether the kernel killed a process of this cgroup for its memory since the last time asked
+        (read only for a job killed by SIGKILL, which is how the kernel kills)."""
+        kills = self._kill_count()
+        killed, self._kills = kills > self._kills, kills
+        return killed
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+@dataclass
+class TemplateGroup:
+    """The cgroups of one template (one per hierarchy): every process it forks is in them."""
+
+    paths: list[str] = field(default_factory=list)
+    memory: MemoryCounter | None = None
+
+    @classmethod
+    def confine(cls, bounds: Bounds, pid: int, name: str) -> TemplateGroup:
+        """Put process ``pid`` (a template, before it forks anything) in new cgroups of its own."""
+        group = cls()
+        try:
+            for hierarchy in bounds.hierarchies():
+                path = _made(hierarchy, pid, name)
+                group.paths.append(path)
+                if hierarchy is bounds.memory:
+                    group.memory = MemoryCounter(path, hierarchy.version)
+        except BaseException:
+            group.close()
+            raise
+        return group
+
+    def close(self, wait: float = 0.0) -> None:
+        if self.memory is not None:
+            self.memory.close()
+        for path in self.paths:
+            remove(path, wait)
+
+
+def _made(hierarchy: Hierarchy, pid: int, name: str) -> str:
+    for attempt in range(_CONFINE_TRIES):
+        path = os.path.join(hierarchy.make_pool_directory(), name)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path)
+            if "pids" in hierarchy.controllers:
+                _write(os.path.join(path, "pids.max"), str(MAX_JOB_TASKS + 1))
+            _write(os.path.join(path, "cgroup.procs"), str(pid))
+            return path
+        except FileNotFoundError:
+            if attempt == _CONFINE_TRIES - 1:
+                raise
+        except BaseException:
+            remove(path)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller (or "" for v2) -> this process's cgroup path, from /proc/self/cgroup."""
+    found: dict[str, str] = {}
+    with open("/proc/self/cgroup") as lines:
+        for line in lines:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                found[controller] = path
+    return found
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    """(mount point, filesystem type, super options) of every mount, from /proc/self/mountinfo."""
+    mounts = []
+    with open("/proc/self/mountinfo") as lines:
+        for line in lines:
+            left, _, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            if len(fields) >= 5 and len(tail) >= 3:
+                mounts.append((fields[4], tail[0], tail[2]))
+    return mounts
+
+
+def _find(controller: str, own: dict[str, str], mounts: list[tuple[str, str, str]]) -> tuple[Hierarchy | None, str]:
+    """Where this process may make cgroups with ``controller``: its v1 hierarchy, else v2."""
+    if controller in own:
+        for point, kind, options in mounts:
+            if kind == "cgroup" and controller in options.split(","):
+                base = os.path.normpath(os.path.join(point, own[controller].lstrip("/")))
+                return Hierarchy(base, 1, (controller,)), ""
+    if "" in own:
+        for point, kind, _ in mounts:
+            if kind == "cgroup2":
+                base = os.path.normpath(os.path.join(point, own[""].lstrip("/")))
+                try:
+                    with open(os.path.join(base, "cgroup.controllers")) as controllers:
+                        present = controllers.read().split()
+                except OSError as exc:
+                    return None, f"cannot read {base}/cgroup.controllers: {exc}"
+                if controller not in present:
+                    return None, f"the {controller} controller is not available in {base}"
+                return Hierarchy(base, 2, (controller,)), ""
+    return None, f"no {controller} cgroup controller is mounted"
+
+
+def detect() -> Bounds:
+    """The cgroups that can bound a job's threads and memory here, each tried (or None and why not)."""
+    try:
+        own, mounts = _own_cgroups(), _mounts()
+    except OSError as exc:
+        reason = f"cannot read this process's cgroups: {exc}"
+        return Bounds(None, reason, None, reason)
+    pids, pids_reason = _find("pids", own, mounts)
+    memory, memory_reason = _find("memory", own, mounts)
+    if pids is not None and memory is not None and pids.version == memory.version == 2:
+        pids = memory = Hierarchy(pids.base, 2, ("pids", "memory"))  # one cgroup with both controllers
+    pids, pids_reason = _usable(pids, pids_reason)
+    memory, memory_reason = _usable(memory, memory_reason) if memory != pids or pids is None else (pids, "")
+    return Bounds(pids, pids_reason, memory, memory_reason)
+
+
+@functools.cache
+def _available() -> Bounds:
+    bounds = detect()
+    for hierarchy in bounds.hierarchies():
+        _sweep(hierarchy.base)
+    return bounds
+
+
+def available(*, fresh: bool = False) -> Bounds:
+    """:func:`detect`, once per process, after removing what pools that died without cleaning left
+    (``fresh``: detect again, as a test that changed the world does)."""
+    if fresh:
+        _available.cache_clear()
+    return _available()
+
+
+def memory_counted() -> bool:
+    """Whether a cgroup counts a job's memory here (else the pool bounds each file a job writes by it)."""
+    return available().memory is not None
+
+
+def _sweep(base: str) -> None:
+    """Remove every empty cgroup other pools left: a live pool's hold its templates, and rmdir refuses them."""
+    for entry in os.scandir(base):
+        if not (entry.name.startswith("pynox-") and entry.name != _POOL_NAME and entry.is_dir()) or _young(entry):
+            continue
+        left = 0
+        with contextlib.suppress(OSError):
+            for leaf in os.scandir(entry.path):
+                if leaf.is_dir() and (_young(leaf) or not remove(leaf.path)):
+                    left += 1  # a live pool's: it holds a process, or is about to
+        if not left:
+            remove(entry.path, _SWEEP_WAIT)  # a child just removed may keep it busy for a moment
+
+
+def _young(entry: os.DirEntry[str]) -> bool:
+    """Made in the last seconds: a pool may be about to fill it (a cgroup's times are those of its mkdir)."""
+    try:
+        return time.time() - entry.stat().st_mtime < _SWEEP_AGE
+    except OSError:
+        return False
+
+
+def _usable(hierarchy: Hierarchy | None, reason: str) -> tuple[Hierarchy | None, str]:
+    """Try it: make this pool's directory and one cgroup in it, with a limit, holding nobody."""
+    if hierarchy is None:
+        return None, reason
+    probe = os.path.join(hierarchy.pool_directory(), "probe")
+    for attempt in range(_CONFINE_TRIES):
+        try:
+            os.mkdir(os.path.join(hierarchy.make_pool_directory(), "probe"))
+            if "pids" in hierarchy.controllers:
+                _write(os.path.join(probe, "pids.max"), str(MAX_JOB_TASKS + 1))
+            if "memory" in hierarchy.controllers:
+                MemoryCounter(probe, hierarchy.version).close()
+            break
+        except OSError as exc:
+            remove(probe)
+            remove(hierarchy.pool_directory())
+            if isinstance(exc, FileNotFoundError) and attempt < _CONFINE_TRIES - 1:
+                continue  # swept by another pool in between
+            kinds = "/".join(hierarchy.controllers)
+            return None, f"cannot create a {kinds} cgroup under {hierarchy.base}: {exc}"
+    remove(probe)
+    remove(hierarchy.pool_directory())
+    return hierarchy, describe(hierarchy)
+
+
+def describe(hierarchy: Hierarchy) -> str:
+    what = {"pids": f"at most {MAX_JOB_TASKS} threads per job", "memory": "a job's memory as the kernel counts it"}
+    return (f"{'/'.join(hierarchy.controllers)} cgroup v{hierarchy.version} under {hierarchy.base}: "
+            + "; ".join(what[name] for name in hierarchy.controllers))

@@ -1,0 +1,239 @@
+"""Memory a job makes the kernel hold beyond its own pages, proven from outside through a real ``pynox pool``.
+
+``RLIMIT_DATA`` counts a job's private writable memory only. Pages written into a tmpfs (a grant on
+``/dev/shm`` or on any tmpfs mount), into pipes, and what the kernel allocates for the job, count against
+none of its rlimits: with ``memory=128m`` a job kept 400 MiB in a granted tmpfs. Where a memory cgroup can
+be had, the template's cgroup counts all of it (policy/cgroups.py), and the pool gives the verdict from the
+kernel's own count of its kills, never from the job. Where none can be had, the pool says so at start and
+bounds each file a job writes by its memory (a default ``max_file_size``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pynox.policy import cgroups
+from tests.pool.pool_driver import leftover_guard, pool_process
+from tests.setup_facts import OUTER_SECCOMP
+
+pytestmark = pytest.mark.timeout(120)
+
+_subreaper = pytest.fixture(scope="module", autouse=True, name="_subreaper")(leftover_guard)
+
+_MIB = 1 << 20
+
+_FILL = """
+import os
+chunk = b"x" * (1 << 20)
+written = 0
+with open(os.path.join(PLACE, "hoard"), "wb", buffering=0) as hoard:
+    for _ in range(COUNT):
+        hoard.write(chunk)
+        written += 1
+print("wrote", written, "MiB")
+"""
+
+
+def _fill(place: Path, mib: int) -> str:
+    return _FILL.replace("PLACE", repr(str(place))).replace("COUNT", str(mib))
+
+
+def _counted() -> cgroups.Hierarchy:
+    """This setup's memory cgroup; in CI as root, a memory cgroup this machine has must be used."""
+    bounds = cgroups.available()
+    limit, reason = bounds.memory, bounds.memory_reason
+    if limit is None:
+        if os.environ.get("CI") and os.geteuid() == 0:
+            pytest.fail(f"CI must prove the memory bound: {reason}", pytrace=False)
+        pytest.skip(reason)
+    return limit
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 1 GiB, as an operator's grant on /dev/shm or a scratch mount would be; under a container's
+    profile, which refuses the test its mount, a directory of the host's /dev/shm."""
+    place = tmp_path / "scratch"
+    place.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g,mode=0777", "tmpfs", str(place)],
+                      check=False, capture_output=True).returncode == 0:
+        try:
+            yield place
+        finally:
+            subprocess.run(["umount", "-l", str(place)], check=False)
+        return
+    if not OUTER_SECCOMP:
+        pytest.fail("cannot mount a tmpfs as root", pytrace=False)
+    shared = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="pynox-test-"))
+    try:
+        yield shared
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _used(place: Path) -> int:
+    """What the tmpfs holds for the job's file, seen from the host."""
+    hoard = place / "hoard"
+    return hoard.stat().st_blocks * 512 if hoard.exists() else 0
+
+
+@pytest.mark.needs_root("the tmpfs is mounted by the test; an ordinary user's pool has no memory cgroup")
+def test_pages_a_job_writes_into_a_granted_tmpfs_count_against_its_memory(tmp_path: Path, tmpfs: Path) -> None:
+    _counted()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+        templates = pool.templates()
+        hoard = pool.run(_fill(tmpfs, 400), memory="128m", timeout="30s", allow_write=[str(tmpfs)], wait=60)
+        # The kernel killed the job, not the template that shares its cgroup.
+        assert pool.templates() == templates, hoard
+        # From the host: the tmpfs holds no more than the job's memory.
+        assert _used(tmpfs) <= 128 * _MIB, (_used(tmpfs) >> 20, hoard)
+        # The verdict is the pool's, from the cgroup's own count of the kernel's kills.
+        assert hoard["exit"] == 1 and hoard["error"]["type"] == "MemoryError", hoard
+        assert "128m" in hoard["error"]["message"], hoard
+        (tmpfs / "hoard").unlink()
+        # Control: with the memory to hold it, the same job fills the tmpfs, so the limit is what stopped it.
+        fine = pool.run(_fill(tmpfs, 400), memory="1g", timeout="30s", allow_write=[str(tmpfs)], wait=60)
+        assert fine["exit"] == 0 and fine["stdout"] == "wrote 400 MiB\n", fine
+        assert _used(tmpfs) >= 400 * _MIB
+        # And what a job counted is reported: the cgroup's peak, its tmpfs pages included.
+        assert fine["usage"]["memory_peak_kb"] >= 400 * 1024, fine["usage"]
+
+
+def test_a_job_that_kills_itself_is_no_memory_verdict(tmp_path: Path) -> None:
+    # A SIGKILL the job sends itself is not the kernel's kill for its memory: the pool reads which it was.
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        done = pool.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", memory="128m")
+    assert done["exit"] == 137 and done["error"]["type"] == "SignalError", done
+
+
+@pytest.mark.needs_root("the tmpfs is mounted by the test; an ordinary user's pool has no memory cgroup")
+def test_a_session_counts_what_all_its_steps_hold(tmp_path: Path, tmpfs: Path) -> None:
+    _counted()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        grant = {"allow_write": [str(tmpfs)], "memory": "128m", "timeout": "30s"}
+        first = pool.run(_fill(tmpfs, 60).replace('"hoard"', '"first"'), session="hoard", **grant)
+        assert first["exit"] == 0 and first["usage"]["memory_peak_kb"] >= 60 * 1024, first
+        second = pool.run(_fill(tmpfs, 100).replace('"hoard"', '"second"'), session="hoard", wait=60)
+        # The second step's pages add to the first's: together over the session's memory, it is killed.
+        assert second["error"]["type"] == "MemoryError" and second["session_ended"] is True, second
+        held = sum((tmpfs / name).stat().st_blocks * 512 for name in ("first", "second"))
+        assert held <= 128 * _MIB, held >> 20
+
+
+_PIPES = """
+import fcntl, os
+held, pipes = 0, []
+try:
+    while True:
+        r, w = os.pipe()
+        pipes.append((r, w))
+        try:
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass
+        os.set_blocking(w, False)
+        try:
+            while True:
+                held += os.write(w, bytes(65536))
+        except BlockingIOError:
+            pass
+except OSError as exc:
+    print("stopped by", type(exc).__name__)
+print("held", held >> 20, "MiB")
+"""
+
+
+@pytest.mark.needs_root("an ordinary user's pool has no memory cgroup")
+def test_pipe_buffers_of_a_job_count_against_its_memory(tmp_path: Path) -> None:
+    _counted()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        # Uncounted, a job with memory=48m kept 62 MiB in pipe buffers (stopped by the per-uid pipe budget).
+        hoard = pool.run(_PIPES, memory="48m", timeout="30s", wait=60)
+        assert hoard["exit"] == 1 and hoard["error"]["type"] == "MemoryError", hoard
+        assert hoard["usage"]["memory_peak_kb"] <= 48 * 1024, hoard["usage"]
+        # Control: with the memory to hold them, the pipes fill, and the kernel's count shows their pages.
+        fine = pool.run(_PIPES, memory="1g", timeout="30s", wait=60)
+        held = int(fine["stdout"].split()[-2])
+        assert fine["exit"] == 0 and held >= 48, fine
+        assert fine["usage"]["memory_peak_kb"] >= held * 1024, fine["usage"]
+
+
+_STALE = ("pynox-2", "template-6")  # what a pool that was PID 2 of its namespace left: host pid 2 exists
+
+
+def _holding(base: str, pids: list[int]) -> list[str]:
+    """The pool directories under ``base`` with a cgroup that holds one of ``pids``."""
+    found = []
+    for pool in Path(base).glob("pynox-*"):
+        held = {int(pid) for procs in pool.glob("*/cgroup.procs") for pid in procs.read_text().split()}
+        if held & set(pids):
+            found.append(pool.name)
+    return found
+
+
+@pytest.mark.needs_root("an ordinary user cannot make cgroups without delegation")
+def test_cgroups_of_a_dead_pool_are_swept_whatever_its_pid_and_a_pool_leaves_none(tmp_path: Path) -> None:
+    bases = [hierarchy.base for hierarchy in cgroups.available(fresh=True).hierarchies()]
+    if not bases:
+        pytest.skip("no cgroup can be made here")
+    for base in bases:
+        os.makedirs(os.path.join(base, *_STALE), exist_ok=True)
+        for stale in (os.path.join(base, *_STALE), os.path.join(base, _STALE[0])):  # as if made long ago
+            os.utime(stale, (0, 0))
+    with pool_process("--workers=2", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+        templates = pool.templates()
+        mine = {}
+        for base in bases:
+            # The stale one is gone although a process numbered 2 lives on the host.
+            assert not os.path.exists(os.path.join(base, _STALE[0])), base
+            # Both templates are in cgroups of one directory, named for this pool alone (not by its pid only).
+            (name,) = _holding(base, templates)
+            assert name.startswith(f"pynox-{pool.pid}-") and len(name) > len(f"pynox-{pool.pid}-"), name
+            mine[base] = name
+    for base, name in mine.items():
+        assert not os.path.exists(os.path.join(base, name)), (base, name)
+
+
+_BIG_FILE = """
+import os
+try:
+    with open(os.path.join(PLACE, "big"), "wb", buffering=0) as big:
+        for _ in range(96):
+            big.write(bytes(1 << 20))
+    print("wrote 96 MiB")
+except OSError as exc:
+    print("stopped:", exc.errno)
+"""
+
+
+def test_a_pool_says_at_start_which_bound_is_not_in_force_and_bounds_files_where_memory_is_not_counted(
+        tmp_path: Path) -> None:
+    counted = cgroups.available(fresh=True).memory is not None
+    if os.environ.get("CI") and os.geteuid() == 0:
+        assert counted, "CI as root must count memory in a cgroup"
+    grant = tmp_path / "out"
+    grant.mkdir(mode=0o777)
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        missing = pool.ready["bounds_not_in_force"]
+        done = pool.run(_BIG_FILE.replace("PLACE", repr(str(grant))), memory="64m", allow_write=[str(grant)])
+        said = bytes(pool.stderr).decode()  # written as the ready event left, read once a job was answered
+    written = (grant / "big").stat().st_size
+    if counted:
+        assert not any("memory" in line for line in missing), missing
+        assert done["policy"]["max_file_size"] is None and done["stdout"] == "wrote 96 MiB\n", done
+        assert written == 96 * _MIB
+    else:
+        # Never loosened silently: the ready event and stderr say it, and each file is bounded by memory.
+        assert any(line.startswith("memory counts the job's own pages only") for line in missing), missing
+        assert "per-job bound not in force: memory counts" in said, said
+        assert done["policy"]["max_file_size"] == 64 * _MIB and done["stdout"] == "stopped: 27\n", done
+        assert written == 64 * _MIB  # seen from the host: the file stopped at the job's memory

@@ -155,6 +155,8 @@ if libc.sysinfo(ctypes.byref(info)) != 0:
 unit = info.mem_unit
 print("sysinfo", info.totalram * unit, info.freeram * unit, info.totalswap * unit, info.procs, info.uptime,
       *info.loads)
+import os  # glibc answers these from sysinfo
+print("sysconf", os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_AVPHYS_PAGES"))
 """
 
 
@@ -162,6 +164,12 @@ def _sysinfo_fields(run: Run) -> dict[str, int]:
     line = next(line for line in run.result.stdout.splitlines() if line.startswith("sysinfo "))
     names = ("totalram", "freeram", "totalswap", "procs", "uptime", "load1", "load5", "load15")
     return dict(zip(names, map(int, line.split()[1:]), strict=True))
+
+
+def _sysconf_memory(run: Run) -> tuple[int, int]:
+    line = next(line for line in run.result.stdout.splitlines() if line.startswith("sysconf "))
+    physical, available = map(int, line.split()[1:])
+    return physical, available
 
 
 def _host_meminfo_bytes(field: str) -> int:
@@ -186,12 +194,16 @@ def _own_view(world: World, run: Run) -> None:
     assert seen["totalswap"] == 0 and (seen["load1"], seen["load5"], seen["load15"]) == (0, 0, 0), seen
     assert 1 <= seen["procs"] <= 4, f"procs counts more than the job's threads: {seen}"
     assert seen["uptime"] < 60 < _host_uptime(), f"uptime is not the job's age: {seen}"
+    physical, available = _sysconf_memory(run)
+    assert physical == _SYSINFO_MEMORY and available > 0, f"os.sysconf: {physical} bytes, {available} pages free"
 
 
 def _host_view(world: World, run: Run) -> None:
     seen = _sysinfo_fields(run)
     assert seen["totalram"] == _host_meminfo_bytes("MemTotal"), f"the control did not see the host's RAM: {seen}"
     assert abs(seen["uptime"] - _host_uptime()) < 60, seen
+    physical, _ = _sysconf_memory(run)
+    assert abs(physical - _host_meminfo_bytes("MemTotal")) < os.sysconf("SC_PAGE_SIZE"), physical
 
 
 def _readonly_intact(world: World, run: Run) -> None:
@@ -1098,6 +1110,15 @@ WORKS = [
           "os.rename('$work/out.txt', '$work/renamed.txt')\nprint(open('$work/renamed.txt').read(), "
           "sorted(os.listdir('$work'))[:2])", "kept ['listener.sock', 'mine.txt']",
           {"allow_write": ["$work"]}),
+    # A bad buffer for sysinfo fails as the kernel fails it: NULL and a read-only page (libc's own code) get
+    # EFAULT (the pool writes only where the job itself may).
+    Works("sysinfo_bad_buffer", """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+read_only = ctypes.cast(libc.sysinfo, ctypes.c_void_p)
+for buffer in (None, read_only):
+    print(libc.sysinfo(buffer), os.strerror(ctypes.get_errno()))
+""", "-1 Bad address\n-1 Bad address", {"memory": "256m"}),
     # Metadata of the job's own files, as the stdlib changes it: copy2/copytree copy mode and times,
     # tarfile sets times (and, as root, owner), utime(None) touches.
     Works("metadata_within_grant", """\

@@ -99,19 +99,28 @@ def _writable(maps: BinaryIO, address: int, size: int) -> bool:
 def _view(tid: int) -> _Sysinfo:
     status = _status(tid)
     limit = _data_limit(tid)
-    held = int(status.get("VmData", "0 kB").split()[0]) * 1024
     view = _Sysinfo()
     view.totalram = limit
-    view.freeram = max(0, limit - held)
-    view.procs = min(int(status.get("Threads", "1")), 0xFFFF)
-    view.uptime = _age(int(status.get("Tgid", str(tid))))
+    view.freeram = max(0, limit - status.get(b"VmData", 0) * 1024)  # in kB there
+    view.procs = min(status.get(b"Threads", 1), 0xFFFF)
+    view.uptime = _age(status.get(b"Tgid", tid))
     view.mem_unit = 1
     return view
 
 
-def _status(tid: int) -> dict[str, str]:
-    with open(f"/proc/{tid}/status") as status:
-        return {key: value.strip() for key, _, value in (line.partition(":") for line in status)}
+_STATUS_FIELDS = (b"Tgid", b"VmData", b"Threads")
+
+
+def _status(tid: int) -> dict[bytes, int]:
+    """The few numbers of ``/proc/<tid>/status`` the view needs (a call is answered while the job waits)."""
+    with open(f"/proc/{tid}/status", "rb") as status:
+        text = status.read()
+    found = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(b":")
+        if key in _STATUS_FIELDS:
+            found[key] = int(value.split()[0])
+    return found
 
 
 def _data_limit(tid: int) -> int:

@@ -193,7 +193,8 @@ def _own_view(world: World, run: Run) -> None:
     assert 0 < seen["freeram"] < seen["totalram"], seen
     assert seen["totalswap"] == 0 and (seen["load1"], seen["load5"], seen["load15"]) == (0, 0, 0), seen
     assert 1 <= seen["procs"] <= 4, f"procs counts more than the job's threads: {seen}"
-    assert seen["uptime"] < 60 < _host_uptime(), f"uptime is not the job's age: {seen}"
+    # The job's age (a host booted less than a minute ago would pass this too: the lines above still fail it).
+    assert seen["uptime"] < 60, f"uptime is not the job's age: {seen}"
     physical, available = _sysconf_memory(run)
     assert physical == _SYSINFO_MEMORY and available > 0, f"os.sysconf: {physical} bytes, {available} pages free"
 

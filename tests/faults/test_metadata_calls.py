@@ -1,6 +1,6 @@
-"""The job's delegated metadata calls (chmod, chown, utimensat) cannot stall the pool that answers them.
+"""The job's delegated calls (chmod, chown, utimensat, sysinfo) cannot stall the pool that answers them.
 
-The pool performs those calls for the job (pynox/pool/metadata.py). Whatever
+The pool performs those calls for the job (pynox/pool/metadata.py, own_view.py). Whatever
 the job names, answering must not block the worker thread that also enforces
 the job's deadline: the job is killed at its timeout and the next job runs.
 """
@@ -65,4 +65,50 @@ def test_a_lingering_socket_behind_a_delegated_call_does_not_stall_the_pool(tmp_
         assert not jobs_of(pool.pid), "the job outlived its timeout"
         start = time.monotonic()
         assert pool.run("print('next')")["stdout"] == "next\n"
+        assert time.monotonic() - start < 5
+
+
+# Threads calling sysinfo without pause, into a buffer another thread keeps unmapping and mapping again
+# (read-only every other time), until the job's deadline kills it mid-call.
+_SYSINFO_STORM = """
+import ctypes, mmap, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+page = libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+def remap():
+    flip = 0
+    while True:
+        libc.munmap(page, mmap.PAGESIZE)
+        flip ^= 1
+        libc.mmap(page, mmap.PAGESIZE, mmap.PROT_READ | (mmap.PROT_WRITE * flip),
+                  mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x10, -1, 0)  # MAP_FIXED
+def call():
+    while True:
+        libc.sysinfo(ctypes.c_void_p(page))
+threading.Thread(target=remap, daemon=True).start()
+for _ in range(6):
+    threading.Thread(target=call, daemon=True).start()
+print("storm", flush=True)
+threading.Event().wait()
+"""
+
+_OWN_SYSINFO = """
+import os
+print(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+"""
+
+
+def test_sysinfo_calls_to_the_end_of_a_job_do_not_stall_the_pool(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        start = time.monotonic()
+        result = pool.run(_SYSINFO_STORM, timeout="2s", wait=60)
+        elapsed = time.monotonic() - start
+        assert result["exit"] == 124 and result["stdout"] == "storm\n", result
+        assert elapsed < 2 + 5, f"the job's 2 s timeout was answered after {elapsed:.1f} s"
+        assert not jobs_of(pool.pid), "the job outlived its timeout"
+        # The next job gets its own view, answered at once.
+        start = time.monotonic()
+        assert pool.run(_OWN_SYSINFO, memory="192m")["stdout"] == f"{192 << 20}\n"
         assert time.monotonic() - start < 5

@@ -139,6 +139,74 @@ def _some_interfaces(world: World, run: Run) -> None:
     assert int(run.result.stdout.split()[-1]) >= 1, run.result.stdout
 
 
+# sysinfo(2) through ctypes: the fields a job could learn the host by (struct sysinfo of <linux/sysinfo.h>).
+_SYSINFO_MEMORY = 256 << 20
+_SYSINFO = """\
+import ctypes
+class Sysinfo(ctypes.Structure):
+    _fields_ = [("uptime", ctypes.c_long), ("loads", ctypes.c_ulong * 3), ("totalram", ctypes.c_ulong),
+                ("freeram", ctypes.c_ulong), ("sharedram", ctypes.c_ulong), ("bufferram", ctypes.c_ulong),
+                ("totalswap", ctypes.c_ulong), ("freeswap", ctypes.c_ulong), ("procs", ctypes.c_ushort),
+                ("totalhigh", ctypes.c_ulong), ("freehigh", ctypes.c_ulong), ("mem_unit", ctypes.c_uint)]
+libc = ctypes.CDLL(None, use_errno=True)
+info = Sysinfo()
+if libc.sysinfo(ctypes.byref(info)) != 0:
+    raise OSError(ctypes.get_errno(), "sysinfo")
+unit = info.mem_unit
+print("sysinfo", info.totalram * unit, info.freeram * unit, info.totalswap * unit, info.procs, info.uptime,
+      *info.loads)
+import os  # glibc answers these from sysinfo
+print("sysconf", os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_AVPHYS_PAGES"))
+"""
+
+
+def _sysinfo_fields(run: Run) -> dict[str, int]:
+    line = next(line for line in run.result.stdout.splitlines() if line.startswith("sysinfo "))
+    names = ("totalram", "freeram", "totalswap", "procs", "uptime", "load1", "load5", "load15")
+    return dict(zip(names, map(int, line.split()[1:]), strict=True))
+
+
+def _sysconf_memory(run: Run) -> tuple[int, int]:
+    line = next(line for line in run.result.stdout.splitlines() if line.startswith("sysconf "))
+    physical, available = map(int, line.split()[1:])
+    return physical, available
+
+
+def _host_meminfo_bytes(field: str) -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/meminfo")
+
+
+def _host_uptime() -> float:
+    with open("/proc/uptime") as uptime:
+        return float(uptime.read().split()[0])
+
+
+def _own_view(world: World, run: Run) -> None:
+    """The job saw its own memory limit, its own threads and age, and no load: nothing of the host's."""
+    seen = _sysinfo_fields(run)
+    assert seen["totalram"] == _SYSINFO_MEMORY, f"totalram is not the job's limit: {seen}"
+    assert seen["totalram"] != _host_meminfo_bytes("MemTotal"), seen
+    assert 0 < seen["freeram"] < seen["totalram"], seen
+    assert seen["totalswap"] == 0 and (seen["load1"], seen["load5"], seen["load15"]) == (0, 0, 0), seen
+    assert 1 <= seen["procs"] <= 4, f"procs counts more than the job's threads: {seen}"
+    # The job's age (a host booted less than a minute ago would pass this too: the lines above still fail it).
+    assert seen["uptime"] < 60, f"uptime is not the job's age: {seen}"
+    physical, available = _sysconf_memory(run)
+    assert physical == _SYSINFO_MEMORY and available > 0, f"os.sysconf: {physical} bytes, {available} pages free"
+
+
+def _host_view(world: World, run: Run) -> None:
+    seen = _sysinfo_fields(run)
+    assert seen["totalram"] == _host_meminfo_bytes("MemTotal"), f"the control did not see the host's RAM: {seen}"
+    assert abs(seen["uptime"] - _host_uptime()) < 60, seen
+    physical, _ = _sysconf_memory(run)
+    assert abs(physical - _host_meminfo_bytes("MemTotal")) < os.sysconf("SC_PAGE_SIZE"), physical
+
+
 def _readonly_intact(world: World, run: Run) -> None:
     assert (world.readonly / "data.txt").read_text() == "readonly data", "a read-only grant was truncated"
 
@@ -631,6 +699,11 @@ NETWORK = [
          'got = fcntl.ioctl(a.fileno(), 0x8912, struct.pack("iL", 4096, buf.buffer_info()[0]))  # SIOCGIFCONF\n'
          'print("interfaces", struct.unpack("i", got[:4])[0] // 40)',
          _denied(), Expect(exit=0, stdout=("interfaces",), host=_some_interfaces)),
+    # sysinfo(2) answers with the host's RAM, process count, load and uptime: the job gets its own view instead
+    # (its memory limit, its threads, its age), written by the pool. The control, unconfined, sees the host's.
+    Case("sysinfo_host_view", "network.identity", _SYSINFO,
+         Expect(exit=0, stdout=("sysinfo",), host=_own_view), Expect(exit=0, stdout=("sysinfo",), host=_host_view),
+         request={"memory": "256m"}),
     Case("netlink_socket", "network.families",
          'import socket; socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close(); print("opened")',
          _denied(), _works("opened"), request={"allow_network": True}),
@@ -1038,6 +1111,15 @@ WORKS = [
           "os.rename('$work/out.txt', '$work/renamed.txt')\nprint(open('$work/renamed.txt').read(), "
           "sorted(os.listdir('$work'))[:2])", "kept ['listener.sock', 'mine.txt']",
           {"allow_write": ["$work"]}),
+    # A bad buffer for sysinfo fails as the kernel fails it: NULL and a read-only page (libc's own code) get
+    # EFAULT (the pool writes only where the job itself may).
+    Works("sysinfo_bad_buffer", """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+read_only = ctypes.cast(libc.sysinfo, ctypes.c_void_p)
+for buffer in (None, read_only):
+    print(libc.sysinfo(buffer), os.strerror(ctypes.get_errno()))
+""", "-1 Bad address\n-1 Bad address", {"memory": "256m"}),
     # Metadata of the job's own files, as the stdlib changes it: copy2/copytree copy mode and times,
     # tarfile sets times (and, as root, owner), utime(None) touches.
     Works("metadata_within_grant", """\

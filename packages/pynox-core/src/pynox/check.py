@@ -221,7 +221,7 @@ def _own_capabilities() -> list[str]:
 
 def _ptrace_scope() -> int | None:
     """Yama's ptrace_scope (None: no Yama). At 2 only CAP_SYS_PTRACE, at 3 nothing, reaches another process's
-    memory; the steward needs that to answer a job's chmod, chown and utime."""
+    memory; the steward needs that to answer a job's chmod, chown, utime and sysinfo."""
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as scope:
             return int(scope.read())
@@ -238,7 +238,8 @@ def _steward_reaches_jobs(facts: dict[str, Any]) -> tuple[bool, str]:
     scope = facts["ptrace_scope"]
     if scope == 3 or (scope == 2 and "CAP_SYS_PTRACE" not in facts["capabilities"]):
         return False, (f"Yama's ptrace_scope is {scope}: the pool cannot read its jobs' memory, so it refuses "
-                       "every chmod, chown and utime (shutil.copy2 and copytree fail in write grants)")
+                       "every chmod, chown and utime (shutil.copy2 and copytree fail in write grants), and "
+                       "sysinfo (glibc's sysconf(_SC_PHYS_PAGES) then gives an undefined value)")
     return True, ""
 
 
@@ -388,6 +389,46 @@ def _unprivileged(result: Result, lab: _Lab, elapsed: float) -> Verdict:
         return (True, "worked") if bounding == "0" * 16 else (False, f"bounding set {bounding} was not emptied")
     return True, (f"bounding set {bounding} kept: the pool has no CAP_SETPCAP to empty it (harmless: "
                   "no_new_privs is set and exec is refused)")
+# sysinfo(2) as a job sees it: the pool answers with the job's own view (pynox.pool.own_view).
+_SYSINFO_MEMORY = 128 << 20
+_SYSINFO = """\
+import ctypes
+class Sysinfo(ctypes.Structure):
+    _fields_ = [("uptime", ctypes.c_long), ("loads", ctypes.c_ulong * 3), ("totalram", ctypes.c_ulong),
+                ("freeram", ctypes.c_ulong), ("sharedram", ctypes.c_ulong), ("bufferram", ctypes.c_ulong),
+                ("totalswap", ctypes.c_ulong), ("freeswap", ctypes.c_ulong), ("procs", ctypes.c_ushort),
+                ("totalhigh", ctypes.c_ulong), ("freehigh", ctypes.c_ulong), ("mem_unit", ctypes.c_uint)]
+libc = ctypes.CDLL(None, use_errno=True)
+info = Sysinfo()
+if libc.sysinfo(ctypes.byref(info)) != 0:
+    raise OSError(ctypes.get_errno(), "sysinfo")
+print("sysinfo", info.totalram * info.mem_unit, info.procs, info.uptime, sum(info.loads), info.totalswap)
+"""
+
+
+def _host_ram() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _own_sysinfo(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+    passed, detail = _printed("sysinfo ")(result, lab, elapsed)
+    if not passed:
+        return passed, detail
+    ram, procs, uptime, loads, swap = (int(word) for word in result.stdout.rpartition("sysinfo ")[2].split())
+    if ram == _host_ram() or ram != _SYSINFO_MEMORY:
+        return False, f"totalram is {ram} bytes, not the job's limit ({_SYSINFO_MEMORY})"
+    if procs > 4 or uptime > 60 or loads or swap:
+        return False, f"the host shows through: {procs} tasks, uptime {uptime}s, loads {loads}, swap {swap}"
+    return True, f"the job's own view: {ram >> 20} MiB, {procs} task(s), up {uptime}s, no load"
+
+
 _ENVIRON = f"""\
 import os
 initial = open("/proc/self/environ", "rb").read()
@@ -475,6 +516,9 @@ _PROBES = (
     _ProbeSpec("own_proc", "the host's sockets and mounts are not readable through /proc/self",
                lambda lab: {"code": "print(open('/proc/self/net/tcp').read())"},
                _refused("PermissionError")),
+    _ProbeSpec("sysinfo", "sysinfo shows the job's own memory limit, tasks and age, not the host's (seccomp, "
+                          "answered by the pool)",
+               lambda lab: {"code": _SYSINFO, "memory": "128m"}, _own_sysinfo, needs_steward=True),
     _ProbeSpec("datagram_pair", "a datagram socketpair is denied: it could reach a host socket (seccomp)",
                lambda lab: {"code": "import socket; socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)"},
                _refused("PermissionError")),

@@ -11,8 +11,9 @@ It is a deny list over an allow-by-default filter: ordinary Python needs
 hundreds of system calls and numpy more, and the list below is what a job must
 never do. Denials return an errno (never kill), so Python raises a readable
 ``OSError`` and the hint can say what happened. A few calls (changing a file's
-mode, owner or times) are neither allowed nor denied but delegated: the pool
-answers them through the filter's listener (:mod:`pynox.pool.metadata`).
+mode, owner or times, and ``sysinfo``) are neither allowed nor denied but
+delegated: the pool answers them through the filter's listener
+(:mod:`pynox.pool.metadata`, :mod:`pynox.pool.own_view`).
 """
 
 from __future__ import annotations
@@ -93,8 +94,12 @@ _ADDRESSING = ("bind", "connect", "listen", "accept", "accept4")
 # each to the pool (SECCOMP_RET_USER_NOTIF), which performs it on the job's behalf only on a file in a
 # write grant (see pynox.pool.metadata). The older forms (utime, utimes, futimesat), which libc no longer
 # uses, are refused.
+# sysinfo gives the host's RAM, task count, load and uptime; refused, it would leave glibc's
+# sysconf(_SC_PHYS_PAGES) reading an uninitialised struct. The pool answers it with the job's own view
+# instead (see pynox.pool.own_view).
 DELEGATED_SYSCALLS = (
     "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utimensat",
+    "sysinfo",
 )
 # Extended attributes (ACLs are xattrs) and the flags of file_setattr: refused wherever the file is.
 _FILE_METADATA = (

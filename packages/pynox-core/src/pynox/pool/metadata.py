@@ -25,6 +25,9 @@ Otherwise the call fails with the errno the kernel would give (``EPERM`` for a
 file outside the write grants). The job's memory may change after it was read:
 the answer is for what was read, as if the job had passed that. A pool that is
 not allowed to reach into its jobs (not root) answers ``EPERM`` to every call.
+
+The steward also answers the job's ``sysinfo`` with the job's own view (see
+:mod:`.own_view`): it is the one holder of the job's listener.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 from ..policy._libc import libc
 from ..policy.grants import close_all, open_at
 from ..policy.seccomp import syscall_number
+from .own_view import write_sysinfo
 
 __all__ = ["Steward", "receive_listener"]
 
@@ -114,6 +118,8 @@ _CALLS: dict[str, _Decoder] = {
     "utimensat": lambda a: _Call("times", _signed(a[0]), a[1] or None, _signed(a[3]), (a[2],)),
 }
 _BY_NUMBER = {number: decode for name, decode in _CALLS.items() if (number := syscall_number(name)) >= 0}
+# Not metadata: the job's own view of the system, written into its memory (see own_view.py).
+_SYSINFO = syscall_number("sysinfo")
 
 
 def receive_listener(sock: socket.socket) -> int | None:
@@ -165,7 +171,19 @@ class Steward:
         libc.ioctl(self.listener, _NOTIF_SEND, response)  # ENOENT: the caller is gone; nothing to answer
         return True
 
+    def _valid(self, notif_id: int) -> bool:
+        """Whether the call is still waiting for its answer, so its tid still names the job's task."""
+        buffer = ctypes.c_uint64(notif_id)
+        return bool(libc.ioctl(self.listener, _NOTIF_ID_VALID, ctypes.byref(buffer)) == 0)
+
     def _perform(self, notif_id: int, tid: int, nr: int, args: tuple[int, ...]) -> int:
+        if nr == _SYSINFO:
+            try:
+                if not write_sysinfo(tid, args[0], lambda: self._valid(notif_id)):
+                    raise _Gone
+            except OSError as exc:  # EFAULT as the kernel gives it; anything else (no reach): EPERM
+                raise _Refused(errno.EFAULT if exc.errno == errno.EFAULT else errno.EPERM) from None
+            return 0
         decode = _BY_NUMBER.get(nr)
         if decode is None:
             raise _Refused(errno.ENOSYS)
@@ -191,8 +209,7 @@ class Steward:
         try:
             # Everything of the job's is read; only now can we trust that it was this job's (the tid of a
             # killed job could name another process by now).
-            buffer = ctypes.c_uint64(notif_id)
-            if libc.ioctl(self.listener, _NOTIF_ID_VALID, ctypes.byref(buffer)) != 0:
+            if not self._valid(notif_id):
                 raise _Gone
             target = self._open(base, path, call.flags)
         finally:

@@ -22,7 +22,7 @@ import inspect
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from .config import EMPTY, load_config
 from .defaults import DEFAULTS
@@ -192,19 +192,22 @@ class CodeTool:
     started by the first call and ended by :meth:`close` (:meth:`for_run` gives a copy with a session of
     its own, for frameworks whose state lives per agent run); a :class:`pynox.Session` is used as it is and
     stays the caller's to close. ``session_scope`` says to the model what one session spans, as the framework
-    keeps it ("within one agent run": "Calls share one Python process within one agent run"). Raises
+    keeps it ("within one agent run": "Calls share one Python process within one agent run").
+    ``host_globals`` binds the host functions as globals of the code too (see :meth:`pynox.Pool.run`). Raises
     :class:`pynox.RequestError` (or ``ConfigError``) for a grant or profile the pool would refuse.
     """
 
     def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
-                 session_scope: str | None = None, **grants: Unpack[Grants]) -> None:
+                 session_scope: str | None = None, host_globals: Literal["call", "await"] | None = None,
+                 **grants: Unpack[Grants]) -> None:
         from .client import Session
 
         check_grants(f"{type(self).__name__}()", grants)
         requested: dict[str, Any] = dict(grants)
         if isinstance(session, Session):
-            if pool is not None or profile is not None or functions or grants or host_errors is not None:
+            if (pool is not None or profile is not None or functions or grants or host_errors is not None
+                    or host_globals is not None):
                 raise TypeError("a pynox.Session carries its own pool, permissions and functions: pass it alone")
             pool = session.pool
             requested = dict(session.grants)
@@ -220,6 +223,8 @@ class CodeTool:
         self._pool = pool
         self._functions = dict(functions) if functions else None
         self._host_errors = host_errors
+        # The host functions as globals of the code too (see Pool.run), fixed with the tool.
+        self._host_globals = host_globals
         self._grants = {**requested, **({"profile": profile} if profile else {})}
         self.owns_session = session is True
         self._session: Session | None = session if isinstance(session, Session) else None
@@ -275,7 +280,8 @@ class CodeTool:
         pool = self._target()
         seconds = min(timeout, self.grants.timeout) if timeout is not None else None
         if not fresh and self.owns_session and self._session is None:
-            self._session = pool.session(functions=self._functions, host_errors=self._host_errors, **self._grants)
+            self._session = pool.session(functions=self._functions, host_errors=self._host_errors,
+                                         host_globals=self._host_globals, **self._grants)
         if not fresh and self._session is not None:
             if env:
                 raise ValueError("a session's environment is fixed when it starts: env cannot change per call")
@@ -286,7 +292,8 @@ class CodeTool:
         if seconds is not None:
             grants["timeout"] = seconds
         callables = {**(self._functions or {}), **(functions or {})} or None
-        return None, {"functions": None if fresh else callables, "host_errors": self._host_errors, **grants}
+        return None, {"functions": None if fresh else callables, "host_errors": self._host_errors,
+                      "host_globals": None if fresh else self._host_globals, **grants}
 
     def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
             fresh: bool = False, functions: Mapping[str, HostFunction] | None = None) -> Result:

@@ -336,6 +336,8 @@ _TIMINGS = {"duration_ms", "duration_us", "queue_us", "uptime_ms", "ts_ms", "dur
 _HISTOGRAMS = {"duration_seconds", "queue_seconds"}
 # Values that depend on the machine rather than on the code: (pattern, what both sides become).
 _MACHINE = [(re.compile(r"\d+ MiB with its preloaded modules"), "N MiB with its preloaded modules")]
+# The ready event's runtime paths are the machine's (a few dozen); the doc shows two.
+DOC_RUNTIME_PATHS = ["/usr/lib", "/usr/local/lib/python3.11"]
 TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "cancel", "long-line", "setup-error", "worker-error",
                "configuration", "session", "host-functions", "stats", "logs")
 
@@ -417,6 +419,8 @@ class _Pool:
             return {k: "<timings>" if k in ("counts", "sum") else v for k, v in value.items()}
         if isinstance(value, dict):
             return {k: self.normal(v, k) for k, v in value.items()}
+        if key == "runtime_paths" and isinstance(value, list) and value:
+            return DOC_RUNTIME_PATHS
         if isinstance(value, list):
             return [self.normal(v) for v in value]
         if key in _TIMINGS and isinstance(value, int | float):

@@ -28,7 +28,7 @@ from .config import EMPTY, load_config
 from .defaults import DEFAULTS
 from .errors import ConfigError, KernelSupportError, PynoxError
 from .grant_types import Grants, check_grants
-from .grants import resolve_path
+from .grants import refuse_write_grant, resolve_path
 from .host_functions import HostErrors, visible_signature
 from .names import FUNCTION_RULE, is_function_name
 from .protocol import Request
@@ -119,6 +119,11 @@ def _cwd(pool: Pool | None) -> str:
 def _tool_grants(request: Request, pool: Pool | None) -> ToolGrants:
     cwd = _cwd(pool)
     write = tuple(resolve_path(p, cwd, "allow_write") for p in request.allow_write or ())
+    # The pool's own rule, now rather than at each run, where the model would get a refusal it cannot mend.
+    # A pool not started yet (the default one) has not said where its runtime lives: it refuses at the run.
+    if pool is not None:
+        for path in write:
+            refuse_write_grant(path, pool.ready.get("runtime_paths", []))
     return ToolGrants(
         read=tuple(resolve_path(p, cwd, "allow_read") for p in request.allow_read or ()) + write,
         write=write,

@@ -197,6 +197,9 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     profiles: list[str] = []
     landlock_abi: int = 0
     backend: str = ""
+    # Where the interpreter and its packages live: no write grant may overlap them (a tool checks its
+    # grants against them when it is made, rather than at each run).
+    runtime_paths: list[str] = []
 
 
 class StartError(msgspec.Struct):

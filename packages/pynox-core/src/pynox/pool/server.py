@@ -308,6 +308,7 @@ class Server:
             python=ready.python,
             preloaded_modules=ready.preloaded,
             package_dirs=self.options.package_dirs,
+            runtime_paths=self.read_paths,
             config=self.options.config.path,
             profiles=sorted(self.options.config.profiles),
             landlock_abi=ready.landlock_abi,

@@ -338,6 +338,8 @@ _HISTOGRAMS = {"duration_seconds", "queue_seconds"}
 _MACHINE = [(re.compile(r"\d+ MiB with its preloaded modules"), "N MiB with its preloaded modules")]
 # Fields whose value depends on whether this setup has cgroups (root here; none for an ordinary user).
 _SETUP_FIELDS = {"memory_peak_kb", "bounds_not_in_force"}
+# The ready event's runtime paths are the machine's (a few dozen); the doc shows two.
+DOC_RUNTIME_PATHS = ["/usr/lib", "/usr/local/lib/python3.11"]
 TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "cancel", "long-line", "setup-error", "worker-error",
                "configuration", "session", "host-functions", "stats", "logs")
 
@@ -421,6 +423,8 @@ class _Pool:
             return {k: "<timings>" if k in ("counts", "sum") else v for k, v in value.items()}
         if isinstance(value, dict):
             return {k: self.normal(v, k) for k, v in value.items()}
+        if key == "runtime_paths" and isinstance(value, list) and value:
+            return DOC_RUNTIME_PATHS
         if isinstance(value, list):
             return [self.normal(v) for v in value]
         if key in _TIMINGS and isinstance(value, int | float):

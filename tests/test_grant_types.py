@@ -17,6 +17,11 @@ from typing import Any
 import pytest
 
 import pynox
+from pynox.grant_types import GRANT_NAMES
+from pynox_langchain import PynoxEval
+from pynox_langchain import python_tool as langchain_tool
+from pynox_mcp._cli import _grants as mcp_grants
+from pynox_mcp._cli import build_parser as mcp_parser
 from pynox_monty import python_function
 from pynox_pydantic_ai import PynoxCodeMode, PynoxToolset
 from pynox_smolagents import PynoxExecutor
@@ -25,10 +30,13 @@ from pynox_strands import PynoxSandbox
 from pynox_strands import python_tool as strands_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["pynox", "pynox_pydantic_ai", "pynox_strands", "pynox_smolagents", "pynox_monty", "pynox_ray"]
+PACKAGES = ["pynox", "pynox_pydantic_ai", "pynox_strands", "pynox_smolagents", "pynox_monty", "pynox_ray",
+            "pynox_langchain", "pynox_mcp"]
 
 USER_SCRIPT = '''\
 import pynox
+from pynox_langchain import PynoxEval
+from pynox_langchain import python_tool as langchain_tool
 from pynox_pydantic_ai import PynoxCodeMode, PynoxToolset
 from pynox_smolagents import PynoxExecutor
 from pynox_smolagents import python_tool as smolagents_tool
@@ -45,18 +53,22 @@ def build(pool: pynox.Pool) -> None:
     strands_tool(pool, max_file_size="10MB")
     smolagents_tool(pool, package_dirs=["vendor"])
     PynoxExecutor(pool, timeout_seconds=5, allow_read=["data"])
+    langchain_tool(pool, session=True, memory="256MB")
+    PynoxEval(pool, profile="analysis", allow_write=["out"])
 '''
 
 TYPOS = {  # line of the script -> the call with a misspelt grant
-    9: 'pool.run("print(1)", allow_reed=["data"])',
-    10: 'pool.session(alow_write=["out"])',
-    11: 'pynox.run("print(1)", memroy="256MB")',
-    12: "pynox.tool(allow_netwrk=True)",
-    13: 'PynoxToolset(pool, allow_reed=["data"])',
-    14: 'PynoxCodeMode(pool, time_out="5s")',
-    15: 'strands_tool(pool, allow_reed=["data"])',
-    16: 'smolagents_tool(pool, allow_reed=["data"])',
-    17: 'PynoxExecutor(pool, allow_reed=["data"])',
+    11: 'pool.run("print(1)", allow_reed=["data"])',
+    12: 'pool.session(alow_write=["out"])',
+    13: 'pynox.run("print(1)", memroy="256MB")',
+    14: "pynox.tool(allow_netwrk=True)",
+    15: 'PynoxToolset(pool, allow_reed=["data"])',
+    16: 'PynoxCodeMode(pool, time_out="5s")',
+    17: 'strands_tool(pool, allow_reed=["data"])',
+    18: 'smolagents_tool(pool, allow_reed=["data"])',
+    19: 'PynoxExecutor(pool, allow_reed=["data"])',
+    20: 'langchain_tool(pool, memroy="256MB")',
+    21: 'PynoxEval(pool, alow_write=["out"])',
 }
 
 
@@ -92,22 +104,25 @@ def test_every_package_ships_its_py_typed_marker() -> None:
         assert (Path(module.__file__).parent / "py.typed").is_file(), package
 
 
-MAKERS: dict[str, Callable[..., Any]] = {
-    "CodeTool()": pynox.CodeTool,
-    "PynoxToolset()": PynoxToolset,
-    "PynoxCodeMode()": PynoxCodeMode,
-    "python_tool()": strands_tool,
-    "PynoxSandbox()": PynoxSandbox,
-    "PynoxExecutor()": PynoxExecutor,
-    "python_function()": lambda **grants: python_function(None, **grants),  # type: ignore[arg-type]
+MAKERS: dict[str, tuple[str, Callable[..., Any]]] = {  # test id -> (the owner its message names, the maker)
+    "CodeTool()": ("CodeTool()", pynox.CodeTool),
+    "PynoxToolset()": ("PynoxToolset()", PynoxToolset),
+    "PynoxCodeMode()": ("PynoxCodeMode()", PynoxCodeMode),
+    "strands python_tool()": ("python_tool()", strands_tool),
+    "PynoxSandbox()": ("PynoxSandbox()", PynoxSandbox),
+    "PynoxExecutor()": ("PynoxExecutor()", PynoxExecutor),
+    "python_function()": ("python_function()", lambda **grants: python_function(None, **grants)),  # type: ignore[arg-type]
+    "langchain python_tool()": ("python_tool()", langchain_tool),
+    "PynoxEval()": ("PynoxEval()", PynoxEval),
 }
 
 
 @pytest.mark.pure
-@pytest.mark.parametrize("owner", MAKERS)
-def test_a_misspelt_grant_is_named_with_the_valid_ones(owner: str) -> None:
+@pytest.mark.parametrize("maker", MAKERS)
+def test_a_misspelt_grant_is_named_with_the_valid_ones(maker: str) -> None:
+    owner, make = MAKERS[maker]
     with pytest.raises(TypeError) as refused:
-        MAKERS[owner](allow_reed=["data"])
+        make(allow_reed=["data"])
     message = str(refused.value)
     assert message.startswith(f"{owner} got an unknown grant 'allow_reed' (did you mean 'allow_read'?)")
     assert "allow_write" in message and "max_file_size" in message and "build_request" not in message
@@ -123,3 +138,15 @@ def test_the_pools_own_entry_points_name_a_misspelt_grant() -> None:
         with pytest.raises(TypeError, match=r"^Pool\.session\(\) got an unknown grant 'scrip'"):
             pool.session(scrip="job.py")  # type: ignore[call-arg]
         assert pool.run("print(6 * 7)", name="ok.py").stdout == "42\n"  # the control: a right grant runs
+
+
+@pytest.mark.pure
+def test_pynox_mcps_grant_flags_are_the_grants_names() -> None:
+    """pynox-mcp takes its grants from its command line: each flag of that group is a grant of the same name."""
+    parser = mcp_parser()
+    [group] = [group for group in parser._action_groups if group.title and group.title.startswith("what the code")]
+    flags = {action.dest for action in group._group_actions} - {"config", "profile"}  # the pool's, not a grant
+    args = parser.parse_args(["--allow-read", "data", "--allow-write", "out", "--allow-network", "--timeout", "5s",
+                              "--memory", "256m", "--max-output", "1m", "--max-file-size", "1m", "--env", "A=1"])
+    assert set(mcp_grants(args)) == flags
+    assert flags <= GRANT_NAMES, flags - GRANT_NAMES

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool as langchain_tool
 
 import pynox
-from pynox import Pool
+from pynox import Pool, RequestError
 from pynox_langchain import PynoxEval, create_codeact_graph, python_tool
 
 from .procs import running_pools, wait_for_idle
@@ -58,10 +59,17 @@ def test_invoke_and_ainvoke_with_a_tool_call_give_a_tool_message(pool: Pool) -> 
     assert run_python.invoke({"code": "print('plain')"}) == "plain"
 
 
-def test_a_refusal_by_pynox_is_an_error_too(pool: Pool) -> None:
-    runtime = os.path.join(sys.base_prefix, "lib")
-    message = python_tool(pool, allow_write=[runtime]).invoke(tool_call("print('never')"))
-    assert message.status == "error" and message.content.startswith("RequestError: allow_write:")
+def test_a_refusal_by_pynox_is_an_error_too(pool: Pool, tmp_path: Path) -> None:
+    # A grant the pool refuses at every run is refused when the tool is made, to the host, not the model.
+    with pytest.raises(RequestError, match=r"^allow_write: .* overlaps the runtime path"):
+        python_tool(pool, allow_write=[os.path.join(sys.base_prefix, "lib")])
+    # One that stops holding after (its directory removed) is refused at the run: an error message.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    tool = python_tool(pool, allow_read=[str(gone)])
+    gone.rmdir()
+    message = tool.invoke(tool_call("print('never')"))
+    assert message.status == "error" and message.content.startswith("RequestError: allow_read:"), message.content
 
 
 def test_a_figure_is_an_image_block(pool: Pool) -> None:

@@ -7,13 +7,15 @@ left alone) writes it.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .pool_driver import PoolProcess, new_id, pool_process
+from .pool_driver import PoolProcess, new_id, pool_process, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -107,3 +109,60 @@ def test_stats_count_cancelled_jobs(single: PoolProcess, tmp_path: Path) -> None
     single.result(job)
     stats = single.stats()
     assert stats["cancelled"] == before + 1 and stats["errors"].get("CancelledError", 0) >= 1
+
+
+# A preload that holds each template's start until the test opens its gate: the n-th template to start
+# says it arrived (arrived-n) and waits for go-n. It is trusted code of the template, not of any job.
+_GATE = """\
+import os, pathlib, time
+here = pathlib.Path(__file__).parent
+n = 0
+while True:
+    try:
+        os.close(os.open(here / f"arrived-{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        break
+    except FileExistsError:
+        n += 1
+while not (here / f"go-{n}").exists():
+    time.sleep(0.01)
+"""
+
+
+def _wait_for(path: Path, deadline: float = 30.0) -> None:
+    end = time.monotonic() + deadline
+    while not path.exists():
+        assert time.monotonic() < end, f"{path.name} did not appear within {deadline}s"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "control"])
+def test_a_cancel_between_the_jobs_start_and_its_hand_over_is_kept(tmp_path: Path, cancelled: bool) -> None:
+    """The window is held open from outside: the template died while idle, so the worker that takes the
+    job starts a replacement first, whose preload waits at a gate. A cancel sent then finds the job
+    started and no process of it yet; it must still stop the job, which never runs."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "pynox_gate.py").write_text(_GATE)
+    (gate / "go-0").touch()  # the pool's first template starts freely
+    marker = tmp_path / "out" / "ran"
+    marker.parent.mkdir()
+    with pool_process("--workers=1", "--preload=pynox_gate", f"--package-dir={gate}", cwd=tmp_path) as pool:
+        [template] = pool.templates()
+        os.kill(template, signal.SIGKILL)
+        assert wait_gone([template], 5) == []
+        job = pool.submit(**_writer(marker, 0))
+        _wait_for(gate / "arrived-1")  # the worker took the job and waits for its replacement template
+        if cancelled:
+            cancel = pool.submit(cancel=job)
+            assert pool.result(cancel) == {"id": cancel, "cancelled": job}
+        (gate / "go-1").touch()
+        result = pool.result(job)
+        time.sleep(0.5)  # room for a job that was handed over anyway to write
+        if cancelled:
+            assert (result["exit"], result["error"]["type"]) == (130, "CancelledError"), result
+            assert not marker.exists(), "the cancelled job ran"
+        else:
+            assert result["exit"] == 0, result
+            assert marker.read_text() == "ran"
+        assert len(_answers(pool, job)) == 1
+        assert pool.run("print('next')")["stdout"] == "next\n"  # the worker goes on serving

@@ -28,7 +28,7 @@ from .config import EMPTY, load_config
 from .defaults import DEFAULTS
 from .errors import ConfigError, KernelSupportError, PynoxError
 from .grant_types import Grants, check_grants
-from .grants import resolve_path
+from .grants import refuse_write_grant, resolve_path
 from .host_functions import HostErrors, visible_signature
 from .names import FUNCTION_RULE, is_function_name
 from .protocol import Request
@@ -119,6 +119,11 @@ def _cwd(pool: Pool | None) -> str:
 def _tool_grants(request: Request, pool: Pool | None) -> ToolGrants:
     cwd = _cwd(pool)
     write = tuple(resolve_path(p, cwd, "allow_write") for p in request.allow_write or ())
+    # The pool's own rule, now rather than at each run, where the model would get a refusal it cannot mend.
+    # A pool not started yet (the default one) has not said where its runtime lives: it refuses at the run.
+    if pool is not None:
+        for path in write:
+            refuse_write_grant(path, pool.ready.get("runtime_paths", []))
     return ToolGrants(
         read=tuple(resolve_path(p, cwd, "allow_read") for p in request.allow_read or ()) + write,
         write=write,
@@ -192,7 +197,8 @@ class CodeTool:
     started by the first call and ended by :meth:`close` (:meth:`for_run` gives a copy with a session of
     its own, for frameworks whose state lives per agent run); a :class:`pynox.Session` is used as it is and
     stays the caller's to close. ``session_scope`` says to the model what one session spans, as the framework
-    keeps it ("within one agent run": "Calls share one Python process within one agent run"). Raises
+    keeps it ("within one agent run": "Calls share one Python process within one agent run").
+    ``host_globals`` binds the host functions as globals of the code too (see :meth:`pynox.Pool.run`). Raises
     :class:`pynox.RequestError` (or ``ConfigError``) for a grant or profile the pool would refuse.
     """
 
@@ -205,7 +211,8 @@ class CodeTool:
         check_grants(f"{type(self).__name__}()", grants)
         requested: dict[str, Any] = dict(grants)
         if isinstance(session, Session):
-            if pool is not None or profile is not None or functions or grants or host_errors is not None:
+            if (pool is not None or profile is not None or functions or grants or host_errors is not None
+                    or host_globals is not None):
                 raise TypeError("a pynox.Session carries its own pool, permissions and functions: pass it alone")
             pool = session.pool
             requested = dict(session.grants)
@@ -222,7 +229,8 @@ class CodeTool:
         self._pool = pool
         self._functions = dict(functions) if functions else None
         self._host_errors = host_errors
-        self._host_globals = host_globals  # how host functions are bound in the code (see Pool.run)
+        # The host functions as globals of the code too (see Pool.run), fixed with the tool.
+        self._host_globals = host_globals
         self._grants = {**requested, **({"profile": profile} if profile else {})}
         self.owns_session = session is True
         self._session: Session | None = session if isinstance(session, Session) else None
@@ -291,7 +299,7 @@ class CodeTool:
             grants["timeout"] = seconds
         callables = {**(self._functions or {}), **(functions or {})} or None
         return None, {"functions": None if fresh else callables, "host_errors": self._host_errors,
-                      "host_globals": self._host_globals, **grants}
+                      "host_globals": None if fresh else self._host_globals, **grants}
 
     def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
             fresh: bool = False, functions: Mapping[str, HostFunction] | None = None) -> Result:

@@ -104,14 +104,7 @@ class Grants:
             check_ceiling("allow_write", write, writable_roots)
         allow_write = tuple(found.path for found in write)
         for path in allow_write:
-            runtime = overlapping(path, runtime_paths)
-            if runtime is not None:
-                raise RequestError(f"allow_write: {path} overlaps the runtime path {runtime}; a job may never "
-                                   "write where the interpreter and its packages live")
-            for what, pool_file in (pool_files or {}).items():
-                if beneath(pool_file, path):
-                    raise RequestError(f"allow_write: {path} holds the pool's {what} {pool_file}; a job may never "
-                                       "write where the pool keeps its own files")
+            refuse_write_grant(path, runtime_paths, pool_files)
         _refuse_planted_links({"allow_read": read, "allow_write": write, "package_dirs": packages,
                                "script": scripts},
                               [*allow_write, *(ceiling[1] if ceiling is not None else ()), *writable])
@@ -157,6 +150,19 @@ class Grants:
             uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
             images=self.max_output, host_globals=request.host_globals if self.functions else None,
         )
+
+
+def refuse_write_grant(path: str, runtime_paths: Sequence[str], pool_files: Mapping[str, str] | None = None) -> None:
+    """RequestError if the write grant ``path`` (resolved) overlaps the runtime or holds one of the pool's own
+    files (see :meth:`Grants.of`); the pool checks it for every job, a tool when it is made."""
+    runtime = overlapping(path, runtime_paths)
+    if runtime is not None:
+        raise RequestError(f"allow_write: {path} overlaps the runtime path {runtime}; a job may never "
+                           "write where the interpreter and its packages live")
+    for what, pool_file in (pool_files or {}).items():
+        if beneath(pool_file, path):
+            raise RequestError(f"allow_write: {path} holds the pool's {what} {pool_file}; a job may never "
+                               "write where the pool keeps its own files")
 
 
 def to_job(request: Request, *, cwd: str, runtime_paths: Sequence[str], hint_style: Literal["api", "cli"] = "api",

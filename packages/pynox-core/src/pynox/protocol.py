@@ -202,6 +202,9 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     backend: str = ""
     # Each per-job bound this setup cannot give (no pids or memory cgroup), as a sentence; empty: all hold.
     bounds_not_in_force: list[str] = []
+    # Where the interpreter and its packages live: no write grant may overlap them (a tool checks its
+    # grants against them when it is made, rather than at each run).
+    runtime_paths: list[str] = []
 
 
 class StartError(msgspec.Struct):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, TypedDict, Unpack
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
@@ -27,7 +27,7 @@ from langchain_core.tools import tool as make_langchain_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
-from pynox import CodeTool, Pool, Result
+from pynox import CodeTool, Grants, Pool, Result, check_grants
 
 __all__ = ["CodeActState", "PynoxEval", "create_codeact_graph"]
 
@@ -43,7 +43,8 @@ class PynoxEval:
     ``last_result`` is the :class:`pynox.Result` of the latest script.
     """
 
-    def __init__(self, pool: Pool | None = None, *, profile: str | None = None, **grants: Any) -> None:
+    def __init__(self, pool: Pool | None = None, *, profile: str | None = None, **grants: Unpack[Grants]) -> None:
+        check_grants("PynoxEval()", grants)
         self._pool = pool
         self._profile = profile
         self._grants = grants

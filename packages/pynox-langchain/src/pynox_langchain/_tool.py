@@ -17,14 +17,14 @@ from __future__ import annotations
 import base64
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import BaseModel, Field, PrivateAttr
 
-from pynox import CodeTool, Pool, PynoxError, Result, Session
+from pynox import CodeTool, Grants, Pool, PynoxError, Result, Session, check_grants
 
 __all__ = ["PynoxTool", "content_blocks", "python_tool"]
 
@@ -112,7 +112,7 @@ def _outcome(result: Result) -> tuple[Any, Result]:
 
 
 def python_tool(pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
-                functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Any) -> PynoxTool:
+                functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Unpack[Grants]) -> PynoxTool:
     """A LangChain tool ``run_python(code: str)`` whose code runs in Pynox.
 
     Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env,
@@ -121,4 +121,5 @@ def python_tool(pool: Pool | None = None, *, profile: str | None = None, session
     started on the first call (never here). ``session=True`` keeps variables between calls, one
     session per LangGraph thread; a :class:`pynox.Session` is shared as it is and stays yours to close.
     """
+    check_grants("python_tool()", grants)
     return PynoxTool(CodeTool(pool, profile=profile, session=session, functions=functions, **grants))

@@ -39,7 +39,7 @@ class Flight:
         self._kill: Callable[[], bool] | None = None
         self._answered = False
         # Why it was killed while it ran (its result says so): the client's cancel, or the pool's shutdown.
-        self.cancelled: str | None = None
+        self._cancelled: str | None = None
         # Sends its result, as cancelled, when it is cancelled while queued (set by whoever queues it).
         self.answer_cancelled: Callable[[], None] = lambda: None
 
@@ -54,7 +54,7 @@ class Flight:
 
     def cancel(self) -> Cancel:
         with self._lock:
-            if self._answered or self.cancelled:
+            if self._answered or self._cancelled:
                 return Cancel.FINISHED
             if self._kill is None:
                 self._answered = True
@@ -65,7 +65,7 @@ class Flight:
         """The pool's shutdown escalated: kill it if it runs (its worker answers it, as cancelled for
         ``reason``); True if it was killed. A queued one is left to its worker, which refuses it."""
         with self._lock:
-            if self._answered or self.cancelled or self._kill is None:
+            if self._answered or self._cancelled or self._kill is None:
                 return False
             return self._kill_running(reason) is Cancel.RUNNING
 
@@ -73,8 +73,15 @@ class Flight:
         assert self._kill is not None  # it runs
         if not self._kill():
             return Cancel.FINISHED  # its process had ended: the result it earned stands
-        self.cancelled = reason
+        self._cancelled = reason
         return Cancel.RUNNING
+
+    @property
+    def cancelled(self) -> str | None:
+        """Why it was killed (or stopped on its way to a process) for a cancel; None if it was not. Read
+        under the lock: a cancel whose kill is under way is waited for, never half seen."""
+        with self._lock:
+            return self._cancelled
 
     @property
     def answered(self) -> bool:

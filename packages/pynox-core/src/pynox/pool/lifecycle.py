@@ -1,26 +1,37 @@
-"""The life of the child a template is serving, as the server sees it: explicit states, checked moves.
+"""The life of the child serving a worker's job, as the server sees it: explicit states, checked moves.
 
 ::
 
-    IDLE ──send──▶ SENT ──Started──▶ RUNNING ──Ended──▶ ENDED ──release──▶ IDLE
-                    │                   │                  ▲
-                    └──never reached────┘ answered         │
-                       the template     └──▶ ANSWERED ─────┘ Ended (reaped after its result left)
-                       (▶ IDLE)              (killed)
+    IDLE ──take──▶ TAKEN ──send──▶ SENT ──Started──▶ RUNNING ──Ended──▶ ENDED ──release──▶ IDLE
+     ▲              │ ▲             │                   │                  ▲
+     │    cancelled │ └─never reached                   │ answered         │
+     │  (not sent), │   the template                    └──▶ ANSWERED ─────┘ Ended (reaped after its result left)
+     │   or dropped │   (retried)                            (killed)
+     └──────────────┘
 
-``SENT``: the job is with the template, the child's pidfd has not arrived, so
-it cannot be killed yet. ``RUNNING``: it can; a session's child stays here
-between steps. ``ANSWERED``: its result left as soon as its report was
+``TAKEN``: the worker took the job (its flight started, so a cancel may come)
+and has not sent it: it may still wait for a template to be started or
+settled. A cancel now is kept, and the job is then never sent (``send`` says
+so and returns to ``IDLE``): a cancel is as absolute as a deadline, whenever
+it lands. ``SENT``: the job is with the template, the child's pidfd has not
+arrived, so it cannot be killed yet; a cancel is kept and the child is killed
+as its pidfd arrives. ``RUNNING``: it can be killed; a session's child stays
+here between steps. ``ANSWERED``: its result left as soon as its report was
 complete; it was killed then, and its job's deadline still holds until the
 template has reaped it. ``ENDED``: the template reaped it and said how it
 ended. Any other move is a bug in the server, refused here as a
 :class:`PoolWorkerError` (the template is then replaced) rather than acted on.
 
+A worker keeps one life across the templates it replaces: a job taken while
+its template is being replaced stays ``TAKEN`` (see :meth:`ChildLife.abandon`),
+and a cancel that lands meanwhile still finds it.
+
 The child is killed in one place (:meth:`ChildLife.kill`), through its pidfd:
 no pid-reuse race, and nothing the job does can refuse it. The server's worker
 thread moves the states; a cancel (from the thread reading requests) may kill
-at any moment, so the pidfd is used and closed under one lock, and a child
-condemned before its pidfd arrived is killed as it arrives.
+at any moment, so the pidfd, the kept cancel and the moves that read it are
+used under one lock, and a child condemned before its pidfd arrived is killed
+as it arrives.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ __all__ = ["ChildLife", "ChildState"]
 
 class ChildState(enum.Enum):
     IDLE = "idle"
+    TAKEN = "taken"
     SENT = "sent"
     RUNNING = "running"
     ANSWERED = "answered"
@@ -45,8 +57,9 @@ class ChildState(enum.Enum):
 
 
 _MOVES: dict[ChildState, frozenset[ChildState]] = {
-    ChildState.IDLE: frozenset({ChildState.SENT}),
-    ChildState.SENT: frozenset({ChildState.RUNNING, ChildState.IDLE}),
+    ChildState.IDLE: frozenset({ChildState.TAKEN}),
+    ChildState.TAKEN: frozenset({ChildState.SENT, ChildState.IDLE}),
+    ChildState.SENT: frozenset({ChildState.RUNNING, ChildState.TAKEN}),
     ChildState.RUNNING: frozenset({ChildState.ANSWERED, ChildState.ENDED}),
     ChildState.ANSWERED: frozenset({ChildState.ENDED}),
     ChildState.ENDED: frozenset({ChildState.IDLE}),
@@ -65,20 +78,42 @@ class ChildLife:
         self.deadline: int | None = None
         # CPU time of this child counted in results already sent (a session's steps): each reports its own.
         self.cpu_us_reported = 0
-        self._lock = threading.Lock()  # the pidfd, between the worker and a cancel
-        self._condemned = False  # killed before its pidfd arrived (SENT): killed as soon as it does
+        self._lock = threading.Lock()  # the pidfd and the kept cancel, between the worker and a cancel
+        # Cancelled before its pidfd arrived: TAKEN, never sent; SENT, killed as soon as its pidfd arrives.
+        self._condemned = False
 
     def _move(self, state: ChildState) -> None:
         if state not in _MOVES[self.state]:
             raise PoolWorkerError(f"the pool lost track of its job's process ({self.state.value} -> {state.value})")
         self.state = state
 
-    def sent(self) -> None:
-        self._move(ChildState.SENT)
+    def take(self) -> None:
+        """A job is on its way: from now a cancel is kept until the job is sent (or dropped)."""
+        with self._lock:
+            self._move(ChildState.TAKEN)
+
+    def sent(self) -> bool:
+        """TAKEN -> SENT, the job goes to the template now; or, if it was cancelled since it was taken,
+        TAKEN -> IDLE and False: it must not be sent, nothing of it ran."""
+        with self._lock:
+            if self._condemned:
+                self._move(ChildState.IDLE)
+                self._condemned = False
+                return False
+            self._move(ChildState.SENT)
+            return True
 
     def not_sent(self) -> None:
-        """The job never reached the template (it died, or the frame could not be sent)."""
-        self._move(ChildState.IDLE)
+        """The job never reached the template (it died, or the frame could not be sent): it is still on its
+        way, to a fresh template, and a cancel is still kept."""
+        with self._lock:
+            self._move(ChildState.TAKEN)
+
+    def drop(self) -> None:
+        """TAKEN -> IDLE: the job was answered without being sent (refused, or no template could serve it)."""
+        with self._lock:
+            self._move(ChildState.IDLE)
+            self._condemned = False
 
     def started(self, pidfd: int, pid: int) -> None:
         with self._lock:
@@ -104,8 +139,12 @@ class ChildLife:
         self._forget()
 
     def abandon(self) -> None:
-        """Whatever the state, forget the child (its template is being closed, and the child dies with it)."""
-        self.state = ChildState.IDLE
+        """Whatever the state, forget the child (its template is being closed, and the child dies with it).
+        A job taken and not sent has no child yet: it stays TAKEN, cancel kept, for the next template."""
+        with self._lock:
+            if self.state is not ChildState.TAKEN:
+                self.state = ChildState.IDLE
+                self._condemned = False
         self._forget()
 
     def _forget(self) -> None:
@@ -114,21 +153,22 @@ class ChildLife:
                 os.close(self.pidfd)
             self.pidfd = self.pid = self.ended = self.deadline = None
             self.cpu_us_reported = 0
-            self._condemned = False
+            if self.state is not ChildState.TAKEN:
+                self._condemned = False
 
     @property
     def alive(self) -> bool:
-        """Not yet reaped: a child that was sent, runs, or was answered and killed."""
+        """Not yet reaped: a child that was sent, runs, or was answered and killed (a job only taken has none)."""
         return self.state in (ChildState.SENT, ChildState.RUNNING, ChildState.ANSWERED)
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
     def cancel(self) -> bool:
-        """Kill the child for a cancel, from any thread: True if it was still running (or on its way to),
-        False if its job was already over (answered, ended, or none)."""
+        """Kill the child for a cancel, from any thread: True if it was still running or on its way (taken or
+        sent: the cancel is kept), False if its job was already over (answered, ended, or none)."""
         with self._lock:
-            if self.state is ChildState.SENT and self.pidfd is None:
+            if self.state in (ChildState.TAKEN, ChildState.SENT) and self.pidfd is None:
                 self._condemned = True
                 return True
             if self.state is not ChildState.RUNNING:

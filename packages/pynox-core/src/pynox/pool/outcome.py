@@ -55,6 +55,8 @@ class Outcome:
     return_value: str | None = None
     # Why its process was killed while it ran: the client cancelled it, or the pool's shutdown stopped it.
     cancelled: str | None = None
+    # It reached a process (False: cancelled while on its way to one, so nothing of it ran).
+    handed_over: bool = True
     # Its figures as base64 PNGs (see figures.py), and how many were left out (over max_output in all).
     images: list[str] = field(default_factory=list)
     images_dropped: int = 0
@@ -63,7 +65,8 @@ class Outcome:
         """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
         if self.cancelled:
             self.exit = CANCELLED_EXIT
-            self.error = ErrorInfo(type="CancelledError", message=f"{self.cancelled}; its process was killed")
+            how = "its process was killed" if self.handed_over else "before it reached a process; nothing of it ran"
+            self.error = ErrorInfo(type="CancelledError", message=f"{self.cancelled}; {how}")
         elif self.protocol_violation is not None:
             self.exit = WORKER_ERROR_EXIT
             self.error = ErrorInfo(type="PoolWorkerError", message=f"the job was killed: {self.protocol_violation}")

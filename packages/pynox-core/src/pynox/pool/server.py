@@ -64,6 +64,7 @@ from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
 from .jsonlog import log_records_as_json, relay_as_json
+from .lifecycle import ChildLife, ChildState
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .session import SessionRegistry, Step
@@ -102,10 +103,12 @@ class _Worker(threading.Thread):
         self.start_error: BaseException | None = None
         self.start_problem = ""  # why the last replacement template failed, for the job's result
         self.busy = False  # running a job (a gauge of the stats)
+        # The child serving this worker's job, kept across the templates it replaces (see lifecycle.py).
+        self.child = ChildLife()
 
     def run(self) -> None:
         try:
-            self.template = self.server.new_template()
+            self.template = self.server.new_template(self.child)
         except BaseException as exc:
             self.start_error = exc
             self.started_event.set()
@@ -113,8 +116,10 @@ class _Worker(threading.Thread):
         self.started_event.set()
         try:
             while (job := self.server.jobs.get()) is not None:
+                # Taken before its flight starts: a cancel from then on is kept until the job is sent.
+                self.child.take()
                 # A job cancelled while it was queued has been answered: it never starts.
-                if job.flight.start(self._cancel_running):
+                if job.flight.start(self.child.cancel):
                     # Read after the flight started: a shutdown that escalates later kills it instead.
                     stopping = self.server.stop_reason
                     self.busy = True
@@ -124,16 +129,21 @@ class _Worker(threading.Thread):
                         self.server.finish(result, session=None, step=None)
                     if self.template is not None:
                         self.template.after_result()
+                self._after_job()
                 self.server.flights.remove(job.flight)
                 self.server.jobs.task_done()
         finally:
             if self.template is not None:
                 self.template.close()
 
-    def _cancel_running(self) -> bool:
-        """Kill the job this worker is running (a cancel, from the intake thread)."""
-        template = self.template
-        return template is not None and template.child.cancel()
+    def _after_job(self) -> None:
+        """Its result left: the next job finds the life IDLE. A job never sent is dropped; a broken
+        template is closed now (its child forgotten), and replaced when the next job needs one."""
+        if self.child.state is ChildState.TAKEN:
+            self.child.drop()
+        if self.template is not None and self.template.broken:
+            self.template.close()
+            self.template = None
 
     def _serve_safely(self, job: _Job) -> Result:
         """Serve one job; whatever goes wrong costs that job and its template, never this thread."""
@@ -184,7 +194,7 @@ class _Worker(threading.Thread):
             template.close()
         self.template = None
         try:
-            self.template = self.server.new_template()
+            self.template = self.server.new_template(self.child)
         except PynoxError as exc:
             self.start_problem = str(exc)
             self.server.log_event("template_error", str(exc))
@@ -233,13 +243,14 @@ class Server:
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
 
     # -- templates and results -------------------------------------------------------------------------
-    def new_template(self) -> Template:
+    def new_template(self, life: ChildLife | None = None) -> Template:
         """A started template; one that died while starting (killed, out of memory) is replaced, a few
-        times, before the start counts as failed. A preload that fails to import is not retried."""
+        times, before the start counts as failed. A preload that fails to import is not retried.
+        ``life``: a worker's child life, which outlives its templates (see lifecycle.py)."""
         for attempt in range(_START_ATTEMPTS):
             try:
                 return Template(self.options.preload, self.options.package_dirs, stderr=self._template_stderr,
-                                landlock_abi=self.options.landlock_abi)
+                                landlock_abi=self.options.landlock_abi, life=life)
             except PoolWorkerError as exc:
                 if not exc.transient or attempt == _START_ATTEMPTS - 1:
                     raise
@@ -298,6 +309,7 @@ class Server:
             python=ready.python,
             preloaded_modules=ready.preloaded,
             package_dirs=self.options.package_dirs,
+            runtime_paths=self.read_paths,
             config=self.options.config.path,
             profiles=sorted(self.options.config.profiles),
             landlock_abi=ready.landlock_abi,

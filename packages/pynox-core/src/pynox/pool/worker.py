@@ -245,8 +245,10 @@ class Template:
     """One warm template process, the socket to it, and the child it is serving."""
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
-                 landlock_abi: int | None = None) -> None:
-        """``landlock_abi``: the highest ABI its jobs use (None: ``$PYNOX_LANDLOCK_ABI``, else the kernel's)."""
+                 landlock_abi: int | None = None, life: ChildLife | None = None) -> None:
+        """``landlock_abi``: the highest ABI its jobs use (None: ``$PYNOX_LANDLOCK_ABI``, else the kernel's).
+        ``life``: the life of the child serving its jobs, when it outlives this template (a worker's, kept
+        across the templates it replaces, so that a cancel of a job on its way is never lost)."""
         if landlock_abi is None:
             landlock_abi = landlock_abi_from_environment()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -267,7 +269,7 @@ class Template:
         self.sock = parent
         self.broken = False
         self.cgroups: cgroups.TemplateGroup | None = None
-        self.child = ChildLife()
+        self.child = life if life is not None else ChildLife()
         # The child's delegated metadata calls (see metadata.py): the socket its listener arrives on, the
         # job's write grants and its uid and gid until then, and the steward answering them from then on.
         self._metadata: _StewardToBe | None = None
@@ -347,6 +349,8 @@ class Template:
         self._settle()
         if spec.functions and session is not None and session.job_channel is None:
             raise PoolWorkerError("a session with host functions has no channel for them", started=False)
+        if self.child.state is ChildState.IDLE:  # nobody took it ahead (a session's first step, pynox run, check)
+            self.child.take()
         bounds = cgroups.available()
         confinement = spec.confinement(cgroups.MAX_JOB_TASKS if bounds.pids is not None else None)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
@@ -377,7 +381,15 @@ class Template:
             own[CONTROL] = session.job_control.fileno()
         key = _key(confinement, granted) if session is None else None
         start = time.monotonic_ns()
-        self.child.sent()
+        if not self.child.sent():  # cancelled while it was on its way: it never reaches a process
+            for fd in [*writes, claim, *(end for pipe in pipes for end in pipe)]:
+                os.close(fd)
+            if outbox is not None and session is None:
+                outbox.close()
+            for sock in extra:
+                sock.close()
+            close_all([payload, *reads])
+            return Outcome(handed_over=False)
         try:
             if self.cgroups is not None and self.cgroups.memory is not None:
                 self.cgroups.memory.start(confinement.memory)

@@ -15,7 +15,7 @@ from .pool_driver import PoolProcess, pool_process
 
 pytestmark = pytest.mark.timeout(120)
 
-USAGE_FIELDS = {"cpu_ms", "max_rss_kb", "host_calls", "stdout_bytes", "stderr_bytes"}
+USAGE_FIELDS = {"cpu_ms", "max_rss_kb", "memory_peak_kb", "host_calls", "stdout_bytes", "stderr_bytes"}
 # Burns CPU in the job's own process: process_time counts this process only.
 _BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\n"
 

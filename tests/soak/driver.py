@@ -242,7 +242,8 @@ def fd_kinds(pid: int) -> Counter[str]:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue  # closed while we looked
-        kinds[re.sub(r":\[\d+\]$", "", target)] += 1
+        # A template's cgroup files are held per template: a replaced template's have another name, not more.
+        kinds[re.sub(r"/template-\d+/", "/template-N/", re.sub(r":\[\d+\]$", "", target))] += 1
     return kinds
 
 

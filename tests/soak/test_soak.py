@@ -110,7 +110,9 @@ def soak(workdir: Path, results: int, seed: int) -> dict[str, Any]:
     log = [line for line in bytes(pool.stderr).splitlines() if line.strip()]
     parsed = [json.loads(line) for line in log if line.startswith(b"{")]
     assert len(parsed) == len(log), f"the pool wrote something else than log lines: {log[:5]}"
-    assert Counter(line.get("event") for line in parsed) == {"job": tally.results}
+    # One line per job, and the pool's own lifecycle once each (EOF ends it: a drain, no signal).
+    assert Counter(line.get("event") for line in parsed) == {"job": tally.results, "start": 1, "ready": 1,
+                                                              "drain": 1, "exit": 1}
     queue_us = tally.queue_us
     return {
         "seed": seed,

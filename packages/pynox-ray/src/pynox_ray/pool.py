@@ -25,7 +25,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Unpack, cast
+from typing import Any, Literal, Unpack, cast
 
 import ray
 import ray.exceptions
@@ -273,10 +273,10 @@ class RayPool:
     # -- public API --------------------------------------------------------------------------------------
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
             host_errors: HostErrors | None = None, return_value: bool = True,
-            **grants: Unpack[RunGrants]) -> Result:
+            host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
         """Run code on the freest node and wait for its :class:`pynox.Result`; see :meth:`pynox.Pool.run`."""
         check_grants("RayPool.run()", grants, RUN_GRANT_NAMES)
-        work = self._work(code, functions, host_errors, return_value, dict(grants))
+        work = self._work(code, functions, host_errors, return_value, _with_host_globals(grants, host_globals))
         with self._running():
             node = self._nodes.acquire()
             try:
@@ -286,10 +286,10 @@ class RayPool:
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
                    host_errors: HostErrors | None = None, return_value: bool = True,
-                   **grants: Unpack[RunGrants]) -> Result:
+                   host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
         """``run`` for asyncio: no thread is held while the job runs or waits for a node."""
         check_grants("RayPool.arun()", grants, RUN_GRANT_NAMES)
-        work = self._work(code, functions, host_errors, return_value, dict(grants))
+        work = self._work(code, functions, host_errors, return_value, _with_host_globals(grants, host_globals))
         with self._running():
             node = await self._nodes.acquire_async()
             try:
@@ -298,10 +298,11 @@ class RayPool:
                 self._nodes.release(node)
 
     def session(self, *, functions: Mapping[str, HostFunction] | None = None,
-                host_errors: HostErrors | None = None, **grants: Unpack[SessionGrants]) -> RaySession:
+                host_errors: HostErrors | None = None, host_globals: Literal["call", "await"] | None = None,
+                **grants: Unpack[SessionGrants]) -> RaySession:
         """A stateful process on one node: variables survive between ``run`` calls; see :meth:`pynox.Pool.session`."""
         check_grants("RayPool.session()", grants, SESSION_GRANT_NAMES)
-        return RaySession(self, functions, dict(grants), host_errors=host_errors)
+        return RaySession(self, functions, _with_host_globals(grants, host_globals), host_errors=host_errors)
 
     def tool(self, profile: str | None = None, *, session: bool = False,
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
@@ -437,8 +438,6 @@ class RaySession:
 
     def __init__(self, pool: RayPool, functions: Mapping[str, HostFunction] | None, grants: dict[str, Any], *,
                  host_errors: HostErrors | None = None) -> None:
-        if "script" in grants:
-            raise RequestError("sessions take inline code, not script")
         pool._check_network(grants)
         _check_functions(functions)
         if host_errors is not None:
@@ -539,3 +538,8 @@ class RaySession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _with_host_globals(grants: Mapping[str, Any], host_globals: str | None) -> dict[str, Any]:
+    """The request's fields as a node's pool takes them: ``host_globals`` travels with the grants, as
+    :meth:`pynox.Pool.session` keeps it."""
+    return {**grants, **({"host_globals": host_globals} if host_globals else {})}

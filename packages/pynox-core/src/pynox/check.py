@@ -389,6 +389,8 @@ def _unprivileged(result: Result, lab: _Lab, elapsed: float) -> Verdict:
         return (True, "worked") if bounding == "0" * 16 else (False, f"bounding set {bounding} was not emptied")
     return True, (f"bounding set {bounding} kept: the pool has no CAP_SETPCAP to empty it (harmless: "
                   "no_new_privs is set and exec is refused)")
+
+
 # sysinfo(2) as a job sees it: the pool answers with the job's own view (pynox.pool.own_view).
 _SYSINFO_MEMORY = 128 << 20
 _SYSINFO = """\

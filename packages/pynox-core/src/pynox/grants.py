@@ -40,7 +40,7 @@ from .job import MAX_GRANTS, JobSpec
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath
 from .policy.cgroups import memory_counted
-from .policy.runtime import overlapping
+from .policy.runtime import kernel_mounts, overlapping
 from .protocol import Request
 from .units import format_duration, format_size, parse_duration, parse_size
 
@@ -153,12 +153,17 @@ class Grants:
 
 
 def refuse_write_grant(path: str, runtime_paths: Sequence[str], pool_files: Mapping[str, str] | None = None) -> None:
-    """RequestError if the write grant ``path`` (resolved) overlaps the runtime or holds one of the pool's own
-    files (see :meth:`Grants.of`); the pool checks it for every job, a tool when it is made."""
+    """RequestError if the write grant ``path`` (resolved) overlaps the runtime or a mount of the kernel's own
+    settings, or holds one of the pool's own files (see :meth:`Grants.of`); the pool checks it for every job,
+    a tool when it is made."""
     runtime = overlapping(path, runtime_paths)
     if runtime is not None:
         raise RequestError(f"allow_write: {path} overlaps the runtime path {runtime}; a job may never "
                            "write where the interpreter and its packages live")
+    kernel = overlapping(path, kernel_mounts())
+    if kernel is not None:
+        raise RequestError(f"allow_write: {path} overlaps {kernel}, where the kernel keeps its own settings (cgroups, "
+                           "/proc, /sys); a job may never write there: its limits would be its own to change")
     for what, pool_file in (pool_files or {}).items():
         if beneath(pool_file, path):
             raise RequestError(f"allow_write: {path} holds the pool's {what} {pool_file}; a job may never "

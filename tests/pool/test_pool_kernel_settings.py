@@ -1,0 +1,82 @@
+"""No write grant may overlap a mount of the kernel's own settings: cgroups, /proc, /sys.
+
+A job of a root pool is uid 0 without capabilities, and uid 0 owns root's 0644 files there. An
+adversarial review showed the harm on the code before this rule: with ``allow_write`` naming the memory
+cgroup's mount and ``memory="64m"``, a job found its own cgroup, raised its limit to 1 GiB, moved itself to
+the parent cgroup and held 200 MiB. The rule is the pool's (``grants.refuse_write_grant``), so a tool is
+refused when it is made, and a run before anything runs; the control shows the same code runs, and writes,
+with a write grant elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pynox
+from pynox import Pool, RequestError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _cgroup_mounts() -> list[str]:
+    """The machine's cgroup mounts, read here independently of the product's own list."""
+    found = []
+    with open("/proc/self/mountinfo") as lines:
+        for line in lines:
+            mount, _, filesystem = line.partition(" - ")
+            if filesystem.split()[0] in ("cgroup", "cgroup2"):
+                found.append(mount.split()[4])
+    return found
+
+
+CGROUPS = _cgroup_mounts()
+# What the attack writes: its own cgroup's limits, then a marker that says it ran.
+ATTACK = """\
+import os, pathlib
+raised = []
+for root in {mounts!r}:
+    for directory, _, files in os.walk(root):
+        if "cgroup.procs" in files and str(os.getpid()) in open(os.path.join(directory, "cgroup.procs")).read().split():
+            for name in ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes", "memory.max", "pids.max"):
+                try:
+                    pathlib.Path(directory, name).write_text("max" if name.endswith("max") else str(1 << 30))
+                    raised.append(name)
+                except OSError:
+                    pass
+pathlib.Path({marker!r}).write_text(",".join(raised) or "none")
+"""
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    with Pool(workers=1) as started:
+        yield started
+
+
+@pytest.mark.parametrize("grant", ["/proc", "/sys", "/sys/fs/cgroup", *CGROUPS])
+def test_a_write_grant_over_the_kernels_settings_is_refused_before_anything_runs(pool: Pool, grant: str,
+                                                                                   tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    # /sys also holds runtime paths (the CPU topology a job reads), whose own rule may answer first.
+    with pytest.raises(RequestError, match=r"where the kernel keeps its own settings|overlaps the runtime path"):
+        pool.run(ATTACK.format(mounts=CGROUPS, marker=str(marker)), allow_write=[grant, str(tmp_path)],
+                 memory="64m")
+    assert not marker.exists()  # seen from the host: the code never ran, no limit was touched
+
+
+@pytest.mark.skipif(not CGROUPS, reason="this machine mounts no cgroup filesystem")
+def test_a_tool_with_such_a_grant_is_refused_when_it_is_made(pool: Pool) -> None:
+    with pytest.raises(RequestError, match="where the kernel keeps its own settings"):
+        pynox.CodeTool(pool, allow_write=[CGROUPS[0]])
+
+
+def test_the_control_the_same_code_runs_and_writes_with_a_grant_elsewhere(pool: Pool, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    result = pool.run(ATTACK.format(mounts=CGROUPS, marker=str(marker)), allow_write=[str(tmp_path)],
+                      memory="64m")
+    assert result.ok, result
+    # The code ran (the marker), and without a grant there Landlock shows it no cgroup file: no limit changed.
+    assert marker.read_text() == "none"

@@ -90,3 +90,19 @@ def test_the_smolagents_reader_reads_no_text_chunk() -> None:
     before = rss_mib()
     images = images_from_png([inflating_png()] * 2)
     assert rss_mib() - before < 32 and images[0].size == (1, 1) and not images[0].text
+
+
+
+def _declared(width: int, height: int) -> bytes:
+    """A PNG whose header declares ``width`` x ``height`` pixels (its few bytes of pixel data are no matter)."""
+    header = _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + header + _chunk(b"IDAT", zlib.compress(b"\0\0")) + _chunk(b"IEND", b"")
+
+
+def test_a_png_that_declares_more_pixels_than_a_figure_has_is_dropped_by_the_pool(pool: pynox.Pool) -> None:
+    # 16k x 16k zeros deflate a thousandfold: a gigabyte for whoever decodes them (an adversarial review).
+    # The control: a PNG of matplotlib's size comes through, after it.
+    forged = [_declared(16384, 16384), _declared(640, 480)]
+    result = pool.run("import sys\nimport matplotlib.pyplot\n"
+                      "from pynox.pool import figures\nfigures._shown.extend(" + repr(forged) + ")", max_output="8MB")
+    assert len(result.images) == 1 and b"\x00\x00\x02\x80\x00\x00\x01\xe0" in result.images[0], result.images

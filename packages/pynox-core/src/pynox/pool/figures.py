@@ -106,11 +106,16 @@ def images_on_the_wire(images: list[str], limit: int) -> tuple[list[str], int]:
 # PIL inflates up to 64 MiB of text per image, so 14 one-pixel PNGs of 64 KB each held 845 MiB of one host.
 PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"sBIT", b"bKGD",
                           b"pHYs"})
+# The pixels themselves are compressed too: a header may declare 16k x 16k pixels of zeros that deflate a
+# thousandfold, a gigabyte for whoever decodes the image. A figure is at most this many pixels (4096 x 4096:
+# 64 MiB decoded as RGBA at 8 bits, far beyond matplotlib's 640 x 480); a larger one is dropped.
+MAX_PIXELS = 1 << 24
 
 
 def pixels_only(png: bytes) -> bytes:
     """``png`` with only its :data:`PIXEL_CHUNKS`, so no reader inflates more than its pixels; ``ValueError``
-    for bytes that are not a PNG whose chunks fit (its header first, its end last)."""
+    for bytes that are not a PNG whose chunks fit (its header first, its end last), or that has more than
+    :data:`MAX_PIXELS` pixels."""
     if not png.startswith(_PNG):
         raise ValueError("not a PNG")
     kept = [_PNG]
@@ -131,6 +136,12 @@ def pixels_only(png: bytes) -> bytes:
             break
     if not kinds or kinds[0] != b"IHDR" or kinds[-1] != b"IEND" or b"IDAT" not in kinds:
         raise ValueError("a PNG needs a header, pixels and an end")
+    header = kept[1][8:-4]  # IHDR's data: width, height (4 bytes each), then depth, colour type, ...
+    if len(header) != 13:
+        raise ValueError("a PNG header is 13 bytes")
+    width, height = int.from_bytes(header[0:4], "big"), int.from_bytes(header[4:8], "big")
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"a PNG of {width} x {height} pixels is more than {MAX_PIXELS} pixels")
     return b"".join(kept)
 
 

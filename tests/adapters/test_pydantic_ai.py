@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent
@@ -58,13 +59,15 @@ def test_a_session_of_the_callers_is_shared_by_runs_and_left_open(pool: Pool) ->
     assert not session.alive
 
 
-def test_the_capability_tells_the_model_what_the_code_may_touch(pool: Pool) -> None:
-    toolset = PynoxToolset(pool, allow_read=["/usr/share"], allow_write=["/tmp"], timeout="7s")
+def test_the_capability_tells_the_model_what_the_code_may_touch(pool: Pool, tmp_path: Path) -> None:
+    # A directory of the test's own: a checkout (and its venv, the runtime) may itself lie under /tmp.
+    out = str(tmp_path)
+    toolset = PynoxToolset(pool, allow_read=["/usr/share"], allow_write=[out], timeout="7s")
     transcript = run_pydantic_ai({"capabilities": [PynoxCapability(toolset)]}, code_calls("print(1)"))
     instructions = transcript.instructions or ""
     assert instructions == toolset.model_instructions
     assert instructions.startswith("You can run Python code with the `run_python` tool.")
-    assert "- Read files: /usr/share, /tmp" in instructions and "- Write files: /tmp." in instructions
+    assert f"- Read files: /usr/share, {out}" in instructions and f"- Write files: {out}." in instructions
     assert "7s of time" in instructions and "Args:" not in instructions
     mine = run_pydantic_ai({"capabilities": [PynoxCapability(toolset, instructions="Only print summaries.")]},
                            code_calls("print(1)"))

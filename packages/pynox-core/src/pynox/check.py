@@ -666,10 +666,6 @@ def _add_warnings(report: CheckReport) -> None:
         warn("no cgroup counts a job's memory here: pages it writes into a tmpfs in its grants (/dev/shm, a tmpfs "
              "mount) and kernel buffers count against no limit; each file it writes is bounded by its memory "
              "instead (see the memory fact)")
-    if not facts["memory_counted"]:
-        warn("no cgroup counts a job's memory here: pages it writes into a tmpfs in its grants (/dev/shm, a tmpfs "
-             "mount) and kernel buffers count against no limit; each file it writes is bounded by its memory "
-             "instead (see the memory fact)")
     reaches, why = _steward_reaches_jobs(facts)
     if not reaches:
         warn(why)

@@ -37,6 +37,8 @@ from pydantic_core import to_jsonable_python
 import pynox
 from pynox import Grants, HostError, Pool, PynoxError, Session, check_grants
 
+from ._toolset import stop_running
+
 __all__ = ["PynoxCodeMode"]
 
 ToolSelector = Literal["all"] | Sequence[str] | Callable[[RunContext[Any], ToolDefinition], bool]
@@ -112,12 +114,7 @@ class _RunState:
 
     async def end(self) -> None:
         """Stop the calls still running (their jobs are killed, not waited for), then end the session."""
-        current = asyncio.current_task()
-        running = [task for task in self.running if task is not current and not task.done()]
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        await stop_running(self.running)
         session, self.session = self.session, None
         if session is not None:
             await session.aclose()

@@ -244,12 +244,7 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
     async def __aexit__(self, *args: Any) -> bool | None:
         # pydantic-ai leaves the toolset while a cancelled run's calls may still be running: stop them now
         # (their jobs are killed, and a session's process with its step), not when their code ends.
-        current = asyncio.current_task()
-        running = [task for task in self._running if task is not current and not task.done()]
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        await stop_running(self._running)
         await self._runner.aclose()
         return await super().__aexit__(*args)
 
@@ -280,3 +275,14 @@ class PynoxCapability(AbstractCapability[AgentDepsT]):
 
     def get_instructions(self) -> str:
         return self.instructions if self.instructions is not None else self.toolset.model_instructions
+
+
+async def stop_running(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel the calls still running, other than the caller's own, and wait until each has ended: a cancelled
+    call kills its job, so none is waited for to its end."""
+    current = asyncio.current_task()
+    running = [task for task in tasks if task is not current and not task.done()]
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.gather(*running, return_exceptions=True)

@@ -114,7 +114,7 @@ def template_sized_fork(runs: int) -> dict[str, float]:
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "packages", "pynox-core", "src"))
     import gc
 
-    import pynox.pool.template  # type: ignore[import-untyped]  # noqa: F401  - a template's modules, a heap of its size
+    import pynox.template.fork_server  # type: ignore[import-untyped]  # noqa: F401  - a template's modules, a heap of its size
 
     gc.collect()
     gc.freeze()

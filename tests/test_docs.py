@@ -44,7 +44,6 @@ import pytest
 import pynox
 from pynox import config as pynox_config
 from pynox.client import pool_command
-from pynox.job import ErrorInfo
 from pynox.protocol import (
     CallEvent,
     CancelAnswer,
@@ -61,6 +60,7 @@ from pynox.protocol import (
     StatsEvent,
     parse_line,
 )
+from pynox.wire.spec import ErrorInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

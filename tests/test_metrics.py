@@ -15,10 +15,10 @@ import pytest
 from pynox.cli import build_parser
 from pynox.config import load_config, pool_options
 from pynox.errors import ConfigError
-from pynox.job import ErrorInfo
-from pynox.pool.metrics import render
-from pynox.pool.stats import DURATION_BUCKETS, QUEUE_BUCKETS, Gauges, Stats
 from pynox.protocol import Result, StatsEvent, decode_answer, encode, refusal
+from pynox.server.metrics import render
+from pynox.server.stats import DURATION_BUCKETS, QUEUE_BUCKETS, Gauges, Stats
+from pynox.wire.spec import ErrorInfo
 
 pytestmark = pytest.mark.pure
 

@@ -1,4 +1,4 @@
-"""pynox.pool.shutdown: how a pool ends, as one table of moves, driven directly (no pool, no signals)."""
+"""pynox.server.shutdown: how a pool ends, as one table of moves, driven directly (no pool, no signals)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pynox.pool.shutdown import Shutdown, Stage
+from pynox.server.shutdown import Shutdown, Stage
 
 pytestmark = pytest.mark.pure
 

@@ -61,7 +61,7 @@ def test_the_control_pil_inflates_the_text_of_such_a_png() -> None:
 
 def test_forged_figures_reach_the_executor_as_their_pixels_only(pool: pynox.Pool) -> None:
     forged = inflating_png()
-    code = ("import sys\nimport matplotlib.pyplot\nfrom pynox.pool import figures\n"
+    code = ("import sys\nimport matplotlib.pyplot\nfrom pynox.job import figures\n"
             f"figures._shown.extend([{forged!r}] * {IMAGES})\nprint('forged')")
     executor = PynoxExecutor(pool, max_output="8MB")
     before = rss_mib()
@@ -79,7 +79,7 @@ def test_forged_figures_reach_the_executor_as_their_pixels_only(pool: pynox.Pool
 def test_the_pool_keeps_only_the_chunks_of_the_pixels(pool: pynox.Pool) -> None:
     forged = inflating_png()
     result = pool.run("import sys\nimport matplotlib.pyplot\n"
-                      "from pynox.pool import figures\nfigures._shown.append(" + repr(forged) + ")",
+                      "from pynox.job import figures\nfigures._shown.append(" + repr(forged) + ")",
                       max_output="8MB")
     assert len(result.images) == 1
     kept = result.images[0]
@@ -104,5 +104,5 @@ def test_a_png_that_declares_more_pixels_than_a_figure_has_is_dropped_by_the_poo
     # The control: a PNG of matplotlib's size comes through, after it.
     forged = [_declared(16384, 16384), _declared(640, 480)]
     result = pool.run("import sys\nimport matplotlib.pyplot\n"
-                      "from pynox.pool import figures\nfigures._shown.extend(" + repr(forged) + ")", max_output="8MB")
+                      "from pynox.job import figures\nfigures._shown.extend(" + repr(forged) + ")", max_output="8MB")
     assert len(result.images) == 1 and b"\x00\x00\x02\x80\x00\x00\x01\xe0" in result.images[0], result.images

@@ -178,7 +178,7 @@ def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path
 
 def test_no_child_is_prepared_while_a_job_runs(tmp_path: Path) -> None:
     """A prepared child killed just before a job: the job gets a child of its own, and no prepared child lives
-    beside it (one would take the job's CPU and one of its threads, see policy/tasks.py): one the template
+    beside it (one would take the job's CPU and one of its threads, see policy/cgroups.py): one the template
     prepared as the job arrived is killed, and the next is prepared only after the job."""
     out = tmp_path / "out"
     out.mkdir()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import pynox
-import pynox.client
+import pynox.client.pool
 from tests.pool.pool_driver import PoolProcess, pool_process
 
 pytestmark = pytest.mark.timeout(120)
@@ -250,7 +250,7 @@ def test_a_run_gives_up_when_the_pool_never_answers(tmp_path: Path, monkeypatch:
     fake = tmp_path / "silent-pynox"
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'silent_pool.py'} \"$@\"\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(pynox.client, "_ANSWER_MARGIN", 1.0)  # three timeouts of 0.5 s, plus one second
+    monkeypatch.setattr(pynox.client.pool, "_ANSWER_MARGIN", 1.0)  # three timeouts of 0.5 s, plus one second
     with pynox.Pool(workers=1, binary=fake) as pool:
         start = time.monotonic()
         first = pool._process

@@ -1,6 +1,6 @@
 """The job's delegated calls (chmod, chown, utimensat, sysinfo) cannot stall the pool that answers them.
 
-The pool performs those calls for the job (pynox/pool/metadata.py, own_view.py). Whatever
+The pool performs those calls for the job (pynox/server/steward.py, own_view.py). Whatever
 the job names, answering must not block the worker thread that also enforces
 the job's deadline: the job is killed at its timeout and the next job runs.
 """

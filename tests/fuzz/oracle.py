@@ -38,7 +38,7 @@ NO_CALL_PENDING = "no such call is pending"
 # Beyond this depth either answer is right: the refusal of the whole line, or what this process finds.
 UNCERTAIN_DEPTH = 200
 TOO_DEEP = ("not valid JSON: nested too deeply", "invalid request: nested too deeply")
-# The bytes of an over-long line the pool keeps to name it (pool/io.py): its id is found in them or not at all.
+# The bytes of an over-long line the pool keeps to name it (server/io.py): its id is found in them or not at all.
 _HEAD = 256
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pynox.errors import PoolWorkerError
-from pynox.pool.lifecycle import ChildLife, ChildState
+from pynox.server.lifecycle import ChildLife, ChildState
 
 
 def test_a_cancel_while_taken_stops_the_job_before_it_is_sent() -> None:

@@ -83,7 +83,7 @@ def test_the_python_api_gives_bytes_and_the_text_a_note() -> None:
 def test_the_font_cache_is_kept_per_installed_matplotlib_never_under_an_unknown_version() -> None:
     import importlib.metadata
 
-    from pynox.pool.figures import matplotlib_setup
+    from pynox.server.figures import matplotlib_setup
 
     setup = matplotlib_setup()
     assert setup is not None

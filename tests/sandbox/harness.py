@@ -1,7 +1,7 @@
 """The real sandbox, driven from outside, and the world a case tries to escape into.
 
 :class:`Sandbox` keeps one warm template for the whole module and runs each
-request through it exactly as ``pynox.runner.run_once`` does (resolve, run,
+request through it exactly as ``pynox.server.runner.run_once`` does (resolve, run,
 result), so a case costs a fork rather than an interpreter start. A template
 that a case broke is replaced before the next run; the case itself fails.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 import pyseccomp
 
 from pynox.policy.seccomp import syscall_number
-from pynox.pool.worker import Template
 from pynox.protocol import Request, Result
-from pynox.runner import run_on
+from pynox.server.runner import run_on
+from pynox.server.templates import Template
 
 # Put into the test process's environment before the template starts: no job may ever see it.
 SECRET_NAME = "PYNOX_TEST_HOST_SECRET"

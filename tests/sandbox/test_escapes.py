@@ -19,8 +19,8 @@ import pytest
 
 from pynox.errors import RequestError
 from pynox.grants import to_job
-from pynox.pool.worker import Template
 from pynox.protocol import Request
+from pynox.server.templates import Template
 from tests.setup_facts import OUTER_SECCOMP, require_landlock
 
 from .cases import CASES, WORKS, Case, Expect

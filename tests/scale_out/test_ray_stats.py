@@ -8,8 +8,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from pynox.pool.stats import Gauges, Stats
 from pynox.protocol import Result
+from pynox.server.stats import Gauges, Stats
 from pynox_ray.pool import _summed
 
 pytestmark = pytest.mark.pure

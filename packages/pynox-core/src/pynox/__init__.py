@@ -28,9 +28,9 @@ from .errors import (
 from .grant_types import Grants, RunGrants, SessionGrants, check_grants
 
 if TYPE_CHECKING:
-    from .client import Pool, PynoxPool, Session
-    from .code_tool import CodeTool, ToolDescription, ToolGrants
-    from .result import Result, Usage
+    from .client.code_tool import CodeTool, ToolDescription, ToolGrants
+    from .client.pool import Pool, PynoxPool, Session
+    from .client.result import Result, Usage
     from .units import format_duration, format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
@@ -67,9 +67,10 @@ __all__ = [
 ]
 
 
-_LAZY = {"Pool": "client", "PynoxPool": "client", "Session": "client", "Result": "result", "CodeTool": "code_tool",
-         "ToolDescription": "code_tool", "ToolGrants": "code_tool", "Usage": "result", "format_duration": "units",
-         "format_size": "units", "parse_duration": "units", "parse_size": "units"}
+_LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.pool", "Result": "client.result",
+         "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
+         "Usage": "client.result", "format_duration": "units", "format_size": "units", "parse_duration": "units",
+         "parse_size": "units"}
 
 
 def __getattr__(name: str) -> Any:
@@ -87,7 +88,7 @@ def __getattr__(name: str) -> Any:
 def run(code: str | None = None, *, functions: Mapping[str, Callable[..., Any]] | None = None,
         **grants: Unpack[RunGrants]) -> Result:
     """Run code on the default pool (started on first use, closed at exit); see :meth:`Pool.run`."""
-    from .client import default_pool
+    from .client.pool import default_pool
 
     return default_pool().run(code, functions=functions, **grants)
 
@@ -104,7 +105,7 @@ def tool(profile: str | None = None, *, session: bool = False,
     exception reaches the code only as its type unless it is a :class:`HostError`, or
     ``host_errors="full"``.
     """
-    from .model_tool import make_tool
+    from .client.model_tool import make_tool
 
     return make_tool(None, profile=profile, session=session, functions=functions, grants=grants,
                      host_errors=host_errors)  # type: ignore[arg-type]  # host_errors: checked by the pool's run

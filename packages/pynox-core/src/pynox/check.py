@@ -29,11 +29,11 @@ from typing import Any
 
 from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment, load_config
 from .errors import ConfigError, KernelSupportError, PoolError, RequestError
-from .exits import TIMEOUT_EXIT
 from .policy import BACKEND, cgroups, landlock, seccomp
-from .pool.worker import Template
 from .protocol import Request, Result
-from .runner import run_on
+from .server.runner import run_on
+from .server.templates import Template
+from .wire.exits import TIMEOUT_EXIT
 
 __all__ = ["CheckReport", "Probe", "run_check"]
 
@@ -391,7 +391,7 @@ def _unprivileged(result: Result, lab: _Lab, elapsed: float) -> Verdict:
                   "no_new_privs is set and exec is refused)")
 
 
-# sysinfo(2) as a job sees it: the pool answers with the job's own view (pynox.pool.own_view).
+# sysinfo(2) as a job sees it: the pool answers with the job's own view (pynox.server.own_view).
 _SYSINFO_MEMORY = 128 << 20
 _SYSINFO = """\
 import ctypes

@@ -76,7 +76,7 @@ def _print_human(result: Result) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .runner import run_once
+    from .server.runner import run_once
 
     request = _request_from(args)
     if args.config:
@@ -114,7 +114,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from .pool.metrics import probe
+    from .server.metrics import probe
 
     route = "/livez" if args.live else "/readyz"
     try:
@@ -138,7 +138,7 @@ def _health_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _cmd_pool(args: argparse.Namespace) -> int:
-    from .pool.server import serve
+    from .server.serve import serve
 
     return serve(args)
 

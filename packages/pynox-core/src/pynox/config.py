@@ -73,7 +73,7 @@ class PoolSettings:
     session_idle: float = 600.0  # seconds
     log: str | None = None  # "json" or None
     log_redact: bool = False  # job log lines leave out the error message (it may quote the job's data)
-    # After a stop signal, how long accepted jobs may run on before they are stopped (see pool/shutdown.py):
+    # After a stop signal, how long accepted jobs may run on before they are stopped (see server/shutdown.py):
     # under the 30 s a Kubernetes pod is given by default, with time left for the escalation.
     drain_timeout: float = 25.0  # seconds
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under

@@ -85,7 +85,7 @@ class JobError(PynoxError):
 class HostError(PynoxError):
     """Raise it in a host function to fail the call with this message, shown to the job as
     ``pynox_host.HostError``. Any other exception reaches the job only as its type, unless the pool or
-    tool was made with ``host_errors="full"`` (see :mod:`pynox.host_functions`)."""
+    tool was made with ``host_errors="full"`` (see :mod:`pynox.client.host_functions`)."""
 
 
 # What a pool's start-error event may name (its error.type), and the exception the client raises for it.

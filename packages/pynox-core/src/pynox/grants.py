@@ -36,13 +36,13 @@ import msgspec
 
 from .defaults import DEFAULTS, Defaults
 from .errors import ConfigError, RequestError, cut, quoted
-from .job import MAX_GRANTS, JobSpec
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath
 from .policy.cgroups import memory_counted
 from .policy.runtime import kernel_mounts, overlapping
 from .protocol import Request
 from .units import format_duration, format_size, parse_duration, parse_size
+from .wire.spec import MAX_GRANTS, JobSpec
 
 if TYPE_CHECKING:
     from .config import Config, Limits

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import msgspec
 
 from .errors import quoted
-from .exits import REFUSED_EXIT
-from .job import ErrorInfo
+from .wire.exits import REFUSED_EXIT
+from .wire.spec import ErrorInfo
 
 __all__ = [
     "MAX_LINE",
@@ -126,7 +126,7 @@ class ResultPolicy(msgspec.Struct):
 
 
 class Usage(msgspec.Struct, frozen=True):
-    """What the job's process used, as the kernel counts it (see pool/usage.py); a session step's
+    """What the job's process used, as the kernel counts it (see server/usage.py); a session step's
     ``cpu_ms`` is that step's, its ``max_rss_kb`` the process's peak so far (None: the process was gone
     before it could be measured, and the template did not say). ``memory_peak_kb``: what the job's memory
     cgroup held above its start at its peak, tmpfs pages and kernel buffers included (for a session, since

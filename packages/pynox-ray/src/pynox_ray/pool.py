@@ -33,11 +33,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import pynox
 from pynox import CodeTool, ConfigError, PoolError, RequestError, Result
-from pynox.exits import WORKER_ERROR_EXIT
+from pynox.client.host_functions import HostErrors, HostLoop, step_functions
+from pynox.client.model_tool import make_tool
 from pynox.grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
-from pynox.host_functions import HostErrors, HostLoop, step_functions
-from pynox.model_tool import make_tool
 from pynox.protocol import ErrorInfo, SessionResult, StatsEvent
+from pynox.wire.exits import WORKER_ERROR_EXIT
 
 from .host_calls import answer
 from .messages import Finished, HostCall, Message, Raised, Work

@@ -340,7 +340,7 @@ class PynoxExecutor(PythonExecutor):
         if self._session is None:
             pool = self.pool if self.pool is not None else self._grants_checked.pool
             # smolagents' own executor shows the model a tool's exception text: so does this one, by
-            # choice (pynox's default sends only the exception's type; see pynox.host_functions).
+            # choice (pynox's default sends only the exception's type; see pynox.client.host_functions).
             self._session = pool.session(functions=self._host_functions(), host_errors="full", **self.grants)
             self._session_names = self._host_names()
         if not self._session.alive or self._variables_pending:

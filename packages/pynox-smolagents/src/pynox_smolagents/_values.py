@@ -293,7 +293,7 @@ def images_from_png(pngs: list[bytes], max_bytes: int = MAX_REBUILT_BYTES) -> li
         _budget.reset(token)
 
 
-# The chunks that define a PNG's pixels: the pool keeps only these in a job's figures (pynox.pool.figures);
+# The chunks that define a PNG's pixels: the pool keeps only these in a job's figures (pynox.server.figures);
 # this codec, which also runs as source inside the job, keeps its own copy of the rule for images that cross
 # as values. Text and colour-profile chunks are compressed data PIL inflates on open, whatever the pixels.
 _PIXEL_CHUNKS = frozenset({b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"sBIT", b"bKGD",

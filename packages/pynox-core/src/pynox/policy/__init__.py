@@ -2,7 +2,7 @@
 
 :class:`Runtime` is what the template prepares once (the Landlock ABI, the
 runtime paths, the compiled seccomp filters); :func:`confine` applies a job's
-:class:`~pynox.job.Confinement` in the child. Every step raises on failure,
+:class:`~pynox.wire.spec.Confinement` in the child. Every step raises on failure,
 and the caller then never runs the code (fail closed).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..job import Confinement
+from ..wire.spec import Confinement
 from . import landlock, seccomp
 from .limits import apply_limits
 from .own_process import OwnProcessFilter

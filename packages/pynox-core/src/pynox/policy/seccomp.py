@@ -13,7 +13,7 @@ never do. Denials return an errno (never kill), so Python raises a readable
 ``OSError`` and the hint can say what happened. A few calls (changing a file's
 mode, owner or times, and ``sysinfo``) are neither allowed nor denied but
 delegated: the pool answers them through the filter's listener
-(:mod:`pynox.pool.metadata`, :mod:`pynox.pool.own_view`).
+(:mod:`pynox.server.steward`, :mod:`pynox.server.own_view`).
 """
 
 from __future__ import annotations
@@ -92,11 +92,11 @@ _ADDRESSING = ("bind", "connect", "listen", "accept", "accept4")
 # owns most of the host's files: it could chmod /etc/shadow world-readable or set the setuid bit on a
 # runtime binary it may only read. These calls are not run by the kernel for the job: the filter hands
 # each to the pool (SECCOMP_RET_USER_NOTIF), which performs it on the job's behalf only on a file in a
-# write grant (see pynox.pool.metadata). The older forms (utime, utimes, futimesat), which libc no longer
+# write grant (see pynox.server.steward). The older forms (utime, utimes, futimesat), which libc no longer
 # uses, are refused.
 # sysinfo gives the host's RAM, task count, load and uptime; refused, it would leave glibc's
 # sysconf(_SC_PHYS_PAGES) reading an uninitialised struct. The pool answers it with the job's own view
-# instead (see pynox.pool.own_view).
+# instead (see pynox.server.own_view).
 DELEGATED_SYSCALLS = (
     "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utimensat",
     "sysinfo",

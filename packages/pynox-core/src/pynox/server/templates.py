@@ -30,11 +30,9 @@ import pynox
 
 from ..config import landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
-from ..job import Confinement, JobSpec
 from ..policy import cgroups
 from ..policy.grants import close_all, identity, open_grants
-from .capture import Capture
-from .descriptors import (
+from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
     CONTROL,
@@ -46,8 +44,7 @@ from .descriptors import (
     handed_to_prepared,
     sent_with_job,
 )
-from .figures import matplotlib_setup
-from .frames import (
+from ..wire.frames import (
     Discard,
     Ended,
     Fork,
@@ -60,12 +57,15 @@ from .frames import (
     recv_frame,
     send_frame,
 )
+from ..wire.payload import new_claim, take_back, write_payload
+from ..wire.spec import Confinement, JobSpec
+from .capture import Capture
+from .figures import matplotlib_setup
 from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
-from .metadata import Steward, receive_listener
 from .outcome import Outcome
-from .payload import new_claim, take_back, write_payload
 from .report import JobWord, read_report
+from .steward import Steward, receive_listener
 from .usage import live_usage, proc_text
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
@@ -257,7 +257,7 @@ class Template:
         # typing_extensions, when msgspec finds it, patches the standard typing module, and every job would
         # inherit the patch: hidden while pynox loads (msgspec then uses typing's own), importable again after.
         bootstrap = (f"import sys; sys.path.insert(0, {source_root!r}); sys.modules['typing_extensions'] = None; "
-                     "from pynox.pool.template import main; del sys.modules['typing_extensions']; main()")
+                     "from pynox.template.fork_server import main; del sys.modules['typing_extensions']; main()")
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-c", bootstrap, str(child.fileno()), str(os.getpid())],

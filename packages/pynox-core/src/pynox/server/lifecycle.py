@@ -42,7 +42,7 @@ import signal
 import threading
 
 from ..errors import PoolWorkerError
-from .frames import Ended
+from ..wire.frames import Ended
 
 __all__ = ["ChildLife", "ChildState"]
 

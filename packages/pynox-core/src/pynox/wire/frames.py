@@ -26,7 +26,7 @@ import struct
 
 import msgspec
 
-from ..job import MAX_GRANTS, Confinement
+from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
     "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepared", "Ready",
@@ -42,7 +42,7 @@ _MAX_FDS = MAX_GRANTS + 8  # a job's own descriptors, then one per grant
 class Init(msgspec.Struct, tag=True):
     preload: list[str]
     package_dirs: list[str]
-    # What the runtime's libraries need in every job (matplotlib's backend and config: pool/figures.py):
+    # What the runtime's libraries need in every job (matplotlib's backend and config: server/figures.py):
     # variables in every job's environment, and directories every job may read.
     job_env: dict[str, str] = {}
     data_dirs: list[str] = []

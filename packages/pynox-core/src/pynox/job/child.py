@@ -27,13 +27,10 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
-from ..exits import SETUP_FAILED_EXIT
-from ..job import Confinement, ErrorInfo, Frame, Payload, Report, StepSpec
 from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
 from ..policy.privileges import set_process_name
-from . import host_module
-from .descriptors import (
+from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
     CONTROL,
@@ -48,12 +45,15 @@ from .descriptors import (
     handed_to_prepared,
     sent_with_job,
 )
-from .frames import recv_raw
-from .payload import claim, read_payload, write_payload_to
+from ..wire.exits import SETUP_FAILED_EXIT
+from ..wire.frames import recv_raw
+from ..wire.payload import claim, read_payload, write_payload_to
+from ..wire.spec import Confinement, ErrorInfo, Frame, Payload, Report, StepSpec
+from . import pynox_host
 
 __all__ = ["run_job", "run_prepared"]
 
-_OWN_FILES = (__file__, msgspec.__file__, host_module.__file__)
+_OWN_FILES = (__file__, msgspec.__file__, pynox_host.__file__)
 _MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
 _MAX_VALUE = 256 << 10  # characters of a trailing value's repr (the pool cuts it to max_output bytes)
@@ -184,14 +184,14 @@ def _hand_over_listener(listener: int) -> None:
 def _receive_payload(confinement: Confinement) -> Payload:
     """Read the job, confined already: its environment, then its host functions, if any; then claim it.
 
-    The claim (see :func:`pynox.pool.payload.new_claim`) makes a job run at most once: a job the server
+    The claim (see :func:`pynox.wire.payload.new_claim`) makes a job run at most once: a job the server
     took back, to retry on another template, was never begun here. It is the last step before the code
     runs, so the pool knows from it alone whether the code may have run: a setup failure it reports is
     believed only while the claim is still there (see report.py)."""
     payload = read_payload(PAYLOAD)
     add_environment(payload.env)
     if confinement.host_channel:
-        host_module.install_host_module(payload.functions, CHANNEL)
+        pynox_host.install_host_module(payload.functions, CHANNEL)
     if not claim(CLAIM):
         os._exit(SETUP_FAILED_EXIT)  # the server took the job back: it runs elsewhere, or nowhere
     os.close(CLAIM)
@@ -532,7 +532,7 @@ def _finish(report_fd: int, report: Report, *, measured: bool = False) -> NoRetu
     """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner).
 
     ``measured``: a job's normal end. The process stops itself here, its memory intact, so that the pool
-    can read what it used from the kernel (pool/usage.py) and then kill it: the result leaves without
+    can read what it used from the kernel (server/usage.py) and then kill it: the result leaves without
     waiting for the exit teardown, and the figures are the kernel's, not the job's. A pool that needs
     the exit status instead continues it (SIGCONT)."""
     _flush_streams()

@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
-from .errors import JobError
-from .exits import TIMEOUT_EXIT
-from .protocol import Result as WireResult
-from .protocol import SessionResult
+from ..errors import JobError
+from ..protocol import Result as WireResult
+from ..protocol import SessionResult
+from ..wire.exits import TIMEOUT_EXIT
 
 __all__ = ["Result", "Usage"]
 

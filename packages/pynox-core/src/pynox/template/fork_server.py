@@ -6,7 +6,7 @@ in it). It preloads the operator's modules, proves it is single-threaded and
 holds only its expected descriptors, prepares the policy once, then serves
 jobs one at a time: fork, hand the child's pidfd to the server, reap, report.
 
-A job arrives as a :class:`~pynox.pool.frames.Fork` frame with descriptors:
+A job arrives as a :class:`~pynox.wire.frames.Fork` frame with descriptors:
 the job's own (the payload among them, which the template never reads) and
 one per granted path, opened by the server when the job started. After a job,
 the template confines a child ahead for the next one with the same
@@ -15,7 +15,7 @@ and control socket: the server gives it the next job itself (the template is
 not on that job's path) only if that job's confinement is identical and its
 grants name the very same files, and otherwise has the template discard it.
 
-Run as ``python -I -c ... <socket fd> <server pid>`` by :mod:`pynox.pool.worker`.
+Run as ``python -I -c ... <socket fd> <server pid>`` by :mod:`pynox.server.templates`.
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ import sys
 import threading
 
 from ..errors import KernelSupportError
-from ..exits import SETUP_FAILED_EXIT
-from ..job import Confinement
+from ..job.child import run_job, run_prepared
 from ..policy import Runtime, prepare_runtime, reset_environment
 from ..policy.grants import close_all
 from ..policy.privileges import set_parent_death_signal, set_process_name
-from .child import run_job, run_prepared
-from .descriptors import sent_with_job
-from .frames import (
+from ..wire.descriptors import sent_with_job
+from ..wire.exits import SETUP_FAILED_EXIT
+from ..wire.frames import (
     Ended,
     Fork,
     Init,
@@ -54,6 +53,7 @@ from .frames import (
     send_frame,
     template_decoder,
 )
+from ..wire.spec import Confinement
 
 __all__ = ["main"]
 

@@ -34,9 +34,7 @@ from .. import __version__
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
-from ..exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..grants import bounded, parse_request_duration, parse_request_size, to_job
-from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND, cgroups
 from ..protocol import (
     CancelAnswer,
@@ -58,8 +56,10 @@ from ..protocol import (
     request_id_from_head,
 )
 from ..units import format_duration
+from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
+from ..wire.frames import Ready
+from ..wire.spec import ErrorInfo, JobSpec
 from .flights import Cancel, Flight, Flights
-from .frames import Ready
 from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
@@ -67,10 +67,10 @@ from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
-from .session import SessionRegistry, Step
+from .sessions import SessionRegistry, Step
 from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
-from .worker import CallSink, Template
+from .templates import CallSink, Template
 
 __all__ = ["serve"]
 

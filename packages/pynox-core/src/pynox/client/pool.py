@@ -42,11 +42,10 @@ from typing import Any, Literal, Unpack
 
 import msgspec
 
-from .defaults import DEFAULT_WORKERS
-from .errors import START_ERRORS, ConfigError, PoolError, RequestError
-from .grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
-from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
-from .protocol import (
+from ..defaults import DEFAULT_WORKERS
+from ..errors import START_ERRORS, ConfigError, PoolError, RequestError
+from ..grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
+from ..protocol import (
     MAX_LINE,
     Answer,
     CallEvent,
@@ -60,8 +59,9 @@ from .protocol import (
     encode,
     first_line_decoder,
 )
+from ..units import parse_duration
+from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .result import Result
-from .units import parse_duration
 
 __all__ = ["Pool", "PynoxPool", "Session", "pool_command"]
 
@@ -327,7 +327,7 @@ class Pool:
     ``binary`` (or ``$PYNOX_BIN``) names the ``pynox`` executable; by default this interpreter runs it.
     If the pool process dies, runs in flight raise :class:`pynox.PoolError` and the next run starts a
     new pool. ``host_errors="full"`` sends the text of every exception a host function raises to the
-    job; by default only :class:`pynox.HostError` messages are sent (see :mod:`pynox.host_functions`).
+    job; by default only :class:`pynox.HostError` messages are sent (see :mod:`pynox.client.host_functions`).
     """
 
     def __init__(self, workers: int = DEFAULT_WORKERS, *, preload: Sequence[str] = (),
@@ -557,7 +557,7 @@ class Pool:
     def _longest_timeout(self) -> float:
         """The longest timeout a run that names none may get: the default, a profile's, the ceiling's."""
         if self._implicit_timeout is None:
-            from .config import load_config
+            from ..config import load_config
 
             longest = _DEFAULT_TIMEOUT
             try:

@@ -19,7 +19,7 @@ CONTROL = 5  # session steps, when the job is a session (in a prepared child: th
 RULESET = 6  # the Landlock ruleset, closed once enforced
 PAYLOAD = 7  # the job's payload, read once confined
 CLAIM = 8  # one byte: whoever reads it (the child, or the server taking it back) decides if the job runs
-METADATA = 9  # a socket to the pool, which takes the seccomp listener on it (see pool/metadata.py)
+METADATA = 9  # a socket to the pool, which takes the seccomp listener on it (see server/steward.py)
 STAGING = 16  # above every fixed number
 # What each later step of a session brings: its own outputs and report.
 STEP = (STDOUT, STDERR, REPORT)

@@ -27,14 +27,11 @@ from typing import Any
 
 import msgspec
 
-from .frames import HEADER, pack, recv_exact
-from .host_values import NotPlainJSON, check_plain_json
+from ..wire.frames import HEADER, pack, recv_exact
+from ..wire.host_channel import MAX_ANSWER, MAX_IN_FLIGHT, MAX_PAYLOAD
+from ..wire.host_values import NotPlainJSON, check_plain_json
 
-__all__ = ["MAX_IN_FLIGHT", "MAX_PAYLOAD", "install_host_module"]
-
-MAX_PAYLOAD = 1_000_000  # bytes of JSON each way
-MAX_IN_FLIGHT = 8  # calls of one job waiting for the host at once (the pool refuses more)
-_MAX_ANSWER = MAX_PAYLOAD + 4096  # the answer wraps the result in a small object
+__all__ = ["install_host_module"]
 
 
 class HostError(Exception):
@@ -187,7 +184,7 @@ def _receive(sock: socket.socket) -> dict[str, Any]:
     try:
         header = recv_exact(sock, HEADER.size, closed="the pool closed the channel")
         (size,) = HEADER.unpack(header)
-        if size > _MAX_ANSWER:
+        if size > MAX_ANSWER:
             raise OSError(f"answer of {size} bytes is too large")
         answer = msgspec.json.decode(recv_exact(sock, size, closed="the pool closed the channel"))
     except EOFError as exc:

@@ -40,8 +40,8 @@ from typing import Literal
 
 import msgspec
 
-from ..exits import SETUP_FAILED_EXIT
-from ..job import ErrorInfo, Frame, Report
+from ..wire.exits import SETUP_FAILED_EXIT
+from ..wire.spec import ErrorInfo, Frame, Report
 from .figures import images_on_the_wire
 
 __all__ = ["MAX_ERROR_TYPE", "JobWord", "bounded", "read_report"]

@@ -14,7 +14,7 @@ import os
 
 import msgspec
 
-from ..job import Payload
+from .spec import Payload
 
 __all__ = ["claim", "new_claim", "read_payload", "take_back", "write_payload", "write_payload_to"]
 

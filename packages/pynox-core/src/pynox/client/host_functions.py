@@ -11,7 +11,7 @@ outside. So a call from a job is treated as a tool call from a model:
   ``HostError`` in the job naming the parameter. Keywords bound with
   ``functools.partial`` are the host's: the job cannot pass them, and the
   model never sees them.
-* **Its result is plain JSON** of at most 1 MB (``pool/host_values.py``),
+* **Its result is plain JSON** of at most 1 MB (``wire/host_values.py``),
   or the job gets a ``HostError`` saying why.
 * **Its exception text is the host's to reveal.** By default the job learns
   only the exception's type: exception messages carry connection strings,
@@ -34,9 +34,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import HostError, RequestError
-from .pool.host_module import MAX_PAYLOAD
-from .pool.host_values import NotPlainJSON, check_plain_json
+from ..errors import HostError, RequestError
+from ..wire.host_channel import MAX_PAYLOAD
+from ..wire.host_values import NotPlainJSON, check_plain_json
 
 __all__ = ["HostErrors", "HostLoop", "answer_call", "awaiting_on", "step_functions", "visible_signature"]
 

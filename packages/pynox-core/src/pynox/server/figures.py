@@ -1,43 +1,35 @@
-"""Figures: matplotlib works in a job, and what it draws comes back as PNG images.
+"""Figures, the pool's half: matplotlib works in a job, and what it draws comes back as PNG images.
 
-Two halves, one idea:
+* :func:`matplotlib_setup` gives matplotlib what a confined job cannot make for
+  itself: a config and cache directory with the font list already built (a job
+  can write nowhere, so matplotlib could not import at all). The directory is
+  the pool user's own (``~/.cache/pynox``); every job may read it and none may
+  write it (it is a runtime path, see ``policy.runtime``). Building the font
+  list takes a second or two, once per machine and matplotlib version.
+* :func:`images_on_the_wire` is where the images a job reports are checked:
+  they are the job's word, so each is re-encoded to the chunks of its pixels.
 
-* On the pool's side, :func:`matplotlib_setup` gives matplotlib what a confined
-  job cannot make for itself: a config and cache directory with the font list
-  already built (a job can write nowhere, so matplotlib could not import at
-  all). The directory is the pool user's own (``~/.cache/pynox``); every job
-  may read it and none may write it (it is a runtime path, see
-  ``policy.runtime``). Building the font list takes a second or two, once per
-  machine and matplotlib version.
-* In the job, this module is matplotlib's backend (``MPLBACKEND``): Agg, with a
-  ``show()`` that keeps each open figure as a PNG and closes it, as a
-  notebook's inline backend does. What is still open when the code ends is
-  kept too (:func:`collect`). Only the job's own code is drawn: nothing here
-  reads or writes a file.
+The job's half, matplotlib's backend, is :mod:`pynox.job.figures`.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import importlib.metadata
 import importlib.util
-import io
 import os
 import subprocess
 import sys
-from typing import Any
 
-# FigureCanvas and FigureManager too, built when matplotlib asks for them (see __getattr__).
-__all__ = ["BACKEND", "collect", "images_on_the_wire", "matplotlib_setup", "show"]
+__all__ = ["BACKEND", "MAX_PIXELS", "PIXEL_CHUNKS", "images_on_the_wire", "matplotlib_setup", "pixels_only"]
 
-BACKEND = f"module://{__name__}"
+# Named, not imported: the server never loads a module of the job's side.
+BACKEND = "module://pynox.job.figures"
 _PNG = b"\x89PNG\r\n\x1a\n"
 _BUILD_TIMEOUT = 300.0
 
-# The figures shown so far in this job, as PNG bytes (in the job's process only).
-_shown: list[bytes] = []
 
-
-# -- the pool's side ---------------------------------------------------------------------------------------
 def matplotlib_setup() -> tuple[dict[str, str], str] | None:
     """The environment every job gets for matplotlib (its backend and config directory) and the directory
     to grant read-only, or None when matplotlib is not installed or its font list cannot be built (a job
@@ -65,9 +57,6 @@ def _cache_name(package_dir: str) -> str:
     """The font cache's directory for this matplotlib: one per installed version and place, so a cache built
     by another matplotlib (whose fonts or format differ, and which makes every job print a warning) is
     never read. The version is the distribution's own (its _version.py differs between releases)."""
-    import hashlib  # the pool's side only: a job loads this module as its backend, and needs neither
-    import importlib.metadata
-
     try:
         version = importlib.metadata.version("matplotlib")
     except importlib.metadata.PackageNotFoundError:
@@ -143,56 +132,3 @@ def pixels_only(png: bytes) -> bytes:
     if width * height > MAX_PIXELS:
         raise ValueError(f"a PNG of {width} x {height} pixels is more than {MAX_PIXELS} pixels")
     return b"".join(kept)
-
-
-# -- the job's side: matplotlib's backend ---------------------------------------------------------------------
-def __getattr__(name: str) -> Any:
-    # Loaded by matplotlib itself, once the job imports pyplot: only then is matplotlib there to build on.
-    if name in ("FigureCanvas", "FigureManager"):
-        from matplotlib.backend_bases import FigureManagerBase
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        class FigureManager(FigureManagerBase):
-            @classmethod
-            def pyplot_show(cls, *, block: bool | None = None) -> None:
-                show()
-
-        globals().update(FigureCanvas=FigureCanvasAgg, FigureManager=FigureManager)
-        return globals()[name]
-    raise AttributeError(name)
-
-
-def show(*args: Any, **kwargs: Any) -> None:
-    """``plt.show()``: keep every open figure as a PNG, then close it (the next figure starts afresh)."""
-    _shown.extend(_open_figures(close=True))
-
-
-def _open_figures(*, close: bool) -> list[bytes]:
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    if pyplot is None:
-        return []
-    images = []
-    for number in pyplot.get_fignums():
-        figure = pyplot.figure(number)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        images.append(buffer.getvalue())
-    if close:
-        pyplot.close("all")
-    return images
-
-
-def collect(limit: int) -> list[str]:
-    """At the end of the code (or a session step): the figures shown, then those left open, as base64 PNGs,
-    at most ``limit`` bytes in all (the rest dropped: the pool says how many). Open figures are closed, so a
-    session's next step starts with none."""
-    images = [*_shown, *_open_figures(close=True)]
-    _shown.clear()
-    kept, total = [], 0
-    for image in images:
-        if total + len(image) > limit:
-            kept.append("")  # counted as dropped by the pool (not a PNG)
-            continue
-        total += len(image)
-        kept.append(base64.b64encode(image).decode("ascii"))
-    return kept

@@ -24,18 +24,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-from .config import EMPTY, load_config
-from .defaults import DEFAULTS
-from .errors import ConfigError, KernelSupportError, PynoxError
-from .grant_types import Grants, check_grants
-from .grants import refuse_write_grant, resolve_path
+from ..config import EMPTY, load_config
+from ..defaults import DEFAULTS
+from ..errors import ConfigError, KernelSupportError, PynoxError
+from ..grant_types import Grants, check_grants
+from ..grants import refuse_write_grant, resolve_path
+from ..names import FUNCTION_RULE, is_function_name
+from ..protocol import Request
+from ..units import format_duration, format_size, parse_duration, parse_size
 from .host_functions import HostErrors, visible_signature
-from .names import FUNCTION_RULE, is_function_name
-from .protocol import Request
-from .units import format_duration, format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from .client import Pool, Session
+    from .pool import Pool, Session
     from .result import Result
 
 __all__ = ["CodeTool", "ToolDescription", "ToolGrants", "default_config_path"]
@@ -104,7 +104,7 @@ def default_config_path() -> str | None:
 
 def _effective_request(pool: Pool | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
     """The request ``pool`` (``None``: the default pool) will apply: profile merged, ceiling checked."""
-    from .client import build_request
+    from .pool import build_request
 
     config_path = pool.config_path if pool is not None else default_config_path()
     config = load_config(config_path) if config_path else EMPTY
@@ -206,7 +206,7 @@ class CodeTool:
                  functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
                  session_scope: str | None = None, host_globals: Literal["call", "await"] | None = None,
                  **grants: Unpack[Grants]) -> None:
-        from .client import Session
+        from .pool import Session
 
         check_grants(f"{type(self).__name__}()", grants)
         requested: dict[str, Any] = dict(grants)
@@ -270,7 +270,7 @@ class CodeTool:
 
     def _target(self) -> Pool:
         if self._pool is None:
-            from .client import default_pool
+            from .pool import default_pool
 
             self._pool = default_pool()
         return self._pool

@@ -14,11 +14,11 @@ import signal
 from dataclasses import dataclass, field
 
 from .. import hints
-from ..exits import CANCELLED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
-from ..job import ErrorInfo, JobSpec
 from ..policy import BACKEND
 from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult, Usage
 from ..units import format_duration, format_size
+from ..wire.exits import CANCELLED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
+from ..wire.spec import ErrorInfo, JobSpec
 
 __all__ = ["Outcome", "to_result", "to_session_result"]
 

@@ -23,8 +23,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from ..exits import CANCELLED_EXIT, REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..protocol import Histogram, JobLogLine, RequestId, Result, StatsEvent
+from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 
 __all__ = ["DURATION_BUCKETS", "MAX_ERROR_TYPES", "OTHER_ERRORS", "OUTCOMES", "QUEUE_BUCKETS", "Gauges", "Stats",
            "classify", "log_line"]

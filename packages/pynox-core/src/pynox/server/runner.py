@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from .grants import to_job
-from .pool.outcome import to_result
-from .pool.worker import Template
-from .protocol import Request, Result
+from ..grants import to_job
+from ..protocol import Request, Result
+from .outcome import to_result
+from .templates import Template
 
 __all__ = ["run_on", "run_once"]
 

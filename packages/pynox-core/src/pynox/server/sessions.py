@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..errors import PynoxError, RequestError
-from ..exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
-from ..job import ErrorInfo, JobSpec, StepSpec
 from ..protocol import Closed, RequestId, SessionResult, encode
-from .descriptors import STEP
+from ..wire.descriptors import STEP
+from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
+from ..wire.frames import Ended, send_frame
+from ..wire.spec import ErrorInfo, JobSpec, StepSpec
 from .flights import Flight, Flights
-from .frames import Ended, send_frame
 from .hostcalls import CallRegistry
 from .outcome import Outcome, to_session_result
-from .worker import CallSink, SessionChannels, Template
+from .templates import CallSink, SessionChannels, Template
 
 __all__ = ["MAX_PENDING_STEPS", "Session", "SessionRegistry", "Step"]
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..grant_types import Grants
 from .code_tool import CodeTool
-from .grant_types import Grants
 from .host_functions import HostErrors
 
 if TYPE_CHECKING:
-    from .client import Pool
+    from .pool import Pool
 
 __all__ = ["make_tool"]
 

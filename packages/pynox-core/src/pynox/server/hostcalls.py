@@ -32,9 +32,9 @@ from typing import Any
 import msgspec
 
 from ..protocol import CallEvent, RequestId, encode
-from .frames import FrameBuffer, pack
-from .host_module import MAX_IN_FLIGHT, MAX_PAYLOAD
-from .host_values import NotPlainJSON, check_plain_json
+from ..wire.frames import FrameBuffer, pack
+from ..wire.host_channel import MAX_IN_FLIGHT, MAX_PAYLOAD
+from ..wire.host_values import NotPlainJSON, check_plain_json
 
 __all__ = ["MAX_CALLS", "MAX_IN_FLIGHT", "MAX_IN_FLIGHT_BYTES", "CallRegistry", "JobCalls", "Outbox",
            "ProtocolViolation"]

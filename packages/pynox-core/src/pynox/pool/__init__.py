@@ -1,1 +1,0 @@
-"""The pool: server, templates and the confined child."""

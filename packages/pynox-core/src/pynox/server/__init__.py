@@ -1,0 +1,1 @@
+"""The pool server: the trusted process that takes requests and gives every result."""

@@ -1,0 +1,159 @@
+"""The layout by process and trust, as rules on who imports whom (the same static imports Python runs).
+
+``pynox.job`` is what runs after confinement, attacker-controlled from its
+first instruction; ``pynox.template`` is the fork server, which must hold no
+job's data; ``pynox.server`` is the trusted pool process; ``pynox.wire`` holds
+the shapes that cross between them; ``pynox.client`` is what the host
+application loads. Each rule is checked on the import graph of the core's
+source, imports inside functions included (they run too) and imports under
+``TYPE_CHECKING`` left out (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pure
+
+SOURCE = Path(__file__).resolve().parents[1] / "packages" / "pynox-core" / "src"
+
+
+def _module_name(source: Path, path: Path) -> str:
+    parts = list(path.relative_to(source).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_nodes(tree: ast.AST, *, functions: bool) -> list[ast.AST]:
+    """Every node that runs: the bodies of ``if TYPE_CHECKING:`` are left out, and those of functions too
+    unless ``functions``."""
+    found: list[ast.AST] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.orelse:
+                visit(child)
+            return
+        if not functions and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            return
+        found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _imports(source: Path, path: Path, modules: set[str]) -> set[str]:
+    """The modules that ``path`` imports when it runs. The root package's functions (``pynox.run``,
+    ``pynox.tool``, its lazy exports) are left out: every module imports the root package, and what those
+    functions load is loaded only by the application that calls them."""
+    name = _module_name(source, path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), str(path))
+    for node in _runtime_nodes(tree, functions=name != "pynox"):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            for alias in node.names:  # `from . import figures` imports a module
+                if f"{target}.{alias.name}" in modules:
+                    found.add(f"{target}.{alias.name}")
+    return found
+
+
+def _graph(source: Path) -> dict[str, set[str]]:
+    paths = sorted((source / "pynox").rglob("*.py"))
+    modules = {_module_name(source, path) for path in paths}
+    graph = {}
+    for path in paths:
+        imported = _imports(source, path, modules)
+        # Importing pynox.a.b runs pynox/__init__ and pynox/a/__init__ first.
+        for target in list(imported):
+            parts = target.split(".")
+            imported.update(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules)
+        graph[_module_name(source, path)] = imported
+    return graph
+
+
+GRAPH = _graph(SOURCE)
+
+
+def _reach(start: str) -> set[str]:
+    """Every module loaded, directly or not, by importing ``start``."""
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        for target in GRAPH.get(module, ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _in(module: str, *packages: str) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def _sides(package: str) -> list[str]:
+    return sorted(module for module in GRAPH if _in(module, package))
+
+
+def test_the_graph_sees_the_whole_core() -> None:
+    for package in ("pynox.client", "pynox.server", "pynox.template", "pynox.job", "pynox.wire", "pynox.policy"):
+        assert _sides(package), f"no module of {package} was found under {SOURCE}"
+    assert "pynox.wire.frames" in GRAPH["pynox.job.pynox_host"]
+    assert "pynox.job.figures" in GRAPH["pynox.job.child"], "a function-level `from . import x` is an import"
+
+
+def test_the_job_side_imports_only_the_shared_shapes_the_policy_and_the_hints() -> None:
+    allowed = ("pynox.job", "pynox.wire", "pynox.policy", "pynox.hints")
+    wrong = {module: sorted(target for target in GRAPH[module] if _in(target, "pynox") and target != "pynox"
+                            and not _in(target, *allowed))
+             for module in _sides("pynox.job")}
+    assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+def test_the_server_never_loads_the_job_side_or_the_template() -> None:
+    wrong = {module: sorted(target for target in _reach(module) if _in(target, "pynox.job", "pynox.template"))
+             for module in _sides("pynox.server")}
+    assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+def test_the_shared_shapes_depend_on_no_process() -> None:
+    processes = ("pynox.client", "pynox.server", "pynox.template", "pynox.job")
+    wrong = {module: sorted(target for target in _reach(module) if _in(target, *processes))
+             for module in _sides("pynox.wire")}
+    assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+def test_the_policy_depends_on_no_process() -> None:
+    processes = ("pynox.client", "pynox.server", "pynox.template", "pynox.job")
+    wrong = {module: sorted(target for target in _reach(module) if _in(target, *processes))
+             for module in _sides("pynox.policy")}
+    assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+def test_the_graph_counts_what_runs_and_only_that(tmp_path: Path) -> None:
+    job = tmp_path / "pynox" / "job"
+    job.mkdir(parents=True)
+    (tmp_path / "pynox" / "server").mkdir()
+    for init in ("pynox", "pynox/job", "pynox/server"):
+        (tmp_path / init / "__init__.py").write_text("")
+    (tmp_path / "pynox" / "server" / "templates.py").write_text("")
+    (job / "hidden.py").write_text("")
+    (job / "sample.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import hidden\n"
+                                   "def f():\n    from ..server import templates\n")
+    graph = _graph(tmp_path)
+    assert "pynox.server.templates" in graph["pynox.job.sample"]
+    assert "pynox.server" in graph["pynox.job.sample"], "importing a module runs its package first"
+    assert "pynox.job.hidden" not in graph["pynox.job.sample"], "a TYPE_CHECKING import never runs"

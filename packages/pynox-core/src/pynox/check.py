@@ -450,6 +450,11 @@ class _ProbeSpec:
     needs_steward: bool = False
 
 
+def _denied(name: str, rule: str, code: str) -> _ProbeSpec:
+    """A probe whose code, with no grant at all, must fail with PermissionError."""
+    return _ProbeSpec(name, rule, lambda lab: {"code": code}, _refused("PermissionError"))
+
+
 _PROBES = (
     _ProbeSpec("granted_read", "control: a granted read succeeds (the harness works)",
                lambda lab: {"code": f"print(open({lab.granted + '/token.txt'!r}).read())",
@@ -476,35 +481,28 @@ _PROBES = (
                                     "print(oct(os.stat(path).st_mode & 0o777), os.stat(path).st_mtime)",
                             "allow_write": [lab.granted]},
                _printed("0o640 2.0"), needs_steward=True),
-    _ProbeSpec("subprocess", "starting a program is denied (seccomp)",
-               lambda lab: {"code": "import subprocess; subprocess.run(['true'])"},
-               _refused("PermissionError")),
-    _ProbeSpec("fork", "fork is denied (seccomp)",
-               lambda lab: {"code": "import os\nif os.fork() == 0:\n    os._exit(0)"},
-               _refused("PermissionError")),
-    _ProbeSpec("socket", "opening a socket without the network grant is denied (seccomp)",
-               lambda lab: {"code": "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"},
-               _refused("PermissionError")),
+    _denied("subprocess", "starting a program is denied (seccomp)",
+            "import subprocess; subprocess.run(['true'])"),
+    _denied("fork", "fork is denied (seccomp)",
+            "import os\nif os.fork() == 0:\n    os._exit(0)"),
+    _denied("socket", "opening a socket without the network grant is denied (seccomp)",
+            "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"),
     _ProbeSpec("tcp_connect", "a TCP connect to a loopback listener is denied",
                lambda lab: {"code": "import socket; socket.create_connection(('127.0.0.1', "
                                     f"{lab.listener.getsockname()[1]}), timeout=1)"},
                _no_connection(_refused("PermissionError"))),
-    _ProbeSpec("signal_parent", "signalling the template is denied (seccomp; Landlock scoping too from ABI 6)",
-               lambda lab: {"code": "import os; os.kill(os.getppid(), 0)"},
-               _refused("PermissionError")),
-    _ProbeSpec("signal_owner", "making the kernel signal another process (F_SETOWN) is denied (seccomp)",
-               lambda lab: {"code": "import fcntl, os; r, w = os.pipe(); fcntl.fcntl(r, 8, os.getppid())"},
-               _refused("PermissionError")),
+    _denied("signal_parent", "signalling the template is denied (seccomp; Landlock scoping too from ABI 6)",
+            "import os; os.kill(os.getppid(), 0)"),
+    _denied("signal_owner", "making the kernel signal another process (F_SETOWN) is denied (seccomp)",
+            "import fcntl, os; r, w = os.pipe(); fcntl.fcntl(r, 8, os.getppid())"),
     _ProbeSpec("truncate_read_only", "truncating a file granted read-only is denied (Landlock from ABI 3, "
                                      "seccomp below)",
                lambda lab: {"code": f"import os; os.truncate({lab.granted + '/token.txt'!r}, 3)",
                             "allow_read": [lab.granted]},
                _kept_whole),
-    _ProbeSpec("kernel_surface", "ptrace is denied (seccomp)",
-               lambda lab: {"code": "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                                    "if libc.ptrace(0, 0, 0, 0) == -1:\n"
-                                    "    raise OSError(ctypes.get_errno(), 'ptrace')"},
-               _refused("PermissionError")),
+    _denied("kernel_surface", "ptrace is denied (seccomp)",
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "if libc.ptrace(0, 0, 0, 0) == -1:\n    raise OSError(ctypes.get_errno(), 'ptrace')"),
     _ProbeSpec("capabilities", "no capabilities, no_new_privs set, seccomp filter on",
                lambda lab: {"code": _STATUS}, _unprivileged),
     _ProbeSpec("environment", "the host's environment is not visible",
@@ -512,18 +510,15 @@ _PROBES = (
     _ProbeSpec("memory_limit", "the memory limit raises MemoryError",
                lambda lab: {"code": "b = bytearray(512 << 20)", "memory": "128m"},
                _refused("MemoryError")),
-    _ProbeSpec("other_process", "renicing or probing another process is denied (seccomp)",
-               lambda lab: {"code": "import os; os.getpriority(os.PRIO_PROCESS, os.getppid())"},
-               _refused("PermissionError")),
-    _ProbeSpec("own_proc", "the host's sockets and mounts are not readable through /proc/self",
-               lambda lab: {"code": "print(open('/proc/self/net/tcp').read())"},
-               _refused("PermissionError")),
+    _denied("other_process", "renicing or probing another process is denied (seccomp)",
+            "import os; os.getpriority(os.PRIO_PROCESS, os.getppid())"),
+    _denied("own_proc", "the host's sockets and mounts are not readable through /proc/self",
+            "print(open('/proc/self/net/tcp').read())"),
     _ProbeSpec("sysinfo", "sysinfo shows the job's own memory limit, tasks and age, not the host's (seccomp, "
                           "answered by the pool)",
                lambda lab: {"code": _SYSINFO, "memory": "128m"}, _own_sysinfo, needs_steward=True),
-    _ProbeSpec("datagram_pair", "a datagram socketpair is denied: it could reach a host socket (seccomp)",
-               lambda lab: {"code": "import socket; socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)"},
-               _refused("PermissionError")),
+    _denied("datagram_pair", "a datagram socketpair is denied: it could reach a host socket (seccomp)",
+            "import socket; socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)"),
     _ProbeSpec("timeout", f"the wall-clock limit kills a busy loop ({_TIMEOUT}s)",
                lambda lab: {"code": "while True:\n    pass", "timeout": _TIMEOUT},
                _timed_out),

@@ -44,10 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="let the code read and write PATH; repeat for more")
     grants.add_argument("--allow-network", action="store_true", default=None,
                         help="let the code open TCP connections and bind ports")
-    grants.add_argument("--timeout", help="wall-clock limit per call, e.g. 10s or 500ms (default 30s)")
-    grants.add_argument("--memory", help="memory limit per call, e.g. 256m or 1g (default 1g)")
-    grants.add_argument("--max-output", help="bytes of stdout and of stderr kept per call (default 1m)")
-    grants.add_argument("--max-file-size", help="largest file the code may write, e.g. 10m")
+    for limit, what in (("--timeout", "wall-clock limit per call, e.g. 10s or 500ms (default 30s)"),
+                        ("--memory", "memory limit per call, e.g. 256m or 1g (default 1g)"),
+                        ("--max-output", "bytes of stdout and of stderr kept per call (default 1m)"),
+                        ("--max-file-size", "largest file the code may write, e.g. 10m")):
+        grants.add_argument(limit, help=what)
     grants.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                         help="set a variable for the code; NAME alone passes this server's own value of NAME")
     grants.add_argument("--config", metavar="FILE", help="a pynox.toml: its [pool.limits] ceiling bounds every grant")

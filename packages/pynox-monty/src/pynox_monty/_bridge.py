@@ -15,7 +15,7 @@ import builtins
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Unpack
+from typing import Any, NoReturn, Unpack
 
 import pynox
 from pynox import Grants, SessionGrants, check_grants, format_duration, parse_duration
@@ -171,10 +171,7 @@ def _readable_errors(name: str, function: HostFunction) -> HostFunction:
             try:
                 return await function(*args, **kwargs)
             except Exception as exc:
-                readable = _readable_error(name, exc)
-                if readable is exc:
-                    raise
-                raise readable from exc
+                _raise_readable(name, exc)
 
         return call_async
 
@@ -183,12 +180,17 @@ def _readable_errors(name: str, function: HostFunction) -> HostFunction:
         try:
             return function(*args, **kwargs)
         except Exception as exc:
-            readable = _readable_error(name, exc)
-            if readable is exc:
-                raise
-            raise readable from exc
+            _raise_readable(name, exc)
 
     return call
+
+
+def _raise_readable(name: str, exc: Exception) -> NoReturn:
+    """Raise ``exc`` as Monty can show it (called while ``exc`` is being handled, so it stays the cause)."""
+    readable = _readable_error(name, exc)
+    if readable is exc:
+        raise exc
+    raise readable from exc
 
 
 def _docstring(grants: pynox.ToolGrants, functions: Mapping[str, HostFunction]) -> str:

@@ -21,8 +21,8 @@ from pynox.cli import build_parser
 from pynox.config import EMPTY, LANDLOCK_ABI_VARIABLE, Limits, PoolSettings, load_config, pool_options
 from pynox.defaults import DEFAULTS
 from pynox.errors import ConfigError, RequestError
-from pynox.grants import to_job
 from pynox.protocol import Request
+from pynox.server.jobs import to_job
 from tests.config_tree import Tree, make_tree
 
 pytestmark = pytest.mark.pure

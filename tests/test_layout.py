@@ -12,6 +12,9 @@ source, imports inside functions included (they run too) and imports under
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,6 +144,56 @@ def test_the_policy_depends_on_no_process() -> None:
     wrong = {module: sorted(target for target in _reach(module) if _in(target, *processes))
              for module in _sides("pynox.policy")}
     assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+_SANDBOX = ("pynox.server", "pynox.template", "pynox.job", "pynox.policy")
+
+
+def test_the_client_never_loads_the_sandbox() -> None:
+    wrong = {module: sorted(target for target in _reach(module) if _in(target, *_SANDBOX))
+             for module in _sides("pynox.client")}
+    assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+# A host application, as users write one: a tool with a host function and one with a session, through the
+# public API and through every adapter's import. What it loaded is read from its own sys.modules and maps.
+_APPLICATION = """
+import json, sys
+import pynox
+import pynox_langchain, pynox_mcp, pynox_monty, pynox_pydantic_ai, pynox_smolagents, pynox_strands
+with pynox.Pool(workers=1) as pool:
+    run = pool.tool(functions={"double": lambda x: 2 * x})
+    ran = run("from pynox_host import double\\nprint(double(21))")
+    step = pool.tool(session=True)
+    step("x = 20")
+    stepped = step("print(x + 2)")
+    made = pynox.CodeTool(pool=pool, allow_write=[sys.argv[1]])
+loaded = sorted(name for name in sys.modules if name.startswith(SANDBOX) or name == "pyseccomp")
+maps = [line.split()[-1] for line in open("/proc/self/maps") if "libseccomp" in line]
+print(json.dumps({"ran": ran, "stepped": stepped, "loaded": loaded, "libseccomp": sorted(set(maps))}))
+"""
+
+
+def test_a_host_application_loads_no_sandbox_module_and_no_libseccomp(tmp_path: Path) -> None:
+    source = f"SANDBOX = {_SANDBOX!r}\n" + _APPLICATION
+    done = subprocess.run([sys.executable, "-c", source, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["ran"].strip() == "42" and seen["stepped"].strip() == "22", seen  # the jobs really ran
+    assert seen["loaded"] == [], "the host application loaded the sandbox's internals"
+    assert seen["libseccomp"] == [], "the host application loaded libseccomp"
+
+
+def test_the_application_check_sees_a_sandbox_module_loaded(tmp_path: Path) -> None:
+    # Control: the same reading, in an application that does import the policy, finds it and libseccomp.
+    source = f"SANDBOX = {_SANDBOX!r}\nimport pynox.policy\n" + _APPLICATION
+    done = subprocess.run([sys.executable, "-c", source, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert "pynox.policy.seccomp" in seen["loaded"] and "pyseccomp" in seen["loaded"]
+    assert seen["libseccomp"], "libseccomp was imported yet not seen in the maps"
 
 
 def test_the_graph_counts_what_runs_and_only_that(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ import msgspec
 import pytest
 
 from pynox.errors import RequestError
-from pynox.grants import to_job
 from pynox.protocol import Request
+from pynox.server.jobs import to_job
 from pynox.server.templates import Template
 from tests.setup_facts import OUTER_SECCOMP, require_landlock
 

@@ -37,9 +37,7 @@ import msgspec
 from .defaults import DEFAULTS, Defaults
 from .errors import ConfigError, RequestError, cut, quoted
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
-from .paths import beneath
-from .policy.cgroups import memory_counted
-from .policy.runtime import kernel_mounts, overlapping
+from .paths import beneath, kernel_mounts, overlapping
 from .protocol import Request
 from .units import format_duration, format_size, parse_duration, parse_size
 from .wire.spec import MAX_GRANTS, JobSpec
@@ -51,7 +49,7 @@ _T = TypeVar("_T")
 
 __all__ = [
     "Grants", "Resolved", "bounded", "check_ceiling", "dedupe", "enforce_ceiling", "merged", "parse_request_duration",
-    "parse_request_size", "requested_units", "resolve", "resolve_path", "to_job",
+    "parse_request_size", "requested_units", "resolve", "resolve_path",
 ]
 
 _MAX_ARGS = 4096
@@ -136,16 +134,17 @@ class Grants:
 
     def job(self, request: Request, *, cwd: str, hint_style: Literal["api", "cli"] = "api",
             uid: int | None = None, gid: int | None = None, session: bool = False,
-            defaults: Defaults = DEFAULTS) -> JobSpec:
-        """The job that runs ``request``'s code with these grants."""
+            defaults: Defaults = DEFAULTS, files_at_memory: bool) -> JobSpec:
+        """The job that runs ``request``'s code with these grants. ``files_at_memory``: no cgroup counts what
+        the job writes into a tmpfs, so each file it writes is bounded by its memory when no file size is set
+        (the pool knows; see :func:`pynox.server.jobs.to_job`)."""
         return JobSpec(
             code=request.code, script=self.script, name=request.name or request.script or defaults.name,
             args=list(self.args), cwd=cwd, env=dict(self.env),
             # The script itself must be readable, and only it: its directory is not granted.
             allow_read=[*self.allow_read, *self.package_dirs, *([self.script] if self.script else [])],
             allow_write=list(self.allow_write), network=self.network, timeout=self.timeout, memory=self.memory,
-            # Where no cgroup counts what a job writes into a tmpfs, each file it writes is bounded by its memory.
-            max_file_size=self.max_file_size if self.max_file_size is not None or memory_counted() else self.memory,
+            max_file_size=self.memory if self.max_file_size is None and files_at_memory else self.max_file_size,
             package_dirs=list(self.package_dirs), functions=list(self.functions),
             uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
             images=self.max_output, host_globals=request.host_globals if self.functions else None,
@@ -168,18 +167,6 @@ def refuse_write_grant(path: str, runtime_paths: Sequence[str], pool_files: Mapp
         if beneath(pool_file, path):
             raise RequestError(f"allow_write: {path} holds the pool's {what} {pool_file}; a job may never "
                                "write where the pool keeps its own files")
-
-
-def to_job(request: Request, *, cwd: str, runtime_paths: Sequence[str], hint_style: Literal["api", "cli"] = "api",
-           defaults: Defaults = DEFAULTS, writable: Iterable[str] = (),
-           ceiling: tuple[Sequence[str], Sequence[str]] | None = None, uid: int | None = None,
-           gid: int | None = None, session: bool = False,
-           pool_files: Mapping[str, str] | None = None) -> tuple[JobSpec, int]:
-    """The job a :func:`bounded` request runs as, and its output cap (see :meth:`Grants.of`)."""
-    grants = Grants.of(request, cwd=cwd, runtime_paths=runtime_paths, writable=writable, ceiling=ceiling,
-                       defaults=defaults, pool_files=pool_files)
-    return grants.job(request, cwd=cwd, hint_style=hint_style, uid=uid, gid=gid, session=session,
-                      defaults=defaults), grants.max_output
 
 
 # --- the profile and the ceiling ----------------------------------------------------------------

@@ -1,14 +1,48 @@
-"""``beneath``: whether one path is another or lies inside it, by whole components.
+"""How paths relate: ``beneath`` (by whole components), ``overlapping``, and where the kernel keeps its settings.
 
-One rule, used by the request's resolution and ceiling (``resolve``), the
-runtime list (``policy.runtime``) and the hints, on absolute, normalised paths.
+Rules on absolute, normalised paths, used by the request's resolution and
+ceiling (``grants``), the runtime list (``policy.runtime``), the hints and a
+tool made in the host application, which must not load the kernel policy to
+check a grant.
 """
 
 from __future__ import annotations
 
-__all__ = ["beneath"]
+from collections.abc import Iterable
+
+__all__ = ["KERNEL_FILESYSTEMS", "beneath", "kernel_mounts", "overlapping"]
 
 
 def beneath(path: str, parent: str) -> bool:
     """Equal, or a proper descendant by whole components (``/a/bc`` is not beneath ``/a/b``)."""
     return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def overlapping(path: str, paths: Iterable[str]) -> str | None:
+    """The entry of ``paths`` that ``path`` (already resolved) lies beneath or contains, if any."""
+    for entry in paths:
+        if beneath(path, entry) or beneath(entry, path):
+            return entry
+    return None
+
+
+# Filesystems whose files are the kernel's own settings: a process's cgroup limits and membership
+# (cgroup, cgroup2), its OOM score and its memory (proc), kernel and device tunables (sysfs, debugfs,
+# tracefs, securityfs, configfs, bpf, pstore, efivarfs, binfmt_misc, fusectl). A job of a root pool is uid 0
+# without capabilities, and uid 0 owns root's 0644 files there: a write grant over one would let the job
+# raise its own memory and thread bounds, or leave its cgroup (seen: memory="64m" held 200 MiB).
+KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs",
+                                "bpf", "pstore", "efivarfs", "binfmt_misc", "fusectl"})
+
+
+def kernel_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Where this process sees a :data:`KERNEL_FILESYSTEMS` mount (read each time: mounts come and go)."""
+    found: list[str] = []
+    with open(mountinfo) as lines:
+        for line in lines:
+            mount, _, filesystem = line.partition(" - ")  # "ID PARENT DEV ROOT POINT ... - TYPE SOURCE ..."
+            point, kind = mount.split()[4:5], filesystem.split()[:1]
+            if point and kind and kind[0] in KERNEL_FILESYSTEMS:
+                # The kernel writes a space, tab, newline or backslash of a mount point as an octal escape.
+                found.append(point[0].encode().decode("unicode_escape"))
+    return found

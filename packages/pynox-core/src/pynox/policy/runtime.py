@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from ..paths import beneath
 
 __all__ = [
-    "DEVICE_READ", "DEVICE_WRITE", "KERNEL_FILESYSTEMS", "NETWORK_FILES", "OWN_PROC_DIRECTORIES", "OWN_PROC_ENTRIES",
-    "kernel_mounts", "overlapping", "runtime_paths",
+    "DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "OWN_PROC_DIRECTORIES", "OWN_PROC_ENTRIES",
+    "runtime_paths",
 ]
 
 _SYSTEM = (
@@ -70,33 +70,3 @@ def _minimal(paths: Iterable[str]) -> list[str]:
         if not any(beneath(path, kept) for kept in result):
             result.append(path)
     return result
-
-
-def overlapping(path: str, runtime: Iterable[str]) -> str | None:
-    """The runtime path that ``path`` (already resolved) lies beneath or contains, if any."""
-    for entry in runtime:
-        if beneath(path, entry) or beneath(entry, path):
-            return entry
-    return None
-
-
-# Filesystems whose files are the kernel's own settings: a process's cgroup limits and membership
-# (cgroup, cgroup2), its OOM score and its memory (proc), kernel and device tunables (sysfs, debugfs,
-# tracefs, securityfs, configfs, bpf, pstore, efivarfs, binfmt_misc, fusectl). A job of a root pool is uid 0
-# without capabilities, and uid 0 owns root's 0644 files there: a write grant over one would let the job
-# raise its own memory and thread bounds, or leave its cgroup (seen: memory="64m" held 200 MiB).
-KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs",
-                                "bpf", "pstore", "efivarfs", "binfmt_misc", "fusectl"})
-
-
-def kernel_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """Where this process sees a :data:`KERNEL_FILESYSTEMS` mount (read each time: mounts come and go)."""
-    found: list[str] = []
-    with open(mountinfo) as lines:
-        for line in lines:
-            mount, _, filesystem = line.partition(" - ")  # "ID PARENT DEV ROOT POINT ... - TYPE SOURCE ..."
-            point, kind = mount.split()[4:5], filesystem.split()[:1]
-            if point and kind and kind[0] in KERNEL_FILESYSTEMS:
-                # The kernel writes a space, tab, newline or backslash of a mount point as an octal escape.
-                found.append(point[0].encode().decode("unicode_escape"))
-    return found

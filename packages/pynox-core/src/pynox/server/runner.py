@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from ..grants import to_job
 from ..protocol import Request, Result
+from .jobs import to_job
 from .outcome import to_result
 from .templates import Template
 

@@ -34,7 +34,7 @@ from .. import __version__
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
-from ..grants import bounded, parse_request_duration, parse_request_size, to_job
+from ..grants import bounded, parse_request_duration, parse_request_size
 from ..policy import BACKEND, cgroups
 from ..protocol import (
     CancelAnswer,
@@ -63,6 +63,7 @@ from .flights import Cancel, Flight, Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
+from .jobs import to_job
 from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
 from .metrics import MetricsSocket

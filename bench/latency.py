@@ -188,7 +188,7 @@ def main() -> int:
             "[t.join() for t in ts]")
     results["pool host calls from 4 threads at once"] = summary(timed(lambda: check_ok(plain.request(
         {"code": four, "functions": ["f"]}, on_call=lambda call: call["args"][0])), runs))
-    plain.request({"session": "bench", "code": "x = 0"})
+    plain.request({"session": "bench", "code": "x = 0", "open": True})
     results["pool session step"] = summary(timed(
         lambda: check_ok(plain.request({"session": "bench", "code": "x += 1"})), runs))
     plain.request({"session": "bench", "close": True})
@@ -286,7 +286,7 @@ def first_steps(pool: PoolDriver, runs: int, pause: float = 0.0) -> list[float]:
     for index in range(runs):
         time.sleep(pause)
         start = time.perf_counter()
-        check_ok(pool.request({"session": f"new{index}", "code": "x = 1"}))
+        check_ok(pool.request({"session": f"new{index}", "code": "x = 1", "open": True}))
         samples.append((time.perf_counter() - start) * 1000)
         pool.request({"session": f"new{index}", "close": True})
     return samples

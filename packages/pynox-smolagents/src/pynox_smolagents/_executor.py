@@ -39,6 +39,7 @@ import pynox
 from pynox import check_grants
 
 from . import _values
+from ._gate import CallGate
 from ._settings import saved_grants
 from ._values import NotSerializable, from_json_safe, images_from_png, to_json_safe
 
@@ -167,11 +168,8 @@ class PynoxExecutor(PythonExecutor):
         self._session_names: frozenset[str] = frozenset()
         self._step_lock = threading.Lock()
         # The step's host calls run on threads of their own (up to 8 at once): what they may still do is
-        # decided under this condition, which also lets the step wait for the calls in flight.
-        self._calls = threading.Condition()
-        self._in_flight = 0
-        self._answered = False  # a final_answer call has begun: nothing more reaches a tool
-        self._step_over = True  # no step is running: a call now comes from a thread the last step left behind
+        # the gate's to decide (see _gate.py), which also lets the step wait for the calls in flight.
+        self._gate = CallGate()
         self._final: list[Any] = []  # the step's final answer, once recorded
         self._value: list[Any] = []  # the step's trailing expression value, once sent
 
@@ -246,8 +244,7 @@ class PynoxExecutor(PythonExecutor):
             self.step_images = []
             session = self._ready_session()
             del self._final[:], self._value[:]
-            with self._calls:
-                self._answered, self._step_over = False, False
+            self._gate.begin_step()
             try:
                 result = session.run(_wrap_trailing_expression(code_action), name=self.name)
             finally:
@@ -281,31 +278,18 @@ class PynoxExecutor(PythonExecutor):
     def _record_value(self, sent: Any) -> None:
         # Only the step's last value is kept: a step calling this in a loop holds one value, not all.
         value = _read(STEP_VALUE, sent)
-        with self._calls:
-            self._refuse_after_final_answer(STEP_VALUE)
+        with self._gate.admitted(STEP_VALUE):
             self._value[:] = [value]
-
-    def _refuse_after_final_answer(self, name: str) -> None:
-        """Under ``_calls``. smolagents' own executor stops at the first final_answer: code that catches the
-        exception that ends the step (or calls the host function directly, or from another thread) may run
-        on, but reaches no tool; nor does a thread the step left running."""
-        if self._answered:
-            raise pynox.HostError(f"{name}(): this step already gave its final answer; nothing more runs")
-        if self._step_over:
-            raise pynox.HostError(f"{name}(): the step that started this thread is over; nothing more runs")
 
     def _bind_tool(self, name: str) -> Callable[..., Any]:
         def call(args: Any = (), kwargs: Any = None) -> Any:
             answers = name == "final_answer" and name in self._tools  # the agent's own final_answer tool
-            with self._calls:
-                self._refuse_after_final_answer(name)  # before anything is read; again below, where it counts
+            self._gate.check(name)  # before anything is read; again as it enters, where it counts
             args, kwargs = _read(name, args), _read(name, kwargs or {})
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise pynox.HostError(f"{name}(): call it as a function, {name}(...)")
-            with self._calls:
-                self._refuse_after_final_answer(name)
-                self._answered = self._answered or answers  # the first final_answer shuts every later call out
-                self._in_flight += 1
+            self._gate.enter(name, answers=answers)  # the first final_answer shuts every later call out
+            refused = False
             try:
                 value = (self._tools.get(name) or self._functions[name])(*args, **kwargs)
                 if answers:
@@ -313,14 +297,10 @@ class PynoxExecutor(PythonExecutor):
                     return None  # the sandbox stops the step; the value needs no trip back
                 return _written(name, value)
             except BaseException:
-                if answers:  # its checks refused the answer: the step goes on, and may answer again
-                    with self._calls:
-                        self._answered = False
+                refused = answers  # its checks refused the answer: the step goes on, and may answer again
                 raise
             finally:
-                with self._calls:
-                    self._in_flight -= 1
-                    self._calls.notify_all()
+                self._gate.leave(refused_answer=refused)
 
         call.__name__ = name
         return call
@@ -330,11 +310,10 @@ class PynoxExecutor(PythonExecutor):
         that nothing the step started still acts once it returns (as in smolagents' own executor, where a
         tool call ends before the step does). A tool still running after the step's own time limit is left
         to finish on its own, its result unused."""
-        with self._calls:
-            self._step_over = True
-            if not self._calls.wait_for(lambda: self._in_flight == 0, timeout=self._grants_checked.grants.timeout):
-                logger.warning("%d tool calls of the step were still running %s s after it ended; their results "
-                               "are not used", self._in_flight, self._grants_checked.grants.timeout)
+        timeout = self._grants_checked.grants.timeout
+        if not self._gate.end_step(timeout):
+            logger.warning("%d tool calls of the step were still running %s s after it ended; their results "
+                           "are not used", self._gate.in_flight, timeout)
 
     def _ready_session(self) -> pynox.Session:
         if self._session is None:

@@ -1,11 +1,27 @@
 """Accepted requests on their way to their one result, by id: what ``{"cancel": ID}`` finds and ends.
 
-A :class:`Flight` is queued, then running, then answered. Cancelling a queued
-flight answers it at once (its job never starts: the worker that takes it
-later drops it); cancelling a running one kills its process through the
-template's :class:`~.lifecycle.ChildLife`, and its worker answers it, as
-cancelled. Either way exactly one result leaves: whoever answers first marks
-the flight answered under its lock, and the other side sees that.
+::
+
+    QUEUED ──start──▶ RUNNING ──kill──▶ KILLED
+      │                  │                │
+      │ cancel           │ answer         │ answer (as cancelled)
+      │ (answered now)   ▼                │
+      └─────answer────▶ ANSWERED ◀────────┘
+
+``QUEUED``: accepted, waiting for its worker (or its session's thread).
+Cancelling it answers it at once, as cancelled (``answer_cancelled``): its job
+never starts, and the worker that takes it later finds it ``ANSWERED`` and
+drops it. ``RUNNING``: its worker took it; ``kill`` ends its process (the
+template's :class:`~.lifecycle.ChildLife`, which keeps a cancel that lands
+before the process exists). ``KILLED``: a cancel or the pool's shutdown killed
+it, and says why; its worker answers it, as cancelled. ``ANSWERED``: its one
+result left. A cancel of a flight killed, answered, or whose process had
+already ended changes nothing (:attr:`Cancel.FINISHED`): the result it earned
+stands. Any other move is a bug in the server, refused as a :class:`PoolError`.
+
+Exactly one result leaves: every move happens under the flight's lock, and
+only the move into ``ANSWERED`` sends one, so whoever answers first (the
+worker, or a cancel of a queued flight) is the one that does.
 """
 
 from __future__ import annotations
@@ -14,9 +30,10 @@ import enum
 import threading
 from collections.abc import Callable
 
+from ..errors import PoolError
 from ..protocol import RequestId
 
-__all__ = ["CLIENT_CANCELLED", "Cancel", "Flight", "Flights"]
+__all__ = ["CLIENT_CANCELLED", "Cancel", "Flight", "FlightState", "Flights"]
 
 CLIENT_CANCELLED = "the client cancelled the job"
 
@@ -27,6 +44,21 @@ class Cancel(enum.Enum):
     FINISHED = "finished"  # too late: its result is already out, or about to be
 
 
+class FlightState(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    KILLED = "killed"
+    ANSWERED = "answered"
+
+
+_MOVES: dict[FlightState, frozenset[FlightState]] = {
+    FlightState.QUEUED: frozenset({FlightState.RUNNING, FlightState.ANSWERED}),
+    FlightState.RUNNING: frozenset({FlightState.KILLED, FlightState.ANSWERED}),
+    FlightState.KILLED: frozenset({FlightState.ANSWERED}),
+    FlightState.ANSWERED: frozenset(),
+}
+
+
 def _key(request_id: RequestId) -> tuple[str, object]:
     # 1, 1.0 and True are equal in Python; as ids on the wire they are three different requests.
     return type(request_id).__name__, request_id
@@ -35,44 +67,55 @@ def _key(request_id: RequestId) -> tuple[str, object]:
 class Flight:
     def __init__(self, request_id: RequestId) -> None:
         self.id = request_id
-        self._lock = threading.Lock()
-        self._kill: Callable[[], bool] | None = None
-        self._answered = False
-        # Why it was killed while it ran (its result says so): the client's cancel, or the pool's shutdown.
+        self._lock = threading.Lock()  # every move, between its worker, a cancel and the shutdown
+        self._state = FlightState.QUEUED
+        self._kill: Callable[[], bool] | None = None  # RUNNING and KILLED: ends its process
+        # KILLED: why (its result says so): the client's cancel, or the pool's shutdown.
         self._cancelled: str | None = None
         # Sends its result, as cancelled, when it is cancelled while queued (set by whoever queues it).
         self.answer_cancelled: Callable[[], None] = lambda: None
 
+    def _move(self, state: FlightState) -> None:
+        if state not in _MOVES[self._state]:
+            raise PoolError(f"the pool lost track of request {self.id!r} ({self._state.value} -> {state.value})")
+        self._state = state
+
+    @property
+    def state(self) -> FlightState:
+        return self._state
+
     def start(self, kill: Callable[[], bool]) -> bool:
-        """The worker takes it: ``kill`` ends its process (False if it had already ended). False if it
-        was cancelled while queued: it must not run, and it has been answered."""
+        """QUEUED -> RUNNING, the worker takes it: ``kill`` ends its process (False if it had already
+        ended). False if it was cancelled while queued (ANSWERED): it must not run, and it has been answered."""
         with self._lock:
-            if self._answered:
+            if self._state is FlightState.ANSWERED:
                 return False
+            self._move(FlightState.RUNNING)
             self._kill = kill
             return True
 
     def cancel(self) -> Cancel:
+        """The client's cancel: QUEUED -> ANSWERED (the caller answers it), RUNNING -> KILLED (its worker
+        answers it), or nothing (already killed or answered)."""
         with self._lock:
-            if self._answered or self._cancelled:
-                return Cancel.FINISHED
-            if self._kill is None:
-                self._answered = True
+            if self._state is FlightState.QUEUED:
+                self._move(FlightState.ANSWERED)
                 return Cancel.QUEUED
-            return self._kill_running(CLIENT_CANCELLED)
+            if self._state is FlightState.RUNNING:
+                return self._kill_running(CLIENT_CANCELLED)
+            return Cancel.FINISHED
 
     def stop(self, reason: str) -> bool:
         """The pool's shutdown escalated: kill it if it runs (its worker answers it, as cancelled for
         ``reason``); True if it was killed. A queued one is left to its worker, which refuses it."""
         with self._lock:
-            if self._answered or self._cancelled or self._kill is None:
-                return False
-            return self._kill_running(reason) is Cancel.RUNNING
+            return self._state is FlightState.RUNNING and self._kill_running(reason) is Cancel.RUNNING
 
     def _kill_running(self, reason: str) -> Cancel:
-        assert self._kill is not None  # it runs
+        assert self._kill is not None  # RUNNING
         if not self._kill():
             return Cancel.FINISHED  # its process had ended: the result it earned stands
+        self._move(FlightState.KILLED)
         self._cancelled = reason
         return Cancel.RUNNING
 
@@ -86,14 +129,14 @@ class Flight:
     @property
     def answered(self) -> bool:
         with self._lock:
-            return self._answered
+            return self._state is FlightState.ANSWERED
 
     def answer(self) -> bool:
         """The worker's result is ready: True if it is the one to send (not answered by a cancel)."""
         with self._lock:
-            if self._answered:
+            if self._state is FlightState.ANSWERED:
                 return False
-            self._answered = True
+            self._move(FlightState.ANSWERED)
             return True
 
 

@@ -7,7 +7,7 @@ answers ``sysconf(_SC_PHYS_PAGES)`` and ``_SC_AVPHYS_PAGES`` from it and
 ignores a failure, so a refused call gives those callers (libraries sizing
 their caches from ``os.sysconf``) whatever was on the stack. So the job's
 filter delegates it (``SECCOMP_RET_USER_NOTIF``) and the pool's steward
-(:mod:`.metadata`) writes the job's own ``struct sysinfo`` at the address the
+(:mod:`.steward`) writes the job's own ``struct sysinfo`` at the address the
 job passed:
 
 * ``totalram``: the job's memory limit (its ``RLIMIT_DATA``, which bounds what

@@ -35,6 +35,7 @@ from ..wire.spec import ErrorInfo, JobSpec, StepSpec
 from .flights import Flight, Flights
 from .hostcalls import CallRegistry
 from .outcome import Outcome, to_session_result
+from .session_life import SessionLife, SessionState
 from .templates import CallSink, SessionChannels, Template
 
 __all__ = ["MAX_PENDING_STEPS", "Session", "SessionRegistry", "Step"]
@@ -148,15 +149,18 @@ class Session(threading.Thread):
         self.pending = 0  # steps accepted and not yet answered
         self.steps = 0
         self.last_used = time.monotonic()
-        self.closing = False
+        self.life = SessionLife(name)  # its state and its intake (see session_life.py)
         self._template: Template | None = None
         self._channels: SessionChannels | None = None
-        self._alive = False
+
+    @property
+    def closing(self) -> bool:
+        return self.life.closing
 
     def process_ended(self) -> bool:
         """Whether this idle session's process has ended (the reaper asks, to free its slot)."""
         template = self._template
-        return self._alive and template is not None and template.has_word()
+        return self.life.has_process and template is not None and template.has_word()
 
     # -- on the session's thread -------------------------------------------------------------------------
     def run(self) -> None:
@@ -166,6 +170,7 @@ class Session(threading.Thread):
                 if isinstance(item, _Close):
                     self.registry.forget(self)
                     self._stop_process()
+                    self.life.closed()
                     if item.id is not None:
                         self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
                     return
@@ -174,6 +179,7 @@ class Session(threading.Thread):
                 # Read after the flight started: a shutdown that escalates later kills it instead.
                 stopped = self.registry.stopped()
                 if stopped is not None:
+                    self.life.ended()
                     self.registry.forget(self)
                     self._answer(item, self._refused(item, stopped))
                     return
@@ -182,6 +188,8 @@ class Session(threading.Thread):
         finally:
             self._stop_process()
             self._drain_after_end()
+            if self.life.state is not SessionState.CLOSED:
+                self.life.closed()
 
     def _drain_after_end(self) -> None:
         while True:
@@ -203,21 +211,25 @@ class Session(threading.Thread):
         try:
             outcome = self._run_step(step)
         except _EndedWhileIdle as exc:  # nothing of this step ran: it must not be blamed for the end
+            self.life.ended()
             self.registry.forget(self)
             self._answer(step, self._failure(step, f"the session's process ended while it waited for this step "
                                                    f"({exc}); this step did not run: send it again to start a "
                                                    "new session", queue_us))
             return True
         except RequestError as exc:  # a grant changed between the first request and its start: nothing ran
+            self.life.ended()
             self.registry.forget(self)
             self._answer(step, self._refused(step, str(exc)))
             return True
         except PynoxError as exc:
+            self.life.ended()
             self.registry.forget(self)
             self._answer(step, self._failure(step, str(exc), queue_us))
             return True
         except Exception as exc:  # whatever goes wrong costs this session, never the pool a thread
             _log.exception("session %r failed while serving step %r", self.session_name, step.id)
+            self.life.ended()
             self.registry.forget(self)
             self._answer(step, self._failure(step, f"the pool failed while serving this step "
                                                    f"({type(exc).__name__}); the session was stopped", queue_us))
@@ -231,8 +243,11 @@ class Session(threading.Thread):
                            landlock_abi=self._abi(), mode="session", queue_us=queue_us,
                            session=self.session_name, step=self.steps, session_ended=ended)
         if ended:
+            self.life.ended()
             # Forgotten before the result leaves: a client that answers it at once starts a new session.
             self.registry.forget(self)
+        else:
+            self.life.step_done()
         self._answer(step, result)
         return ended
 
@@ -240,7 +255,7 @@ class Session(threading.Thread):
         calls: CallSink | None = None
         if self.spec.functions:
             calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox)  # noqa: E731
-        if not self._alive:
+        if self.life.state is SessionState.OPENING:
             if self._template is None:
                 self._template = self.registry.spare.take()
             self._channels = SessionChannels.create(bool(self.spec.functions))
@@ -249,7 +264,7 @@ class Session(threading.Thread):
                                             images=step.max_output)
             if step.flight.cancelled:  # cancelled while its process started: it never runs
                 return Outcome(ended=True)
-            self._alive = True
+            self.life.running()
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels)
         template, channels = self._template, self._channels
         assert template is not None and channels is not None
@@ -260,6 +275,7 @@ class Session(threading.Thread):
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
+        self.life.running()
         # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
         # behind included) runs under this step's deadline.
         template.continue_child()
@@ -279,7 +295,6 @@ class Session(threading.Thread):
                                 calls=calls, outbox=channels.outbox, session=True)
 
     def _stop_process(self) -> None:
-        self._alive = False
         if self._channels is not None:
             self._channels.close()  # EOF on control: the child exits
             self._channels = None
@@ -290,7 +305,7 @@ class Session(threading.Thread):
     def _kill_step(self) -> bool:
         """Kill the process running this session's step (a cancel, from the intake thread)."""
         template = self._template
-        if template is None or not self._alive:
+        if template is None or self.life.state is SessionState.OPENING:
             return True  # the process is still starting: _run_step stops the step before it runs
         return template.child.cancel()
 
@@ -404,15 +419,14 @@ class SessionRegistry:
     def close(self, name: str, request_id: RequestId) -> bool:
         with self.lock:
             session = self._sessions.get(name)
-            if session is None or session.closing:
+            if session is None or not session.life.stop_taking():
                 return False
-            session.closing = True
             session.items.put(_Close(request_id))
             return True
 
     def forget(self, session: Session) -> None:
         with self.lock:
-            session.closing = True  # nothing more is queued on it
+            session.life.stop_taking()  # nothing more is queued on it
             if self._sessions.get(session.session_name) is session:
                 del self._sessions[session.session_name]
 
@@ -421,8 +435,7 @@ class SessionRegistry:
         with self.lock:
             sessions = list(self._sessions.values())
             for session in sessions:
-                if not session.closing:
-                    session.closing = True
+                if session.life.stop_taking():
                     session.items.put(_Close(None))
         for session in sessions:
             session.join()
@@ -435,6 +448,6 @@ class SessionRegistry:
             with self.lock:
                 for session in self._sessions.values():
                     idle_too_long = now - session.last_used >= self.idle
-                    if not session.closing and session.pending == 0 and (idle_too_long or session.process_ended()):
-                        session.closing = True
+                    if (not session.closing and session.pending == 0 and (idle_too_long or session.process_ended())
+                            and session.life.stop_taking()):
                         session.items.put(_Close(None))

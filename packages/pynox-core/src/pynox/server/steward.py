@@ -28,11 +28,32 @@ not allowed to reach into its jobs (not root) answers ``EPERM`` to every call.
 
 The steward also answers the job's ``sysinfo`` with the job's own view (see
 :mod:`.own_view`): it is the one holder of the job's listener.
+The steward's phases, for one job, as the server sees them (:class:`StewardLife`)::
+
+    AWAITING ──listener──▶ ARRIVED ──serve──▶ SERVING ──hung up──▶ GONE
+       │                      │                  │                  │
+       │ no listener (EOF)    │                  │                  │
+       ▼                      │                  │                  │
+    UNSENT ───────────────────┴──────close───────┴──────────────────┴──▶ CLOSED
+       (and from AWAITING, close)
+
+``AWAITING``: the job was sent; its child sends its listener on a socket of
+its own (or, prepared ahead, on its control socket) before its code runs.
+``ARRIVED``: the listener is here; the serving loop starts answering at its
+next turn. ``UNSENT``: the socket closed without one (the child failed before
+it confined itself): nothing will be delegated. ``SERVING``: each call is
+answered as it comes (:meth:`Steward.answer`); a session's steward serves every
+step of it. ``GONE``: the listener hung up, the job's tasks are gone.
+``CLOSED``: the listener and the write grants' descriptors are closed: the pool
+holds nothing of the job's once its result left (or the child was reaped).
+Any other move is a bug in the server, refused as a :class:`PoolWorkerError`
+(the template is then replaced).
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import os
 import re
@@ -43,12 +64,13 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import PoolWorkerError
 from ..policy._libc import libc
 from ..policy.grants import close_all, open_at
 from ..policy.seccomp import syscall_number
 from .own_view import write_sysinfo
 
-__all__ = ["Steward", "receive_listener"]
+__all__ = ["Steward", "StewardLife", "StewardPhase", "receive_listener"]
 
 # <linux/seccomp.h>: struct seccomp_notif (80 bytes) and seccomp_notif_resp (24), and their ioctls.
 _NOTIF = struct.Struct("=QII iIQ 6Q")
@@ -311,6 +333,88 @@ class Steward:
             return bool(info.st_mode & stat.S_IWGRP)
         return bool(info.st_mode & stat.S_IWOTH)
 
+
+
+class StewardPhase(enum.Enum):
+    AWAITING = "awaiting"
+    ARRIVED = "arrived"
+    UNSENT = "unsent"
+    SERVING = "serving"
+    GONE = "gone"
+    CLOSED = "closed"
+
+
+_MOVES: dict[StewardPhase, frozenset[StewardPhase]] = {
+    StewardPhase.AWAITING: frozenset({StewardPhase.ARRIVED, StewardPhase.UNSENT, StewardPhase.CLOSED}),
+    StewardPhase.ARRIVED: frozenset({StewardPhase.SERVING, StewardPhase.CLOSED}),
+    StewardPhase.UNSENT: frozenset({StewardPhase.CLOSED}),
+    StewardPhase.SERVING: frozenset({StewardPhase.GONE, StewardPhase.CLOSED}),
+    StewardPhase.GONE: frozenset({StewardPhase.CLOSED}),
+    StewardPhase.CLOSED: frozenset(),
+}
+
+
+class StewardLife:
+    """One job's steward, from the socket its listener arrives on until it is closed (see the module's
+    diagram). Owns the socket, the listener and the write grants' descriptors it is given."""
+
+    def __init__(self, sock: socket.socket, writes: list[int], uid: int, gid: int) -> None:
+        self.phase = StewardPhase.AWAITING
+        self.sock: socket.socket | None = sock  # AWAITING: where the listener arrives
+        self._writes = writes
+        self._uid, self._gid = uid, gid
+        self._listener: int | None = None  # ARRIVED: not yet served
+        self.steward: Steward | None = None  # SERVING and GONE: it answers, and owns listener and grants
+
+    def _check(self, phase: StewardPhase) -> None:
+        if phase not in _MOVES[self.phase]:
+            raise PoolWorkerError(f"the pool lost track of its job's delegated calls "
+                                  f"({self.phase.value} -> {phase.value})")
+
+    def _move(self, phase: StewardPhase) -> None:
+        self._check(phase)
+        self.phase = phase
+
+    def take_listener(self) -> None:
+        """AWAITING -> ARRIVED, the child sent its listener; or -> UNSENT, it closed the socket (its setup
+        failed before)."""
+        self._check(StewardPhase.ARRIVED)
+        assert self.sock is not None
+        listener = receive_listener(self.sock)
+        self.sock.close()
+        self.sock = None
+        self._listener = listener
+        self._move(StewardPhase.ARRIVED if listener is not None else StewardPhase.UNSENT)
+
+    def serve(self) -> Steward:
+        """ARRIVED -> SERVING: from now on its calls are answered; the caller waits on its listener."""
+        self._move(StewardPhase.SERVING)
+        assert self._listener is not None
+        self.steward = Steward(self._listener, self._writes, self._uid, self._gid)
+        self._listener, self._writes = None, []
+        return self.steward
+
+    def answer(self) -> bool:
+        """SERVING: answer one call; False (-> GONE) once the job is gone and the listener says no more."""
+        self._check(StewardPhase.GONE)
+        assert self.steward is not None
+        if self.steward.answer():
+            return True
+        self._move(StewardPhase.GONE)
+        return False
+
+    def close(self) -> None:
+        """-> CLOSED, from any phase: the pool lets go of everything of the job's (closing twice is one close)."""
+        if self.phase is StewardPhase.CLOSED:
+            return
+        self._move(StewardPhase.CLOSED)
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.steward is not None:
+            self.steward.close()
+        close_all([*([self._listener] if self._listener is not None else []), *self._writes])
+        self._listener, self._writes = None, []
 
 _OWN_DESCRIPTOR = re.compile(rb"/(?:proc/(?:self|thread-self|(\d+))|dev)/fd/(\d+)")
 

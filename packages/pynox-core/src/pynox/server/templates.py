@@ -65,7 +65,7 @@ from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
 from .outcome import Outcome
 from .report import JobWord, read_report
-from .steward import Steward, receive_listener
+from .steward import StewardLife, StewardPhase
 from .usage import live_usage, proc_text
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
@@ -145,29 +145,6 @@ def template_environment() -> dict[str, str]:
         env[name] = "1"
     env.update({name: os.environ[name] for name in _PASSTHROUGH if name in os.environ})
     return env
-
-
-@dataclass
-class _StewardToBe:
-    """What a job's :class:`Steward` is made of, until its child's listener has arrived on ``sock``."""
-
-    sock: socket.socket | None
-    writes: list[int]
-    uid: int
-    gid: int
-    listener: int | None = None
-
-    def take_listener(self) -> None:
-        """The child sent its listener (or closed the socket: its setup failed before)."""
-        assert self.sock is not None
-        self.listener = receive_listener(self.sock)
-        self.sock.close()
-        self.sock = None
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        close_all([*([self.listener] if self.listener is not None else []), *self.writes])
 
 
 @dataclass
@@ -270,10 +247,9 @@ class Template:
         self.broken = False
         self.cgroups: cgroups.TemplateGroup | None = None
         self.child = life if life is not None else ChildLife()
-        # The child's delegated metadata calls (see metadata.py): the socket its listener arrives on, the
-        # job's write grants and its uid and gid until then, and the steward answering them from then on.
-        self._metadata: _StewardToBe | None = None
-        self.steward: Steward | None = None
+        # The child's delegated metadata calls (see steward.py): from the socket its listener arrives on,
+        # with the job's write grants and its uid and gid, to the steward answering them.
+        self._steward: StewardLife | None = None
         # The child confined ahead of the next job, once the template announced it; the jobs it may have
         # been prepared from (by the number sent with them); whether the template is preparing one now;
         # children given up whose end the template has still to report.
@@ -398,7 +374,7 @@ class Template:
                 extra.append(job_metadata)
                 own[METADATA] = job_metadata.fileno()
                 # The steward keeps the write grants' descriptors: the files it may change are found from them.
-                self._metadata = _StewardToBe(metadata, writes, *_job_ids(confinement))
+                self._steward = StewardLife(metadata, writes, *_job_ids(confinement))
                 job = next(self._jobs)
                 if key is not None:  # the template prepares the next child from this job's grants
                     self._keys[job] = key
@@ -459,7 +435,7 @@ class Template:
         self._child_serial = prepared.serial
         self.child.started(prepared.pidfd, prepared.pid)
         # Its listener is waiting on the control socket, sent when it was confined.
-        self._metadata = _StewardToBe(prepared.control, writes, *_job_ids(confinement))
+        self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement))
         return True
 
     def _release(self, prepared: _PreparedChild) -> None:
@@ -548,10 +524,10 @@ class Template:
         if serving.job_calls is not None:
             sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_call)
             sel.register(serving.job_calls.outbox.wakeup, selectors.EVENT_READ, self._on_answers_waiting)
-        if self._metadata is not None and self._metadata.sock is not None:
-            sel.register(self._metadata.sock, selectors.EVENT_READ, self._on_listener)
-        if self.steward is not None:  # a session's, from its first step
-            sel.register(self.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
+        if self._steward is not None and self._steward.sock is not None:
+            sel.register(self._steward.sock, selectors.EVENT_READ, self._on_listener)
+        if self._steward is not None and self._steward.steward is not None:  # a session's, from its first step
+            sel.register(self._steward.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
         try:
             while capture.open or self._needs_end(serving):
                 wait = self._enforce(serving)
@@ -769,14 +745,15 @@ class Template:
             serving.sel.unregister(self.sock)
 
     def _on_listener(self, serving: _Serving) -> None:
-        assert self._metadata is not None and self._metadata.sock is not None
-        serving.sel.unregister(self._metadata.sock)
-        self._metadata.take_listener()
+        assert self._steward is not None and self._steward.sock is not None
+        serving.sel.unregister(self._steward.sock)
+        self._steward.take_listener()
 
     def _on_metadata_call(self, serving: _Serving) -> None:
-        assert self.steward is not None
-        if not self.steward.answer():
-            serving.sel.unregister(self.steward.listener)
+        assert self._steward is not None and self._steward.steward is not None
+        listener = self._steward.steward.listener
+        if not self._steward.answer():
+            serving.sel.unregister(listener)
 
     @staticmethod
     def _on_answers_waiting(serving: _Serving) -> None:
@@ -853,20 +830,14 @@ class Template:
 
     def _start_steward(self, sel: selectors.BaseSelector) -> None:
         """Answer the child's metadata calls once its listener is here."""
-        to_be = self._metadata
-        if to_be is None or to_be.listener is None:
+        if self._steward is None or self._steward.phase is not StewardPhase.ARRIVED:
             return
-        self._metadata = None
-        self.steward = Steward(to_be.listener, to_be.writes, to_be.uid, to_be.gid)
-        sel.register(self.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
+        sel.register(self._steward.serve().listener, selectors.EVENT_READ, self._on_metadata_call)
 
     def _close_metadata(self) -> None:
-        if self._metadata is not None:
-            self._metadata.close()
-            self._metadata = None
-        if self.steward is not None:
-            self.steward.close()
-            self.steward = None
+        if self._steward is not None:
+            self._steward.close()
+            self._steward = None
 
     @staticmethod
     def _take_word(outcome: Outcome, word: JobWord | None, claim: int | None) -> None:

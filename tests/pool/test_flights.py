@@ -1,0 +1,94 @@
+"""A flight's table of moves, directly (no pool): every legal move, each refusal, and exactly one answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from pynox.errors import PoolError
+from pynox.server.flights import CLIENT_CANCELLED, Cancel, Flight, FlightState
+
+pytestmark = pytest.mark.pure
+
+
+def _running(kill_works: bool = True) -> tuple[Flight, list[int]]:
+    kills: list[int] = []
+
+    def kill() -> bool:
+        kills.append(1)
+        return kill_works
+
+    flight = Flight("a")
+    assert flight.start(kill) is True
+    assert flight.state is FlightState.RUNNING
+    return flight, kills
+
+
+def test_queued_then_running_then_answered_once() -> None:
+    flight, kills = _running()
+    assert flight.cancelled is None
+    assert flight.answer() is True
+    assert flight.state is FlightState.ANSWERED
+    assert flight.answer() is False  # one result only
+    assert flight.cancel() is Cancel.FINISHED
+    assert flight.stop("shutdown") is False
+    assert kills == []  # nothing answered is killed
+
+
+def test_a_cancel_while_queued_answers_it_and_it_never_starts() -> None:
+    flight = Flight("a")
+    assert flight.cancel() is Cancel.QUEUED
+    assert flight.state is FlightState.ANSWERED
+    assert flight.answered
+    assert flight.start(lambda: True) is False  # its worker drops it
+    assert flight.answer() is False  # and sends nothing
+    assert flight.cancel() is Cancel.FINISHED
+
+
+def test_a_queued_flight_may_be_answered_without_running() -> None:
+    flight = Flight("a")  # a session's step refused as its session ended
+    assert flight.answer() is True
+    assert flight.state is FlightState.ANSWERED
+
+
+def test_a_cancel_while_running_kills_it_and_its_worker_answers() -> None:
+    flight, kills = _running()
+    assert flight.cancel() is Cancel.RUNNING
+    assert kills == [1]
+    assert flight.state is FlightState.KILLED
+    assert flight.cancelled == CLIENT_CANCELLED
+    assert flight.cancel() is Cancel.FINISHED  # killed once
+    assert flight.stop("shutdown") is False
+    assert kills == [1]
+    assert flight.answer() is True
+    assert flight.state is FlightState.ANSWERED
+    assert flight.cancelled == CLIENT_CANCELLED  # its result still says why
+
+
+def test_the_shutdown_kills_a_running_flight_and_leaves_a_queued_one() -> None:
+    queued = Flight("q")
+    assert queued.stop("the drain deadline passed") is False
+    assert queued.state is FlightState.QUEUED
+    flight, kills = _running()
+    assert flight.stop("the drain deadline passed") is True
+    assert flight.state is FlightState.KILLED
+    assert flight.cancelled == "the drain deadline passed"
+    assert kills == [1]
+
+
+def test_a_cancel_after_its_process_ended_leaves_its_result_standing() -> None:
+    flight, kills = _running(kill_works=False)
+    assert flight.cancel() is Cancel.FINISHED
+    assert flight.stop("shutdown") is False
+    assert kills == [1, 1]
+    assert flight.state is FlightState.RUNNING
+    assert flight.cancelled is None
+    assert flight.answer() is True
+
+
+@pytest.mark.parametrize("killed", [False, True])
+def test_starting_twice_is_refused(killed: bool) -> None:
+    flight, _ = _running()
+    if killed:
+        flight.cancel()
+    with pytest.raises(PoolError, match="lost track"):
+        flight.start(lambda: True)

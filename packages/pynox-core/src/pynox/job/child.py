@@ -13,7 +13,6 @@ import ast
 import atexit
 import builtins
 import errno
-import fcntl
 import linecache
 import os
 import signal
@@ -27,34 +26,19 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
-from ..policy import Runtime, add_environment, build_ruleset, confine
-from ..policy.limits import first_to_be_killed
+from ..policy import Runtime
 from ..policy.privileges import set_process_name
-from ..wire.descriptors import (
-    CHANNEL,
-    CLAIM,
-    CONTROL,
-    METADATA,
-    PAYLOAD,
-    REPORT,
-    RULESET,
-    STAGING,
-    STDERR,
-    STDOUT,
-    STEP,
-    handed_to_prepared,
-    sent_with_job,
-)
+from ..wire.descriptors import CONTROL, REPORT, STDERR, STDOUT, STEP, handed_to_prepared, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
-from ..wire.payload import claim, read_payload, write_payload_to
+from ..wire.payload import read_payload, write_payload_to
 from ..wire.spec import Confinement, ErrorInfo, Frame, Payload, Report, StepSpec
 from . import pynox_host
+from .setup import Setup, arrange, close_quietly, confine_child, receive_payload
 
 __all__ = ["run_job", "run_prepared"]
 
 _OWN_FILES = (__file__, msgspec.__file__, pynox_host.__file__)
-_MAX_FD = 1 << 20
 _MAX_MESSAGE = 2000
 _MAX_VALUE = 256 << 10  # characters of a trailing value's repr (the pool cuts it to max_output bytes)
 _MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
@@ -72,30 +56,16 @@ _step_decoder = msgspec.json.Decoder(StepSpec)
 def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int]) -> NoReturn:
     """``fds``: stdout, stderr, report, payload, claim, then the host channel and the control channel if
     the job has them; ``grants``: one descriptor per granted path, which the rules are built from."""
-    stage = "start a new session"
-    report = fds[2]
-    atexit._clear()  # the template's exit hooks are not the job's
-    try:
-        first_to_be_killed()
-        set_process_name("pynox-session" if confinement.session else "pynox-job")
-        os.setsid()
-        stage = "build the Landlock ruleset"
-        ruleset = build_ruleset(confinement, runtime, grants)
-        stage = "arrange descriptors"
-        targets = sent_with_job(confinement.host_channel, confinement.session)
-        if len(fds) != len(targets):
-            raise ValueError(f"expected {len(targets)} descriptors, got {len(fds)}")
-        devnull = os.open("/dev/null", os.O_RDONLY)
-        _arrange([*zip(fds, targets, strict=True), (ruleset, RULESET), (devnull, 0)])
-        report = REPORT
-        stage = "apply the policy"
-        listener = confine(confinement, runtime, RULESET)
-        stage = "hand the metadata listener to the pool"
-        _hand_over_listener(listener)
-        stage = "read the job"
-        payload = _receive_payload(confinement)
-    except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
-        _finish(report, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not {stage}: {exc}"))
+    setup = Setup(confinement, runtime, grants, fds, sent_with_job(confinement.host_channel, confinement.session),
+                  prepared=False)
+    failure = confine_child(setup)
+    if failure is None:
+        try:
+            payload = receive_payload(confinement)
+        except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
+            failure = f"could not read the job: {exc}"
+    if failure is not None:
+        _fail(setup.at(REPORT), failure)
     main = _new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         _serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
@@ -114,88 +84,71 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     critical path, and the payload is read only now: nothing of any earlier job was ever in this process
     beyond what the template holds. A setup failure is reported to the job it receives.
     """
-    setup_error = None
-    stage = "start a new session"
-    atexit._clear()  # the template's exit hooks are not the job's
-    listener = None
-    arranged = False
-    try:
-        first_to_be_killed()
-        set_process_name("pynox-ready")
-        os.setsid()
-        stage = "build the Landlock ruleset"
-        ruleset = build_ruleset(confinement, runtime, grants)
-        stage = "arrange descriptors"
-        devnull = os.open("/dev/null", os.O_RDWR)
-        _arrange([(control, CONTROL), (ruleset, RULESET), (devnull, 0), (devnull, STDOUT),
-                  (devnull, STDERR), (devnull, REPORT)])
-        arranged = True
-        stage = "apply the policy"
-        listener = confine(confinement, runtime, RULESET)
-    except BaseException as exc:  # fail closed: the job this child receives will only hear why
-        setup_error = f"could not {stage}: {exc}"
-    try:
-        control_socket = socket.socket(fileno=CONTROL if arranged else control)
-    except OSError:
-        os._exit(SETUP_FAILED_EXIT)
-    try:
-        # The server answers the job's delegated calls with it; no copy stays here for the job's code.
-        socket.send_fds(control_socket, [b"L"], [listener] if listener is not None else [])
-        if listener is not None:
-            os.close(listener)
-    except OSError:
-        os._exit(0)  # discarded already: no job will come
-    if setup_error is None:
+    setup = Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True)
+    failure = confine_child(setup)
+    if failure is not None:
+        _no_listener(setup.at(CONTROL))
+    else:
         _warm_up()
-    try:
-        _, fds = recv_raw(control_socket)
-    except (EOFError, OSError, ValueError):
-        os._exit(0)  # discarded: no job will come
-    control_socket.close()
-    try:
-        set_process_name("pynox-job")
-    except OSError:
-        pass  # a name is for operators; the job runs all the same
-    expected = handed_to_prepared(confinement.host_channel)
-    if len(fds) != len(expected):
-        os._exit(SETUP_FAILED_EXIT)
-    for fd, target in zip(fds, expected, strict=True):
-        os.dup2(fd, target)
-        os.close(fd)
-    if setup_error is not None:
-        _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=setup_error))
-    try:
-        payload = _receive_payload(confinement)
-    except BaseException as exc:
-        _finish(REPORT, Report(exit=SETUP_FAILED_EXIT, setup_error=f"could not read the job: {exc}"))
+    _await_job(setup)
+    if failure is None:
+        try:
+            payload = receive_payload(confinement)
+        except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
+            failure = f"could not read the job: {exc}"
+    if failure is not None:
+        _fail(REPORT, failure)
     main = _new_main(confinement, payload)
     _finish(REPORT, _execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
                              return_value=payload.return_value, images=payload.images), measured=True)
 
 
-def _hand_over_listener(listener: int) -> None:
-    """Give the seccomp listener to the pool and keep no copy: whoever holds it answers the job's
-    delegated calls, so the job's code must never see it. Done before the job is claimed."""
-    with socket.socket(fileno=METADATA) as pool:
-        socket.send_fds(pool, [b"L"], [listener])
-    os.close(listener)
+def _no_listener(control: int | None) -> None:
+    """Tell the server this prepared child has no listener to give (its setup failed): it still waits for
+    a job, the one that will hear why. A child that cannot even say so gets no job: it exits."""
+    if control is None:
+        os._exit(SETUP_FAILED_EXIT)
+    try:
+        with socket.socket(fileno=control) as pool:
+            socket.send_fds(pool, [b"L"], [])
+            pool.detach()
+    except OSError:
+        os._exit(SETUP_FAILED_EXIT)
 
 
-def _receive_payload(confinement: Confinement) -> Payload:
-    """Read the job, confined already: its environment, then its host functions, if any; then claim it.
+def _await_job(setup: Setup) -> None:
+    """Wait on the control socket for the job the server hands over, and put its descriptors at their numbers
+    as a job's own child has them (see setup.arrange), the control socket closed with every other one.
 
-    The claim (see :func:`pynox.wire.payload.new_claim`) makes a job run at most once: a job the server
-    took back, to retry on another template, was never begun here. It is the last step before the code
-    runs, so the pool knows from it alone whether the code may have run: a setup failure it reports is
-    believed only while the claim is still there (see report.py)."""
-    payload = read_payload(PAYLOAD)
-    add_environment(payload.env)
-    if confinement.host_channel:
-        pynox_host.install_host_module(payload.functions, CHANNEL)
-    if not claim(CLAIM):
-        os._exit(SETUP_FAILED_EXIT)  # the server took the job back: it runs elsewhere, or nowhere
-    os.close(CLAIM)
-    return payload
+    Every way out here is ``SETUP_FAILED_EXIT``: a child given up by the server (it closes the socket, or
+    has the template kill it) never had a job, and a child that cannot place its job's descriptors never
+    runs it. Nothing of the job is in this process yet: its payload is read only once these are in place."""
+    control = setup.at(CONTROL)
+    if control is None:
+        os._exit(SETUP_FAILED_EXIT)
+    try:
+        with socket.socket(fileno=control) as control_socket:
+            _, fds = recv_raw(control_socket)
+    except (EOFError, OSError, ValueError):
+        os._exit(SETUP_FAILED_EXIT)  # discarded: no job will come
+    try:
+        set_process_name("pynox-job")
+    except OSError:
+        pass  # a name is for operators; the job runs all the same
+    expected = handed_to_prepared(setup.confinement.host_channel)
+    if len(fds) != len(expected):
+        os._exit(SETUP_FAILED_EXIT)  # the server broke its own protocol: run nothing rather than guess
+    try:
+        arrange([*zip(fds, expected, strict=True), (0, 0)])
+    except OSError:
+        os._exit(SETUP_FAILED_EXIT)
+
+
+def _fail(report: int | None, setup_error: str) -> NoReturn:
+    """The setup could not be done: report why, where the job's report descriptor is, and never run the code."""
+    if report is None:  # no report descriptor came with the job: the exit status alone says it
+        os._exit(SETUP_FAILED_EXIT)
+    _finish(report, Report(exit=SETUP_FAILED_EXIT, setup_error=setup_error))
 
 
 def _warm_up() -> None:
@@ -215,30 +168,6 @@ def _warm_up() -> None:
         os.close(writing)
         read_payload(reading)
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs
-        pass
-
-
-def _arrange(moves: list[tuple[int, int]]) -> None:
-    """Put each source descriptor at its target number and close every other descriptor.
-
-    Every source is first duplicated above all targets, so no target can overwrite a source still to
-    be moved, whatever numbers the template happened to use.
-    """
-    staged = [(fcntl.fcntl(source, fcntl.F_DUPFD, STAGING), target) for source, target in moves]
-    for fd, target in staged:
-        os.dup2(fd, target)
-    used = {target for _, target in moves}
-    for fd in range(STAGING):
-        if fd not in used:
-            _close_quietly(fd)
-    # Everything above goes, whatever the template had open (its socket, its prepared rules).
-    os.closerange(STAGING, _MAX_FD)
-
-
-def _close_quietly(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
         pass
 
 
@@ -538,7 +467,7 @@ def _finish(report_fd: int, report: Report, *, measured: bool = False) -> NoRetu
     _flush_streams()
     _write_report(report_fd, report)
     for fd in (STDOUT, STDERR, report_fd):
-        _close_quietly(fd)
+        close_quietly(fd)
     if measured:
         os.kill(os.getpid(), signal.SIGSTOP)
     os._exit(report.exit)

@@ -112,7 +112,7 @@ def test_the_graph_sees_the_whole_core() -> None:
     for package in ("pynox.client", "pynox.server", "pynox.template", "pynox.job", "pynox.wire", "pynox.policy"):
         assert _sides(package), f"no module of {package} was found under {SOURCE}"
     assert "pynox.wire.frames" in GRAPH["pynox.job.pynox_host"]
-    assert "pynox.job.figures" in GRAPH["pynox.job.child"], "a function-level `from . import x` is an import"
+    assert "pynox.job.figures" in GRAPH["pynox.job.execute"], "a function-level `from . import x` is an import"
 
 
 def test_the_job_side_imports_only_the_shared_shapes_the_policy_and_the_hints() -> None:

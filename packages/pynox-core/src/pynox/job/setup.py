@@ -2,10 +2,11 @@
 
 A child is forked either for its job (:func:`pynox.job.child.run_job`: the job's descriptors come with
 the fork) or ahead of it, for the job before (:func:`pynox.job.child.run_prepared`: they arrive on its
-control socket once the server hands it a job). Both run :data:`CONFINE`, in its order; only what the
-steps work on differs (:class:`Setup`). A step that fails stops the list: the job's code never runs,
-its report says which step could not be done (``setup_error``), and the child exits with
-``SETUP_FAILED_EXIT`` (125). Nothing is skipped because it failed, and nothing runs unconfined.
+control socket once the server hands it a job). Both run :data:`CONFINE`, in its order, then
+:data:`READ`; only what the steps work on differs (:class:`Setup`). A step that fails stops the list:
+the job's code never runs, its report says which step could not be done (``setup_error``), and the
+child exits with ``SETUP_FAILED_EXIT`` (125). Nothing is skipped because it failed, and nothing runs
+unconfined.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..wire.payload import claim, read_payload
 from ..wire.spec import Confinement, Payload
 from . import pynox_host
 
-__all__ = ["CONFINE", "Setup", "Step", "arrange", "confine_child", "receive_payload"]
+__all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "run_steps"]
 
 _MAX_FD = 1 << 20
 
@@ -45,6 +46,13 @@ class Setup:
         self.arranged = False
         self.ruleset: int | None = None
         self.listener: int | None = None
+        self.payload: Payload | None = None
+
+    def handed(self, fds: list[int], targets: tuple[int, ...]) -> None:
+        """A prepared child's job arrived: these are its descriptors now, arranged as :data:`CONFINE` would."""
+        self.sent, self.targets, self.arranged = fds, targets, False
+        arrange([*zip(fds, targets, strict=True), (0, 0)])
+        self.arranged = True
 
     def at(self, number: int) -> int | None:
         """Where the descriptor that belongs at ``number`` is now: there once arranged, before that wherever
@@ -146,17 +154,7 @@ CONFINE: tuple[Step, ...] = (
 )
 
 
-def confine_child(setup: Setup) -> str | None:
-    """Run :data:`CONFINE` in order; the setup error of the first step that failed, None if none did."""
-    for step in CONFINE:
-        try:
-            step.run(setup)
-        except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
-            return f"could not {step.does}: {exc}"
-    return None
-
-
-def receive_payload(confinement: Confinement) -> Payload:
+def _read_job(setup: Setup) -> None:
     """Read the job, confined already: its environment, then its host functions, if any; then claim it.
 
     The claim (see :func:`pynox.wire.payload.new_claim`) makes a job run at most once: a job the server
@@ -165,12 +163,28 @@ def receive_payload(confinement: Confinement) -> Payload:
     believed only while the claim is still there (see server/report.py)."""
     payload = read_payload(PAYLOAD)
     add_environment(payload.env)
-    if confinement.host_channel:
+    if setup.confinement.host_channel:
         pynox_host.install_host_module(payload.functions, CHANNEL)
     if not claim(CLAIM):
         os._exit(SETUP_FAILED_EXIT)  # the server took the job back: it runs elsewhere, or nowhere
     os.close(CLAIM)
-    return payload
+    setup.payload = payload
+
+
+# After CONFINE, and in a prepared child only once its job has arrived: the payload is read confined, and
+# only by the child that runs it (the template passes it on unread), so no process a later job is forked
+# from ever holds it.
+READ: tuple[Step, ...] = (Step("read the job", _read_job),)
+
+
+def run_steps(setup: Setup, steps: tuple[Step, ...]) -> str | None:
+    """Run ``steps`` in order; the setup error of the first that failed, None if none did."""
+    for step in steps:
+        try:
+            step.run(setup)
+        except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
+            return f"could not {step.does}: {exc}"
+    return None
 
 
 def arrange(moves: list[tuple[int, int]]) -> None:

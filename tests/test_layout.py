@@ -129,6 +129,16 @@ def test_the_server_never_loads_the_job_side_or_the_template() -> None:
     assert not {module: targets for module, targets in wrong.items() if targets}
 
 
+def test_the_template_enters_the_job_side_only_through_the_child_entry_points() -> None:
+    """The template forks and calls run_job or run_prepared; the setup's steps, the execution and the report
+    are the child's, in the order job/child.py runs them, never called from the template one by one."""
+    wrong = {module: sorted(target for target in GRAPH[module]
+                            if _in(target, "pynox.job") and target not in ("pynox.job", "pynox.job.child"))
+             for module in _sides("pynox.template")}
+    assert not {module: targets for module, targets in wrong.items() if targets}
+    assert "pynox.job.child" in GRAPH["pynox.template.fork_server"]
+
+
 def test_the_shared_shapes_depend_on_no_process() -> None:
     processes = ("pynox.client", "pynox.server", "pynox.template", "pynox.job")
     wrong = {module: sorted(target for target in _reach(module) if _in(target, *processes))

@@ -115,7 +115,7 @@ def test_the_graph_sees_the_whole_core() -> None:
     for package in ("pynox.client", "pynox.server", "pynox.template", "pynox.job", "pynox.wire", "pynox.policy"):
         assert _sides(package), f"no module of {package} was found under {SOURCE}"
     assert "pynox.wire.frames" in GRAPH["pynox.job.pynox_host"]
-    assert "pynox.job.figures" in GRAPH["pynox.job.child"], "a function-level `from . import x` is an import"
+    assert "pynox.job.figures" in GRAPH["pynox.job.execute"], "a function-level `from . import x` is an import"
 
 
 def test_the_job_side_imports_only_the_shared_shapes_the_policy_and_the_hints() -> None:
@@ -130,6 +130,16 @@ def test_the_server_never_loads_the_job_side_or_the_template() -> None:
     wrong = {module: sorted(target for target in _reach(module) if _in(target, "pynox.job", "pynox.template"))
              for module in _sides("pynox.server")}
     assert not {module: targets for module, targets in wrong.items() if targets}
+
+
+def test_the_template_enters_the_job_side_only_through_the_child_entry_points() -> None:
+    """The template forks and calls run_job or run_prepared; the setup's steps, the execution and the report
+    are the child's, in the order job/child.py runs them, never called from the template one by one."""
+    wrong = {module: sorted(target for target in GRAPH[module]
+                            if _in(target, "pynox.job") and target not in ("pynox.job", "pynox.job.child"))
+             for module in _sides("pynox.template")}
+    assert not {module: targets for module, targets in wrong.items() if targets}
+    assert "pynox.job.child" in GRAPH["pynox.template.fork_server"]
 
 
 def test_the_shared_shapes_depend_on_no_process() -> None:

@@ -145,7 +145,7 @@ _SYSINFO = syscall_number("sysinfo")
 
 
 def receive_listener(sock: socket.socket) -> int | None:
-    """The listener a child sends on its metadata socket (see ``child._hand_over_listener``); None at EOF."""
+    """The listener a child sends on its metadata socket (see ``job/setup.py``); None at EOF."""
     try:
         _, fds, _, _ = socket.recv_fds(sock, 1, 1)
     except OSError:

@@ -574,7 +574,7 @@ class Template:
             wait = min(wait, stall - now)
         if not serving.capture.open and self.child.pidfd is not None:
             # Its pipes are closed and its exit status is needed: a child that stopped itself at its end
-            # (child._finish) goes on to exit. It may stop only after its pipes closed, so this is said
+            # (job.report.finish) goes on to exit. It may stop only after its pipes closed, so this is said
             # again every few milliseconds until its end arrives; a running child is not disturbed by it.
             self.child.signal(signal.SIGCONT)
             wait = min(wait, _CONTINUE_EVERY)

@@ -3,7 +3,7 @@
 A job that ended before its result is sent is measured by the template's
 ``wait4`` (its rusage, all threads included). A job answered as soon as its
 report is complete is measured while it is stopped at its end (the child
-stops itself after its report, see ``child._finish``, and is killed once
+stops itself after its report, see ``job.report.finish``, and is killed once
 measured), and a session between steps while it waits for the next: its
 CPU time from the process's CPU clock (every thread's run time, in
 nanoseconds, those that already ended included: one system call), and its

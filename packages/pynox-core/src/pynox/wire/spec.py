@@ -21,25 +21,31 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["MAX_GRANTS", "Confinement", "ErrorInfo", "Frame", "JobSpec", "Payload", "Report", "StepSpec"]
+__all__ = ["MAX_GRANTS", "Bounds", "Confinement", "ErrorInfo", "Frame", "JobSpec", "Payload", "Report", "StepSpec"]
 
 # Granted paths per job (reads, writes, package directories, the script): each travels as a descriptor.
 MAX_GRANTS = 128
 
 
-class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    code: str | None
-    script: str | None
-    name: str
-    args: list[str]
+class Bounds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where a job runs, what it may touch and what it may use: written once, for the job as resolved and
+    for the confinement made from it (the template confines by these, so they are a job's only in both)."""
+
     cwd: str
-    env: dict[str, str]
     allow_read: list[str]
     allow_write: list[str]
     network: bool
     timeout: float
     memory: int
     max_file_size: int | None
+
+
+class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
+    code: str | None
+    script: str | None
+    name: str
+    args: list[str]
+    env: dict[str, str]
     package_dirs: list[str] = []
     functions: list[str] = []
     max_open_files: int = 1024
@@ -69,20 +75,13 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                        host_globals=self.host_globals)
 
 
-class Confinement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Everything that shapes a child's confinement, and nothing else.
+class Confinement(Bounds, frozen=True, forbid_unknown_fields=True):
+    """Everything that shapes a child's confinement, and nothing else: its :class:`Bounds`, and these.
 
     Two jobs with equal confinements whose granted paths name the same files can share a child
     confined ahead of time. ``allow_read`` and ``allow_write`` travel with one descriptor each, opened
     by the server when the job starts: the rules are built from those, never by name in the template."""
 
-    cwd: str
-    allow_read: list[str]
-    allow_write: list[str]
-    network: bool
-    timeout: float
-    memory: int
-    max_file_size: int | None
     package_dirs: list[str]
     # The job has a host-call channel (descriptor 4); which functions it may call is in its payload.
     host_channel: bool

@@ -1,0 +1,180 @@
+"""Running a job's code as ``__main__``, and a session's steps one after another in the same namespace.
+
+The child runs this once its setup (setup.py) is done and its payload read: nothing here confines
+anything, and all of it runs in the confined process, next to the code it runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import builtins
+import linecache
+import os
+import socket
+import sys
+import threading
+import types
+from typing import NoReturn
+
+import msgspec
+
+from ..wire.descriptors import CONTROL, REPORT, STEP
+from ..wire.exits import SETUP_FAILED_EXIT
+from ..wire.frames import recv_raw
+from ..wire.spec import Confinement, Payload, Report, StepSpec
+from .report import describe, finish, flush_streams, print_traceback, write_report
+
+__all__ = ["execute", "new_main", "serve_session"]
+
+_MAX_VALUE = 256 << 10  # characters of a trailing value's repr (the pool cuts it to max_output bytes)
+# Top-level `await` works in job code: such code compiles to a coroutine, which runs on a fresh event loop.
+_COMPILE_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect into every job
+_step_decoder = msgspec.json.Decoder(StepSpec)
+
+
+def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=payload.name, __builtins__=builtins)
+    if payload.host_globals is not None and payload.functions:
+        module = sys.modules["pynox_host.aio" if payload.host_globals == "await" else "pynox_host"]
+        main.__dict__.update({name: getattr(module, name) for name in payload.functions})
+    sys.modules["__main__"] = main
+    if payload.script is not None:
+        sys.path.insert(0, os.path.dirname(payload.script))
+    sys.path[:0] = confinement.package_dirs
+    _reseed()
+    return main
+
+
+def execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
+            confinement: Confinement, *, shutdown: bool = True, return_value: bool = False,
+            images: int = 0) -> Report:
+    sys.argv = [name, *args]
+    main.__file__ = name
+    try:
+        source = code if code is not None else _read_script(script or "")
+        # Tracebacks then show the model its own lines, as they would for a file on disk.
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        value = _run(source, name, main.__dict__, return_value=return_value and code is not None)
+        drawn = _figures(images)  # before the exit hooks: matplotlib's destroys every figure
+        if shutdown:
+            _shutdown()
+    except SystemExit as exc:
+        return Report(exit=_exit_status(exc), exited=True, images=_figures(images))
+    except BaseException as exc:
+        print_traceback(exc)
+        return Report(exit=1, error=describe(exc, name, confinement), images=_figures(images))
+    return Report(exit=0, return_value=value, images=drawn)
+
+
+def serve_session(confinement: Confinement, main: types.ModuleType, first: StepSpec) -> NoReturn:
+    """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it."""
+    control = socket.socket(fileno=CONTROL)
+    devnull = os.open("/dev/null", os.O_WRONLY)
+    step: StepSpec | None = first
+    while True:
+        if step is None:
+            try:
+                payload, fds = recv_raw(control)
+            except (EOFError, OSError):
+                os._exit(0)
+            if len(fds) != len(STEP):
+                os._exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
+            step = _step_decoder.decode(payload)
+            for target, fd in zip(STEP, fds, strict=True):
+                os.dup2(fd, target)
+                os.close(fd)
+        report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
+                         return_value=step.return_value, images=step.images)
+        if report.exited:  # sys.exit() or exit(): the session ends with this step
+            finish(REPORT, report)
+        flush_streams()
+        write_report(REPORT, report)
+        # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next.
+        for fd in STEP:
+            os.dup2(devnull, fd)
+        step = None
+
+
+def _run(source: str, name: str, namespace: dict[str, object], *, return_value: bool) -> str | None:
+    """Run ``source`` as ``__main__``; with ``return_value``, a final expression statement is evaluated as an
+    expression, and repr() of its value (unless None) is returned, as a notebook cell shows it."""
+    if not return_value:
+        body = compile(source, name, "exec", flags=_COMPILE_FLAGS)
+        last = None
+    else:
+        tree = ast.parse(source, name)
+        tail = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        assert tail is None or isinstance(tail, ast.Expr)
+        body = compile(tree, name, "exec", flags=_COMPILE_FLAGS)
+        last = compile(ast.Expression(tail.value), name, "eval", flags=_COMPILE_FLAGS) if tail else None
+    if (body.co_flags | (last.co_flags if last else 0)) & _CO_COROUTINE:
+        import asyncio  # only for code that awaits at top level
+
+        async def both() -> object:
+            ran = eval(body, namespace)
+            if asyncio.iscoroutine(ran):
+                await ran
+            value = eval(last, namespace) if last is not None else None
+            return await value if asyncio.iscoroutine(value) and last is not None and last.co_flags & _CO_COROUTINE \
+                else value
+
+        value = asyncio.run(both())
+    else:
+        exec(body, namespace)
+        value = eval(last, namespace) if last is not None else None
+    return None if value is None else _shown(value)
+
+
+def _shown(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # the value's own __repr__ failed: say so rather than fail the code that ran
+        text = f"<{type(value).__name__} object: repr() raised {type(exc).__name__}>"
+    return text if len(text) <= _MAX_VALUE else text[:_MAX_VALUE] + f"... ({len(text) - _MAX_VALUE} more characters)"
+
+
+def _figures(limit: int) -> list[str]:
+    """The figures the code showed or left open (only if it drew with pyplot: nothing is imported here)."""
+    if not limit or "matplotlib.pyplot" not in sys.modules:
+        return []
+    try:
+        from . import figures
+
+        return figures.collect(limit)
+    except Exception:  # a figure that cannot be drawn must not cost the code its result
+        return []
+
+
+def _read_script(path: str) -> str:
+    with open(path, encoding="utf-8") as script:
+        return script.read()
+
+
+def _reseed() -> None:
+    # `random` reseeds itself at fork; numpy's legacy global generator does not.
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _shutdown() -> None:
+    # What the interpreter would do at exit: wait for non-daemon threads, run the job's atexit hooks
+    # (the template's were cleared at the start: they are the template's business, not a job's).
+    if threading.active_count() > 1:
+        threading._shutdown()  # type: ignore[attr-defined]
+    if atexit._ncallbacks():
+        atexit._run_exitfuncs()
+
+
+def _exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import msgspec
 
 from .. import hints
 from ..policy import BACKEND
-from ..protocol import Result, ResultPolicy, ResultRuntime, SessionResult, Usage
+from ..protocol import RequestId, Result, ResultPolicy, ResultRuntime, SessionResult, Usage
 from ..units import format_duration, format_size
 from ..wire.exits import CANCELLED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..wire.spec import ErrorInfo, JobSpec
@@ -113,10 +116,14 @@ def _text(data: bytearray) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,
-                   python: str, preloaded: list[str], landlock_abi: int, mode: str,
-                   queue_us: int) -> dict[str, object]:
-    return dict(
+AnyResult = TypeVar("AnyResult", bound=Result)
+
+
+def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec: JobSpec, *, max_output: int,
+            python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int) -> AnyResult:
+    """The protocol result of ``outcome``, of the result type ``kind``; built field by field, so the type
+    checker holds every field to the protocol's."""
+    return kind(
         id=request_id, exit=outcome.exit, stdout=_text(outcome.stdout), stderr=_text(outcome.stderr),
         error=outcome.error, stdout_truncated=outcome.stdout_truncated,
         stderr_truncated=outcome.stderr_truncated, duration_ms=outcome.duration_us // 1000,
@@ -131,22 +138,23 @@ def _result_fields(request_id: str | int | float | None, outcome: Outcome, spec:
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
                     memory_peak_kb=outcome.memory_peak_kb, host_calls=outcome.host_calls,
                     stdout_bytes=outcome.stdout_bytes, stderr_bytes=outcome.stderr_bytes),
-        # Bounded where the report is read (report.py), like every value from the job.
-        **({"return_value": outcome.return_value} if spec.return_value else {}),
-        **({"images": outcome.images} if outcome.images else {}),
-        **({"images_dropped": outcome.images_dropped} if outcome.images_dropped else {}),
+        # Bounded where the report is read (report.py), like every value from the job. Unset fields stay
+        # off the line: a trailing value only when asked for, figures only when there were some.
+        return_value=outcome.return_value if spec.return_value else msgspec.UNSET,
+        images=outcome.images if outcome.images else msgspec.UNSET,
+        images_dropped=outcome.images_dropped if outcome.images_dropped else msgspec.UNSET,
     )
 
 
-def to_result(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,
+def to_result(request_id: RequestId, outcome: Outcome, spec: JobSpec, *, max_output: int,
               python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int = 0) -> Result:
-    return Result(**_result_fields(request_id, outcome, spec, max_output=max_output, python=python,  # type: ignore[arg-type]
-                                   preloaded=preloaded, landlock_abi=landlock_abi, mode=mode, queue_us=queue_us))
+    return _result(Result, request_id, outcome, spec, max_output=max_output, python=python, preloaded=preloaded,
+                   landlock_abi=landlock_abi, mode=mode, queue_us=queue_us)
 
 
-def to_session_result(request_id: str | int | float | None, outcome: Outcome, spec: JobSpec, *, max_output: int,
+def to_session_result(request_id: RequestId, outcome: Outcome, spec: JobSpec, *, max_output: int,
                       python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int,
                       session: str, step: int | None, session_ended: bool) -> SessionResult:
-    fields = _result_fields(request_id, outcome, spec, max_output=max_output, python=python,
-                            preloaded=preloaded, landlock_abi=landlock_abi, mode=mode, queue_us=queue_us)
-    return SessionResult(**fields, session=session, step=step, session_ended=session_ended)  # type: ignore[arg-type]
+    result = _result(SessionResult, request_id, outcome, spec, max_output=max_output, python=python,
+                     preloaded=preloaded, landlock_abi=landlock_abi, mode=mode, queue_us=queue_us)
+    return msgspec.structs.replace(result, session=session, step=step, session_ended=session_ended)

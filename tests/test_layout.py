@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,12 +185,17 @@ print(json.dumps({"ran": ran, "stepped": stepped, "loaded": loaded, "libseccomp"
 """
 
 
-def test_a_host_application_loads_no_sandbox_module_and_no_libseccomp(tmp_path: Path) -> None:
-    source = f"SANDBOX = {_SANDBOX!r}\n" + _APPLICATION
+def _what_an_application_loads(tmp_path: Path, prelude: str = "") -> dict[str, Any]:
+    source = f"SANDBOX = {_SANDBOX!r}\n{prelude}" + _APPLICATION
     done = subprocess.run([sys.executable, "-c", source, str(tmp_path)], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return seen
+
+
+def test_a_host_application_loads_no_sandbox_module_and_no_libseccomp(tmp_path: Path) -> None:
+    seen = _what_an_application_loads(tmp_path)
     assert seen["ran"].strip() == "42" and seen["stepped"].strip() == "22", seen  # the jobs really ran
     assert seen["loaded"] == [], "the host application loaded the sandbox's internals"
     assert seen["libseccomp"] == [], "the host application loaded libseccomp"
@@ -197,11 +203,7 @@ def test_a_host_application_loads_no_sandbox_module_and_no_libseccomp(tmp_path: 
 
 def test_the_application_check_sees_a_sandbox_module_loaded(tmp_path: Path) -> None:
     # Control: the same reading, in an application that does import the policy, finds it and libseccomp.
-    source = f"SANDBOX = {_SANDBOX!r}\nimport pynox.policy\n" + _APPLICATION
-    done = subprocess.run([sys.executable, "-c", source, str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = _what_an_application_loads(tmp_path, "import pynox.policy\n")
     assert "pynox.policy.seccomp" in seen["loaded"] and "pyseccomp" in seen["loaded"]
     assert seen["libseccomp"], "libseccomp was imported yet not seen in the maps"
 

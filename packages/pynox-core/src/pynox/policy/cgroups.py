@@ -61,6 +61,9 @@ __all__ = ["MAX_JOB_TASKS", "Bounds", "Hierarchy", "MemoryCounter", "TemplateGro
 MAX_JOB_TASKS = 256  # threads of one job, its main thread included
 _REMOVE_WAIT = 2.0  # seconds a cgroup may take to empty after its processes were killed
 _CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant between its mkdir and its use
+# A cgroup being removed answers a mkdir beneath it with ENODEV until the kernel has taken it offline (seen
+# once in some thousand pool starts, under CI's load): like a sweep's removal, the next try finds it gone.
+_RETRY_PAUSE = 0.05
 _SWEEP_WAIT = 0.2  # seconds an emptied directory of a dead pool may stay busy
 _SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
@@ -300,9 +303,11 @@ def _made(hierarchy: Hierarchy, pid: int, name: str) -> str:
                 _write(os.path.join(path, "pids.max"), str(MAX_JOB_TASKS + 1))
             _write(os.path.join(path, "cgroup.procs"), str(pid))
             return path
-        except FileNotFoundError:
-            if attempt == _CONFINE_TRIES - 1:
+        except OSError as exc:
+            if not _transient(exc) or attempt == _CONFINE_TRIES - 1:
+                remove(path)
                 raise
+            time.sleep(_RETRY_PAUSE * attempt)
         except BaseException:
             remove(path)
             raise
@@ -413,6 +418,11 @@ def _young(entry: os.DirEntry[str]) -> bool:
         return False
 
 
+def _transient(exc: OSError) -> bool:
+    """A cgroup that went away (swept) or is going away (ENODEV) between two steps: worth one more try."""
+    return isinstance(exc, FileNotFoundError) or exc.errno == errno.ENODEV
+
+
 def _usable(hierarchy: Hierarchy | None, reason: str) -> tuple[Hierarchy | None, str]:
     """Try it: make this pool's directory and one cgroup in it, with a limit, holding nobody."""
     if hierarchy is None:
@@ -429,8 +439,9 @@ def _usable(hierarchy: Hierarchy | None, reason: str) -> tuple[Hierarchy | None,
         except OSError as exc:
             remove(probe)
             remove(hierarchy.pool_directory())
-            if isinstance(exc, FileNotFoundError) and attempt < _CONFINE_TRIES - 1:
-                continue  # swept by another pool in between
+            if _transient(exc) and attempt < _CONFINE_TRIES - 1:
+                time.sleep(_RETRY_PAUSE * attempt)
+                continue  # swept by another pool in between, or still going offline
             kinds = "/".join(hierarchy.controllers)
             return None, f"cannot create a {kinds} cgroup under {hierarchy.base}: {exc}"
     remove(probe)

@@ -62,7 +62,7 @@ MAX_JOB_TASKS = 256  # threads of one job, its main thread included
 _REMOVE_WAIT = 2.0  # seconds a cgroup may take to empty after its processes were killed
 _CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant between its mkdir and its use
 # A cgroup being removed answers a mkdir beneath it with ENODEV until the kernel has taken it offline (seen
-# once in some thousand pool starts, under CI's load): like a sweep's removal, the next try finds it gone.
+# in CI, where a root pool then started without a memory bound): like a sweep's removal, the next try finds it gone.
 _RETRY_PAUSE = 0.05
 _SWEEP_WAIT = 0.2  # seconds an emptied directory of a dead pool may stay busy
 _SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
@@ -307,7 +307,7 @@ def _made(hierarchy: Hierarchy, pid: int, name: str) -> str:
             if not _transient(exc) or attempt == _CONFINE_TRIES - 1:
                 remove(path)
                 raise
-            time.sleep(_RETRY_PAUSE * attempt)
+            time.sleep(_RETRY_PAUSE * (attempt + 1))
         except BaseException:
             remove(path)
             raise
@@ -440,7 +440,7 @@ def _usable(hierarchy: Hierarchy | None, reason: str) -> tuple[Hierarchy | None,
             remove(probe)
             remove(hierarchy.pool_directory())
             if _transient(exc) and attempt < _CONFINE_TRIES - 1:
-                time.sleep(_RETRY_PAUSE * attempt)
+                time.sleep(_RETRY_PAUSE * (attempt + 1))
                 continue  # swept by another pool in between, or still going offline
             kinds = "/".join(hierarchy.controllers)
             return None, f"cannot create a {kinds} cgroup under {hierarchy.base}: {exc}"

@@ -337,3 +337,21 @@ def test_relative_grants_resolve_where_the_pool_runs_whatever_the_caller_does_la
         assert f"Read files: {home / 'data'} " in (run_python.__doc__ or "")
         assert run_python("print(open('data/orders.csv').read())").strip() == "home"
         assert own.cwd == str(home)
+
+
+def test_the_client_waits_as_long_as_the_ready_event_says_without_reading_the_config(tmp_path: Path) -> None:
+    """A run that names no timeout may get a profile's or the ceiling's: the pool's ready event says the
+    longest, and the client waits that long, even once the config file it started with is gone."""
+    from pynox.protocol import Request
+
+    config = tmp_path / "pynox.toml"
+    config.write_text('[pool.limits]\ntimeout = "15m"\n\n[profiles.slow]\ntimeout = "10m"\n')
+    with Pool(workers=1, config=config) as configured:
+        assert configured.ready["longest_timeout"] == 900.0
+        config.unlink()  # the client must not need it: the pool read it once, at start
+        assert configured._patience(Request(code="1", profile="slow"), 1) >= 900.0
+        assert configured.run("print(1)", profile="slow").stdout == "1\n"
+    # Control: without a config the longest is the pool's default, and so is the wait.
+    with Pool(workers=1) as plain:
+        assert plain.ready["longest_timeout"] == 30.0
+        assert 30.0 <= plain._patience(Request(code="1"), 1) < 900.0

@@ -121,6 +121,18 @@ class Config:
         """The [pool.limits] roots a request's resolved paths must lie beneath: (readable, writable)."""
         return (self.limits.readable, list(self.limits.allow_write)) if self.limits is not None else None
 
+    @property
+    def longest_timeout(self) -> float:
+        """The longest timeout, in seconds, a request that names none may get: the default, a profile's, the
+        ceiling's. The ready event carries it, so that a client knows how long to wait without reading this file."""
+        longest = DEFAULTS.timeout
+        for profile in self.profiles.values():
+            if profile.timeout is not None:
+                longest = max(longest, parse_duration(profile.timeout))
+        if self.limits is not None and self.limits.timeout is not None:
+            longest = max(longest, self.limits.timeout)
+        return longest
+
     def refuse_memory_below(self, floor: int, why: str) -> None:
         """Raise ConfigError, naming the file, table and key, for a memory limit of the ceiling or of a profile
         below ``floor`` (what a job of the started pool needs, ``why``): every job under it would fail."""

@@ -205,6 +205,10 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     # Where the interpreter and its packages live: no write grant may overlap them (a tool checks its
     # grants against them when it is made, rather than at each run).
     runtime_paths: list[str] = []
+    # The longest timeout (seconds) a request that names none may get, from the default, the profiles and the
+    # ceiling: how long a client waits for an answer without reading the pool's config. 0: not said (a
+    # stand-in, an older version); the client then assumes the default.
+    longest_timeout: float = 0.0
 
 
 class StartError(msgspec.Struct):

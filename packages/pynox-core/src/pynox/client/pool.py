@@ -365,7 +365,6 @@ class Pool:
         self._slots = _FairSlots(3 * workers)
         self._process: _Process | None = None
         self._closed = False
-        self._implicit_timeout: float | None = None
         self._host_loop = HostLoop()
         self.ready: dict[str, Any] = {}
         _live_pools.add(self)
@@ -555,23 +554,10 @@ class Pool:
         return rounds * seconds + _ANSWER_MARGIN
 
     def _longest_timeout(self) -> float:
-        """The longest timeout a run that names none may get: the default, a profile's, the ceiling's."""
-        if self._implicit_timeout is None:
-            from ..config import load_config
-
-            longest = _DEFAULT_TIMEOUT
-            try:
-                config = load_config(self.config_path) if self.config_path else None
-            except ConfigError:
-                config = None  # the pool refused to start with it, or will
-            if config is not None:
-                for profile in config.profiles.values():
-                    if profile.timeout is not None:
-                        longest = max(longest, parse_duration(profile.timeout))
-                if config.limits is not None and config.limits.timeout is not None:
-                    longest = max(longest, config.limits.timeout)
-            self._implicit_timeout = longest
-        return self._implicit_timeout
+        """The longest timeout a run that names none may get, as the pool's ready event says (the default, a
+        profile's, the ceiling's); the default where the pool does not say (a stand-in, an older version)."""
+        said = self.ready.get("longest_timeout")
+        return float(said) if isinstance(said, int | float) and said > 0 else _DEFAULT_TIMEOUT
 
     def _wait(self, future: concurrent.futures.Future[Any], message: Request, rounds: int = _ROUNDS) -> Any:
         return self._wait_for(future, self._patience(message, rounds))

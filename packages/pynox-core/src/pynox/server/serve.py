@@ -316,6 +316,7 @@ class Server:
             landlock_abi=ready.landlock_abi,
             backend=BACKEND,
             bounds_not_in_force=cgroups.available().not_in_force(),
+            longest_timeout=self.options.config.longest_timeout,
         )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,

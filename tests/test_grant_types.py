@@ -150,3 +150,17 @@ def test_pynox_mcps_grant_flags_are_the_grants_names() -> None:
                               "--memory", "256m", "--max-output", "1m", "--max-file-size", "1m", "--env", "A=1"])
     assert set(mcp_grants(args)) == flags
     assert flags <= GRANT_NAMES, flags - GRANT_NAMES
+
+
+def test_the_tool_makers_name_a_pool_given_as_a_keyword() -> None:
+    """``pynox.tool`` runs on the default pool and ``Pool.tool`` on its own: a ``pool=`` keyword is refused with
+    what to call instead, not as CodeTool's own parameter given twice."""
+    with pytest.raises(TypeError, match=r"^pynox\.tool\(\) takes no pool: it runs on the default pool; for another "
+                                        r"pool call that pool's \.tool\(\.\.\.\)"):
+        pynox.tool(pool=None)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^pynox\.tool\(\) got an unknown grant 'allow_reed'"):
+        pynox.tool(allow_reed=["data"])  # type: ignore[call-arg]
+    with pynox.Pool(workers=1) as pool:
+        with pytest.raises(TypeError, match=r"^Pool\.tool\(\) takes no pool: it runs on its own"):
+            pool.tool(pool=pool)  # type: ignore[call-arg]
+        assert pool.tool()("print(6 * 7)") == "42"  # the control: the same maker without it

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..grant_types import Grants
+from ..grant_types import Grants, check_grants
 from .code_tool import CodeTool
 from .host_functions import HostErrors
 
@@ -28,6 +28,11 @@ def make_tool(pool: Pool | None, *, profile: str | None, session: bool,
               functions: Mapping[str, HostFunction] | None, grants: Grants,
               host_errors: HostErrors | None = None) -> Callable[[str], str]:
     """Build ``run_python`` on ``pool`` (``None``: the default pool, started on the first call)."""
+    owner = "pynox.tool()" if pool is None else f"{type(pool).__name__}.tool()"
+    if "pool" in grants:  # else CodeTool's own parameter collides: "got multiple values for argument 'pool'"
+        raise TypeError(f"{owner} takes no pool: it runs on {'the default pool' if pool is None else 'its own'}; "
+                        "for another pool call that pool's .tool(...), or pynox.CodeTool(pool, ...)")
+    check_grants(owner, grants)
     tool = CodeTool(pool, profile=profile, session=session, functions=functions, host_errors=host_errors,
                     **grants)
 

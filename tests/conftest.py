@@ -66,7 +66,7 @@ def _no_default_pool_left() -> Iterator[None]:
     # process, it would outlive it and fail every later test that counts the processes below this one.
     # A test that means to use it runs its program in a subprocess, as a user's program would.
     yield
-    client = sys.modules.get("pynox.client.pool")
+    client = sys.modules.get("pynox.client.default")
     if client is not None and client._default is not None:
         client._close_default()
         pytest.fail("this test started Pynox's default pool in the test process (a tool or pool built with "

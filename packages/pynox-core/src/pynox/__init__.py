@@ -88,7 +88,7 @@ def __getattr__(name: str) -> Any:
 def run(code: str | None = None, *, functions: Mapping[str, Callable[..., Any]] | None = None,
         **grants: Unpack[RunGrants]) -> Result:
     """Run code on the default pool (started on first use, closed at exit); see :meth:`Pool.run`."""
-    from .client.pool import default_pool
+    from .client.default import default_pool
 
     return default_pool().run(code, functions=functions, **grants)
 

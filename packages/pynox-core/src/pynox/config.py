@@ -39,7 +39,8 @@ from .units import format_size, parse_duration, parse_size
 
 __all__ = [
     "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Limits", "PoolOptions", "PoolSettings",
-    "landlock_abi_cap", "landlock_abi_from_environment", "load_config", "merged", "metrics_socket", "pool_options",
+    "default_config_path", "landlock_abi_cap", "landlock_abi_from_environment", "load_config", "merged",
+    "metrics_socket", "pool_options",
 ]
 
 _T = TypeVar("_T")
@@ -157,6 +158,14 @@ class Config:
 
 
 EMPTY = Config(path=None)
+
+
+def default_config_path() -> str | None:
+    """``$PYNOX_CONFIG``, else ``pynox.toml`` in the working directory if there is one."""
+    path = os.environ.get("PYNOX_CONFIG")
+    if path:
+        return os.path.abspath(path)
+    return os.path.abspath("pynox.toml") if os.path.isfile("pynox.toml") else None
 
 
 # --- loading ---------------------------------------------------------------------------------------

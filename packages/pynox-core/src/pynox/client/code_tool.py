@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
-from ..config import EMPTY, load_config
+from ..config import EMPTY, default_config_path, load_config
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PynoxError
 from ..grant_types import Grants, check_grants
@@ -33,12 +33,13 @@ from ..names import FUNCTION_RULE, is_function_name
 from ..protocol import Request
 from ..units import format_duration, format_size, parse_duration, parse_size
 from .host_functions import HostErrors, visible_signature
+from .requests import build_request
 
 if TYPE_CHECKING:
     from .pool import Pool, Session
     from .result import Result
 
-__all__ = ["CodeTool", "ToolDescription", "ToolGrants", "default_config_path"]
+__all__ = ["CodeTool", "ToolDescription", "ToolGrants"]
 
 # Failures only the operator can mend (this machine cannot confine code, the config is wrong): they are
 # raised from the tool, as from the pool, never handed to the model, which could only retry in vain.
@@ -94,18 +95,8 @@ class ToolDescription:
                           "Returns:", f"    {self.returns}"])
 
 
-def default_config_path() -> str | None:
-    """``$PYNOX_CONFIG``, else ``pynox.toml`` in the working directory if there is one."""
-    path = os.environ.get("PYNOX_CONFIG")
-    if path:
-        return os.path.abspath(path)
-    return os.path.abspath("pynox.toml") if os.path.isfile("pynox.toml") else None
-
-
 def _effective_request(pool: Pool | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
     """The request ``pool`` (``None``: the default pool) will apply: profile merged, ceiling checked."""
-    from .pool import build_request
-
     config_path = pool.config_path if pool is not None else default_config_path()
     config = load_config(config_path) if config_path else EMPTY
     return config.apply(build_request(profile=profile, **grants), _cwd(pool))
@@ -270,7 +261,7 @@ class CodeTool:
 
     def _target(self) -> Pool:
         if self._pool is None:
-            from .pool import default_pool
+            from .default import default_pool
 
             self._pool = default_pool()
         return self._pool

@@ -24,7 +24,6 @@ whose intake blocked could not read the replies its jobs' host calls wait for.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import concurrent.futures
 import dataclasses
@@ -44,7 +43,16 @@ import msgspec
 
 from ..defaults import DEFAULT_WORKERS
 from ..errors import START_ERRORS, ConfigError, PoolError, RequestError
-from ..grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
+from ..grant_types import (
+    RUN_GRANT_NAMES,
+    SESSION_GRANT_NAMES,
+    Grants,
+    PathLike,
+    RunGrants,
+    SessionGrants,
+    Units,
+    check_grants,
+)
 from ..protocol import (
     MAX_LINE,
     Answer,
@@ -61,12 +69,11 @@ from ..protocol import (
 )
 from ..units import parse_duration
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
+from .requests import build_request
 from .result import Result
 
 __all__ = ["Pool", "PynoxPool", "Session", "pool_command"]
 
-PathLike = str | os.PathLike[str]
-Units = str | int | float
 HostFunction = Callable[..., Any]
 _READY_TIMEOUT = 300.0  # preloading large libraries on a cold machine
 _ANSWER_MARGIN = 30.0  # seconds past the timeouts below before a run gives up on the pool
@@ -112,34 +119,6 @@ def pool_command(binary: PathLike | None) -> list[str]:
     if chosen:
         return [os.fspath(chosen)]
     return [sys.executable, "-m", "pynox"]
-
-
-def _paths(paths: Sequence[PathLike] | None) -> list[str] | None:
-    if paths is None:
-        return None
-    if isinstance(paths, str | os.PathLike):
-        raise TypeError("paths must be a list, e.g. allow_read=['data'], not a single string")
-    return [os.fspath(p) for p in paths]
-
-
-def build_request(code: str | None = None, *, script: PathLike | None = None, name: str | None = None,
-                  args: Sequence[str] | None = None, allow_read: Sequence[PathLike] | None = None,
-                  allow_write: Sequence[PathLike] | None = None, allow_network: bool | None = None,
-                  env: Mapping[str, str] | None = None, timeout: Units | None = None,
-                  memory: Units | None = None, max_output: Units | None = None,
-                  max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
-                  profile: str | None = None, functions: Sequence[str] | None = None,
-                  return_value: bool | None = None, host_globals: str | None = None) -> Request:
-    """A request with only the fields that were given (the pool applies defaults and the ceiling)."""
-    return Request(
-        code=code, script=os.fspath(script) if script is not None else None, name=name,
-        args=list(args) if args is not None else None, allow_read=_paths(allow_read),
-        allow_write=_paths(allow_write), allow_network=allow_network,
-        env=dict(env) if env is not None else None, timeout=timeout, memory=memory,
-        max_output=max_output, max_file_size=max_file_size, package_dirs=_paths(package_dirs),
-        profile=profile, functions=list(functions) if functions else None, return_value=return_value or None,
-        host_globals=host_globals,  # type: ignore[arg-type]  # checked by the pool, with its own words
-    )
 
 
 class _Process:
@@ -834,34 +813,8 @@ _forgotten_in_child: list[_Process] = []
 
 
 def _after_fork_in_child() -> None:
-    global _default_lock
-    _default_lock = threading.Lock()
     for pool in list(_live_pools):
         pool._after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-_default: Pool | None = None
-_default_lock = threading.Lock()
-
-
-def default_pool() -> Pool:
-    """The process-wide pool behind :func:`pynox.run` and :func:`pynox.tool`: started on first use,
-    closed at exit."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            from .code_tool import default_config_path
-
-            _default = Pool(config=default_config_path())
-            atexit.register(_close_default)
-        return _default
-
-
-def _close_default() -> None:
-    global _default
-    with _default_lock:
-        pool, _default = _default, None
-    if pool is not None:
-        pool.close()

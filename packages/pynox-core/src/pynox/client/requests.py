@@ -1,0 +1,41 @@
+"""A request as the client builds it: only the fields its caller gave, checked for shape; the pool applies
+the profile, the defaults and the ceiling (``Config.apply``). One home, for ``Pool``, ``Session`` and the
+tools that check their grants when they are made."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from ..grant_types import PathLike, Units
+from ..protocol import Request
+
+__all__ = ["build_request"]
+
+
+def _paths(paths: Sequence[PathLike] | None) -> list[str] | None:
+    if paths is None:
+        return None
+    if isinstance(paths, str | os.PathLike):
+        raise TypeError("paths must be a list, e.g. allow_read=['data'], not a single string")
+    return [os.fspath(p) for p in paths]
+
+
+def build_request(code: str | None = None, *, script: PathLike | None = None, name: str | None = None,
+                  args: Sequence[str] | None = None, allow_read: Sequence[PathLike] | None = None,
+                  allow_write: Sequence[PathLike] | None = None, allow_network: bool | None = None,
+                  env: Mapping[str, str] | None = None, timeout: Units | None = None,
+                  memory: Units | None = None, max_output: Units | None = None,
+                  max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
+                  profile: str | None = None, functions: Sequence[str] | None = None,
+                  return_value: bool | None = None, host_globals: str | None = None) -> Request:
+    """A request with only the fields that were given (the pool applies defaults and the ceiling)."""
+    return Request(
+        code=code, script=os.fspath(script) if script is not None else None, name=name,
+        args=list(args) if args is not None else None, allow_read=_paths(allow_read),
+        allow_write=_paths(allow_write), allow_network=allow_network,
+        env=dict(env) if env is not None else None, timeout=timeout, memory=memory,
+        max_output=max_output, max_file_size=max_file_size, package_dirs=_paths(package_dirs),
+        profile=profile, functions=list(functions) if functions else None, return_value=return_value or None,
+        host_globals=host_globals,  # type: ignore[arg-type]  # checked by the pool, with its own words
+    )

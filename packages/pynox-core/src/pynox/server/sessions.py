@@ -270,6 +270,10 @@ class Session(threading.Thread):
         assert template is not None and channels is not None
         ended = template.ended_while_idle()
         if ended is not None:
+            # A cancel between this step's start and here killed the idle process itself: the step is
+            # answered as cancelled (by _serve), not as a process that ended on its own while it waited.
+            if step.flight.cancelled:
+                return Outcome(ended=True)
             raise _EndedWhileIdle(_how(ended))
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]  # stdout, stderr, report, in that order
         # The step's time starts before it is sent: a child that stops reading its control channel (a

@@ -9,38 +9,54 @@ made here and in docs/python-api.md.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pynox
+import pynox.transport
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
-ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain")
+ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain",
+            "pynox-ray")
 
 EXPORTS = [
     "CodeTool", "ConfigError", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
-    "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "SandboxSetupError",
-    "Session", "SessionGrants", "ToolDescription", "ToolGrants", "Usage", "__version__", "check_grants",
-    "format_duration", "format_size", "parse_duration", "parse_size", "run", "tool",
+    "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "Runner",
+    "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "ToolDescription", "ToolGrants", "Usage",
+    "__version__", "check_grants", "format_duration", "format_size", "parse_duration", "parse_size", "run", "tool",
 ]
+
+
+# What a pool over another transport builds on (pynox.transport; pynox-ray is one such pool).
+TRANSPORT_EXPORTS = [
+    "HostErrors", "HostLoop", "RUN_GRANT_NAMES", "SESSION_GRANT_NAMES", "STATS_FIELDS", "answer_call", "awaiting_on",
+    "lost_result", "make_tool", "step_functions",
+]
+PUBLIC_MODULES = {"pynox": pynox.__all__, "pynox.transport": pynox.transport.__all__}
 
 
 def test_the_exports_are_pinned() -> None:
     assert sorted(pynox.__all__) == sorted(EXPORTS)
-    for name in pynox.__all__:
-        assert getattr(pynox, name) is not None, name
+    assert sorted(pynox.transport.__all__) == sorted(TRANSPORT_EXPORTS)
+    for module, names in PUBLIC_MODULES.items():
+        for name in names:
+            assert getattr(sys.modules[module], name) is not None, f"{module}.{name}"
 
 
 def _core_imports(source: Path) -> list[str]:
-    """Every use of the core in one file: ``pynox.X`` modules imported, and names imported from ``pynox``."""
+    """Every private use of the core in one file: modules of it imported other than the public ones, and
+    names imported from a public module that it does not export."""
     found = []
     for node in ast.walk(ast.parse(source.read_text(), str(source))):
         if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names if alias.name.startswith("pynox.")]
+            found += [alias.name for alias in node.names
+                      if alias.name.startswith("pynox.") and alias.name not in PUBLIC_MODULES]
         elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
-            if node.module.startswith("pynox."):
+            if node.module in PUBLIC_MODULES:
+                found += [f"{node.module}.{alias.name}" for alias in node.names
+                          if alias.name not in PUBLIC_MODULES[node.module]]
+            elif node.module.startswith("pynox."):
                 found.append(node.module)
-            elif node.module == "pynox":
-                found += [f"pynox.{alias.name}" for alias in node.names if alias.name not in pynox.__all__]
     return found
 
 
@@ -53,5 +69,6 @@ def test_the_adapters_use_only_public_names_of_the_core() -> None:
 
 def test_the_check_sees_a_private_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("import pynox\nfrom pynox.client import default_pool\nfrom pynox import Pool, _LAZY\n")
-    assert _core_imports(sample) == ["pynox.client", "pynox._LAZY"]
+    sample.write_text("import pynox\nfrom pynox.client import default_pool\nfrom pynox import Pool, _LAZY\n"
+                      "from pynox.transport import HostLoop, Report\nimport pynox.transport\n")
+    assert _core_imports(sample) == ["pynox.client", "pynox._LAZY", "pynox.transport.Report"]

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .client.code_tool import CodeTool, ToolDescription, ToolGrants
     from .client.pool import Pool, PynoxPool, Session
     from .client.result import Result, Usage
+    from .client.runner import Runner, SessionRunner
     from .units import format_duration, format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
@@ -50,9 +51,11 @@ __all__ = [
     "RequestError",
     "Result",
     "RunGrants",
+    "Runner",
     "SandboxSetupError",
     "Session",
     "SessionGrants",
+    "SessionRunner",
     "ToolDescription",
     "ToolGrants",
     "Usage",
@@ -69,7 +72,8 @@ __all__ = [
 
 _LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.pool", "Result": "client.result",
          "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
-         "Usage": "client.result", "format_duration": "units", "format_size": "units", "parse_duration": "units",
+         "Usage": "client.result", "Runner": "client.runner", "SessionRunner": "client.runner",
+         "format_duration": "units", "format_size": "units", "parse_duration": "units",
          "parse_size": "units"}
 
 

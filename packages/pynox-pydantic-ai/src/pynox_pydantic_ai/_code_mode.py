@@ -35,7 +35,7 @@ from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, ToolsetTool, 
 from pydantic_core import to_jsonable_python
 
 import pynox
-from pynox import Grants, HostError, Pool, PynoxError, Session, check_grants
+from pynox import Grants, HostError, Pool, PynoxError, SessionRunner, check_grants
 
 from ._toolset import stop_running
 
@@ -108,7 +108,7 @@ class PynoxCodeMode(AbstractCapability[AgentDepsT]):
 class _RunState:
     """What the ``run_code`` calls of one agent run share: their session, and the calls in flight."""
 
-    session: Session | None = None
+    session: SessionRunner | None = None
     names: frozenset[str] = frozenset()  # the host functions the session was started with
     running: set[asyncio.Task[Any]] = field(default_factory=set)
 
@@ -209,7 +209,7 @@ class _CodeModeToolset(WrapperToolset[AgentDepsT]):
 
 
 async def _session_for(state: _RunState, mode: PynoxCodeMode[Any], functions: dict[str, Callable[..., Any]]
-                       ) -> Session:
+                       ) -> SessionRunner:
     """The run's session, started on its first call; a call with other tools selected needs a new process (the
     pool fixes a session's host functions when it starts)."""
     names = frozenset(functions)

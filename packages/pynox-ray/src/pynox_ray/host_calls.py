@@ -4,7 +4,7 @@ A :class:`~pynox_ray.messages.HostCall` from a node is checked and run by the co
 ``answer_call`` (signature binding, strict conversion, the 1 MB result, what an exception may tell the job),
 exactly as a local ``pynox.Pool`` answers one; each call runs on a thread of its own, so a slow function
 holds up neither other calls nor the run's stream. ``async def`` functions are awaited on the caller's loop
-(``arun``) or on the pool's :class:`pynox.client.host_functions.HostLoop` (``run`` from a thread).
+(``arun``) or on the pool's :class:`pynox.transport.HostLoop` (``run`` from a thread).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pynox.client.host_functions import HostErrors, answer_call, awaiting_on
+from pynox.transport import HostErrors, answer_call, awaiting_on
 
 from .messages import HostCall
 

@@ -25,19 +25,24 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, Unpack, cast
+from typing import Any, Literal, Unpack
 
 import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import pynox
-from pynox import CodeTool, ConfigError, PoolError, RequestError, Result
-from pynox.client.host_functions import HostErrors, HostLoop, step_functions
-from pynox.client.model_tool import make_tool
-from pynox.grant_types import RUN_GRANT_NAMES, SESSION_GRANT_NAMES, Grants, RunGrants, SessionGrants, check_grants
-from pynox.protocol import ErrorInfo, SessionResult, StatsEvent
-from pynox.wire.exits import WORKER_ERROR_EXIT
+from pynox import CodeTool, ConfigError, Grants, PoolError, RequestError, Result, RunGrants, SessionGrants, check_grants
+from pynox.transport import (
+    RUN_GRANT_NAMES,
+    SESSION_GRANT_NAMES,
+    STATS_FIELDS,
+    HostErrors,
+    HostLoop,
+    lost_result,
+    make_tool,
+    step_functions,
+)
 
 from .host_calls import answer
 from .messages import Finished, HostCall, Message, Raised, Work
@@ -186,10 +191,7 @@ class RayPool:
         self._nodes.count_lost(node)
         message = (f"the pool on {node.describe()} was lost while this job was in flight ({node.lost}); "
                    "the job may have run, and was not retried")
-        wire = SessionResult(id=work.key, exit=WORKER_ERROR_EXIT, error=ErrorInfo(type="PoolWorkerError",
-                                                                                  message=message),
-                             session=session_name, session_ended=work.session is not None)
-        return Result.from_wire(wire)
+        return lost_result(message, id=work.key, session=session_name, session_ended=work.session is not None)
 
     # -- driving one run ---------------------------------------------------------------------------------
     @contextmanager
@@ -308,8 +310,8 @@ class RayPool:
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
              **grants: Unpack[Grants]) -> Callable[[str], str]:
         """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
-        # CodeTool uses only what a Pool and a RayPool share: run, arun, session, config_path, cwd, ready.
-        run_python = make_tool(cast(pynox.Pool, self), profile=profile, session=session, functions=functions,
+        # A RayPool is a pynox.Runner: run, arun, session, config_path, cwd, ready, as a Pool has them.
+        run_python = make_tool(self, profile=profile, session=session, functions=functions,
                                grants=grants, host_errors=host_errors)
         code_tool: CodeTool = run_python.code_tool  # type: ignore[attr-defined]  # make_tool sets it
         if code_tool.grants.network:  # asked here or by the profile: refused now, not at the model's first call
@@ -391,7 +393,7 @@ _PER_NODE = ("id", "event", "pid", "version")
 def _summed(counters: list[dict[str, Any]]) -> dict[str, Any]:
     """Node pools' stats events as one: every count and gauge added, errors by type merged, histograms added
     bucket by bucket, the longest uptime, draining if any node drains."""
-    totals: dict[str, Any] = {name: 0 for name in StatsEvent.__struct_fields__ if name not in _PER_NODE}
+    totals: dict[str, Any] = {name: 0 for name in STATS_FIELDS if name not in _PER_NODE}
     totals["errors"] = {}
     totals["draining"] = False
     for name in ("duration_seconds", "queue_seconds"):
@@ -489,23 +491,28 @@ class RaySession:
             self._name = result.session or self._name
         return result
 
+    @contextmanager
+    def _stepping(self, code: str, functions: Mapping[str, HostFunction] | None, step: dict[str, Any],
+                  return_value: bool) -> Iterator[tuple[Node, Work, Mapping[str, HostFunction]]]:
+        """One step, while it runs: its node, its work, its host functions (the pool counts it active)."""
+        callables = self._step_functions(code, functions)
+        with self.pool._running():
+            node, work = self._prepare(code, step, return_value)
+            yield node, work, callables
+
     def run(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
             timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,
             functions: Mapping[str, HostFunction] | None = None) -> Result:
-        callables = self._step_functions(code, functions)
-        with self.pool._running():
-            node, work = self._prepare(code, _step(name=name, args=args, timeout=timeout, max_output=max_output),
-                                       return_value)
+        step = _step(name=name, args=args, timeout=timeout, max_output=max_output)
+        with self._stepping(code, functions, step, return_value) as (node, work, callables):
             result = self.pool._drive(node, work, callables, self.host_errors or self.pool.host_errors, self._name)
         return self._after(result)
 
     async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
                    timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,
                    functions: Mapping[str, HostFunction] | None = None) -> Result:
-        callables = self._step_functions(code, functions)
-        with self.pool._running():
-            node, work = self._prepare(code, _step(name=name, args=args, timeout=timeout, max_output=max_output),
-                                       return_value)
+        step = _step(name=name, args=args, timeout=timeout, max_output=max_output)
+        with self._stepping(code, functions, step, return_value) as (node, work, callables):
             try:
                 result = await self.pool._adrive(node, work, callables, self.host_errors or self.pool.host_errors,
                                                  self._name)

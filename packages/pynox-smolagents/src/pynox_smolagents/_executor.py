@@ -164,7 +164,7 @@ class PynoxExecutor(PythonExecutor):
         self._tools: dict[str, Callable[..., Any]] = {}
         self._variables: dict[str, Any] = {}  # as they will cross: JSON values with type markers
         self._variables_pending = False
-        self._session: pynox.Session | None = None
+        self._session: pynox.SessionRunner | None = None
         self._session_names: frozenset[str] = frozenset()
         self._step_lock = threading.Lock()
         # The step's host calls run on threads of their own (up to 8 at once): what they may still do is
@@ -315,7 +315,7 @@ class PynoxExecutor(PythonExecutor):
             logger.warning("%d tool calls of the step were still running %s s after it ended; their results "
                            "are not used", self._gate.in_flight, timeout)
 
-    def _ready_session(self) -> pynox.Session:
+    def _ready_session(self) -> pynox.SessionRunner:
         if self._session is None:
             pool = self.pool if self.pool is not None else self._grants_checked.pool
             # smolagents' own executor shows the model a tool's exception text: so does this one, by
@@ -326,7 +326,7 @@ class PynoxExecutor(PythonExecutor):
             self._setup(self._session)
         return self._session
 
-    def _setup(self, session: pynox.Session) -> None:
+    def _setup(self, session: pynox.SessionRunner) -> None:
         """Bind the tools and the variables in the session's globals (a new process has neither)."""
         variables = json.dumps(self._variables)
         if len(variables) > _MAX_VARIABLES:

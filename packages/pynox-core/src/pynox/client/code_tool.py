@@ -34,9 +34,10 @@ from ..protocol import Request
 from ..units import format_duration, format_size, parse_duration, parse_size
 from .host_functions import HostErrors, visible_signature
 from .requests import build_request
+from .runner import Runner, SessionRunner
 
 if TYPE_CHECKING:
-    from .pool import Pool, Session
+    from .pool import Session
     from .result import Result
 
 __all__ = ["CodeTool", "ToolDescription", "ToolGrants"]
@@ -95,19 +96,19 @@ class ToolDescription:
                           "Returns:", f"    {self.returns}"])
 
 
-def _effective_request(pool: Pool | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
+def _effective_request(pool: Runner | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
     """The request ``pool`` (``None``: the default pool) will apply: profile merged, ceiling checked."""
     config_path = pool.config_path if pool is not None else default_config_path()
     config = load_config(config_path) if config_path else EMPTY
     return config.apply(build_request(profile=profile, **grants), _cwd(pool))
 
 
-def _cwd(pool: Pool | None) -> str:
+def _cwd(pool: Runner | None) -> str:
     """Where ``pool`` resolves relative grants (its process's directory; the default pool starts here)."""
     return pool.cwd if pool is not None else os.getcwd()
 
 
-def _tool_grants(request: Request, pool: Pool | None) -> ToolGrants:
+def _tool_grants(request: Request, pool: Runner | None) -> ToolGrants:
     cwd = _cwd(pool)
     write = tuple(resolve_path(p, cwd, "allow_write") for p in request.allow_write or ())
     # The pool's own rule, now rather than at each run, where the model would get a refusal it cannot mend.
@@ -193,7 +194,7 @@ class CodeTool:
     :class:`pynox.RequestError` (or ``ConfigError``) for a grant or profile the pool would refuse.
     """
 
-    def __init__(self, pool: Pool | None = None, *, profile: str | None = None, session: bool | Session = False,
+    def __init__(self, pool: Runner | None = None, *, profile: str | None = None, session: bool | Session = False,
                  functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
                  session_scope: str | None = None, host_globals: Literal["call", "await"] | None = None,
                  **grants: Unpack[Grants]) -> None:
@@ -224,7 +225,7 @@ class CodeTool:
         self._host_globals = host_globals
         self._grants = {**requested, **({"profile": profile} if profile else {})}
         self.owns_session = session is True
-        self._session: Session | None = session if isinstance(session, Session) else None
+        self._session: SessionRunner | None = session if isinstance(session, Session) else None
 
     @property
     def doc(self) -> str:
@@ -255,11 +256,11 @@ class CodeTool:
         return fresh
 
     @property
-    def pool(self) -> Pool:
+    def pool(self) -> Runner:
         """The pool calls run on (the default pool is started here, on first use)."""
         return self._target()
 
-    def _target(self) -> Pool:
+    def _target(self) -> Runner:
         if self._pool is None:
             from .default import default_pool
 
@@ -267,7 +268,7 @@ class CodeTool:
         return self._pool
 
     def _call(self, timeout: float | None, env: Mapping[str, str] | None, fresh: bool,
-              functions: Mapping[str, HostFunction] | None = None) -> tuple[Session | None, dict[str, Any]]:
+              functions: Mapping[str, HostFunction] | None = None) -> tuple[SessionRunner | None, dict[str, Any]]:
         """Where a call runs (its session, or None for a fresh process) and the keywords of its run."""
         if functions is not None:
             unknown = sorted(set(functions) - set(self._functions or ()))

@@ -10,21 +10,19 @@ host when the tool is made; the model can only ask for more.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..grant_types import Grants, check_grants
 from .code_tool import CodeTool
 from .host_functions import HostErrors
-
-if TYPE_CHECKING:
-    from .pool import Pool
+from .runner import Runner
 
 __all__ = ["make_tool"]
 
 HostFunction = Callable[..., Any]
 
 
-def make_tool(pool: Pool | None, *, profile: str | None, session: bool,
+def make_tool(pool: Runner | None, *, profile: str | None, session: bool,
               functions: Mapping[str, HostFunction] | None, grants: Grants,
               host_errors: HostErrors | None = None) -> Callable[[str], str]:
     """Build ``run_python`` on ``pool`` (``None``: the default pool, started on the first call)."""

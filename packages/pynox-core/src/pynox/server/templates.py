@@ -11,7 +11,6 @@ race, and the job cannot ignore it.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 import select
@@ -64,6 +63,7 @@ from .figures import matplotlib_setup
 from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
 from .outcome import Outcome
+from .prepared import Key, PreparedChild, PreparedChildren
 from .report import JobWord, read_report
 from .steward import StewardLife, StewardPhase
 from .usage import live_usage, proc_text
@@ -83,12 +83,8 @@ _CONTINUE_EVERY = 10_000_000  # ns between two SIGCONTs to a child whose exit st
 # Hardware tuning the host may need for BLAS on this processor (see the env notes); not secrets.
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 # Jobs whose grants a template may still prepare a child from: the last two sent (one running, one ahead).
-_KEYS_KEPT = 2
 CallSink = Callable[[Outbox], JobCalls]
 Handler = Callable[["_Serving"], None]
-# What a prepared child is matched by: its job's confinement, encoded, and what its grants and working
-# directory name (device, inode).
-Key = tuple[bytes, tuple[tuple[int, int], ...]]
 
 
 def _close_quietly(fd: int) -> None:
@@ -145,24 +141,6 @@ def template_environment() -> dict[str, str]:
         env[name] = "1"
     env.update({name: os.environ[name] for name in _PASSTHROUGH if name in os.environ})
     return env
-
-
-@dataclass
-class _PreparedChild:
-    """A child the template confined ahead of the next job (see template.py), which the server hands that
-    job itself if it matches ``key``: its pidfd, and the server's end of its control socket, on which its
-    seccomp listener is waiting."""
-
-    serial: int
-    pid: int
-    pidfd: int
-    control: socket.socket
-    key: Key | None
-
-    def close(self) -> None:
-        """Closing the control socket ends the child if it is still waiting (it reads EOF)."""
-        self.control.close()
-        _close_quietly(self.pidfd)
 
 
 @dataclass
@@ -250,14 +228,9 @@ class Template:
         # The child's delegated metadata calls (see steward.py): from the socket its listener arrives on,
         # with the job's write grants and its uid and gid, to the steward answering them.
         self._steward: StewardLife | None = None
-        # The child confined ahead of the next job, once the template announced it; the jobs it may have
-        # been prepared from (by the number sent with them); whether the template is preparing one now;
-        # children given up whose end the template has still to report.
-        self.prepared: _PreparedChild | None = None
-        self._keys: dict[int, Key] = {}
-        self._jobs = itertools.count(1)
-        self._prepare_due = False
-        self._released: set[int] = set()
+        # The children the template confines ahead of the next job (see prepared.py), and the serial of
+        # the child serving the current job, whose Ended frame is its own.
+        self.prepared = PreparedChildren()
         self._child_serial: int | None = None
         bounds = cgroups.available()
         try:
@@ -306,9 +279,7 @@ class Template:
         # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
         self._close_metadata()
         self.child.abandon()
-        if self.prepared is not None:
-            self.prepared.close()
-            self.prepared = None
+        self.prepared.close()
         if self.cgroups is not None:
             # Its children die with it (parent-death signal); what is still exiting is removed at exit.
             self.cgroups.close(wait=0.5)
@@ -375,11 +346,7 @@ class Template:
                 own[METADATA] = job_metadata.fileno()
                 # The steward keeps the write grants' descriptors: the files it may change are found from them.
                 self._steward = StewardLife(metadata, writes, *_job_ids(confinement))
-                job = next(self._jobs)
-                if key is not None:  # the template prepares the next child from this job's grants
-                    self._keys[job] = key
-                    while len(self._keys) > _KEYS_KEPT:
-                        del self._keys[next(iter(self._keys))]
+                job = self.prepared.job(key)  # the template prepares the next child from this job's grants
                 order = sent_with_job(confinement.host_channel, confinement.session)
                 send_frame(self.sock, Fork(job=job, confinement=confinement),
                            [*(own[target] for target in order), *granted])
@@ -413,24 +380,22 @@ class Template:
                           confinement: Confinement) -> bool:
         """Give the job to the child prepared ahead, if its confinement and grants are the job's; a child
         that does not match is discarded. False: the job goes to the template, to fork a child of its own."""
-        prepared = self.prepared
+        prepared, mismatched = self.prepared.take(key)
+        if mismatched is not None:
+            self._discard(mismatched)
         if prepared is None:
-            return False
-        self.prepared = None
-        if prepared.key is None or prepared.key != key:
-            self._discard(prepared)
             return False
         # A killed process keeps its sockets open while its memory is torn down (milliseconds): a job handed
         # to a child being killed, or to the child of a template being killed, would begin, then die. To the
         # template instead, it is never read, so it is taken back and retried (see run).
         if _dying(prepared.pid) or _dying(self.process.pid):
-            self._release(prepared)
+            self.prepared.release(prepared)
             return False
         try:
             send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(
                 confinement.host_channel)])
         except OSError:  # it died while it waited (killed from outside): the template reports its end
-            self._release(prepared)
+            self.prepared.release(prepared)
             return False
         self._child_serial = prepared.serial
         self.child.started(prepared.pidfd, prepared.pid)
@@ -438,14 +403,9 @@ class Template:
         self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement))
         return True
 
-    def _release(self, prepared: _PreparedChild) -> None:
-        """Give a prepared child up: its end, which the template reports, is then expected and passed over."""
-        self._released.add(prepared.serial)
-        prepared.close()
-
-    def _discard(self, prepared: _PreparedChild) -> None:
-        """Have the template kill a prepared child that will get no job (and prepare none from it)."""
-        self._release(prepared)
+    def _discard(self, prepared: PreparedChild) -> None:
+        """Have the template kill a prepared child given up (released), which will get no job (and prepare
+        none from it)."""
         try:
             send_frame(self.sock, Discard(serial=prepared.serial))
         except OSError:
@@ -715,9 +675,9 @@ class Template:
         preparing now, whose frame is due in the time of a fork; one that died while it waited)."""
         deadline = time.monotonic() + _KILL_GRACE
         while True:
-            wait = max(deadline - time.monotonic(), 0) if self._prepare_due else 0
+            wait = max(deadline - time.monotonic(), 0) if self.prepared.due else 0
             if not select.select([self.sock], [], [], wait)[0]:
-                if self._prepare_due:
+                if self.prepared.due:
                     self.broken = True
                     raise PoolWorkerError("the template did not prepare its next child in time", started=False)
                 return
@@ -794,39 +754,24 @@ class Template:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Prepared) and len(fds) == 2:
-            self._on_prepared(frame, fds[0], fds[1])
+            # At most one waits: the newer one is for the latest job; one whose job was forgotten waits for none.
+            for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],
+                                                  socket.socket(fileno=fds[1])):
+                self._discard(given_up)
             return False
         if isinstance(frame, Ended):
             if frame.prepares:
-                self._prepare_due = True
+                self.prepared.announced()
             if frame.serial == self._child_serial:
                 self._child_serial = None
                 self.child.reaped(frame)
                 return True
-            if self.prepared is not None and frame.serial == self.prepared.serial:  # died while it waited
-                self.prepared.close()
-                self.prepared = None
-                return False
-            if frame.serial in self._released:
-                self._released.discard(frame.serial)
+            if self.prepared.ended(frame.serial):  # died while it waited, or given up before
                 return False
         for fd in fds:
             os.close(fd)
         self.broken = True
         raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
-
-    def _on_prepared(self, frame: Prepared, pidfd: int, control: int) -> None:
-        """The template confined a child ahead: keep it for the next job, if its job's key is known."""
-        self._prepare_due = False
-        prepared = _PreparedChild(frame.serial, frame.pid, pidfd, socket.socket(fileno=control),
-                                  self._keys.get(frame.job))
-        if self.prepared is not None:  # at most one waits: the newer one is for the latest job
-            self._discard(self.prepared)
-        self.prepared = None
-        if prepared.key is None:
-            self._discard(prepared)
-        else:
-            self.prepared = prepared
 
     def _start_steward(self, sel: selectors.BaseSelector) -> None:
         """Answer the child's metadata calls once its listener is here."""

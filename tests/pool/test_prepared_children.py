@@ -1,0 +1,133 @@
+"""The prepared children's table of moves, directly: which child takes a job, which are given up, whose end is
+passed over, and what the server refuses as a template's error."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from pynox.errors import PoolWorkerError
+from pynox.server.prepared import KEYS_KEPT, Key, PreparedChildren, PreparedState
+
+pytestmark = pytest.mark.pure
+
+A: Key = (b"confinement a", ((1, 2),))
+B: Key = (b"confinement b", ((1, 3),))
+
+
+@pytest.fixture
+def peers() -> Iterator[list[socket.socket]]:
+    """Both ends of the control sockets handed to the table, the child's first: EOF on the child's end means
+    its child would exit. The server's end of a child handed a job is the job's, not the table's, to close."""
+    ends: list[socket.socket] = []
+    yield ends
+    for end in ends:
+        end.close()
+
+
+def _arrive(children: PreparedChildren, serial: int, job: int, peers: list[socket.socket]) -> list[int]:
+    ours, theirs = socket.socketpair()
+    peers += [theirs, ours]
+    pidfd = os.open("/dev/null", os.O_RDONLY)  # stands in for the pidfd: the table only closes it
+    return [child.serial for child in children.arrived(serial, job, 1000 + serial, pidfd, ours)]
+
+
+def _closed(sock: socket.socket) -> bool:
+    return sock.fileno() == -1
+
+
+def test_a_child_prepared_from_a_job_takes_the_next_job_of_the_same_key(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    job = children.job(A)
+    children.announced()
+    assert children.due
+    assert _arrive(children, serial=7, job=job, peers=peers) == []
+    assert not children.due
+    child, discard = children.take(A)
+    assert child is not None and child.serial == 7 and discard is None
+    assert child.state is PreparedState.HANDED and children.waiting is None
+    assert not _closed(child.control)  # it is the job's child now: the server keeps its control socket
+    assert children.take(A) == (None, None)  # one child, one job
+
+
+def test_a_job_of_another_key_gives_the_waiting_child_up(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    _arrive(children, serial=7, job=children.job(A), peers=peers)
+    child, discard = children.take(B)
+    assert child is None and discard is not None and discard.serial == 7
+    assert discard.state is PreparedState.RELEASED and _closed(discard.control)
+    assert children.ended(7) is True  # its end is expected, and passed over
+    assert discard.state is PreparedState.GONE
+    assert children.ended(7) is False  # once
+
+
+def test_a_newer_child_replaces_the_waiting_one(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    first, second = children.job(A), children.job(A)
+    _arrive(children, serial=7, job=first, peers=peers)
+    assert _arrive(children, serial=8, job=second, peers=peers) == [7]
+    child, _ = children.take(A)
+    assert child is not None and child.serial == 8
+
+
+def test_a_child_whose_job_was_forgotten_waits_for_none(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    old = children.job(A)
+    for _ in range(KEYS_KEPT):
+        children.job(A)
+    assert _arrive(children, serial=7, job=old, peers=peers) == [7]
+    assert children.waiting is None and children.take(A) == (None, None)
+    unkeyed = children.job(None)  # a job whose working directory was gone: nothing is prepared for it
+    assert _arrive(children, serial=9, job=unkeyed, peers=peers) == [9]
+
+
+def test_a_child_that_died_while_it_waited_is_forgotten(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    _arrive(children, serial=7, job=children.job(A), peers=peers)
+    waiting = children.waiting
+    assert waiting is not None
+    assert children.ended(7) is True
+    assert children.waiting is None and waiting.state is PreparedState.GONE and _closed(waiting.control)
+    assert children.take(A) == (None, None)
+
+
+def test_a_child_handed_a_job_it_could_not_take_is_given_up(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    _arrive(children, serial=7, job=children.job(A), peers=peers)
+    child, _ = children.take(A)
+    assert child is not None
+    children.release(child)  # dying, or the hand-over failed: the job goes to a fork instead
+    assert child.state is PreparedState.RELEASED and _closed(child.control)
+    assert children.ended(7) is True
+
+
+def test_an_end_of_a_child_nobody_knows_is_not_passed_over(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    assert children.ended(3) is False  # the template's error: the caller refuses the frame
+    _arrive(children, serial=7, job=children.job(A), peers=peers)
+    child, _ = children.take(A)
+    assert child is not None
+    assert children.ended(7) is False  # handed a job: its end is the job's child's, not the table's
+
+
+def test_moves_off_the_table_are_refused(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    _arrive(children, serial=7, job=children.job(A), peers=peers)
+    waiting = children.waiting
+    assert waiting is not None
+    children.ended(7)
+    with pytest.raises(PoolWorkerError, match="gone -> released"):
+        children.release(waiting)  # a child already reaped cannot be given up
+    with pytest.raises(PoolWorkerError, match="gone -> handed"):
+        waiting.move(PreparedState.HANDED)
+
+
+def test_closing_ends_the_waiting_child(peers: list[socket.socket]) -> None:
+    children = PreparedChildren()
+    _arrive(children, serial=7, job=children.job(A), peers=peers)
+    children.close()
+    assert peers[0].recv(1) == b""  # EOF on its control socket: a waiting child exits on it
+    assert children.waiting is None

@@ -19,9 +19,9 @@ deep, carries a value that is not plain JSON, or is too large) is a
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
-import queue
 import socket
 import threading
 import time
@@ -138,63 +138,80 @@ class CallRegistry:
 
 
 class Outbox:
-    """Answers on their way to the job at the other end of one channel, written by a thread of their own.
+    """Answers on their way to the job at the other end of one channel, written without ever blocking.
 
     The outbox belongs to the channel, not to one job's calls: a session's steps share their channel,
-    and two writers would interleave their frames. Nobody ever waits for it: a job that stops reading
-    blocks only this thread, never intake (delivering the client's replies) nor the job's worker (whose
-    loop enforces the deadline and answers forged calls). The worker judges it instead: answers that
-    wait beyond :data:`_OUTBOX_LIMIT`, or that the job has not taken for :data:`_STALL` while it ran,
-    condemn the job (:attr:`violation`); :attr:`wakeup` becomes readable when answers start to wait, so
-    that a worker asleep until the deadline looks again. Closing never waits either: the channel is shut down, which
-    ends a write in progress at once, and the thread closes its own copy of the descriptor when it ends,
-    so its writes can never reach a descriptor number reused since."""
+    and two writers would interleave their frames. Nobody ever waits for it, and no thread is started
+    for it: an answer is written at once, by whoever queued it (intake, for the client's replies),
+    as far as the socket's buffer takes it without blocking, which for an honest job is all of it (it
+    reads each answer as it comes). What the buffer does not take waits here, and the job's worker
+    writes it as the channel becomes writable (:meth:`wants_to_write`, :meth:`flush`); :attr:`wakeup`
+    becomes readable when answers start to wait, so that a worker asleep until the deadline looks again.
+    A job that stops reading so blocks nobody: not intake (delivering every job's replies), nor its
+    worker (whose loop enforces the deadline and answers forged calls). The worker judges it instead:
+    answers that wait beyond :data:`_OUTBOX_LIMIT`, or that the job has not taken for :data:`_STALL`
+    while it ran, condemn the job (:attr:`violation`). Every write is made under the lock and only
+    while the outbox is open, so none can reach a descriptor number reused after :meth:`close`."""
 
     def __init__(self, channel: socket.socket) -> None:
         self.channel = channel
-        channel.setblocking(True)  # the worker reads it only once it is readable; the sender may block
+        channel.setblocking(True)  # the worker reads it only once it is readable; writes say MSG_DONTWAIT
         self.violation: str | None = None
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._bytes = 0  # queued and not yet taken by the job
-        self._since: int | None = None  # monotonic ns: since when queued answers wait with no progress
-        self._sender: threading.Thread | None = None
+        self._waiting: collections.deque[memoryview] = collections.deque()  # what the socket has not taken
+        self._bytes = 0  # waiting, not yet taken by the job
+        self._since: int | None = None  # monotonic ns: since when answers wait with no progress
         self._closed = False
         # Replies are queued by intake, while the worker may sleep until the deadline.
         self.wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     def put(self, frame: bytes) -> None:
-        """Queue one answer frame; never blocks."""
+        """Send one answer frame, or as much of it as the socket takes now, and keep the rest; never blocks."""
         with self._lock:
             if self.violation is not None or self._closed:
                 return
             if self._bytes + len(frame) > _OUTBOX_LIMIT:
                 self._condemn("the job does not read the answers to its host calls")
                 return
-            if not self._bytes:
-                self._since = time.monotonic_ns()
-                os.eventfd_write(self.wakeup, 1)
+            was_waiting = bool(self._bytes)
+            self._waiting.append(memoryview(frame))
             self._bytes += len(frame)
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send_queued, args=(self.channel.dup(),),
-                                                name="pynox-host-answers", daemon=True)
-                self._sender.start()
-        self._queue.put(frame)
+            self._write()
+            if self._bytes and not was_waiting:
+                self._since = time.monotonic_ns()
+                os.eventfd_write(self.wakeup, 1)  # the worker now watches for the channel to take the rest
 
-    def _send_queued(self, sock: socket.socket) -> None:
+    def _write(self) -> None:
+        """With the lock held: write what waits, in order, until the socket would block."""
         try:
-            while (frame := self._queue.get()) is not None:
-                view = memoryview(frame)
-                while view:
-                    sent = sock.send(view)  # blocks while the job does not read; shutdown ends it
-                    view = view[sent:]
-                    with self._lock:
-                        self._bytes -= sent
-                        self._since = time.monotonic_ns() if self._bytes else None
-        except OSError:
-            return  # shut down (the job ended, or was condemned) or the job is gone: its result says how
+            while self._waiting:
+                view = self._waiting[0]
+                sent = self.channel.send(view, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                self._bytes -= sent
+                self._since = time.monotonic_ns()
+                if sent < len(view):
+                    self._waiting[0] = view[sent:]
+                    return
+                self._waiting.popleft()
+        except BlockingIOError:
+            return
+        except OSError:  # shut down (the job ended, or was condemned) or the job is gone: its result says how
+            self._waiting.clear()
+            self._bytes = 0
         finally:
-            sock.close()
+            if not self._bytes:
+                self._since = None
+
+    def wants_to_write(self) -> bool:
+        """Whether answers wait for the channel to become writable (the worker then watches for it)."""
+        with self._lock:
+            return bool(self._bytes) and not self._closed
+
+    def flush(self) -> None:
+        """The worker saw the channel writable: write what waits, as far as it goes without blocking."""
+        with self._lock:
+            if not self._closed:
+                self._write()
 
     def judge(self, now: int) -> str | None:
         """The worker's check while the job runs: condemn a job that has not taken its answers for
@@ -220,6 +237,8 @@ class Outbox:
         anything but this (the job's deadline): shutting the channel down makes it readable, at EOF."""
         if self.violation is None:
             self.violation = reason
+        self._waiting.clear()
+        self._bytes, self._since = 0, None
         self._shut_down()
 
     def _shut_down(self) -> None:
@@ -237,16 +256,16 @@ class Outbox:
             pass
 
     def close(self) -> None:
-        """The channel's job is over: what waits is dropped, and the channel is closed. Returns at once (the
-        sender writes only on its own copy, which the shutdown has made useless)."""
+        """The channel's job is over: what waits is dropped, and the channel is closed. Returns at once."""
         with self._lock:
             if self._closed:
                 return
             self._shut_down()
             self._closed = True
+            self._waiting.clear()
+            self._bytes, self._since = 0, None
             os.close(self.wakeup)
-        self._queue.put(None)
-        self.channel.close()
+            self.channel.close()
 
 
 class JobCalls:

@@ -187,6 +187,9 @@ class _Serving:
     word: JobWord | None = None
     word_read: bool = False
     claimed: bool = False  # the pool holds the job's claim (a job, or a session's first step)
+    # What the loop watches the host-call channel for: EVENT_READ, with EVENT_WRITE while answers wait for
+    # it to take them (see Outbox); 0 once it is no longer watched.
+    channel_events: int = 0
 
     def read_word(self) -> JobWord | None:
         if not self.word_read:
@@ -482,8 +485,10 @@ class Template:
         if self.child.state is not ChildState.ENDED:
             sel.register(self.sock, selectors.EVENT_READ, self._on_template)
         if serving.job_calls is not None:
-            sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_call)
+            serving.channel_events = selectors.EVENT_READ
+            sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_channel)
             sel.register(serving.job_calls.outbox.wakeup, selectors.EVENT_READ, self._on_answers_waiting)
+            self._watch_writes(serving)  # a session's answers may wait from its last step
         if self._steward is not None and self._steward.sock is not None:
             sel.register(self._steward.sock, selectors.EVENT_READ, self._on_listener)
         if self._steward is not None and self._steward.steward is not None:  # a session's, from its first step
@@ -715,27 +720,50 @@ class Template:
         if not self._steward.answer():
             serving.sel.unregister(listener)
 
-    @staticmethod
-    def _on_answers_waiting(serving: _Serving) -> None:
+    def _on_answers_waiting(self, serving: _Serving) -> None:
         assert serving.job_calls is not None
         serving.job_calls.outbox.woken()  # the next _enforce sees when they condemn the job
+        self._watch_writes(serving)
 
-    def _on_host_call(self, serving: _Serving) -> None:
+    @staticmethod
+    def _watch_writes(serving: _Serving) -> None:
+        """Watch the channel for writability exactly while answers wait for it (a writable socket would
+        otherwise wake the loop at once, every time)."""
+        job_calls = serving.job_calls
+        if job_calls is None or not serving.channel_events:
+            return
+        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if job_calls.outbox.wants_to_write() else 0)
+        if wanted != serving.channel_events:
+            serving.sel.modify(job_calls.channel, wanted, serving.sel.get_key(job_calls.channel).data)
+            serving.channel_events = wanted
+
+    def _on_host_channel(self, serving: _Serving) -> None:
+        """The channel is readable (calls), or writable while answers wait: one handler, as poll keys one
+        registration per descriptor; neither the write nor the read blocks."""
         job_calls = serving.job_calls
         assert job_calls is not None
+        if serving.channel_events & selectors.EVENT_WRITE:
+            job_calls.outbox.flush()
         try:
-            chunk = job_calls.channel.recv(_READ_CHUNK)
+            chunk: bytes | None = job_calls.channel.recv(_READ_CHUNK, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            chunk = None  # woken to write only
         except OSError:
             chunk = b""
-        if not chunk:
+        if chunk == b"":
             serving.sel.unregister(job_calls.channel)
+            serving.channel_events = 0
             return
-        try:
-            job_calls.readable(chunk)
-        except ProtocolViolation as exc:
-            job_calls.violation = serving.outcome.protocol_violation = str(exc)
-            serving.sel.unregister(job_calls.channel)
-            self.child.kill()
+        if chunk is not None:
+            try:
+                job_calls.readable(chunk)
+            except ProtocolViolation as exc:
+                job_calls.violation = serving.outcome.protocol_violation = str(exc)
+                serving.sel.unregister(job_calls.channel)
+                serving.channel_events = 0
+                self.child.kill()
+                return
+        self._watch_writes(serving)
 
     def _receive(self, outcome: Outcome) -> bool:
         """Handle one frame from the template; True once the child has ended."""

@@ -14,13 +14,14 @@ from __future__ import annotations
 import atexit
 import fcntl
 import os
+import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
-from ..policy.privileges import set_process_name
+from ..policy.privileges import set_parent_death_signal, set_process_name
 from ..wire.descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, RULESET, STAGING, STDERR, STDOUT
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.payload import claim, read_payload
@@ -78,6 +79,15 @@ def _be_first_to_be_killed(setup: Setup) -> None:
     first_to_be_killed()
 
 
+def _die_with_the_template(setup: Setup) -> None:
+    set_parent_death_signal(signal.SIGKILL)
+    # Asked after the fork: a template that died before the ask sends no signal, and its child would go on
+    # (reparented, holding the template's socket until it arranges its descriptors) without a template.
+    # Nobody is left to report to, nor to hand a job: the server saw the template end and takes its job back.
+    if os.getppid() != setup.runtime.pid:
+        os._exit(SETUP_FAILED_EXIT)
+
+
 def _name(setup: Setup) -> None:
     set_process_name("pynox-ready" if setup.prepared else "pynox-session" if setup.confinement.session
                      else "pynox-job")
@@ -133,6 +143,9 @@ CONFINE: tuple[Step, ...] = (
     # Before the child allocates anything: from here on an OOM kill in the template's cgroup takes the
     # child, never the template.
     Step("be the first to be killed", _be_first_to_be_killed),
+    # From here on the child dies with its template, as the policy makes it again after any change of
+    # credentials (which clears it): a job never outlives the process that forked it.
+    Step("die with the template", _die_with_the_template),
     # Operators tell from ps which children wait for a job and which serve one.
     Step("name the process", _name),
     # Out of the template's session and process group: no controlling terminal to type into (TIOCSTI), and

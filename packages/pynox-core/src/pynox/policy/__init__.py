@@ -43,6 +43,9 @@ class Runtime:
     network_rules: RuntimeRules
     # Private writable memory the template already holds, which every child inherits.
     data_bytes: int
+    # The template's own pid: its children are forked by this process, and check that it is still their
+    # parent once they have asked to die with it (see job/setup.py).
+    pid: int
 
     @property
     def memory_floor(self) -> int:
@@ -72,7 +75,7 @@ def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ..
     network_rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
     drop_bounding_set()
     return Runtime(abi, kernel_abi, read_paths, filters, OwnProcessFilter.build(), rules, network_rules,
-                   private_data_bytes())
+                   private_data_bytes(), os.getpid())
 
 
 class RuntimeRules:

@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from host_calls import _cpu_ticks, _pool_cpu  # type: ignore[import-not-found]  # run from bench/
+from host_calls import _cpu_ticks, _pool_cpu, emit  # type: ignore[import-not-found]  # run from bench/
 from latency import PoolDriver, check_ok, summary  # type: ignore[import-not-found]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -174,11 +174,7 @@ def main() -> int:
     per_job = {name: round(statistics.median(values), 2) for name, values in cpu.items()}
     results["print(1) CPU ms per job, all processes"] = {
         **per_job, "pool / floor": round(per_job["pool"] / per_job["floor"], 2) if per_job["floor"] else None}
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as out:
-            out.write(text + "\n")
+    emit(results, args.json)
     return 0
 
 

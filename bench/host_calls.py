@@ -60,6 +60,15 @@ def _pool_cpu(pid: int) -> int:
     return ticks
 
 
+def emit(results: dict[str, Any], path: str | None) -> None:
+    """Print the figures, and write them to ``path`` too if one was given (--json)."""
+    text = json.dumps(results, indent=2)
+    print(text)
+    if path:
+        with open(path, "w") as out:
+            out.write(text + "\n")
+
+
 def socket_round_trip(runs: int, pause: float) -> dict[str, float]:
     """One byte there and back over a unix socketpair, between this process and a forked echo."""
     ours, theirs = socket.socketpair()
@@ -147,11 +156,7 @@ def main() -> int:
     }
     for pool in pools.values():
         pool.close()
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as out:
-            out.write(text + "\n")
+    emit(results, args.json)
     return 0
 
 

@@ -81,9 +81,10 @@ def _be_first_to_be_killed(setup: Setup) -> None:
 
 def _die_with_the_template(setup: Setup) -> None:
     set_parent_death_signal(signal.SIGKILL)
-    # Asked after the fork: a template that died before the ask sends no signal, and its child would go on
-    # (reparented, holding the template's socket until it arranges its descriptors) without a template.
-    # Nobody is left to report to, nor to hand a job: the server saw the template end and takes its job back.
+    # Asked after the fork, so a template that died before the ask sent no signal: its child would go on
+    # without it (reparented, holding the template's socket until it arranges its descriptors). It exits
+    # instead, reporting nothing: nobody is left to report to, and the server, which saw the template end,
+    # takes the job back.
     if os.getppid() != setup.runtime.pid:
         os._exit(SETUP_FAILED_EXIT)
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from host_calls import _cpu_ticks, _pool_cpu, emit  # type: ignore[import-not-found]  # run from bench/
+from host_calls import cpu_ticks, emit, pool_cpu  # type: ignore[import-not-found]  # run from bench/
 from latency import PoolDriver, check_ok, summary  # type: ignore[import-not-found]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -144,7 +144,7 @@ def main() -> int:
         serve(args.serve)
         return 0
     drivers: dict[str, PoolDriver] = {"pool": PoolDriver("--workers=1"), "floor": FloorDriver(build_library())}
-    cpu_of = {"pool": _pool_cpu, "floor": _cpu_ticks}
+    cpu_of = {"pool": pool_cpu, "floor": cpu_ticks}
     load_before = os.getloadavg()
     latency: dict[str, dict[str, list[float]]] = {mode: {name: [] for name in drivers}
                                                   for mode in ("10 ms apart", "back to back")}

@@ -36,16 +36,16 @@ def _read(path: str) -> str:
         return file.read()
 
 
-def _cpu_ticks(pid: int, *, reaped: bool = True) -> int:
+def cpu_ticks(pid: int, *, reaped: bool = True) -> int:
     """utime + stime of ``pid``, and with ``reaped`` cutime + cstime: the CPU of the children it reaped."""
     fields = _read(f"/proc/{pid}/stat").rpartition(")")[2].split()
     return sum(int(value) for value in fields[11:15 if reaped else 13])
 
 
-def _pool_cpu(pid: int) -> int:
+def pool_cpu(pid: int) -> int:
     """The pool's CPU ticks: its own, and each live template's with the jobs it reaped (a template replaced
     meanwhile takes its count with it: the blocks are many, and the median is taken)."""
-    ticks = _cpu_ticks(pid, reaped=False)  # a template the pool reaped is counted no more: see below
+    ticks = cpu_ticks(pid, reaped=False)  # a template the pool reaped is counted no more: see below
     children = set()
     for task in os.listdir(f"/proc/{pid}/task"):  # a template is the child of the thread that started it
         try:
@@ -54,7 +54,7 @@ def _pool_cpu(pid: int) -> int:
             pass  # the thread ended
     for child in children:
         try:
-            ticks += _cpu_ticks(int(child))
+            ticks += cpu_ticks(int(child))
         except OSError:
             pass  # gone between the two reads
     return ticks
@@ -127,10 +127,10 @@ def cpu_per_job(pools: dict[str, PoolDriver], blocks: int, size: int) -> dict[st
     for _ in range(blocks):
         for name, pool in pools.items():
             for kind, message in (("plain", PLAIN), ("call", CALL)):
-                before = _pool_cpu(pool.proc.pid)
+                before = pool_cpu(pool.proc.pid)
                 for _ in range(size):
                     _job(pool, message)
-                ticks[name][kind].append((_pool_cpu(pool.proc.pid) - before) * 1000 / _TICK / size)
+                ticks[name][kind].append((pool_cpu(pool.proc.pid) - before) * 1000 / _TICK / size)
     return {name: {kind: round(statistics.median(values), 2) for kind, values in kinds.items()}
             | {"call_adds_ms": round(statistics.median(kinds["call"]) - statistics.median(kinds["plain"]), 2)}
             for name, kinds in ticks.items()}

@@ -8,12 +8,14 @@ code, runs it, writes a report of about 100 bytes and exits. The driver talks to
 line in, a JSON line out, over pipes. Left out of the floor, so it is a floor: the job's grants and its
 ``/proc/<pid>`` rules, the second seccomp filter, the steward, cgroups, the result's figures.
 
-Each round runs ``print(1)`` on the pool (one worker) and on the floor, alternately, 10 ms apart and back to
+Each round runs the job on the pool (one worker) and on the floor, alternately, 10 ms apart and back to
 back; the CPU per job of each (all their processes, from /proc, over interleaved blocks of 50 jobs) is
-reported beside its ratio to the floor's. The shared library is built at the first run with the machine's C
+reported beside its ratio to the floor's. ``--job print`` is ``print(1)``; ``--job pandas`` is latency.py's
+small pandas operation, with pandas preloaded in both (the pool's ``--preload=pandas``, the floor's parent
+importing it before its first fork). The shared library is built at the first run with the machine's C
 compiler (``$CC``, else ``cc``); without one the bench says so and stops.
 
-    python bench/floor_job.py [--runs 400] [--json out.json]
+    python bench/floor_job.py [--runs 400] [--job print|pandas] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import time
 from typing import Any
 
 from host_calls import cpu_ticks, emit, pool_cpu  # type: ignore[import-not-found]  # run from bench/
-from latency import PoolDriver, check_ok, summary  # type: ignore[import-not-found]
+from latency import PANDAS_CODE, PoolDriver, check_ok, summary  # type: ignore[import-not-found]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -50,8 +52,15 @@ def build_library() -> str:
     return out
 
 
-def serve(library: str) -> None:
+JOBS = {"print": ("print(1)", "1\n"), "pandas": (PANDAS_CODE, "4950\n")}
+
+
+def serve(library: str, preload: list[str]) -> None:
     """The floor's warm parent: a JSON line with ``code`` in, its stdout as a JSON line out."""
+    import importlib
+
+    for module in preload:
+        importlib.import_module(module)
     import pynox.job.child  # what a template holds, so that the floor forks as large a process
     import pynox.template.fork_server  # noqa: F401
     from pynox.policy import landlock, prepare_runtime, reset_environment
@@ -116,8 +125,9 @@ def serve(library: str) -> None:
 class FloorDriver(PoolDriver):  # type: ignore[misc]  # latency.py is not type-checked from here
     """The floor, driven exactly as the pool is (PoolDriver's request and close)."""
 
-    def __init__(self, library: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", library],
+    def __init__(self, library: str, preload: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", library,
+                                      *(f"--preload={module}" for module in preload)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=HERE)
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         ready = json.loads(self.stdout.readline())
@@ -125,54 +135,60 @@ class FloorDriver(PoolDriver):  # type: ignore[misc]  # latency.py is not type-c
         self.ids = 0
 
 
-def _job(driver: PoolDriver) -> float:
+def _job(driver: PoolDriver, job: str) -> float:
+    code, printed = JOBS[job]
     start = time.perf_counter()
-    reply = driver.request({"code": "print(1)"})
+    reply = driver.request({"code": code})
     took = (time.perf_counter() - start) * 1000
     check_ok(reply)
-    assert reply["stdout"] == "1\n", reply
+    assert reply["stdout"] == printed, reply
     return took
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--job", choices=sorted(JOBS), default="print")
     parser.add_argument("--json")
     parser.add_argument("--serve", metavar="LIBRARY", help=argparse.SUPPRESS)
+    parser.add_argument("--preload", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.preload)
         return 0
-    drivers: dict[str, PoolDriver] = {"pool": PoolDriver("--workers=1"), "floor": FloorDriver(build_library())}
+    preload = ["pandas"] if args.job == "pandas" else []
+    drivers: dict[str, PoolDriver] = {"pool": PoolDriver("--workers=1", *(f"--preload={m}" for m in preload)),
+                                      "floor": FloorDriver(build_library(), preload)}
     cpu_of = {"pool": pool_cpu, "floor": cpu_ticks}
     load_before = os.getloadavg()
     latency: dict[str, dict[str, list[float]]] = {mode: {name: [] for name in drivers}
                                                   for mode in ("10 ms apart", "back to back")}
     for driver in drivers.values():
         for _ in range(20):
-            _job(driver)
+            _job(driver, args.job)
     for _ in range(args.runs):
         for name, driver in drivers.items():
             time.sleep(0.01)
-            latency["10 ms apart"][name].append(_job(driver))
-            latency["back to back"][name].append(_job(driver))
+            latency["10 ms apart"][name].append(_job(driver, args.job))
+            latency["back to back"][name].append(_job(driver, args.job))
     cpu: dict[str, list[float]] = {name: [] for name in drivers}
     for _ in range(max(args.runs // 50, 3)):
         for name, driver in drivers.items():
             before = cpu_of[name](driver.proc.pid)
             for _ in range(50):
-                _job(driver)
+                _job(driver, args.job)
             cpu[name].append((cpu_of[name](driver.proc.pid) - before) * 1000 / _TICK / 50)
     for driver in drivers.values():
         driver.close()
-    results: dict[str, Any] = {"python": sys.version.split()[0], "load before": load_before,
+    label = JOBS[args.job][0] if args.job == "print" else "pandas op (preloaded)"
+    results: dict[str, Any] = {"python": sys.version.split()[0], "job": label, "load before": load_before,
                                "load after": os.getloadavg()}
     for mode, samples in latency.items():
         figures = {name: summary(values) for name, values in samples.items()}
         figures["pool / floor, p50"] = round(figures["pool"]["p50_ms"] / figures["floor"]["p50_ms"], 2)
-        results[f"print(1) latency, {mode}"] = figures
+        results[f"{label} latency, {mode}"] = figures
     per_job = {name: round(statistics.median(values), 2) for name, values in cpu.items()}
-    results["print(1) CPU ms per job, all processes"] = {
+    results[f"{label} CPU ms per job, all processes"] = {
         **per_job, "pool / floor": round(per_job["pool"] / per_job["floor"], 2) if per_job["floor"] else None}
     emit(results, args.json)
     return 0

@@ -68,7 +68,7 @@ def serve(library: str, preload: list[str]) -> None:
     runtime = prepare_runtime((), ())
     reset_environment()
     ruleset = landlock.build_ruleset(runtime.landlock_abi, network=False, prepared=runtime.rules.current())
-    program = runtime.filters[False]._address  # the product's own program, laid out once (LoadableFilter)
+    program = runtime.filters["none"]._address  # the product's own program, laid out once (LoadableFilter)
     confine = ctypes.CDLL(library).floor_confine
     confine.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                         ctypes.c_long]

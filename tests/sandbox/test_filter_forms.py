@@ -18,6 +18,7 @@ import struct
 import pytest
 
 from pynox.policy import seccomp
+from pynox.wire.spec import NetworkMode
 
 pytestmark = pytest.mark.pure
 
@@ -164,9 +165,9 @@ def _differences(one: Program, other: Program) -> list[dict[int, int]]:
     return differing
 
 
-@pytest.mark.parametrize("network", [False, True], ids=["no network", "network"])
+@pytest.mark.parametrize("network", ["none", "hosts", "all"])
 @pytest.mark.parametrize("abi", [1, 3, 7])
-def test_the_tree_decides_as_the_linear_list(network: bool, abi: int) -> None:
+def test_the_tree_decides_as_the_linear_list(network: NetworkMode, abi: int) -> None:
     tree = seccomp.compile_filter(network, abi).bpf
     linear = seccomp.compile_filter(network, abi, tree=False).bpf
     if tree == linear:
@@ -177,8 +178,8 @@ def test_the_tree_decides_as_the_linear_list(network: bool, abi: int) -> None:
 def test_the_comparison_sees_one_rule_changed() -> None:
     """Control: the filters with and without the network differ in their socket rules; compared the same way,
     they differ exactly there, and agree on a call both allow."""
-    without = Program(seccomp.compile_filter(False, 7).bpf)
-    with_network = Program(seccomp.compile_filter(True, 7).bpf)
+    without = Program(seccomp.compile_filter("none", 7).bpf)
+    with_network = Program(seccomp.compile_filter("all", 7).bpf)
     differing = {words[_NR] for words in _differences(without, with_network)}
     # socket, connect, accept, bind, listen, accept4, and the socket ioctls: nothing else
     assert {41, 42} <= differing <= {16, 41, 42, 43, 49, 50, 53, 288}, differing
@@ -191,7 +192,7 @@ def test_the_comparison_sees_one_rule_changed() -> None:
 def test_the_interpreter_gives_the_actions_the_rules_name() -> None:
     """The interpreter itself, on calls whose action the rules name: allowed, refused with EPERM, delegated
     to the pool, and a foreign ABI refused with ENOSYS (what the kernel runs is checked by tests/sandbox)."""
-    program = Program(seccomp.compile_filter(False, 7).bpf)
+    program = Program(seccomp.compile_filter("none", 7).bpf)
     allow, notify, errno_action = 0x7FFF0000, 0x7FC00000, 0x00050000
     calls = {"getpid": ({_NR: 39, _ARCH: _AUDIT_ARCH_X86_64}, allow),
              "ptrace": ({_NR: 101, _ARCH: _AUDIT_ARCH_X86_64}, errno_action | errno.EPERM),

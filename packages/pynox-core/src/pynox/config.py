@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from .defaults import DEFAULT_WORKERS, DEFAULTS, Defaults
 from .errors import ConfigError, RequestError, quoted
 from .grants import bounded, dedupe, enforce_ceiling, merged, resolve
+from .hosts import HostEntry, parse_hosts
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath
 from .protocol import Request
@@ -46,14 +47,14 @@ __all__ = [
 _T = TypeVar("_T")
 
 # The request fields a profile may preset: grants and limits, never code, script, name or args.
-_PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
+_PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory", "max_output",
                 "max_file_size", "package_dirs", "functions")
 # `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
-_PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "env", "timeout", "memory", "max_output",
-                    "max_file_size")
+_PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
+                    "max_output", "max_file_size")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "limits")
-_LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "timeout", "memory", "max_output",
+_LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
 _MAX_WORKERS = 256
@@ -89,6 +90,8 @@ class Limits:
     allow_read: tuple[str, ...] = ()  # resolved, existing paths
     allow_write: tuple[str, ...] = ()
     allow_network: bool = False
+    # The hosts requests may list in allow_hosts (see pynox.hosts.within); none without allow_network.
+    allow_hosts: tuple[HostEntry, ...] = ()
     timeout: float | None = None  # seconds
     memory: int | None = None  # bytes
     max_output: int | None = None
@@ -436,11 +439,22 @@ def _limits(table: _Table, base: str) -> Limits:
         allow_read=tuple(table.paths("allow_read", base, must_exist=True) or ()),
         allow_write=tuple(table.paths("allow_write", base, must_exist=True) or ()),
         allow_network=bool(network),
+        allow_hosts=_hosts(table) or (),
         timeout=table.units("timeout", parse_duration),
         memory=_memory(table),
         max_output=table.units("max_output", parse_size),
         max_file_size=table.units("max_file_size", parse_size),
     )
+
+
+def _hosts(table: _Table) -> tuple[HostEntry, ...] | None:
+    values = table.strings("allow_hosts")
+    if values is None:
+        return None
+    try:
+        return parse_hosts(values)
+    except ValueError as exc:
+        raise table.error(str(exc), "allow_hosts") from None
 
 
 def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> Request:
@@ -459,6 +473,7 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
         allow_write=table.paths("allow_write", base, must_exist=False),
         package_dirs=table.paths("package_dirs", base, must_exist=False),
         allow_network=table.get("allow_network", bool, "true or false"),
+        allow_hosts=[str(entry) for entry in hosts] if (hosts := _hosts(table)) is not None else None,
         env=dict(env) if env is not None else None,
         functions=dedupe(functions) if functions is not None else None,
         timeout=table.units("timeout", parse_duration),

@@ -26,6 +26,8 @@ class Grants(TypedDict, total=False):
     allow_read: Sequence[PathLike]
     allow_write: Sequence[PathLike]
     allow_network: bool
+    # TCP to these hosts only: "host:port", a bare host for 80 and 443, an address or a CIDR (pynox.hosts).
+    allow_hosts: Sequence[str]
     env: Mapping[str, str]
     timeout: Units
     memory: Units

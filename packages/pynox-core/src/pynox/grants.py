@@ -36,11 +36,12 @@ import msgspec
 
 from .defaults import DEFAULTS, Defaults
 from .errors import ConfigError, RequestError, cut, quoted
+from .hosts import HostEntry, parse_hosts, within
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath, kernel_mounts, overlapping
 from .protocol import Request
 from .units import format_duration, format_size, parse_duration, parse_size
-from .wire.spec import MAX_GRANTS, JobSpec
+from .wire.spec import MAX_GRANTS, JobSpec, NetworkMode
 
 if TYPE_CHECKING:
     from .config import Config, Limits
@@ -48,13 +49,13 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 __all__ = [
-    "Grants", "Resolved", "bounded", "check_ceiling", "dedupe", "enforce_ceiling", "merged", "parse_request_duration",
-    "parse_request_size", "requested_units", "resolve", "resolve_path",
+    "Grants", "Resolved", "bounded", "check_ceiling", "dedupe", "enforce_ceiling", "merged", "network_mode",
+    "parse_request_duration", "parse_request_size", "request_hosts", "requested_units", "resolve", "resolve_path",
 ]
 
 _MAX_ARGS = 4096
 _MAX_LINKS = 40  # as the kernel's own limit on symlinks followed in one path
-_LIST_FIELDS = ("allow_read", "allow_write", "package_dirs", "functions")
+_LIST_FIELDS = ("allow_read", "allow_write", "allow_hosts", "package_dirs", "functions")
 _SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_size", "name")
 
 
@@ -67,6 +68,7 @@ class Grants:
     package_dirs: tuple[str, ...]
     script: str | None  # resolved; readable on its own, its directory is not granted
     network: bool
+    hosts: tuple[HostEntry, ...]  # allow_hosts, parsed; moot with the network (which grants all of it)
     env: Mapping[str, str]
     timeout: float  # seconds
     memory: int  # bytes
@@ -117,6 +119,7 @@ class Grants:
         for key, value in env.items():
             if not is_env_variable(key, value):
                 raise RequestError(f"env: {quoted(key)} is not a valid variable ({ENV_RULE})")
+        hosts = request_hosts(request.allow_hosts)
         functions = tuple(request.functions or ())
         for function in functions:
             if not is_function_name(function):
@@ -124,7 +127,7 @@ class Grants:
         return cls(
             allow_read=tuple(found.path for found in read), allow_write=allow_write,
             package_dirs=tuple(found.path for found in packages), script=scripts[0].path if scripts else None,
-            network=bool(request.allow_network), env=env,
+            network=bool(request.allow_network), hosts=() if request.allow_network else hosts, env=env,
             timeout=_units(request.timeout, defaults.timeout, parse_duration, "timeout"),
             memory=_units(request.memory, defaults.memory, parse_size, "memory"),
             max_output=_units(request.max_output, defaults.max_output, parse_size, "max_output"),
@@ -143,7 +146,9 @@ class Grants:
             args=list(self.args), cwd=cwd, env=dict(self.env),
             # The script itself must be readable, and only it: its directory is not granted.
             allow_read=[*self.allow_read, *self.package_dirs, *([self.script] if self.script else [])],
-            allow_write=list(self.allow_write), network=self.network, timeout=self.timeout, memory=self.memory,
+            allow_write=list(self.allow_write), network=network_mode(self.network, self.hosts),
+            allow_hosts=[one for entry in self.hosts for one in entry.entries()], timeout=self.timeout,
+            memory=self.memory,
             max_file_size=self.memory if self.max_file_size is None and files_at_memory else self.max_file_size,
             package_dirs=list(self.package_dirs), functions=list(self.functions),
             uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
@@ -167,6 +172,19 @@ def refuse_write_grant(path: str, runtime_paths: Sequence[str], pool_files: Mapp
         if beneath(pool_file, path):
             raise RequestError(f"allow_write: {path} holds the pool's {what} {pool_file}; a job may never "
                                "write where the pool keeps its own files")
+
+
+def request_hosts(values: Sequence[str] | None) -> tuple[HostEntry, ...]:
+    """A request's ``allow_hosts``, parsed; :class:`RequestError` naming the field and the bad entry."""
+    try:
+        return parse_hosts(values or ())
+    except ValueError as exc:
+        raise RequestError(f"allow_hosts: {exc}") from None
+
+
+def network_mode(network: bool, hosts: Sequence[HostEntry]) -> NetworkMode:
+    """What a job's sockets may reach: everything, the listed hosts, or nothing."""
+    return "all" if network else "hosts" if hosts else "none"
 
 
 # --- the profile and the ceiling ----------------------------------------------------------------
@@ -235,6 +253,12 @@ def enforce_ceiling(limits: Limits, request: Request, cwd: str, defaults: Defaul
     if request.allow_network and not limits.allow_network:
         raise RequestError("allow_network: the [pool.limits] ceiling does not allow the network "
                            "(allow_network = false)")
+    if request.allow_hosts and not limits.allow_network:
+        for entry in request_hosts(request.allow_hosts):
+            if not within(entry, limits.allow_hosts):
+                ceiling = ", ".join(str(allowed) for allowed in limits.allow_hosts) or "none"
+                raise RequestError(f"allow_hosts: {entry} is not within the [pool.limits] ceiling's allow_hosts "
+                                   f"(allowed: {ceiling}); a name lies within the same name only")
     changes: dict[str, Any] = {}
     checks: tuple[tuple[str, Callable[[Any, str], Any], Any, Any, Callable[[Any], str]], ...] = (
         ("timeout", parse_duration, limits.timeout, defaults.timeout, _show_duration),

@@ -17,6 +17,7 @@ from .units import format_duration, format_size
 
 __all__ = [
     "cross_grant_hint",
+    "hosts_hint",
     "memory_hint",
     "network_hint",
     "operation_hint",
@@ -95,13 +96,25 @@ def cross_grant_hint() -> str:
             "filesystems). Copy its content instead (shutil.copyfile), where both places are granted.")
 
 
-def network_hint(network: bool, style: Style) -> str:
+def network_hint(network: str, style: Style, hosts: Sequence[str] = ()) -> str:
+    """Why a socket call failed, by the job's network mode ("none", "hosts" or "all")."""
     never = ("Unix sockets (other than a stream socket.socketpair), raw, netlink and packet sockets are never "
              "allowed.")
-    if network:
+    if network == "hosts":
+        listed = f" ({', '.join(hosts)})" if hosts else ""
+        return (f"This sandbox may open TCP connections only to the hosts it was granted{listed}; UDP, "
+                f"listening sockets and other hosts or ports are not allowed. "
+                f"Ask the host to add the host and port to {_grant(style, 'allow_hosts', 'host:port')}. {never}")
+    if network == "all":
         return f"This kind of socket is not allowed in this sandbox, even with the network granted. {never}"
     grant = "--allow-network" if style == "cli" else "allow_network=True"
     return f"Network access is not allowed in this sandbox. The host can grant TCP and UDP with {grant}. {never}"
+
+
+def hosts_hint(address: str, entry: str, hosts: Sequence[str], style: Style) -> str:
+    """A connect to ``address`` refused by the pool: the ``entry`` that would allow it."""
+    return (f"The connection to {address} was refused: this sandbox may connect only to {', '.join(hosts)}. "
+            f"To reach it the host must grant {_grant(style, 'allow_hosts', entry)}.")
 
 
 def memory_hint(memory: int, style: Style) -> str:

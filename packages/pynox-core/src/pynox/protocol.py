@@ -64,6 +64,8 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     allow_read: list[str] | None = None
     allow_write: list[str] | None = None
     allow_network: bool | None = None
+    # TCP to these hosts and ports only (see pynox.hosts); allow_network, if true, grants all of it.
+    allow_hosts: list[str] | None = None
     env: dict[str, str] | None = None
     timeout: Units | None = None
     memory: Units | None = None
@@ -86,7 +88,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
-        names = ("allow_read", "allow_write", "allow_network", "env", "memory", "max_file_size",
+        names = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "memory", "max_file_size",
                  "package_dirs", "profile", "functions", "host_globals", "script")
         return [name for name in names if getattr(self, name) is not None]
 
@@ -123,6 +125,8 @@ class ResultPolicy(msgspec.Struct):
     max_file_size: int | None
     backend: str
     landlock_abi: int
+    # With network "hosts": the allow_hosts entries, one port each (left off the line otherwise).
+    hosts: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Usage(msgspec.Struct, frozen=True):

@@ -28,7 +28,7 @@ from ..config import EMPTY, default_config_path, load_config
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PynoxError
 from ..grant_types import Grants, check_grants
-from ..grants import refuse_write_grant, resolve_path
+from ..grants import refuse_write_grant, request_hosts, resolve_path
 from ..names import FUNCTION_RULE, is_function_name
 from ..protocol import Request
 from ..units import format_duration, format_size, parse_duration, parse_size
@@ -56,6 +56,7 @@ class ToolGrants:
     read: tuple[str, ...]  # absolute paths the code may read (the write grants too)
     write: tuple[str, ...]  # absolute paths the code may read and write
     network: bool
+    hosts: tuple[str, ...]  # allow_hosts, one port each (moot with the network)
     timeout: float  # seconds per call
     memory: int  # bytes
     max_output: int  # bytes of stdout and of stderr each
@@ -120,6 +121,8 @@ def _tool_grants(request: Request, pool: Runner | None) -> ToolGrants:
         read=tuple(resolve_path(p, cwd, "allow_read") for p in request.allow_read or ()) + write,
         write=write,
         network=bool(request.allow_network),
+        hosts=() if request.allow_network else tuple(one for entry in request_hosts(request.allow_hosts)
+                                                     for one in entry.entries()),
         timeout=parse_duration(request.timeout, "timeout") if request.timeout is not None else DEFAULTS.timeout,
         memory=parse_size(request.memory, "memory") if request.memory is not None else DEFAULTS.memory,
         max_output=(parse_size(request.max_output, "max_output") if request.max_output is not None
@@ -142,6 +145,14 @@ def _signature(name: str, function: HostFunction) -> str:
     return f"{name}{signature}" + (f": {summary}" if summary else "")
 
 
+def _network(grants: ToolGrants) -> str:
+    if grants.network:
+        return "allowed"
+    if grants.hosts:
+        return f"TCP connections to {', '.join(grants.hosts)} only (no other hosts or ports, no UDP)"
+    return "not allowed"
+
+
 def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, HostFunction] | None,
               preloaded: list[str], session_scope: str | None = None) -> ToolDescription:
     if session:
@@ -155,8 +166,7 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
         f"Read files: {', '.join(grants.read) or 'none'} (plus the Python standard library and installed "
         "packages).",
         f"Write files: {', '.join(grants.write) or 'nowhere'}.",
-        f"Network: {'allowed' if grants.network else 'not allowed'}. Starting programs or subprocesses: not "
-        "allowed.",
+        f"Network: {_network(grants)}. Starting programs or subprocesses: not allowed.",
         f"Limits per call: {format_duration(grants.timeout)} of time, {format_size(grants.memory)} of memory, "
         f"{format_size(grants.max_output)} of printed output.",
     ]

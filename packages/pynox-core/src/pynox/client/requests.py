@@ -21,10 +21,19 @@ def _paths(paths: Sequence[PathLike] | None) -> list[str] | None:
     return [os.fspath(p) for p in paths]
 
 
+def _hosts(hosts: Sequence[str] | None) -> list[str] | None:
+    if hosts is None:
+        return None
+    if isinstance(hosts, str):
+        raise TypeError("allow_hosts must be a list, e.g. allow_hosts=['pypi.org'], not a single string")
+    return list(hosts)
+
+
 def build_request(code: str | None = None, *, script: PathLike | None = None, name: str | None = None,
                   args: Sequence[str] | None = None, allow_read: Sequence[PathLike] | None = None,
                   allow_write: Sequence[PathLike] | None = None, allow_network: bool | None = None,
-                  env: Mapping[str, str] | None = None, timeout: Units | None = None,
+                  allow_hosts: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                  timeout: Units | None = None,
                   memory: Units | None = None, max_output: Units | None = None,
                   max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
                   profile: str | None = None, functions: Sequence[str] | None = None,
@@ -33,7 +42,7 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
     return Request(
         code=code, script=os.fspath(script) if script is not None else None, name=name,
         args=list(args) if args is not None else None, allow_read=_paths(allow_read),
-        allow_write=_paths(allow_write), allow_network=allow_network,
+        allow_write=_paths(allow_write), allow_network=allow_network, allow_hosts=_hosts(allow_hosts),
         env=dict(env) if env is not None else None, timeout=timeout, memory=memory,
         max_output=max_output, max_file_size=max_file_size, package_dirs=_paths(package_dirs),
         profile=profile, functions=list(functions) if functions else None, return_value=return_value or None,

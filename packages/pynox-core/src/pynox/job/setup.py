@@ -27,6 +27,7 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.payload import claim, read_payload
 from ..wire.spec import Confinement, Payload
 from . import pynox_host
+from .resolver import install_pinned_names
 
 __all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "run_steps"]
 
@@ -179,6 +180,8 @@ def _read_job(setup: Setup) -> None:
     add_environment(payload.env)
     if setup.confinement.host_channel:
         pynox_host.install_host_module(payload.functions, CHANNEL)
+    if payload.pinned is not None:  # allow_hosts: names resolve to what the pool resolved, and only those
+        install_pinned_names(payload.pinned, payload.allow_hosts)
     if not claim(CLAIM):
         os._exit(SETUP_FAILED_EXIT)  # the server took the job back: it runs elsewhere, or nowhere
     os.close(CLAIM)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..wire.spec import Confinement
+from ..wire.spec import Confinement, NetworkMode
 from . import landlock, seccomp
 from .limits import apply_limits
 from .own_process import OwnProcessFilter
@@ -35,10 +35,10 @@ class Runtime:
     landlock_abi: int  # what jobs are confined with: the kernel's ABI, or the operator's cap below it
     landlock_abi_kernel: int
     read_paths: tuple[str, ...]
-    filters: dict[bool, seccomp.LoadableFilter]
+    filters: dict[NetworkMode, seccomp.LoadableFilter]
     # Stacked on the main filter, with the child's own pid written in (see own_process.py).
     own_process: OwnProcessFilter
-    # Landlock rules of the runtime, always and with the network; see RuntimeRules.
+    # Landlock rules of the runtime, always and with the network (all or hosts); see RuntimeRules.
     rules: RuntimeRules
     network_rules: RuntimeRules
     # Private writable memory the template already holds, which every child inherits.
@@ -68,7 +68,8 @@ def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ..
     if not seccomp.supported():
         raise KernelSupportError("this kernel has no seccomp filters: Pynox will not run code unconfined.")
     abi = kernel_abi if max_abi is None else min(kernel_abi, max_abi)
-    filters = {network: seccomp.LoadableFilter(seccomp.compile_filter(network, abi)) for network in (False, True)}
+    filters: dict[NetworkMode, seccomp.LoadableFilter] = {
+        mode: seccomp.LoadableFilter(seccomp.compile_filter(mode, abi)) for mode in seccomp.NETWORK_MODES}
     read_paths = tuple(runtime_paths(package_dirs, data_dirs))
     rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
                          + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
@@ -135,12 +136,17 @@ def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int])
     all_rights = landlock.fs_rights(runtime.landlock_abi)
     granted = [(fd, landlock.fitting(fd, landlock.ACCESS_FS_READ)) for fd in grants[:len(read)]]
     granted += [(fd, landlock.fitting(fd, all_rights)) for fd in grants[len(read):]]
-    prepared = (*runtime.rules.current(), *(runtime.network_rules.current() if confinement.network else ()),
+    # Name resolution's files are read with any network: with "hosts" the job's resolver answers from the
+    # pool's pinned names (job/resolver.py), but a library may still read /etc/services or /etc/hosts.
+    network = confinement.network != "none"
+    prepared = (*runtime.rules.current(), *(runtime.network_rules.current() if network else ()),
                 *granted)
     own = f"/proc/{os.getpid()}"
     entries = [(f"{own}/{entry}", landlock.ACCESS_FS_READ if entry in OWN_PROC_DIRECTORIES
                 else landlock.ACCESS_FS_READ & landlock.FILE_RIGHTS) for entry in OWN_PROC_ENTRIES]
-    return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network, prepared=prepared,
+    # With "hosts", Landlock (ABI 4 and later) refuses every TCP bind and connect of the job's own: the pool
+    # makes each connection for it, on its socket, to a listed address (the steward is not confined).
+    return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network == "all", prepared=prepared,
                                   optional=entries)
 
 

@@ -28,10 +28,13 @@ from dataclasses import dataclass
 
 import pyseccomp
 
+from ..wire.spec import NetworkMode
 from ._libc import syscall
 
-__all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "TRUNCATE_ABI", "CompiledFilter", "LoadableFilter",
-           "compile_filter", "install", "syscall_number"]
+__all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "NETWORK_MODES", "TRUNCATE_ABI", "CompiledFilter",
+           "LoadableFilter", "compile_filter", "install", "syscall_number"]
+
+NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "hosts", "all")
 
 _CLONE_THREAD = 0x00010000
 _SOCK_TYPE_MASK = 0xF  # the socket type in socketpair's second argument; the rest are flags
@@ -40,6 +43,7 @@ _F_NOTIFY = 1026
 _F_SETOWN_EX = 15
 _FIOSETOWN = 0x8901
 _SOCKET_IOCTLS = 0x8900  # the 0x89xx range of <linux/sockios.h>
+_MSG_FASTOPEN = 0x20000000  # sendto/sendmsg on a TCP socket not yet connected: connect there, with data
 _SIOCSPGRP = 0x8902
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -120,7 +124,7 @@ _UNIFIED_ARCHES = ("x86_64", "aarch64", "riscv64", "s390x", "ppc64le", "loongarc
 
 @dataclass(frozen=True)
 class CompiledFilter:
-    network: bool
+    network: NetworkMode
     bpf: bytes
     # Names this libseccomp or architecture does not know; reported by `pynox check`.
     unknown: tuple[str, ...]
@@ -157,12 +161,13 @@ def syscall_number(name: str) -> int:
     return number
 
 
-def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
+def _socket_rules(f: pyseccomp.SyscallFilter, network: NetworkMode) -> None:
     # socket(family, ...): with the network granted, IPv4 and IPv6 (TCP and UDP); without it none at all
-    # (Landlock covers TCP only, so UDP needs this). Never a unix socket: Landlock does not govern
-    # connecting to a pathname socket, so one would reach any local daemon the uid may open (a Docker
-    # socket, a database), outside every grant. Netlink, packet, vsock and every other family: never.
-    allowed = {socket.AF_INET, socket.AF_INET6} if network else set()
+    # (Landlock covers TCP only, so UDP needs this); with allow_hosts, IPv4 and IPv6 TCP only (below).
+    # Never a unix socket: Landlock does not govern connecting to a pathname socket, so one would reach
+    # any local daemon the uid may open (a Docker socket, a database), outside every grant. Netlink,
+    # packet, vsock and every other family: never.
+    allowed = {socket.AF_INET, socket.AF_INET6} if network != "none" else set()
     for family in range(socket.AF_INET6 + 1):
         if family not in allowed:
             _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
@@ -174,13 +179,42 @@ def _socket_rules(f: pyseccomp.SyscallFilter, network: bool) -> None:
     for kind in range(_SOCK_TYPE_MASK + 1):
         if kind != socket.SOCK_STREAM:
             _deny(f, "socketpair", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _SOCK_TYPE_MASK, kind))
-    if not network:
+    if network == "hosts":
+        _host_rules(f)
+    if network == "none":
         for name in _ADDRESSING:
             _deny(f, name)
         # The socket ioctls (0x89xx: SIOCGIFCONF, SIOCGIFHWADDR, SIOCGIFADDR...) answer about the host's
         # network interfaces on any socket, a socketpair end included: without the network a job learns
         # nothing of the host's interfaces, addresses or MACs. None of them means anything on a socketpair.
         _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFF00, _SOCKET_IOCTLS))
+
+
+def _host_rules(f: pyseccomp.SyscallFilter) -> None:
+    """allow_hosts: a TCP client, whose every connection the pool makes. A socket is IPv4 or IPv6, stream,
+    TCP (not SCTP or MPTCP, which take addresses elsewhere); ``connect`` is delegated to the pool, which
+    connects the job's socket itself to the address it read and checked (pynox.server.steward), so no
+    later change of the job's memory can redirect it. Nothing reaches an address any other way: no UDP
+    (names are resolved by the pool), no bind, listen or accept, no TCP Fast Open (sendto or sendmsg with
+    MSG_FASTOPEN connects to the address it is given), no interface ioctls. Landlock (ABI 4 and later)
+    refuses the job's own TCP connect and bind besides."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for kind in range(_SOCK_TYPE_MASK + 1):
+            if kind != socket.SOCK_STREAM:
+                _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family),
+                      pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _SOCK_TYPE_MASK, kind))
+        # The protocol is 0 (TCP for a stream) or IPPROTO_TCP; compared on all 64 bits, so a value the kernel
+        # would cut to 0 or 6 is refused too.
+        _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family),
+              pyseccomp.Arg(2, pyseccomp.GT, socket.IPPROTO_TCP))
+        for protocol in range(1, socket.IPPROTO_TCP):
+            _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family), pyseccomp.Arg(2, pyseccomp.EQ, protocol))
+    for name in ("bind", "listen", "accept", "accept4"):
+        _deny(f, name)
+    _add(f, pyseccomp.NOTIFY, "connect")
+    for name, flags in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
+        _deny(f, name, pyseccomp.Arg(flags, pyseccomp.MASKED_EQ, _MSG_FASTOPEN, _MSG_FASTOPEN))
+    _deny(f, "ioctl", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFF00, _SOCKET_IOCTLS))
 
 
 # Where each call that creates a file takes its flags and mode (None: it has no flags, it always creates).
@@ -238,10 +272,11 @@ def _as_tree(f: pyseccomp.SyscallFilter) -> None:
         pass
 
 
-def compile_filter(network: bool, landlock_abi: int, *, tree: bool = True) -> CompiledFilter:
-    """The main filter for jobs with or without the network, confined with Landlock ABI ``landlock_abi``
-    (rules that make up for what an older ABI does not govern are added below it); ``tree=False``: as one
-    linear list (the form an older libseccomp gives, compared with the tree by the tests)."""
+def compile_filter(network: NetworkMode, landlock_abi: int, *, tree: bool = True) -> CompiledFilter:
+    """The main filter for jobs with no network, the listed hosts, or all of it, confined with Landlock ABI
+    ``landlock_abi`` (rules that make up for what an older ABI does not govern are added below it);
+    ``tree=False``: as one linear list (the form an older libseccomp gives, compared with the tree by the
+    tests)."""
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # A syscall through a foreign ABI (int 0x80 on x86_64) would dodge the rules: refuse it.
     f.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.ERRNO(errno.ENOSYS))

@@ -119,6 +119,10 @@ def _text(data: bytearray) -> str:
 AnyResult = TypeVar("AnyResult", bound=Result)
 
 
+# The result's policy.network for each network mode of the job.
+_NETWORK = {"none": "deny", "hosts": "hosts", "all": "allow"}
+
+
 def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec: JobSpec, *, max_output: int,
             python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int) -> AnyResult:
     """The protocol result of ``outcome``, of the result type ``kind``; built field by field, so the type
@@ -131,9 +135,10 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
         runtime=ResultRuntime(name="pynox", python=python, mode=mode, preloaded_modules=preloaded),
         policy=ResultPolicy(
             allow_read=spec.allow_read, allow_write=spec.allow_write,
-            network="allow" if spec.network else "deny", subprocesses="deny",
+            network=_NETWORK[spec.network], subprocesses="deny",
             timeout_ms=round(spec.timeout * 1000), memory_bytes=spec.memory, max_output=max_output,
             max_file_size=spec.max_file_size, backend=BACKEND, landlock_abi=landlock_abi,
+            hosts=spec.allow_hosts if spec.network == "hosts" else msgspec.UNSET,
         ),
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
                     memory_peak_kb=outcome.memory_peak_kb, host_calls=outcome.host_calls,

@@ -65,9 +65,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import PoolWorkerError
+from ..hosts import AllowList
 from ..policy._libc import libc
 from ..policy.grants import close_all, open_at
 from ..policy.seccomp import syscall_number
+from .egress import CONNECT, Connector
+from .egress import Refused as _Refused
 from .own_view import write_sysinfo
 
 __all__ = ["Steward", "StewardLife", "StewardPhase", "receive_listener"]
@@ -101,12 +104,6 @@ class _Iovec(ctypes.Structure):
 
 class _Gone(Exception):
     """The calling task is gone (killed): there is no one to answer."""
-
-
-class _Refused(Exception):
-    def __init__(self, err: int) -> None:
-        super().__init__(os.strerror(err))
-        self.errno = err
 
 
 @dataclass(frozen=True)
@@ -158,14 +155,19 @@ def receive_listener(sock: socket.socket) -> int | None:
 class Steward:
     """Answers one job's delegated calls. Owns the listener and the write grants' descriptors it is given."""
 
-    def __init__(self, listener: int, write_grants: list[int], uid: int, gid: int) -> None:
+    def __init__(self, listener: int, write_grants: list[int], uid: int, gid: int,
+                 hosts: AllowList | None = None) -> None:
         self.listener = listener
         self._grants = write_grants
         self._uid, self._gid = uid, gid
         self._poll = select.poll()
         self._poll.register(listener, select.POLLIN)
+        # With allow_hosts: the job's connects, made here (see egress.py); None: every connect is refused.
+        self.connector = Connector(hosts) if hosts is not None else None
 
     def close(self) -> None:
+        if self.connector is not None:
+            self.connector.close()
         close_all([self.listener, *self._grants])
         self._grants = []
 
@@ -182,6 +184,8 @@ class Steward:
         notif_id, tid, _, nr, _, _, *args = _NOTIF.unpack(raw.raw)
         try:
             value = self._perform(notif_id, tid, nr, tuple(args))
+            if value is None:  # a connect in progress: answered once it is made (connected)
+                return True
             answer = (notif_id, value, 0, 0)
         except _Refused as refused:
             answer = (notif_id, 0, -refused.errno, 0)
@@ -189,16 +193,29 @@ class Steward:
             return True
         except Exception:  # fail closed: whatever went wrong here, the change is not made
             answer = (notif_id, 0, -errno.EPERM, 0)
-        response = ctypes.create_string_buffer(_RESPONSE.pack(*answer), _RESPONSE.size)
-        libc.ioctl(self.listener, _NOTIF_SEND, response)  # ENOENT: the caller is gone; nothing to answer
+        self._send(*answer)
         return True
+
+    def _send(self, notif_id: int, value: int, error: int, flags: int) -> None:
+        response = ctypes.create_string_buffer(_RESPONSE.pack(notif_id, value, error, flags), _RESPONSE.size)
+        libc.ioctl(self.listener, _NOTIF_SEND, response)  # ENOENT: the caller is gone; nothing to answer
+
+    def connected(self, sock: int) -> None:
+        """A socket whose blocking connect the job waits for became writable: answer the job's call."""
+        assert self.connector is not None
+        notif_id, error = self.connector.connected(sock)
+        self._send(notif_id, 0, error, 0)
 
     def _valid(self, notif_id: int) -> bool:
         """Whether the call is still waiting for its answer, so its tid still names the job's task."""
         buffer = ctypes.c_uint64(notif_id)
         return bool(libc.ioctl(self.listener, _NOTIF_ID_VALID, ctypes.byref(buffer)) == 0)
 
-    def _perform(self, notif_id: int, tid: int, nr: int, args: tuple[int, ...]) -> int:
+    def _perform(self, notif_id: int, tid: int, nr: int, args: tuple[int, ...]) -> int | None:
+        if nr == CONNECT:
+            if self.connector is None:  # only a job with allow_hosts delegates its connects
+                raise _Refused(errno.EPERM)
+            return self.connector.begin(notif_id, tid, args, _read, self._valid, _thread_group)
         if nr == _SYSINFO:
             try:
                 if not write_sysinfo(tid, args[0], lambda: self._valid(notif_id)):
@@ -358,8 +375,10 @@ class StewardLife:
     """One job's steward, from the socket its listener arrives on until it is closed (see the module's
     diagram). Owns the socket, the listener and the write grants' descriptors it is given."""
 
-    def __init__(self, sock: socket.socket, writes: list[int], uid: int, gid: int) -> None:
+    def __init__(self, sock: socket.socket, writes: list[int], uid: int, gid: int,
+                 hosts: AllowList | None = None) -> None:
         self.phase = StewardPhase.AWAITING
+        self.hosts = hosts
         self.sock: socket.socket | None = sock  # AWAITING: where the listener arrives
         self._writes = writes
         self._uid, self._gid = uid, gid
@@ -390,7 +409,7 @@ class StewardLife:
         """ARRIVED -> SERVING: from now on its calls are answered; the caller waits on its listener."""
         self._move(StewardPhase.SERVING)
         assert self._listener is not None
-        self.steward = Steward(self._listener, self._writes, self._uid, self._gid)
+        self.steward = Steward(self._listener, self._writes, self._uid, self._gid, self.hosts)
         self._listener, self._writes = None, []
         return self.steward
 

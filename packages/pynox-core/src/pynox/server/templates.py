@@ -27,8 +27,10 @@ import msgspec
 
 import pynox
 
+from .. import hints
 from ..config import landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
+from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
 from ..policy.grants import close_all, identity, open_grants
 from ..wire.descriptors import (
@@ -75,6 +77,7 @@ _log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 16
 # After SIGKILL the kernel tears the process down; a template that does not report by then is broken.
 _KILL_GRACE = 5.0
+_RESOLVE_WITHIN = 5.0  # seconds for the names of a job's allow_hosts, all together (pynox.hosts.resolve)
 _START_TIMEOUT = 300.0  # preloading pandas on a cold disk takes seconds, not minutes
 # How long a result waits for the template's word on a job that exited on its own before it could be
 # measured (its peak memory is in the template's wait4): the template is reaping it as the result is due.
@@ -117,6 +120,19 @@ def _key(confinement: Confinement, granted: list[int]) -> Key | None:
     except OSError:
         return None
     return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
+
+
+def _explain_refused_connect(outcome: Outcome, spec: JobSpec, hosts: AllowList) -> None:
+    """A job that failed on a connect the pool refused is told which entry would have allowed it: only the
+    pool knows the address (the job's error says only "Operation not permitted")."""
+    error = outcome.error
+    if not hosts.refused or error is None or error.type != "PermissionError" \
+            or "Operation not permitted" not in error.message:
+        return
+    address, port = hosts.refused[-1]
+    shown = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+    hint = hints.hosts_hint(shown, hosts.entry_for(address, port), spec.allow_hosts, spec.hint_style)
+    outcome.error = msgspec.structs.replace(error, hint=hint)
 
 
 def _job_ids(confinement: Confinement) -> tuple[int, int]:
@@ -301,6 +317,14 @@ class Template:
             raise PoolWorkerError("a session with host functions has no channel for them", started=False)
         if self.child.state is ChildState.IDLE:  # nobody took it ahead (a session's first step, pynox run, check)
             self.child.take()
+        hosts = None
+        if spec.network == "hosts":
+            # Each listed name is resolved once, now, by the pool; the job is told these addresses and may
+            # connect to these only (see pynox.hosts). Before the job's clock starts: it has no say in this.
+            entries = parse_hosts(spec.allow_hosts)
+            pinned = resolve(entries, min(_RESOLVE_WITHIN, spec.timeout))
+            spec = msgspec.structs.replace(spec, pinned=pinned)
+            hosts = AllowList(entries, pinned)
         bounds = cgroups.available()
         confinement = spec.confinement(cgroups.MAX_JOB_TASKS if bounds.pids is not None else None)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
@@ -343,12 +367,12 @@ class Template:
         try:
             if self.cgroups is not None and self.cgroups.memory is not None:
                 self.cgroups.memory.start(confinement.memory)
-            if not self._hand_to_prepared(key, own, writes, confinement):
+            if not self._hand_to_prepared(key, own, writes, confinement, hosts):
                 metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 extra.append(job_metadata)
                 own[METADATA] = job_metadata.fileno()
                 # The steward keeps the write grants' descriptors: the files it may change are found from them.
-                self._steward = StewardLife(metadata, writes, *_job_ids(confinement))
+                self._steward = StewardLife(metadata, writes, *_job_ids(confinement), hosts=hosts)
                 job = self.prepared.job(key)  # the template prepares the next child from this job's grants
                 order = sent_with_job(confinement.host_channel, confinement.session)
                 send_frame(self.sock, Fork(job=job, confinement=confinement),
@@ -380,7 +404,7 @@ class Template:
             os.close(claim)
 
     def _hand_to_prepared(self, key: Key | None, own: dict[int, int], writes: list[int],
-                          confinement: Confinement) -> bool:
+                          confinement: Confinement, hosts: AllowList | None) -> bool:
         """Give the job to the child prepared ahead, if its confinement and grants are the job's; a child
         that does not match is discarded. False: the job goes to the template, to fork a child of its own."""
         prepared, mismatched = self.prepared.take(key)
@@ -403,7 +427,7 @@ class Template:
         self._child_serial = prepared.serial
         self.child.started(prepared.pidfd, prepared.pid)
         # Its listener is waiting on the control socket, sent when it was confined.
-        self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement))
+        self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement), hosts=hosts)
         return True
 
     def _discard(self, prepared: PreparedChild) -> None:
@@ -426,6 +450,7 @@ class Template:
         and drops, whatever the job still reads or writes; a job's child is then killed (_finish)
         unless it has ended."""
         outcome = Outcome()
+        hosts = self._steward.hosts if self._steward is not None else None  # the steward is closed by _finish
         capture = Capture(reads, outcome, max_output)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:
@@ -454,6 +479,8 @@ class Template:
         self._finish(serving)
         self._take_word(outcome, serving.read_word(), claim)
         outcome.conclude(spec, timeout)
+        if hosts is not None:
+            _explain_refused_connect(outcome, spec, hosts)
         return outcome
 
     def ended_while_idle(self) -> Ended | None:
@@ -493,6 +520,10 @@ class Template:
             sel.register(self._steward.sock, selectors.EVENT_READ, self._on_listener)
         if self._steward is not None and self._steward.steward is not None:  # a session's, from its first step
             sel.register(self._steward.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
+            connector = self._steward.steward.connector
+            if connector is not None:  # connects a thread of its last step still waits for
+                connector.new = list(connector.waiting)
+                self._watch_connects(serving)
         try:
             while capture.open or self._needs_end(serving):
                 wait = self._enforce(serving)
@@ -719,6 +750,22 @@ class Template:
         listener = self._steward.steward.listener
         if not self._steward.answer():
             serving.sel.unregister(listener)
+        self._watch_connects(serving)
+
+    def _watch_connects(self, serving: _Serving) -> None:
+        """Watch each socket whose blocking connect the job now waits for, until it is made or fails."""
+        assert self._steward is not None and self._steward.steward is not None
+        connector = self._steward.steward.connector
+        if connector is None:
+            return
+        for sock in connector.new:
+            serving.sel.register(sock, selectors.EVENT_WRITE, functools.partial(self._on_connected, sock))
+        connector.new = []
+
+    def _on_connected(self, sock: int, serving: _Serving) -> None:
+        assert self._steward is not None and self._steward.steward is not None
+        serving.sel.unregister(sock)
+        self._steward.steward.connected(sock)
 
     def _on_answers_waiting(self, serving: _Serving) -> None:
         assert serving.job_calls is not None

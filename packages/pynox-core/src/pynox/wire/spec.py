@@ -21,10 +21,14 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["MAX_GRANTS", "Bounds", "Confinement", "ErrorInfo", "Frame", "JobSpec", "Payload", "Report", "StepSpec"]
+__all__ = ["MAX_GRANTS", "Bounds", "Confinement", "ErrorInfo", "Frame", "JobSpec", "NetworkMode", "Payload", "Report",
+           "StepSpec"]
 
 # Granted paths per job (reads, writes, package directories, the script): each travels as a descriptor.
 MAX_GRANTS = 128
+# What a job's sockets may reach: nothing, the hosts of its allow_hosts (the pool connects each socket to a
+# listed address, see pynox.server.steward), or everything the host can reach.
+NetworkMode = Literal["none", "hosts", "all"]
 
 
 class Bounds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -34,7 +38,7 @@ class Bounds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cwd: str
     allow_read: list[str]
     allow_write: list[str]
-    network: bool
+    network: NetworkMode
     timeout: float
     memory: int
     max_file_size: int | None
@@ -61,6 +65,10 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     images: int = 0
     # The host functions as globals of __main__ too: called, or awaited (see protocol.Request).
     host_globals: Literal["call", "await"] | None = None
+    # With network "hosts": the allow_hosts entries, one port each, as the result's policy lists them; and
+    # what each listed name resolved to when the job started (filled in by the pool; see pynox.hosts).
+    allow_hosts: list[str] = []
+    pinned: dict[str, list[str]] = {}
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(
@@ -72,7 +80,8 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
                        functions=self.functions, return_value=self.return_value, images=self.images,
-                       host_globals=self.host_globals)
+                       host_globals=self.host_globals,
+                       pinned=self.pinned if self.network == "hosts" else None, allow_hosts=self.allow_hosts)
 
 
 class Confinement(Bounds, frozen=True, forbid_unknown_fields=True):
@@ -106,6 +115,9 @@ class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     return_value: bool = False
     images: int = 0
     host_globals: Literal["call", "await"] | None = None
+    # With network "hosts": the names the job's resolver answers, and their addresses (see job/resolver.py).
+    pinned: dict[str, list[str]] | None = None
+    allow_hosts: list[str] = []
 
 
 class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

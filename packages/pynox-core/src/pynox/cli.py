@@ -30,6 +30,9 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument("--allow-write", action="append", default=[], metavar="PATH", help="grant read-write access")
     run.add_argument("--allow-network", action="store_true", default=None,
                      help="grant TCP and UDP (unix sockets stay refused)")
+    run.add_argument("--allow-host", action="append", default=[], dest="allow_hosts", metavar="HOST[:PORT]",
+                     help="grant TCP to HOST on PORT only (80 and 443 without one); HOST is a name, an address or "
+                          "a CIDR network; repeat for more")
     run.add_argument("--timeout", help="wall-clock limit, e.g. 5s or 500ms (default 30s)")
     run.add_argument("--memory", help="memory limit, e.g. 256m or 1g (default 1g)")
     run.add_argument("--max-output", help="bytes of stdout and of stderr kept (default 1m)")
@@ -55,7 +58,8 @@ def _request_from(args: argparse.Namespace) -> Request:
     else:
         raise RequestError("give a FILE to run or -c CODE")
     return Request(code=code, script=script, args=extra, name=args.name, allow_read=args.allow_read,
-                   allow_write=args.allow_write, allow_network=args.allow_network, env=env,
+                   allow_write=args.allow_write, allow_network=args.allow_network,
+                   allow_hosts=args.allow_hosts or None, env=env,
                    timeout=args.timeout, memory=args.memory, max_output=args.max_output,
                    max_file_size=args.max_file_size)
 

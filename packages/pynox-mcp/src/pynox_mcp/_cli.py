@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="let the code read and write PATH; repeat for more")
     grants.add_argument("--allow-network", action="store_true", default=None,
                         help="let the code open TCP connections and bind ports")
+    grants.add_argument("--allow-host", action="append", default=[], dest="allow_hosts", metavar="HOST[:PORT]",
+                        help="let the code open TCP connections to HOST on PORT only (80 and 443 without one); "
+                             "HOST is a name, an address or a CIDR network; repeat for more")
     for limit, what in (("--timeout", "wall-clock limit per call, e.g. 10s or 500ms (default 30s)"),
                         ("--memory", "memory limit per call, e.g. 256m or 1g (default 1g)"),
                         ("--max-output", "bytes of stdout and of stderr kept per call (default 1m)"),
@@ -86,7 +89,8 @@ def _env(items: Sequence[str]) -> dict[str, str]:
 
 def _grants(args: argparse.Namespace) -> dict[str, Any]:
     grants: dict[str, Any] = {"allow_read": args.allow_read or None, "allow_write": args.allow_write or None,
-                              "allow_network": args.allow_network, "timeout": args.timeout, "memory": args.memory,
+                              "allow_network": args.allow_network, "allow_hosts": args.allow_hosts or None,
+                              "timeout": args.timeout, "memory": args.memory,
                               "max_output": args.max_output, "max_file_size": args.max_file_size,
                               "env": _env(args.env) or None}
     return {key: value for key, value in grants.items() if value is not None}

@@ -60,7 +60,8 @@ class RunPython:
                           "additionalProperties": False},
             annotations=types.ToolAnnotations(
                 title="Run Python (Pynox sandbox)", read_only_hint=not grants.write,
-                destructive_hint=bool(grants.write), idempotent_hint=False, open_world_hint=grants.network),
+                destructive_hint=bool(grants.write), idempotent_hint=False,
+                open_world_hint=grants.network or bool(grants.hosts)),
         )
 
     async def call(self, arguments: dict[str, Any] | None) -> types.CallToolResult:

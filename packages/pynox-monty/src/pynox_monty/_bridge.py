@@ -203,7 +203,7 @@ def _docstring(grants: pynox.ToolGrants, functions: Mapping[str, HostFunction]) 
         "`truncated`. Check `exit` before using `stdout`.",
         "",
         f"The code may read {', '.join(read) or 'no files'} (plus the Python runtime) and write "
-        f"{', '.join(write) or 'no files'}; network: {'allowed' if grants.network else 'not allowed'}. "
+        f"{', '.join(write) or 'no files'}; network: {grants.network_text}. "
         f"Each call may run for {format_duration(grants.timeout)}; `timeout` can only shorten that.",
     ]
     if functions:

@@ -102,10 +102,11 @@ class RayPool:
     must be connected to Ray (``ray.init()``); if it is not, ``ray.init()`` is called as Ray's own
     libraries do.
 
-    ``network_grants``: whether runs may ask ``allow_network=True``. Off by default: on a Ray node the
-    network reaches the cluster's own services (the GCS, the raylets, the dashboard), which run code for
-    anyone who connects unless the operator set up Ray's authentication or a firewall; a job given the
-    network could run code there, outside its sandbox. Turn it on only for such a cluster.
+    ``network_grants``: whether runs may ask ``allow_network=True`` or ``allow_hosts``. Off by default: on a
+    Ray node the network reaches the cluster's own services (the GCS, the raylets, the dashboard), which run
+    code for anyone who connects unless the operator set up Ray's authentication or a firewall; a job given
+    the network could run code there, outside its sandbox. Turn it on only for such a cluster (or for hosts
+    that are none of the cluster's).
     """
 
     def __init__(self, workers: int = _DEFAULT_WORKERS, *, nodes: int | Sequence[str] | None = None,
@@ -258,10 +259,12 @@ class RayPool:
         raise PoolError(f"{node.describe()} ended the run without its result")
 
     def _check_network(self, grants: Mapping[str, Any]) -> None:
-        if grants.get("allow_network") and not self.network_grants:
-            raise RequestError("allow_network: this RayPool does not grant the network (RayPool(network_grants="
-                               "True) does): on a Ray node it reaches the cluster's own services, which run code "
-                               "for anyone who connects unless Ray's authentication or a firewall stops them")
+        for name in ("allow_network", "allow_hosts"):
+            if grants.get(name) and not self.network_grants:
+                raise RequestError(f"{name}: this RayPool does not grant the network (RayPool(network_grants="
+                                   "True) does): on a Ray node it reaches the cluster's own services, which run "
+                                   "code for anyone who connects unless Ray's authentication or a firewall stops "
+                                   "them")
 
     def _work(self, code: str | None, functions: Mapping[str, HostFunction] | None, host_errors: HostErrors | None,
               return_value: bool, grants: dict[str, Any]) -> Work:
@@ -314,8 +317,9 @@ class RayPool:
         run_python = make_tool(self, profile=profile, session=session, functions=functions,
                                grants=grants, host_errors=host_errors)
         code_tool: CodeTool = run_python.code_tool  # type: ignore[attr-defined]  # make_tool sets it
-        if code_tool.grants.network:  # asked here or by the profile: refused now, not at the model's first call
-            self._check_network({"allow_network": True})
+        if code_tool.grants.network or code_tool.grants.hosts:  # asked here or by the profile: refused now, not
+            self._check_network({"allow_network": code_tool.grants.network,  # at the model's first call
+                                 "allow_hosts": code_tool.grants.hosts})
         return run_python
 
     @property

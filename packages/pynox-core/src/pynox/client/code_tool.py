@@ -64,6 +64,15 @@ class ToolGrants:
     env: tuple[str, ...]  # the names of the variables the host passes (not their values)
     profile: str | None
 
+    @property
+    def network_text(self) -> str:
+        """What the code's network is, as the model is told it."""
+        if self.network:
+            return "allowed"
+        if self.hosts:
+            return f"TCP connections to {', '.join(self.hosts)} only (no other hosts or ports, no UDP)"
+        return "not allowed"
+
 
 @dataclass(frozen=True)
 class ToolDescription:
@@ -145,14 +154,6 @@ def _signature(name: str, function: HostFunction) -> str:
     return f"{name}{signature}" + (f": {summary}" if summary else "")
 
 
-def _network(grants: ToolGrants) -> str:
-    if grants.network:
-        return "allowed"
-    if grants.hosts:
-        return f"TCP connections to {', '.join(grants.hosts)} only (no other hosts or ports, no UDP)"
-    return "not allowed"
-
-
 def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, HostFunction] | None,
               preloaded: list[str], session_scope: str | None = None) -> ToolDescription:
     if session:
@@ -166,7 +167,7 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
         f"Read files: {', '.join(grants.read) or 'none'} (plus the Python standard library and installed "
         "packages).",
         f"Write files: {', '.join(grants.write) or 'nowhere'}.",
-        f"Network: {_network(grants)}. Starting programs or subprocesses: not allowed.",
+        f"Network: {grants.network_text}. Starting programs or subprocesses: not allowed.",
         f"Limits per call: {format_duration(grants.timeout)} of time, {format_size(grants.memory)} of memory, "
         f"{format_size(grants.max_output)} of printed output.",
     ]

@@ -81,7 +81,7 @@ class Result:
             error=msgspec.to_builtins(wire.error) if wire.error is not None else None,
             stdout_truncated=wire.stdout_truncated, stderr_truncated=wire.stderr_truncated,
             duration_ms=wire.duration_ms, duration_us=wire.duration_us, queue_us=wire.queue_us,
-            policy=msgspec.structs.asdict(wire.policy) if wire.policy is not None else {},
+            policy=_set_fields(wire.policy) if wire.policy is not None else {},
             runtime=msgspec.structs.asdict(wire.runtime) if wire.runtime is not None else {},
             session=session.session if session else None, step=session.step if session else None,
             session_ended=session.session_ended if session else False, id=wire.id,
@@ -226,3 +226,8 @@ def _failing_line(error: Mapping[str, Any]) -> list[str]:
         indent = len(source) - len(source.lstrip())
         lines.append("    " + " " * max(column - 1 - indent, 0) + "^")
     return lines
+
+
+def _set_fields(struct: msgspec.Struct) -> dict[str, Any]:
+    """A struct's fields as a dict, without those left unset (off the line, so not in the result either)."""
+    return {name: value for name, value in msgspec.structs.asdict(struct).items() if value is not msgspec.UNSET}

@@ -1,0 +1,279 @@
+"""allow_hosts, proven from outside: listeners the test owns on loopback addresses record every connection
+they receive, and a refused connection must never reach one. Each rule has its control: the same job with
+the network granted (``allow_network=True``) reaches the listener the rule keeps it from.
+
+The pool makes each connection of such a job itself, to the address it read once and checked (see
+pynox/server/egress.py); these tests run real jobs in a real pool, under the real kernel policy.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import pynox
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Listener:
+    """A TCP listener that accepts in a thread, records each peer and what it sent, and answers ``hi``."""
+
+    def __init__(self, address: str, port: int = 0, family: int = socket.AF_INET) -> None:
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, port))
+        self.sock.listen(64)
+        self.address, self.port = address, self.sock.getsockname()[1]
+        self.seen: list[bytes] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    conn.sendall(b"hi")
+                    self.seen.append(conn.recv(64))
+                except OSError:
+                    self.seen.append(b"")
+
+    def connections(self) -> int:
+        time.sleep(0.2)  # a connection the job made just before it ended is accepted by now
+        return len(self.seen)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[pynox.Pool]:
+    with pynox.Pool(workers=1) as started:
+        yield started
+
+
+@pytest.fixture
+def listeners() -> Iterator[dict[str, Listener]]:
+    """``listed`` on 127.0.0.1; ``other_address`` on 127.0.0.2, same port; ``other_port`` on 127.0.0.1."""
+    listed = Listener("127.0.0.1")
+    try:
+        other_address = Listener("127.0.0.2", listed.port)
+    except OSError:
+        listed.close()
+        pytest.skip("cannot listen on 127.0.0.2 with the same port here")
+    made = {"listed": listed, "other_address": other_address, "other_port": Listener("127.0.0.1")}
+    yield made
+    for listener in made.values():
+        listener.close()
+
+
+def _run(pool: pynox.Pool, code: str, **grants: Any) -> pynox.Result:
+    return pool.run(code, timeout="20s", **grants)
+
+
+CONNECT = '''
+import socket
+def attempt(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(b"job"); print("reached", host, port, s.recv(2))
+    except OSError as exc:
+        print("refused", host, port, type(exc).__name__, exc.errno)
+'''
+
+
+def test_only_the_listed_address_and_port_are_reached(pool: pynox.Pool, listeners: dict[str, Listener]) -> None:
+    listed, other_address, other_port = listeners["listed"], listeners["other_address"], listeners["other_port"]
+    code = CONNECT + (f"attempt('127.0.0.1', {listed.port})\nattempt('127.0.0.2', {listed.port})\n"
+                      f"attempt('127.0.0.1', {other_port.port})\n")
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
+    assert result.exit == 0, result
+    assert f"reached 127.0.0.1 {listed.port} b'hi'" in result.stdout
+    assert f"refused 127.0.0.2 {listed.port} PermissionError 1" in result.stdout
+    assert f"refused 127.0.0.1 {other_port.port} PermissionError 1" in result.stdout
+    assert listed.connections() == 1 and listed.seen == [b"job"]
+    assert other_address.connections() == 0 and other_port.connections() == 0
+    assert result.policy["network"] == "hosts" and result.policy["hosts"] == [f"127.0.0.1:{listed.port}"]
+    # Control: with the network, the same job reaches both.
+    control = _run(pool, code, allow_network=True)
+    assert "refused" not in control.stdout, control
+    assert other_address.connections() == 1 and other_port.connections() == 1
+
+
+@pytest.mark.parametrize("how", ["blocking", "non-blocking", "timeout", "asyncio"])
+def test_every_way_of_connecting_reaches_a_listed_host(pool: pynox.Pool, listeners: dict[str, Listener],
+                                                       how: str) -> None:
+    listed = listeners["listed"]
+    code = {
+        "blocking": f"import socket\ns = socket.socket()\ns.connect(('127.0.0.1', {listed.port}))\n"
+                    "s.sendall(b'job'); print(s.recv(2))",
+        "non-blocking": "import select, socket\ns = socket.socket()\ns.setblocking(False)\n"
+                        f"print(s.connect_ex(('127.0.0.1', {listed.port})))\n"
+                        "select.select([], [s], [], 5)\nprint(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))\n"
+                        "s.setblocking(True); s.sendall(b'job'); print(s.recv(2))",
+        "timeout": f"import socket\ns = socket.create_connection(('localhost', {listed.port}), timeout=5)\n"
+                   "s.sendall(b'job'); print(s.recv(2))",
+        "asyncio": "import asyncio\nasync def main():\n"
+                   f"    reader, writer = await asyncio.open_connection('localhost', {listed.port})\n"
+                   "    writer.write(b'job'); print(await reader.read(2)); writer.close()\nasyncio.run(main())",
+    }[how]
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}", f"localhost:{listed.port}"])
+    assert result.exit == 0, result
+    assert "b'hi'" in result.stdout
+    if how == "non-blocking":
+        assert result.stdout.splitlines()[:2] == ["115", "0"]  # EINPROGRESS at once, as the kernel's own
+    assert listed.connections() == 1
+
+
+def test_a_refused_connection_says_which_entry_would_allow_it(pool: pynox.Pool,
+                                                               listeners: dict[str, Listener]) -> None:
+    listed, other = listeners["listed"], listeners["other_address"]
+    result = _run(pool, f"import socket\nsocket.create_connection(('127.0.0.2', {other.port}), timeout=5)",
+                  allow_hosts=[f"localhost:{listed.port}"])
+    assert result.error is not None and result.error["type"] == "PermissionError", result
+    assert f'allow_hosts=["127.0.0.2:{other.port}"]' in result.error["hint"]
+    assert f"localhost:{listed.port}" in result.error["hint"]
+    assert other.connections() == 0
+
+
+def test_the_metadata_address_is_refused_at_once(pool: pynox.Pool, listeners: dict[str, Listener]) -> None:
+    listed = listeners["listed"]
+    code = ("import socket, time\nstart = time.monotonic()\ntry:\n"
+            "    socket.create_connection(('169.254.169.254', 80), timeout=10)\nexcept OSError as exc:\n"
+            "    print(type(exc).__name__, exc.errno, round(time.monotonic() - start, 1))")
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
+    assert result.stdout.split()[:2] == ["PermissionError", "1"], result
+    assert float(result.stdout.split()[2]) < 1.0  # refused by the pool, not left to time out
+
+
+def test_names_resolve_to_what_the_pool_resolved_and_no_others(pool: pynox.Pool,
+                                                               listeners: dict[str, Listener]) -> None:
+    listed = listeners["listed"]
+    code = ("import socket, urllib.request\n"
+            f"print(sorted({{a[4][0] for a in socket.getaddrinfo('localhost', {listed.port})}}))\n"
+            f"print(socket.gethostbyname('localhost'))\n"
+            "for name in ('example.com', 'localhost.invalid'):\n"
+            "    try:\n        socket.getaddrinfo(name, 80)\n    except socket.gaierror as exc:\n"
+            "        print('unknown', name, 'allow_hosts' in str(exc))\n")
+    result = _run(pool, code, allow_hosts=[f"localhost:{listed.port}"])
+    assert result.exit == 0, result
+    lines = result.stdout.splitlines()
+    pinned = {info[4][0] for info in socket.getaddrinfo("localhost", listed.port, proto=socket.IPPROTO_TCP)}
+    assert lines[0] == str(sorted(pinned))
+    assert lines[1] == "127.0.0.1"
+    assert lines[2:] == ["unknown example.com True", "unknown localhost.invalid True"]
+
+
+def test_no_udp_raw_listening_or_fast_open(pool: pynox.Pool, listeners: dict[str, Listener]) -> None:
+    """The other ways out of a TCP client: each refused, and the listener that TCP Fast Open would reach
+    sees nothing (control: with the network, the same sendto reaches it)."""
+    listed, other = listeners["listed"], listeners["other_address"]
+    code = f'''
+import socket
+def attempt(what, make):
+    try:
+        make(); print(what, "allowed")
+    except OSError as exc:
+        print(what, type(exc).__name__, exc.errno)
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+attempt("udp6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt("sctp", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 132))
+attempt("listen", lambda: socket.create_server(("127.0.0.1", 0)))
+def fast_open():
+    s = socket.socket()
+    s.sendto(b"job", socket.MSG_FASTOPEN, ("127.0.0.2", {other.port}))
+attempt("fast open", fast_open)
+'''
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
+    assert result.exit == 0, result
+    for what in ("udp", "udp6", "raw", "sctp", "listen", "fast open"):
+        assert f"{what} PermissionError 1" in result.stdout, (what, result.stdout)
+    assert other.connections() == 0
+    control = _run(pool, code, allow_network=True)
+    assert "udp allowed" in control.stdout and "fast open allowed" in control.stdout, control
+    assert other.connections() == 1
+
+
+def test_an_ipv4_mapped_address_is_judged_as_its_ipv4_address(pool: pynox.Pool,
+                                                               listeners: dict[str, Listener]) -> None:
+    listed, other = listeners["listed"], listeners["other_address"]
+    code = CONNECT + f"attempt('::ffff:127.0.0.1', {listed.port})\nattempt('::ffff:127.0.0.2', {other.port})\n"
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
+    if "Errno 97" in result.stdout or "EAFNOSUPPORT" in result.stdout:
+        pytest.skip("no IPv6 here")
+    assert f"reached ::ffff:127.0.0.1 {listed.port}" in result.stdout, result
+    assert f"refused ::ffff:127.0.0.2 {other.port} PermissionError 1" in result.stdout
+    assert listed.connections() == 1 and other.connections() == 0
+
+
+RACE = '''
+import ctypes, socket, struct, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+def sockaddr(address):
+    return struct.pack("=H", socket.AF_INET) + struct.pack("!H", {port}) + socket.inet_aton(address) + bytes(8)
+listed, other = sockaddr("127.0.0.1"), sockaddr("127.0.0.2")
+buffer = ctypes.create_string_buffer(listed, 16)
+stop = False
+def flip():  # the address is the other host's half of the time
+    turn = 0
+    while not stop:
+        ctypes.memmove(buffer, (listed, other)[turn], 16)
+        turn ^= 1
+threading.Thread(target=flip, daemon=True).start()
+# The flipper runs while the main thread waits for the interpreter's lock: in many short turns, each
+# leaving the address at either value, so that the connects below see both.
+sys.setswitchinterval(0.0002)
+made = 0
+deadline = time.monotonic() + 0.5
+while time.monotonic() < deadline:
+    s = socket.socket()
+    if libc.connect(s.fileno(), buffer, 16) == 0:
+        made += 1
+    s.close()
+stop = True
+print("made", made)
+'''
+
+
+def test_changing_the_address_after_the_check_redirects_nothing(pool: pynox.Pool,
+                                                                listeners: dict[str, Listener]) -> None:
+    """The attack on a check-then-use design: a thread rewrites the address between the listed host and
+    another while the main thread connects. The pool connects to the copy it checked, so the other host
+    is never reached; the control (network granted, the kernel reading the address) reaches both."""
+    listed, other = listeners["listed"], listeners["other_address"]
+    code = RACE.format(port=listed.port)
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
+    assert result.exit == 0, result
+    assert other.connections() == 0
+    assert listed.connections() == int(result.stdout.split()[1]) > 0
+    control = _run(pool, code, allow_network=True)
+    assert control.exit == 0, control
+    assert other.connections() > 0
+
+
+def test_allow_network_grants_all_of_it(pool: pynox.Pool, listeners: dict[str, Listener]) -> None:
+    other = listeners["other_port"]
+    result = _run(pool, CONNECT + f"attempt('127.0.0.1', {other.port})",
+                  allow_network=True, allow_hosts=["127.0.0.1:1"])
+    assert "reached" in result.stdout and result.policy["network"] == "allow" and "hosts" not in result.policy
+
+
+def test_a_session_keeps_its_hosts_across_steps(pool: pynox.Pool, listeners: dict[str, Listener]) -> None:
+    listed, other = listeners["listed"], listeners["other_address"]
+    with pool.session(allow_hosts=[f"127.0.0.1:{listed.port}"]) as session:
+        first = session.run(CONNECT)
+        assert first.exit == 0, first
+        second = session.run(f"attempt('127.0.0.1', {listed.port})\nattempt('127.0.0.2', {other.port})")
+    assert "reached" in second.stdout and "refused 127.0.0.2" in second.stdout, second
+    assert listed.connections() == 1 and other.connections() == 0

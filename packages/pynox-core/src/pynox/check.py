@@ -238,8 +238,9 @@ def _steward_reaches_jobs(facts: dict[str, Any]) -> tuple[bool, str]:
     scope = facts["ptrace_scope"]
     if scope == 3 or (scope == 2 and "CAP_SYS_PTRACE" not in facts["capabilities"]):
         return False, (f"Yama's ptrace_scope is {scope}: the pool cannot read its jobs' memory, so it refuses "
-                       "every chmod, chown and utime (shutil.copy2 and copytree fail in write grants), and "
-                       "sysinfo (glibc's sysconf(_SC_PHYS_PAGES) then gives an undefined value)")
+                       "every chmod, chown and utime (shutil.copy2 and copytree fail in write grants), "
+                       "sysinfo (glibc's sysconf(_SC_PHYS_PAGES) then gives an undefined value), and every "
+                       "connection of a job with allow_hosts")
     return True, ""
 
 
@@ -271,6 +272,15 @@ class _Lab:
     root: str
     token: str
     listener: socket.socket
+
+    @property
+    def port(self) -> int:
+        return int(self.listener.getsockname()[1])
+
+    @property
+    def unlisted_port(self) -> int:
+        """A port next to the listener's, which an allow_hosts probe lists instead of it."""
+        return self.port + 1 if self.port < 65535 else self.port - 1
 
     @property
     def granted(self) -> str:
@@ -333,6 +343,22 @@ def _no_connection(judge: _Judge) -> _Judge:
         conn.close()
         return False, "the loopback listener received a connection"
     return both
+
+
+def _connection(judge: _Judge) -> _Judge:
+    def both(result: Result, lab: _Lab, elapsed: float) -> Verdict:
+        try:
+            conn, _ = lab.listener.accept()
+        except (TimeoutError, BlockingIOError):
+            return False, "the loopback listener received no connection"
+        conn.close()
+        return judge(result, lab, elapsed)
+    return both
+
+
+def _connect_code(lab: _Lab) -> str:
+    return (f"import socket; socket.create_connection(('127.0.0.1', {lab.port}), timeout=2).close(); "
+            "print('connected')")
 
 
 def _file_absent(path: Callable[[_Lab], str], judge: _Judge) -> _Judge:
@@ -490,6 +516,12 @@ _PROBES = (
     _ProbeSpec("tcp_connect", "a TCP connect to a loopback listener is denied",
                lambda lab: {"code": "import socket; socket.create_connection(('127.0.0.1', "
                                     f"{lab.listener.getsockname()[1]}), timeout=1)"},
+               _no_connection(_refused("PermissionError"))),
+    _ProbeSpec("listed_host", "control: allow_hosts reaches a listed host and port (the pool makes the connection)",
+               lambda lab: {"code": _connect_code(lab), "allow_hosts": [f"127.0.0.1:{lab.port}"]},
+               _connection(_printed("connected")), needs_steward=True),
+    _ProbeSpec("unlisted_port", "allow_hosts refuses a port it does not list (seccomp, answered by the pool)",
+               lambda lab: {"code": _connect_code(lab), "allow_hosts": [f"127.0.0.1:{lab.unlisted_port}"]},
                _no_connection(_refused("PermissionError"))),
     _denied("signal_parent", "signalling the template is denied (seccomp; Landlock scoping too from ABI 6)",
             "import os; os.kill(os.getppid(), 0)"),

@@ -123,3 +123,25 @@ def test_config_permissions_are_the_grants_and_flags_add_on_top(tmp_path: Path) 
     config.write_text('[permissions]\nallow_reads = ["data"]\n')
     bad = pynox_run("--config", str(config), "-c", "pass")
     assert bad.returncode == 1 and "allow_reads" in bad.stderr, bad.stderr
+
+
+def test_allow_host_grants_tcp_to_that_host_and_port_only() -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listed, socket.create_server(("127.0.0.1", 0)) as other:
+        code = ("import socket\nsocket.create_connection(('127.0.0.1', %d), timeout=3).close()\n"
+                "socket.create_connection(('127.0.0.1', %d), timeout=3)")
+        done = pynox_run("--json", "--allow-host", f"127.0.0.1:{listed.getsockname()[1]}", "-c",
+                         code % (listed.getsockname()[1], other.getsockname()[1]))
+        result = json.loads(done.stdout)
+        assert result["error"]["type"] == "PermissionError", result
+        assert f'--allow-host 127.0.0.1:{other.getsockname()[1]}' in result["error"]["hint"]
+        assert result["policy"]["network"] == "hosts"
+        assert result["policy"]["hosts"] == [f"127.0.0.1:{listed.getsockname()[1]}"]
+        other.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            other.accept()
+        listed.settimeout(0.3)
+        listed.accept()[0].close()
+    done = pynox_run("--allow-host", "10.1.2.3/16", "-c", "print(1)")
+    assert done.returncode == 2 and "allow_hosts" in done.stderr and "Traceback" not in done.stderr, done.stderr

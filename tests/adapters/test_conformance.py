@@ -87,3 +87,31 @@ def test_nothing_is_left_running_after_the_agent_finishes(case: Case, pool: Pool
         if case.session_ends_with_run:
             wait_for_idle(templates=1, ignore=others)
     wait_for_none(others)
+
+
+def test_allow_hosts_reach_the_listed_host_and_no_other(case: Case, pool: Pool) -> None:
+    """Every adapter passes allow_hosts on: the model is told which hosts it may reach, its code reaches the
+    listed listener and is refused the other, which sees no connection."""
+    import socket
+
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    listed, other = (listener.getsockname()[1] for listener in listeners)
+    code = (f"import socket\nfor port in ({listed}, {other}):\n    try:\n"
+            "        socket.create_connection(('127.0.0.1', port), timeout=3).close(); print('reached', port)\n"
+            "    except OSError as exc:\n        print('refused', port, type(exc).__name__)")
+    try:
+        transcript = case.run(pool, code_calls(code), allow_hosts=[f"127.0.0.1:{listed}"])
+        told = transcript.tool("run_python").description + "\n" + (transcript.instructions or "")
+        assert f"TCP connections to 127.0.0.1:{listed} only" in told
+        assert f"reached {listed}" in transcript.results[0] and f"refused {other} PermissionError" in \
+            transcript.results[0], transcript.results
+        for listener, reached in zip(listeners, (True, False), strict=True):
+            listener.settimeout(0.5)
+            try:
+                listener.accept()[0].close()
+                assert reached, "the unlisted listener received a connection"
+            except TimeoutError:
+                assert not reached, "the listed listener received no connection"
+    finally:
+        for listener in listeners:
+            listener.close()

@@ -277,3 +277,44 @@ def test_a_session_keeps_its_hosts_across_steps(pool: pynox.Pool, listeners: dic
         second = session.run(f"attempt('127.0.0.1', {listed.port})\nattempt('127.0.0.2', {other.port})")
     assert "reached" in second.stdout and "refused 127.0.0.2" in second.stdout, second
     assert listed.connections() == 1 and other.connections() == 0
+
+
+def test_a_network_phase_is_two_jobs_sharing_a_write_grant(pool: pynox.Pool, tmp_path: Any) -> None:
+    """The pattern the contract gives for "install first, then run without the network": a job with
+    allow_hosts for the package index fetches into a write grant; the next job, without the network,
+    imports from it and can reach nothing (the index's log shows it made no request)."""
+    import http.server
+
+    index, target = tmp_path / "index", tmp_path / "target"
+    index.mkdir()
+    target.mkdir()
+    (index / "phase_pkg.py").write_text("VALUE = 42\n")
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(index), **kwargs)
+
+        def log_message(self, format: str, *args: Any) -> None:  # the base class's name
+            requests.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        fetched = str(target / "phase_pkg.py")
+        fetch = _run(pool, "import urllib.request\nurllib.request.urlretrieve("
+                           f"'http://localhost:{port}/phase_pkg.py', {fetched!r})\nprint('fetched')",
+                     allow_hosts=[f"localhost:{port}"], allow_write=[str(target)])
+        assert fetch.exit == 0 and "fetched" in fetch.stdout, fetch
+        assert requests == ["/phase_pkg.py"]
+        use = _run(pool, "import phase_pkg, urllib.request\nprint(phase_pkg.VALUE)\ntry:\n"
+                         f"    urllib.request.urlopen('http://127.0.0.1:{port}/phase_pkg.py', timeout=3)\n"
+                         "except OSError as exc:\n    print('offline', type(exc).__name__)",
+                   package_dirs=[str(target)])
+        assert use.exit == 0 and use.stdout.split() == ["42", "offline", "URLError"], use
+        assert use.policy["network"] == "deny"
+        assert requests == ["/phase_pkg.py"]
+    finally:
+        server.shutdown()
+        server.server_close()

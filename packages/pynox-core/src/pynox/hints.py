@@ -104,7 +104,7 @@ def network_hint(network: str, style: Style, hosts: Sequence[str] = ()) -> str:
         listed = f" ({', '.join(hosts)})" if hosts else ""
         return (f"This sandbox may open TCP connections only to the hosts it was granted{listed}; UDP, "
                 f"listening sockets and other hosts or ports are not allowed. "
-                f"Ask the host to add the host and port to {_grant(style, 'allow_hosts', 'host:port')}. {never}")
+                f"Ask the host to grant {_host_grant(style, 'host:port')}. {never}")
     if network == "all":
         return f"This kind of socket is not allowed in this sandbox, even with the network granted. {never}"
     grant = "--allow-network" if style == "cli" else "allow_network=True"
@@ -114,7 +114,11 @@ def network_hint(network: str, style: Style, hosts: Sequence[str] = ()) -> str:
 def hosts_hint(address: str, entry: str, hosts: Sequence[str], style: Style) -> str:
     """A connect to ``address`` refused by the pool: the ``entry`` that would allow it."""
     return (f"The connection to {address} was refused: this sandbox may connect only to {', '.join(hosts)}. "
-            f"To reach it the host must grant {_grant(style, 'allow_hosts', entry)}.")
+            f"To reach it the host must grant {_host_grant(style, entry)}.")
+
+
+def _host_grant(style: Style, entry: str) -> str:
+    return f"--allow-host {entry}" if style == "cli" else f'allow_hosts=["{entry}"]'
 
 
 def memory_hint(memory: int, style: Style) -> str:

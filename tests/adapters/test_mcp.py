@@ -61,8 +61,8 @@ async def run(client: Client, code: str, **arguments: Any) -> types.CallToolResu
 def test_help_names_every_flag() -> None:
     done = subprocess.run([SERVER, "--help"], capture_output=True, text=True, timeout=30, check=True)
     for flag in ("--allow-read", "--allow-write", "--allow-network", "--allow-host", "--timeout", "--memory",
-                 "--max-output", "--max-file-size", "--env", "--preload", "--workers", "--config", "--profile", "--session", "--http",
-                 "--host"):
+                 "--max-output", "--max-file-size", "--env", "--preload", "--workers", "--config", "--profile",
+                 "--session", "--http", "--host"):
         assert flag in done.stdout, flag
     done = subprocess.run([sys.executable, "-m", "pynox_mcp", "--help"], capture_output=True, text=True, timeout=30,
                           check=True)

@@ -8,6 +8,7 @@ pynox/server/egress.py); these tests run real jobs in a real pool, under the rea
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -78,10 +79,11 @@ def listeners() -> Iterator[dict[str, Listener]]:
 
 
 def _run(pool: pynox.Pool, code: str, **grants: Any) -> pynox.Result:
-    return pool.run(code, timeout="20s", **grants)
+    return pool.run(code, **{"timeout": "20s", **grants})
 
 
 CONNECT = '''
+import os
 import socket
 def attempt(host, port):
     try:
@@ -179,6 +181,7 @@ def test_no_udp_raw_listening_or_fast_open(pool: pynox.Pool, listeners: dict[str
     sees nothing (control: with the network, the same sendto reaches it)."""
     listed, other = listeners["listed"], listeners["other_address"]
     code = f'''
+import os
 import socket
 def attempt(what, make):
     try:
@@ -318,3 +321,29 @@ def test_a_network_phase_is_two_jobs_sharing_a_write_grant(pool: pynox.Pool, tmp
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_connects_the_pool_waits_on_are_bounded_and_let_go(pool: pynox.Pool) -> None:
+    """A job that starts many blocking connects to a listed host that never answers (a full backlog drops
+    their SYNs): past 64 at once the pool answers EAGAIN before it starts one, and once the job ends the
+    pool holds none of its sockets (its descriptor count is back where it was)."""
+    assert pool._process is not None
+    server = pool._process.popen.pid  # the pool's server process, whose descriptors are counted
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as deaf:
+        port = deaf.getsockname()[1]
+        _run(pool, "print(1)", allow_hosts=[f"127.0.0.1:{port}"])  # a warm pool: its descriptors are all open
+        before = len(os.listdir(f"/proc/{server}/fd"))
+        code = (f"import errno, socket, threading, time\nresults = []\ndef attempt():\n    s = socket.socket()\n"
+                f"    try:\n        s.connect(('127.0.0.1', {port})); results.append('made')\n"
+                "    except OSError as exc:\n        results.append(errno.errorcode[exc.errno])\n"
+                "for _ in range(80):\n    threading.Thread(target=attempt, daemon=True).start()\n"
+                "time.sleep(2)\nprint(results.count('EAGAIN'), len(results))")
+        result = _run(pool, code, allow_hosts=[f"127.0.0.1:{port}"], timeout="10s")
+        assert result.exit == 0, result
+        refused, answered = map(int, result.stdout.split())
+        # 80 tried; the backlog took a few; of the rest, 64 wait and the others were told EAGAIN at once.
+        assert refused >= 80 - 64 - (answered - refused) and answered - refused <= 4, result.stdout
+        deadline = time.monotonic() + 5
+        while len(os.listdir(f"/proc/{server}/fd")) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(os.listdir(f"/proc/{server}/fd")) <= before

@@ -40,11 +40,14 @@ from ..hosts import AllowList
 from ..policy._libc import libc
 from ..policy.seccomp import syscall_number
 
-__all__ = ["CONNECT", "Connector", "Refused"]
+__all__ = ["CONNECT", "MAX_WAITING", "Connector", "Refused"]
 
 CONNECT = syscall_number("connect")
 _PIDFD_GETFD = syscall_number("pidfd_getfd")
 _SOCKADDR_STORAGE = 128  # the kernel refuses a longer address with EINVAL
+# Blocking connects of one job the pool waits on at once, each holding a descriptor of the pool's: past it,
+# EAGAIN, as the kernel says when it has no port left (a job that opens hundreds waits on a blackholed host).
+MAX_WAITING = 64
 _IN = struct.Struct("!H4s")  # sin_port, sin_addr after sin_family
 _IN6 = struct.Struct("!HI16s")  # sin6_port, sin6_flowinfo, sin6_addr after sin6_family
 _FAMILY = struct.Struct("=H")
@@ -149,6 +152,8 @@ class Connector:
     def _connect(self, notif_id: int, sock: int, raw: bytes) -> int | None:
         flags = fcntl.fcntl(sock, fcntl.F_GETFL)
         blocking = not flags & os.O_NONBLOCK
+        if blocking and len(self.waiting) >= MAX_WAITING:
+            raise Refused(errno.EAGAIN)  # before it starts: the job's socket stays unconnected
         if blocking:
             fcntl.fcntl(sock, fcntl.F_SETFL, flags | os.O_NONBLOCK)
         try:

@@ -17,9 +17,13 @@ resolver, and every decision is taken again by the pool on the address the job p
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import queue
 import re
 import socket
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -153,21 +157,42 @@ def resolve(entries: Sequence[HostEntry], timeout: float) -> dict[str, list[str]
     """The addresses each name of ``entries`` has now, by the pool's own resolver, within ``timeout``
     seconds in all; a name that does not resolve in time has none (the job's connections to it fail)."""
     names = sorted({entry.name for entry in entries if entry.name is not None})
-    if not names:
-        return {}
-    from concurrent.futures import ThreadPoolExecutor, wait
+    lookups = [_Lookup(name) for name in names]
+    for lookup in lookups:
+        _lookups().put(lookup)
+    deadline = time.monotonic() + max(timeout, 0.0)
+    for lookup in lookups:
+        lookup.done.wait(max(deadline - time.monotonic(), 0.0))
+    return {lookup.name: list(lookup.addresses) if lookup.done.is_set() else [] for lookup in lookups}
 
-    pinned: dict[str, list[str]] = {name: [] for name in names}
-    # getaddrinfo has no timeout of its own: each name is looked up in a thread the pool does not wait for
-    # past the deadline (a lookup that hangs ends on the resolver's own timeout, holding nothing of the job).
-    executor = ThreadPoolExecutor(max_workers=min(len(names), 8), thread_name_prefix="pynox-resolve")
-    futures = {executor.submit(_addresses, name): name for name in names}
-    done, _ = wait(futures, timeout=max(timeout, 0.0))
-    executor.shutdown(wait=False, cancel_futures=True)
-    for future in done:
-        if future.exception() is None:
-            pinned[futures[future]] = future.result()
-    return pinned
+
+class _Lookup:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.addresses: list[str] = []
+        self.done = threading.Event()
+
+
+_LOOKUP_THREADS = 8
+
+
+@functools.cache
+def _lookups() -> queue.SimpleQueue[_Lookup]:
+    """Where names wait to be looked up, by threads started once per process (a job pays no thread start).
+    getaddrinfo has no timeout of its own: a lookup that hangs holds its thread until the resolver's own
+    timeout, and eight hung ones leave later names unresolved past their deadline (fail closed). Daemon
+    threads: a hung lookup never holds up the pool's exit."""
+    waiting: queue.SimpleQueue[_Lookup] = queue.SimpleQueue()
+
+    def serve() -> None:
+        while True:
+            lookup = waiting.get()
+            lookup.addresses = _addresses(lookup.name)
+            lookup.done.set()
+
+    for index in range(_LOOKUP_THREADS):
+        threading.Thread(target=serve, name=f"pynox-resolve-{index}", daemon=True).start()
+    return waiting
 
 
 def _addresses(name: str) -> list[str]:

@@ -19,7 +19,8 @@ PROBES = [spec.name for spec in check._PROBES]
 EXPECTED = {"granted_read", "granted_write", "read_outside", "write_outside", "file_metadata", "granted_metadata",
             "subprocess", "fork", "socket", "tcp_connect", "signal_parent", "signal_owner", "truncate_read_only",
             "kernel_surface", "capabilities",
-            "environment", "memory_limit", "other_process", "own_proc", "sysinfo", "datagram_pair", "timeout"}
+            "environment", "memory_limit", "other_process", "own_proc", "sysinfo", "datagram_pair", "timeout",
+            "listed_host", "unlisted_port"}
 
 
 def test_every_promised_rule_has_a_probe() -> None:

@@ -133,7 +133,8 @@ def test_a_misspelt_grant_is_named_with_the_valid_ones(maker: str) -> None:
 def test_the_pools_own_entry_points_name_a_misspelt_grant() -> None:
     with pynox.Pool(workers=1) as pool:
         with pytest.raises(TypeError, match=r"^Pool\.run\(\) got an unknown grant 'allow_reed' \(did you mean "
-                                            r"'allow_read'\?\); the grants are: allow_hosts, allow_network, allow_read"):
+                                            r"'allow_read'\?\); the grants are: allow_hosts, allow_network, "
+                                            r"allow_read"):
             pool.run("print(1)", allow_reed=["data"])  # type: ignore[call-arg]
         with pytest.raises(TypeError, match=r"^Pool\.session\(\) got an unknown grant 'scrip'"):
             pool.session(scrip="job.py")  # type: ignore[call-arg]

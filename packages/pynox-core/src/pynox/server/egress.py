@@ -11,6 +11,14 @@ pool (``SECCOMP_RET_USER_NOTIF``, see :func:`pynox.policy.seccomp._host_rules`),
    that the thread id still names the job), and
 4. connects it with its own system call, to the copy it checked.
 
+Where the pool may not take a job's socket (a container's default seccomp profile refuses
+``pidfd_getfd`` without CAP_SYS_PTRACE), it connects a socket of its own to the checked copy instead, and
+puts it in the job at the job's descriptor number, in place of the unconnected socket the job made
+(``SECCOMP_IOCTL_NOTIF_ADDFD`` with ``SETFD``, as ``dup2``: it needs no reach into the job, Linux 5.9).
+The descriptor keeps its close-on-exec and non-blocking flags; the socket options the job set before
+connecting (``TCP_NODELAY``, ``SO_KEEPALIVE``, timeouts) are not carried over, since nothing lets the
+pool read them there.
+
 The job's memory may change after it was read: the connection goes where the copy said. Letting the
 kernel run the job's call instead (``SECCOMP_USER_NOTIF_FLAG_CONTINUE``) would read the address again,
 after the check; it is never done.
@@ -35,6 +43,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..hosts import AllowList
 from ..policy._libc import libc
@@ -51,8 +60,13 @@ MAX_WAITING = 64
 _IN = struct.Struct("!H4s")  # sin_port, sin_addr after sin_family
 _IN6 = struct.Struct("!HI16s")  # sin6_port, sin6_flowinfo, sin6_addr after sin6_family
 _FAMILY = struct.Struct("=H")
+# struct seccomp_notif_addfd (id, flags, srcfd, newfd, newfd_flags) and its ioctl; SETFD: at newfd, as dup2.
+_ADDFD = struct.Struct("=QIIII")
+_NOTIF_ADDFD = 0x40182103
+_ADDFD_FLAG_SETFD = 1
 
 libc.connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
 libc.syscall.restype = ctypes.c_long
 
 
@@ -86,15 +100,30 @@ def _destination(raw: bytes) -> tuple[str, int]:
     raise Refused(errno.EPERM)
 
 
+class _Unreachable(Exception):
+    """The pool may not take the job's socket here (``pidfd_getfd`` refused: a container's profile)."""
+
+
+@dataclass
+class _Waiting:
+    """A blocking connect in progress: the call waiting for it, and where a socket of the pool's goes once
+    it is made (None: it is the job's own socket)."""
+
+    notif_id: int
+    replace: tuple[int, int] | None  # (the job's descriptor number, the O_CLOEXEC it had)
+
+
 class Connector:
     """Connects one job's sockets for it, to what its :class:`AllowList` allows. Owns the descriptors of the
     sockets whose blocking connects are in progress (:attr:`waiting`)."""
 
-    def __init__(self, allowed: AllowList) -> None:
+    def __init__(self, allowed: AllowList, listener: int) -> None:
         self.allowed = allowed
-        # Our descriptor of a job's socket -> the id of the call waiting for its connection.
-        self.waiting: dict[int, int] = {}
+        self._listener = listener
+        # Our descriptor of a socket being connected -> what waits for it.
+        self.waiting: dict[int, _Waiting] = {}
         self.new: list[int] = []  # waiting since the serving loop last looked (it watches them for writing)
+        self._takes_sockets = True  # until pidfd_getfd is refused: then every socket is replaced
 
     def begin(self, notif_id: int, tid: int, args: tuple[int, ...], read: Reader,
               valid: Callable[[int], bool], thread_group: Callable[[int], int]) -> int | None:
@@ -111,12 +140,14 @@ class Connector:
         if not self.allowed.allows(address, port):
             self.allowed.refuse(address, port)
             raise Refused(errno.EPERM)
-        sock = self._socket_of(notif_id, tid, fd, valid, thread_group)
-        try:
-            return self._connect(notif_id, sock, raw)
-        except BaseException:
-            os.close(sock)
-            raise
+        if self._takes_sockets:
+            try:
+                sock = self._socket_of(notif_id, tid, fd, valid, thread_group)
+            except _Unreachable:
+                self._takes_sockets = False
+            else:
+                return self._connect(notif_id, sock, raw, None)
+        return self._replace(notif_id, tid, fd, raw, valid)
 
     @staticmethod
     def _socket_of(notif_id: int, tid: int, fd: int, valid: Callable[[int], bool],
@@ -135,7 +166,9 @@ class Connector:
             sock = libc.syscall(ctypes.c_long(_PIDFD_GETFD), pidfd, fd, 0)
             if sock < 0:
                 err = ctypes.get_errno()
-                raise Refused(errno.EBADF if err == errno.EBADF else errno.EPERM)
+                if err == errno.EBADF:
+                    raise Refused(errno.EBADF)
+                raise _Unreachable  # EPERM (or ENOSYS before Linux 5.6)
         finally:
             os.close(pidfd)
         try:
@@ -149,46 +182,109 @@ class Connector:
             raise Refused(errno.EPERM)
         return int(sock)
 
-    def _connect(self, notif_id: int, sock: int, raw: bytes) -> int | None:
-        flags = fcntl.fcntl(sock, fcntl.F_GETFL)
-        blocking = not flags & os.O_NONBLOCK
-        if blocking and len(self.waiting) >= MAX_WAITING:
-            raise Refused(errno.EAGAIN)  # before it starts: the job's socket stays unconnected
-        if blocking:
-            fcntl.fcntl(sock, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    def _replace(self, notif_id: int, tid: int, fd: int, raw: bytes, valid: Callable[[int], bool]) -> int | None:
+        """Where the pool may not take the job's socket: connect a socket of the pool's own to the checked
+        address, and put it in the job at the job's descriptor number (``SECCOMP_IOCTL_NOTIF_ADDFD``, which
+        needs no reach into the job), in place of the unconnected socket the job made. The job's socket
+        options set before the connect are not carried over (see the module's docstring)."""
+        flags = _descriptor_flags(tid, fd)
+        if not valid(notif_id):  # what was read of /proc/<tid> was the job's
+            raise Refused(errno.EINTR)
+        (family,) = _FAMILY.unpack_from(raw)
+        ours = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC).detach()
+        replace = (fd, flags & os.O_CLOEXEC)
+        if not flags & os.O_NONBLOCK:
+            return self._connect(notif_id, ours, raw, replace)
+        os.set_blocking(ours, False)
         try:
-            result = libc.connect(sock, raw, len(raw))
-            err = ctypes.get_errno() if result != 0 else 0
+            err = _connect(ours, raw)
+            if err not in (0, errno.EINPROGRESS):
+                raise Refused(err)
+            self._install(notif_id, ours, replace)
         finally:
+            os.close(ours)
+        if err:
+            raise Refused(err)
+        return 0
+
+    def _install(self, notif_id: int, sock: int, replace: tuple[int, int]) -> None:
+        fd, cloexec = replace
+        request = ctypes.create_string_buffer(
+            _ADDFD.pack(notif_id, _ADDFD_FLAG_SETFD, sock, fd, os.O_CLOEXEC if cloexec else 0), _ADDFD.size)
+        if libc.ioctl(self._listener, _NOTIF_ADDFD, request) < 0:
+            err = ctypes.get_errno()
+            # ENOENT: the call is gone; EINVAL or ENOTTY: a kernel before 5.9, which cannot install one.
+            raise Refused(errno.EINTR if err == errno.ENOENT else errno.EPERM)
+
+    def _connect(self, notif_id: int, sock: int, raw: bytes, replace: tuple[int, int] | None) -> int | None:
+        """Connect ``sock`` (ours: the job's own, or one to replace it) without blocking the pool."""
+        try:
+            flags = fcntl.fcntl(sock, fcntl.F_GETFL)
+            blocking = not flags & os.O_NONBLOCK
+            if blocking and len(self.waiting) >= MAX_WAITING:
+                raise Refused(errno.EAGAIN)  # before it starts: the job's socket stays unconnected
             if blocking:
-                fcntl.fcntl(sock, fcntl.F_SETFL, flags)
-        if err == 0:
+                fcntl.fcntl(sock, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+            try:
+                err = _connect(sock, raw)
+            finally:
+                if blocking:
+                    fcntl.fcntl(sock, fcntl.F_SETFL, flags)
+            if blocking and err in (errno.EINPROGRESS, errno.EALREADY):
+                self.waiting[sock] = _Waiting(notif_id, replace)
+                self.new.append(sock)
+                return None
+            if replace is not None and err == 0:
+                self._install(notif_id, sock, replace)
+        except BaseException:
             os.close(sock)
-            return 0
-        if blocking and err in (errno.EINPROGRESS, errno.EALREADY):
-            self.waiting[sock] = notif_id
-            self.new.append(sock)
-            return None
-        raise Refused(err)
+            raise
+        os.close(sock)
+        if err:
+            raise Refused(err)
+        return 0
 
     def connected(self, sock: int) -> tuple[int, int]:
-        """A waiting socket became writable: (the waiting call's id, its answer: 0 or -errno). Our
-        descriptor is closed."""
-        notif_id = self.waiting.pop(sock)
+        """A waiting socket became writable: (the waiting call's id, its answer: 0 or -errno). A socket of
+        the pool's that connected is put in the job first. Our descriptor is closed."""
+        waiting = self.waiting.pop(sock)
         try:
             with socket.socket(fileno=os.dup(sock)) as probe:
                 err = probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err == 0 and waiting.replace is not None:
+                self._install(waiting.notif_id, sock, waiting.replace)
+        except Refused as refused:
+            err = refused.errno
         except OSError as exc:
             err = exc.errno or errno.EIO
         finally:
             os.close(sock)
-        return notif_id, -err
+        return waiting.notif_id, -err
 
     def close(self) -> None:
         for sock in self.waiting:
             os.close(sock)
         self.waiting.clear()
         self.new.clear()
+
+
+def _connect(sock: int, raw: bytes) -> int:
+    """``connect`` with the very bytes that were checked: 0 or the errno."""
+    return 0 if libc.connect(sock, raw, len(raw)) == 0 else ctypes.get_errno()
+
+
+def _descriptor_flags(tid: int, fd: int) -> int:
+    """The job's descriptor ``fd``: its open flags with O_CLOEXEC, as its fdinfo shows them; Refused with
+    EBADF if it has none, ENOTSOCK if it is not a socket."""
+    try:
+        target = os.readlink(f"/proc/{tid}/fd/{fd}") if fd >= 0 else ""
+        with open(f"/proc/{tid}/fdinfo/{fd}", "rb") as info:
+            flags = next(int(line.split()[1], 8) for line in info if line.startswith(b"flags:"))
+    except (OSError, ValueError, StopIteration):
+        raise Refused(errno.EBADF) from None
+    if not target.startswith("socket:"):
+        raise Refused(errno.ENOTSOCK)
+    return flags
 
 
 def _signed(value: int) -> int:

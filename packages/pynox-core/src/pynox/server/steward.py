@@ -163,7 +163,7 @@ class Steward:
         self._poll = select.poll()
         self._poll.register(listener, select.POLLIN)
         # With allow_hosts: the job's connects, made here (see egress.py); None: every connect is refused.
-        self.connector = Connector(hosts) if hosts is not None else None
+        self.connector = Connector(hosts, listener) if hosts is not None else None
 
     def close(self) -> None:
         if self.connector is not None:

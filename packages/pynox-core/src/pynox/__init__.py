@@ -103,7 +103,7 @@ def tool(profile: str | None = None, *, session: bool = False,
     """A ``run_python(code: str) -> str`` function for a model, on the default pool.
 
     Permissions come from ``profile`` (in ``$PYNOX_CONFIG`` or ``./pynox.toml``) and from ``grants``
-    (allow_read, allow_write, allow_network, env, timeout, memory, max_output, max_file_size,
+    (allow_read, allow_write, allow_network, allow_hosts, env, timeout, memory, max_output, max_file_size,
     package_dirs): never from the model. ``session=True`` keeps variables between calls;
     ``functions`` lets the code call the host's own functions through ``pynox_host``; a function's
     exception reaches the code only as its type unless it is a :class:`HostError`, or

@@ -115,7 +115,7 @@ def python_tool(pool: Pool | None = None, *, profile: str | None = None, session
                 functions: Mapping[str, Callable[..., Any]] | None = None, **grants: Unpack[Grants]) -> PynoxTool:
     """A LangChain tool ``run_python(code: str)`` whose code runs in Pynox.
 
-    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env,
+    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, allow_hosts, env,
     timeout, memory, max_output, max_file_size, package_dirs), never from the model; ``functions`` are
     host functions the code may call through ``pynox_host``. ``pool=None`` uses the default pool,
     started on the first call (never here). ``session=True`` keeps variables between calls, one

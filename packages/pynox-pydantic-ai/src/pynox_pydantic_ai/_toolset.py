@@ -139,7 +139,7 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
     """A toolset with one tool, ``run_python(code: str)``, whose code runs in Pynox.
 
     The tool is async and awaits :meth:`pynox.Pool.arun`, so no thread waits while the code runs.
-    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env,
+    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, allow_hosts, env,
     timeout, memory, max_output, max_file_size, package_dirs), never from the model; ``functions``
     are host functions the code may call through ``pynox_host`` (callables or pydantic-ai ``Tool``
     objects, by name or as a list of tools). ``pool=None`` uses the default pool, started on the first

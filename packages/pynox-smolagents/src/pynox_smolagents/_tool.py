@@ -126,8 +126,8 @@ def python_tool(pool: pynox.Pool | None = None, *, profile: str | None = None, s
     """A smolagents tool named ``run_python`` that runs the model's code on ``pool`` (default: Pynox's default
     pool, started on the first call).
 
-    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, timeout, memory,
-    ...), fixed here; ``session=True`` keeps variables between calls; ``functions`` are host functions the code
+    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, allow_hosts, timeout,
+    memory, ...), fixed here; ``session=True`` keeps variables between calls; ``functions`` are host functions the code
     imports from ``pynox_host``. A bad grant raises here, before any agent runs.
     """
     check_grants("python_tool()", grants)

@@ -134,7 +134,7 @@ def python_tool(pool: Pool | None = None, *, profile: str | None = None, session
                 **grants: Unpack[Grants]) -> DecoratedFunctionTool[..., dict[str, Any]] | PynoxSessionTools:
     """A strands tool ``run_python(code: str)`` whose code runs in Pynox.
 
-    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, env,
+    Permissions come from ``profile`` and ``grants`` (allow_read, allow_write, allow_network, allow_hosts, env,
     timeout, memory, max_output, max_file_size, package_dirs), never from the model; ``functions`` are
     host functions the code may call through ``pynox_host``. ``pool=None`` uses the default pool,
     started on the first call (never at import or here).

@@ -504,7 +504,7 @@ class Pool:
             host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
         """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
 
-        ``grants``: name, args, allow_read, allow_write, allow_network, env, timeout, memory, max_output,
+        ``grants``: name, args, allow_read, allow_write, allow_network, allow_hosts, env, timeout, memory, max_output,
         max_file_size, package_dirs, profile. ``return_value``: report repr() of a trailing expression's
         value (:attr:`Result.return_value`), as a notebook shows it. Raises :class:`pynox.RequestError` if
         the pool refused the request before running it, and :class:`pynox.PoolError` if the pool gave no

@@ -84,9 +84,9 @@ def python_function(pool: pynox.Pool, *, profile: str | None = None, name: str =
     """The ``run_python(code, timeout=None) -> dict`` external function for ``Monty``, running on ``pool``.
 
     ``profile`` and ``grants`` (allow_read, allow_write, allow_network, allow_hosts, env, memory, max_output,
-    max_file_size, package_dirs, timeout) fix what the code may do; the model's code cannot change them. ``timeout`` is the host's
-    limit per call: the glue code may pass a shorter one, and a longer one is cut to it. ``functions`` are host
-    functions the heavy code may import from ``pynox_host``. A bad grant raises here.
+    max_file_size, package_dirs, timeout) fix what the code may do; the model's code cannot change them.
+    ``timeout`` is the host's limit per call: the glue code may pass a shorter one, and a longer one is cut to
+    it. ``functions`` are host functions the heavy code may import from ``pynox_host``. A bad grant raises here.
     """
     check_grants("python_function()", grants)
     bridge = _Bridge(pool, profile=profile, name=name, functions=functions, grants=grants)

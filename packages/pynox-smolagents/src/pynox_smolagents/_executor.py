@@ -119,10 +119,11 @@ class PynoxExecutor(PythonExecutor):
 
     ``pool``: the Pynox pool (default: the process-wide pool, started on the first step). Permissions come from
     ``profile`` and ``grants`` (allow_read, allow_write, allow_network, allow_hosts, env, timeout, memory,
-    max_output, ...) and apply to every step; the timeout is per step and includes the time the agent's tools
-    take. ``functions`` are extra host functions bound by name like the tools (the agent's prompt does not list
-    them: say so in its ``instructions``). ``name`` is the file name errors point at (``agent.py``). ``max_print_outputs_length``
-    caps what a step's prints show the model, as for smolagents' local executor (default 50,000 characters).
+    max_output, ...) and apply to every step; the timeout is per step and includes the time the agent's tools take.
+    ``functions`` are extra host functions bound by name like the tools (the agent's prompt does not list them: say
+    so in its ``instructions``). ``name`` is the file name errors point at (``agent.py``).
+    ``max_print_outputs_length`` caps what a step's prints show the model, as for smolagents' local executor
+    (default 50,000 characters).
 
     Values cross as in smolagents' remote executors: tool arguments and results, ``final_answer``, a step's
     trailing value and the agent's variables (``additional_args``) may be JSON values, tuples, sets, bytes,

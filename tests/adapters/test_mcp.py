@@ -340,3 +340,24 @@ def test_http_has_no_sessions_and_says_so() -> None:
     done = subprocess.run([SERVER, "--http", "1", "--session"], capture_output=True, text=True, timeout=30,
                           check=False)
     assert done.returncode == 2 and "--session needs the stdio transport" in done.stderr
+
+
+def test_allow_host_reaches_the_listed_host_and_no_other() -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listed, socket.create_server(("127.0.0.1", 0)) as other:
+        ports = listed.getsockname()[1], other.getsockname()[1]
+        code = (f"import socket\nfor port in {ports}:\n    try:\n"
+                "        socket.create_connection(('127.0.0.1', port), timeout=3).close(); print('reached', port)\n"
+                "    except OSError as exc:\n        print('refused', port, type(exc).__name__)")
+
+        async def body(client: Client) -> tuple[str, str]:
+            tools = await client.list_tools()
+            return tools.tools[0].description or "", text_of(await run(client, code))
+
+        description, text = with_client(["--allow-host", f"127.0.0.1:{ports[0]}"], body)
+        assert f"TCP connections to 127.0.0.1:{ports[0]} only" in description
+        assert f"reached {ports[0]}" in text and f"refused {ports[1]} PermissionError" in text, text
+        other.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            other.accept()

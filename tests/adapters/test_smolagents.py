@@ -380,3 +380,22 @@ def test_integrations_doc_blocks_run(tmp_path: Path) -> None:
                               text=True, timeout=100, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.rstrip().splitlines()[-1] in ("3", "3 orders")
+
+
+def test_a_code_agent_with_allow_hosts_reaches_the_listed_host_only(pool: pynox.Pool) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listed, socket.create_server(("127.0.0.1", 0)) as other:
+        ports = listed.getsockname()[1], other.getsockname()[1]
+        code = (f"import socket\nfor port in {ports}:\n    try:\n"
+                "        socket.create_connection(('127.0.0.1', port), timeout=3).close(); print('reached', port)\n"
+                "    except OSError as exc:\n        print('refused', port, type(exc).__name__)")
+        model = ScriptedModel([code, "final_answer('done')"])
+        executor = PynoxExecutor(pool, allow_hosts=[f"127.0.0.1:{ports[0]}"])
+        with CodeAgent(tools=[], model=model, executor=executor, verbosity_level=QUIET) as agent:
+            assert agent.run("task") == "done"
+            observed = action_steps(agent)[0].observations or ""
+        assert f"reached {ports[0]}" in observed and f"refused {ports[1]} PermissionError" in observed, observed
+        other.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            other.accept()

@@ -352,3 +352,80 @@ def test_connects_the_pool_waits_on_are_bounded_and_let_go(pool: pynox.Pool) -> 
         while len(os.listdir(f"/proc/{server}/fd")) > before and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(os.listdir(f"/proc/{server}/fd")) <= before
+
+
+@pytest.mark.parametrize("client", ["requests", "httpx"])
+def test_http_clients_reach_a_listed_name(pool: pynox.Pool, client: str) -> None:
+    import http.server
+
+    pytest.importorskip(client)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802  # the base class's name
+            body = b"from the index"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        code = (f"import {client}\nprint({client}.get('http://localhost:{port}/simple/').text)\n"
+                f"try:\n    {client}.get('http://127.0.0.2:{port}/', timeout=3)\n"
+                "except Exception as exc:\n    print('refused', type(exc).__name__)")
+        result = _run(pool, code, allow_hosts=[f"localhost:{port}"])
+        assert result.exit == 0, result
+        assert result.stdout.splitlines()[0] == "from the index"
+        assert result.stdout.splitlines()[1].startswith("refused"), result.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.needs_root("a private mount namespace with a hosts file of the test's own")
+def test_a_name_keeps_the_addresses_it_had_when_its_session_started(tmp_path: Any,
+                                                                    listeners: dict[str, Listener]) -> None:
+    """Names resolve through the host's own resolver files: here a hosts file bind-mounted over /etc/hosts in
+    a private mount namespace the pool runs in. index.test is 127.0.0.1 when the session starts; the file
+    then says 127.0.0.2. The session's next step still reaches 127.0.0.1 by that name and is refused
+    127.0.0.2, whose listener sees nothing; a new job, resolved after the change, reaches 127.0.0.2 (the
+    control: the pool's resolver did see the change)."""
+    import shutil
+    import subprocess
+
+    from tests.pool.pool_driver import POOL, PoolProcess
+
+    listed, other = listeners["listed"], listeners["other_address"]
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 index.test\n")
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare --mount fails)")
+    command = [unshare, "--mount", "--propagation", "private", "sh", "-c",
+               'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *POOL]
+    pool = PoolProcess("--workers=1", command=command)
+    grant = {"allow_hosts": [f"index.test:{listed.port}"]}
+    connect = CONNECT + f"print(socket.getaddrinfo('index.test', {listed.port})[0][4][0])\n" + \
+        f"attempt('index.test', {listed.port})\nattempt('127.0.0.2', {listed.port})\n"
+    try:
+        pool.send({"id": "first", "session": "s", "code": connect, **grant})
+        first = pool.result("first")
+        assert first["exit"] == 0 and first["stdout"].splitlines()[0] == "127.0.0.1", first
+        hosts.write_text("127.0.0.2 index.test\n")  # in place: the bind mount shows the same inode
+        pool.send({"id": "second", "session": "s", "code": connect})
+        second = pool.result("second")
+        assert second["stdout"].splitlines()[0] == "127.0.0.1", second
+        assert "reached index.test" in second["stdout"]
+        assert f"refused 127.0.0.2 {listed.port} PermissionError" in second["stdout"], second
+        assert listed.connections() == 2 and other.connections() == 0
+        pool.send({"id": "new", "code": CONNECT + f"attempt('index.test', {listed.port})", **grant})
+        new = pool.result("new")
+        assert "reached index.test" in new["stdout"], new
+        assert other.connections() == 1
+    finally:
+        pool.finish()

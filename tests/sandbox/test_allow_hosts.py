@@ -388,3 +388,72 @@ def test_http_clients_reach_a_listed_name(pool: pynox.Pool, client: str) -> None
     finally:
         server.shutdown()
         server.server_close()
+
+
+ROUTING = '''
+import socket, struct
+def attempt(what, family, level, option, value):
+    s = socket.socket(family)
+    try:
+        s.setsockopt(level, option, value); print(what, "set")
+    except OSError as exc:
+        print(what, type(exc).__name__, exc.errno)
+listed, other = socket.inet_pton(socket.AF_INET6, "fd00::1"), socket.inet_pton(socket.AF_INET6, "fd00::2")
+# A segment routing header (type 4): the packets' real destination is the last segment, the job's choice.
+srh = struct.pack("!BBBBBBH", 0, 4, 4, 1, 1, 0, 0) + listed + other
+attempt("segment routing", socket.AF_INET6, socket.IPPROTO_IPV6, 57, srh)
+attempt("rfc 2292 routing", socket.AF_INET6, socket.IPPROTO_IPV6, 5, srh)
+attempt("bind to device", socket.AF_INET, socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+attempt("unicast interface", socket.AF_INET, socket.IPPROTO_IP, 50, struct.pack("!I", 1))
+attempt("ipv4 options", socket.AF_INET, socket.IPPROTO_IP, 4, bytes([1, 1, 1, 0]))
+'''
+
+
+def test_no_socket_option_routes_a_connection_elsewhere(pool: pynox.Pool, listeners: dict[str, Listener]) -> None:
+    """An IPv6 routing header sends a connection made to a listed address on to any other (the pool checks
+    the address, the kernel routes by the header), and an interface option picks another network: each is
+    refused with allow_hosts. The control, with the network, sets the routing header and the device (no
+    privilege needed), so the refusal is the policy's."""
+    result = _run(pool, ROUTING, allow_hosts=[f"127.0.0.1:{listeners['listed'].port}"])
+    assert result.exit == 0, result
+    for what in ("segment routing", "rfc 2292 routing", "bind to device", "unicast interface", "ipv4 options"):
+        assert f"{what} PermissionError 1" in result.stdout, (what, result.stdout)
+    control = _run(pool, ROUTING, allow_network=True)
+    assert "segment routing set" in control.stdout and "bind to device set" in control.stdout, control.stdout
+
+
+def test_this_hosts_unspecified_address_is_never_reached(pool: pynox.Pool, listeners: dict[str, Listener]) -> None:
+    """0.0.0.0 is this host: an entry (or a name a resolver sinkholes to 0.0.0.0) that seems to cover it reaches
+    nothing, and the host's own listener on 127.0.0.1 sees no connection."""
+    listed = listeners["listed"]
+    result = _run(pool, CONNECT + f"attempt('0.0.0.0', {listed.port})\nattempt('::', {listed.port})",
+                  allow_hosts=[f"0.0.0.0/0:{listed.port}", f"[::/0]:{listed.port}"])
+    assert f"refused 0.0.0.0 {listed.port} PermissionError 1" in result.stdout, result
+    assert f"refused :: {listed.port} PermissionError 1" in result.stdout, result
+    assert listed.connections() == 0
+    control = _run(pool, CONNECT + f"attempt('0.0.0.0', {listed.port})", allow_network=True)
+    assert "reached 0.0.0.0" in control.stdout and listed.connections() == 1, control
+
+
+def test_connecting_a_descriptor_that_is_no_tcp_socket_leaves_the_pool_nothing(pool: pynox.Pool,
+                                                                               listeners: dict[str, Listener]) -> None:
+    """connect() on /dev/null, on the job's own stdout pipe, thousands of times: each refused, the pool keeps
+    no descriptor of the job's (the job's output still ends, and the pool's count comes back)."""
+    listed = listeners["listed"]
+    assert pool._process is not None
+    server = pool._process.popen.pid
+    code = ("import ctypes, os, socket, struct, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"address = struct.pack('=H', socket.AF_INET) + struct.pack('!H', {listed.port}) + "
+            "socket.inet_aton('127.0.0.1') + bytes(8)\nnull = os.open('/dev/null', os.O_RDONLY)\n"
+            "errors = set()\nfor fd in [null] * 2000 + [1, 2]:\n"
+            "    if libc.connect(fd, address, 16) != 0:\n        errors.add(ctypes.get_errno())\n"
+            "print(sorted(errors)); sys.stdout.flush()")
+    _run(pool, "print(1)", allow_hosts=[f"127.0.0.1:{listed.port}"])
+    time.sleep(0.5)
+    before = len(os.listdir(f"/proc/{server}/fd"))
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
+    assert result.exit == 0 and result.stdout == "[88]\n", result  # ENOTSOCK, as the kernel says it
+    _run(pool, "print(1)", allow_hosts=[f"127.0.0.1:{listed.port}"])
+    time.sleep(0.5)
+    assert len(os.listdir(f"/proc/{server}/fd")) <= before
+    assert listed.connections() == 0

@@ -231,6 +231,8 @@ class AllowList:
 
     def allows(self, address: str, port: int) -> bool:
         ip = _plain(ipaddress.ip_address(address))
+        if ip.is_unspecified:  # 0.0.0.0 and :: are this host, whatever entry or name seemed to cover them
+            return False
         return any(port in ports and ip in network for network, ports, _ in self._rules)
 
     def refuse(self, address: str, port: int) -> None:

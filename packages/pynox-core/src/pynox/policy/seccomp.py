@@ -44,6 +44,16 @@ _F_SETOWN_EX = 15
 _FIOSETOWN = 0x8901
 _SOCKET_IOCTLS = 0x8900  # the 0x89xx range of <linux/sockios.h>
 _MSG_FASTOPEN = 0x20000000  # sendto/sendmsg on a TCP socket not yet connected: connect there, with data
+# Socket options that send a connection elsewhere than the address it was made to, or out of another
+# interface (level, option name): IPv6 routing headers, sticky or not, in the RFC 2292 forms and the current
+# ones (a segment routing header makes any address the packets' real destination, unprivileged), hop-by-hop
+# and destination options, the flow label manager; IPv4 options (source routing); the interface a socket
+# sends from (SO_BINDTODEVICE, SO_BINDTOIFINDEX, IP_UNICAST_IF, IPV6_UNICAST_IF).
+_REDIRECTING_OPTIONS = (
+    (41, 5), (41, 6), (41, 32), (41, 54), (41, 55), (41, 57), (41, 59), (41, 76),
+    (0, 4), (0, 50),
+    (1, 25), (1, 62),
+)
 _SIOCSPGRP = 0x8902
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -196,8 +206,9 @@ def _host_rules(f: pyseccomp.SyscallFilter) -> None:
     connects the job's socket itself to the address it read and checked (pynox.server.steward), so no
     later change of the job's memory can redirect it. Nothing reaches an address any other way: no UDP
     (names are resolved by the pool), no bind, listen or accept, no TCP Fast Open (sendto or sendmsg with
-    MSG_FASTOPEN connects to the address it is given), no interface ioctls. Landlock (ABI 4 and later)
-    refuses the job's own TCP connect and bind besides."""
+    MSG_FASTOPEN connects to the address it is given), no interface ioctls, and no socket option that
+    routes a connection elsewhere than its address or out of another interface (``_REDIRECTING_OPTIONS``).
+    Landlock (ABI 4 and later) refuses the job's own TCP connect and bind besides."""
     for family in (socket.AF_INET, socket.AF_INET6):
         for kind in range(_SOCK_TYPE_MASK + 1):
             if kind != socket.SOCK_STREAM:
@@ -211,6 +222,10 @@ def _host_rules(f: pyseccomp.SyscallFilter) -> None:
             _deny(f, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family), pyseccomp.Arg(2, pyseccomp.EQ, protocol))
     for name in ("bind", "listen", "accept", "accept4"):
         _deny(f, name)
+    # Before the connect or after it (the kernel drops the cached route when a routing header is set): never.
+    for level, option in _REDIRECTING_OPTIONS:
+        _deny(f, "setsockopt", pyseccomp.Arg(1, pyseccomp.MASKED_EQ, 0xFFFFFFFF, level),
+              pyseccomp.Arg(2, pyseccomp.MASKED_EQ, 0xFFFFFFFF, option))
     _add(f, pyseccomp.NOTIFY, "connect")
     for name, flags in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
         _deny(f, name, pyseccomp.Arg(flags, pyseccomp.MASKED_EQ, _MSG_FASTOPEN, _MSG_FASTOPEN))

@@ -41,6 +41,7 @@ import fcntl
 import ipaddress
 import os
 import socket
+import stat
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,14 +173,12 @@ class Connector:
         finally:
             os.close(pidfd)
         try:
-            with socket.socket(fileno=os.dup(sock)) as probe:
-                kind = (probe.family, probe.type)
+            kind = _kind(sock)
         except OSError:
-            os.close(sock)
-            raise Refused(errno.ENOTSOCK) from None
-        if kind not in ((socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_STREAM)):
-            os.close(sock)
-            raise Refused(errno.EPERM)
+            kind = None
+        if kind is None or kind[0] not in (socket.AF_INET, socket.AF_INET6) or kind[1:] != _TCP:
+            os.close(sock)  # at once: a descriptor of the job's held here (a pipe's end) would hold it open
+            raise Refused(errno.ENOTSOCK if kind is None else errno.EPERM)
         return int(sock)
 
     def _replace(self, notif_id: int, tid: int, fd: int, raw: bytes, valid: Callable[[int], bool]) -> int | None:
@@ -249,8 +248,7 @@ class Connector:
         the pool's that connected is put in the job first. Our descriptor is closed."""
         waiting = self.waiting.pop(sock)
         try:
-            with socket.socket(fileno=os.dup(sock)) as probe:
-                err = probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            err = _socket_error(sock)
             if err == 0 and waiting.replace is not None:
                 self._install(waiting.notif_id, sock, waiting.replace)
         except Refused as refused:
@@ -266,6 +264,29 @@ class Connector:
             os.close(sock)
         self.waiting.clear()
         self.new.clear()
+
+
+_TCP = (socket.SOCK_STREAM, socket.IPPROTO_TCP)
+
+
+def _kind(fd: int) -> tuple[int, int, int] | None:
+    """(family, type, protocol) of the socket ``fd``, None if it is not a socket; ``fd`` stays open."""
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        return None
+    probe = socket.socket(fileno=fd)  # reads the socket's family, type and protocol
+    try:
+        return probe.family, probe.type, probe.proto
+    finally:
+        probe.detach()
+
+
+def _socket_error(fd: int) -> int:
+    """The socket's pending error (SO_ERROR), which reading clears; ``fd`` stays open."""
+    probe = socket.socket(fileno=fd)
+    try:
+        return int(probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+    finally:
+        probe.detach()
 
 
 def _connect(sock: int, raw: bytes) -> int:

@@ -457,3 +457,15 @@ def test_connecting_a_descriptor_that_is_no_tcp_socket_leaves_the_pool_nothing(p
     time.sleep(0.5)
     assert len(os.listdir(f"/proc/{server}/fd")) <= before
     assert listed.connections() == 0
+
+
+def test_a_later_error_is_not_explained_by_an_earlier_refused_connect(pool: pynox.Pool,
+                                                                      listeners: dict[str, Listener]) -> None:
+    """The pool's network hint is for a socket's error: a job that was refused a connect, caught it, then
+    failed on something else (a chmod outside its grants, also EPERM) gets that error's own hint."""
+    listed, other = listeners["listed"], listeners["other_port"]
+    code = (CONNECT + f"attempt('127.0.0.1', {other.port})\nimport os\nos.chmod('/etc/hostname', 0o777)")
+    result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
+    assert result.error is not None and result.error["type"] == "PermissionError", result
+    assert "allow_hosts" not in (result.error["hint"] or ""), result.error
+    assert "refused 127.0.0.1" in result.stdout

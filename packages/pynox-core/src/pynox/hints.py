@@ -16,6 +16,7 @@ from .paths import beneath
 from .units import format_duration, format_size
 
 __all__ = [
+    "HOSTS_HINT_START",
     "cross_grant_hint",
     "hosts_hint",
     "memory_hint",
@@ -96,13 +97,18 @@ def cross_grant_hint() -> str:
             "filesystems). Copy its content instead (shutil.copyfile), where both places are granted.")
 
 
+# How the hint of a socket error under allow_hosts begins: the pool, which alone knows the address a refused
+# connect named, recognises it and says which entry would allow it (hosts_hint).
+HOSTS_HINT_START = "This sandbox may open TCP connections only"
+
+
 def network_hint(network: str, style: Style, hosts: Sequence[str] = ()) -> str:
     """Why a socket call failed, by the job's network mode ("none", "hosts" or "all")."""
     never = ("Unix sockets (other than a stream socket.socketpair), raw, netlink and packet sockets are never "
              "allowed.")
     if network == "hosts":
         listed = f" ({', '.join(hosts)})" if hosts else ""
-        return (f"This sandbox may open TCP connections only to the hosts it was granted{listed}; UDP, "
+        return (f"{HOSTS_HINT_START} to the hosts it was granted{listed}; UDP, "
                 f"listening sockets and other hosts or ports are not allowed. "
                 f"Ask the host to grant {_host_grant(style, 'host:port')}. {never}")
     if network == "all":

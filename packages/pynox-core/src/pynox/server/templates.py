@@ -124,10 +124,11 @@ def _key(confinement: Confinement, granted: list[int]) -> Key | None:
 
 def _explain_refused_connect(outcome: Outcome, spec: JobSpec, hosts: AllowList) -> None:
     """A job that failed on a connect the pool refused is told which entry would have allowed it: only the
-    pool knows the address (the job's error says only "Operation not permitted")."""
+    pool knows the address (the job's error says only "Operation not permitted"). Only for an error the job's
+    own report took for a socket's (its hint says so), after a refusal in this job or step."""
     error = outcome.error
     if not hosts.refused or error is None or error.type != "PermissionError" \
-            or "Operation not permitted" not in error.message:
+            or not (error.hint or "").startswith(hints.HOSTS_HINT_START):
         return
     address, port = hosts.refused[-1]
     shown = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
@@ -451,6 +452,8 @@ class Template:
         unless it has ended."""
         outcome = Outcome()
         hosts = self._steward.hosts if self._steward is not None else None  # the steward is closed by _finish
+        if hosts is not None:
+            hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
         capture = Capture(reads, outcome, max_output)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:

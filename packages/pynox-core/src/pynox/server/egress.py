@@ -26,8 +26,9 @@ after the check; it is never done.
 The pool connects without blocking. A job's non-blocking socket gets ``EINPROGRESS`` at once, as the
 kernel would give it, and the job waits for it as it would for its own. A blocking socket's call is
 answered when the connection is made or fails (:meth:`Connector.connected`, called by the job's serving
-loop when the socket becomes writable); its flags are the job's again before that. Until a blocking
-connect is answered, another thread of the job reading the same socket may see ``EAGAIN``.
+loop when the socket becomes writable). The pool makes the job's own socket non-blocking for its one
+``connect`` call and gives it back its flags at once: another thread of the job using that socket in
+those microseconds may see ``EAGAIN``.
 
 A refused address gets ``EPERM`` (Python's ``PermissionError``), and is remembered for the hint, which
 names the entry that would allow it.

@@ -112,7 +112,7 @@ def test_only_the_listed_address_and_port_are_reached(pool: pynox.Pool, listener
     assert other_address.connections() == 1 and other_port.connections() == 1
 
 
-@pytest.mark.parametrize("how", ["blocking", "non-blocking", "timeout", "asyncio"])
+@pytest.mark.parametrize("how", ["blocking", "non-blocking", "timeout", "asyncio", "thread"])
 def test_every_way_of_connecting_reaches_a_listed_host(pool: pynox.Pool, listeners: dict[str, Listener],
                                                        how: str) -> None:
     listed = listeners["listed"]
@@ -128,6 +128,14 @@ def test_every_way_of_connecting_reaches_a_listed_host(pool: pynox.Pool, listene
         "asyncio": "import asyncio\nasync def main():\n"
                    f"    reader, writer = await asyncio.open_connection('localhost', {listed.port})\n"
                    "    writer.write(b'job'); print(await reader.read(2)); writer.close()\nasyncio.run(main())",
+        # Not the main thread: its tid is not the process's pid, so the pool finds the process another way.
+        "thread": "import socket, threading
+def go():
+"
+                  f"    s = socket.create_connection(('127.0.0.1', {listed.port}), timeout=5)
+"
+                  "    s.sendall(b'job'); print(s.recv(2))
+threading.Thread(target=go).start()",
     }[how]
     result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}", f"localhost:{listed.port}"])
     assert result.exit == 0, result

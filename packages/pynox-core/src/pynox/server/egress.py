@@ -155,13 +155,16 @@ class Connector:
     def _socket_of(notif_id: int, tid: int, fd: int, valid: Callable[[int], bool],
                    thread_group: Callable[[int], int]) -> int:
         """Our descriptor of the job's socket ``fd``: an IPv4 or IPv6 stream socket, or Refused."""
-        group = thread_group(tid)
-        if group < 0:
-            raise Refused(errno.EPERM)
         try:
-            pidfd = os.pidfd_open(group)
+            pidfd = os.pidfd_open(tid)  # the job's main thread: its tid is the process's pid
         except OSError:
-            raise Refused(errno.EPERM) from None
+            group = thread_group(tid)  # another thread: its process, from /proc/<tid>/status
+            try:
+                pidfd = os.pidfd_open(group) if group > 0 else -1
+            except OSError:
+                pidfd = -1
+            if pidfd < 0:
+                raise Refused(errno.EPERM) from None
         try:
             if not valid(notif_id):  # only now does the pidfd surely name the job (the tid could be reused)
                 raise Refused(errno.EINTR)

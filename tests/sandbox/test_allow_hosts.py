@@ -129,13 +129,9 @@ def test_every_way_of_connecting_reaches_a_listed_host(pool: pynox.Pool, listene
                    f"    reader, writer = await asyncio.open_connection('localhost', {listed.port})\n"
                    "    writer.write(b'job'); print(await reader.read(2)); writer.close()\nasyncio.run(main())",
         # Not the main thread: its tid is not the process's pid, so the pool finds the process another way.
-        "thread": "import socket, threading
-def go():
-"
-                  f"    s = socket.create_connection(('127.0.0.1', {listed.port}), timeout=5)
-"
-                  "    s.sendall(b'job'); print(s.recv(2))
-threading.Thread(target=go).start()",
+        "thread": "import socket, threading\ndef go():\n"
+                  f"    s = socket.create_connection(('127.0.0.1', {listed.port}), timeout=5)\n"
+                  "    s.sendall(b'job'); print(s.recv(2))\nthreading.Thread(target=go).start()",
     }[how]
     result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}", f"localhost:{listed.port}"])
     assert result.exit == 0, result

@@ -50,12 +50,12 @@ class HostEntry:
     ports: tuple[int, ...]
 
     def __str__(self) -> str:
+        """The entry as it is written: a bare host for the default ports, else ``host:port`` (an entry has
+        one port or the default two), parsed back to an equal entry."""
         host = self.name if self.name is not None else _show_network(self.network)
         if self.ports == DEFAULT_PORTS:
             return host
-        if self.network is not None and self.network.version == 6:
-            host = f"[{host}]"
-        return ",".join(f"{host}:{port}" for port in self.ports)
+        return self.entries()[0]
 
     def entries(self) -> list[str]:
         """This entry as the one-port entries it stands for (how the result's policy lists them)."""

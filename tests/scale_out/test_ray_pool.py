@@ -349,10 +349,19 @@ def test_the_network_grant_is_refused_unless_the_operator_allows_it(cluster: obj
             pool.session(allow_network=True)
         with pytest.raises(RequestError, match=r"network_grants=True"):
             pool.tool(allow_network=True)
+        # A narrower grant is no way round it: the cluster's own service is a host that can be listed.
+        with pytest.raises(RequestError, match=r"allow_hosts: .*network_grants=True"):
+            pool.run(code, allow_hosts=[f"{host}:{port}"], allow_write=[str(out)])
+        with pytest.raises(RequestError, match=r"allow_hosts: .*network_grants=True"):
+            pool.tool(allow_hosts=[f"{host}:{port}"])
         assert not marker.exists()
     with RayPool(workers=1, nodes=1, network_grants=True) as pool:  # the control: the harm is real
         result = pool.run(code, allow_network=True, allow_write=[str(out)], timeout="20s")
         assert result.exit == 0 and result.stdout.startswith("answered 4"), result.text  # an HTTP/2 SETTINGS frame
+        assert marker.read_text() == "ran"
+        marker.unlink()
+        listed = pool.run(code, allow_hosts=[f"{host}:{port}"], allow_write=[str(out)], timeout="20s")
+        assert listed.exit == 0 and listed.stdout.startswith("answered 4"), listed.text
         assert marker.read_text() == "ran"
 
 

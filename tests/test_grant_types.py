@@ -148,7 +148,7 @@ def test_pynox_mcps_grant_flags_are_the_grants_names() -> None:
     [group] = [group for group in parser._action_groups if group.title and group.title.startswith("what the code")]
     flags = {action.dest for action in group._group_actions} - {"config", "profile"}  # the pool's, not a grant
     args = parser.parse_args(["--allow-read", "data", "--allow-write", "out", "--allow-network", "--allow-host",
-                              "pypi.org", "--timeout", "5s", "--memory", "256m", "--max-output", "1m",
+                              "index.example.com", "--timeout", "5s", "--memory", "256m", "--max-output", "1m",
                               "--max-file-size", "1m", "--env", "A=1"])
     assert set(mcp_grants(args)) == flags
     assert flags <= GRANT_NAMES, flags - GRANT_NAMES

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.pure
 
 
 @pytest.mark.parametrize(("entry", "entries"), [
-    ("pypi.org", ["pypi.org:80", "pypi.org:443"]),
-    ("PyPI.org.:8443", ["pypi.org:8443"]),
+    ("index.example.com", ["index.example.com:80", "index.example.com:443"]),
+    ("Index.Example.com.:8443", ["index.example.com:8443"]),
     ("10.1.2.3", ["10.1.2.3:80", "10.1.2.3:443"]),
     ("10.0.0.0/8:5432", ["10.0.0.0/8:5432"]),
     ("::1", ["[::1]:80", "[::1]:443"]),
@@ -64,14 +64,14 @@ def test_a_name_that_did_not_resolve_allows_nothing() -> None:
 
 
 def test_within_the_ceiling() -> None:
-    ceiling = parse_hosts(["10.0.0.0/8:443", "pypi.org", "[2001:db8::/32]:443"])
+    ceiling = parse_hosts(["10.0.0.0/8:443", "index.example.com", "[2001:db8::/32]:443"])
     assert within(parse_entry("10.1.0.0/16:443"), ceiling)
     assert within(parse_entry("10.1.2.3:443"), ceiling)
     assert not within(parse_entry("10.1.2.3"), ceiling)  # port 80 is not in the ceiling for it
     assert not within(parse_entry("0.0.0.0/0:443"), ceiling)
-    assert within(parse_entry("pypi.org:443"), ceiling) and within(parse_entry("PYPI.org"), ceiling)
-    assert not within(parse_entry("pypi.org:8080"), ceiling)
-    assert not within(parse_entry("files.pypi.org"), ceiling)  # a name within the same name only
+    assert within(parse_entry("index.example.com:443"), ceiling) and within(parse_entry("INDEX.example.com"), ceiling)
+    assert not within(parse_entry("index.example.com:8080"), ceiling)
+    assert not within(parse_entry("files.index.example.com"), ceiling)  # a name within the same name only
     assert within(parse_entry("[2001:db8:1::/48]:443"), ceiling)
     assert not within(parse_entry("[2001:db9::1]:443"), ceiling)
 
@@ -86,9 +86,9 @@ def _request(**fields: object) -> Request:
 
 
 def test_the_ceiling_bounds_allow_hosts_and_refuses_the_whole_network(tree: Tree) -> None:
-    config = tree.load('[pool.limits]\nallow_hosts = ["10.0.0.0/8:443", "pypi.org"]\n')
+    config = tree.load('[pool.limits]\nallow_hosts = ["10.0.0.0/8:443", "index.example.com"]\n')
     cwd = str(tree.root)
-    assert config.apply(_request(allow_hosts=["10.9.0.0/16:443", "pypi.org:443"]), cwd).allow_hosts
+    assert config.apply(_request(allow_hosts=["10.9.0.0/16:443", "index.example.com:443"]), cwd).allow_hosts
     with pytest.raises(RequestError, match=r"allow_hosts: 10\.1\.2\.3:80 is not within .*10\.0\.0\.0/8:443"):
         config.apply(_request(allow_hosts=["10.1.2.3:80"]), cwd)
     with pytest.raises(RequestError, match=r"allow_network: the \[pool.limits\] ceiling does not allow"):
@@ -98,15 +98,15 @@ def test_the_ceiling_bounds_allow_hosts_and_refuses_the_whole_network(tree: Tree
 def test_a_ceiling_without_allow_hosts_allows_none_unless_it_allows_the_network(tree: Tree) -> None:
     cwd = str(tree.root)
     with pytest.raises(RequestError, match="allowed: none"):
-        tree.load("[pool.limits]\ntimeout = \"1m\"\n").apply(_request(allow_hosts=["pypi.org"]), cwd)
+        tree.load("[pool.limits]\ntimeout = \"1m\"\n").apply(_request(allow_hosts=["index.example.com"]), cwd)
     network = tree.load("[pool.limits]\nallow_network = true\n")
     assert network.apply(_request(allow_hosts=["anything.example:22"]), cwd).allow_hosts == ["anything.example:22"]
 
 
 def test_profiles_merge_hosts_and_a_bad_entry_is_a_config_error(tree: Tree) -> None:
-    config = tree.load('[profiles.index]\nallow_hosts = ["PyPI.org", "files.pythonhosted.org:443"]\n')
+    config = tree.load('[profiles.index]\nallow_hosts = ["Index.Example.com", "files.example.com:443"]\n')
     merged = config.apply(_request(profile="index", allow_hosts=["10.0.0.1:5432"]), str(tree.root))
-    assert merged.allow_hosts == ["pypi.org", "files.pythonhosted.org:443", "10.0.0.1:5432"]
+    assert merged.allow_hosts == ["index.example.com", "files.example.com:443", "10.0.0.1:5432"]
     with pytest.raises(ConfigError, match="allow_hosts"):
         tree.load('[profiles.bad]\nallow_hosts = ["10.1.2.3/16"]\n')
     with pytest.raises(ConfigError, match="allow_hosts"):

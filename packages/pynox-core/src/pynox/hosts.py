@@ -1,7 +1,7 @@
 """``allow_hosts``: the hosts and ports a job may open TCP connections to, and nothing else.
 
 An entry is ``host:port``, or a bare ``host`` for ports 80 and 443. The host is a name
-(``pypi.org``), a literal IPv4 or IPv6 address, or a network in CIDR form (``10.1.0.0/16``); an
+(``index.example.com``), a literal IPv4 or IPv6 address, or a network in CIDR form (``10.1.0.0/16``); an
 IPv6 address or network with a port is bracketed (``[2001:db8::1]:443``). One rule for every way in:
 the request line, the config file, a tool made in Python, the command line.
 
@@ -73,7 +73,7 @@ def _show_network(network: Network | None) -> str:
 
 def _name(text: str) -> str | None:
     name = text.lower()
-    if name.endswith("."):  # the root's dot: "pypi.org." is "pypi.org"
+    if name.endswith("."):  # the root's dot: "index.example.com." is "index.example.com"
         name = name[:-1]
     if not name or len(name) > 253:
         return None

@@ -25,7 +25,7 @@ def _hosts(hosts: Sequence[str] | None) -> list[str] | None:
     if hosts is None:
         return None
     if isinstance(hosts, str):
-        raise TypeError("allow_hosts must be a list, e.g. allow_hosts=['pypi.org'], not a single string")
+        raise TypeError("allow_hosts must be a list, e.g. allow_hosts=['index.example.com'], not a single string")
     return list(hosts)
 
 

@@ -36,7 +36,7 @@ import msgspec
 
 from .defaults import DEFAULTS, Defaults
 from .errors import ConfigError, RequestError, cut, quoted
-from .hosts import HostEntry, parse_hosts, within
+from .hosts import HostEntry, one_port_each, parse_hosts, within
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath, kernel_mounts, overlapping
 from .protocol import Request
@@ -147,7 +147,7 @@ class Grants:
             # The script itself must be readable, and only it: its directory is not granted.
             allow_read=[*self.allow_read, *self.package_dirs, *([self.script] if self.script else [])],
             allow_write=list(self.allow_write), network=network_mode(self.network, self.hosts),
-            allow_hosts=[one for entry in self.hosts for one in entry.entries()], timeout=self.timeout,
+            allow_hosts=one_port_each(self.hosts), timeout=self.timeout,
             memory=self.memory,
             max_file_size=self.memory if self.max_file_size is None and files_at_memory else self.max_file_size,
             package_dirs=list(self.package_dirs), functions=list(self.functions),

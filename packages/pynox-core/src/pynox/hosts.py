@@ -27,8 +27,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_PORTS", "HOSTS_RULE", "MAX_HOSTS", "AllowList", "HostEntry", "parse_entry", "parse_hosts",
-           "resolve", "within"]
+__all__ = ["DEFAULT_PORTS", "HOSTS_RULE", "MAX_HOSTS", "AllowList", "HostEntry", "one_port_each", "parse_entry",
+           "parse_hosts", "resolve", "within"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -63,6 +63,12 @@ class HostEntry:
         if self.network is not None and self.network.version == 6:
             host = f"[{host}]"
         return [f"{host}:{port}" for port in self.ports]
+
+
+def one_port_each(entries: Iterable[HostEntry]) -> list[str]:
+    """The entries as one-port entries, in order: how the result's policy and the tool's description list
+    them."""
+    return [one for entry in entries for one in entry.entries()]
 
 
 def _show_network(network: Network | None) -> str:
@@ -218,7 +224,6 @@ class AllowList:
     read it: an IPv4-mapped IPv6 address is its IPv4 address."""
 
     def __init__(self, entries: Sequence[HostEntry], pinned: Mapping[str, Sequence[str]]) -> None:
-        self.entries = tuple(entries)
         self._rules: list[tuple[Network, tuple[int, ...], HostEntry]] = []
         for entry in entries:
             if entry.network is not None:

@@ -29,6 +29,7 @@ from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PynoxError
 from ..grant_types import Grants, check_grants
 from ..grants import refuse_write_grant, request_hosts, resolve_path
+from ..hosts import one_port_each
 from ..names import FUNCTION_RULE, is_function_name
 from ..protocol import Request
 from ..units import format_duration, format_size, parse_duration, parse_size
@@ -130,8 +131,7 @@ def _tool_grants(request: Request, pool: Runner | None) -> ToolGrants:
         read=tuple(resolve_path(p, cwd, "allow_read") for p in request.allow_read or ()) + write,
         write=write,
         network=bool(request.allow_network),
-        hosts=() if request.allow_network else tuple(one for entry in request_hosts(request.allow_hosts)
-                                                     for one in entry.entries()),
+        hosts=() if request.allow_network else tuple(one_port_each(request_hosts(request.allow_hosts))),
         timeout=parse_duration(request.timeout, "timeout") if request.timeout is not None else DEFAULTS.timeout,
         memory=parse_size(request.memory, "memory") if request.memory is not None else DEFAULTS.memory,
         max_output=(parse_size(request.max_output, "max_output") if request.max_output is not None

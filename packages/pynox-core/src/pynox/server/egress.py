@@ -51,7 +51,7 @@ from ..hosts import AllowList
 from ..policy._libc import libc
 from ..policy.seccomp import syscall_number
 
-__all__ = ["CONNECT", "MAX_WAITING", "Connector", "Refused"]
+__all__ = ["CONNECT", "MAX_WAITING", "Connector", "Refused", "descriptor_flags"]
 
 CONNECT = syscall_number("connect")
 _PIDFD_GETFD = syscall_number("pidfd_getfd")
@@ -127,15 +127,13 @@ class Connector:
         self.new: list[int] = []  # waiting since the serving loop last looked (it watches them for writing)
         self._takes_sockets = True  # until pidfd_getfd is refused: then every socket is replaced
 
-    def begin(self, notif_id: int, tid: int, args: tuple[int, ...], read: Reader,
+    def begin(self, notif_id: int, tid: int, fd: int, address_at: int, length: int, read: Reader,
               valid: Callable[[int], bool], thread_group: Callable[[int], int]) -> int | None:
-        """Answer a delegated ``connect``: 0, or None when the answer comes later (:meth:`connected`);
-        :class:`Refused` with the errno the job gets."""
-        fd = _signed(args[0])
-        length = args[2] & 0xFFFF_FFFF
+        """Answer a delegated ``connect(fd, address_at, length)``, its arguments as the kernel reads them: 0,
+        or None when the answer comes later (:meth:`connected`); :class:`Refused` with the errno the job gets."""
         if length > _SOCKADDR_STORAGE:
             raise Refused(errno.EINVAL)
-        raw = read(tid, args[1], length)
+        raw = read(tid, address_at, length)
         if len(raw) < length:
             raise Refused(errno.EFAULT)
         address, port = _destination(raw)
@@ -190,7 +188,11 @@ class Connector:
         address, and put it in the job at the job's descriptor number (``SECCOMP_IOCTL_NOTIF_ADDFD``, which
         needs no reach into the job), in place of the unconnected socket the job made. The job's socket
         options set before the connect are not carried over (see the module's docstring)."""
-        flags = _descriptor_flags(tid, fd)
+        flags = descriptor_flags(tid, fd)
+        if flags is None:
+            raise Refused(errno.EBADF)
+        if not _is_socket(tid, fd):
+            raise Refused(errno.ENOTSOCK)
         if not valid(notif_id):  # what was read of /proc/<tid> was the job's
             raise Refused(errno.EINTR)
         (family,) = _FAMILY.unpack_from(raw)
@@ -298,20 +300,20 @@ def _connect(sock: int, raw: bytes) -> int:
     return 0 if libc.connect(sock, raw, len(raw)) == 0 else ctypes.get_errno()
 
 
-def _descriptor_flags(tid: int, fd: int) -> int:
-    """The job's descriptor ``fd``: its open flags with O_CLOEXEC, as its fdinfo shows them; Refused with
-    EBADF if it has none, ENOTSOCK if it is not a socket."""
+def descriptor_flags(tid: int, fd: int) -> int | None:
+    """The open flags of the job's descriptor ``fd``, with O_CLOEXEC, as its fdinfo shows them (in octal);
+    None if the job has no such descriptor."""
+    if fd < 0:
+        return None
     try:
-        target = os.readlink(f"/proc/{tid}/fd/{fd}") if fd >= 0 else ""
         with open(f"/proc/{tid}/fdinfo/{fd}", "rb") as info:
-            flags = next(int(line.split()[1], 8) for line in info if line.startswith(b"flags:"))
+            return next(int(line.split()[1], 8) for line in info if line.startswith(b"flags:"))
     except (OSError, ValueError, StopIteration):
-        raise Refused(errno.EBADF) from None
-    if not target.startswith("socket:"):
-        raise Refused(errno.ENOTSOCK)
-    return flags
+        return None
 
 
-def _signed(value: int) -> int:
-    value &= 0xFFFF_FFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
+def _is_socket(tid: int, fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{tid}/fd/{fd}").startswith("socket:")
+    except OSError:
+        return False

@@ -69,7 +69,7 @@ from ..hosts import AllowList
 from ..policy._libc import libc
 from ..policy.grants import close_all, open_at
 from ..policy.seccomp import syscall_number
-from .egress import CONNECT, Connector
+from .egress import CONNECT, Connector, descriptor_flags
 from .egress import Refused as _Refused
 from .own_view import write_sysinfo
 
@@ -215,7 +215,8 @@ class Steward:
         if nr == CONNECT:
             if self.connector is None:  # only a job with allow_hosts delegates its connects
                 raise _Refused(errno.EPERM)
-            return self.connector.begin(notif_id, tid, args, _read, self._valid, _thread_group)
+            return self.connector.begin(notif_id, tid, _signed(args[0]), args[1], args[2] & 0xFFFF_FFFF, _read,
+                                        self._valid, _thread_group)
         if nr == _SYSINFO:
             try:
                 if not write_sysinfo(tid, args[0], lambda: self._valid(notif_id)):
@@ -460,17 +461,9 @@ def _thread_group(tid: int) -> int:
 
 
 def _is_o_path(tid: int, fd: int) -> bool:
-    """Whether the job's descriptor was opened O_PATH (its fdinfo's flags, in octal)."""
-    if fd < 0:
-        return False
-    try:
-        with open(f"/proc/{tid}/fdinfo/{fd}", "rb") as info:
-            for line in info:
-                if line.startswith(b"flags:"):
-                    return bool(int(line.split()[1], 8) & os.O_PATH)
-    except (OSError, ValueError):
-        pass
-    return False
+    """Whether the job's descriptor was opened O_PATH."""
+    flags = descriptor_flags(tid, fd)
+    return flags is not None and bool(flags & os.O_PATH)
 
 
 def _check(result: int) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import SECRET, SECRET_NAME, Sandbox, World, build_world
+from .harness import SECRET, SECRET_NAME, Listener, Sandbox, World, build_world
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +30,18 @@ def sandbox() -> Iterator[Sandbox]:
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     yield from build_world(tmp_path)
+
+
+@pytest.fixture
+def listeners() -> Iterator[dict[str, Listener]]:
+    """``listed`` on 127.0.0.1; ``other_address`` on 127.0.0.2, same port; ``other_port`` on 127.0.0.1."""
+    listed = Listener("127.0.0.1")
+    try:
+        other_address = Listener("127.0.0.2", listed.port)
+    except OSError:
+        listed.close()
+        pytest.skip("cannot listen on 127.0.0.2 with the same port here")
+    made = {"listed": listed, "other_address": other_address, "other_port": Listener("127.0.0.1")}
+    yield made
+    for listener in made.values():
+        listener.close()

@@ -26,6 +26,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -366,3 +367,39 @@ def build_world(root: Path) -> Iterator[World]:
         yield world
     finally:
         world.close()
+
+
+class Listener:
+    """For the allow_hosts tests: a TCP listener that accepts in a thread, records what each peer sent, and
+    answers ``hi``."""
+
+    def __init__(self, address: str, port: int = 0, family: int = socket.AF_INET) -> None:
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, port))
+        self.sock.listen(64)
+        self.address, self.port = address, self.sock.getsockname()[1]
+        self.seen: list[bytes] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    conn.sendall(b"hi")
+                    self.seen.append(conn.recv(64))
+                except OSError:
+                    self.seen.append(b"")
+
+    def connections(self) -> int:
+        time.sleep(0.2)  # a connection the job made just before it ended is accepted by now
+        return len(self.seen)
+
+    def close(self) -> None:
+        self.sock.close()

@@ -19,63 +19,15 @@ import pytest
 
 import pynox
 
+from .harness import Listener
+
 pytestmark = pytest.mark.timeout(180)
-
-
-class Listener:
-    """A TCP listener that accepts in a thread, records each peer and what it sent, and answers ``hi``."""
-
-    def __init__(self, address: str, port: int = 0, family: int = socket.AF_INET) -> None:
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((address, port))
-        self.sock.listen(64)
-        self.address, self.port = address, self.sock.getsockname()[1]
-        self.seen: list[bytes] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(2)
-                try:
-                    conn.sendall(b"hi")
-                    self.seen.append(conn.recv(64))
-                except OSError:
-                    self.seen.append(b"")
-
-    def connections(self) -> int:
-        time.sleep(0.2)  # a connection the job made just before it ended is accepted by now
-        return len(self.seen)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[pynox.Pool]:
     with pynox.Pool(workers=1) as started:
         yield started
-
-
-@pytest.fixture
-def listeners() -> Iterator[dict[str, Listener]]:
-    """``listed`` on 127.0.0.1; ``other_address`` on 127.0.0.2, same port; ``other_port`` on 127.0.0.1."""
-    listed = Listener("127.0.0.1")
-    try:
-        other_address = Listener("127.0.0.2", listed.port)
-    except OSError:
-        listed.close()
-        pytest.skip("cannot listen on 127.0.0.2 with the same port here")
-    made = {"listed": listed, "other_address": other_address, "other_port": Listener("127.0.0.1")}
-    yield made
-    for listener in made.values():
-        listener.close()
 
 
 def _run(pool: pynox.Pool, code: str, **grants: Any) -> pynox.Result:

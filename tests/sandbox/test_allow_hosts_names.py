@@ -9,29 +9,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.pool.pool_driver import POOL, PoolProcess
 
-from .test_allow_hosts import CONNECT, Listener
+from .harness import Listener
+from .test_allow_hosts import CONNECT
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def listeners() -> Iterator[dict[str, Listener]]:
-    listed = Listener("127.0.0.1")
-    try:
-        other = Listener("127.0.0.2", listed.port)
-    except OSError:
-        listed.close()
-        pytest.skip("cannot listen on 127.0.0.2 with the same port here")
-    yield {"listed": listed, "other_address": other}
-    listed.close()
-    other.close()
 
 
 @pytest.mark.needs_root("a private mount namespace with a hosts file of the test's own")

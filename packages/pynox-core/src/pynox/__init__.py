@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .client.pool import Pool, PynoxPool, Session
     from .client.result import Result, Usage
     from .client.runner import Runner, SessionRunner
+    from .grant_flags import add_grant_arguments, grant_argv, grants_from_arguments
     from .units import format_duration, format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
@@ -60,9 +61,12 @@ __all__ = [
     "ToolGrants",
     "Usage",
     "__version__",
+    "add_grant_arguments",
     "check_grants",
     "format_duration",
     "format_size",
+    "grant_argv",
+    "grants_from_arguments",
     "parse_duration",
     "parse_size",
     "run",
@@ -74,7 +78,8 @@ _LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.p
          "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
          "Usage": "client.result", "Runner": "client.runner", "SessionRunner": "client.runner",
          "format_duration": "units", "format_size": "units", "parse_duration": "units",
-         "parse_size": "units"}
+         "parse_size": "units", "add_grant_arguments": "grant_flags", "grant_argv": "grant_flags",
+         "grants_from_arguments": "grant_flags"}
 
 
 def __getattr__(name: str) -> Any:

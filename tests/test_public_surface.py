@@ -17,13 +17,14 @@ import pynox.transport
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
 ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain",
-            "pynox-ray")
+            "pynox-ray", "pynox-jupyter")
 
 EXPORTS = [
     "CodeTool", "ConfigError", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
     "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "Runner",
     "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "ToolDescription", "ToolGrants", "Usage",
-    "__version__", "check_grants", "format_duration", "format_size", "parse_duration", "parse_size", "run", "tool",
+    "__version__", "add_grant_arguments", "check_grants", "format_duration", "format_size", "grant_argv",
+    "grants_from_arguments", "parse_duration", "parse_size", "run", "tool",
 ]
 
 

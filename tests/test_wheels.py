@@ -19,7 +19,8 @@ import pytest
 pytestmark = [pytest.mark.wheels, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-ADAPTERS = ["pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain"]
+ADAPTERS = ["pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain",
+            "pynox-jupyter"]
 
 
 def _run(*command: str | os.PathLike[str], cwd: Path, timeout: float = 600) -> str:
@@ -33,8 +34,8 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     _run("make", "-C", ROOT, "wheel", f"DIST={dist}", f"PYTHON={sys.executable}", cwd=tmp_path)
     wheels = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
-    assert wheels == ["pynox_core", "pynox_langchain", "pynox_mcp", "pynox_monty", "pynox_pydantic_ai", "pynox_ray",
-                      "pynox_smolagents", "pynox_strands"], wheels
+    assert wheels == ["pynox_core", "pynox_jupyter", "pynox_langchain", "pynox_mcp", "pynox_monty", "pynox_pydantic_ai",
+                      "pynox_ray", "pynox_smolagents", "pynox_strands"], wheels
     for wheel in dist.glob("*.whl"):  # each package's types reach its users (PEP 561)
         with zipfile.ZipFile(wheel) as archive:
             assert any(name.endswith("/py.typed") for name in archive.namelist()), wheel.name
@@ -55,3 +56,6 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     assert job["stdout"] == "42\n" and job["policy"]["backend"] == "landlock+seccomp", job
     # The MCP server's console script is installed, and its help names the grants.
     assert "--allow-read" in _run(venv / "bin" / "pynox-mcp", "--help", cwd=tmp_path)
+    # The wheel's kernelspec makes a "pynox" kernel visible to Jupyter in that environment, as ipykernel's does.
+    specs = json.loads(_run(venv / "bin" / "jupyter", "kernelspec", "list", "--json", cwd=tmp_path))["kernelspecs"]
+    assert specs["pynox"]["resource_dir"].startswith(str(venv)), specs

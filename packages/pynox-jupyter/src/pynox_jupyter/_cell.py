@@ -21,6 +21,7 @@ import os
 import sys
 from typing import Any
 
+import IPython
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
@@ -29,6 +30,7 @@ __all__ = ["failed", "run"]
 
 # What one cell displayed, in order: nbformat outputs (display_data, execute_result).
 _outputs: list[dict[str, Any]] = []
+_IPYTHON_FILE: str = IPython.__file__ or ""
 _traceback: list[str] = []
 
 
@@ -83,7 +85,8 @@ def _get_shell() -> _Shell:
         # No history file and no cache of compiled cells on disk: the session's state is its memory.
         os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         _shell = _Shell.instance(user_module=main, user_ns=main.__dict__)
-        _shell.history_manager.enabled = False
+        if _shell.history_manager is not None:
+            _shell.history_manager.enabled = False
         _shell.colors = "nocolor"
     return _shell
 
@@ -108,11 +111,11 @@ def failed() -> str:
 
 def _from_cell(tb: Any) -> Any:
     """The traceback from the cell's own first frame on: IPython's and this module's frames left out."""
-    here = os.path.dirname(os.path.dirname(__import__("IPython").__file__))
+    ipython = os.path.dirname(_IPYTHON_FILE) + os.sep
     start = tb
     while start is not None:
         filename = start.tb_frame.f_code.co_filename
-        if not (filename == __file__ or filename.startswith(os.path.join(here, "IPython"))):
+        if not (filename == __file__ or filename.startswith(ipython)):
             return start
         start = start.tb_next
     return tb

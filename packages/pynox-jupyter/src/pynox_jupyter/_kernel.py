@@ -183,6 +183,7 @@ class PynoxKernel(Kernel):
         if cell is not None:
             task, loop = cell
             loop.call_soon_threadsafe(task.cancel)
+        assert self.session is not None  # the kernel answers messages only once its session exists
         self.session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:

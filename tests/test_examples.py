@@ -54,7 +54,8 @@ TRANSCRIPTS = {match.group("example"): match.group("body") for match in _OUTPUT_
 
 def test_the_use_cases_guide_shows_four_agents() -> None:
     assert sorted(TRANSCRIPTS) == ["examples/analyst_agent.py", "examples/codeact_agent.py",
-                                   "examples/mcp_notebook.py", "examples/monty_agent.py"]
+                                   "examples/mcp_notebook.py", "examples/monty_agent.py",
+                                   "examples/untrusted_notebook.py"]
 
 
 @pytest.mark.parametrize("example", sorted(TRANSCRIPTS))

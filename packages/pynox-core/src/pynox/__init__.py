@@ -74,7 +74,8 @@ __all__ = [
 
 _LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.pool", "Result": "client.result",
          "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
-         "Usage": "client.result", "FileInfo": "client.files", "Runner": "client.runner", "SessionRunner": "client.runner",
+         "Usage": "client.result",
+         "FileInfo": "client.files", "Runner": "client.runner", "SessionRunner": "client.runner",
          "format_duration": "units", "format_size": "units", "parse_duration": "units",
          "parse_size": "units"}
 

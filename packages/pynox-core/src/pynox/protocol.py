@@ -24,14 +24,14 @@ __all__ = [
     "CallEvent",
     "CancelAnswer",
     "Closed",
+    "Download",
+    "Downloaded",
     "ErrorInfo",
+    "FileChunk",
+    "FilesListed",
     "Histogram",
     "JobLogLine",
     "PoolLogEvent",
-    "Download",
-    "Downloaded",
-    "FileChunk",
-    "FilesListed",
     "ReadyEvent",
     "Reply",
     "ReplyBody",
@@ -39,17 +39,17 @@ __all__ = [
     "Result",
     "ResultPolicy",
     "ResultRuntime",
+    "ScratchFile",
     "StartError",
     "StartErrorEvent",
     "StatsEvent",
+    "Upload",
+    "Uploaded",
     "Usage",
     "decode_answer",
     "encode",
     "first_line_decoder",
     "parse_line",
-    "ScratchFile",
-    "Upload",
-    "Uploaded",
     "refusal",
     "reply_call_id",
     "request_id_from_head",
@@ -229,7 +229,7 @@ class ScratchFile(msgspec.Struct, omit_defaults=True):
     size: int
     mtime: float
     mime: str
-    data: str | None | msgspec.UnsetType = msgspec.UNSET
+    data: str | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class FilesListed(msgspec.Struct):
@@ -448,9 +448,12 @@ def decode_answer(line: bytes) -> Answer:
     if "cancelled" in raw and "exit" not in raw:
         return msgspec.convert(raw, CancelAnswer)
     if "exit" not in raw:
-        for key, shape in (("files", FilesListed), ("uploaded", Uploaded), ("downloaded", Downloaded)):
-            if key in raw:
-                return msgspec.convert(raw, shape)
+        if "files" in raw:
+            return msgspec.convert(raw, FilesListed)
+        if "uploaded" in raw:
+            return msgspec.convert(raw, Uploaded)
+        if "downloaded" in raw:
+            return msgspec.convert(raw, Downloaded)
     return msgspec.convert(raw, SessionResult)
 
 

@@ -83,7 +83,7 @@ _REASONS = {
     errno.ENOENT: "does not exist in the scratch directory",
     errno.ENXIO: "is not a regular file (a FIFO or a socket)",
     errno.EISDIR: "is a directory",
-    errno.ENOTDIR: "goes through something that is not a directory",
+    errno.ENOTDIR: "goes through a symlink or something else that is not a directory",
     errno.EAGAIN: "is busy (try again)",
 }
 
@@ -226,13 +226,17 @@ class _Directory:
             raise RequestError(f"upload: {cut(path)} would be {format_size(size)}, over the pool's "
                                f"{format_size(self.max_file)} a file may be ([pool] scratch_max_file)")
         parent, name = self._parent(path)
+        created = False
         try:
             # No O_TRUNC: the file is judged before anything of it changes (a hard link to a file outside).
-            fd = _openat2(parent, name, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                fd = _openat2(parent, name, os.O_WRONLY)
+            except FileNotFoundError:
+                fd = _openat2(parent, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                created = True
         except OSError as exc:
-            raise _refused("upload", path, exc) from None
-        finally:
             os.close(parent)
+            raise _refused("upload", path, exc) from None
         try:
             st = self._judge("upload", path, fd)
             if request.offset not in (0, st.st_size):
@@ -251,8 +255,13 @@ class _Directory:
             if self.owner is not None:
                 os.fchown(fd, *self.owner)
             return _described(path, os.fstat(fd))
+        except RequestError:
+            if created:  # a refused upload leaves nothing behind
+                os.unlink(name, dir_fd=parent)
+            raise
         finally:
             os.close(fd)
+            os.close(parent)
 
     def collect(self, budget: int) -> list[ScratchFile]:
         """Every file with its content, while ``budget`` bytes last (a job's result): one over it has data null."""

@@ -128,6 +128,7 @@ class _Worker(threading.Thread):
                     result = self._serve_safely(job) if stopping is None else self.server.stopped_before_start(job)
                     if job.spec.scratch is not None:  # the job has ended: what it left there goes with its result
                         result.files = self.server.scratch.files_of(job.spec.scratch, job.max_output)
+                        self.server.scratch.remove(job.spec.scratch)
                     self.busy = False
                     if job.flight.answer():
                         self.server.finish(result, session=None, step=None)

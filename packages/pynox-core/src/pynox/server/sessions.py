@@ -178,6 +178,7 @@ class Session(threading.Thread):
                 if isinstance(item, _Close):
                     self.registry.forget(self)
                     self._stop_process()
+                    self._remove_scratch()  # gone by the time the client reads it closed
                     self.life.closed()
                     if item.id is not None:
                         self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
@@ -199,10 +200,13 @@ class Session(threading.Thread):
         finally:
             self._stop_process()
             self._drain_after_end()
-            if self.registry.scratch is not None:
-                self.registry.scratch.remove(self.spec.scratch)
+            self._remove_scratch()
             if self.life.state is not SessionState.CLOSED:
                 self.life.closed()
+
+    def _remove_scratch(self) -> None:
+        if self.registry.scratch is not None:
+            self.registry.scratch.remove(self.spec.scratch)
 
     def _serve_files(self, item: FileRequest, ended: str | None = None) -> None:
         """On this thread, between steps: the process is stopped, so nothing of it races the pool's file work."""
@@ -285,6 +289,7 @@ class Session(threading.Thread):
             self.life.ended()
             # Forgotten before the result leaves: a client that answers it at once starts a new session.
             self.registry.forget(self)
+            self._remove_scratch()  # its files went with its process
         else:
             self.life.step_done()
         self._answer(step, result)

@@ -39,7 +39,8 @@ def test_the_sessions_files_are_resources_and_upload_file_puts_one_in(earlier_po
         templates = (await client.list_resource_templates(cache_mode="bypass")).resource_templates
         seen["template"] = templates[0].uri_template
         wrote = await run(client, "open('out.csv', 'w').write('a,b\\n1,2\\n')\n"
-                                  f"open('chart.png', 'wb').write({PNG!r})\nimport os\nos.symlink('/etc/shadow', 'shadow')\n"
+                                  f"open('chart.png', 'wb').write({PNG!r})\n"
+                                  "import os\nos.symlink('/etc/shadow', 'shadow')\n"
                                   "open('big.txt', 'w').write('x' * 5000)")
         assert not wrote.is_error, text_of(wrote)
         listed = (await client.list_resources(cache_mode="bypass")).resources

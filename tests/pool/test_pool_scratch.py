@@ -166,10 +166,11 @@ def test_a_sessions_files_are_its_own(pool: PoolProcess) -> None:
     probe = (f"for mode in ('r', 'a'):\n    try:\n        open({str(scratch / 'mine.txt')!r}, mode)\n"
              "    except PermissionError:\n        print('denied', mode)")
     assert _ok(pool.run(probe, session=other))["stdout"] == "denied r\ndenied a\n"
-    # Nor can any request be granted it, or the root of the scratch directories.
+    # Nor can any request be granted it, or the root of the scratch directories, or write where it holds them.
     for grant in (str(scratch), str(scratch.parent), str(scratch / "mine.txt")):
         for field in ("allow_read", "allow_write"):
             assert "scratch directories" in refused(pool.run("pass", **{field: [grant]}))
+    assert "scratch directories" in refused(pool.run("pass", allow_write=[str(scratch.parent.parent)]))
     assert (scratch / "mine.txt").read_bytes() == b"first session's"
     for session in (name, other):
         pool.run(session=session, close=True)

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 import msgspec
 
 from ..errors import RequestError, cut
-from ..paths import overlapping
+from ..paths import beneath
 from ..policy._libc import syscall
 from ..protocol import (
     FILE_CHUNK,
@@ -301,11 +301,13 @@ class ScratchRoot:
         self._dirs: dict[str, _Directory] = {}
 
     def refuse_overlap(self, spec: JobSpec) -> None:
-        """RequestError if a grant of ``spec`` holds or lies in the root: every scratch directory is its owner's."""
+        """RequestError if a grant of ``spec`` lies in the root, or is a write grant that holds it: every scratch
+        directory is its owner's. A read grant that holds it (``/``, the temporary directory) is the client's
+        choice to let the job read everything beneath, as it reads everything else there."""
         for field, paths in (("allow_read", spec.allow_read), ("allow_write", spec.allow_write),
                              ("package_dirs", spec.package_dirs)):
             for path in paths:
-                if overlapping(path, [self.path]) is not None:
+                if beneath(path, self.path) or (field == "allow_write" and beneath(self.path, path)):
                     raise RequestError(f"{field}: {path} overlaps the pool's scratch directories ({self.path}); "
                                        "each is its own session's: ask for one with \"scratch\": true (an "
                                        "operator can move them with [pool] scratch_dir)")

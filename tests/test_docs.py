@@ -48,6 +48,10 @@ from pynox.protocol import (
     CallEvent,
     CancelAnswer,
     Closed,
+    Download,
+    Downloaded,
+    FileChunk,
+    FilesListed,
     JobLogLine,
     LineError,
     ReadyEvent,
@@ -55,9 +59,12 @@ from pynox.protocol import (
     Result,
     ResultPolicy,
     ResultRuntime,
+    ScratchFile,
     SessionResult,
     StartErrorEvent,
     StatsEvent,
+    Upload,
+    Uploaded,
     parse_line,
 )
 from pynox.wire.spec import ErrorInfo
@@ -234,8 +241,8 @@ def test_protocol_json_lines_parse(block: Block) -> None:
 # What a documented result may leave out, when the text above it says so.
 _TRIMMABLE = {"runtime", "policy", "usage"}
 # What a result has only sometimes: a value when the request asks for it, images when the code drew some,
-# refused in a refusal.
-_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused"}
+# refused in a refusal, files for a job with a scratch directory.
+_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:
@@ -270,6 +277,8 @@ def test_protocol_lines_are_what_the_code_speaks(block: Block) -> None:
             assert set(value) == _fields(Closed), f"{block.name}: fields of a closed answer"
         elif "cancelled" in value:
             assert set(value) == _fields(CancelAnswer), f"{block.name}: fields of a cancel answer"
+        elif "uploaded" in value or "downloaded" in value or isinstance(value.get("files"), list):
+            _check_file_answer(block, value)
         else:
             try:
                 parse_line(raw.encode())
@@ -278,6 +287,17 @@ def test_protocol_lines_are_what_the_code_speaks(block: Block) -> None:
                 later = [v for _, v in lines[index + 1:] if "exit" in v]
                 assert any(v["exit"] == 2 and v["error"]["type"] == "RequestError" and v["id"] == exc.request_id
                            for v in later), f"{block.name}: {raw[:120]} is refused ({exc}) but no refusal is shown"
+
+
+def _check_file_answer(block: Block, value: dict[str, Any]) -> None:
+    """An answer to a session's upload, download or files request: its fields, and each file's."""
+    shape, files = ((Uploaded, [value.get("uploaded")]) if "uploaded" in value
+                    else (Downloaded, []) if "downloaded" in value else (FilesListed, value["files"]))
+    assert set(value) == _fields(shape), f"{block.name}: fields of a {shape.__name__} answer"
+    for file in files:
+        assert set(file) == _fields(ScratchFile) - {"data"}, f"{block.name}: fields of a file"
+    if "downloaded" in value:
+        assert set(value["downloaded"]) == _fields(FileChunk), f"{block.name}: fields of a downloaded piece"
 
 
 @pytest.mark.pure
@@ -691,6 +711,11 @@ def _protocol_names() -> dict[str, set[str]]:
         "policy": _fields(ResultPolicy),
         "error": _fields(ErrorInfo),
         "closed": _fields(Closed),
+        "upload": _fields(Upload),
+        "download": _fields(Download),
+        "file": _fields(ScratchFile),
+        "downloaded": _fields(FileChunk),
+        "file answers": _fields(Uploaded) | _fields(Downloaded) | _fields(FilesListed),
         **{f"{event} event": fields for event, fields in EVENT_FIELDS.items()},
         "[pool]": {key for key in pynox_config._POOL_KEYS if key != "limits"},  # pyright: ignore[reportPrivateUsage]
         "[pool.limits]": set(pynox_config._LIMIT_KEYS),  # pyright: ignore[reportPrivateUsage]

@@ -20,7 +20,7 @@ ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-mon
             "pynox-ray", "pynox-jupyter")
 
 EXPORTS = [
-    "CodeTool", "ConfigError", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
+    "CodeTool", "ConfigError", "FileInfo", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
     "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "Runner",
     "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "ToolDescription", "ToolGrants", "Usage",
     "__version__", "add_grant_arguments", "check_grants", "format_duration", "format_size", "grant_argv",

@@ -292,6 +292,17 @@ def test_trailing_expression_keeps_line_numbers_and_odd_text(pool: pynox.Pool) -
     assert "IndexError: list index out of range (agent.py:1)" in str(steps[2].error)
 
 
+def test_an_error_in_a_trailing_expression_quotes_the_models_own_line(pool: pynox.Pool) -> None:
+    model = ScriptedModel(["print(spent)", "total = 1\n(total\n + missing)", "final_answer('ok')"])
+    with CodeAgent(tools=[], model=model, executor=PynoxExecutor(pool), verbosity_level=QUIET) as agent:
+        assert agent.run("task") == "ok"
+        first, second = (str(step.error) for step in action_steps(agent)[:2])
+    assert "NameError: name 'spent' is not defined (agent.py:1)\n    print(spent)" in first
+    assert "NameError: name 'missing' is not defined (agent.py:" in second
+    for error in (first, second):
+        assert "__pynox_emit__" not in error, error
+
+
 def test_profile_from_the_pool_config(tmp_path: Path) -> None:
     config = tmp_path / "pynox.toml"
     out = tmp_path / "out"

@@ -29,6 +29,7 @@ from .grant_types import Grants, RunGrants, SessionGrants, check_grants
 
 if TYPE_CHECKING:
     from .client.code_tool import CodeTool, ToolDescription, ToolGrants
+    from .client.files import FileInfo
     from .client.pool import Pool, PynoxPool, Session
     from .client.result import Result, Usage
     from .client.runner import Runner, SessionRunner
@@ -40,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CodeTool",
     "ConfigError",
+    "FileInfo",
     "Grants",
     "HostError",
     "JobError",
@@ -76,7 +78,8 @@ __all__ = [
 
 _LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.pool", "Result": "client.result",
          "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
-         "Usage": "client.result", "Runner": "client.runner", "SessionRunner": "client.runner",
+         "Usage": "client.result",
+         "FileInfo": "client.files", "Runner": "client.runner", "SessionRunner": "client.runner",
          "format_duration": "units", "format_size": "units", "parse_duration": "units",
          "parse_size": "units", "add_grant_arguments": "grant_flags", "grant_argv": "grant_flags",
          "grants_from_arguments": "grant_flags"}

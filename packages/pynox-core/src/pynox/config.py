@@ -53,7 +53,8 @@ _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "e
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
                     "max_output", "max_file_size")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "metrics_socket", "limits")
+              "landlock_abi", "drain_timeout", "metrics_socket", "scratch_dir", "scratch_max_file",
+              "scratch_max_total", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -81,6 +82,12 @@ class PoolSettings:
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
     landlock_abi: int | None = None  # the highest Landlock ABI jobs use (see landlock_abi_cap)
     metrics_socket: str | None = None  # absolute: where the pool serves its metrics and health (see metrics_socket)
+    # Scratch directories (see pynox.server.scratch): where the pool makes its private root of them (None: the
+    # pool's temporary directory), the largest file a client may put in or take out, and what one may hold
+    # in all for an upload to be taken.
+    scratch_dir: str | None = None
+    scratch_max_file: int = 64 << 20
+    scratch_max_total: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -224,8 +231,15 @@ class _Table:
         except ConfigError as exc:
             raise self.error(str(exc).removeprefix(f"{key}: "), key) from None
 
-    def paths(self, key: str, base: str, *, must_exist: bool) -> list[str] | None:
-        values = self.strings(key)
+    def paths(self, key: str, base: str, *, must_exist: bool, one: bool = False) -> list[str] | None:
+        """A list of paths (``one``: a single path, as a list of one), resolved against ``base``."""
+        if one:
+            single = self.get(key, str, "a path")
+            values = None if single is None else [single]
+            if single is not None and (not single or "\0" in single):
+                raise self.error("expected a path, got an empty string or one with NUL", key)
+        else:
+            values = self.strings(key)
         if values is None:
             return None
         resolved: list[str] = []
@@ -343,7 +357,18 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         run_as=_run_as(table),
         landlock_abi=_landlock_abi(table),
         metrics_socket=_metrics_socket(table, base),
+        scratch_dir=_first(table.paths("scratch_dir", base, must_exist=True, one=True)),
+        scratch_max_file=_or(table.units("scratch_max_file", parse_size), PoolSettings.scratch_max_file),
+        scratch_max_total=_or(table.units("scratch_max_total", parse_size), PoolSettings.scratch_max_total),
     )
+
+
+def _or(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
+
+
+def _first(values: list[str] | None) -> str | None:
+    return values[0] if values else None
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
@@ -516,6 +541,9 @@ class PoolOptions:
     drain_timeout: float = PoolSettings.drain_timeout
     log_redact: bool = False
     metrics_socket: str | None = None  # see metrics_socket
+    scratch_dir: str | None = PoolSettings.scratch_dir
+    scratch_max_file: int = PoolSettings.scratch_max_file
+    scratch_max_total: int = PoolSettings.scratch_max_total
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -548,6 +576,9 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
                        else settings.drain_timeout),
         log_redact=bool(args.log_redact) or settings.log_redact,
         metrics_socket=_metrics_socket_option(args, settings),
+        scratch_dir=settings.scratch_dir,
+        scratch_max_file=settings.scratch_max_file,
+        scratch_max_total=settings.scratch_max_total,
     )
 
 

@@ -34,6 +34,9 @@ class Grants(TypedDict, total=False):
     max_output: Units
     max_file_size: Units
     package_dirs: Sequence[PathLike]
+    # A scratch directory the pool owns, as the working directory (and $PYNOX_SCRATCH): a session's files go
+    # in and out with Session.upload/download/files, a plain run's come back in Result.files.
+    scratch: bool
 
 
 class SessionGrants(Grants, total=False):

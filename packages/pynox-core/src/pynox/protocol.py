@@ -19,11 +19,16 @@ from .wire.exits import REFUSED_EXIT
 from .wire.spec import ErrorInfo
 
 __all__ = [
+    "FILE_CHUNK",
     "MAX_LINE",
     "CallEvent",
     "CancelAnswer",
     "Closed",
+    "Download",
+    "Downloaded",
     "ErrorInfo",
+    "FileChunk",
+    "FilesListed",
     "Histogram",
     "JobLogLine",
     "PoolLogEvent",
@@ -34,9 +39,12 @@ __all__ = [
     "Result",
     "ResultPolicy",
     "ResultRuntime",
+    "ScratchFile",
     "StartError",
     "StartErrorEvent",
     "StatsEvent",
+    "Upload",
+    "Uploaded",
     "Usage",
     "decode_answer",
     "encode",
@@ -51,6 +59,28 @@ MAX_LINE = 1 << 20  # bytes, without the newline
 
 RequestId = str | int | float | None
 Units = str | int | float
+
+
+class Upload(msgspec.Struct, forbid_unknown_fields=True):
+    """A file (or a piece of one) into a session's scratch directory: ``data`` is base64. ``offset`` 0 creates
+    the file or empties it first; any other offset must be the file's current size (the pieces of a file
+    larger than one line come in order)."""
+
+    path: str
+    data: str
+    offset: int = 0
+
+
+class Download(msgspec.Struct, forbid_unknown_fields=True):
+    """A file of a session's scratch directory, from ``offset`` on (one answer carries at most
+    :data:`FILE_CHUNK` bytes of it)."""
+
+    path: str
+    offset: int = 0
+
+
+# Bytes of a file one download answer carries (as base64, well under the 1 MiB line a client may keep to).
+FILE_CHUNK = 512 << 10
 
 
 class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -85,11 +115,22 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     close: bool | None = None
     stats: bool | None = None
     cancel: str | int | float | None = None
+    # A scratch directory the pool owns, for this session (or job): the code's working directory, granted for
+    # writing to it alone, removed when it ends (see pynox.server.scratch).
+    scratch: bool | None = None
+    # Files in and out of a session's scratch directory (each alone, with id and session).
+    upload: Upload | None = None
+    download: str | Download | None = None
+    files: bool | None = None
+
+    def file_request(self) -> bool:
+        """Whether this is a request for a session's files (upload, download or files)."""
+        return self.upload is not None or self.download is not None or self.files is not None
 
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
         names = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "memory", "max_file_size",
-                 "package_dirs", "profile", "functions", "host_globals", "script")
+                 "package_dirs", "profile", "functions", "host_globals", "script", "scratch")
         return [name for name in names if getattr(self, name) is not None]
 
 
@@ -169,12 +210,62 @@ class Result(msgspec.Struct, omit_defaults=False):
     # (a job's report reaches no field of the result but error, exit and its values), so a client tells
     # "refused, never ran" from "ran" by this, never by exit and error.type, which a job once could forge.
     refused: bool | msgspec.UnsetType = msgspec.UNSET
+    # Only for a job that asked for a scratch directory: the files it left there, each with its content
+    # (base64; null for one left out over the result's bounds), before the directory was removed.
+    files: list[ScratchFile] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionResult(Result):
     session: str | None = None
     step: int | None = None
     session_ended: bool = False
+
+
+class ScratchFile(msgspec.Struct, omit_defaults=True):
+    """A regular file of a scratch directory: its path there, size, mtime (seconds since the epoch) and MIME
+    type as guessed from its name; ``data`` (base64) only where an answer carries its content."""
+
+    path: str
+    size: int
+    mtime: float
+    mime: str
+    data: str | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class FilesListed(msgspec.Struct):
+    """The answer to ``{"session": S, "files": true}``: every regular file of its scratch directory."""
+
+    id: RequestId
+    session: str
+    files: list[ScratchFile]
+
+
+class Uploaded(msgspec.Struct):
+    """The answer to an upload: the file as it now is."""
+
+    id: RequestId
+    session: str
+    uploaded: ScratchFile
+
+
+class FileChunk(msgspec.Struct):
+    """A piece of a file: ``data`` (base64) from ``offset``; ``eof``: it reaches the file's end."""
+
+    path: str
+    size: int
+    mtime: float
+    mime: str
+    offset: int
+    data: str
+    eof: bool
+
+
+class Downloaded(msgspec.Struct):
+    """The answer to a download."""
+
+    id: RequestId
+    session: str
+    downloaded: FileChunk
 
 
 class Closed(msgspec.Struct):
@@ -335,7 +426,7 @@ def encode(message: msgspec.Struct | dict[str, Any]) -> bytes:
 _REPLY_HEAD = re.compile(rb'\s*\{\s*"reply"\s*:\s*\{\s*"call_id"\s*:\s*(\d{1,18})\s*[,}]')
 
 
-Answer = SessionResult | CallEvent | StatsEvent | Closed | CancelAnswer
+Answer = SessionResult | CallEvent | StatsEvent | Closed | CancelAnswer | FilesListed | Uploaded | Downloaded
 
 
 def decode_answer(line: bytes) -> Answer:
@@ -356,6 +447,13 @@ def decode_answer(line: bytes) -> Answer:
         return msgspec.convert(raw, Closed)
     if "cancelled" in raw and "exit" not in raw:
         return msgspec.convert(raw, CancelAnswer)
+    if "exit" not in raw:
+        if "files" in raw:
+            return msgspec.convert(raw, FilesListed)
+        if "uploaded" in raw:
+            return msgspec.convert(raw, Uploaded)
+        if "downloaded" in raw:
+            return msgspec.convert(raw, Downloaded)
     return msgspec.convert(raw, SessionResult)
 
 
@@ -489,6 +587,17 @@ def _check_shape(request: Request) -> None:
         extra = [f for f in request.__struct_fields__ if f not in ("id", "cancel") and getattr(request, f) is not None]
         if extra:
             raise refuse(f"a cancel request takes only id and cancel, got {', '.join(extra)}")
+        return
+    if request.file_request():
+        given = [f for f in ("upload", "download", "files") if getattr(request, f) is not None]
+        extra = [f for f in request.__struct_fields__
+                 if f not in ("id", "session", "upload", "download", "files") and getattr(request, f) is not None]
+        if request.session is None:
+            raise refuse(f"{given[0]} needs the session whose scratch directory it is for")
+        if len(given) > 1 or extra:
+            raise refuse(f"a {given[0]} request takes only id and session, got {', '.join([*given[1:], *extra])}")
+        if request.files is not None and request.files is not True:
+            raise refuse("files must be true")
         return
     if request.open is not None and request.session is None:
         raise refuse("open needs the session to open")

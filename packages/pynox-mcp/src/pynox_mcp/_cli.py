@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 from mcp.server.stdio import stdio_server
 
-from pynox import CodeTool, Pool, PynoxError, __version__
+from pynox import CodeTool, Pool, PynoxError, __version__, parse_size
 
 from ._server import RunPython, build_server
 
@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--session", action="store_true",
                       help="keep variables between calls, like notebook cells, in one process per client connection "
                            "(the model can pass restart: true to start over); by default every call is fresh")
+    pool.add_argument("--scratch", action="store_true",
+                      help="with --session: the code works in a scratch directory of the pool's, removed when the "
+                           "session ends; its files are MCP resources (pynox://scratch/PATH) and the upload_file "
+                           "tool puts files in")
+    pool.add_argument("--max-resource-size", default="10m", metavar="SIZE",
+                      help="the largest file read as a resource or uploaded with upload_file (default 10m)")
     transport = parser.add_argument_group("transport (default: stdio)")
     transport.add_argument("--http", type=int, metavar="PORT",
                            help="serve streamable HTTP on PORT at /mcp instead of stdio; no authentication, so any "
@@ -119,14 +125,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.http is not None and args.session:
         parser.error("--session needs the stdio transport: over --http every call is a fresh process")
+    if args.scratch and not args.session:
+        parser.error("--scratch needs --session: the scratch directory is the session's")
     pool: Pool | None = None
     try:
         pool = Pool(args.workers, preload=[name for name in args.preload.split(",") if name], config=args.config)
-        runner = CodeTool(pool, profile=args.profile, session=args.session, **_grants(args))
+        grants = _grants(args)
+        if args.scratch:
+            grants["scratch"] = True
+        runner = CodeTool(pool, profile=args.profile, session=args.session, **grants)
         # One empty job under the grants, before serving: the pool's own rules (a grant overlapping the
         # runtime, say) refuse a bad grant here, to the operator, not to the model at every call.
         runner.run("pass", fresh=True).raise_for_error()
-        tool = RunPython(runner)
+        tool = RunPython(runner, max_resource_size=parse_size(args.max_resource_size, "--max-resource-size"))
     except PynoxError as exc:
         if pool is not None:
             pool.close(timeout=_CLOSE_TIMEOUT)

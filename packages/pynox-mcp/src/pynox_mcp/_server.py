@@ -9,29 +9,41 @@
   connection has one Python process, so its calls run one at a time, in order.
 * State belongs to the connection: a stdio server serves one client, and its session (and pool) end
   when that client disconnects. Over streamable HTTP the server is stateless: every call is fresh.
+* With ``--scratch``, the session works in a scratch directory the pool owns: each regular file there is
+  a resource (``pynox://scratch/PATH``, with its MIME type and size; text as text, the rest as a blob), and
+  the ``upload_file`` tool puts a file in. Files over ``--max-resource-size`` are listed, not read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 from typing import Any
+from urllib.parse import quote, unquote
 
 import mcp_types as types
 from mcp.server import Server
+from mcp.shared.exceptions import MCPError
 
-from pynox import CodeTool, PynoxError, Result, __version__
+from pynox import CodeTool, FileInfo, PynoxError, Result, __version__, format_size
 
 __all__ = ["RunPython", "build_server"]
 
 TOOL_NAME = "run_python"
+UPLOAD_NAME = "upload_file"
+SCRATCH_URI = "pynox://scratch/"
+# Shown as text when they decode as UTF-8; every other type is a base64 blob.
+_TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-python",
+               "image/svg+xml")
 
 
 class RunPython:
     """The ``run_python`` tool of one connection: its MCP description, and the runs of its calls."""
 
-    def __init__(self, runner: CodeTool) -> None:
+    def __init__(self, runner: CodeTool, *, max_resource_size: int = 10 << 20) -> None:
         self._runner = runner
+        self.max_resource_size = max_resource_size
         # A session is one process: its steps are sent one at a time, in the order the calls came.
         self._session_turn = asyncio.Lock()
 
@@ -97,6 +109,97 @@ class RunPython:
     async def close(self) -> None:
         await self._runner.aclose()
 
+    # -- the session's scratch directory: resources, and upload_file --------------------------------------
+    @property
+    def files(self) -> bool:
+        """Whether the session's scratch directory is served (``--scratch``)."""
+        return self.sessions and self._runner.grants.scratch
+
+    def upload_definition(self) -> types.Tool:
+        return types.Tool(
+            name=UPLOAD_NAME,
+            description="Put a file in the working directory of run_python's session (its scratch directory), "
+                        "for the next code to read by its relative path. Give text, or base64 for binary "
+                        f"content; at most {format_size(self.max_resource_size)}. The session's files are "
+                        f"also resources ({SCRATCH_URI}PATH).",
+            input_schema={"type": "object", "additionalProperties": False, "required": ["path"],
+                          "properties": {"path": {"type": "string", "description": "a relative path, e.g. data/in.csv"},
+                                         "text": {"type": "string", "description": "the content, as text (UTF-8)"},
+                                         "base64": {"type": "string", "description": "the content, base64"}}},
+            annotations=types.ToolAnnotations(title="Upload a file to the Pynox session", read_only_hint=False,
+                                              destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+
+    async def upload(self, arguments: dict[str, Any] | None) -> types.CallToolResult:
+        arguments = arguments or {}
+        path, text, encoded = arguments.get("path"), arguments.get("text"), arguments.get("base64")
+        unknown = sorted(set(arguments) - {"path", "text", "base64"})
+        if unknown or not isinstance(path, str) or (text is None) == (encoded is None) \
+                or not isinstance(text if text is not None else encoded, str):
+            return _error("Error: upload_file takes a path and exactly one of text and base64, each a string.")
+        try:
+            data = text.encode() if text is not None else base64.b64decode(str(encoded), validate=True)
+        except (binascii.Error, ValueError):
+            return _error("Error: base64 is not valid base64.")
+        if len(data) > self.max_resource_size:
+            return _error(f"Error: the file is {format_size(len(data))}, over this server's "
+                          f"{format_size(self.max_resource_size)}.")
+        try:
+            async with self._session_turn:  # between the session's calls, never during one
+                found = await self._runner.aupload(path, data)
+        except PynoxError as exc:
+            return _error(f"{type(exc).__name__}: {exc}")
+        return types.CallToolResult(content=[
+            types.TextContent(text=f"Uploaded {found.path} ({found.size} bytes, {found.mime})."),
+            types.ResourceLink(name=found.path, uri=_uri(found.path), mime_type=found.mime, size=found.size)])
+
+    async def resources(self) -> list[types.Resource]:
+        if not self.files:
+            return []
+        async with self._session_turn:
+            found = await self._runner.afiles()
+        return [_resource(file) for file in found]
+
+    async def read(self, uri: str) -> types.ReadResourceResult:
+        if not self.files or not uri.startswith(SCRATCH_URI):
+            raise MCPError(types.INVALID_PARAMS, f"no resource {uri!r}: this server's are {SCRATCH_URI}PATH")
+        path = unquote(uri.removeprefix(SCRATCH_URI))
+        async with self._session_turn:
+            listed = {file.path: file for file in await self._runner.afiles()}
+            file = listed.get(path)
+            if file is None:
+                raise MCPError(types.INVALID_PARAMS, f"no file {path!r} in the session's scratch directory")
+            if file.size > self.max_resource_size:
+                raise MCPError(types.INVALID_PARAMS, f"{path} is {format_size(file.size)}, over this server's "
+                                                     f"{format_size(self.max_resource_size)} (--max-resource-size)")
+            try:
+                data = await self._runner.adownload(path)
+            except PynoxError as exc:
+                raise MCPError(types.INVALID_PARAMS, f"{type(exc).__name__}: {exc}") from None
+        contents: types.TextResourceContents | types.BlobResourceContents
+        text = _as_text(data, file.mime)
+        if text is not None:
+            contents = types.TextResourceContents(uri=uri, mime_type=file.mime, text=text)
+        else:
+            contents = types.BlobResourceContents(uri=uri, mime_type=file.mime, blob=base64.b64encode(data).decode())
+        return types.ReadResourceResult(contents=[contents], ttl_ms=0)
+
+
+def _uri(path: str) -> str:
+    return SCRATCH_URI + quote(path)
+
+
+def _resource(file: FileInfo) -> types.Resource:
+    return types.Resource(name=file.path, uri=_uri(file.path), mime_type=file.mime, size=file.size)
+
+
+def _as_text(data: bytes, mime: str) -> str | None:
+    if not (mime.startswith("text/") or mime in _TEXT_TYPES):
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
 
 def call_result(result: Result) -> types.CallToolResult:
     """The MCP result of one run: its text, then each figure as a PNG image; an error if the run failed."""
@@ -114,14 +217,33 @@ def build_server(tool: RunPython) -> Server[Any]:
     """The low-level MCP server that lists ``tool`` and routes its calls to it."""
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool.definition()])
+        return types.ListToolsResult(tools=[tool.definition(), *([tool.upload_definition()] if tool.files else [])])
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name == UPLOAD_NAME and tool.files:
+            return await tool.upload(params.arguments)
         if params.name != TOOL_NAME:
-            return _error(f"Error: no tool named {params.name!r}; this server has {TOOL_NAME} only.")
+            names = f"{TOOL_NAME} and {UPLOAD_NAME}" if tool.files else f"{TOOL_NAME} only"
+            return _error(f"Error: no tool named {params.name!r}; this server has {names}.")
         return await tool.call(params.arguments)
+
+    async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        # Files come and go with every call: a client must not serve this list from its cache.
+        return types.ListResourcesResult(resources=await tool.resources(), ttl_ms=0)
+
+    async def list_templates(ctx: Any,
+                             params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
+        templates = [types.ResourceTemplate(name="scratch", uri_template=SCRATCH_URI + "{path}",
+                                            description="A file of run_python's session's working directory")]
+        return types.ListResourceTemplatesResult(resource_templates=templates if tool.files else [], ttl_ms=0)
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        return await tool.read(params.uri)
 
     return Server("pynox", version=__version__, title="Pynox",
                   instructions="run_python runs Python in a fresh, kernel-confined process; its description "
                                "says what the code may read and write, and its limits.",
-                  on_list_tools=list_tools, on_call_tool=call_tool)
+                  on_list_tools=list_tools, on_call_tool=call_tool,
+                  on_list_resources=list_resources if tool.files else None,
+                  on_list_resource_templates=list_templates if tool.files else None,
+                  on_read_resource=read_resource if tool.files else None)

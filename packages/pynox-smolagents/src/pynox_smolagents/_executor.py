@@ -24,6 +24,7 @@ How a step ends:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import inspect
 import json
@@ -246,10 +247,12 @@ class PynoxExecutor(PythonExecutor):
             session = self._ready_session()
             del self._final[:], self._value[:]
             self._gate.begin_step()
+            wrapped = _wrap_trailing_expression(code_action)
             try:
-                result = session.run(_wrap_trailing_expression(code_action), name=self.name)
+                result = session.run(wrapped, name=self.name)
             finally:
                 self._end_step_calls()
+            result = _as_the_model_wrote(result, wrapped, code_action, self.name)
             logs = _logs(result, self.max_print_outputs_length or DEFAULT_MAX_LEN_OUTPUT)
             self.state["_print_outputs"] = logs
             self.step_images = _images(result)
@@ -416,6 +419,23 @@ def _logs(result: pynox.Result, max_length: int) -> str:
         logs += ("\n[The session ended with this step: variables, imports and functions defined so far are "
                  "gone; tools are still callable.]")
     return logs
+
+
+def _as_the_model_wrote(result: pynox.Result, wrapped: str, code: str, name: str) -> pynox.Result:
+    """``result`` with each traceback line of the step's own code as the model wrote it: the wrapper of its
+    trailing expression (``__pynox_emit__(...)``) is ours, and the model must read its own line."""
+    error = result.error
+    if wrapped == code or error is None or not error.get("traceback"):
+        return result
+    originals, ours = code.split("\n"), wrapped.split("\n")
+    frames = []
+    for frame in error["traceback"]:
+        line = frame.get("line")
+        if frame.get("file") == name and isinstance(line, int) and 0 < line <= min(len(ours), len(originals)) \
+                and ours[line - 1] != originals[line - 1] and frame.get("source") is not None:
+            frame = {**frame, "source": originals[line - 1]}
+        frames.append(frame)
+    return dataclasses.replace(result, error={**error, "traceback": frames})
 
 
 def _wrap_trailing_expression(code: str) -> str:

@@ -38,6 +38,7 @@ from .requests import build_request
 from .runner import Runner, SessionRunner
 
 if TYPE_CHECKING:
+    from .files import FileInfo
     from .pool import Session
     from .result import Result
 
@@ -64,6 +65,7 @@ class ToolGrants:
     max_file_size: int | None
     env: tuple[str, ...]  # the names of the variables the host passes (not their values)
     profile: str | None
+    scratch: bool = False  # the code works in a scratch directory of the pool's (its files go in and out)
 
     @property
     def network_text(self) -> str:
@@ -140,6 +142,7 @@ def _tool_grants(request: Request, pool: Runner | None) -> ToolGrants:
         else None,
         env=tuple(request.env or {}),
         profile=request.profile,
+        scratch=bool(request.scratch),
     )
 
 
@@ -166,7 +169,10 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
     permissions = [
         f"Read files: {', '.join(grants.read) or 'none'} (plus the Python standard library and installed "
         "packages).",
-        f"Write files: {', '.join(grants.write) or 'nowhere'}.",
+        f"Write files: {', '.join(grants.write) or 'nowhere'}." if not grants.scratch else
+        "Write files: the working directory, a scratch directory of its own (files written there, like "
+        f"open('out.csv', 'w'), reach the user, who can also put files there){', and ' if grants.write else ''}"
+        f"{', '.join(grants.write)}.",
         f"Network: {grants.network_text}. Starting programs or subprocesses: not allowed.",
         f"Limits per call: {format_duration(grants.timeout)} of time, {format_size(grants.memory)} of memory, "
         f"{format_size(grants.max_output)} of printed output.",
@@ -286,11 +292,10 @@ class CodeTool:
             if unknown:
                 raise PynoxError(f"host functions of one call must be the tool's own, under its names; not "
                                  f"among them: {', '.join(unknown)}")
-        pool = self._target()
+        self._target()  # the default pool starts here, on first use
         seconds = min(timeout, self.grants.timeout) if timeout is not None else None
-        if not fresh and self.owns_session and self._session is None:
-            self._session = pool.session(functions=self._functions, host_errors=self._host_errors,
-                                         host_globals=self._host_globals, **self._grants)
+        if not fresh:
+            self._own_session()
         if not fresh and self._session is not None:
             if env:
                 raise ValueError("a session's environment is fixed when it starts: env cannot change per call")
@@ -346,6 +351,47 @@ class CodeTool:
             raise
         except PynoxError as exc:
             return f"{type(exc).__name__}: {exc}"
+
+    def _own_session(self) -> SessionRunner | None:
+        """The tool's session (the one it owns is made here, not yet started), or None without one."""
+        if self.owns_session and self._session is None:
+            self._session = self._target().session(functions=self._functions, host_errors=self._host_errors,
+                                                   host_globals=self._host_globals, **self._grants)
+        return self._session
+
+    def _files_session(self) -> Session:
+        from .pool import Session
+
+        session = self._own_session()
+        if not isinstance(session, Session) or not self.grants.scratch:
+            raise PynoxError("this tool has no files: they live in a session's scratch directory (make the tool "
+                             "with session=True and scratch=True, on a pynox.Pool)")
+        return session
+
+    def files(self) -> list[FileInfo]:
+        """The files of the tool's session's scratch directory; none before its first call."""
+        session = self._files_session()
+        return session.files() if session.alive else []
+
+    def download(self, path: str) -> bytes:
+        """A file of the tool's session's scratch directory (see :meth:`pynox.Session.download`)."""
+        return self._files_session().download(path)
+
+    def upload(self, path: str, data: bytes) -> FileInfo:
+        """Put a file in the tool's session's scratch directory (it starts the session if it has none yet)."""
+        return self._files_session().upload(path, data)
+
+    async def afiles(self) -> list[FileInfo]:
+        """:meth:`files`, off the event loop."""
+        return await asyncio.to_thread(self.files)
+
+    async def adownload(self, path: str) -> bytes:
+        """:meth:`download`, off the event loop."""
+        return await asyncio.to_thread(self.download, path)
+
+    async def aupload(self, path: str, data: bytes) -> FileInfo:
+        """:meth:`upload`, off the event loop."""
+        return await asyncio.to_thread(self.upload, path, data)
 
     def close(self) -> None:
         """End the session this tool owns, if one was started (the next call starts a fresh one). A caller's

@@ -68,6 +68,8 @@ from ..protocol import (
     first_line_decoder,
 )
 from ..units import parse_duration
+from . import files as _files
+from .files import FileInfo
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .requests import build_request
 from .result import Result
@@ -799,6 +801,57 @@ class Session:
     async def aclose(self) -> None:
         """``close`` for asyncio callers: the event loop is not blocked while the pool answers."""
         await asyncio.to_thread(self.close)
+
+    # -- files in and out of the scratch directory (a session made with scratch=True) ---------------------
+    def upload(self, path: str, data: bytes, *, timeout: float = 60.0) -> FileInfo:
+        """Put ``data`` at ``path`` (relative; missing directories are made) in the session's scratch
+        directory, its code's working directory; returns the file as it now is. Waits behind a running step.
+        Raises :class:`pynox.RequestError` if the pool refuses (a bad path, over a size cap)."""
+        return _files.upload(self._file_sender(timeout), path, data)
+
+    def download(self, path: str, *, timeout: float = 60.0) -> bytes:
+        """The content of ``path`` in the session's scratch directory (a regular file; never a symlink)."""
+        return _files.download(self._file_sender(timeout), path)
+
+    def files(self, *, timeout: float = 60.0) -> list[FileInfo]:
+        """Every regular file of the session's scratch directory: path, size, mtime and MIME type."""
+        return _files.listing(self._file_sender(timeout))
+
+    async def aupload(self, path: str, data: bytes, *, timeout: float = 60.0) -> FileInfo:
+        """:meth:`upload`, off the event loop."""
+        return await asyncio.to_thread(self.upload, path, data, timeout=timeout)
+
+    async def adownload(self, path: str, *, timeout: float = 60.0) -> bytes:
+        """:meth:`download`, off the event loop."""
+        return await asyncio.to_thread(self.download, path, timeout=timeout)
+
+    async def afiles(self, *, timeout: float = 60.0) -> list[FileInfo]:
+        """:meth:`files`, off the event loop."""
+        return await asyncio.to_thread(self.files, timeout=timeout)
+
+    def _file_sender(self, timeout: float) -> Callable[[Request], Answer]:
+        """Sends a file request under the session's name, opening the session first if it has no process
+        (an empty step, with its grants). A session the pool no longer holds has lost its files with its
+        process: the request raises RequestError, and the next run opens a new one."""
+        if not self.grants.get("scratch"):
+            raise RequestError("this session has no scratch directory: make it with pool.session(scratch=True)")
+
+        def send(message: Request) -> Answer:
+            if not self.alive:
+                self.run("pass", return_value=False).raise_for_error()
+                with self._lock:
+                    self.steps -= 1  # the empty step that opened it is not one of the caller's
+            with self._lock:
+                name = self._name
+            reply: Answer = self.pool._wait_for(self.pool._submit(msgspec.structs.replace(message, session=name)),
+                                                timeout, hang=False)
+            if isinstance(reply, SessionResult) and reply.session_ended:
+                with self._lock:
+                    if self._name == name:
+                        self._name = None
+            return reply
+
+        return send
 
     def __enter__(self) -> Session:
         return self

@@ -19,6 +19,7 @@ from ..errors import JobError
 from ..protocol import Result as WireResult
 from ..protocol import SessionResult
 from ..wire.exits import TIMEOUT_EXIT
+from .files import FileInfo
 
 __all__ = ["Result", "Usage"]
 
@@ -71,6 +72,8 @@ class Result:
     # Why the session's earlier process was gone when this step came (closed after session_idle, the pool
     # restarted): the step ran in a new process, opened with the session's own grants, without its state.
     session_reopened: str | None = None
+    # A plain run with scratch=True: the files it left in its scratch directory, with their content.
+    files: tuple[FileInfo, ...] = ()
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -90,6 +93,7 @@ class Result:
             images=tuple(base64.b64decode(image) for image in wire.images) if isinstance(wire.images, list) else (),
             images_dropped=wire.images_dropped if isinstance(wire.images_dropped, int) else 0,
             refused=wire.refused is True,
+            files=tuple(FileInfo.from_wire(found) for found in wire.files) if isinstance(wire.files, list) else (),
         )
 
     @property

@@ -68,7 +68,8 @@ from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
-from .sessions import SessionRegistry, Step
+from .scratch import ScratchRoot
+from .sessions import FileRequest, SessionRegistry, Step
 from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
 from .templates import CallSink, Template
@@ -125,12 +126,16 @@ class _Worker(threading.Thread):
                     stopping = self.server.stop_reason
                     self.busy = True
                     result = self._serve_safely(job) if stopping is None else self.server.stopped_before_start(job)
+                    if job.spec.scratch is not None:  # the job has ended: what it left there goes with its result
+                        result.files = self.server.scratch.files_of(job.spec.scratch, job.max_output)
+                        self.server.scratch.remove(job.spec.scratch)
                     self.busy = False
                     if job.flight.answer():
                         self.server.finish(result, session=None, step=None)
                     if self.template is not None:
                         self.template.after_result()
                 self._after_job()
+                self.server.scratch.remove(job.spec.scratch)
                 self.server.flights.remove(job.flight)
                 self.server.jobs.task_done()
         finally:
@@ -242,6 +247,9 @@ class Server:
         self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
+        # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
+        self.scratch = ScratchRoot(options.scratch_dir, run_as=options.config.pool.run_as,
+                                   max_file=options.scratch_max_file, max_total=options.scratch_max_total)
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None) -> Template:
@@ -321,7 +329,7 @@ class Server:
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
-            landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step)
+            landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch)
         self.output.write(encode(self.ready_info))
         return workers
 
@@ -446,6 +454,9 @@ class Server:
             self._refuse(message.id, self.shutdown.why(), session=message.session)
             return
         try:
+            if message.session is not None and message.file_request():
+                self.sessions.submit_files(message.session, FileRequest(message))
+                return
             if message.session is not None:
                 self._session_request(message, message.session)
                 return
@@ -478,12 +489,15 @@ class Server:
                                   writable=self._written, ceiling=config.ceiling,
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
                                   pool_files=self._pool_files)
+        self.scratch.refuse_overlap(spec)
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
         return spec, max_output
 
     def _accept(self, request: Request) -> _Job:
         spec, max_output = self._resolve(request)
+        if request.scratch:
+            spec = self.scratch.grant(spec)
         job = _Job(request.id, spec, max_output, time.monotonic_ns(), Flight(request.id))
         job.flight.answer_cancelled = lambda: self.finish(self._cancelled_while_queued(job), session=None,
                                                           step=None)
@@ -536,7 +550,8 @@ class Server:
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
                     accepted_ns=time.monotonic_ns(), return_value=bool(request.return_value),
                     flight=Flight(request.id))
-        self.sessions.submit(name, step, lambda: (spec, max_output))
+        # A scratch directory is made only for a session that is really opened.
+        self.sessions.submit(name, step, lambda: (self.scratch.grant(spec) if request.scratch else spec, max_output))
 
     def _refuse(self, request_id: str | int | float | None, message: str, *, session: str | None = None) -> None:
         if session is None:
@@ -643,6 +658,7 @@ def _serve(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         os._exit(1)
     server.calls.close("the pool has stopped")
+    server.scratch.close()
     if metrics is not None:
         metrics.close()
     status = 0 if server.drain_complete else DRAIN_CUT_EXIT

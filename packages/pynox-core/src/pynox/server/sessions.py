@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..errors import PynoxError, RequestError
-from ..protocol import Closed, RequestId, SessionResult, encode
+from ..protocol import Closed, Request, RequestId, SessionResult, encode
 from ..wire.descriptors import STEP
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ended, send_frame
@@ -35,10 +35,11 @@ from ..wire.spec import ErrorInfo, JobSpec, StepSpec
 from .flights import Flight, Flights
 from .hostcalls import CallRegistry
 from .outcome import Outcome, to_session_result
+from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
 from .templates import CallSink, SessionChannels, Template
 
-__all__ = ["MAX_PENDING_STEPS", "Session", "SessionRegistry", "Step"]
+__all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "Step"]
 
 _log = logging.getLogger(__name__)
 
@@ -56,6 +57,13 @@ class Step:
     accepted_ns: int
     return_value: bool = False
     flight: Flight = field(default_factory=lambda: Flight(None))
+
+
+@dataclass
+class FileRequest:
+    """Files in or out of the session's scratch directory: queued behind its steps, served between them."""
+
+    request: Request
 
 
 class _EndedWhileIdle(Exception):
@@ -145,7 +153,7 @@ class Session(threading.Thread):
         self.spec = spec
         self.max_output = max_output
         self.registry = registry
-        self.items: queue.Queue[Step | _Close] = queue.Queue()
+        self.items: queue.Queue[Step | _Close | FileRequest] = queue.Queue()
         self.pending = 0  # steps accepted and not yet answered
         self.steps = 0
         self.last_used = time.monotonic()
@@ -170,10 +178,14 @@ class Session(threading.Thread):
                 if isinstance(item, _Close):
                     self.registry.forget(self)
                     self._stop_process()
+                    self._remove_scratch()  # gone by the time the client reads it closed
                     self.life.closed()
                     if item.id is not None:
                         self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
                     return
+                if isinstance(item, FileRequest):
+                    self._serve_files(item)
+                    continue
                 if not item.flight.start(self._kill_step):
                     continue  # cancelled while it waited: answered then
                 # Read after the flight started: a shutdown that escalates later kills it instead.
@@ -188,8 +200,37 @@ class Session(threading.Thread):
         finally:
             self._stop_process()
             self._drain_after_end()
+            self._remove_scratch()
             if self.life.state is not SessionState.CLOSED:
                 self.life.closed()
+
+    def _remove_scratch(self) -> None:
+        if self.registry.scratch is not None:
+            self.registry.scratch.remove(self.spec.scratch)
+
+    def _serve_files(self, item: FileRequest, ended: str | None = None) -> None:
+        """On this thread, between steps: the process is stopped, so nothing of it races the pool's file work."""
+        try:
+            if ended is not None:
+                raise RequestError(ended)
+            scratch = self.registry.scratch
+            directory = scratch.directory(self.spec.scratch) if scratch is not None else None
+            self.registry.emit(encode(answer(directory, self.session_name, item.request)))
+        except RequestError as exc:
+            refused = SessionResult(id=item.request.id, exit=REFUSED_EXIT,
+                                    error=ErrorInfo(type="RequestError", message=str(exc)), refused=True,
+                                    session=self.session_name, step=None, session_ended=ended is not None)
+            self.registry.finish(refused, session=self.session_name, step=None)
+        except OSError as exc:  # the pool's own failure (the disk, say): the request is refused, the session goes on
+            _log.warning("session %r: a file request failed: %s", self.session_name, exc)
+            refused = SessionResult(id=item.request.id, exit=REFUSED_EXIT,
+                                    error=ErrorInfo(type="RequestError", message=f"the pool could not do this: {exc}"),
+                                    refused=True, session=self.session_name, step=None, session_ended=False)
+            self.registry.finish(refused, session=self.session_name, step=None)
+        finally:
+            self.last_used = time.monotonic()
+            with self.registry.lock:
+                self.pending -= 1
 
     def _drain_after_end(self) -> None:
         while True:
@@ -197,7 +238,9 @@ class Session(threading.Thread):
                 item = self.items.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, Step):
+            if isinstance(item, FileRequest):
+                self._serve_files(item, "the session ended before this request was served")
+            elif isinstance(item, Step):
                 stopped = self.registry.stopped()  # the pool's shutdown ended it, or the session itself did
                 self._answer(item, self._refused(item, stopped or "the session ended before this step ran; send "
                                                                   "the step again to start a new session"))
@@ -246,6 +289,7 @@ class Session(threading.Thread):
             self.life.ended()
             # Forgotten before the result leaves: a client that answers it at once starts a new session.
             self.registry.forget(self)
+            self._remove_scratch()  # its files went with its process
         else:
             self.life.step_done()
         self._answer(step, result)
@@ -365,8 +409,10 @@ class SessionRegistry:
     def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[[], Template],
                  finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
                  python: str, landlock_abi: int, flights: Flights,
-                 stopped: Callable[[], str | None] = lambda: None) -> None:
-        """``stopped``: why a step taken now must not run (the pool's drain escalated), or None."""
+                 stopped: Callable[[], str | None] = lambda: None, scratch: ScratchRoot | None = None) -> None:
+        """``stopped``: why a step taken now must not run (the pool's drain escalated), or None. ``scratch``:
+        where sessions' scratch directories are (see scratch.py)."""
+        self.scratch = scratch
         self.max_sessions = max_sessions
         self.stopped = stopped
         self.flights = flights
@@ -419,6 +465,20 @@ class SessionRegistry:
             self.flights.add(step.flight)
             step.flight.answer_cancelled = lambda: session.answer_cancelled(step)
             session.items.put(step)
+
+    def submit_files(self, name: str, item: FileRequest) -> None:
+        """Queue a file request behind the session's steps (they count together against the pending limit)."""
+        with self.lock:
+            session = self._sessions.get(name)
+            if session is None or session.closing:
+                raise RequestError(f"there is no open session named {name!r}: a file request goes to a session "
+                                   'opened with "scratch": true')
+            if session.pending >= MAX_PENDING_STEPS:
+                raise RequestError(f"session {name!r} already has {MAX_PENDING_STEPS} pending requests; wait for "
+                                   "their answers before sending more")
+            session.pending += 1
+            session.last_used = time.monotonic()
+            session.items.put(item)
 
     def close(self, name: str, request_id: RequestId) -> bool:
         with self.lock:

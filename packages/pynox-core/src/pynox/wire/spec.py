@@ -69,6 +69,9 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     # what each listed name resolved to when the job started (filled in by the pool; see pynox.hosts).
     allow_hosts: list[str] = []
     pinned: dict[str, list[str]] = {}
+    # The pool's scratch directory of this session or job (also its cwd and a write grant), or None; the pool
+    # alone reads it: it reaches the confinement only as cwd and grant, the payload as $PYNOX_SCRATCH.
+    scratch: str | None = None
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(

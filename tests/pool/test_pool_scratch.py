@@ -1,0 +1,213 @@
+"""Scratch directories through the real pool: files in and out of a session, and the bounds of the pool's file work.
+
+The pool runs as root here, so the policy is the only protection: each attack is a file the job (or the
+test, from outside, where a job could not) plants in the scratch directory, and each is checked from outside:
+the answer is a refusal that names the rule, and nothing outside the directory was read or changed. The
+controls show the pool does read and write a regular file inside.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .pool_driver import PoolProcess, new_id, pool_process, refused
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _ok(result: dict[str, Any]) -> dict[str, Any]:
+    assert result["exit"] == 0 and result["error"] is None, result
+    return result
+
+
+def _open(pool: PoolProcess, code: str = "") -> tuple[str, Path]:
+    """A session with a scratch directory, and that directory (as its code sees it: its working directory)."""
+    name = new_id("files")
+    result = _ok(pool.run(code + "\nimport os\nprint(os.getcwd())", session=name, scratch=True))
+    return name, Path(result["stdout"].splitlines()[-1])
+
+
+def _download(pool: PoolProcess, name: str, path: str) -> dict[str, Any]:
+    return pool.run(session=name, download=path)
+
+
+def _upload(pool: PoolProcess, name: str, path: str, data: bytes, offset: int = 0) -> dict[str, Any]:
+    return pool.run(session=name, upload={"path": path, "data": _b64(data), "offset": offset})
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Iterator[Path]:
+    """A file of the test's own, outside every scratch directory, with a secret the pool must never send."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside-secret-" + new_id())
+    yield secret
+
+
+def test_a_session_works_in_its_scratch_directory_and_its_files_go_in_and_out(pool: PoolProcess,
+                                                                              workdir: Path) -> None:
+    name, scratch = _open(pool, "import os\nprint(os.environ['PYNOX_SCRATCH'] == os.getcwd())\n"
+                                "open('out.csv', 'w').write('a,b\\n1,2\\n')")
+    assert scratch.is_dir() and not scratch.is_relative_to(workdir)
+    listed = pool.run(session=name, files=True)
+    assert [(f["path"], f["size"], f["mime"]) for f in listed["files"]] == [("out.csv", 8, "text/csv")]
+    got = _download(pool, name, "out.csv")["downloaded"]
+    assert base64.b64decode(got["data"]) == b"a,b\n1,2\n" and got["eof"] and got["size"] == 8
+    # In: a file (in a directory the pool makes) the next step reads by its relative name.
+    put = _upload(pool, name, "in/data.txt", b"hello")["uploaded"]
+    assert (put["path"], put["size"]) == ("in/data.txt", 5)
+    assert _ok(pool.run("print(open('in/data.txt').read())", session=name))["stdout"] == "hello\n"
+    # A file bigger than one line, in pieces: each at the file's end.
+    big = os.urandom(700_000)
+    _upload(pool, name, "big.bin", big[:400_000])
+    _upload(pool, name, "big.bin", big[400_000:], offset=400_000)
+    assert (scratch / "big.bin").read_bytes() == big
+    assert "offset 0" in refused(_upload(pool, name, "big.bin", b"x", offset=5))
+    pool.run(session=name, close=True)
+    assert not scratch.exists()  # removed when the session ends
+
+
+def test_relative_grants_and_a_session_without_scratch_keep_the_pools_directory(pool: PoolProcess,
+                                                                                workdir: Path) -> None:
+    (workdir / "data").mkdir(exist_ok=True)
+    (workdir / "data" / "in.txt").write_text("granted")
+    name = new_id("files")
+    result = _ok(pool.run("import os\nprint(os.getcwd())", session=name, allow_read=["data"]))
+    assert result["stdout"] == f"{workdir}\n"  # no scratch asked: the pool's directory, as before
+    assert "no scratch directory" in refused(pool.run(session=name, files=True))
+    pool.run(session=name, close=True)
+    # With scratch, a relative grant still names the pool's data/ (absolute in the policy).
+    with_grant = _ok(pool.run(f"print(open({str(workdir / 'data' / 'in.txt')!r}).read())",
+                              session=new_id("files"), scratch=True, allow_read=["data"]))
+    assert with_grant["stdout"] == "granted\n"
+    assert with_grant["policy"]["allow_read"] == [str(workdir / "data")]
+
+
+def test_a_symlink_to_a_file_outside_is_never_followed(pool: PoolProcess, outside: Path) -> None:
+    name, scratch = _open(pool, f"import os\nos.symlink('/etc/shadow', 'shadow')\nos.symlink({str(outside)!r}, "
+                                "'mine')\nopen('real.txt', 'w').write('inside')")
+    assert (scratch / "shadow").is_symlink() and (scratch / "mine").is_symlink()  # the attack is in place
+    for link in ("shadow", "mine"):
+        assert "symlink" in refused(_download(pool, name, link))
+    assert "symlink" in refused(_upload(pool, name, "mine", b"overwritten"))
+    assert outside.read_text().startswith("outside-secret-")  # not written through the link
+    listed = pool.run(session=name, files=True)["files"]
+    assert [f["path"] for f in listed] == ["real.txt"]  # links are not listed
+    # A link on the way (a directory leading out) is refused too, for reading and for writing.
+    _ok(pool.run(f"import os\nos.symlink({str(outside.parent)!r}, 'up')", session=name))
+    assert "symlink" in refused(_download(pool, name, "up/secret.txt"))
+    assert "symlink" in refused(_upload(pool, name, "up/planted.txt", b"x"))
+    assert not (outside.parent / "planted.txt").exists()
+    # The control: a regular file inside is read.
+    assert base64.b64decode(_download(pool, name, "real.txt")["downloaded"]["data"]) == b"inside"
+    pool.run(session=name, close=True)
+
+
+def test_paths_that_go_up_or_are_absolute_are_refused(pool: PoolProcess, outside: Path) -> None:
+    name, scratch = _open(pool)
+    assert scratch.is_dir()
+    for path in ("../secret.txt", "a/../../x", str(outside), "/etc/shadow", "", ".", "a\0b"):
+        assert "download" in refused(_download(pool, name, path)), path
+        assert "upload" in refused(_upload(pool, name, path, b"x")), path
+    assert outside.read_text().startswith("outside-secret-")
+    assert sorted(p.name for p in scratch.parent.iterdir() if p.is_file()) == []  # nothing beside the directory
+    pool.run(session=name, close=True)
+
+
+def test_a_fifo_never_hangs_the_pool(pool: PoolProcess) -> None:
+    name, _ = _open(pool, "import os\nos.mkfifo('pipe')")
+    started = time.monotonic()
+    assert "not a regular file" in refused(_download(pool, name, "pipe"))
+    assert "not a regular file" in refused(_upload(pool, name, "pipe", b"x"))
+    assert pool.run(session=name, files=True)["files"] == []
+    assert time.monotonic() - started < 10
+    _ok(pool.run("print('alive')", session=name))
+    pool.run(session=name, close=True)
+
+
+def test_a_hard_link_to_a_file_outside_is_neither_read_nor_written(pool: PoolProcess, outside: Path) -> None:
+    name, scratch = _open(pool, "open('own.txt', 'w').write('own')")
+    os.link(outside, scratch / "linked.txt")  # what a job cannot do, done from outside
+    secret = outside.read_text()
+    assert "more than one link" in refused(_download(pool, name, "linked.txt"))
+    assert "more than one link" in refused(_upload(pool, name, "linked.txt", b"clobbered"))
+    assert outside.read_text() == secret  # neither truncated nor written
+    assert [f["path"] for f in pool.run(session=name, files=True)["files"]] == ["own.txt"]
+    pool.run(session=name, close=True)
+    assert outside.read_text() == secret  # removing the directory removed the link, not the file
+
+
+def test_a_directory_swapped_for_a_symlink_between_list_and_read(pool: PoolProcess, outside: Path) -> None:
+    name, _ = _open(pool, "import os\nos.mkdir('sub')\nopen('sub/secret.txt', 'w').write('inside')")
+    assert [f["path"] for f in pool.run(session=name, files=True)["files"]] == ["sub/secret.txt"]
+    # Between the listing and the read, sub/ becomes a link to a directory outside with a file of that name.
+    _ok(pool.run(f"import os, shutil\nshutil.rmtree('sub')\nos.symlink({str(outside.parent)!r}, 'sub')",
+                 session=name))
+    assert "symlink" in refused(_download(pool, name, "sub/secret.txt"))
+    pool.run(session=name, close=True)
+
+
+def test_a_sessions_files_are_its_own(pool: PoolProcess) -> None:
+    name, scratch = _open(pool)
+    _upload(pool, name, "mine.txt", b"first session's")
+    # Another session (with a scratch directory of its own, or none) cannot read or write it.
+    other, other_scratch = _open(pool)
+    assert other_scratch != scratch
+    probe = (f"for mode in ('r', 'a'):\n    try:\n        open({str(scratch / 'mine.txt')!r}, mode)\n"
+             "    except PermissionError:\n        print('denied', mode)")
+    assert _ok(pool.run(probe, session=other))["stdout"] == "denied r\ndenied a\n"
+    # Nor can any request be granted it, or the root of the scratch directories, or write where it holds them.
+    for grant in (str(scratch), str(scratch.parent), str(scratch / "mine.txt")):
+        for field in ("allow_read", "allow_write"):
+            assert "scratch directories" in refused(pool.run("pass", **{field: [grant]}))
+    assert "scratch directories" in refused(pool.run("pass", allow_write=[str(scratch.parent.parent)]))
+    assert (scratch / "mine.txt").read_bytes() == b"first session's"
+    for session in (name, other):
+        pool.run(session=session, close=True)
+
+
+def test_a_session_that_ends_loses_its_directory_and_its_files(pool: PoolProcess) -> None:
+    name, scratch = _open(pool, "open('kept.txt', 'w').write('x')")
+    ended = pool.run("import time\ntime.sleep(60)", session=name, timeout="1s")
+    assert ended["session_ended"] is True
+    assert not scratch.exists()
+    answer = pool.run(session=name, files=True, open=None)  # the driver would add "open" for an ended session
+    assert "no open session" in refused(answer) and answer["session_ended"] is True
+
+
+def test_a_plain_job_gets_its_files_with_its_result_and_its_directory_is_removed(pool: PoolProcess) -> None:
+    result = _ok(pool.run("import os\nprint(os.getcwd())\nopen('report.json', 'w').write('{}')\n"
+                          "os.mkdir('d')\nopen('d/x.png', 'wb').write(b'\\x89PNG')\nos.symlink('/etc/shadow', 'l')",
+                          scratch=True))
+    files = {f["path"]: f for f in result["files"]}
+    assert sorted(files) == ["d/x.png", "report.json"]
+    assert base64.b64decode(files["report.json"]["data"]) == b"{}" and files["d/x.png"]["mime"] == "image/png"
+    assert not Path(result["stdout"].strip()).exists()
+    assert "files" not in _ok(pool.run("print(1)"))  # a job that asked for none
+
+
+def test_the_size_caps(tmp_path: Path) -> None:
+    config = tmp_path / "pynox.toml"
+    config.write_text('[pool]\nscratch_max_file = "1k"\nscratch_max_total = "2k"\n')
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        name, scratch = _open(pool, "open('huge.bin', 'wb').write(b'x' * 5000)")
+        assert "scratch_max_file" in refused(_download(pool, name, "huge.bin"))
+        assert "scratch_max_file" in refused(_upload(pool, name, "big.bin", b"y" * 1025))
+        _ok(pool.run("import os\nos.remove('huge.bin')", session=name))
+        _upload(pool, name, "one.bin", b"1" * 1000)
+        _upload(pool, name, "two.bin", b"2" * 1000)
+        assert "scratch_max_total" in refused(_upload(pool, name, "three.bin", b"3" * 1024))
+        assert not (scratch / "big.bin").exists() and not (scratch / "three.bin").exists()
+        root = scratch.parent
+        pool.run(session=name, close=True)
+    assert not root.exists()  # the pool's root goes with it

@@ -1,0 +1,160 @@
+"""AutoGen: ``PynoxCodeExecutor`` driven by ``CodeExecutorAgent`` in a ``RoundRobinGroupChat``, the coder a scripted
+model (autogen-ext's ``ReplayChatCompletionClient``).
+
+Runs in its own environment (``requirements-separate.txt``; marked ``separate_env``, run by ``.ci/run``):
+autogen-core requires a protobuf the workspace's pins exclude.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from autogen_agentchat.agents import ApprovalRequest, ApprovalResponse, AssistantAgent, CodeExecutorAgent
+from autogen_agentchat.conditions import TextMentionTermination
+from autogen_agentchat.messages import TextMessage
+from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_core import CancellationToken
+from autogen_core.code_executor import CodeBlock
+from autogen_ext.models.replay import ReplayChatCompletionClient
+
+from pynox import Pool
+from pynox_autogen import PynoxCodeExecutor
+
+from .conftest import run_async
+from .procs import running_pools, wait_for_idle, wait_for_none
+
+pytestmark = [pytest.mark.separate_env, pytest.mark.timeout(90)]
+
+
+def approve(request: ApprovalRequest) -> ApprovalResponse:
+    """Every block runs: the sandbox, not a reviewer, decides what it may touch."""
+    return ApprovalResponse(approved=True, reason="confined by Pynox")
+
+
+def executor_agent(executor: PynoxCodeExecutor) -> CodeExecutorAgent:
+    return CodeExecutorAgent("executor", code_executor=executor, approval_func=approve)
+
+
+def team_run(executor: PynoxCodeExecutor, *replies: str) -> list[str]:
+    """A coder (scripted: ``replies``, then TERMINATE) and the executor taking turns; what the executor said."""
+    coder = AssistantAgent("coder", model_client=ReplayChatCompletionClient([*replies, "TERMINATE"]))
+    team = RoundRobinGroupChat([coder, executor_agent(executor)],
+                               termination_condition=TextMentionTermination("TERMINATE"))
+    result = run_async(team.run(task="Compute with Python."))
+    said = [message for message in result.messages if message.source == "executor"]
+    assert all(isinstance(message, TextMessage) for message in said)
+    return [message.content.strip() for message in said if isinstance(message, TextMessage)]
+
+
+def block(code: str, language: str = "python") -> str:
+    return f"Here it is:\n```{language}\n{code}\n```"
+
+
+def test_a_team_keeps_state_across_calls_and_refuses_other_languages(pool: Pool) -> None:
+    async def scenario() -> list[str]:
+        async with PynoxCodeExecutor(pool) as executor:
+            return await asyncio.to_thread(team_run, executor, block("x = 41\nprint('set')"),
+                                           block("import math\nprint(math.floor(x + 1.5))"), block("ls /", "sh"))
+
+    said = run_async(scenario())
+    assert said[:2] == ["set", "42"]
+    assert said[2].startswith("The script ran, then exited with an error (POSIX exit code: 1)")
+    assert "unknown language sh: PynoxCodeExecutor runs Python code blocks only" in said[2]
+
+
+def test_a_denied_path_is_a_failed_block_with_the_hint(pool: Pool) -> None:
+    async def scenario() -> list[str]:
+        async with PynoxCodeExecutor(pool) as executor:
+            return await asyncio.to_thread(team_run, executor, block("print(open('/etc/passwd').read())"),
+                                           block("print('after')"))
+
+    denied, after = run_async(scenario())
+    assert denied.startswith("The script ran, then exited with an error (POSIX exit code: 1)")
+    assert "PermissionError: [Errno 13] Permission denied: '/etc/passwd'" in denied
+    assert 'allow_read=["/etc/passwd"]' in denied and "root:" not in denied
+    assert after == "after"
+
+
+def test_blocks_of_one_message_run_in_order_and_stop_at_the_first_failure(pool: Pool) -> None:
+    async def scenario() -> tuple[int, str]:
+        async with PynoxCodeExecutor(pool) as executor:
+            result = await executor.execute_code_blocks(
+                [CodeBlock("print(1)", "python"), CodeBlock("1 / 0", "python"), CodeBlock("print(3)", "python")],
+                CancellationToken())
+            return result.exit_code, result.output
+
+    exit_code, output = run_async(scenario())
+    assert exit_code == 1 and output.startswith("1\n") and "ZeroDivisionError" in output and "3" not in output
+
+
+def test_a_timeout_is_exit_124(pool: Pool) -> None:
+    async def scenario() -> tuple[int, str]:
+        async with PynoxCodeExecutor(pool, timeout="1s") as executor:
+            result = await executor.execute_code_blocks([CodeBlock("while True: pass", "python")],
+                                                        CancellationToken())
+            return result.exit_code, result.output
+
+    exit_code, output = run_async(scenario())
+    assert exit_code == 124 and "TimeoutError" in output
+
+
+def test_cancelling_the_token_stops_the_code_and_the_next_call_starts_afresh(pool: Pool) -> None:
+    others = running_pools()
+
+    async def scenario() -> tuple[float, str]:
+        async with PynoxCodeExecutor(pool) as executor:
+            agent = executor_agent(executor)
+            await agent.on_messages([TextMessage(content=block("x = 1"), source="coder")], CancellationToken())
+            token = CancellationToken()
+            asyncio.get_running_loop().call_later(0.5, token.cancel)
+            started = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await agent.on_messages([TextMessage(content=block("import time\ntime.sleep(30)"), source="coder")],
+                                        token)
+            stopped = time.monotonic() - started
+            wait_for_idle(templates=1, ignore=others)  # the sleeping job is gone, its session's process too
+            response = await agent.on_messages([TextMessage(content=block("print(x)"), source="coder")],
+                                               CancellationToken())
+            return stopped, str(response.chat_message.to_text())
+
+    stopped, after = run_async(scenario())
+    assert stopped < 10, stopped
+    assert "NameError: name 'x' is not defined" in after
+
+
+def test_restart_gives_a_fresh_session_and_execute_needs_a_start(pool: Pool) -> None:
+    async def scenario() -> str:
+        executor = PynoxCodeExecutor(pool)
+        with pytest.raises(RuntimeError, match="must be started"):
+            await executor.execute_code_blocks([CodeBlock("print(1)", "python")], CancellationToken())
+        async with executor:
+            await executor.execute_code_blocks([CodeBlock("x = 1", "python")], CancellationToken())
+            await executor.restart()
+            result = await executor.execute_code_blocks([CodeBlock("print(x)", "python")], CancellationToken())
+        return result.output
+
+    assert "NameError: name 'x' is not defined" in run_async(scenario())
+
+
+def test_nothing_is_left_running_after_stop() -> None:
+    others = running_pools()
+
+    async def scenario() -> None:
+        with Pool(workers=1) as own:
+            async with PynoxCodeExecutor(own) as executor:
+                await executor.execute_code_blocks([CodeBlock("x = 1", "python")], CancellationToken())
+            wait_for_idle(templates=1, ignore=others)
+
+    run_async(scenario())
+    wait_for_none(others)
+
+
+def test_the_executor_is_a_component_saved_with_its_grants(tmp_path: object) -> None:
+    executor = PynoxCodeExecutor(allow_read=["/usr/share"], timeout="7s")
+    saved = executor.dump_component()
+    assert saved.provider == "pynox_autogen.PynoxCodeExecutor"
+    loaded = PynoxCodeExecutor.load_component(saved)
+    assert loaded.runner.grants == executor.runner.grants
+    assert loaded.runner.grants.read == ("/usr/share",) and loaded.runner.grants.timeout == 7

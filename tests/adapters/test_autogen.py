@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from autogen_agentchat.agents import ApprovalRequest, ApprovalResponse, AssistantAgent, CodeExecutorAgent
@@ -20,7 +21,7 @@ from autogen_core.code_executor import CodeBlock
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
 from pynox import Pool
-from pynox_autogen import PynoxCodeExecutor
+from pynox_autogen import PynoxCodeExecutor, PynoxCodeResult
 
 from .conftest import run_async
 from .procs import running_pools, wait_for_idle, wait_for_none
@@ -151,10 +152,23 @@ def test_nothing_is_left_running_after_stop() -> None:
     wait_for_none(others)
 
 
-def test_the_executor_is_a_component_saved_with_its_grants(tmp_path: object) -> None:
+def test_the_executor_is_a_component_saved_with_its_grants() -> None:
     executor = PynoxCodeExecutor(allow_read=["/usr/share"], timeout="7s")
     saved = executor.dump_component()
     assert saved.provider == "pynox_autogen.PynoxCodeExecutor"
     loaded = PynoxCodeExecutor.load_component(saved)
     assert loaded.runner.grants == executor.runner.grants
     assert loaded.runner.grants.read == ("/usr/share",) and loaded.runner.grants.timeout == 7
+
+
+def test_figures_are_saved_as_output_files(pool: Pool, tmp_path: Path) -> None:
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nprint('drawn')"
+
+    async def scenario() -> PynoxCodeResult:
+        async with PynoxCodeExecutor(pool, memory="1g", output_dir=tmp_path) as executor:
+            return await executor.execute_code_blocks([CodeBlock(code, "python")], CancellationToken())
+
+    result = run_async(scenario())
+    assert result.exit_code == 0 and result.output.startswith("drawn\n[1 image]")
+    (saved,) = result.output_files
+    assert saved.parent == tmp_path and saved.read_bytes().startswith(b"\x89PNG")

@@ -182,3 +182,15 @@ def test_allow_hosts_reach_the_listed_host_and_no_other(pool: Pool) -> None:
     finally:
         for listener in listeners:
             listener.close()
+
+
+def test_figures_come_back_as_images_after_the_text(pool: Pool) -> None:
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()\nprint('drawn')"
+    transcript = run(python_tool(pool, memory="1g"), code)
+    call = transcript.model.last_call
+    assert call is not None
+    # What the model was sent back: the tool's output items, as the SDK put them in its input.
+    (output,) = [item["output"] for item in call.input if item.get("type") == "function_call_output"]
+    text, image = output
+    assert text["type"] == "input_text" and text["text"].startswith("drawn")
+    assert image["type"] == "input_image" and image["image_url"].startswith("data:image/png;base64,iVBOR")

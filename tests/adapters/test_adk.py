@@ -16,6 +16,7 @@ from google.adk.agents import LlmAgent
 from google.adk.models import BaseLlm, LlmRequest, LlmResponse
 from google.adk.runners import InMemoryRunner
 from google.genai import types
+from pydantic import Field
 
 from pynox import Pool
 from pynox_adk import PynoxCodeExecutor
@@ -32,7 +33,7 @@ class ScriptedLlm(BaseLlm):
     """Answers each turn with the next reply (a code block for ADK's executor), then with ``ANSWER``."""
 
     model: str = "scripted"
-    replies: list[str] = []
+    replies: list[str] = Field(default_factory=list)
     turn: int = 0
 
     async def generate_content_async(self, llm_request: LlmRequest,
@@ -104,8 +105,8 @@ def test_each_block_is_a_fresh_process_unless_stateful(pool: Pool) -> None:
 def test_stateful_keeps_state_within_an_adk_session_and_never_across(pool: Pool) -> None:
     executor = PynoxCodeExecutor(pool, stateful=True)
     try:
-        first, later, other = run_in_sessions(executor, (1, ("x = 41",)), (1, ("import math\nprint(math.floor(x + 1.5))",)),
-                                              (2, ("print(x)",)))
+        first, later, other = run_in_sessions(executor, (1, ("x = 41",)),
+                                              (1, ("import math\nprint(math.floor(x + 1.5))",)), (2, ("print(x)",)))
     finally:
         executor.close()
     assert first.results == [("OUTCOME_OK", "Code execution result:\n\n")]
@@ -150,3 +151,10 @@ def test_nothing_is_left_running_after_close() -> None:
         executor.close()
         wait_for_idle(templates=1, ignore=others)
     wait_for_none(others)
+
+
+def test_a_misspelt_grant_is_named_with_the_valid_ones() -> None:
+    """As tests/test_grant_types.py checks of the adapters in the main environment; ADK's own fields pass."""
+    with pytest.raises(TypeError, match=r"^PynoxCodeExecutor\(\) got an unknown grant 'allow_reed' \(did you mean "
+                                        r"'allow_read'\?\)"):
+        PynoxCodeExecutor(stateful=True, allow_reed=["data"])

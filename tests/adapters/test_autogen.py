@@ -172,3 +172,10 @@ def test_figures_are_saved_as_output_files(pool: Pool, tmp_path: Path) -> None:
     assert result.exit_code == 0 and result.output.startswith("drawn\n[1 image]")
     (saved,) = result.output_files
     assert saved.parent == tmp_path and saved.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_misspelt_grant_is_named_with_the_valid_ones() -> None:
+    """As tests/test_grant_types.py checks of the adapters in the main environment."""
+    with pytest.raises(TypeError, match=r"^PynoxCodeExecutor\(\) got an unknown grant 'allow_reed' \(did you mean "
+                                        r"'allow_read'\?\)"):
+        PynoxCodeExecutor(allow_reed=["data"])  # type: ignore[call-arg]

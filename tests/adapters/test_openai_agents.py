@@ -194,3 +194,10 @@ def test_figures_come_back_as_images_after_the_text(pool: Pool) -> None:
     text, image = output
     assert text["type"] == "input_text" and text["text"].startswith("drawn")
     assert image["type"] == "input_image" and image["image_url"].startswith("data:image/png;base64,iVBOR")
+
+
+def test_a_misspelt_grant_is_named_with_the_valid_ones() -> None:
+    """As tests/test_grant_types.py checks of the adapters in the main environment."""
+    with pytest.raises(TypeError, match=r"^python_tool\(\) got an unknown grant 'allow_reed' \(did you mean "
+                                        r"'allow_read'\?\)"):
+        python_tool(allow_reed=["data"])  # type: ignore[call-arg]

@@ -26,12 +26,11 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, Self, Unpack
 
 from autogen_core import CancellationToken, Component
 from autogen_core.code_executor import CodeBlock, CodeExecutor, CodeResult
 from pydantic import BaseModel
-from typing_extensions import Self
 
 from pynox import CodeTool, ConfigError, Grants, KernelSupportError, Pool, PynoxError, Result, check_grants
 

@@ -34,7 +34,7 @@ _RUN_SCOPE = "within one Runner run (another run starts with none of them)"
 _OPERATORS_ERRORS = (KernelSupportError, ConfigError)
 
 
-class CodeFailed(Exception):  # noqa: N818  # the SDK's failure path takes any exception; this names what failed
+class CodeFailed(Exception):  # the SDK's failure path takes any exception; this names what failed
     """The model's code failed (or Pynox refused it); ``str()`` is the text the model reads, ``result`` the run
     (``None`` for a refusal by Pynox)."""
 
@@ -52,11 +52,11 @@ def tool_output(result: Result) -> str | list[ToolOutputText | ToolOutputImage]:
               for image in result.images)]
 
 
-def _failure_text(context: RunContextWrapper[Any], error: Exception) -> str | None:
-    """The SDK's ``failure_error_function``: Pynox's text for the model (``None`` lets an operator's error fail
-    the run, as the SDK does with a formatter that declines)."""
+def _failure_text(context: RunContextWrapper[Any], error: Exception) -> str:
+    """The SDK's ``failure_error_function``: Pynox's text for the model. An operator's error is raised again
+    from here, and fails the run."""
     if isinstance(error, _OPERATORS_ERRORS):
-        return None
+        raise error
     if isinstance(error, CodeFailed):
         return str(error)
     return f"{type(error).__name__}: {error}"
@@ -145,6 +145,6 @@ def python_tool(pool: Pool | None = None, *, profile: str | None = None, session
     # its normalisation again (which binds the failure handling to this object).
     made = object.__new__(PynoxFunctionTool)
     made.__dict__.update(built.__dict__)
-    FunctionTool.__post_init__(made)
+    FunctionTool.__post_init__(made)  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
     made.runner, made._lock, made._runs, made._shared = runner, threading.Lock(), {}, None
     return made

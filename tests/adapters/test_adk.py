@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from pynox_adk import PynoxCodeExecutor
 
 from .conftest import run_async
 from .procs import running_pools, wait_for_idle, wait_for_none
+from .test_docs_and_examples import CODE, ROOT, python_blocks, run_script, section
 
 pytestmark = [pytest.mark.separate_env, pytest.mark.timeout(90)]
 
@@ -158,3 +160,33 @@ def test_a_misspelt_grant_is_named_with_the_valid_ones() -> None:
     with pytest.raises(TypeError, match=r"^PynoxCodeExecutor\(\) got an unknown grant 'allow_reed' \(did you mean "
                                         r"'allow_read'\?\)"):
         PynoxCodeExecutor(stateful=True, allow_reed=["data"])
+
+
+# The model, scripted, as the doc block expects it (`CODE` is set before it).
+MODEL = """\
+from google.adk.models import BaseLlm, LlmResponse
+from google.genai import types as genai_types
+
+
+class Scripted(BaseLlm):
+    model: str = "scripted"
+    turn: int = 0
+
+    async def generate_content_async(self, llm_request, stream=False):
+        text = f"```python\\n{CODE}\\n```" if self.turn == 0 else "Done."
+        self.turn += 1
+        yield LlmResponse(content=genai_types.Content(role="model", parts=[genai_types.Part(text=text)]))
+
+
+model = Scripted()
+"""
+
+
+def test_the_integrations_doc_block_runs(tmp_path: Path) -> None:
+    """docs/integrations.md's block, run as a user would (a fresh interpreter, the default pool), the model scripted."""
+    (block,) = python_blocks(section((ROOT / "docs" / "integrations.md").read_text(), "Google ADK"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "orders.csv").write_text("product,quantity\nlamp,2\ndesk,1\nlamp,4\n")
+    others = running_pools()  # this module's pool among them: the block's own default pool must end
+    out = run_script(f"CODE = {CODE!r}\n{MODEL}\n{block}", tmp_path, others)
+    assert "3 orders" in out, out

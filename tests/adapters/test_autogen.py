@@ -25,6 +25,7 @@ from pynox_autogen import PynoxCodeExecutor, PynoxCodeResult
 
 from .conftest import run_async
 from .procs import running_pools, wait_for_idle, wait_for_none
+from .test_docs_and_examples import CODE, ROOT, python_blocks, run_script, section
 
 pytestmark = [pytest.mark.separate_env, pytest.mark.timeout(90)]
 
@@ -179,3 +180,21 @@ def test_a_misspelt_grant_is_named_with_the_valid_ones() -> None:
     with pytest.raises(TypeError, match=r"^PynoxCodeExecutor\(\) got an unknown grant 'allow_reed' \(did you mean "
                                         r"'allow_read'\?\)"):
         PynoxCodeExecutor(allow_reed=["data"])  # type: ignore[call-arg]
+
+
+# The model, scripted, as the doc block expects it (`CODE` is set before it).
+MODEL_CLIENT = """\
+from autogen_ext.models.replay import ReplayChatCompletionClient
+
+model_client = ReplayChatCompletionClient([f"```python\\n{CODE}\\n```", "TERMINATE"])
+"""
+
+
+def test_the_integrations_doc_block_runs(tmp_path: Path) -> None:
+    """docs/integrations.md's block, run as a user would (a fresh interpreter, the default pool), the model scripted."""
+    (block,) = python_blocks(section((ROOT / "docs" / "integrations.md").read_text(), "AutoGen"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "orders.csv").write_text("product,quantity\nlamp,2\ndesk,1\nlamp,4\n")
+    others = running_pools()  # this module's pool among them: the block's own default pool must end
+    out = run_script(f"CODE = {CODE!r}\n{MODEL_CLIENT}\n{block}", tmp_path, others)
+    assert "3 orders" in out, out

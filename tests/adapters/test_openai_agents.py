@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from pynox_openai_agents import PynoxFunctionTool, python_tool
 
 from .conftest import run_async
 from .procs import running_pools, wait_for_idle, wait_for_none
+from .test_docs_and_examples import CODE, ROOT, python_blocks, run_script, section
 
 pytestmark = [pytest.mark.separate_env, pytest.mark.timeout(60)]
 
@@ -201,3 +203,27 @@ def test_a_misspelt_grant_is_named_with_the_valid_ones() -> None:
     with pytest.raises(TypeError, match=r"^python_tool\(\) got an unknown grant 'allow_reed' \(did you mean "
                                         r"'allow_read'\?\)"):
         python_tool(allow_reed=["data"])  # type: ignore[call-arg]
+
+
+# The model, scripted, as the doc block expects it (`CODE` is set before it).
+MODEL = """\
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+
+def answer(call):
+    (output,) = [item["output"] for item in call.input if item.get("type") == "function_call_output"]
+    return [assistant_message(f"Done. {output.strip()}")]
+
+
+model = ScriptedModel([[function_call("run_python", {"code": CODE}, call_id="call-1")], ModelStep.respond(answer)])
+"""
+
+
+def test_the_integrations_doc_block_runs(tmp_path: Path) -> None:
+    """docs/integrations.md's block, run as a user would (a fresh interpreter, the default pool), the model scripted."""
+    (block,) = python_blocks(section((ROOT / "docs" / "integrations.md").read_text(), "OpenAI Agents SDK"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "orders.csv").write_text("product,quantity\nlamp,2\ndesk,1\nlamp,4\n")
+    others = running_pools()  # this module's pool among them: the block's own default pool must end
+    out = run_script(f"CODE = {CODE!r}\n{MODEL}\n{block}", tmp_path, others)
+    assert "3 orders" in out, out

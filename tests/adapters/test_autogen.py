@@ -198,3 +198,25 @@ def test_the_integrations_doc_block_runs(tmp_path: Path) -> None:
     others = running_pools()  # this module's pool among them: the block's own default pool must end
     out = run_script(f"CODE = {CODE!r}\n{MODEL_CLIENT}\n{block}", tmp_path, others)
     assert "3 orders" in out, out
+
+
+def test_cancelling_a_teams_run_kills_the_running_block(pool: Pool) -> None:
+    """The stop button of docs/use-cases.md: the token given to ``team.run`` reaches the block that runs."""
+    others = running_pools()
+
+    async def scenario() -> float:
+        async with PynoxCodeExecutor(pool) as executor:
+            coder = AssistantAgent("coder", model_client=ReplayChatCompletionClient(
+                [block("import time\ntime.sleep(30)"), "TERMINATE"]))
+            team = RoundRobinGroupChat([coder, executor_agent(executor)],
+                                       termination_condition=TextMentionTermination("TERMINATE"))
+            stop_button = CancellationToken()
+            asyncio.get_running_loop().call_later(1.0, stop_button.cancel)
+            started = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await team.run(task="Compute with Python.", cancellation_token=stop_button)
+            stopped = time.monotonic() - started
+            wait_for_idle(templates=1, ignore=others)  # the sleeping job is gone
+            return stopped
+
+    assert run_async(scenario()) < 10

@@ -82,5 +82,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if collection_path.name not in SEPARATE_ENV:
         return None
     expression = config.getoption("markexpr") or ""
+    # pytest's own evaluator of `-m` (it has no public one), so the expression is read exactly as pytest reads it.
     selected = not expression or Expression.compile(expression).evaluate(lambda name, **_: name == "separate_env")
     return None if selected else True

@@ -17,7 +17,7 @@ import pynox.transport
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
 ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain",
-            "pynox-ray", "pynox-jupyter")
+            "pynox-ray", "pynox-jupyter", "pynox-openai-agents", "pynox-autogen", "pynox-adk")
 
 EXPORTS = [
     "CodeTool", "ConfigError", "FileInfo", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",

@@ -21,6 +21,9 @@ pytestmark = [pytest.mark.wheels, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = ["pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-monty", "pynox-mcp", "pynox-langchain",
             "pynox-jupyter"]
+# Their frameworks cannot share an environment with the others' (requirements-separate.txt says why): a user
+# installs them in one of their own, as here.
+SEPARATE = ["pynox-openai-agents", "pynox-autogen", "pynox-adk"]
 
 
 def _run(*command: str | os.PathLike[str], cwd: Path, timeout: float = 600) -> str:
@@ -34,8 +37,9 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     _run("make", "-C", ROOT, "wheel", f"DIST={dist}", f"PYTHON={sys.executable}", cwd=tmp_path)
     wheels = sorted(path.name.split("-")[0] for path in dist.glob("*.whl"))
-    assert wheels == ["pynox_core", "pynox_jupyter", "pynox_langchain", "pynox_mcp", "pynox_monty", "pynox_pydantic_ai",
-                      "pynox_ray", "pynox_smolagents", "pynox_strands"], wheels
+    assert wheels == ["pynox_adk", "pynox_autogen", "pynox_core", "pynox_jupyter", "pynox_langchain", "pynox_mcp",
+                      "pynox_monty", "pynox_openai_agents", "pynox_pydantic_ai", "pynox_ray", "pynox_smolagents",
+                      "pynox_strands"], wheels
     for wheel in dist.glob("*.whl"):  # each package's types reach its users (PEP 561)
         with zipfile.ZipFile(wheel) as archive:
             assert any(name.endswith("/py.typed") for name in archive.namelist()), wheel.name
@@ -59,3 +63,13 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     # The wheel's kernelspec makes a "pynox" kernel visible to Jupyter in that environment, as ipykernel's does.
     specs = json.loads(_run(venv / "bin" / "jupyter", "kernelspec", "list", "--json", cwd=tmp_path))["kernelspecs"]
     assert specs["pynox"]["resource_dir"].startswith(str(venv)), specs
+
+    # The adapters of requirements-separate.txt, in an environment of their own.
+    separate = tmp_path / "separate"
+    _run(sys.executable, "-m", "venv", separate, cwd=tmp_path)
+    _run(separate / "bin" / "python", "-m", "pip", "install", "--quiet", "--find-links", dist,
+         *(f"{name}==0.1.0" for name in SEPARATE), cwd=tmp_path)
+    imports = ("import json, pynox, pynox_openai_agents, pynox_autogen, pynox_adk\nprint(json.dumps([pynox.__file__, "
+               "pynox_openai_agents.__file__, pynox_autogen.__file__, pynox_adk.__file__]))")
+    where = json.loads(_run(separate / "bin" / "python", "-c", imports, cwd=tmp_path))
+    assert all(path.startswith(str(separate)) for path in where), where

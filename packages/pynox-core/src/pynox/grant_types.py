@@ -34,6 +34,9 @@ class Grants(TypedDict, total=False):
     max_output: Units
     max_file_size: Units
     package_dirs: Sequence[PathLike]
+    # Distributions the pool installs before the code runs ("numpy", "pandas>=2,<3"), within the operator's
+    # [pool.limits] packages; the code imports them (pynox.requirements, pynox.server.packages).
+    packages: Sequence[str]
 
 
 class SessionGrants(Grants, total=False):

@@ -20,9 +20,11 @@ __all__ = [
     "cross_grant_hint",
     "hosts_hint",
     "memory_hint",
+    "module_hint",
     "network_hint",
     "operation_hint",
     "path_hint",
+    "shell_hint",
     "subprocess_hint",
     "threads_hint",
     "timeout_hint",
@@ -145,3 +147,36 @@ def file_size_hint(max_file_size: int, style: Style) -> str:
     grant = f"--max-file-size {larger}" if style == "cli" else f'max_file_size="{larger}"'
     return (f"A file grew past the {format_size(max_file_size)} limit on file size. Write less, or ask the "
             f"host for larger files, e.g. {grant}.")
+
+
+def _package_grant(style: Style, name: str) -> str:
+    return f"--package {name}" if style == "cli" else f'packages=["{name}"]'
+
+
+def _ask_for(name: str, installs: bool, style: Style) -> str:
+    if installs:
+        return (f"Ask the host to install it for you with {_package_grant(style, name)} (the pool installs it "
+                "before the code runs; a distribution's name may differ from its module's), or work with what is "
+                "installed.")
+    return "Work with what is installed, or ask the host to add it."
+
+
+def module_hint(name: str, importable: Sequence[str], installs: bool, style: Style) -> str:
+    """A ModuleNotFoundError: the module is not here, what is, and how it could be."""
+    top = name.split(".")[0]
+    if top == "pip":
+        return ("pip does not run in this sandbox: code cannot install packages (no network, and the "
+                f"environment is read-only). {_ask_for('PACKAGE', installs, style)}")
+    listed = ", ".join(importable) if importable else "none"
+    return (f"{top} is not installed in this sandbox, and code cannot install it. Importable here beyond the "
+            f"standard library: {listed}. {_ask_for(top, installs, style)}")
+
+
+def shell_hint(line: str, installs: bool, style: Style) -> str:
+    """A SyntaxError on a line that starts with ``!`` or ``%``: a notebook's shell command or magic."""
+    if line.lstrip("!%").startswith(("pip", "conda", "uv ")):
+        return ("This runs plain Python: shell commands (!...) and magics (%...) do not run here, and packages "
+                f"cannot be installed from the code. {_ask_for('PACKAGE', installs, style)}")
+    return ("This runs plain Python: shell commands (!...) and IPython magics (%...) do not run here. Write the "
+            "same in Python (time a call with time.perf_counter(); read files with open() or pathlib), and no "
+            "programs can be started.")

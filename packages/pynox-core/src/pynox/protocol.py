@@ -72,6 +72,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     max_output: Units | None = None
     max_file_size: Units | None = None
     package_dirs: list[str] | None = None
+    # Distributions the pool installs for this job before it starts ("numpy", "pandas>=2,<3"; see
+    # pynox.requirements), under the [pool.limits] ceiling; the job imports them, it never installs anything.
+    packages: list[str] | None = None
     profile: str | None = None
     functions: list[str] | None = None
     # The host functions are also globals of the code: "call" (as from pynox_host) or "await" (as from
@@ -89,7 +92,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
         names = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "memory", "max_file_size",
-                 "package_dirs", "profile", "functions", "host_globals", "script")
+                 "package_dirs", "packages", "profile", "functions", "host_globals", "script")
         return [name for name in names if getattr(self, name) is not None]
 
 
@@ -213,6 +216,10 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     # ceiling: how long a client waits for an answer without reading the pool's config. 0: not said (a
     # stand-in, an older version); the client then assumes the default.
     longest_timeout: float = 0.0
+    # The top-level modules a job can import beyond the standard library, the preloaded ones first (bounded:
+    # a model reads them in its tool's description); and whether requests may name packages to install.
+    importable: list[str] = []
+    installs_packages: bool = False
 
 
 class StartError(msgspec.Struct):

@@ -44,6 +44,9 @@ def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
     if payload.script is not None:
         sys.path.insert(0, os.path.dirname(payload.script))
     sys.path[:0] = confinement.package_dirs
+    # pip cannot work here (no network, a read-only environment) and would say so only in a traceback it
+    # catches, returning a status the code ignores: importing it fails instead, with a hint (job/report.py).
+    sys.modules.setdefault("pip", None)  # type: ignore[assignment]
     _reseed()
     return main
 

@@ -68,6 +68,7 @@ from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
+from .packages import Installer, importable
 from .sessions import SessionRegistry, Step
 from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
@@ -242,6 +243,9 @@ class Server:
         self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
+        # The packages requests name, installed by the pool (see packages.py); the ceiling's bound their versions.
+        limits = options.config.limits
+        self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else ())
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None) -> Template:
@@ -317,11 +321,14 @@ class Server:
             backend=BACKEND,
             bounds_not_in_force=cgroups.available().not_in_force(),
             longest_timeout=self.options.config.longest_timeout,
+            importable=importable(ready.preloaded, self.options.package_dirs),
+            installs_packages=self.installer.problem() is None,
         )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
-            landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step)
+            landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step,
+            place=self.installer.place)
         self.output.write(encode(self.ready_info))
         return workers
 
@@ -339,6 +346,7 @@ class Server:
             self.log_event("drain", "the input ended: accepted jobs run to their end")
         with self._intake:  # the line being accepted now is the last one queued
             pass
+        self.installer.wait_idle()  # a job waiting for its packages is queued (or answered) first
         for _ in self.workers:
             self.jobs.put(None)
         for worker in self.workers:
@@ -454,7 +462,30 @@ class Server:
             self._refuse(message.id, str(exc), session=message.session)
             return
         self.flights.add(job.flight)
-        self.jobs.put(job)
+        self._queue(job)
+
+    def _queue(self, job: _Job) -> None:
+        """Queue ``job`` for a worker; one that names packages waits for them first, off intake's thread (an
+        installed set is queued at once). The wait is the job's queue time (``queue_us``)."""
+        if not job.spec.packages:
+            self.jobs.put(job)
+            return
+
+        def placed(spec: JobSpec | None, why: str | None) -> None:
+            if spec is not None:
+                job.spec = spec
+                self.jobs.put(job)
+                return
+            # Nothing ran: answered as refused, unless a cancel answered it while it waited.
+            if job.flight.start(lambda: False) and job.flight.answer():
+                self.finish(refusal(job.id, why or "packages: the install failed"), session=None, step=None)
+            self.flights.remove(job.flight)
+
+        try:
+            self.installer.submit(job.spec, placed)
+        except RequestError as exc:  # this pool installs nothing, or too many jobs wait for installs
+            self.flights.remove(job.flight)
+            self._refuse(job.id, str(exc))
 
     def _cancel(self, request_id: RequestId, target: RequestId) -> None:
         """End every queued or running job with id ``target``; each still gets its one result, as cancelled."""
@@ -474,10 +505,16 @@ class Server:
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
         request = bounded(request, config, self.cwd, check_paths=False)
         run_as = config.pool.run_as
-        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
+        # No job may write where the pool keeps the environments it installs.
+        runtime_paths = [*self.read_paths, self.installer.root]
+        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
                                   writable=self._written, ceiling=config.ceiling,
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
                                   pool_files=self._pool_files)
+        if self.installer.problem() is None:  # its hints then name the packages grant
+            spec = msgspec.structs.replace(spec, installs_packages=True)
+        elif spec.packages:
+            raise RequestError(f"packages: {self.installer.problem()}")
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
         return spec, max_output

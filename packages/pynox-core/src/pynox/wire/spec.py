@@ -69,13 +69,18 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     # what each listed name resolved to when the job started (filled in by the pool; see pynox.hosts).
     allow_hosts: list[str] = []
     pinned: dict[str, list[str]] = {}
+    # The packages the pool installs before the job starts (the pool adds their environment to package_dirs;
+    # see pynox.server.packages), and whether its pool installs any: a hint then names the grant.
+    packages: list[str] = []
+    installs_packages: bool = False
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(
             cwd=self.cwd, allow_read=self.allow_read, allow_write=self.allow_write, network=self.network,
             timeout=self.timeout, memory=self.memory, max_file_size=self.max_file_size,
             package_dirs=self.package_dirs, host_channel=bool(self.functions), max_open_files=self.max_open_files,
-            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style, max_tasks=max_tasks)
+            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style, max_tasks=max_tasks,
+            installs_packages=self.installs_packages)
 
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
@@ -101,6 +106,8 @@ class Confinement(Bounds, frozen=True, forbid_unknown_fields=True):
     hint_style: Literal["api", "cli"]
     # Threads the job may run, bounded by its template's pids cgroup; None where nothing bounds them.
     max_tasks: int | None = None
+    # The pool installs packages a request names: a ModuleNotFoundError's hint names the packages grant.
+    installs_packages: bool = False
 
 
 class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

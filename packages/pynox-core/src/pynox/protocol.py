@@ -19,6 +19,7 @@ from .wire.exits import REFUSED_EXIT
 from .wire.spec import ErrorInfo
 
 __all__ = [
+    "IMPORTABLE_LISTED",
     "MAX_LINE",
     "CallEvent",
     "CancelAnswer",
@@ -192,6 +193,10 @@ class CancelAnswer(msgspec.Struct):
 
     id: RequestId
     cancelled: RequestId
+
+
+# Names the ready event's ``importable`` lists at most (then "and N more"): a model reads them in a description.
+IMPORTABLE_LISTED = 60
 
 
 class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):

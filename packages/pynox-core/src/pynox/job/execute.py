@@ -46,7 +46,7 @@ def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
     sys.path[:0] = confinement.package_dirs
     # pip cannot work here (no network, a read-only environment) and would say so only in a traceback it
     # catches, returning a status the code ignores: importing it fails instead, with a hint (job/report.py).
-    sys.modules.setdefault("pip", None)  # type: ignore[assignment]
+    sys.modules.setdefault("pip", None)  # type: ignore[arg-type]  # None: Python's own "import halted"
     _reseed()
     return main
 

@@ -169,24 +169,7 @@ def _starts_a_process(exc: BaseException) -> bool:
     return any(call in line for call in _PROCESS_CALLS)
 
 
-_MAX_IMPORTABLE = 40
-
-
-def _importable(package_dirs: list[str]) -> list[str]:
-    """What this job can import beyond the standard library (its site directories and package_dirs), bounded.
-    Only on a ModuleNotFoundError's path: looked up from inside the sandbox, which can list them itself."""
-    import pkgutil
-
-    dirs = [path for path in sys.path if path.rstrip("/").endswith(("site-packages", "dist-packages"))]
-    names = sorted({info.name for info in pkgutil.iter_modules([*package_dirs, *dirs])
-                    if info.name.isidentifier() and not info.name.startswith("_")
-                    and info.name not in _NOT_FOR_JOBS}, key=str.lower)
-    return names[:_MAX_IMPORTABLE] + ([f"and {len(names) - _MAX_IMPORTABLE} more"] if len(names) > _MAX_IMPORTABLE
-                                       else [])
-
-
-# The pool's own and the installers': never what a model should reach for.
-_NOT_FOR_JOBS = frozenset({"pynox", "pyseccomp", "pip", "setuptools", "pkg_resources", "uv", "wheel"})
+_MAX_IMPORTABLE = 40  # names in a hint: the rest are counted
 
 
 def _hint(exc: BaseException, path: str | None, spec: Confinement) -> str | None:
@@ -196,7 +179,9 @@ def _hint(exc: BaseException, path: str | None, spec: Confinement) -> str | None
     if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread" and spec.max_tasks is not None:
         return hints.threads_hint(spec.max_tasks)
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        return hints.module_hint(exc.name, _importable(spec.package_dirs), spec.installs_packages, style)
+        # Listed from inside the sandbox, which could list them itself; only on this error's path.
+        listed = hints.importable((), spec.package_dirs, _MAX_IMPORTABLE)
+        return hints.module_hint(exc.name, listed, spec.installs_packages, style)
     if isinstance(exc, SyntaxError) and (exc.text or "").lstrip().startswith(("!", "%")):
         return hints.shell_hint((exc.text or "").strip(), spec.installs_packages, style)
     if not isinstance(exc, OSError):

@@ -45,14 +45,11 @@ from ..requirements import Requirement
 from ..units import format_duration, format_size
 from ..wire.spec import JobSpec
 
-__all__ = ["MAX_WAITING", "Installer", "default_root", "find_uv", "importable"]
+__all__ = ["MAX_WAITING", "Installer", "default_root", "find_uv", "with_environment"]
 
 _log = logging.getLogger(__name__)
 
 MAX_WAITING = 64  # jobs waiting for their sets at once; more are refused (intake's queue is bounded too)
-_MAX_IMPORTABLE = 60  # names in a tool's description: the rest are counted
-# The pool's own and the installers': never what a model should reach for.
-_NOT_FOR_JOBS = frozenset({"pynox", "pyseccomp", "pip", "setuptools", "pkg_resources", "uv", "wheel"})
 
 
 def default_root() -> str:
@@ -69,21 +66,6 @@ def find_uv() -> str | None:
         return found if os.path.isfile(found) else None
     except (ImportError, FileNotFoundError):
         return shutil.which("uv")
-
-
-def importable(preloaded: Sequence[str], package_dirs: Sequence[str], limit: int = _MAX_IMPORTABLE) -> list[str]:
-    """The top-level modules a job can import beyond the standard library: the preloaded ones first, then
-    what this interpreter's site directories and ``package_dirs`` hold, sorted; at most ``limit``."""
-    import pkgutil
-
-    # Site directories only (site-packages, dist-packages): the standard library is a given, and the
-    # interpreter's own bin directory or a checkout's source path (an editable install's) are not packages.
-    dirs = [path for path in sys.path if path.rstrip("/").endswith(("site-packages", "dist-packages"))]
-    names = {info.name for info in pkgutil.iter_modules([*dirs, *package_dirs])
-             if not info.name.startswith("_") and info.name not in _NOT_FOR_JOBS and info.name.isidentifier()}
-    tops = [name.split(".")[0] for name in preloaded]
-    ordered = [*dict.fromkeys(tops), *sorted(names - set(tops), key=str.lower)]
-    return ordered[:limit]
 
 
 @dataclass
@@ -123,6 +105,41 @@ class Installer:
                     "'pynox-core[packages]'); tell its operator")
         return None
 
+    def check(self) -> tuple[list[str], str | None]:
+        """What ``pynox check --config`` says of installs: lines to read, and what makes them unusable (or
+        None). It runs uv, and reads each find-links directory or asks the index once (5 s at most)."""
+        if not self.settings.enabled:
+            return ["packages: this pool installs none (no [pool] package_index or find_links)"], None
+        if self.uv is None:
+            return [], ("packages: uv is not installed (pip install 'pynox-core[packages]', or name it in "
+                        "[pool] uv), so no package can be installed")
+        try:
+            version = subprocess.run([self.uv, "--version"], capture_output=True, text=True, timeout=10,
+                                     check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            return [], f"packages: uv at {self.uv} does not run: {exc}"
+        lines = [f"packages: {version} at {self.uv}; environments in {self.envs}; wheels "
+                 f"{'and source distributions (their code runs on the host)' if self.settings.sdist else 'only'}"]
+        for link in self.settings.find_links:
+            if "://" in link:
+                problem = _reachable(link)
+                if problem is not None:
+                    return lines, f"packages: find_links {link}: {problem}"
+                lines.append(f"packages: find_links {link} answers")
+                continue
+            if not os.path.isdir(link):
+                return lines, f"packages: find_links {link} is not a directory"
+            wheels = sum(name.endswith(".whl") for name in os.listdir(link))
+            lines.append(f"packages: find_links {link} holds {wheels} wheels")
+        if self.settings.index is not None:
+            problem = _reachable(self.settings.index)
+            if problem is not None:
+                return lines, f"packages: package_index {self.settings.index}: {problem}"
+            lines.append(f"packages: package_index {self.settings.index} answers")
+        allowed = ", ".join(str(r) for r in self._ceiling)
+        lines.append(f"packages: requests may name {allowed or 'none'} ([pool.limits] packages)")
+        return lines, None
+
     def submit(self, spec: JobSpec, done: Callable[[JobSpec | None, str | None], None]) -> None:
         """Call ``done(spec_with_its_environment, None)`` once ``spec``'s packages are installed, or
         ``done(None, why)``: at once (on this thread) for a set already in place, else from the install's own
@@ -158,7 +175,12 @@ class Installer:
             return spec
         outcome: list[tuple[JobSpec | None, str | None]] = []
         ready = threading.Event()
-        self.submit(spec, lambda placed, why: (outcome.append((placed, why)), ready.set()))  # type: ignore[func-returns-value]
+
+        def done(placed: JobSpec | None, why: str | None) -> None:
+            outcome.append((placed, why))
+            ready.set()
+
+        self.submit(spec, done)
         ready.wait()
         placed, why = outcome[0]
         if placed is None:
@@ -305,6 +327,21 @@ def _explain(stderr: str, packages: list[str]) -> str:
                 "check the name (a distribution's name may differ from its module's) and the version")
     lines = [line.strip() for line in stderr.splitlines() if line.strip()][:6]
     return f"packages: {', '.join(packages)} could not be installed: {' '.join(lines)[:800] or 'uv failed'}"
+
+
+def _reachable(location: str) -> str | None:
+    """Why ``location`` (a URL or a directory) cannot be read, or None."""
+    if "://" not in location:
+        return None if os.path.isdir(location) else "is not a directory"
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(location, timeout=5) as answer:
+            answer.read(1)
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        return f"does not answer ({exc})"
+    return None
 
 
 def _size(root: str) -> int:

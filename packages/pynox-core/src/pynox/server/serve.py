@@ -30,13 +30,14 @@ from typing import Literal
 
 import msgspec
 
-from .. import __version__
+from .. import __version__, hints
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..grants import bounded, parse_request_duration, parse_request_size
 from ..policy import BACKEND, cgroups
 from ..protocol import (
+    IMPORTABLE_LISTED,
     CancelAnswer,
     LineError,
     PoolEventName,
@@ -68,7 +69,7 @@ from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
-from .packages import Installer, importable
+from .packages import Installer
 from .sessions import SessionRegistry, Step
 from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
@@ -321,7 +322,7 @@ class Server:
             backend=BACKEND,
             bounds_not_in_force=cgroups.available().not_in_force(),
             longest_timeout=self.options.config.longest_timeout,
-            importable=importable(ready.preloaded, self.options.package_dirs),
+            importable=hints.importable(ready.preloaded, self.options.package_dirs, IMPORTABLE_LISTED),
             installs_packages=self.installer.problem() is None,
         )
         self.sessions = SessionRegistry(

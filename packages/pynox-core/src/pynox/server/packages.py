@@ -251,7 +251,7 @@ class Installer:
                           "--quiet"], deadline, packages)
                 size = _size(target)
                 if size > self.settings.max_size:
-                    raise RequestError(f"packages: {', '.join(packages)} install {format_size(size)}, more than "
+                    raise RequestError(f"packages: {', '.join(packages)} would take {size / (1 << 20):.1f} MiB, more than "
                                        f"this pool's max_install_size of {format_size(self.settings.max_size)}; "
                                        "ask for fewer or smaller packages")
                 _read_only(target)
@@ -309,6 +309,7 @@ def with_environment(spec: JobSpec, env: str) -> JobSpec:
 
 _NOT_FOUND = re.compile(r"Because (\S+) was not found|No matching distribution found for (\S+)|"
                         r"there is no version of (\S+)")
+_CONFLICT = re.compile(r"you require (\S+) and (\S+?),? we can conclude")
 _NO_WHEEL = re.compile(r"Because (\S+?)(?:==\S+)? has no usable wheels|Wheels are required for `([^`]+)`")
 
 
@@ -325,6 +326,10 @@ def _explain(stderr: str, packages: list[str]) -> str:
         name = next(group for group in missing.groups() if group)
         return (f"packages: {name} was not found in this pool's package index (or no version of it matches); "
                 "check the name (a distribution's name may differ from its module's) and the version")
+    conflict = _CONFLICT.search(stderr)
+    if conflict is not None:
+        return (f"packages: {conflict.group(1)} conflicts with {conflict.group(2)}: the [pool.limits] ceiling allows "
+                "only some versions, or another package needs others; ask for versions within them")
     lines = [line.strip() for line in stderr.splitlines() if line.strip()][:6]
     return f"packages: {', '.join(packages)} could not be installed: {' '.join(lines)[:800] or 'uv failed'}"
 

@@ -127,8 +127,8 @@ def test_a_package_not_in_the_index_is_refused_as_not_found(pool: PoolProcess, s
 def test_an_environment_larger_than_the_cap_is_refused(setup: Setup) -> None:
     config = setup.config("small.toml", extra_pool='max_install_size = "100k"')
     with pool_process(f"--config={config}", "--workers=1", cwd=setup.root) as small:
-        refused(small.run("import bigpkg", packages=["bigpkg"]), "bigpkg", "1.0 MiB, more than this pool's max_install_size",
-                "100k")
+        refused(small.run("import bigpkg", packages=["bigpkg"]), "bigpkg",
+                "1.0 MiB, more than this pool's max_install_size", "100k")
         assert small.run("import tinydep", packages=["tinydep"])["exit"] == 0  # the control: a small one fits
     assert not any((env / "bigpkg").exists() for env in setup.environments())
 

@@ -251,8 +251,9 @@ class Installer:
                           "--quiet"], deadline, packages)
                 size = _size(target)
                 if size > self.settings.max_size:
-                    raise RequestError(f"packages: {', '.join(packages)} would take {size / (1 << 20):.1f} MiB, more than "
-                                       f"this pool's max_install_size of {format_size(self.settings.max_size)}; "
+                    raise RequestError(f"packages: {', '.join(packages)} would take {size / (1 << 20):.1f} MiB, "
+                                       f"more than this pool's max_install_size of "
+                                       f"{format_size(self.settings.max_size)}; "
                                        "ask for fewer or smaller packages")
                 _read_only(target)
                 try:

@@ -100,15 +100,15 @@ def pool_config(path: Path, *, packages_dir: Path, find_links: Sequence[str] = (
     return path
 
 
-def uv_logger(directory: Path, log: Path) -> Path:
+def uv_logger(directory: Path, log: Path, *, delay: float = 0.0) -> Path:
     """An executable that appends its arguments to ``log``, then runs the real uv: a config's ``[pool] uv``,
-    to count the pool's invocations from outside."""
+    to count the pool's invocations from outside. ``delay``: seconds it sleeps first (a slow index)."""
     import uv
 
     real = uv.find_uv_bin()
     directory.mkdir(parents=True, exist_ok=True)
     wrapper = directory / "uv"
-    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {str(log)!r}\nexec {str(real)!r} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {str(log)!r}\nsleep {delay}\nexec {str(real)!r} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return wrapper
 

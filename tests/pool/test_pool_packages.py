@@ -215,3 +215,55 @@ def test_the_model_is_told_what_it_can_import_and_what_does_not_run(pool: PoolPr
         assert result["exit"] == 1 and result["error"]["hint"] is not None, result
         for word in words:
             assert word in result["error"]["hint"], result["error"]["hint"]
+
+
+def _slow(setup: Setup, name: str, delay: float, extra: str = "") -> Path:
+    """A config whose uv takes ``delay`` seconds before each step (a slow index), installing into a
+    directory of its own (so no set is in place already)."""
+    slow_uv = uv_logger(setup.root / f"bin-{name}", setup.root / f"{name}.log", delay=delay)
+    return pool_config(setup.root / f"{name}.toml", packages_dir=setup.root / f"packages-{name}",
+                       find_links=[str(setup.house.dir)], allowed=["tinypkg", "tinydep"],
+                       extra_pool=f"uv = {str(slow_uv)!r}\n{extra}",
+                       extra_limits=f"allow_write = [{str(setup.work)!r}]")
+
+
+def test_an_install_blocks_neither_intake_nor_the_workers_and_its_wait_is_queue_time(setup: Setup) -> None:
+    with pool_process(f"--config={_slow(setup, 'slow', 1.5)}", "--workers=1", cwd=setup.root) as pool:
+        waiting = pool.submit(code="import tinypkg\nprint(tinypkg.VALUE)", packages=["tinypkg"])
+        # While the set installs (two uv steps of 1.5 s each), plain jobs are read and run on the one worker.
+        for _ in range(3):
+            assert pool.run("print(1)", wait=2.5)["stdout"] == "1\n"
+        assert pool.run(stats=True)["jobs"] == 3
+        result = pool.result(waiting, timeout=30)
+        assert result["stdout"] == "42\n", result
+        assert result["queue_us"] >= 3_000_000 and result["duration_us"] < 3_000_000, result
+
+
+def test_a_job_cancelled_while_its_set_installs_is_answered_once_and_never_runs(setup: Setup) -> None:
+    with pool_process(f"--config={_slow(setup, 'cancel', 1.5)}", "--workers=1", cwd=setup.root) as pool:
+        marker = setup.work / "cancelled-job-ran"
+        waiting = pool.submit(code=f"open({str(marker)!r}, 'w')", packages=["tinydep"],
+                              allow_write=[str(setup.work)])
+        assert pool.run(cancel=waiting)["cancelled"] == waiting
+        result = pool.result(waiting, timeout=5)
+        assert result["error"]["type"] == "CancelledError", result
+        later = pool.run("import tinydep\nprint(tinydep.BASE)", packages=["tinydep"], wait=30)
+        assert later["stdout"] == "40\n", later  # the install went on, for whoever asks next
+        assert not marker.exists()
+        assert [m for m in pool.messages if m.get("id") == waiting and "exit" in m] == [result]
+
+
+def test_an_install_past_its_own_budget_is_refused_and_the_job_timeout_is_not_what_bounds_it(setup: Setup) -> None:
+    config = _slow(setup, "budget", 3, 'install_timeout = "1s"')
+    with pool_process(f"--config={config}", "--workers=1", cwd=setup.root) as pool:
+        result = pool.run("import tinypkg", packages=["tinypkg"], timeout="60s", wait=30)
+        refused(result, "took longer than this pool's install_timeout of 1s", "nothing ran")
+        assert pool.run("print(2)")["stdout"] == "2\n"  # the pool goes on
+
+
+def test_the_input_ending_while_a_set_installs_still_answers_its_job(setup: Setup) -> None:
+    with pool_process(f"--config={_slow(setup, 'eof', 1)}", "--workers=1", cwd=setup.root) as pool:
+        waiting = pool.submit(code="import tinypkg\nprint(tinypkg.VALUE)", packages=["tinypkg"])
+        assert pool.finish() == 0  # EOF: the pool drains, which waits for the install and runs the job
+        [result] = [m for m in pool.messages if m.get("id") == waiting]
+        assert result["stdout"] == "42\n", result

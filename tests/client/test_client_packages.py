@@ -50,6 +50,14 @@ def test_a_session_keeps_its_packages(pool: Pool) -> None:
         assert session.run("print(x + 1)").stdout == "42\n"
 
 
+def test_a_session_with_pip_install_installs_what_a_pip_line_names(pool: Pool) -> None:
+    with pool.session(pip_install=True) as session:
+        installed = session.run("%pip install tinypkg\nimport tinypkg\nprint(tinypkg.VALUE)")
+        assert installed.stdout == "Installed for this session: tinypkg 1.0\n41\n", installed  # the ceiling's 1.0
+    with pool.session() as plain:  # the control: without the opt-in the line is not Python
+        assert plain.run("%pip install tinypkg").error["type"] == "SyntaxError"
+
+
 def test_a_tool_tells_the_model_what_it_can_import_and_what_is_installed_for_it(pool: Pool) -> None:
     tool = pool.tool(packages=["tinypkg"])
     permissions = tool.__doc__ or ""

@@ -191,6 +191,7 @@ def test_a_pool_that_installs_nothing_refuses_packages_and_its_hints_do_not_offe
     with pool_process("--workers=1", cwd=tmp_path) as plain:
         assert plain.ready["installs_packages"] is False
         refused(plain.run("print(1)", packages=["tinypkg"]), "installs no packages", "package_index or find_links")
+        refused(plain.run("print(1)", session="s", pip_install=True), "pip_install: this pool installs no packages")
         hint = plain.run("import tinypkg")["error"]["hint"]
         assert "tinypkg is not installed" in hint and "packages=" not in hint, hint
 
@@ -267,3 +268,34 @@ def test_the_input_ending_while_a_set_installs_still_answers_its_job(setup: Setu
         assert pool.finish() == 0  # EOF: the pool drains, which waits for the install and runs the job
         [result] = [m for m in pool.messages if m.get("id") == waiting]
         assert result["stdout"] == "42\n", result
+
+
+def test_a_session_opened_with_pip_install_installs_on_a_pip_line(pool: PoolProcess, setup: Setup) -> None:
+    session = "pip-session"
+    first = pool.run("try:\n    import tinypkg\nexcept ImportError:\n    print('not yet')\n%pip install tinypkg\n"
+                     "import tinypkg\nprint(tinypkg.VALUE)", session=session, pip_install=True, wait=60)
+    assert first["exit"] == 0, first
+    assert first["stdout"] == "not yet\nInstalled for this session: tinydep 0.1, tinypkg 2.0\n42\n", first
+    assert pool.run("print(tinypkg.VALUE + 1)", session=session)["stdout"] == "43\n"
+    # The same ceiling as the packages grant, and the same form: no options, no URLs.
+    outside = pool.run("%pip install scipy", session=session)
+    assert outside["error"]["type"] == "HostError" and "[pool.limits] ceiling" in outside["error"]["message"]
+    option = pool.run("%pip install tinydep --index-url http://127.0.0.1:1/", session=session)
+    assert "no extras, markers, URLs, paths or options" in option["error"]["message"], option
+    assert option["error"]["traceback"][0]["source"].startswith("%pip install tinydep")  # the model's own line
+    # What was installed is the session's to read, never to write (checked from outside too).
+    [directory] = list((setup.packages_dir / "sessions").iterdir())
+    before = _tree(directory)
+    attempt = pool.run("import os, tinypkg\ntry:\n    open(tinypkg.__file__, 'a').write('VALUE = 0')\n"
+                       "except OSError as exc:\n    print(type(exc).__name__)", session=session)
+    assert attempt["stdout"] == "PermissionError\n", attempt
+    assert _tree(directory) == before
+    pool.run(session=session, close=True)
+
+
+def test_a_pip_line_without_the_opt_in_is_a_syntax_error_whose_hint_says_how(pool: PoolProcess) -> None:
+    result = pool.run("%pip install tinypkg", session="no-pip", open=True)
+    assert result["error"]["type"] == "SyntaxError", result
+    assert "pip_install" in result["error"]["hint"] and 'packages=["PACKAGE"]' in result["error"]["hint"]
+    pool.run(session="no-pip", close=True)
+    refused(pool.run("print(1)", pip_install=True), "pip_install: only a session takes it")

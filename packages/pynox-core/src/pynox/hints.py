@@ -199,8 +199,10 @@ def module_hint(name: str, importable: Sequence[str], installs: bool, style: Sty
 def shell_hint(line: str, installs: bool, style: Style) -> str:
     """A SyntaxError on a line that starts with ``!`` or ``%``: a notebook's shell command or magic."""
     if line.lstrip("!%").startswith(("pip", "conda", "uv ")):
+        session = (" (In a session the host opens with pip_install, `%pip install NAME` asks the pool to install "
+                   "NAME.)") if installs else ""
         return ("This runs plain Python: shell commands (!...) and magics (%...) do not run here, and packages "
-                f"cannot be installed from the code. {_ask_for('PACKAGE', installs, style)}")
+                f"cannot be installed from the code. {_ask_for('PACKAGE', installs, style)}{session}")
     return ("This runs plain Python: shell commands (!...) and IPython magics (%...) do not run here. Write the "
             "same in Python (time a call with time.perf_counter(); read files with open() or pathlib), and no "
             "programs can be started.")

@@ -76,6 +76,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # Distributions the pool installs for this job before it starts ("numpy", "pandas>=2,<3"; see
     # pynox.requirements), under the [pool.limits] ceiling; the job imports them, it never installs anything.
     packages: list[str] | None = None
+    # A session's: a step's `%pip install NAME` line asks the pool to install NAME for this session, under
+    # the same ceiling as packages.
+    pip_install: bool | None = None
     profile: str | None = None
     functions: list[str] | None = None
     # The host functions are also globals of the code: "call" (as from pynox_host) or "await" (as from
@@ -93,7 +96,7 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
         names = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "memory", "max_file_size",
-                 "package_dirs", "packages", "profile", "functions", "host_globals", "script")
+                 "package_dirs", "packages", "pip_install", "profile", "functions", "host_globals", "script")
         return [name for name in names if getattr(self, name) is not None]
 
 

@@ -41,7 +41,7 @@ import msgspec
 
 from ..config import Installs
 from ..errors import RequestError
-from ..requirements import Requirement
+from ..requirements import Requirement, check_packages, requirements
 from ..units import format_duration, format_size
 from ..wire.spec import JobSpec
 
@@ -79,8 +79,11 @@ class Installer:
     """The pool's installs: one per set at a time, ``concurrent`` at once, each within ``timeout``."""
 
     def __init__(self, settings: Installs, *, ceiling: Sequence[Requirement] = (), python: str = sys.executable,
-                 uv: str | None = None) -> None:
+                 uv: str | None = None, allowed: Sequence[Requirement] | None = None) -> None:
+        """``ceiling``: the [pool.limits] packages, whose specifiers bound every install; ``allowed``: the
+        names a `%pip install` line may ask for (the same list; None: no [pool.limits] table)."""
         self.settings = settings
+        self._allowed = allowed
         self.root = settings.root or default_root()
         self.envs = os.path.join(self.root, "envs")
         self.python = python
@@ -191,6 +194,52 @@ class Installer:
         """Until no job waits for an install (the pool's drain: every accepted job is queued first)."""
         with self._lock:
             self._lock.wait_for(lambda: not self._pending and not self._delivering)
+
+    def session_dir(self) -> str:
+        """A new, empty directory a session's `%pip install` lines install into: granted read-only to the
+        session when it starts (Landlock covers what is added beneath it later), and on its sys.path."""
+        parent = os.path.join(self.root, "sessions")
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        return tempfile.mkdtemp(dir=parent, prefix="session-")
+
+    def pip(self, directory: str, words: list[str]) -> str:
+        """A session's `%pip install NAME...` line: NAME installed into the session's ``directory``, under the
+        same ceiling and from the same index as the packages grant. Returns what the job prints; raises with
+        the reason (its message is what the model reads)."""
+        if not words or words[0] != "install" or len(words) < 2:
+            raise RequestError("%pip: only `%pip install NAME...` runs here (names with version specifiers, no "
+                               "options)")
+        problem = self.problem()
+        if problem is not None:
+            raise RequestError(f"%pip install: {problem}")
+        wanted = requirements(words[1:], "%pip install")
+        check_packages(wanted, self._allowed)
+        packages = [str(requirement) for requirement in wanted]
+        deadline = time.monotonic() + self.settings.timeout
+        with self._slots, tempfile.TemporaryDirectory(dir=self.root, prefix=".work-") as work:
+            constraints = os.path.join(work, "constraints.txt")
+            with open(constraints, "w") as handle:
+                handle.write("".join(f"{r}\n" for r in self._ceiling if r.specifier))
+            target = os.path.join(work, "target")
+            self._uv(["pip", "install", "--target", target, "--link-mode", "copy", "-c", constraints, "--quiet",
+                      *packages], deadline, packages)
+            size = _size(target) + _size(directory)
+            if size > self.settings.max_size:
+                raise RequestError(f"%pip install: {', '.join(packages)} would bring this session's packages to "
+                                   f"{size / (1 << 20):.1f} MiB, more than this pool's max_install_size of "
+                                   f"{format_size(self.settings.max_size)}")
+            _read_only(target)
+            added = []
+            for name in sorted(os.listdir(target)):
+                if name.startswith("."):
+                    continue
+                if not os.path.exists(os.path.join(directory, name)):  # already there: kept as it was
+                    os.rename(os.path.join(target, name), os.path.join(directory, name))
+                if name.endswith(".dist-info"):
+                    added.append(name.removesuffix(".dist-info").replace("-", " ", 1))
+            with self._lock:
+                self.installs += 1
+        return f"Installed for this session: {', '.join(added)}"
 
     # -- one install -----------------------------------------------------------------------------------
     def _key(self, packages: Sequence[str]) -> str:

@@ -59,6 +59,7 @@ from ..protocol import (
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
+from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import ErrorInfo, JobSpec
 from .flights import Cancel, Flight, Flights
 from .hostcalls import CallRegistry
@@ -246,7 +247,9 @@ class Server:
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
         # The packages requests name, installed by the pool (see packages.py); the ceiling's bound their versions.
         limits = options.config.limits
-        self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else ())
+        self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
+                                   allowed=limits.packages if limits else None)
+        self.calls.pip = self.installer.pip
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None) -> Template:
@@ -514,8 +517,18 @@ class Server:
                                   pool_files=self._pool_files)
         if self.installer.problem() is None:  # its hints then name the packages grant
             spec = msgspec.structs.replace(spec, installs_packages=True)
-        elif spec.packages:
-            raise RequestError(f"packages: {self.installer.problem()}")
+        elif spec.packages or request.pip_install:
+            raise RequestError(f"{'packages' if spec.packages else 'pip_install'}: {self.installer.problem()}")
+        if request.pip_install:
+            if not session:
+                raise RequestError("pip_install: only a session takes it (its steps' `%pip install` lines); a job "
+                                   "names its packages")
+            # A directory of its own, granted read-only now: what `%pip install` adds beneath it later is
+            # readable (Landlock rules cover a directory's later content), and the job still writes nothing.
+            directory = self.installer.session_dir()
+            spec = msgspec.structs.replace(spec, pip_dir=directory, package_dirs=[*spec.package_dirs, directory],
+                                           allow_read=[*spec.allow_read, directory],
+                                           functions=[*spec.functions, PIP_FUNCTION])
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
         return spec, max_output

@@ -254,7 +254,8 @@ class Session(threading.Thread):
     def _run_step(self, step: Step) -> Outcome:
         calls: CallSink | None = None
         if self.spec.functions:
-            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox)  # noqa: E731
+            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox,  # noqa: E731
+                                                            pip_dir=self.spec.pip_dir)
         if self.life.state is SessionState.OPENING:
             # The packages its first request names, installed on this session's thread (RequestError if not).
             self.spec = self.registry.place(self.spec)

@@ -73,6 +73,9 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     # see pynox.server.packages), and whether its pool installs any: a hint then names the grant.
     packages: list[str] = []
     installs_packages: bool = False
+    # A session opened with pip_install: the directory its `%pip install` lines install into (granted
+    # read-only, on sys.path); the pool's, never sent to the template or the job.
+    pip_dir: str | None = None
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(

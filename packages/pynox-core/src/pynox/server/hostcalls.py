@@ -291,6 +291,7 @@ class JobCalls:
         self._outstanding: dict[int, tuple[int, int]] = {}  # call id -> (bytes of its frame, the job's tag)
         self._lock = threading.Lock()
         self._closed = False
+        self._pip_running = False  # a `%pip install` of this step is being served
 
     def readable(self, chunk: bytes) -> None:
         """Handle bytes from the job. Raises :class:`ProtocolViolation` for garbage."""
@@ -319,6 +320,11 @@ class JobCalls:
             self.calls += 1
             if self.calls > MAX_CALLS:
                 self.answer(call.tag, {"error": f"this task reached its limit of {MAX_CALLS} host calls"})
+                return
+            with self._lock:
+                busy, self._pip_running = self._pip_running, True
+            if busy:  # one at a time per step: a job cannot pile up the pool's threads
+                self.answer(call.tag, {"error": "%pip install: another install of this step is still running"})
                 return
             # Answered by the pool itself, never the client; off the thread that reads the job (and keeps
             # its deadline). The wait counts against the step's timeout, as any host call's does.
@@ -357,6 +363,9 @@ class JobCalls:
             self.answer(call.tag, {"result": self.registry.pip(self.pip_dir, words)})
         except Exception as exc:  # its message is for the model: why not, and what to do
             self.answer(call.tag, {"error": str(exc)})
+        finally:
+            with self._lock:
+                self._pip_running = False
 
     def answered(self, call_id: int) -> int:
         """The call is answered (or failed): its tag, for the answer."""

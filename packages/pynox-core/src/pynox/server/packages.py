@@ -326,7 +326,10 @@ class Installer:
         left = deadline - time.monotonic()
         if left <= 0:
             raise RequestError(self._too_slow(packages))
-        environment = {**os.environ, "UV_CACHE_DIR": os.path.join(self.root, "cache"), "NO_COLOR": "1"}
+        # uv's own variables are left out: one (UV_EXTRA_INDEX_URL, say) could add an index the config does not
+        # name. The rest of the pool's environment stays (a proxy the index needs).
+        environment = {**{key: value for key, value in os.environ.items() if not key.startswith("UV_")},
+                       "UV_CACHE_DIR": os.path.join(self.root, "cache"), "NO_COLOR": "1"}
         # A session of its own: a timeout kills uv and whatever it started.
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=environment, start_new_session=True, text=True)

@@ -362,6 +362,8 @@ _MACHINE = [(re.compile(r"\d+ MiB with its preloaded modules"), "N MiB with its 
 _SETUP_FIELDS = {"memory_peak_kb", "bounds_not_in_force"}
 # The ready event's runtime paths are the machine's (a few dozen); the doc shows two.
 DOC_RUNTIME_PATHS = ["/usr/lib", "/usr/local/lib/python3.11"]
+# What the documented ready events list as importable: each machine's own site-packages differ.
+DOC_IMPORTABLE = ["numpy", "pandas"]
 
 
 def _file_cap_of_the_setup(result: dict[str, Any]) -> bool:
@@ -458,6 +460,8 @@ class _Pool:
             return {k: self.normal(v, k) for k, v in value.items()}
         if key == "runtime_paths" and isinstance(value, list) and value:
             return DOC_RUNTIME_PATHS
+        if key == "importable" and isinstance(value, list) and value:
+            return DOC_IMPORTABLE
         if isinstance(value, list):
             return [self.normal(v) for v in value]
         if key in _TIMINGS and isinstance(value, int | float):

@@ -52,10 +52,10 @@ _OUTPUT_OF = re.compile(r"^<!-- output-of: (?P<example>examples/\S+) -->\n```tex
 TRANSCRIPTS = {match.group("example"): match.group("body") for match in _OUTPUT_OF.finditer(USE_CASES.read_text())}
 
 
-def test_the_use_cases_guide_shows_four_agents() -> None:
+def test_the_use_cases_guide_shows_five_agents_and_a_notebook() -> None:
     assert sorted(TRANSCRIPTS) == ["examples/analyst_agent.py", "examples/codeact_agent.py",
                                    "examples/mcp_notebook.py", "examples/monty_agent.py",
-                                   "examples/untrusted_notebook.py"]
+                                   "examples/packages_agent.py", "examples/untrusted_notebook.py"]
 
 
 @pytest.mark.parametrize("example", sorted(TRANSCRIPTS))

@@ -149,7 +149,7 @@ def test_pynox_mcps_grant_flags_are_the_grants_names() -> None:
     flags = {action.dest for action in group._group_actions} - {"config", "profile"}  # the pool's, not a grant
     args = parser.parse_args(["--allow-read", "data", "--allow-write", "out", "--allow-network", "--allow-host",
                               "index.example.com", "--timeout", "5s", "--memory", "256m", "--max-output", "1m",
-                              "--max-file-size", "1m", "--env", "A=1"])
+                              "--max-file-size", "1m", "--env", "A=1", "--package", "numpy"])
     assert set(mcp_grants(args)) == flags
     assert flags <= GRANT_NAMES, flags - GRANT_NAMES
 

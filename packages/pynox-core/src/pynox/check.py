@@ -31,6 +31,7 @@ from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment, load_c
 from .errors import ConfigError, KernelSupportError, PoolError, RequestError
 from .policy import BACKEND, cgroups, landlock, seccomp
 from .protocol import Request, Result
+from .server.packages import Installer
 from .server.runner import run_on
 from .server.templates import Template
 from .wire.exits import TIMEOUT_EXIT
@@ -625,7 +626,11 @@ def check_config(path: str, profile: str | None = None) -> list[str]:
                  f"{'[pool.limits]' if config.limits is not None else 'none'}; a job needs at least "
                  f"{floor / (1 << 20):.1f} MiB of memory")
     lines += [f"warning: {warning}" for warning in config.warnings]
-    return lines
+    installs, problem = Installer(settings.installs,
+                                  ceiling=config.limits.packages if config.limits else ()).check()
+    if problem is not None:
+        raise ConfigError(f"{file}: [pool]: {problem}")
+    return lines + installs
 
 
 def run_check() -> CheckReport:

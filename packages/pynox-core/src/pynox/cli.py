@@ -38,6 +38,9 @@ def _run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument("--max-output", help="bytes of stdout and of stderr kept (default 1m)")
     run.add_argument("--max-file-size", help="largest file the job may write, e.g. 10m")
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="set a variable for the job")
+    run.add_argument("--package", action="append", default=[], dest="packages", metavar="REQUIREMENT",
+                     help="install REQUIREMENT (e.g. numpy or 'pandas>=2,<3') for the job to import, from the index "
+                          "--config names ([pool] find_links or package_index); repeat for more")
     run.add_argument("--json", action="store_true", help="print the protocol's result object instead")
     run.add_argument("--config", metavar="FILE",
                      help="a pynox.toml whose [permissions] grants apply, with the flags added on top")
@@ -61,7 +64,7 @@ def _request_from(args: argparse.Namespace) -> Request:
                    allow_write=args.allow_write, allow_network=args.allow_network,
                    allow_hosts=args.allow_hosts or None, env=env,
                    timeout=args.timeout, memory=args.memory, max_output=args.max_output,
-                   max_file_size=args.max_file_size)
+                   max_file_size=args.max_file_size, packages=args.packages or None)
 
 
 def _print_human(result: Result) -> None:
@@ -80,16 +83,14 @@ def _print_human(result: Result) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from .config import EMPTY, load_config, merged
     from .server.runner import run_once
 
     request = _request_from(args)
-    if args.config:
-        from .config import load_config, merged
-
-        permissions = load_config(args.config).permissions
-        if permissions is not None:
-            request = merged(permissions, request)
-    result = run_once(request, hint_style="cli")
+    config = load_config(args.config) if args.config else EMPTY
+    if config.permissions is not None:
+        request = merged(config.permissions, request)
+    result = run_once(request, hint_style="cli", config=config)
     if args.json:
         sys.stdout.buffer.write(msgspec.json.encode(result) + b"\n")
     else:

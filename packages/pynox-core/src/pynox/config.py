@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,10 +37,11 @@ from .hosts import HostEntry, parse_hosts
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath
 from .protocol import Request
+from .requirements import Requirement, requirements
 from .units import format_size, parse_duration, parse_size
 
 __all__ = [
-    "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Limits", "PoolOptions", "PoolSettings",
+    "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Installs", "Limits", "PoolOptions", "PoolSettings",
     "default_config_path", "landlock_abi_cap", "landlock_abi_from_environment", "load_config", "merged",
     "metrics_socket", "pool_options",
 ]
@@ -48,21 +50,44 @@ _T = TypeVar("_T")
 
 # The request fields a profile may preset: grants and limits, never code, script, name or args.
 _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory", "max_output",
-                "max_file_size", "package_dirs", "functions")
+                "max_file_size", "package_dirs", "functions", "packages")
 # `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
                     "max_output", "max_file_size")
+# [pool] keys of the installer (see pynox.server.packages).
+_INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout", "max_install_size", "max_installs",
+                 "allow_sdist", "uv")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "scratch_dir", "scratch_max_file",
-              "scratch_max_total", "limits")
+              "scratch_max_total", "limits", *_INSTALL_KEYS)
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
-               "max_file_size")
+               "max_file_size", "packages")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
 _MAX_WORKERS = 256
 # The least memory limit a Python job starts under anywhere: a bare interpreter's heap (about 11 MiB),
 # which the job inherits from its template, plus the 16 MiB it needs to run, rounded up. A pool whose
 # preloaded modules make its templates heavier raises the floor at start (Config.refuse_memory_below).
 LEAST_MEMORY = 32 << 20
+
+
+@dataclass(frozen=True)
+class Installs:
+    """How the pool installs the ``packages`` a request names (``[pool]`` keys): from where, into where, within
+    which bounds. No index and no find_links: the pool installs nothing, and a request naming packages is
+    refused."""
+
+    index: str | None = None  # package_index: a URL, or an absolute path to a directory laid out as an index
+    find_links: tuple[str, ...] = ()  # URLs, or absolute paths to directories of wheels (a wheelhouse)
+    root: str | None = None  # packages_dir: where the environments and uv's cache live (None: the default)
+    timeout: float = 120.0  # seconds one install may take, apart from any job's timeout
+    max_size: int = 1 << 30  # bytes one installed environment may hold
+    concurrent: int = 2  # installs at once; more wait
+    sdist: bool = False  # allow_sdist: build from source distributions (their code runs on the host)
+    uv: str | None = None  # uv's binary (None: the uv package's, pynox-core[packages], else one on PATH)
+
+    @property
+    def enabled(self) -> bool:
+        return self.index is not None or bool(self.find_links)
 
 
 @dataclass(frozen=True)
@@ -88,6 +113,7 @@ class PoolSettings:
     scratch_dir: str | None = None
     scratch_max_file: int = 64 << 20
     scratch_max_total: int = 256 << 20
+    installs: Installs = field(default_factory=Installs)
 
 
 @dataclass(frozen=True)
@@ -103,6 +129,8 @@ class Limits:
     memory: int | None = None  # bytes
     max_output: int | None = None
     max_file_size: int | None = None
+    # The packages requests may name, each with the versions it may have (pynox.requirements); none if unset.
+    packages: tuple[Requirement, ...] = ()
 
     @property
     def readable(self) -> list[str]:
@@ -360,6 +388,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         scratch_dir=_first(table.paths("scratch_dir", base, must_exist=True, one=True)),
         scratch_max_file=_or(table.units("scratch_max_file", parse_size), PoolSettings.scratch_max_file),
         scratch_max_total=_or(table.units("scratch_max_total", parse_size), PoolSettings.scratch_max_total),
+        installs=_installs(table, base),
     )
 
 
@@ -369,6 +398,39 @@ def _or(value: _T | None, default: _T) -> _T:
 
 def _first(values: list[str] | None) -> str | None:
     return values[0] if values else None
+
+
+def _location(value: str, base: str) -> str:
+    """An index or find-links entry: a URL as it is, anything else a path against the file's directory."""
+    return value if re.match(r"^[a-z][a-z0-9+.-]*://", value) else os.path.normpath(os.path.join(base, value))
+
+
+def _installs(table: _Table, base: str) -> Installs:
+    index = table.get("package_index", str, "a URL or a path")
+    timeout = table.units("install_timeout", parse_duration)
+    size = table.units("max_install_size", parse_size)
+    concurrent = table.positive_int("max_installs")
+    root = table.get("packages_dir", str, "a path")
+    return Installs(
+        index=_location(index, base) if index else None,
+        find_links=tuple(_location(link, base) for link in table.strings("find_links") or ()),
+        root=os.path.normpath(os.path.join(base, root)) if root else None,
+        timeout=Installs.timeout if timeout is None else timeout,
+        max_size=Installs.max_size if size is None else size,
+        concurrent=Installs.concurrent if concurrent is None else concurrent,
+        sdist=bool(table.get("allow_sdist", bool, "true or false")),
+        uv=os.path.normpath(os.path.join(base, uv)) if (uv := table.get("uv", str, "a path")) else None,
+    )
+
+
+def _packages(table: _Table) -> tuple[Requirement, ...] | None:
+    values = table.get("packages", list, "a list of strings")
+    if values is None:
+        return None
+    try:
+        return requirements(values)
+    except RequestError as exc:
+        raise table.error(str(exc).removeprefix("packages: "), "packages") from None
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
@@ -469,6 +531,7 @@ def _limits(table: _Table, base: str) -> Limits:
         memory=_memory(table),
         max_output=table.units("max_output", parse_size),
         max_file_size=table.units("max_file_size", parse_size),
+        packages=_packages(table) or (),
     )
 
 
@@ -501,6 +564,7 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
         allow_hosts=[str(entry) for entry in hosts] if (hosts := _hosts(table)) is not None else None,
         env=dict(env) if env is not None else None,
         functions=dedupe(functions) if functions is not None else None,
+        packages=[str(r) for r in packages] if (packages := _packages(table)) is not None else None,
         timeout=table.units("timeout", parse_duration),
         memory=_memory(table),
         max_output=table.units("max_output", parse_size),

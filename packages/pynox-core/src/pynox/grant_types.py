@@ -37,6 +37,9 @@ class Grants(TypedDict, total=False):
     # A scratch directory the pool owns, as the working directory (and $PYNOX_SCRATCH): a session's files go
     # in and out with Session.upload/download/files, a plain run's come back in Result.files.
     scratch: bool
+    # Distributions the pool installs before the code runs ("numpy", "pandas>=2,<3"), within the operator's
+    # [pool.limits] packages; the code imports them (pynox.requirements, pynox.server.packages).
+    packages: Sequence[str]
 
 
 class SessionGrants(Grants, total=False):

@@ -40,6 +40,7 @@ from .hosts import HostEntry, one_port_each, parse_hosts, within
 from .names import ENV_RULE, FUNCTION_RULE, is_env_variable, is_function_name
 from .paths import beneath, kernel_mounts, overlapping
 from .protocol import Request
+from .requirements import Requirement, check_packages, requirements
 from .units import format_duration, format_size, parse_duration, parse_size
 from .wire.spec import MAX_GRANTS, JobSpec, NetworkMode
 
@@ -55,7 +56,7 @@ __all__ = [
 
 _MAX_ARGS = 4096
 _MAX_LINKS = 40  # as the kernel's own limit on symlinks followed in one path
-_LIST_FIELDS = ("allow_read", "allow_write", "allow_hosts", "package_dirs", "functions")
+_LIST_FIELDS = ("allow_read", "allow_write", "allow_hosts", "package_dirs", "functions", "packages")
 _SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_size", "name")
 
 
@@ -76,6 +77,9 @@ class Grants:
     max_file_size: int | None
     functions: tuple[str, ...]
     args: tuple[str, ...]
+    # Distributions the pool installs before the job starts (pynox.requirements); the pool adds the
+    # environment they are installed in to the job's package_dirs (pynox.server.packages).
+    packages: tuple[Requirement, ...] = ()
 
     @classmethod
     def of(cls, request: Request, *, cwd: str, runtime_paths: Sequence[str] = (), writable: Iterable[str] = (),
@@ -132,7 +136,7 @@ class Grants:
             memory=_units(request.memory, defaults.memory, parse_size, "memory"),
             max_output=_units(request.max_output, defaults.max_output, parse_size, "max_output"),
             max_file_size=_units(request.max_file_size, None, parse_size, "max_file_size"),
-            functions=functions, args=args,
+            functions=functions, args=args, packages=requirements(request.packages),
         )
 
     def job(self, request: Request, *, cwd: str, hint_style: Literal["api", "cli"] = "api",
@@ -153,6 +157,7 @@ class Grants:
             package_dirs=list(self.package_dirs), functions=list(self.functions),
             uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
             images=self.max_output, host_globals=request.host_globals if self.functions else None,
+            packages=[str(requirement) for requirement in self.packages],
         )
 
 
@@ -250,6 +255,8 @@ def enforce_ceiling(limits: Limits, request: Request, cwd: str, defaults: Defaul
                                        limits.readable),
                                       ("allow_write", request.allow_write, limits.allow_write)):
             check_ceiling(field, [resolve(path, cwd, field) for path in paths or ()], allowed)
+    if request.packages:
+        check_packages(requirements(request.packages), limits.packages)
     if request.allow_network and not limits.allow_network:
         raise RequestError("allow_network: the [pool.limits] ceiling does not allow the network "
                            "(allow_network = false)")

@@ -9,6 +9,7 @@ arguments of the API (``allow_read=["/data"]``) or flags of ``pynox run``
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import Literal
 
@@ -19,10 +20,13 @@ __all__ = [
     "HOSTS_HINT_START",
     "cross_grant_hint",
     "hosts_hint",
+    "importable",
     "memory_hint",
+    "module_hint",
     "network_hint",
     "operation_hint",
     "path_hint",
+    "shell_hint",
     "subprocess_hint",
     "threads_hint",
     "timeout_hint",
@@ -145,3 +149,60 @@ def file_size_hint(max_file_size: int, style: Style) -> str:
     grant = f"--max-file-size {larger}" if style == "cli" else f'max_file_size="{larger}"'
     return (f"A file grew past the {format_size(max_file_size)} limit on file size. Write less, or ask the "
             f"host for larger files, e.g. {grant}.")
+
+
+# The pool's own and the installers': never what a model should reach for.
+_NOT_FOR_JOBS = frozenset({"pynox", "pyseccomp", "pip", "setuptools", "pkg_resources", "uv", "wheel"})
+
+
+def importable(preloaded: Sequence[str], package_dirs: Sequence[str], limit: int) -> list[str]:
+    """The top-level modules this interpreter can import beyond the standard library: the ``preloaded`` ones
+    first, then what its site directories and ``package_dirs`` hold, sorted; at most ``limit`` names, then
+    "and N more". The pool's ready event and a tool's description list them (the pool's template runs this
+    interpreter); a job's ModuleNotFoundError hint lists them from inside the sandbox."""
+    import pkgutil  # only where a list is made: the template imports this module, and each fork copies it
+
+    # Site directories only (site-packages, dist-packages): the standard library is a given, and an
+    # interpreter's bin directory or a checkout's source path (an editable install's) are not packages.
+    dirs = [path for path in sys.path if path.rstrip("/").endswith(("site-packages", "dist-packages"))]
+    names = {info.name for info in pkgutil.iter_modules([*package_dirs, *dirs])
+             if info.name.isidentifier() and not info.name.startswith("_") and info.name not in _NOT_FOR_JOBS}
+    tops = list(dict.fromkeys(name.split(".")[0] for name in preloaded))
+    ordered = [*tops, *sorted(names - set(tops), key=str.lower)]
+    more = len(ordered) - limit
+    return ordered[:limit] + ([f"and {more} more"] if more > 0 else [])
+
+
+def _package_grant(style: Style, name: str) -> str:
+    return f"--package {name}" if style == "cli" else f'packages=["{name}"]'
+
+
+def _ask_for(name: str, installs: bool, style: Style) -> str:
+    if installs:
+        return (f"Ask the host to install it for you with {_package_grant(style, name)} (the pool installs it "
+                "before the code runs; a distribution's name may differ from its module's), or work with what is "
+                "installed.")
+    return "Work with what is installed, or ask the host to add it."
+
+
+def module_hint(name: str, importable: Sequence[str], installs: bool, style: Style) -> str:
+    """A ModuleNotFoundError: the module is not here, what is, and how it could be."""
+    top = name.split(".")[0]
+    if top == "pip":
+        return ("pip does not run in this sandbox: code cannot install packages (no network, and the "
+                f"environment is read-only). {_ask_for('PACKAGE', installs, style)}")
+    listed = ", ".join(importable) if importable else "none"
+    return (f"{top} is not installed in this sandbox, and code cannot install it. Importable here beyond the "
+            f"standard library: {listed}. {_ask_for(top, installs, style)}")
+
+
+def shell_hint(line: str, installs: bool, style: Style) -> str:
+    """A SyntaxError on a line that starts with ``!`` or ``%``: a notebook's shell command or magic."""
+    if line.lstrip("!%").startswith(("pip", "conda", "uv ")):
+        session = (" (In a session the host opens with pip_install, `%pip install NAME` asks the pool to install "
+                   "NAME.)") if installs else ""
+        return ("This runs plain Python: shell commands (!...) and magics (%...) do not run here, and packages "
+                f"cannot be installed from the code. {_ask_for('PACKAGE', installs, style)}{session}")
+    return ("This runs plain Python: shell commands (!...) and IPython magics (%...) do not run here. Write the "
+            "same in Python (time a call with time.perf_counter(); read files with open() or pathlib), and no "
+            "programs can be started.")

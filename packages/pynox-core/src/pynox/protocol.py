@@ -20,6 +20,7 @@ from .wire.spec import ErrorInfo
 
 __all__ = [
     "FILE_CHUNK",
+    "IMPORTABLE_LISTED",
     "MAX_LINE",
     "CallEvent",
     "CancelAnswer",
@@ -102,6 +103,12 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     max_output: Units | None = None
     max_file_size: Units | None = None
     package_dirs: list[str] | None = None
+    # Distributions the pool installs for this job before it starts ("numpy", "pandas>=2,<3"; see
+    # pynox.requirements), under the [pool.limits] ceiling; the job imports them, it never installs anything.
+    packages: list[str] | None = None
+    # A session's: a step's `%pip install NAME` line asks the pool to install NAME for this session, under
+    # the same ceiling as packages.
+    pip_install: bool | None = None
     profile: str | None = None
     functions: list[str] | None = None
     # The host functions are also globals of the code: "call" (as from pynox_host) or "await" (as from
@@ -130,7 +137,8 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
         names = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "memory", "max_file_size",
-                 "package_dirs", "profile", "functions", "host_globals", "script", "scratch")
+                 "package_dirs", "packages", "pip_install", "profile", "functions", "host_globals", "script",
+                 "scratch")
         return [name for name in names if getattr(self, name) is not None]
 
 
@@ -282,6 +290,10 @@ class CancelAnswer(msgspec.Struct):
     cancelled: RequestId
 
 
+# Names the ready event's ``importable`` lists at most (then "and N more"): a model reads them in a description.
+IMPORTABLE_LISTED = 60
+
+
 class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     """The pool's first line, once every worker's template is ready. The client reads what is there: a
     field a pool does not send (a stand-in, an older version) takes its default."""
@@ -304,6 +316,10 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     # ceiling: how long a client waits for an answer without reading the pool's config. 0: not said (a
     # stand-in, an older version); the client then assumes the default.
     longest_timeout: float = 0.0
+    # The top-level modules a job can import beyond the standard library, the preloaded ones first (bounded:
+    # a model reads them in its tool's description); and whether requests may name packages to install.
+    importable: list[str] = []
+    installs_packages: bool = False
 
 
 class StartError(msgspec.Struct):

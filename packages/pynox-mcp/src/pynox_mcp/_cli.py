@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                         ("--max-output", "bytes of stdout and of stderr kept per call (default 1m)"),
                         ("--max-file-size", "largest file the code may write, e.g. 10m")):
         grants.add_argument(limit, help=what)
+    grants.add_argument("--package", action="append", default=[], dest="packages", metavar="REQUIREMENT",
+                        help="have the pool install REQUIREMENT (e.g. numpy or 'pandas>=2,<3') for the code to import; "
+                             "the config names the index and allows the names ([pool] find_links or package_index, "
+                             "[pool.limits] packages); repeat for more")
     grants.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                         help="set a variable for the code; NAME alone passes this server's own value of NAME")
     grants.add_argument("--config", metavar="FILE", help="a pynox.toml: its [pool.limits] ceiling bounds every grant")
@@ -98,7 +102,7 @@ def _grants(args: argparse.Namespace) -> dict[str, Any]:
                               "allow_network": args.allow_network, "allow_hosts": args.allow_hosts or None,
                               "timeout": args.timeout, "memory": args.memory,
                               "max_output": args.max_output, "max_file_size": args.max_file_size,
-                              "env": _env(args.env) or None}
+                              "env": _env(args.env) or None, "packages": args.packages or None}
     return {key: value for key, value in grants.items() if value is not None}
 
 

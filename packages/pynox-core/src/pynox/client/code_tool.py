@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Unpack
 
+from .. import hints
 from ..config import EMPTY, default_config_path, load_config
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PynoxError
@@ -31,7 +32,7 @@ from ..grant_types import Grants, check_grants
 from ..grants import refuse_write_grant, request_hosts, resolve_path
 from ..hosts import one_port_each
 from ..names import FUNCTION_RULE, is_function_name
-from ..protocol import Request
+from ..protocol import IMPORTABLE_LISTED, Request
 from ..units import format_duration, format_size, parse_duration, parse_size
 from .host_functions import HostErrors, visible_signature
 from .requests import build_request
@@ -66,6 +67,7 @@ class ToolGrants:
     env: tuple[str, ...]  # the names of the variables the host passes (not their values)
     profile: str | None
     scratch: bool = False  # the code works in a scratch directory of the pool's (its files go in and out)
+    packages: tuple[str, ...] = ()  # installed by the pool for every call (the packages grant)
 
     @property
     def network_text(self) -> str:
@@ -143,6 +145,7 @@ def _tool_grants(request: Request, pool: Runner | None) -> ToolGrants:
         env=tuple(request.env or {}),
         profile=request.profile,
         scratch=bool(request.scratch),
+        packages=tuple(request.packages or ()),
     )
 
 
@@ -157,8 +160,18 @@ def _signature(name: str, function: HostFunction) -> str:
     return f"{name}{signature}" + (f": {summary}" if summary else "")
 
 
+def _importable(pool: Runner | None) -> tuple[list[str], list[str]]:
+    """What the tool's jobs can import (the preloaded modules first) and which of those are preloaded: as the
+    pool's ready event says, or, for the default pool not started yet, as this interpreter (which it runs) has."""
+    if pool is None:
+        return hints.importable((), (), IMPORTABLE_LISTED), []
+    preloaded = list(pool.ready.get("preloaded_modules", []))
+    return list(pool.ready.get("importable", [])), preloaded
+
+
 def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, HostFunction] | None,
-              preloaded: list[str], session_scope: str | None = None) -> ToolDescription:
+              preloaded: list[str], session_scope: str | None = None,
+              importable: list[str] | None = None) -> ToolDescription:
     if session:
         lifetime = (f"Calls share one Python process{' ' if session_scope else ''}{session_scope or ''}, like "
                     "notebook cells: variables, imports and functions defined in one call are there in the "
@@ -167,7 +180,7 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
     else:
         lifetime = "Each call runs in a fresh process: nothing (variables, imports, files in memory) survives it."
     permissions = [
-        f"Read files: {', '.join(grants.read) or 'none'} (plus the Python standard library and installed "
+        f"Read files: {', '.join(grants.read) or 'none'} (plus the Python standard library and the importable "
         "packages).",
         f"Write files: {', '.join(grants.write) or 'nowhere'}." if not grants.scratch else
         "Write files: the working directory, a scratch directory of its own (files written there, like "
@@ -179,6 +192,11 @@ def _describe(grants: ToolGrants, *, session: bool, functions: Mapping[str, Host
     ]
     if preloaded:
         permissions.append(f"Already imported, fast to use: {', '.join(preloaded)}.")
+    if importable:
+        permissions.append(f"Importable packages beyond the standard library: {', '.join(importable)}. Code cannot "
+                           "install packages (no pip, no shell commands or magics).")
+    if grants.packages:
+        permissions.append(f"Installed for this tool: {', '.join(grants.packages)}.")
     names = ", ".join(functions or ())
     return ToolDescription(
         summary="Run Python code in an isolated sandbox and return what it prints.",
@@ -232,9 +250,10 @@ class CodeTool:
             if not is_function_name(name):
                 raise PynoxError(f"host function name {name!r} {FUNCTION_RULE}")
         self.grants: ToolGrants = _tool_grants(_effective_request(pool, profile, requested), pool)
-        preloaded = list(pool.ready.get("preloaded_modules", [])) if pool is not None else []
+        importable, preloaded = _importable(pool)
         self.description: ToolDescription = _describe(self.grants, session=bool(session), functions=functions,
-                                                      preloaded=preloaded, session_scope=session_scope)
+                                                      preloaded=preloaded, session_scope=session_scope,
+                                                      importable=importable)
         self._pool = pool
         self._functions = dict(functions) if functions else None
         self._host_errors = host_errors

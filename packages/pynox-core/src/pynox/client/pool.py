@@ -618,11 +618,13 @@ class Pool:
 
     def session(self, *, functions: Mapping[str, HostFunction] | None = None,
                 host_errors: HostErrors | None = None, host_globals: Literal["call", "await"] | None = None,
-                **grants: Unpack[SessionGrants]) -> Session:
+                pip_install: bool = False, **grants: Unpack[SessionGrants]) -> Session:
         """A stateful process: variables survive between ``run`` calls. Permissions are fixed here, and so is
-        ``host_globals`` (see :meth:`run`)."""
+        ``host_globals`` (see :meth:`run`). ``pip_install``: a step's ``%pip install NAME`` line asks the pool to
+        install NAME for this session (under the same ceiling as ``packages``)."""
         check_grants("Pool.session()", grants, SESSION_GRANT_NAMES)
-        fixed: dict[str, Any] = {**grants, **({"host_globals": host_globals} if host_globals else {})}
+        fixed: dict[str, Any] = {**grants, **({"host_globals": host_globals} if host_globals else {}),
+                                 **({"pip_install": True} if pip_install else {})}
         return Session(self, functions, fixed, host_errors=host_errors)
 
     def stats(self, timeout: float = 30.0) -> dict[str, Any]:

@@ -29,6 +29,14 @@ def _hosts(hosts: Sequence[str] | None) -> list[str] | None:
     return list(hosts)
 
 
+def _packages(packages: Sequence[str] | None) -> list[str] | None:
+    if packages is None:
+        return None
+    if isinstance(packages, str):
+        raise TypeError("packages must be a list, e.g. packages=['numpy'], not a single string")
+    return list(packages)
+
+
 def build_request(code: str | None = None, *, script: PathLike | None = None, name: str | None = None,
                   args: Sequence[str] | None = None, allow_read: Sequence[PathLike] | None = None,
                   allow_write: Sequence[PathLike] | None = None, allow_network: bool | None = None,
@@ -38,7 +46,8 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
                   max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
                   profile: str | None = None, functions: Sequence[str] | None = None,
                   return_value: bool | None = None, host_globals: str | None = None,
-                  scratch: bool | None = None) -> Request:
+                  scratch: bool | None = None, packages: Sequence[str] | None = None,
+                  pip_install: bool | None = None) -> Request:
     """A request with only the fields that were given (the pool applies defaults and the ceiling)."""
     return Request(
         code=code, script=os.fspath(script) if script is not None else None, name=name,
@@ -49,4 +58,5 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
         profile=profile, functions=list(functions) if functions else None, return_value=return_value or None,
         host_globals=host_globals,  # type: ignore[arg-type]  # checked by the pool, with its own words
         scratch=scratch or None,
+        packages=_packages(packages), pip_install=pip_install or None,
     )

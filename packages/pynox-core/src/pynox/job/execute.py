@@ -11,6 +11,7 @@ import atexit
 import builtins
 import linecache
 import os
+import re
 import socket
 import sys
 import threading
@@ -22,6 +23,7 @@ import msgspec
 from ..wire.descriptors import CONTROL, REPORT, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
+from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 from .report import describe, finish, flush_streams, print_traceback, write_report
 
@@ -44,6 +46,9 @@ def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
     if payload.script is not None:
         sys.path.insert(0, os.path.dirname(payload.script))
     sys.path[:0] = confinement.package_dirs
+    # pip cannot work here (no network, a read-only environment) and would say so only in a traceback it
+    # catches, returning a status the code ignores: importing it fails instead, with a hint (job/report.py).
+    sys.modules.setdefault("pip", None)  # type: ignore[arg-type]  # None: Python's own "import halted"
     _reseed()
     return main
 
@@ -57,6 +62,8 @@ def execute(main: types.ModuleType, code: str | None, script: str | None, name: 
         source = code if code is not None else _read_script(script or "")
         # Tracebacks then show the model its own lines, as they would for a file on disk.
         linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        if PIP_FUNCTION in getattr(sys.modules.get("pynox_host"), "__all__", ()):
+            source = _pip_lines(source)  # line for line: tracebacks still point at the model's own lines
         value = _run(source, name, main.__dict__, return_value=return_value and code is not None)
         drawn = _figures(images)  # before the exit hooks: matplotlib's destroys every figure
         if shutdown:
@@ -96,6 +103,17 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
         for fd in STEP:
             os.dup2(devnull, fd)
         step = None
+
+
+_PIP_LINE = re.compile(r"^(?P<indent>[ \t]*)%pip[ \t]+(?P<words>install\b[^\n]*)$", re.MULTILINE)
+
+
+def _pip_lines(source: str) -> str:
+    """A session opened with pip_install: each `%pip install NAME...` line becomes a call that asks the pool to
+    install them (the pool checks every word), then lets imports see what was added."""
+    return _PIP_LINE.sub(lambda line: f"{line['indent']}print(__import__('pynox_host').{PIP_FUNCTION}("
+                                      f"{line['words'].strip()!r})); __import__('importlib').invalidate_caches()",
+                         source)
 
 
 def _run(source: str, name: str, namespace: dict[str, object], *, return_value: bool) -> str | None:

@@ -169,12 +169,21 @@ def _starts_a_process(exc: BaseException) -> bool:
     return any(call in line for call in _PROCESS_CALLS)
 
 
+_MAX_IMPORTABLE = 40  # names in a hint: the rest are counted
+
+
 def _hint(exc: BaseException, path: str | None, spec: Confinement) -> str | None:
     style = spec.hint_style
     if isinstance(exc, MemoryError):
         return hints.memory_hint(spec.memory, style)
     if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread" and spec.max_tasks is not None:
         return hints.threads_hint(spec.max_tasks)
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        # Listed from inside the sandbox, which could list them itself; only on this error's path.
+        listed = hints.importable((), spec.package_dirs, _MAX_IMPORTABLE)
+        return hints.module_hint(exc.name, listed, spec.installs_packages, style)
+    if isinstance(exc, SyntaxError) and (exc.text or "").lstrip().startswith(("!", "%")):
+        return hints.shell_hint((exc.text or "").strip(), spec.installs_packages, style)
     if not isinstance(exc, OSError):
         return None
     if exc.errno == errno.EFBIG and spec.max_file_size is not None:

@@ -33,7 +33,7 @@ import msgspec
 
 from ..protocol import CallEvent, RequestId, encode
 from ..wire.frames import FrameBuffer, pack
-from ..wire.host_channel import MAX_IN_FLIGHT, MAX_PAYLOAD
+from ..wire.host_channel import MAX_IN_FLIGHT, MAX_PAYLOAD, PIP_FUNCTION
 from ..wire.host_values import NotPlainJSON, check_plain_json
 
 __all__ = ["MAX_CALLS", "MAX_IN_FLIGHT", "MAX_IN_FLIGHT_BYTES", "CallRegistry", "JobCalls", "Outbox",
@@ -82,9 +82,13 @@ class CallRegistry:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self.closed: str | None = None  # why no reply can come any more
+        # `%pip install` of a session opened with pip_install: (the session's directory, the line's words)
+        # -> what to tell the job, or raises with why not; the pool's own, on a thread of its own per call.
+        self.pip: Callable[[str, list[str]], str] | None = None
 
-    def open(self, request_id: RequestId, functions: list[str], outbox: Outbox) -> JobCalls:
-        return JobCalls(self, request_id, functions, outbox)
+    def open(self, request_id: RequestId, functions: list[str], outbox: Outbox,
+             pip_dir: str | None = None) -> JobCalls:
+        return JobCalls(self, request_id, functions, outbox, pip_dir)
 
     def _register(self, job: JobCalls) -> int | None:
         with self._lock:
@@ -272,8 +276,10 @@ class JobCalls:
     """The pool's end of one job's (or one session step's) calls: read call frames, check them, emit
     events, answer through the channel's :class:`Outbox`."""
 
-    def __init__(self, registry: CallRegistry, request_id: RequestId, functions: list[str], outbox: Outbox) -> None:
+    def __init__(self, registry: CallRegistry, request_id: RequestId, functions: list[str], outbox: Outbox,
+                 pip_dir: str | None = None) -> None:
         self.registry = registry
+        self.pip_dir = pip_dir
         self.request_id = request_id
         self.functions = set(functions)
         self.outbox = outbox
@@ -285,6 +291,7 @@ class JobCalls:
         self._outstanding: dict[int, tuple[int, int]] = {}  # call id -> (bytes of its frame, the job's tag)
         self._lock = threading.Lock()
         self._closed = False
+        self._pip_running = False  # a `%pip install` of this step is being served
 
     def readable(self, chunk: bytes) -> None:
         """Handle bytes from the job. Raises :class:`ProtocolViolation` for garbage."""
@@ -309,6 +316,20 @@ class JobCalls:
             self._call(call, len(frame))
 
     def _call(self, call: _CallFrame, size: int) -> None:
+        if call.function == PIP_FUNCTION and self.pip_dir is not None and self.registry.pip is not None:
+            self.calls += 1
+            if self.calls > MAX_CALLS:
+                self.answer(call.tag, {"error": f"this task reached its limit of {MAX_CALLS} host calls"})
+                return
+            with self._lock:
+                busy, self._pip_running = self._pip_running, True
+            if busy:  # one at a time per step: a job cannot pile up the pool's threads
+                self.answer(call.tag, {"error": "%pip install: another install of this step is still running"})
+                return
+            # Answered by the pool itself, never the client; off the thread that reads the job (and keeps
+            # its deadline). The wait counts against the step's timeout, as any host call's does.
+            threading.Thread(target=self._pip, args=(call,), name="pynox-pip", daemon=True).start()
+            return
         if call.function not in self.functions:
             # Forged: pynox_host only has declared names. The client never sees this call.
             self.answer(call.tag, {"error": f"no host function named {call.function!r} was declared for this task"})
@@ -334,6 +355,17 @@ class JobCalls:
         self.sent += 1
         self.registry._emit(encode(CallEvent(id=self.request_id, call_id=call_id, function=call.function,
                                              args=call.args, kwargs=call.kwargs)))
+
+    def _pip(self, call: _CallFrame) -> None:
+        assert self.pip_dir is not None and self.registry.pip is not None
+        words = call.args[0].split() if len(call.args) == 1 and isinstance(call.args[0], str) else []
+        try:
+            self.answer(call.tag, {"result": self.registry.pip(self.pip_dir, words)})
+        except Exception as exc:  # its message is for the model: why not, and what to do
+            self.answer(call.tag, {"error": str(exc)})
+        finally:
+            with self._lock:
+                self._pip_running = False
 
     def answered(self, call_id: int) -> int:
         """The call is answered (or failed): its tag, for the answer."""

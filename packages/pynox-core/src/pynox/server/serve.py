@@ -30,13 +30,14 @@ from typing import Literal
 
 import msgspec
 
-from .. import __version__
+from .. import __version__, hints
 from ..config import PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..grants import bounded, parse_request_duration, parse_request_size
 from ..policy import BACKEND, cgroups
 from ..protocol import (
+    IMPORTABLE_LISTED,
     CancelAnswer,
     LineError,
     PoolEventName,
@@ -58,6 +59,7 @@ from ..protocol import (
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
+from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import ErrorInfo, JobSpec
 from .flights import Cancel, Flight, Flights
 from .hostcalls import CallRegistry
@@ -68,6 +70,7 @@ from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
+from .packages import Installer
 from .scratch import ScratchRoot
 from .sessions import FileRequest, SessionRegistry, Step
 from .shutdown import Shutdown, Stage
@@ -250,6 +253,11 @@ class Server:
         # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
         self.scratch = ScratchRoot(options.scratch_dir, run_as=options.config.pool.run_as,
                                    max_file=options.scratch_max_file, max_total=options.scratch_max_total)
+        # The packages requests name, installed by the pool (see packages.py); the ceiling's bound their versions.
+        limits = options.config.limits
+        self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
+                                   allowed=limits.packages if limits else None)
+        self.calls.pip = self.installer.pip
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None) -> Template:
@@ -325,11 +333,14 @@ class Server:
             backend=BACKEND,
             bounds_not_in_force=cgroups.available().not_in_force(),
             longest_timeout=self.options.config.longest_timeout,
+            importable=hints.importable(ready.preloaded, self.options.package_dirs, IMPORTABLE_LISTED),
+            installs_packages=self.installer.problem() is None,
         )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
-            landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch)
+            landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch,
+            place=self.installer.place)
         self.output.write(encode(self.ready_info))
         return workers
 
@@ -347,6 +358,7 @@ class Server:
             self.log_event("drain", "the input ended: accepted jobs run to their end")
         with self._intake:  # the line being accepted now is the last one queued
             pass
+        self.installer.wait_idle()  # a job waiting for its packages is queued (or answered) first
         for _ in self.workers:
             self.jobs.put(None)
         for worker in self.workers:
@@ -465,7 +477,30 @@ class Server:
             self._refuse(message.id, str(exc), session=message.session)
             return
         self.flights.add(job.flight)
-        self.jobs.put(job)
+        self._queue(job)
+
+    def _queue(self, job: _Job) -> None:
+        """Queue ``job`` for a worker; one that names packages waits for them first, off intake's thread (an
+        installed set is queued at once). The wait is the job's queue time (``queue_us``)."""
+        if not job.spec.packages:
+            self.jobs.put(job)
+            return
+
+        def placed(spec: JobSpec | None, why: str | None) -> None:
+            if spec is not None:
+                job.spec = spec
+                self.jobs.put(job)
+                return
+            # Nothing ran: answered as refused, unless a cancel answered it while it waited.
+            if job.flight.start(lambda: False) and job.flight.answer():
+                self.finish(refusal(job.id, why or "packages: the install failed"), session=None, step=None)
+            self.flights.remove(job.flight)
+
+        try:
+            self.installer.submit(job.spec, placed)
+        except RequestError as exc:  # this pool installs nothing, or too many jobs wait for installs
+            self.flights.remove(job.flight)
+            self._refuse(job.id, str(exc))
 
     def _cancel(self, request_id: RequestId, target: RequestId) -> None:
         """End every queued or running job with id ``target``; each still gets its one result, as cancelled."""
@@ -485,11 +520,27 @@ class Server:
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
         request = bounded(request, config, self.cwd, check_paths=False)
         run_as = config.pool.run_as
-        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
+        # No job may write where the pool keeps the environments it installs.
+        runtime_paths = [*self.read_paths, self.installer.root]
+        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
                                   writable=self._written, ceiling=config.ceiling,
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
                                   pool_files=self._pool_files)
         self.scratch.refuse_overlap(spec)
+        if self.installer.problem() is None:  # its hints then name the packages grant
+            spec = msgspec.structs.replace(spec, installs_packages=True)
+        elif spec.packages or request.pip_install:
+            raise RequestError(f"{'packages' if spec.packages else 'pip_install'}: {self.installer.problem()}")
+        if request.pip_install:
+            if not session:
+                raise RequestError("pip_install: only a session takes it (its steps' `%pip install` lines); a job "
+                                   "names its packages")
+            # A directory of its own, granted read-only now: what `%pip install` adds beneath it later is
+            # readable (Landlock rules cover a directory's later content), and the job still writes nothing.
+            directory = self.installer.session_dir()
+            spec = msgspec.structs.replace(spec, pip_dir=directory, package_dirs=[*spec.package_dirs, directory],
+                                           allow_read=[*spec.allow_read, directory],
+                                           functions=[*spec.functions, PIP_FUNCTION])
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.allow_write)
         return spec, max_output

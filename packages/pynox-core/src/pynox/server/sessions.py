@@ -298,8 +298,11 @@ class Session(threading.Thread):
     def _run_step(self, step: Step) -> Outcome:
         calls: CallSink | None = None
         if self.spec.functions:
-            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox)  # noqa: E731
+            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox,  # noqa: E731
+                                                            pip_dir=self.spec.pip_dir)
         if self.life.state is SessionState.OPENING:
+            # The packages its first request names, installed on this session's thread (RequestError if not).
+            self.spec = self.registry.place(self.spec)
             if self._template is None:
                 self._template = self.registry.spare.take()
             self._channels = SessionChannels.create(bool(self.spec.functions))
@@ -409,10 +412,13 @@ class SessionRegistry:
     def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[[], Template],
                  finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
                  python: str, landlock_abi: int, flights: Flights,
-                 stopped: Callable[[], str | None] = lambda: None, scratch: ScratchRoot | None = None) -> None:
+                 stopped: Callable[[], str | None] = lambda: None, scratch: ScratchRoot | None = None,
+                 place: Callable[[JobSpec], JobSpec] = lambda spec: spec) -> None:
         """``stopped``: why a step taken now must not run (the pool's drain escalated), or None. ``scratch``:
-        where sessions' scratch directories are (see scratch.py)."""
+        where sessions' scratch directories are (see scratch.py). ``place``: a session's spec with the packages
+        it names installed (waits for them; see packages.py)."""
         self.scratch = scratch
+        self.place = place
         self.max_sessions = max_sessions
         self.stopped = stopped
         self.flights = flights

@@ -72,13 +72,21 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     # The pool's scratch directory of this session or job (also its cwd and a write grant), or None; the pool
     # alone reads it: it reaches the confinement only as cwd and grant, the payload as $PYNOX_SCRATCH.
     scratch: str | None = None
+    # The packages the pool installs before the job starts (the pool adds their environment to package_dirs;
+    # see pynox.server.packages), and whether its pool installs any: a hint then names the grant.
+    packages: list[str] = []
+    installs_packages: bool = False
+    # A session opened with pip_install: the directory its `%pip install` lines install into (granted
+    # read-only, on sys.path); the pool's, never sent to the template or the job.
+    pip_dir: str | None = None
 
     def confinement(self, max_tasks: int | None = None) -> Confinement:
         return Confinement(
             cwd=self.cwd, allow_read=self.allow_read, allow_write=self.allow_write, network=self.network,
             timeout=self.timeout, memory=self.memory, max_file_size=self.max_file_size,
             package_dirs=self.package_dirs, host_channel=bool(self.functions), max_open_files=self.max_open_files,
-            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style, max_tasks=max_tasks)
+            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style, max_tasks=max_tasks,
+            installs_packages=self.installs_packages)
 
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
@@ -104,6 +112,8 @@ class Confinement(Bounds, frozen=True, forbid_unknown_fields=True):
     hint_style: Literal["api", "cli"]
     # Threads the job may run, bounded by its template's pids cgroup; None where nothing bounds them.
     max_tasks: int | None = None
+    # The pool installs packages a request names: a ModuleNotFoundError's hint names the packages grant.
+    installs_packages: bool = False
 
 
 class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -62,7 +62,7 @@ def test_a_tool_tells_the_model_what_it_can_import_and_what_is_installed_for_it(
     tool = pool.tool(packages=["tinypkg"])
     permissions = tool.__doc__ or ""
     assert "Installed for this tool: tinypkg." in permissions, permissions
-    assert "Importable packages beyond the standard library: " in permissions and "msgspec" in permissions
+    assert "Importable packages beyond the standard library: numpy, pandas" in permissions
     assert "Code cannot install packages" in permissions
     assert tool("import tinypkg\nprint(tinypkg.VALUE)") == "41"
     plain = pynox.CodeTool(pool)
@@ -73,4 +73,4 @@ def test_a_tool_tells_the_model_what_it_can_import_and_what_is_installed_for_it(
 
 def test_the_default_pools_tool_lists_this_interpreters_packages(tmp_path: Path) -> None:
     tool = pynox.CodeTool()  # the default pool, not started: it will run this interpreter
-    assert "Importable packages beyond the standard library: " in tool.doc and "msgspec" in tool.doc
+    assert "Importable packages beyond the standard library: numpy, pandas" in tool.doc

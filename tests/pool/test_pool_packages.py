@@ -208,7 +208,8 @@ def test_installing_from_a_local_index_on_loopback(setup: Setup) -> None:
 
 def test_the_model_is_told_what_it_can_import_and_what_does_not_run(pool: PoolProcess) -> None:
     importable = pool.ready["importable"]
-    assert importable and "msgspec" in importable and "pynox" not in importable and "pip" not in importable
+    # numpy and pandas (in the test environment) lead the list, before the dependencies it also holds.
+    assert importable[:2] == ["numpy", "pandas"] and "pynox" not in importable and "pip" not in importable
     for code, words in (("import pip\npip.main(['install', 'scipy'])", ("pip does not run", "packages=[")),
                         ("!pip install scipy", ("shell commands (!...)", "packages=[")),
                         ("%timeit sum(range(10))", ("magics (%...) do not run", "time.perf_counter"))):

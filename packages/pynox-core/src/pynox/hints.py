@@ -153,12 +153,18 @@ def file_size_hint(max_file_size: int, style: Style) -> str:
 
 # The pool's own and the installers': never what a model should reach for.
 _NOT_FOR_JOBS = frozenset({"pynox", "pyseccomp", "pip", "setuptools", "pkg_resources", "uv", "wheel"})
+# What models reach for first in analysis code: listed before the rest when installed, so that a bounded list
+# names them however many dependencies the environment also holds (an alphabetical list of a few hundred
+# names would show annotated_types and anyio, and leave pandas out).
+_REACHED_FOR = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "seaborn", "statsmodels", "sympy", "polars",
+                "pyarrow", "duckdb", "networkx", "PIL", "requests", "httpx", "bs4", "lxml", "yaml", "openpyxl",
+                "plotly", "tqdm")
 
 
 def importable(preloaded: Sequence[str], package_dirs: Sequence[str], limit: int) -> list[str]:
     """The top-level modules this interpreter can import beyond the standard library: the ``preloaded`` ones
-    first, then what its site directories and ``package_dirs`` hold, sorted; at most ``limit`` names, then
-    "and N more". The pool's ready event and a tool's description list them (the pool's template runs this
+    first, then those models reach for most (``_REACHED_FOR``), then the rest its site directories and
+    ``package_dirs`` hold, sorted; at most ``limit`` names, then "and N more". The pool's ready event and a tool's description list them (the pool's template runs this
     interpreter); a job's ModuleNotFoundError hint lists them from inside the sandbox."""
     import pkgutil  # only where a list is made: the template imports this module, and each fork copies it
 
@@ -168,6 +174,7 @@ def importable(preloaded: Sequence[str], package_dirs: Sequence[str], limit: int
     names = {info.name for info in pkgutil.iter_modules([*package_dirs, *dirs])
              if info.name.isidentifier() and not info.name.startswith("_") and info.name not in _NOT_FOR_JOBS}
     tops = list(dict.fromkeys(name.split(".")[0] for name in preloaded))
+    tops += [name for name in _REACHED_FOR if name in names and name not in tops]
     ordered = [*tops, *sorted(names - set(tops), key=str.lower)]
     more = len(ordered) - limit
     return ordered[:limit] + ([f"and {more} more"] if more > 0 else [])

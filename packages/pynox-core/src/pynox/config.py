@@ -53,7 +53,7 @@ _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "e
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
                     "max_output", "max_file_size")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "metrics_socket", "limits")
+              "landlock_abi", "drain_timeout", "metrics_socket", "strict_session_reopen", "interrupt_grace", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -81,6 +81,12 @@ class PoolSettings:
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
     landlock_abi: int | None = None  # the highest Landlock ABI jobs use (see landlock_abi_cap)
     metrics_socket: str | None = None  # absolute: where the pool serves its metrics and health (see metrics_socket)
+    # Refuse a code-only step (no grants, no "open") to a name whose session the pool ended, instead of
+    # opening a new session with the defaults as the protocol says (server/ended.py): an operator's opt-in.
+    strict_session_reopen: bool = False
+    # How long a cancelled session step has, after its KeyboardInterrupt, to end before its process is
+    # killed (the session then ends); within it, the session and its variables live on.
+    interrupt_grace: float = 1.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -327,6 +333,8 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     idle = table.units("session_idle", parse_duration)
     drain = table.units("drain_timeout", parse_duration)
     redact = table.get("log_redact", bool, "true or false")
+    strict = table.get("strict_session_reopen", bool, "true or false")
+    grace = table.units("interrupt_grace", parse_duration)
     max_sessions = table.positive_int("max_sessions")
     workers = table.positive_int("workers")
     if workers is not None and workers > _MAX_WORKERS:
@@ -343,6 +351,8 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         run_as=_run_as(table),
         landlock_abi=_landlock_abi(table),
         metrics_socket=_metrics_socket(table, base),
+        strict_session_reopen=bool(strict),
+        interrupt_grace=PoolSettings.interrupt_grace if grace is None else grace,
     )
 
 
@@ -516,6 +526,8 @@ class PoolOptions:
     drain_timeout: float = PoolSettings.drain_timeout
     log_redact: bool = False
     metrics_socket: str | None = None  # see metrics_socket
+    strict_session_reopen: bool = PoolSettings.strict_session_reopen
+    interrupt_grace: float = PoolSettings.interrupt_grace  # seconds
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -548,6 +560,9 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
                        else settings.drain_timeout),
         log_redact=bool(args.log_redact) or settings.log_redact,
         metrics_socket=_metrics_socket_option(args, settings),
+        strict_session_reopen=bool(args.strict_session_reopen) or settings.strict_session_reopen,
+        interrupt_grace=(parse_duration(args.interrupt_grace, "--interrupt-grace") if args.interrupt_grace
+                         else settings.interrupt_grace),
     )
 
 

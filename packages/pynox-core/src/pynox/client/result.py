@@ -71,6 +71,9 @@ class Result:
     # Why the session's earlier process was gone when this step came (closed after session_idle, the pool
     # restarted): the step ran in a new process, opened with the session's own grants, without its state.
     session_reopened: str | None = None
+    # A cancel interrupted this session step (KeyboardInterrupt) and it ended within the pool's grace: the
+    # session and its variables live on.
+    interrupted: bool = False
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -90,6 +93,9 @@ class Result:
             images=tuple(base64.b64decode(image) for image in wire.images) if isinstance(wire.images, list) else (),
             images_dropped=wire.images_dropped if isinstance(wire.images_dropped, int) else 0,
             refused=wire.refused is True,
+            session_reopened=session.session_reopened if session and isinstance(session.session_reopened, str)
+            else None,
+            interrupted=session is not None and session.interrupted is True,
         )
 
     @property
@@ -175,6 +181,8 @@ class Result:
             limit = self.policy.get("max_output")
             size = f" at {limit} bytes" if limit else ""
             parts.append(f"[Output was truncated{size}: print a summary instead of everything.]")
+        if self.interrupted:
+            parts.append("[This call was interrupted (KeyboardInterrupt): the session and its variables are kept.]")
         if self.session_ended and self.session is not None:
             parts.append("[The session ended with this call: the next call starts a fresh process, and "
                          "variables, imports and functions defined so far are gone.]")

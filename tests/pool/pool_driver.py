@@ -228,8 +228,8 @@ class PoolProcess:
         self._handlers: dict[str, dict[str, Callable[..., Any]]] = {}
         self._calls: queue.Queue[dict[str, Any] | None] = queue.Queue()
         # Sessions this driver opened and the pool has not said ended: as the Python client does, the first
-        # request under a name says "open" (a code-only step to a name the pool holds no session under is
-        # refused). A request that gives ``open`` itself (False too) is sent as it is.
+        # request under a name says "open" (a code-only one opens a session too, as the protocol says: see
+        # ``as_written``). A request that gives ``open`` itself (False too) is sent as it is.
         self.open_sessions: set[str] = set()
         self.as_written = as_written
         self.proc = subprocess.Popen(

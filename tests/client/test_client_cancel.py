@@ -102,3 +102,20 @@ def test_session_interrupt_interrupts_the_running_step_from_another_thread(pool:
         assert result.interrupted and result.error is not None and result.error["type"] == "KeyboardInterrupt"
         assert "interrupted (KeyboardInterrupt)" in result.text and not result.session_ended
         assert session.run("print(x)").stdout == "2\n"
+
+
+def test_a_step_interrupted_while_it_waits_for_a_host_function_keeps_the_session_and_its_channel(pool: Pool) -> None:
+    def slow() -> int:
+        time.sleep(2)
+        return 1
+
+    with pool.session(functions={"slow": slow, "fast": lambda: 2}) as session:
+        session.run("x = 5")
+        timer = threading.Timer(0.5, session.interrupt)
+        timer.start()
+        interrupted = session.run("from pynox_host import slow\ny = slow()")
+        timer.join()
+        assert interrupted.interrupted and interrupted.error is not None
+        assert interrupted.error["type"] == "KeyboardInterrupt", interrupted
+        time.sleep(2)  # the late answer to the interrupted call arrives, and is dropped
+        assert session.run("from pynox_host import fast\nprint(x, fast())").stdout == "5 2\n"

@@ -14,12 +14,13 @@ from pynox.errors import PoolError
 from pynox.server.ended import EndedSessions
 from pynox.server.interrupts import InterruptState, StepInterrupt
 from pynox.server.lifecycle import ChildLife, ChildState
+from pynox.wire.signals import INTERRUPT_SIGNAL
 
 pytestmark = pytest.mark.timeout(30)
 
-# Counts its SIGINTs on stdout, and ignores them otherwise: only a kill ends it.
+# Says each interrupt signal on stdout, and ignores it otherwise: only a kill ends it.
 _COUNTS = ("import signal, sys, time\n"
-           "signal.signal(signal.SIGINT, lambda *_: (sys.stdout.write('int\\n'), sys.stdout.flush()))\n"
+           f"signal.signal({int(INTERRUPT_SIGNAL)}, lambda *_: (sys.stdout.write('int\\n'), sys.stdout.flush()))\n"
            "print('ready', flush=True)\n"
            "while True:\n    time.sleep(1)\n")
 
@@ -70,7 +71,7 @@ def test_moves_outside_the_table_are_refused() -> None:
         interrupt._move(InterruptState.KILLED)
 
 
-def test_an_interrupt_sends_sigint_and_the_step_ending_within_its_grace_is_not_killed() -> None:
+def test_an_interrupt_sends_its_signal_and_the_step_ending_within_its_grace_is_not_killed() -> None:
     process, life = _child()
     try:
         interrupt = StepInterrupt(0.3)

@@ -1,23 +1,27 @@
-"""A session step's interrupt: the pool's SIGINT raises ``KeyboardInterrupt`` in the step's code, as a notebook's does.
+"""A session step's interrupt: the pool's signal raises ``KeyboardInterrupt`` in the step's code, as a notebook's does.
 
-The pool sends SIGINT through the child's pidfd when a client cancels a running
-session step (server/interrupts.py). The child takes it as ``KeyboardInterrupt``
+The pool sends :data:`~pynox.wire.signals.INTERRUPT_SIGNAL` through the child's
+pidfd when a client cancels a running session step (server/interrupts.py). The
+child takes it as ``KeyboardInterrupt``
 only while the step's code runs (:func:`allow` to :func:`forbid`), at most once
 per step: arriving between steps, or while the child writes its report or waits
 for the next step, it would end the session's loop itself, so it is dropped
 there (the pool kills the process once its grace is over). Code that catches it
 or installs its own handler keeps running, until the pool's kill.
 
-The template ignores SIGINT (its stop signals are the server's business), and a
-blocked mask survives fork and exec: a session's child installs this handler
-and unblocks SIGINT in its setup (setup.py). A job that is not a session is
-killed on a cancel, as before: it keeps the template's ignored SIGINT.
+The template ignores the signal (and SIGINT, whose stop is the server's
+business: see wire/signals.py), and a blocked mask survives fork and exec: a
+session's child installs this handler and unblocks the signal in its setup
+(setup.py). A job that is not a session is killed on a cancel, as before: it
+keeps the template's ignored signal.
 """
 
 from __future__ import annotations
 
 import signal
 from types import FrameType
+
+from ..wire.signals import INTERRUPT_SIGNAL
 
 __all__ = ["allow", "forbid", "take_interrupts"]
 
@@ -32,8 +36,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def take_interrupts() -> None:
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(INTERRUPT_SIGNAL, _interrupt)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {INTERRUPT_SIGNAL})
 
 
 def allow() -> None:

@@ -160,7 +160,7 @@ CONFINE: tuple[Step, ...] = (
     # a signal to the template's group never reaches the job (nor the job's to the template's).
     Step("start a new session", _new_session),
     # A session's cancel interrupts its step first (KeyboardInterrupt, see interrupts.py): the template
-    # ignores SIGINT, and its mask may block it. A job that is not a session keeps it ignored: it is killed.
+    # ignores the pool's interrupt signal. A job that is not a session keeps it ignored: it is killed.
     Step("take interrupts", _take_interrupts),
     # While the grant descriptors are still open: the rules are built from them (never by name, so a path
     # renamed since the server opened it grants nothing), and arranging closes them.

@@ -11,7 +11,8 @@
 ``WAITING``: the step is the session's, its frame not yet sent to the process.
 A cancel now means it never runs (``NOT_RUN``): it is answered as cancelled
 before it ran, and the session lives on. ``SENT``: the process has the step.
-A cancel sends SIGINT through the child's pidfd (:meth:`ChildLife.signal`):
+A cancel sends the interrupt signal (wire/signals.py: not SIGINT, which a
+supervisor sends the whole pool) through the child's pidfd (:meth:`ChildLife.signal`):
 the job raises ``KeyboardInterrupt`` in the step's code (job/interrupts.py),
 and the step ends as an exception ends it, its session alive. ``INTERRUPTED``:
 if the step is not over within the grace (its code caught the interrupt, or
@@ -30,10 +31,10 @@ Any other move is a bug in the server, refused as a :class:`PoolError`.
 from __future__ import annotations
 
 import enum
-import signal
 import threading
 
 from ..errors import PoolError
+from ..wire.signals import INTERRUPT_SIGNAL
 from .lifecycle import ChildLife
 
 __all__ = ["InterruptState", "StepInterrupt"]
@@ -67,7 +68,7 @@ class StepInterrupt:
         self._lock = threading.Lock()
         self._state = InterruptState.WAITING
         self._timer: threading.Timer | None = None
-        self.was_interrupted = False  # a SIGINT was sent while the step ran
+        self.was_interrupted = False  # the interrupt signal was sent while the step ran
         self.killed = False  # its process was killed, the grace over
 
     @property
@@ -108,7 +109,7 @@ class StepInterrupt:
                 self._child.cancel()
                 return True
             self.was_interrupted = True
-            self._child.signal(signal.SIGINT)
+            self._child.signal(INTERRUPT_SIGNAL)
             self._timer = threading.Timer(self._grace, self._grace_over)
             self._timer.daemon = True
             self._timer.start()

@@ -70,6 +70,7 @@ class StepInterrupt:
         self._timer: threading.Timer | None = None
         self.was_interrupted = False  # the interrupt signal was sent while the step ran
         self.killed = False  # its process was killed, the grace over
+        self.before_its_process = False  # killed as its process arrived: a first step that had none yet
 
     @property
     def state(self) -> InterruptState:
@@ -105,7 +106,7 @@ class StepInterrupt:
                 # A first step whose process is on its way cannot be interrupted yet: the cancel is kept by
                 # its child's life, which kills the process as it arrives (or never sends the job).
                 self._move(InterruptState.KILLED)
-                self.killed = True
+                self.killed = self.before_its_process = True
                 self._child.cancel()
                 return True
             self.was_interrupted = True

@@ -271,8 +271,9 @@ class Session(threading.Thread):
             outcome.cancelled, outcome.ended = step.flight.cancelled, True
             outcome.conclude(self.spec, step.timeout)
         elif step.interrupt.killed and not outcome.timed_out:  # its interrupt's grace passed: killed
-            outcome.cancelled = (f"{CLIENT_CANCELLED}; it did not end within "
-                                 f"{format_duration(self.registry.interrupt_grace)} of its KeyboardInterrupt")
+            outcome.cancelled = CLIENT_CANCELLED if step.interrupt.before_its_process else (
+                f"{CLIENT_CANCELLED}; it did not end within {format_duration(self.registry.interrupt_grace)} of "
+                "its KeyboardInterrupt")
             outcome.ended = True
             outcome.conclude(self.spec, step.timeout)
         ended = outcome.ended or outcome.timed_out

@@ -212,6 +212,9 @@ BAD = [
     ("[pool]\nsession_idle = \"15x\"\n", ["[pool] session_idle", "not a duration"]),
     ("[pool]\nsession_idle = true\n", ["[pool] session_idle"]),
     ("[pool]\nsession_idle = 0\n", ["[pool] session_idle", "more than 0"]),
+    ("[pool]\ninterrupt_grace = \"1x\"\n", ["[pool] interrupt_grace", "not a duration"]),
+    ("[pool]\ninterrupt_grace = 0\n", ["[pool] interrupt_grace", "more than 0"]),
+    ("[pool]\nstrict_session_reopen = \"yes\"\n", ["[pool] strict_session_reopen", "true or false"]),
     ("[pool]\nlog = \"text\"\n", ["[pool] log", "json"]),
     ("[pool]\nlog = true\n", ["[pool] log", "a boolean"]),
     ("[pool]\nrun_as = \"nobody\"\n", ["[pool] run_as", "numeric"]),
@@ -295,6 +298,12 @@ def test_run_as(tree: Tree, value: str, expected: tuple[int, int]) -> None:
                                                  ("2.5", 2.5), ('"1h"', 3600.0), ('"500ms"', 0.5)])
 def test_session_idle_units(tree: Tree, value: str, seconds: float) -> None:
     assert tree.load(f"[pool]\nsession_idle = {value}\n").pool.session_idle == seconds
+
+
+def test_interrupt_grace_and_strict_session_reopen(tree: Tree) -> None:
+    assert (PoolSettings().interrupt_grace, PoolSettings().strict_session_reopen) == (1.0, False)
+    pool = tree.load('[pool]\ninterrupt_grace = "250ms"\nstrict_session_reopen = true\n').pool
+    assert (pool.interrupt_grace, pool.strict_session_reopen) == (0.25, True)
 
 
 def test_limit_units_are_parsed_once_to_numbers(tree: Tree) -> None:

@@ -243,10 +243,12 @@ _TRIMMABLE = {"runtime", "policy", "usage"}
 # What a result has only sometimes: a value when the request asks for it, images when the code drew some,
 # refused in a refusal, files for a job with a scratch directory.
 _ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files"}
+# And a session step's: why its session was reopened, and whether a cancel interrupted it.
+_ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:
-    keys = set(value) | _TRIMMABLE | _ONLY_SOMETIMES
+    keys = set(value) | _TRIMMABLE | _ONLY_SOMETIMES | (_ONLY_SOMETIMES_IN_A_SESSION if "session" in value else set())
     assert keys in (RESULT_FIELDS, SESSION_RESULT_FIELDS), (
         f"{block.name}: result fields {sorted(value)} are not those the pool writes")
     if isinstance(value.get("runtime"), dict):
@@ -331,7 +333,7 @@ def test_documented_messages_match_a_real_pool(tmp_path: Path) -> None:
                 continue
             # A result shown without its runtime, policy and usage (the text says so) is otherwise complete.
             shown = set(value) | (_TRIMMABLE if shape.startswith("result") else set())
-            shown -= _ONLY_SOMETIMES  # the real pool here was not asked for a value and drew nothing
+            shown -= _ONLY_SOMETIMES | _ONLY_SOMETIMES_IN_A_SESSION  # not asked for a value, drew nothing
             assert shown == shapes[shape], f"{block.name}: documented {shape} fields differ from a real pool's"
     assert {"ready", "stats", "closed", "result", "result-session"} <= set(shapes)
 

@@ -127,9 +127,11 @@ def test_a_stopped_session_is_closed_when_idle(tmp_path: Path) -> None:
     with pool_process("--workers=1", "--session-idle=1s", cwd=tmp_path) as pool:
         pid = int(pool.run("import os\nprint(os.getpid())", session="idle")["stdout"])
         assert wait_gone([pid], 10) == [], "an idle stopped session was not closed"
-        # Closed, so its next step is refused; a session opened again under the name starts at step 1.
-        refused(pool.run("print(1)", session="idle"), "no open session")
-        assert pool.run("print(1)", session="idle", open=True)["step"] == 1
+        # Closed, so its next step (a later step, "open": false) is refused; a session opened again under the
+        # name starts at step 1, and says why the state is gone.
+        refused(pool.run("print(1)", session="idle", open=False), "no open session", "session_idle")
+        reopened = pool.run("print(1)", session="idle", open=True)
+        assert reopened["step"] == 1 and "session_idle" in reopened["session_reopened"], reopened
 
 
 def test_a_cancelled_slow_reader_ends_at_the_cancel(tmp_path: Path) -> None:

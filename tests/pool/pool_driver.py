@@ -211,9 +211,11 @@ class PoolProcess:
     """One real ``pynox pool`` process driven over its pipes."""
 
     def __init__(self, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None,
-                 expect_ready: bool = True, command: Sequence[str] = POOL, start_new_session: bool = False) -> None:
+                 expect_ready: bool = True, command: Sequence[str] = POOL, start_new_session: bool = False,
+                 as_written: bool = False) -> None:
         """``start_new_session``: the pool leads a process group of its own, as a supervisor starts it (a
-        signal to its group then reaches the pool and its templates, and not the test)."""
+        signal to its group then reaches the pool and its templates, and not the test). ``as_written``: every
+        request goes out exactly as given, as a client written from the protocol page sends it (no "open")."""
         self.args = list(args)
         self.messages: list[dict[str, Any]] = []
         self.bad_lines: list[bytes] = []
@@ -226,9 +228,10 @@ class PoolProcess:
         self._handlers: dict[str, dict[str, Callable[..., Any]]] = {}
         self._calls: queue.Queue[dict[str, Any] | None] = queue.Queue()
         # Sessions this driver opened and the pool has not said ended: as the Python client does, the first
-        # request under a name says "open" (a code-only step to a name the pool holds no session under is
-        # refused). A request that gives ``open`` itself (False too) is sent as it is.
+        # request under a name says "open" (a code-only one opens a session too, as the protocol says: see
+        # ``as_written``). A request that gives ``open`` itself (False too) is sent as it is.
         self.open_sessions: set[str] = set()
+        self.as_written = as_written
         self.proc = subprocess.Popen(
             [*command, *self.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=cwd, env=env if env is not None else os.environ.copy(), start_new_session=start_new_session,
@@ -370,7 +373,8 @@ class PoolProcess:
         from here. Returns the request's id."""
         request_id = fields.setdefault("id", new_id())
         session = fields.get("session")
-        opens = not fields.get("close") and "open" not in fields and session not in self.open_sessions
+        opens = (not self.as_written and not fields.get("close") and "open" not in fields
+                 and session not in self.open_sessions)
         if isinstance(session, str) and opens:
             fields["open"] = True
             self.open_sessions.add(session)

@@ -92,3 +92,31 @@ def test_starting_twice_is_refused(killed: bool) -> None:
         flight.cancel()
     with pytest.raises(PoolError, match="lost track"):
         flight.start(lambda: True)
+
+
+def test_a_session_steps_cancel_interrupts_it_and_its_session_answers() -> None:
+    interrupts: list[int] = []
+    kills: list[int] = []
+    flight = Flight("a")
+    assert flight.start(lambda: kills.append(1) is None, lambda: interrupts.append(1) is None) is True
+    assert flight.cancel() is Cancel.INTERRUPTED
+    assert (interrupts, kills) == ([1], [])
+    assert flight.state is FlightState.INTERRUPTED and flight.interrupted and flight.cancelled is None
+    assert flight.cancel() is Cancel.FINISHED  # interrupted once
+    assert flight.answer() is True and flight.state is FlightState.ANSWERED
+
+
+def test_the_shutdown_still_kills_an_interrupted_step() -> None:
+    kills: list[int] = []
+    flight = Flight("a")
+    flight.start(lambda: kills.append(1) is None, lambda: True)
+    assert flight.cancel() is Cancel.INTERRUPTED
+    assert flight.stop("the pool is stopping") is True
+    assert kills == [1] and flight.state is FlightState.KILLED and flight.cancelled == "the pool is stopping"
+
+
+def test_an_interrupt_of_a_step_that_is_over_changes_nothing() -> None:
+    flight = Flight("a")
+    flight.start(lambda: True, lambda: False)
+    assert flight.cancel() is Cancel.FINISHED
+    assert flight.state is FlightState.RUNNING

@@ -89,10 +89,13 @@ def test_a_cancel_takes_only_its_id(single: PoolProcess) -> None:
     assert "a cancel request takes only id and cancel" in result["error"]["message"]
 
 
-def test_a_cancelled_session_step_ends_its_session(single: PoolProcess) -> None:
+def test_a_cancelled_session_step_that_will_not_stop_ends_its_session(single: PoolProcess) -> None:
+    # A cancel interrupts a session step first (see test_pool_interrupts.py); one that swallows the
+    # KeyboardInterrupt is killed once the grace is over, and its session ends with it.
     name = new_id("session")
     assert single.run("x = 1", session=name)["exit"] == 0
-    step = single.submit(code="import time\ntime.sleep(10)", session=name)
+    step = single.submit(code="import time\nwhile True:\n    try:\n        time.sleep(10)\n"
+                              "    except KeyboardInterrupt:\n        pass", session=name)
     time.sleep(0.5)
     single.result(single.submit(cancel=step))
     result = single.result(step)

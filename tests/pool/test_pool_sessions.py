@@ -347,7 +347,10 @@ def test_sessions_end_with_the_pool(tmp_path: Path) -> None:
 
 
 def test_max_sessions_and_session_idle(tmp_path: Path) -> None:
-    with pool_process("--workers=1", "--max-sessions=2", "--session-idle=1s", cwd=tmp_path) as pool:
+    # strict_session_reopen: the operator's opt-in under which a code-only step to a name the pool ended is
+    # refused (the protocol itself opens a new session for it: see test_pool_sessions_as_written.py).
+    with pool_process("--workers=1", "--max-sessions=2", "--session-idle=1s", "--strict-session-reopen",
+                      cwd=tmp_path) as pool:
         a, b = _session(), _session()
         _ok(pool.run("x = 'a'", session=a))
         _ok(pool.run("x = 'b'", session=b))
@@ -362,7 +365,7 @@ def test_max_sessions_and_session_idle(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert pool.stats()["sessions_active"] == 0
         # The next step finds no session: refused, never run in one opened with the defaults.
-        refused(pool.run("print(x)", session=a), "no open session")
+        refused(pool.run("print(x)", session=a), "strict_session_reopen", "session_idle")
         _ok(pool.run("x = 'c'", session=_session()))
 
 
@@ -386,14 +389,32 @@ def test_a_session_name_is_required(pool: PoolProcess) -> None:
 def test_a_step_to_a_session_the_pool_does_not_hold_is_refused_not_opened_with_the_defaults(
         pool: PoolProcess) -> None:
     # After session_idle or a restart of the pool, a client's next step is code only: run with the defaults,
-    # it would have other grants and limits than the session was opened with, and none of its state.
+    # it would have other grants and limits than the session was opened with, and none of its state. A
+    # client that will not have that says so with "open": false (the Python client does, on every later step).
     name = _session()
-    pool.open_sessions.add(name)  # as a client does that still holds the name: the step goes out code-only
-    answer = pool.run("print('ran')", session=name, timeout="5s")
-    refused(answer, "no open session", name)
+    answer = pool.run("print('ran')", session=name, timeout="5s", open=False)
+    refused(answer, "no open session", name, '"open": false')
     assert answer["session_ended"] is True and answer["session"] == name
     # Nothing was opened under that name: closing it is refused too.
     refused(pool.run(session=name, close=True), "no open session")
+
+
+def test_under_strict_session_reopen_a_code_only_step_to_an_ended_session_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "pynox.toml").write_text("[pool]\nstrict_session_reopen = true\n")
+    with pool_process("--workers=1", "--config=pynox.toml", cwd=tmp_path) as pool:
+        name = _session()
+        pool.open_sessions.add(name)  # every request below goes out as given: code only
+        # A name the pool never ended opens as the protocol says, even here.
+        assert _ok(pool.run("x = 1", session=name))["step"] == 1
+        assert pool.run("while True:\n    pass", session=name, timeout="500ms")["session_ended"] is True
+        pool.open_sessions.add(name)
+        answer = pool.run("print('ran')", session=name)
+        refused(answer, "strict_session_reopen", "timed out", name)
+        assert answer["session_ended"] is True
+        # Its first request again, with its grants (or "open": true), opens it, and says the state is gone.
+        reopened = _ok(pool.run("print('again')", session=name, open=True))
+        assert reopened["session_reopened"] == "step 2 timed out" and reopened["step"] == 1, reopened
+        pool.run(session=name, close=True)
 
 
 def test_a_session_opens_with_open_true_or_with_its_grants(pool: PoolProcess) -> None:

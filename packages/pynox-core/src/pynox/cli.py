@@ -165,6 +165,12 @@ def _pool_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                            "(default 25s)")
     pool.add_argument("--max-sessions", type=int, help="concurrent sessions (default 16)")
     pool.add_argument("--session-idle", help="close a session idle this long (default 10m)")
+    pool.add_argument("--strict-session-reopen", action="store_true", default=None,
+                      help="refuse a code-only step to a name whose session the pool ended, rather than open a "
+                           "new session with the defaults (also [pool] strict_session_reopen)")
+    pool.add_argument("--interrupt-grace", metavar="DURATION",
+                      help="how long a cancelled session step may take to end after its KeyboardInterrupt "
+                           "before its process is killed (default 1s; also [pool] interrupt_grace)")
     pool.add_argument("--landlock-abi", metavar="N",
                       help="use Landlock ABI N at most, as a kernel of that ABI would (default: the kernel's; "
                            "also [pool] landlock_abi or $PYNOX_LANDLOCK_ABI)")

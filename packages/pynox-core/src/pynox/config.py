@@ -59,7 +59,7 @@ _INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout
                  "allow_sdist", "uv")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "scratch_dir", "scratch_max_file",
-              "scratch_max_total", "limits", *_INSTALL_KEYS)
+              "scratch_max_total", "strict_session_reopen", "interrupt_grace", "limits", *_INSTALL_KEYS)
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size", "packages")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -114,6 +114,12 @@ class PoolSettings:
     scratch_max_file: int = 64 << 20
     scratch_max_total: int = 256 << 20
     installs: Installs = field(default_factory=Installs)
+    # Refuse a code-only step (no grants, no "open") to a name whose session the pool ended, instead of
+    # opening a new session with the defaults as the protocol says (server/ended.py): an operator's opt-in.
+    strict_session_reopen: bool = False
+    # How long a cancelled session step has, after its KeyboardInterrupt, to end before its process is
+    # killed (the session then ends); within it, the session and its variables live on.
+    interrupt_grace: float = 1.0  # seconds
 
 
 @dataclass(frozen=True)
@@ -369,6 +375,8 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     idle = table.units("session_idle", parse_duration)
     drain = table.units("drain_timeout", parse_duration)
     redact = table.get("log_redact", bool, "true or false")
+    strict = table.get("strict_session_reopen", bool, "true or false")
+    grace = table.units("interrupt_grace", parse_duration)
     max_sessions = table.positive_int("max_sessions")
     workers = table.positive_int("workers")
     if workers is not None and workers > _MAX_WORKERS:
@@ -389,6 +397,8 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         scratch_max_file=_or(table.units("scratch_max_file", parse_size), PoolSettings.scratch_max_file),
         scratch_max_total=_or(table.units("scratch_max_total", parse_size), PoolSettings.scratch_max_total),
         installs=_installs(table, base),
+        strict_session_reopen=bool(strict),
+        interrupt_grace=PoolSettings.interrupt_grace if grace is None else grace,
     )
 
 
@@ -608,6 +618,8 @@ class PoolOptions:
     scratch_dir: str | None = PoolSettings.scratch_dir
     scratch_max_file: int = PoolSettings.scratch_max_file
     scratch_max_total: int = PoolSettings.scratch_max_total
+    strict_session_reopen: bool = PoolSettings.strict_session_reopen
+    interrupt_grace: float = PoolSettings.interrupt_grace  # seconds
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -643,6 +655,9 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         scratch_dir=settings.scratch_dir,
         scratch_max_file=settings.scratch_max_file,
         scratch_max_total=settings.scratch_max_total,
+        strict_session_reopen=bool(args.strict_session_reopen) or settings.strict_session_reopen,
+        interrupt_grace=(parse_duration(args.interrupt_grace, "--interrupt-grace") if args.interrupt_grace
+                         else settings.interrupt_grace),
     )
 
 

@@ -164,8 +164,9 @@ _REACHED_FOR = ("numpy", "pandas", "scipy", "matplotlib", "sklearn", "seaborn", 
 def importable(preloaded: Sequence[str], package_dirs: Sequence[str], limit: int) -> list[str]:
     """The top-level modules this interpreter can import beyond the standard library: the ``preloaded`` ones
     first, then those models reach for most (``_REACHED_FOR``), then the rest its site directories and
-    ``package_dirs`` hold, sorted; at most ``limit`` names, then "and N more". The pool's ready event and a tool's description list them (the pool's template runs this
-    interpreter); a job's ModuleNotFoundError hint lists them from inside the sandbox."""
+    ``package_dirs`` hold, sorted; at most ``limit`` names, then "and N more". The pool's ready event and a
+    tool's description list them (the pool's template runs this interpreter); a job's ModuleNotFoundError
+    hint lists them from inside the sandbox."""
     import pkgutil  # only where a list is made: the template imports this module, and each fork copies it
 
     # Site directories only (site-packages, dist-packages): the standard library is a given, and an

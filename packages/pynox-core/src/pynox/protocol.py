@@ -116,8 +116,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     host_globals: Literal["call", "await"] | None = None
     return_value: bool | None = None
     session: str | None = None
-    # With ``session``: this request opens the session (the Python client says so on every first
-    # request); a request that opens none, to a name the pool holds no session under, is refused.
+    # With ``session``: true, this request opens the session (a code-only first request opens one too, with
+    # the pool's defaults); false, it is a later step of a session the client holds, refused rather than
+    # run in a new process when the pool holds no session under the name (see server/ended.py).
     open: bool | None = None
     close: bool | None = None
     stats: bool | None = None
@@ -227,6 +228,12 @@ class SessionResult(Result):
     session: str | None = None
     step: int | None = None
     session_ended: bool = False
+    # Only on the first step of a session opened under a name whose earlier session the pool ended (a
+    # timeout, a crash, an exit, session_idle, a cancel past its grace): why. The state is gone.
+    session_reopened: str | msgspec.UnsetType = msgspec.UNSET
+    # Only on a step a cancel interrupted (KeyboardInterrupt) that ended within the interrupt grace: true.
+    # The session and its variables live on. Set by the pool, never read from the job's report.
+    interrupted: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class ScratchFile(msgspec.Struct, omit_defaults=True):

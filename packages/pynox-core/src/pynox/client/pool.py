@@ -673,10 +673,15 @@ class Session:
     """One process whose ``__main__`` survives between runs. A timeout or crash ends it; the next
     ``run`` starts a fresh one with the same permissions.
 
-    A session never comes back with other grants or limits than its first request's: when the pool no
-    longer holds it (closed after ``session_idle``, or the pool was restarted), the pool refuses the next
-    step, and the step is sent again in a new process opened with the session's own grants; its result's
-    ``session_reopened`` (and its text) says that the state was lost, and why."""
+    A session never comes back with other grants or limits than its first request's: each later step says
+    ``"open": false``, so a pool that no longer holds it (closed after ``session_idle``, ended with a step,
+    or the pool was restarted) refuses the step rather than open a session with its defaults; the step is
+    then sent again, opening a new process under the same name with the session's own grants. A step that
+    runs in a new process, however the old one ended, has ``session_reopened`` (and a line of its text)
+    saying the state was lost, and why: the pool's reason when it gives one, else the client's.
+
+    A cancelled ``arun`` (or :meth:`interrupt`) interrupts its step (``KeyboardInterrupt``): the session
+    and its variables live on if the step ends within the pool's grace, and it is killed otherwise."""
 
     def __init__(self, pool: Pool, functions: Mapping[str, HostFunction] | None, grants: dict[str, Any], *,
                  host_errors: HostErrors | None = None) -> None:
@@ -689,50 +694,65 @@ class Session:
         self.host_errors = host_errors
         self.grants = grants
         self.steps = 0
-        self._name: str | None = None
+        self._name = f"session-{uuid.uuid4().hex[:12]}"  # one name for its life: the pool says why it reopened
+        self._open = False  # the pool holds a process for it, as far as this client knows
+        self._opening = 0  # counts the requests that opened it: a step learns only about its own process
+        self._ended: str | None = None  # why its last process ended, as this client saw it
         self._opened_on: _Process | None = None  # the pool process the session's first request went to
+        self._running: list[concurrent.futures.Future[Any]] = []  # its steps sent and not answered, in order
         self._lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
         """Whether a process holds this session's state (false before the first run and after an end)."""
-        return self._name is not None
+        return self._open
 
-    def _message(self, code: str, step: dict[str, Any]) -> tuple[Request, bool]:
-        """The request, and whether it opens the session (carrying its permissions)."""
+    def _message(self, code: str, step: dict[str, Any]) -> tuple[Request, int, str | None]:
+        """The request; which opening of the session it belongs to; and, if it opens one after an end this
+        client saw, why that process ended (None for a later step, or the session's very first)."""
         with self._lock:
-            if self._name is None:
-                self._name = f"session-{uuid.uuid4().hex[:12]}"
+            if not self._open:
+                self._open, self._opening = True, self._opening + 1
+                ended, self._ended = self._ended, None
                 first = build_request(code, functions=list(self.functions), **{**self.grants, **step})
-                return msgspec.structs.replace(first, session=self._name, open=True), True
-            return msgspec.structs.replace(build_request(code, **step), session=self._name), False
+                return msgspec.structs.replace(first, session=self._name, open=True), -self._opening, ended
+            later = build_request(code, **step)
+            return msgspec.structs.replace(later, session=self._name, open=False), self._opening, None
 
-    def _lost(self, reply: Answer, message: Request) -> str | None:
+    def _lost(self, reply: Answer, opening: int) -> str | None:
         """Why the pool holds no session for this later step it refused (it never ran), else None: then the
-        step is sent again, opening a new session with the first request's grants."""
-        if not (isinstance(reply, SessionResult) and reply.refused and reply.session_ended):
+        step is sent again, opening a new process with the first request's grants."""
+        if not (isinstance(reply, SessionResult) and reply.refused and reply.session_ended) or opening < 0:
             return None
         with self._lock:
-            if self._name != message.session:
-                return None  # already forgotten or reopened by another step
-            self._name = None
+            if self._opening == opening and self._open:
+                self._open = False
             restarted = self._opened_on is not None and self._opened_on is not self.pool._process
         if restarted:
             return "the pool was restarted since the session was opened"
         return ("the pool no longer held it: it was closed after session_idle without a step, or ended with "
                 "an earlier step")
 
-    def _after(self, reply: Answer, reopened: str | None = None) -> Result:
-        """Forget the session's name only when the pool says it holds no session under it (``session_ended``,
-        in a result or a refusal): a name forgotten while the pool keeps it would hold a slot of
-        ``max_sessions`` until it idles out, and one kept while the pool has none would start a session
-        without its permissions."""
-        if isinstance(reply, SessionResult) and reply.session_ended:
-            with self._lock:
-                self._name = None
+    def _ended_with(self, reply: Answer, opening: int) -> None:
+        """A step's answer: if it says the pool holds no process for this opening of the session any more,
+        the next step opens a new one (and tells the model why)."""
+        if not (isinstance(reply, SessionResult) and reply.session_ended):
+            return
+        with self._lock:
+            if self._opening == abs(opening) and self._open:
+                self._open = False
+                if reply.refused:  # a refused first request: no process of it ever held any state
+                    return
+                error = reply.error
+                self._ended = (f"step {reply.step} ended it ({error.type})" if error is not None and reply.step
+                               else f"step {reply.step} ended it" if reply.step else "it ended")
+
+    def _after(self, reply: Answer, opening: int, reopened: str | None = None) -> Result:
+        self._ended_with(reply, opening)
         result = _result(reply)
         with self._lock:
             self.steps += 1
+        reopened = result.session_reopened or reopened
         return dataclasses.replace(result, session_reopened=reopened) if reopened else result
 
     def _step_functions(self, functions: Mapping[str, HostFunction] | None) -> Mapping[str, HostFunction]:
@@ -743,21 +763,29 @@ class Session:
             functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         callables = self._step_functions(functions)
-        message, first = self._message(code, step)
-        reply = self.pool._wait(self._submit(message, first, callables), self._limits(message), _SESSION_ROUNDS)
-        lost = None if first else self._lost(reply, message)
+        message, opening, reopened = self._message(code, step)
+        reply = self.pool._wait(self._submit(message, opening, callables), self._limits(message), _SESSION_ROUNDS)
+        lost = self._lost(reply, opening)
         if lost is not None:
-            message, _ = self._message(code, step)
-            reply = self.pool._wait(self._submit(message, True, callables), self._limits(message),
+            message, opening, _ = self._message(code, step)
+            reply = self.pool._wait(self._submit(message, opening, callables), self._limits(message),
                                     _SESSION_ROUNDS)
-        return self._after(reply, lost)
+        return self._after(reply, opening, lost or reopened)
 
-    def _submit(self, message: Request, first: bool, callables: Mapping[str, HostFunction],
+    def _submit(self, message: Request, opening: int, callables: Mapping[str, HostFunction],
                 loop: asyncio.AbstractEventLoop | None = None) -> concurrent.futures.Future[Any]:
         future = self.pool._submit(message, callables, host_errors=self.host_errors, loop=loop)
-        if first:
-            self._opened_on = self.pool._process
+        with self._lock:
+            if opening < 0:
+                self._opened_on = self.pool._process
+            self._running.append(future)
+        future.add_done_callback(self._answered)
         return future
+
+    def _answered(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            if future in self._running:
+                self._running.remove(future)
 
     def _limits(self, message: Request) -> Request:
         """What bounds a step's wait: its own timeout, else the session's grants."""
@@ -769,31 +797,44 @@ class Session:
                    return_value: bool = True, functions: Mapping[str, HostFunction] | None = None) -> Result:
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
         callables = self._step_functions(functions)
-        message, first = self._message(code, step)
-        reply = await self._asend(message, first, callables)
-        lost = None if first else self._lost(reply, message)
+        message, opening, reopened = self._message(code, step)
+        reply = await self._asend(message, opening, callables)
+        lost = self._lost(reply, opening)
         if lost is not None:
-            message, _ = self._message(code, step)
-            reply = await self._asend(message, True, callables)
-        return self._after(reply, lost)
+            message, opening, _ = self._message(code, step)
+            reply = await self._asend(message, opening, callables)
+        return self._after(reply, opening, lost or reopened)
 
-    async def _asend(self, message: Request, first: bool, callables: Mapping[str, HostFunction]) -> Answer:
-        future = self._submit(message, first, callables, asyncio.get_running_loop())
+    async def _asend(self, message: Request, opening: int, callables: Mapping[str, HostFunction]) -> Answer:
+        future = self._submit(message, opening, callables, asyncio.get_running_loop())
         try:
             reply: Answer = await self.pool._await(future, self._limits(message), _SESSION_ROUNDS)
         except asyncio.CancelledError:
-            with self._lock:  # a cancelled step ends its session: the next run starts a fresh one
-                if self._name == message.session:
-                    self._name = None
+            # The pool was sent a cancel (Pool._await): the step is interrupted, and the session lives on if
+            # it ends within the pool's grace. Its result, when it comes, says whether the process ended.
+            future.add_done_callback(lambda done: self._ended_with(done.result(), opening)
+                                     if not done.cancelled() and done.exception() is None else None)
             raise
         return reply
+
+    def interrupt(self) -> bool:
+        """Interrupt the step running now (``KeyboardInterrupt`` in its code), from any thread, as a
+        notebook's interrupt does; its ``run`` returns its result, with ``interrupted`` if the session
+        lives on. False if no step of this session is waiting for its result."""
+        with self._lock:
+            running = self._running[0] if self._running else None
+        if running is None:
+            return False
+        self.pool._cancel(running)
+        return True
 
     def close(self, timeout: float = 30.0) -> None:
         """End the process, waiting at most ``timeout`` seconds for the pool to confirm. The session object
         stays usable: a later ``run`` starts a fresh one."""
         with self._lock:
-            name, self._name = self._name, None
-        if name is not None:
+            name, opened = self._name, self._open
+            self._open, self._ended = False, None
+        if opened:
             try:
                 # Not a sign of a hung pool: a close is answered only after the session's running step.
                 self.pool._wait_for(self.pool._submit(Request(session=name, close=True)), timeout, hang=False)
@@ -844,13 +885,10 @@ class Session:
                 with self._lock:
                     self.steps -= 1  # the empty step that opened it is not one of the caller's
             with self._lock:
-                name = self._name
-            reply: Answer = self.pool._wait_for(self.pool._submit(msgspec.structs.replace(message, session=name)),
-                                                timeout, hang=False)
-            if isinstance(reply, SessionResult) and reply.session_ended:
-                with self._lock:
-                    if self._name == name:
-                        self._name = None
+                opening = self._opening
+            reply: Answer = self.pool._wait_for(
+                self.pool._submit(msgspec.structs.replace(message, session=self._name)), timeout, hang=False)
+            self._ended_with(reply, opening)
             return reply
 
         return send

@@ -74,6 +74,9 @@ class Result:
     session_reopened: str | None = None
     # A plain run with scratch=True: the files it left in its scratch directory, with their content.
     files: tuple[FileInfo, ...] = ()
+    # A cancel interrupted this session step (KeyboardInterrupt) and it ended within the pool's grace: the
+    # session and its variables live on.
+    interrupted: bool = False
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -94,6 +97,9 @@ class Result:
             images_dropped=wire.images_dropped if isinstance(wire.images_dropped, int) else 0,
             refused=wire.refused is True,
             files=tuple(FileInfo.from_wire(found) for found in wire.files) if isinstance(wire.files, list) else (),
+            session_reopened=session.session_reopened if session and isinstance(session.session_reopened, str)
+            else None,
+            interrupted=session is not None and session.interrupted is True,
         )
 
     @property
@@ -179,6 +185,8 @@ class Result:
             limit = self.policy.get("max_output")
             size = f" at {limit} bytes" if limit else ""
             parts.append(f"[Output was truncated{size}: print a summary instead of everything.]")
+        if self.interrupted:
+            parts.append("[This call was interrupted (KeyboardInterrupt): the session and its variables are kept.]")
         if self.session_ended and self.session is not None:
             parts.append("[The session ended with this call: the next call starts a fresh process, and "
                          "variables, imports and functions defined so far are gone.]")

@@ -25,6 +25,7 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import Confinement, Payload, Report, StepSpec
+from . import interrupts
 from .report import describe, finish, flush_streams, print_traceback, write_report
 
 __all__ = ["execute", "new_main", "serve_session"]
@@ -55,7 +56,8 @@ def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
 
 def execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False,
-            images: int = 0) -> Report:
+            images: int = 0, interruptible: bool = False) -> Report:
+    """``interruptible``: a session's step, which the pool's SIGINT interrupts while its code runs."""
     sys.argv = [name, *args]
     main.__file__ = name
     try:
@@ -64,13 +66,18 @@ def execute(main: types.ModuleType, code: str | None, script: str | None, name: 
         linecache.cache[name] = (len(source), None, source.splitlines(True), name)
         if PIP_FUNCTION in getattr(sys.modules.get("pynox_host"), "__all__", ()):
             source = _pip_lines(source)  # line for line: tracebacks still point at the model's own lines
+        if interruptible:
+            interrupts.allow()
         value = _run(source, name, main.__dict__, return_value=return_value and code is not None)
+        interrupts.forbid()
         drawn = _figures(images)  # before the exit hooks: matplotlib's destroys every figure
         if shutdown:
             _shutdown()
     except SystemExit as exc:
+        interrupts.forbid()
         return Report(exit=_exit_status(exc), exited=True, images=_figures(images))
     except BaseException as exc:
+        interrupts.forbid()
         print_traceback(exc)
         return Report(exit=1, error=describe(exc, name, confinement), images=_figures(images))
     return Report(exit=0, return_value=value, images=drawn)
@@ -93,8 +100,13 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
             for target, fd in zip(STEP, fds, strict=True):
                 os.dup2(fd, target)
                 os.close(fd)
-        report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
-                         return_value=step.return_value, images=step.images)
+        try:
+            report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
+                             return_value=step.return_value, images=step.images, interruptible=True)
+        except KeyboardInterrupt as exc:  # the interrupt landed after the code, as execute handled its end
+            report = Report(exit=1, error=describe(exc, step.name, confinement))
+        finally:
+            interrupts.forbid()
         if report.exited:  # sys.exit() or exit(): the session ends with this step
             finish(REPORT, report)
         flush_streams()

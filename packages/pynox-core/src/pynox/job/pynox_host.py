@@ -111,7 +111,12 @@ class _Channel:
                 with self._lock:
                     self._waiting.pop(tag, None)
                 raise HostError(f"{function}(): the host channel failed: {exc}") from None
-            self._await(waiting)
+            try:
+                self._await(waiting)
+            except BaseException:  # a session step's KeyboardInterrupt: this call is given up, its answer dropped
+                with self._lock:
+                    self._waiting.pop(tag, None)
+                raise
         answer = waiting.answer
         if answer is None:
             raise HostError(f"{function}(): the host channel failed: {self._broken}")

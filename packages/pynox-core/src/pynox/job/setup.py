@@ -27,6 +27,7 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.payload import claim, read_payload
 from ..wire.spec import Confinement, Payload
 from . import pynox_host
+from .interrupts import take_interrupts
 from .resolver import install_pinned_names
 
 __all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "run_steps"]
@@ -99,6 +100,11 @@ def _new_session(setup: Setup) -> None:
     os.setsid()
 
 
+def _take_interrupts(setup: Setup) -> None:
+    if setup.confinement.session:
+        take_interrupts()
+
+
 def _build_ruleset(setup: Setup) -> None:
     setup.ruleset = build_ruleset(setup.confinement, setup.runtime, setup.grants)
 
@@ -153,6 +159,9 @@ CONFINE: tuple[Step, ...] = (
     # Out of the template's session and process group: no controlling terminal to type into (TIOCSTI), and
     # a signal to the template's group never reaches the job (nor the job's to the template's).
     Step("start a new session", _new_session),
+    # A session's cancel interrupts its step first (KeyboardInterrupt, see interrupts.py): the template
+    # ignores the pool's interrupt signal. A job that is not a session keeps it ignored: it is killed.
+    Step("take interrupts", _take_interrupts),
     # While the grant descriptors are still open: the rules are built from them (never by name, so a path
     # renamed since the server opened it grants nothing), and arranging closes them.
     Step("build the Landlock ruleset", _build_ruleset),

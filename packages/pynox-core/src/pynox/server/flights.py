@@ -3,10 +3,13 @@
 ::
 
     QUEUED ──start──▶ RUNNING ──kill──▶ KILLED
-      │                  │                │
-      │ cancel           │ answer         │ answer (as cancelled)
-      │ (answered now)   ▼                │
-      └─────answer────▶ ANSWERED ◀────────┘
+      │                  │    ▲           │
+      │                  │    └─stop──┐   │
+      │                  │ interrupt  │   │
+      │                  ├──────▶ INTERRUPTED
+      │ cancel           │ answer     │   │
+      │ (answered now)   ▼            │   │ answer (as cancelled)
+      └─────answer────▶ ANSWERED ◀────┴───┘
 
 ``QUEUED``: accepted, waiting for its worker (or its session's thread).
 Cancelling it answers it at once, as cancelled (``answer_cancelled``): its job
@@ -17,7 +20,10 @@ before the process exists). ``KILLED``: a cancel or the pool's shutdown killed
 it, and says why; its worker answers it, as cancelled. ``ANSWERED``: its one
 result left. A cancel of a flight killed, answered, or whose process had
 already ended changes nothing (:attr:`Cancel.FINISHED`): the result it earned
-stands. Any other move is a bug in the server, refused as a :class:`PoolError`.
+stands. ``INTERRUPTED``: a session step's cancel, which interrupts first
+(see :mod:`.interrupts`): its session's thread answers it, interrupted, or as
+cancelled if its process was killed past the grace; the pool's shutdown still
+kills it. Any other move is a bug in the server, refused as a :class:`PoolError`.
 
 Exactly one result leaves: every move happens under the flight's lock, and
 only the move into ``ANSWERED`` sends one, so whoever answers first (the
@@ -41,19 +47,22 @@ CLIENT_CANCELLED = "the client cancelled the job"
 class Cancel(enum.Enum):
     QUEUED = "queued"  # the caller answers it now, as cancelled
     RUNNING = "running"  # its process was killed; its worker answers it, as cancelled
+    INTERRUPTED = "interrupted"  # a session step: interrupted (killed past a grace); its session answers it
     FINISHED = "finished"  # too late: its result is already out, or about to be
 
 
 class FlightState(enum.Enum):
     QUEUED = "queued"
     RUNNING = "running"
+    INTERRUPTED = "interrupted"
     KILLED = "killed"
     ANSWERED = "answered"
 
 
 _MOVES: dict[FlightState, frozenset[FlightState]] = {
     FlightState.QUEUED: frozenset({FlightState.RUNNING, FlightState.ANSWERED}),
-    FlightState.RUNNING: frozenset({FlightState.KILLED, FlightState.ANSWERED}),
+    FlightState.RUNNING: frozenset({FlightState.KILLED, FlightState.INTERRUPTED, FlightState.ANSWERED}),
+    FlightState.INTERRUPTED: frozenset({FlightState.KILLED, FlightState.ANSWERED}),
     FlightState.KILLED: frozenset({FlightState.ANSWERED}),
     FlightState.ANSWERED: frozenset(),
 }
@@ -70,6 +79,8 @@ class Flight:
         self._lock = threading.Lock()  # every move, between its worker, a cancel and the shutdown
         self._state = FlightState.QUEUED
         self._kill: Callable[[], bool] | None = None  # RUNNING and KILLED: ends its process
+        # A session step's: interrupts it (see interrupts.py); False if it was over. A cancel uses it, if set.
+        self._interrupt: Callable[[], bool] | None = None
         # KILLED: why (its result says so): the client's cancel, or the pool's shutdown.
         self._cancelled: str | None = None
         # Sends its result, as cancelled, when it is cancelled while queued (set by whoever queues it).
@@ -84,14 +95,15 @@ class Flight:
     def state(self) -> FlightState:
         return self._state
 
-    def start(self, kill: Callable[[], bool]) -> bool:
+    def start(self, kill: Callable[[], bool], interrupt: Callable[[], bool] | None = None) -> bool:
         """QUEUED -> RUNNING, the worker takes it: ``kill`` ends its process (False if it had already
-        ended). False if it was cancelled while queued (ANSWERED): it must not run, and it has been answered."""
+        ended); ``interrupt``, if given, is what a cancel does instead. False if it was cancelled while queued
+        (ANSWERED): it must not run, and it has been answered."""
         with self._lock:
             if self._state is FlightState.ANSWERED:
                 return False
             self._move(FlightState.RUNNING)
-            self._kill = kill
+            self._kill, self._interrupt = kill, interrupt
             return True
 
     def cancel(self) -> Cancel:
@@ -101,6 +113,11 @@ class Flight:
             if self._state is FlightState.QUEUED:
                 self._move(FlightState.ANSWERED)
                 return Cancel.QUEUED
+            if self._state is FlightState.RUNNING and self._interrupt is not None:
+                if not self._interrupt():
+                    return Cancel.FINISHED
+                self._move(FlightState.INTERRUPTED)
+                return Cancel.INTERRUPTED
             if self._state is FlightState.RUNNING:
                 return self._kill_running(CLIENT_CANCELLED)
             return Cancel.FINISHED
@@ -109,7 +126,8 @@ class Flight:
         """The pool's shutdown escalated: kill it if it runs (its worker answers it, as cancelled for
         ``reason``); True if it was killed. A queued one is left to its worker, which refuses it."""
         with self._lock:
-            return self._state is FlightState.RUNNING and self._kill_running(reason) is Cancel.RUNNING
+            return self._state in (FlightState.RUNNING, FlightState.INTERRUPTED) and \
+                self._kill_running(reason) is Cancel.RUNNING
 
     def _kill_running(self, reason: str) -> Cancel:
         assert self._kill is not None  # RUNNING
@@ -125,6 +143,12 @@ class Flight:
         under the lock: a cancel whose kill is under way is waited for, never half seen."""
         with self._lock:
             return self._cancelled
+
+    @property
+    def interrupted(self) -> bool:
+        """A cancel interrupted it (a session step), and nothing killed it since."""
+        with self._lock:
+            return self._state is FlightState.INTERRUPTED
 
     @property
     def answered(self) -> bool:

@@ -340,7 +340,7 @@ class Server:
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
             landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch,
-            place=self.installer.place)
+            place=self.installer.place, interrupt_grace=self.options.interrupt_grace)
         self.output.write(encode(self.ready_info))
         return workers
 
@@ -572,16 +572,10 @@ class Server:
         if request.script is not None:
             raise RequestError("sessions take inline code, not script")
         existing = self.sessions.get(name)
-        if request.open and existing is not None and not existing.closing:
+        live = existing is not None and not existing.closing
+        if request.open and live:
             raise RequestError(f"open: session {quoted(name)} is already open; its later steps carry no open")
-        if (existing is None or existing.closing) and not (request.open or request.grant_fields()):
-            # A later step, to a name the pool holds no session under: it ended (session_idle, a timeout, a
-            # crash) or this pool never had it (it was restarted). Opening one with the defaults would run
-            # the step with other grants and limits than the session's, and without its state.
-            raise RequestError(f"there is no open session named {quoted(name)} (it ended, or this pool never "
-                               "opened it), and a step cannot open one: this step did not run. Send the "
-                               'session\'s first request again, with its grants and limits, or "open": true for none')
-        if existing is not None and not existing.closing:
+        if existing is not None and live:
             fields = request.grant_fields()
             if fields:
                 raise RequestError(f"session {name!r} already exists and its permissions are fixed by its first "
@@ -589,6 +583,7 @@ class Server:
                                    f"max_output and return_value, not {', '.join(fields)}")
             spec, max_output = existing.spec, existing.max_output
         else:
+            self._may_open(request, name)
             spec, max_output = self._resolve(request, session=True)
         # A step's own timeout and output cap are still bounded by the ceiling.
         step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
@@ -603,6 +598,25 @@ class Server:
                     flight=Flight(request.id))
         # A scratch directory is made only for a session that is really opened.
         self.sessions.submit(name, step, lambda: (self.scratch.grant(spec) if request.scratch else spec, max_output))
+
+    def _may_open(self, request: Request, name: str) -> None:
+        """A request to a name the pool holds no session under opens one with the permissions it brings,
+        code only included (the protocol's rule), unless it says it is a later step (``"open": false``: a
+        client that holds the session and will not have it reopened with other grants), or the operator
+        turned on ``strict_session_reopen`` and the pool ended a session under that name."""
+        if request.open is False:
+            why = self.sessions.ended.why(name)
+            raise RequestError(f"there is no open session named {quoted(name)} "
+                               f"({why if why is not None else 'it ended, or this pool never opened it'}), and "
+                               '"open": false says this step must not open one: it did not run. Send the '
+                               "session's first request again, with its grants and limits")
+        if self.options.strict_session_reopen and not (request.open or request.grant_fields()):
+            why = self.sessions.ended.why(name)
+            if why is not None:
+                raise RequestError(f"the session named {quoted(name)} ended ({why}), and this pool does not "
+                                   "reopen it for a step that carries only code (strict_session_reopen): it did "
+                                   'not run. Send the session\'s first request again, with its grants and limits, '
+                                   'or "open": true for the defaults')
 
     def _refuse(self, request_id: str | int | float | None, message: str, *, session: str | None = None) -> None:
         if session is None:

@@ -17,7 +17,7 @@ takes a template (the spare one, or one started now) and is cancelled, if a
 cancel lands now, before anything runs. ``RUNNING``: a step runs in the
 session's process. ``IDLE``: between steps, the process is stopped (it runs
 no code of its own). ``ENDED``: the process ended with a step (a timeout, a
-crash, ``exit()``, a cancel), or died while it waited, or a step could not
+crash, ``exit()``, a cancel past its interrupt's grace), or died while it waited, or a step could not
 start it (the pool's shutdown, a grant changed, no template); the steps still
 queued are refused. ``CLOSED``: the process is stopped, every queued request
 answered, the thread is done. Any other move is a bug in the server, refused
@@ -28,7 +28,9 @@ from then on no step is queued on it. The client's close, the idle timer and
 the pool's shutdown close it and queue a close behind the steps accepted so
 far, which still run; a session that ended closes it as it is forgotten. A
 session that ended or closed is forgotten by name: the next request under that
-name opens a new session, with the grants that request brings (a reopen).
+name opens a new session, with the grants that request brings (a reopen), and
+is told why the pool ended the one before (see ended.py). An interrupted step
+(see interrupts.py) is a step like another: RUNNING, then IDLE.
 
 The session's thread moves the states; a cancel (the thread reading requests)
 and the idle reaper read them, so moves and reads go through one lock.

@@ -11,6 +11,9 @@ a timeout, a crash or ``exit()`` ends it, and the next request under the same
 name starts a fresh process with the permissions that request brings.
 Between steps the process is stopped (see ``Template.collect``): a session runs
 no code of its own, and a step's deadline covers everything the step started.
+A cancel interrupts a running step first (:mod:`.interrupts`); the pool
+remembers the names of the sessions it ended, and why (:mod:`.ended`), for the
+step that reopens one.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ import msgspec
 
 from ..errors import PynoxError, RequestError
 from ..protocol import Closed, Request, RequestId, SessionResult, encode
+from ..units import format_duration
 from ..wire.descriptors import STEP
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ended, send_frame
 from ..wire.spec import ErrorInfo, JobSpec, StepSpec
-from .flights import Flight, Flights
+from .ended import EndedSessions
+from .flights import CLIENT_CANCELLED, Flight, Flights
 from .hostcalls import CallRegistry
+from .interrupts import StepInterrupt
 from .outcome import Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
@@ -57,6 +63,11 @@ class Step:
     accepted_ns: int
     return_value: bool = False
     flight: Flight = field(default_factory=lambda: Flight(None))
+    interrupt: StepInterrupt = field(default_factory=lambda: StepInterrupt(0.0))  # set as it is queued
+
+
+class _NotRun(Exception):
+    """A cancel came before the step was sent to the session's process: it never runs, the session goes on."""
 
 
 @dataclass
@@ -83,6 +94,20 @@ def _how(ended: Ended) -> str:
 @dataclass
 class _Close:
     id: RequestId | None  # None: closed by the pool (idle, shutdown), nobody to answer
+    why: str | None = None  # closed by the pool: what the step that reopens the name is told
+
+
+def _why_ended(result: SessionResult) -> str:
+    """Why a step's result ended its session, as the step that reopens the name is told."""
+    step = f"step {result.step}" if result.step is not None else "a step"
+    error = result.error
+    if error is None:
+        return f"{step} exited with status {result.exit}"
+    if error.type == "TimeoutError":
+        return f"{step} timed out"
+    if error.type == "CancelledError":
+        return f"{step} was cancelled ({error.message})"
+    return f"{step} ended its process ({error.type})"
 
 
 class _SpareTemplate:
@@ -158,6 +183,7 @@ class Session(threading.Thread):
         self.steps = 0
         self.last_used = time.monotonic()
         self.life = SessionLife(name)  # its state and its intake (see session_life.py)
+        self.reopened: str | None = None  # why the pool ended the session held under this name before
         self._template: Template | None = None
         self._channels: SessionChannels | None = None
 
@@ -176,7 +202,7 @@ class Session(threading.Thread):
             while True:
                 item = self.items.get()
                 if isinstance(item, _Close):
-                    self.registry.forget(self)
+                    self.registry.forget(self, item.why)
                     self._stop_process()
                     self._remove_scratch()  # gone by the time the client reads it closed
                     self.life.closed()
@@ -186,7 +212,7 @@ class Session(threading.Thread):
                 if isinstance(item, FileRequest):
                     self._serve_files(item)
                     continue
-                if not item.flight.start(self._kill_step):
+                if not item.flight.start(self._kill_step, item.interrupt.interrupt):
                     continue  # cancelled while it waited: answered then
                 # Read after the flight started: a shutdown that escalates later kills it instead.
                 stopped = self.registry.stopped()
@@ -252,10 +278,17 @@ class Session(threading.Thread):
         self.steps += 1
         queue_us = (time.monotonic_ns() - step.accepted_ns) // 1000
         try:
-            outcome = self._run_step(step)
+            try:
+                outcome = self._run_step(step)
+            finally:
+                step.interrupt.over()  # no interrupt of this step reaches the process from now on
+        except _NotRun:
+            self.steps -= 1
+            self._answer(step, self._not_run(step))
+            return False
         except _EndedWhileIdle as exc:  # nothing of this step ran: it must not be blamed for the end
             self.life.ended()
-            self.registry.forget(self)
+            self.registry.forget(self, f"its process ended while it waited for a step ({exc})")
             self._answer(step, self._failure(step, f"the session's process ended while it waited for this step "
                                                    f"({exc}); this step did not run: send it again to start a "
                                                    "new session", queue_us))
@@ -267,28 +300,38 @@ class Session(threading.Thread):
             return True
         except PynoxError as exc:
             self.life.ended()
-            self.registry.forget(self)
+            self.registry.forget(self, f"the pool failed while serving step {self.steps}")
             self._answer(step, self._failure(step, str(exc), queue_us))
             return True
         except Exception as exc:  # whatever goes wrong costs this session, never the pool a thread
             _log.exception("session %r failed while serving step %r", self.session_name, step.id)
             self.life.ended()
-            self.registry.forget(self)
+            self.registry.forget(self, f"the pool failed while serving step {self.steps}")
             self._answer(step, self._failure(step, f"the pool failed while serving this step "
                                                    f"({type(exc).__name__}); the session was stopped", queue_us))
             return True
-        if step.flight.cancelled:  # its process was killed for a cancel: the session ends with it
+        if step.flight.cancelled:  # its process was killed (the pool's shutdown): the session ends with it
             outcome.cancelled, outcome.ended = step.flight.cancelled, True
+            outcome.conclude(self.spec, step.timeout)
+        elif step.interrupt.killed and not outcome.timed_out:  # its interrupt's grace passed: killed
+            outcome.cancelled = CLIENT_CANCELLED if step.interrupt.before_its_process else (
+                f"{CLIENT_CANCELLED}; it did not end within {format_duration(self.registry.interrupt_grace)} of "
+                "its KeyboardInterrupt")
+            outcome.ended = True
             outcome.conclude(self.spec, step.timeout)
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
                            python=self._ready_python(), preloaded=self._preloaded(),
                            landlock_abi=self._abi(), mode="session", queue_us=queue_us,
                            session=self.session_name, step=self.steps, session_ended=ended)
+        if step.interrupt.was_interrupted and not ended:
+            result = msgspec.structs.replace(result, interrupted=True)
+        if self.steps == 1 and self.reopened is not None:
+            result = msgspec.structs.replace(result, session_reopened=self.reopened)
         if ended:
             self.life.ended()
             # Forgotten before the result leaves: a client that answers it at once starts a new session.
-            self.registry.forget(self)
+            self.registry.forget(self, _why_ended(result))
             self._remove_scratch()  # its files went with its process
         else:
             self.life.step_done()
@@ -305,6 +348,8 @@ class Session(threading.Thread):
             self.spec = self.registry.place(self.spec)
             if self._template is None:
                 self._template = self.registry.spare.take()
+            if not step.interrupt.sent(self._template.child):
+                raise _NotRun  # the session stays as it was: opening, its process not started
             self._channels = SessionChannels.create(bool(self.spec.functions))
             first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
                                             timeout=step.timeout, return_value=step.return_value,
@@ -322,6 +367,8 @@ class Session(threading.Thread):
             if step.flight.cancelled:
                 return Outcome(ended=True)
             raise _EndedWhileIdle(_how(ended))
+        if not step.interrupt.sent(template.child):
+            raise _NotRun
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]  # stdout, stderr, report, in that order
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
@@ -388,6 +435,14 @@ class Session(threading.Thread):
                                  landlock_abi=self._abi(), mode="session", queue_us=queue_us,
                                  session=self.session_name, step=self.steps, session_ended=True)
 
+    def _not_run(self, step: Step) -> SessionResult:
+        outcome = Outcome(exit=CANCELLED_EXIT, error=ErrorInfo(type="CancelledError",
+                                                               message="the client cancelled the step before it ran"))
+        return to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
+                                 python=self._ready_python(), preloaded=self._preloaded(),
+                                 landlock_abi=self._abi(), mode="session", queue_us=0,
+                                 session=self.session_name, step=None, session_ended=False)
+
     def _refused(self, step: Step, message: str) -> SessionResult:
         return SessionResult(id=step.id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
                              refused=True, session=self.session_name, step=None, session_ended=True)
@@ -413,13 +468,16 @@ class SessionRegistry:
                  finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
                  python: str, landlock_abi: int, flights: Flights,
                  stopped: Callable[[], str | None] = lambda: None, scratch: ScratchRoot | None = None,
-                 place: Callable[[JobSpec], JobSpec] = lambda spec: spec) -> None:
+                 place: Callable[[JobSpec], JobSpec] = lambda spec: spec, interrupt_grace: float = 1.0) -> None:
         """``stopped``: why a step taken now must not run (the pool's drain escalated), or None. ``scratch``:
         where sessions' scratch directories are (see scratch.py). ``place``: a session's spec with the packages
-        it names installed (waits for them; see packages.py)."""
+        it names installed (waits for them; see packages.py). ``interrupt_grace``: seconds a cancelled step has
+        to end after its KeyboardInterrupt."""
         self.scratch = scratch
         self.place = place
         self.max_sessions = max_sessions
+        self.interrupt_grace = interrupt_grace
+        self.ended = EndedSessions()  # the names of sessions ended, and why
         self.stopped = stopped
         self.flights = flights
         self.idle = idle
@@ -458,6 +516,7 @@ class SessionRegistry:
                                        "one or wait until an idle one is closed")
                 spec, max_output = create()
                 session = Session(name, spec, max_output, self)
+                session.reopened = self.ended.take(name)
                 self._sessions[name] = session
                 session.start()
             elif session.closing:
@@ -468,6 +527,7 @@ class SessionRegistry:
                                    "their results before sending more")
             session.pending += 1
             session.last_used = time.monotonic()
+            step.interrupt = StepInterrupt(self.interrupt_grace)
             self.flights.add(step.flight)
             step.flight.answer_cancelled = lambda: session.answer_cancelled(step)
             session.items.put(step)
@@ -494,11 +554,14 @@ class SessionRegistry:
             session.items.put(_Close(request_id))
             return True
 
-    def forget(self, session: Session) -> None:
+    def forget(self, session: Session, why: str | None = None) -> None:
+        """``why``: the pool ended it (the client did not close it), as the step that reopens its name is told."""
         with self.lock:
             session.life.stop_taking()  # nothing more is queued on it
             if self._sessions.get(session.session_name) is session:
                 del self._sessions[session.session_name]
+                if why is not None:
+                    self.ended.remember(session.session_name, why)
 
     def shutdown(self) -> None:
         """Sessions end with the pool: pending steps are answered, then every session closes."""
@@ -520,4 +583,6 @@ class SessionRegistry:
                     idle_too_long = now - session.last_used >= self.idle
                     if (not session.closing and session.pending == 0 and (idle_too_long or session.process_ended())
                             and session.life.stop_taking()):
-                        session.items.put(_Close(None))
+                        why = (f"it was closed after {format_duration(self.idle)} without a step (session_idle)"
+                               if idle_too_long else "its process ended while it waited for a step")
+                        session.items.put(_Close(None, why))

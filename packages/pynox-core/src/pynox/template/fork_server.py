@@ -53,6 +53,7 @@ from ..wire.frames import (
     send_frame,
     template_decoder,
 )
+from ..wire.signals import INTERRUPT_SIGNAL
 from ..wire.spec import Confinement
 
 __all__ = ["main"]
@@ -98,6 +99,8 @@ _SERVERS_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def _leave_stopping_to_the_server() -> None:
     for signum in _SERVERS_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    # The pool's interrupt of a session step: only a session's child takes it, once set up (job/interrupts.py).
+    signal.signal(INTERRUPT_SIGNAL, signal.SIG_IGN)
     # The server waits for them on a thread with them blocked, and a blocked mask is inherited across exec.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SERVERS_SIGNALS)
 

@@ -142,6 +142,12 @@ class Usage(msgspec.Struct, frozen=True):
     host_calls: int = 0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
+    # CPU the pool spent answering the job's delegated calls (metadata, sysinfo, connect), on its own thread.
+    delegated_cpu_ms: float = 0.0
+    # What the job's memory cgroup held at its end in shared memory (tmpfs and memfd pages) and in socket
+    # buffers, both within memory_peak_kb; None where no cgroup counts them.
+    shmem_kb: int | None = None
+    socket_kb: int | None = None
 
 
 class Result(msgspec.Struct, omit_defaults=False):
@@ -261,6 +267,8 @@ class StatsEvent(msgspec.Struct, kw_only=True):
     duration_ms_total: int
     queue_us_total: int
     errors: dict[str, int]
+    # CPU the pool spent answering jobs' delegated calls (see Usage.delegated_cpu_ms).
+    delegated_cpu_ms_total: float = 0.0
     # Who answered: the pool's process and version.
     pid: int = 0
     version: str = ""

@@ -34,6 +34,10 @@ class Usage:
     host_calls: int = 0  # host-function calls that reached the client
     stdout_bytes: int = 0  # what the job wrote, cut by max_output or not
     stderr_bytes: int = 0
+    delegated_cpu_ms: float = 0.0  # the pool's CPU answering the job's delegated calls (metadata, sysinfo, connect)
+    # what the memory cgroup held at the job's end in shared memory (tmpfs, memfd) and socket buffers; None uncounted
+    shmem_kb: int | None = None
+    socket_kb: int | None = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class Outcome:
     # What the process used (see usage.py), and what the job did through the pool.
     cpu_us: int = 0
     max_rss_kb: int | None = 0
+    delegated_cpu_us: int = 0  # the pool's own CPU answering the job's delegated calls (steward.py)
     # What the template's memory cgroup held above the job's start at its peak (None: no cgroup counts it),
     # and whether the kernel killed the job for reaching its limit there.
     memory_peak_kb: int | None = None
@@ -142,7 +143,8 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
         ),
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
                     memory_peak_kb=outcome.memory_peak_kb, host_calls=outcome.host_calls,
-                    stdout_bytes=outcome.stdout_bytes, stderr_bytes=outcome.stderr_bytes),
+                    stdout_bytes=outcome.stdout_bytes, stderr_bytes=outcome.stderr_bytes,
+                    delegated_cpu_ms=round(outcome.delegated_cpu_us / 1000, 3)),
         # Bounded where the report is read (report.py), like every value from the job. Unset fields stay
         # off the line: a trailing value only when asked for, figures only when there were some.
         return_value=outcome.return_value if spec.return_value else msgspec.UNSET,

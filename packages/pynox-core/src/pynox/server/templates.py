@@ -10,6 +10,7 @@ race, and the job cannot ignore it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -67,7 +68,7 @@ from .lifecycle import ChildLife, ChildState
 from .outcome import Outcome
 from .prepared import Key, PreparedChild, PreparedChildren
 from .report import JobWord, read_report
-from .steward import StewardLife, StewardPhase
+from .steward import StewardLife, StewardPhase, StewardThread
 from .usage import live_usage, proc_text
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
@@ -77,6 +78,7 @@ _log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 16
 # After SIGKILL the kernel tears the process down; a template that does not report by then is broken.
 _KILL_GRACE = 5.0
+_STEWARD_LETS_GO = 5.0  # seconds for a delegated call being answered to finish (each has a bounded cost)
 _RESOLVE_WITHIN = 5.0  # seconds for the names of a job's allow_hosts, all together (pynox.hosts.resolve)
 _START_TIMEOUT = 300.0  # preloading pandas on a cold disk takes seconds, not minutes
 # How long a result waits for the template's word on a job that exited on its own before it could be
@@ -248,6 +250,8 @@ class Template:
         # The child's delegated metadata calls (see steward.py): from the socket its listener arrives on,
         # with the job's write grants and its uid and gid, to the steward answering them.
         self._steward: StewardLife | None = None
+        # Answers them off this worker thread, which enforces the deadline (see steward.py).
+        self._steward_thread: StewardThread | None = None
         # The children the template confines ahead of the next job (see prepared.py), and the serial of
         # the child serving the current job, whose Ended frame is its own.
         self.prepared = PreparedChildren()
@@ -297,7 +301,11 @@ class Template:
             self.process.wait()
         # A session's child is served until the session closes, and a broken template may leave its job's
         # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
-        self._close_metadata()
+        with contextlib.suppress(PoolWorkerError):
+            self._close_metadata()
+        if self._steward_thread is not None:
+            self._steward_thread.close(_STEWARD_LETS_GO)
+            self._steward_thread = None
         self.child.abandon()
         self.prepared.close()
         if self.cgroups is not None:
@@ -521,12 +529,6 @@ class Template:
             self._watch_writes(serving)  # a session's answers may wait from its last step
         if self._steward is not None and self._steward.sock is not None:
             sel.register(self._steward.sock, selectors.EVENT_READ, self._on_listener)
-        if self._steward is not None and self._steward.steward is not None:  # a session's, from its first step
-            sel.register(self._steward.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
-            connector = self._steward.steward.connector
-            if connector is not None:  # connects a thread of its last step still waits for
-                connector.new = list(connector.waiting)
-                self._watch_connects(serving)
         try:
             while capture.open or self._needs_end(serving):
                 wait = self._enforce(serving)
@@ -642,6 +644,8 @@ class Template:
                 outcome.exit = 128 + outcome.signal
             else:
                 outcome.exit = os.waitstatus_to_exitcode(ended.status)
+        if self._steward_thread is not None:
+            outcome.delegated_cpu_us = self._steward_thread.take_cpu()
         if self.cgroups is not None and self.cgroups.memory is not None:
             # The kernel's own count: what the job's cgroup held at its peak, and whether it killed the job
             # for its memory (a kill the job cannot fake, nor hide).
@@ -748,28 +752,6 @@ class Template:
         serving.sel.unregister(self._steward.sock)
         self._steward.take_listener()
 
-    def _on_metadata_call(self, serving: _Serving) -> None:
-        assert self._steward is not None and self._steward.steward is not None
-        listener = self._steward.steward.listener
-        if not self._steward.answer():
-            serving.sel.unregister(listener)
-        self._watch_connects(serving)
-
-    def _watch_connects(self, serving: _Serving) -> None:
-        """Watch each socket whose blocking connect the job now waits for, until it is made or fails."""
-        assert self._steward is not None and self._steward.steward is not None
-        connector = self._steward.steward.connector
-        if connector is None:
-            return
-        for sock in connector.new:
-            serving.sel.register(sock, selectors.EVENT_WRITE, functools.partial(self._on_connected, sock))
-        connector.new = []
-
-    def _on_connected(self, sock: int, serving: _Serving) -> None:
-        assert self._steward is not None and self._steward.steward is not None
-        serving.sel.unregister(sock)
-        self._steward.steward.connected(sock)
-
     def _on_answers_waiting(self, serving: _Serving) -> None:
         assert serving.job_calls is not None
         serving.job_calls.outbox.woken()  # the next _enforce sees when they condemn the job
@@ -855,12 +837,22 @@ class Template:
         """Answer the child's metadata calls once its listener is here."""
         if self._steward is None or self._steward.phase is not StewardPhase.ARRIVED:
             return
-        sel.register(self._steward.serve().listener, selectors.EVENT_READ, self._on_metadata_call)
+        self._steward.serve()
+        if self._steward_thread is None:
+            self._steward_thread = StewardThread(f"pynox-steward-{self.pid}")
+        self._steward_thread.serve(self._steward)
 
     def _close_metadata(self) -> None:
-        if self._steward is not None:
-            self._steward.close()
+        if self._steward is None:
+            return
+        if self._steward_thread is not None and not self._steward_thread.release(_STEWARD_LETS_GO):
+            # A call's cost is bounded (steward.py): a thread that does not let go is a bug. Its descriptors
+            # stay open rather than be closed under it (a number reused meanwhile would be another file).
+            self.broken = True
             self._steward = None
+            raise PoolWorkerError("the pool's steward did not let go of a job's delegated calls in time")
+        self._steward.close()
+        self._steward = None
 
     @staticmethod
     def _take_word(outcome: Outcome, word: JobWord | None, claim: int | None) -> None:

@@ -121,7 +121,7 @@ def test_sysinfo_calls_to_the_end_of_a_job_do_not_stall_the_pool(tmp_path: Path)
 _HUGE_MAPS = """
 import ctypes, mmap, os, sys, threading, time
 start = time.monotonic()
-grant = sys.argv[1] if len(sys.argv) > 1 else os.environ["GRANT"]
+grant = os.environ["GRANT"]
 clock = os.open(os.path.join(grant, "clock"), os.O_WRONLY | os.O_CREAT)
 def tick():
     while True:
@@ -140,7 +140,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 mapped = 0
-while mapped < 64000 and libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) not in (None, 2**64 - 1):
+failed = (None, 2**64 - 1)
+while mapped < 64000 and libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) not in failed:
     mapped += 1
 print(mapped, len(path), flush=True)
 while time.monotonic() - start < 2.5:

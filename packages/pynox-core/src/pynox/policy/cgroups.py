@@ -192,6 +192,13 @@ class MemoryCounter:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     self._open("swap_limit", os.path.join(path, "memory.memsw.limit_in_bytes"), True)
+                # TCP buffers: v2 charges them to the cgroup's memory (``sock`` of memory.stat); v1 only to a
+                # counter of their own, and only for sockets made after a limit was first written there, so
+                # it is written now, before the template forks anything (see the module's docstring).
+                with contextlib.suppress(FileNotFoundError):
+                    self._open("tcp_limit", os.path.join(path, "memory.kmem.tcp.limit_in_bytes"), True)
+                    self._open("tcp_usage", os.path.join(path, "memory.kmem.tcp.usage_in_bytes"), False)
+                    os.pwrite(self._fds["tcp_limit"], b"-1", 0)
         except BaseException:
             self.close()
             raise
@@ -238,6 +245,9 @@ class MemoryCounter:
             if swap is not None:
                 os.pwrite(swap, text, 0)
             self._limit_set = limit
+        tcp = self._fds.get("tcp_limit")
+        if tcp is not None:  # v1: the job's TCP buffers, a budget of their own as large as its memory
+            os.pwrite(tcp, str(int(self._read("tcp_usage")) + max(memory, _SETUP_MEMORY)).encode(), 0)
         peak = self._fds.get("peak")
         if peak is not None:
             try:
@@ -250,6 +260,17 @@ class MemoryCounter:
         if "peak" not in self._fds:
             return None
         return max(int(self._read("peak")) - self._held, 0) // 1024
+
+    def held_in_kernel(self) -> tuple[int, int | None]:
+        """What the cgroup holds now in shared memory (tmpfs, memfd) and in TCP buffers, in KiB (the latter
+        None where nothing counts them)."""
+        stat = _fields(self._read("stat", 8192))
+        tcp = self._fds.get("tcp_usage")
+        if self.version == 2:
+            sock: int | None = stat.get(b"sock", 0)
+        else:
+            sock = int(self._read("tcp_usage")) if tcp is not None else None
+        return stat.get(b"shmem", 0) // 1024, sock // 1024 if sock is not None else None
 
     def killed(self) -> bool:
         """Whether the kernel killed a process of this cgroup for its memory since the last time asked

@@ -651,6 +651,7 @@ class Template:
             # for its memory (a kill the job cannot fake, nor hide).
             try:
                 outcome.memory_peak_kb = self.cgroups.memory.measure()
+                outcome.shmem_kb, outcome.socket_kb = self.cgroups.memory.held_in_kernel()
                 outcome.memory_exceeded = outcome.signal == signal.SIGKILL and self.cgroups.memory.killed()
             except OSError as exc:
                 self.broken = True

@@ -33,7 +33,7 @@ from ..config import landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
-from ..policy.grants import close_all, identity, open_grants
+from ..policy.grants import close_all, identity, open_grants, refuse_kernel_filesystems
 from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
@@ -339,6 +339,11 @@ class Template:
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
         reads, writes = granted[:len(confinement.allow_read)], granted[len(confinement.allow_read):]
+        try:
+            refuse_kernel_filesystems(confinement.allow_write, writes)  # as they are now, not when accepted
+        except BaseException:
+            close_all(granted)
+            raise
         try:
             payload = write_payload(spec.payload())
         except BaseException:

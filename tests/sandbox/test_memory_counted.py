@@ -317,4 +317,16 @@ def test_tcp_send_buffers_of_a_job_count_against_its_memory(tmp_path: Path) -> N
     assert result["stdout"] == "held 60\n", result  # the attack took place
     # Its memory, plus the peer's small receive buffers and what the rest of the machine did meanwhile.
     assert grown < (64 + 24) * _MIB, f"the machine's TCP memory grew {grown / _MIB:.0f} MiB for a 64 MiB job"
-    assert result["usage"]["socket_kb"] is not None, result["usage"]
+
+
+@pytest.mark.needs_root("the tmpfs is mounted by the test; an ordinary user's pool has no memory cgroup")
+def test_usage_says_what_a_job_left_in_shared_memory(tmp_path: Path, tmpfs: Path) -> None:
+    """A job leaves 32 MiB in a granted tmpfs: its result's usage.shmem_kb says so, as the host sees the file."""
+    _counted()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        result = pool.run(_fill(tmpfs, 32), memory="256m", timeout="30s", allow_write=[str(tmpfs)], wait=60)
+        assert result["exit"] == 0, result
+        assert _used(tmpfs) >= 32 * _MIB
+        assert result["usage"].get("shmem_kb", 0) >= 32 * 1024, result["usage"]
+        plain = pool.run("print(1)")  # control: a job that leaves nothing there has nothing said
+        assert plain["usage"].get("shmem_kb", 0) < 32 * 1024, plain["usage"]

@@ -53,7 +53,7 @@ _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "e
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
                     "max_output", "max_file_size")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "metrics_socket", "limits")
+              "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -81,6 +81,9 @@ class PoolSettings:
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
     landlock_abi: int | None = None  # the highest Landlock ABI jobs use (see landlock_abi_cap)
     metrics_socket: str | None = None  # absolute: where the pool serves its metrics and health (see metrics_socket)
+    # CPUs' worth of time each job may use at once, all its threads together (a cgroup's CPU quota, see
+    # policy/cgroups.py); 0: no quota. One by default: a job's native threads cannot take every core.
+    job_cpu: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -343,7 +346,20 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         run_as=_run_as(table),
         landlock_abi=_landlock_abi(table),
         metrics_socket=_metrics_socket(table, base),
+        job_cpu=_job_cpu(table),
     )
+
+
+_MAX_JOB_CPU = 1024.0
+
+
+def _job_cpu(table: _Table) -> float:
+    value = table.get("job_cpu", (int, float), "a number of CPUs")
+    if value is None:
+        return PoolSettings.job_cpu
+    if isinstance(value, bool) or not (value == 0 or 0.01 <= value <= _MAX_JOB_CPU):
+        raise table.error(f"must be 0 (no quota) or between 0.01 and {_MAX_JOB_CPU:g} CPUs, got {value!r}", "job_cpu")
+    return float(value)
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
@@ -516,6 +532,7 @@ class PoolOptions:
     drain_timeout: float = PoolSettings.drain_timeout
     log_redact: bool = False
     metrics_socket: str | None = None  # see metrics_socket
+    job_cpu: float = PoolSettings.job_cpu  # see PoolSettings.job_cpu
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -548,6 +565,7 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
                        else settings.drain_timeout),
         log_redact=bool(args.log_redact) or settings.log_redact,
         metrics_socket=_metrics_socket_option(args, settings),
+        job_cpu=settings.job_cpu,
     )
 
 

@@ -142,12 +142,13 @@ class Usage(msgspec.Struct, frozen=True):
     host_calls: int = 0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
-    # CPU the pool spent answering the job's delegated calls (metadata, sysinfo, connect), on its own thread.
-    delegated_cpu_ms: float = 0.0
-    # What the job's memory cgroup held at its end in shared memory (tmpfs and memfd pages) and in socket
-    # buffers, both within memory_peak_kb; None where no cgroup counts them.
-    shmem_kb: int | None = None
-    socket_kb: int | None = None
+    # Each on the line only when not 0. CPU the pool spent answering the job's delegated calls (metadata,
+    # sysinfo, connect), on a thread of its own; what the job added to its memory cgroup and left there at
+    # its end in shared memory (tmpfs and memfd pages) and in TCP buffers (within memory_peak_kb on v2; a
+    # budget of their own on v1).
+    delegated_cpu_ms: float | msgspec.UnsetType = msgspec.UNSET
+    shmem_kb: int | msgspec.UnsetType = msgspec.UNSET
+    socket_kb: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Result(msgspec.Struct, omit_defaults=False):

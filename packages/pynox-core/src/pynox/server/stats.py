@@ -124,7 +124,7 @@ class Stats:
                 self._errors[self._error_key(result.error.type)] += 1
             self._duration_ms_total += result.duration_ms
             self._queue_us_total += result.queue_us
-            if result.usage is not None:
+            if result.usage is not None and isinstance(result.usage.delegated_cpu_ms, float):
                 self._delegated_cpu_ms += result.usage.delegated_cpu_ms
             if result.refused is not True:
                 self._durations.observe(result.duration_us)

@@ -537,10 +537,13 @@ class StewardThread:
             connector.new.clear()
             for sock in connector.waiting:
                 poll.register(sock, select.POLLOUT)
-        for fd, _ in poll.poll():
+        for fd, events in poll.poll():
             if fd == self._wake_read:
                 self._drain()
                 return  # asked to let go, or to look again
+            if fd == steward.listener and not events & select.POLLIN:
+                life.answer()  # hung up: the job is gone, nothing to answer (nor to count)
+                continue
             started = time.thread_time_ns()
             if fd == steward.listener:
                 life.answer()

@@ -29,7 +29,7 @@ import msgspec
 import pynox
 
 from .. import hints
-from ..config import landlock_abi_from_environment
+from ..config import PoolSettings, landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
@@ -222,8 +222,10 @@ class Template:
     """One warm template process, the socket to it, and the child it is serving."""
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
-                 landlock_abi: int | None = None, life: ChildLife | None = None) -> None:
+                 landlock_abi: int | None = None, life: ChildLife | None = None,
+                 job_cpu: float = PoolSettings.job_cpu) -> None:
         """``landlock_abi``: the highest ABI its jobs use (None: ``$PYNOX_LANDLOCK_ABI``, else the kernel's).
+        ``job_cpu``: the CPUs' worth of time its jobs may use at once (0: no quota; see policy/cgroups.py).
         ``life``: the life of the child serving its jobs, when it outlives this template (a worker's, kept
         across the templates it replaces, so that a cancel of a job on its way is never lost)."""
         if landlock_abi is None:
@@ -259,7 +261,8 @@ class Template:
         bounds = cgroups.available()
         try:
             if bounds.hierarchies():  # before the template can fork anything: every job it forks is bounded
-                self.cgroups = cgroups.TemplateGroup.confine(bounds, self.process.pid, f"template-{self.process.pid}")
+                self.cgroups = cgroups.TemplateGroup.confine(bounds, self.process.pid, f"template-{self.process.pid}",
+                                                             job_cpu)
         except OSError as exc:
             self.close()
             raise PoolWorkerError(f"could not put the template in its cgroups: {exc}") from None

@@ -534,7 +534,6 @@ class StewardThread:
             poll.register(steward.listener, select.POLLIN)
         connector = steward.connector
         if connector is not None:
-            connector.new.clear()
             for sock in connector.waiting:
                 poll.register(sock, select.POLLOUT)
         for fd, events in poll.poll():

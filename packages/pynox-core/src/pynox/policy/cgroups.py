@@ -139,8 +139,8 @@ class Bounds:
             missing.append("memory counts the job's own pages only, not tmpfs pages or kernel buffers; each "
                            f"file a job writes is bounded by its memory ({self.memory_reason})")
         elif not self.tcp_counted:
-            missing.append("a job's TCP buffers count against no limit (this kernel's v1 memory cgroup has no "
-                           "memory.kmem.tcp)")
+            missing.append("a job's TCP buffers count against no limit (this kernel's v1 cgroup has no kmem.tcp "
+                           "counter)")
         if self.cpu is None:
             missing.append(f"no CPU quota per job: its threads may keep every core busy until its timeout "
                            f"({self.cpu_reason})")
@@ -447,6 +447,13 @@ def detect() -> Bounds:
         usable[name] = _usable(hierarchy, reason)
         if hierarchy is not None:
             tried[hierarchy] = usable[name]
+    if len(unified) > 1 and "cpu" in unified and usable["cpu"][0] is None:
+        # The cpu controller may be the one v2 will not enable here: threads and memory are bounded without it.
+        rest = tuple(name for name in unified if name != "cpu")
+        base = found[rest[0]][0].base  # type: ignore[union-attr]  # found on v2 above
+        without = _usable(Hierarchy(base, 2, rest), "")
+        for name in rest:
+            usable[name] = without
     (pids, pids_reason), (memory, memory_reason), (cpu, cpu_reason) = usable["pids"], usable["memory"], usable["cpu"]
     tcp = memory is not None and (memory.version == 2 or os.path.exists(
         os.path.join(memory.base, "memory.kmem.tcp.limit_in_bytes")))

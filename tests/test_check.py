@@ -185,3 +185,24 @@ def test_check_config_passes_a_good_config_and_checks_the_named_profile(
     assert "[profiles.wide]" in capsys.readouterr().err
     assert main(["check", "--config", path, "--profile", "nope"]) == 1
     assert "no [profiles.nope]" in capsys.readouterr().err
+
+
+def test_check_names_each_per_job_bound_not_in_force_here() -> None:
+    """The facts say whether a CPU quota and the count of TCP buffers are in force, and every bound that is not
+    is a warning, as the pool's ready event says it. Judged from outside: the cpu and memory cgroup mounts this
+    process could write in (a root process with cgroup v1 mounts can; an ordinary user, as CI's, cannot)."""
+    done = subprocess.run([sys.executable, "-m", "pynox", "check", "--json"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    facts = json.loads(done.stdout)["facts"]
+    human = subprocess.run([sys.executable, "-m", "pynox", "check"], capture_output=True, text=True, timeout=60,
+                           check=False).stdout
+    assert ("no CPU quota per job here" in human) == (not facts["cpu_bounded"]), human
+    assert "cpu            " in human and "tcp buffers    " in human
+    if not facts["cpu_bounded"]:
+        assert any("no CPU quota per job" in bound for bound in facts["bounds_not_in_force"])
+    with open("/proc/self/mountinfo") as mounts:
+        mounted_v1 = {line.split(" - ")[1].split()[2] for line in mounts if " - cgroup " in line}
+    if os.geteuid() == 0 and any("cpu" in options.split(",") for options in mounted_v1):
+        assert facts["cpu_bounded"], facts["cpu"]
+    if os.geteuid() == 0 and any("memory" in options.split(",") for options in mounted_v1):
+        assert facts["tcp_counted"], facts["tcp"]

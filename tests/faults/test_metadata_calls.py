@@ -112,3 +112,58 @@ def test_sysinfo_calls_to_the_end_of_a_job_do_not_stall_the_pool(tmp_path: Path)
         start = time.monotonic()
         assert pool.run(_OWN_SYSINFO, memory="192m")["stdout"] == f"{192 << 20}\n"
         assert time.monotonic() - start < 5
+
+
+# A job whose maps file is ~250 MB of text (one file with a ~3,900-character path, mapped 64,000 times)
+# calls sysinfo just before its deadline, while a thread writes how long it has run into a file of its grant.
+# The steward's cost for that call must not depend on what the job mapped, and the deadline is the pool's:
+# the last time the file shows is the job's timeout, not the time the pool took to answer it.
+_HUGE_MAPS = """
+import ctypes, mmap, os, sys, threading, time
+start = time.monotonic()
+grant = os.environ["GRANT"]
+clock = os.open(os.path.join(grant, "clock"), os.O_WRONLY | os.O_CREAT)
+def tick():
+    while True:
+        os.pwrite(clock, f"{time.monotonic() - start:12.3f}".encode(), 0)
+        time.sleep(0.01)
+threading.Thread(target=tick, daemon=True).start()
+deep = grant
+while len(deep) < 3800:
+    deep = os.path.join(deep, "d" * 200)
+    os.makedirs(deep, exist_ok=True)
+path = os.path.join(deep, "f" * (3900 - len(deep) - 1))
+with open(path, "wb") as file:
+    file.write(b"x" * mmap.PAGESIZE)
+fd = os.open(path, os.O_RDONLY)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+mapped = 0
+failed = (None, 2**64 - 1)
+while mapped < 64000 and libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) not in failed:
+    mapped += 1
+print(mapped, len(path), flush=True)
+while time.monotonic() - start < 2.5:
+    time.sleep(0.01)
+buffer = ctypes.create_string_buffer(256)
+ctypes.CDLL(None).sysinfo(buffer)
+threading.Event().wait()
+"""
+
+
+def test_a_delegated_call_of_job_chosen_size_does_not_outlast_the_deadline(tmp_path: Path) -> None:
+    grant = tmp_path / "grant"
+    grant.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        result = pool.run(_HUGE_MAPS, allow_write=[str(grant)], env={"GRANT": str(grant)}, timeout="3s",
+                          memory="1g", wait=60)
+        assert result["exit"] == 124, result
+        count, length = map(int, result["stdout"].split())
+        assert count > 60000 and length >= 3900, result["stdout"]  # the attack took place
+        ran = float((grant / "clock").read_text())
+        # The job's own clock, as its grant shows it: it stopped at its deadline (3 s), give or take a loaded
+        # machine's kill and scheduling, not when the pool got round to answering its call.
+        assert ran < 3 + 1.0, f"the job kept running {ran:.2f} s with a 3 s timeout"
+        assert result["duration_ms"] < 3000 + 1500, result["duration_ms"]
+        assert not jobs_of(pool.pid), "the job outlived its timeout"

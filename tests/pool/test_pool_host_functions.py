@@ -286,3 +286,26 @@ def test_host_call_counts_in_stats(pool: PoolProcess) -> None:
     before = pool.stats()["host_calls"]
     pool.run("from pynox_host import f\nf(); f(); f()", host={"f": lambda: None})
     assert pool.stats()["host_calls"] == before + 3
+
+
+def test_a_call_still_waiting_when_its_step_ends_fails_in_the_job(pool: PoolProcess) -> None:
+    """A session step starts a thread that calls the host and ends before the host answers (the test never
+    replies). The pool drops the call at the step's end, so the job is told: at its next step the thread has
+    a HostError saying why, rather than waiting for ever. A late reply is then a RequestError (control: the
+    call did reach the client)."""
+    session = new_id("background")
+    first_id = pool.submit(session=session, functions=["slow"], code=(
+        "import threading\nfrom pynox_host import slow, HostError\noutcome = []\n"
+        "def call():\n    try:\n        outcome.append(repr(slow()))\n"
+        "    except HostError as exc:\n        outcome.append(f'HostError: {exc}')\n"
+        "caller = threading.Thread(target=call)\ncaller.start()\n"))
+    call = _call_of(pool, first_id)
+    assert pool.result(first_id)["exit"] == 0
+    second = pool.run("caller.join(10)\nprint(caller.is_alive(), outcome)", session=session)
+    assert second["stdout"].startswith("False ['HostError: "), second
+    assert "ended" in second["stdout"], second
+    start = len(pool.messages)
+    pool.reply(call["call_id"], result="too late")
+    late = pool.wait_for(lambda m: m.get("id") is None and m.get("error") is not None, start=start)
+    assert late["error"]["type"] == "RequestError", late
+    pool.run(session=session, close=True)

@@ -10,6 +10,9 @@ with a write grant elsewhere.
 
 from __future__ import annotations
 
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +83,58 @@ def test_the_control_the_same_code_runs_and_writes_with_a_grant_elsewhere(pool: 
     assert result.ok, result
     # The code ran (the marker), and without a grant there Landlock shows it no cgroup file: no limit changed.
     assert marker.read_text() == "none"
+
+
+# A job that finds a cgroup filesystem in its grant and moves itself to that hierarchy's root, out of the
+# template's memory cgroup (with an ordinary directory there, it writes an ordinary file).
+_LEAVE = """\
+import os, pathlib
+procs = pathlib.Path({mount!r}, "cgroup.procs")
+try:
+    procs.write_text(str(os.getpid()))
+    print("moved")
+except OSError as exc:
+    print("refused", exc.errno)
+"""
+
+
+@pytest.mark.needs_root("mounting a cgroup filesystem")
+def test_a_kernel_filesystem_mounted_in_a_write_grant_after_acceptance_is_refused_at_the_start(
+        pool: Pool, tmp_path: Path) -> None:
+    """The request is accepted while its grant is an ordinary directory, and waits for the one worker; a
+    memory cgroup filesystem is then mounted beneath the grant. The job must not start with it: at its
+    start the grant is checked as it is then. Control: the same job, the mount gone, runs."""
+    mount = tmp_path / "grant" / "cgroup"
+    mount.mkdir(parents=True)
+    results: dict[str, object] = {}
+
+    def run(name: str, code: str, **grants: object) -> None:
+        try:
+            results[name] = pool.run(code, **grants)  # type: ignore[arg-type]
+        except RequestError as exc:
+            results[name] = exc
+
+    busy = threading.Thread(target=run, args=("busy", "import time; time.sleep(1.5)"))
+    busy.start()
+    time.sleep(0.3)
+    leave = threading.Thread(target=run, args=("leave", _LEAVE.format(mount=str(mount))),
+                             kwargs={"allow_write": [str(tmp_path / "grant")], "memory": "64m"})
+    leave.start()
+    time.sleep(0.3)  # accepted, and waiting for the worker
+    mounted = subprocess.run(["mount", "-t", "cgroup", "-o", "memory", "pynox-test", str(mount)],
+                             capture_output=True, text=True)
+    try:
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a memory cgroup filesystem here: {mounted.stderr.strip()}")
+        leave.join(30)
+        busy.join(30)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    outcome = results["leave"]
+    assert isinstance(outcome, RequestError), outcome
+    assert "cgroup" in str(outcome), outcome
+    assert not (mount / "cgroup.procs").exists()  # nothing ran
+    # Control: the mount gone, the same job with the same grant runs, and writes an ordinary file there.
+    again = pool.run(_LEAVE.format(mount=str(mount)), allow_write=[str(tmp_path / "grant")], memory="64m")
+    assert again.ok and again.stdout == "moved\n", again
+    assert (mount / "cgroup.procs").is_file()

@@ -8,7 +8,9 @@ nothing of any pool is left once it ends, so no other pool may be alive meanwhil
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -58,3 +60,53 @@ def test_a_name_keeps_the_addresses_it_had_when_its_session_started(tmp_path: An
         assert other.connections() == 1
     finally:
         pool.finish()
+
+
+# A DNS server that never answers, on a loopback address of its own: the pool's resolver waits on it, for
+# every name not in the hosts file.
+_DEAF_DNS = "127.0.0.153"
+# How long another job's lookup of a name in the hosts file may take while a job's dead names wait: the pool
+# bounds each job's lookups in flight, so a name of another job never waits behind them (a loaded machine
+# gets a second; without the bound it waits the 5 s a job's names may take, and gets nothing).
+_OTHER_JOB_BOUND = 1.5
+
+
+@pytest.mark.needs_root("a private mount namespace with a resolv.conf of the test's own, port 53 on loopback")
+def test_one_jobs_dead_names_do_not_delay_another_jobs_lookup(tmp_path: Any, listeners: dict[str, Listener]) -> None:
+    """One job lists 200 names whose DNS server never answers. Another job, listing localhost (in the hosts
+    file), is resolved at once while the first waits, and so is one sent once the first gave up: its
+    lookups still queued were dropped. Control: the pool did ask the deaf server, and the dead names have no
+    address in the first job."""
+    listed = listeners["listed"]
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare --mount fails)")
+    deaf = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    deaf.bind((_DEAF_DNS, 53))
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text(f"nameserver {_DEAF_DNS}\n")
+    command = [unshare, "--mount", "--propagation", "private", "sh", "-c",
+               'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv), *POOL]
+    pool = PoolProcess("--workers=3", command=command)
+    dead = [f"n{index}.dead.test:80" for index in range(200)]
+    other = {"allow_hosts": [f"localhost:{listed.port}"],
+             "code": CONNECT + f"attempt('localhost', {listed.port})\n"}
+    try:
+        pool.send({"id": "dead", "allow_hosts": dead, "code": CONNECT + "attempt('n0.dead.test', 80)\n"})
+        time.sleep(0.5)  # its names wait on the deaf server
+        taken = []
+        for request_id in ("while", "after"):
+            if request_id == "after":
+                first = pool.result("dead")
+                assert "refused n0.dead.test 80 gaierror" in first["stdout"], first  # control: no address
+            start = time.monotonic()
+            pool.send({"id": request_id, **other})
+            result = pool.result(request_id)
+            taken.append(time.monotonic() - start)
+            assert f"reached localhost {listed.port}" in result["stdout"], (request_id, taken[-1], result)
+        assert max(taken) < _OTHER_JOB_BOUND, f"the other jobs took {taken[0]:.2f} s and {taken[1]:.2f} s"
+        deaf.setblocking(False)
+        assert deaf.recv(512), "the pool never asked the deaf server"  # control: its lookups were real
+    finally:
+        pool.finish()
+        deaf.close()

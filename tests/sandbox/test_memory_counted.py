@@ -10,10 +10,14 @@ bounds each file a job writes by its memory (a default ``max_file_size``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -237,3 +241,92 @@ def test_a_pool_says_at_start_which_bound_is_not_in_force_and_bounds_files_where
         assert "per-job bound not in force: memory counts" in said, said
         assert done["policy"]["max_file_size"] == 64 * _MIB and done["stdout"] == "stopped: 27\n", done
         assert written == 64 * _MIB  # seen from the host: the file stopped at the job's memory
+
+
+# 60 connections to a peer that never reads, each sent into until its send buffer is full, held a moment.
+_SEND_BUFFERS = """
+import socket, time
+held = []
+for _ in range(60):
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=5)
+    sock.setblocking(False)
+    try:
+        while True:
+            sock.send(b"x" * 65536)
+    except OSError:
+        pass
+    held.append(sock)
+print("held", len(held))
+time.sleep(1.5)
+"""
+
+
+def _tcp_pages() -> int:
+    """The machine's TCP memory, in pages, as /proc/net/sockstat shows it ("TCP: ... mem N")."""
+    with open("/proc/net/sockstat") as sockstat:
+        for line in sockstat:
+            if line.startswith("TCP:"):
+                fields = line.split()
+                return int(fields[fields.index("mem") + 1])
+    return 0
+
+
+@pytest.mark.needs_root("an ordinary user's pool has no memory cgroup")
+def test_tcp_send_buffers_of_a_job_count_against_its_memory(tmp_path: Path) -> None:
+    """A job with memory=64m fills the send buffers of 60 connections to a peer that never reads. The
+    machine's TCP memory (sockstat, sampled while the job holds them) grows by no more than its memory
+    allows; the peer's receive buffers, the host's, are kept small."""
+    _counted()
+    peer = socket.socket()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited by what it accepts: the host's share
+    peer.bind(("127.0.0.1", 0))
+    peer.listen(128)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+    peaks = [0]
+
+    def accept() -> None:
+        peer.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(peer.accept()[0])  # and never read
+
+    def sample() -> None:
+        while not stop.is_set():
+            peaks[0] = max(peaks[0], _tcp_pages())
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=accept), threading.Thread(target=sample)]
+    for thread in threads:
+        thread.start()
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        with pool_process("--workers=1", cwd=tmp_path) as pool:
+            before = _tcp_pages()
+            code = _SEND_BUFFERS.replace("PORT", str(peer.getsockname()[1]))
+            result = pool.run(code, memory="64m", allow_hosts=[f"127.0.0.1:{peer.getsockname()[1]}"], timeout="30s",
+                              wait=60)
+            grown = (peaks[0] - before) * page
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        for sock in accepted:
+            sock.close()
+        peer.close()
+    assert result["stdout"] == "held 60\n", result  # the attack took place
+    # Its memory, plus the peer's small receive buffers and what the rest of the machine did meanwhile.
+    assert grown < (64 + 24) * _MIB, f"the machine's TCP memory grew {grown / _MIB:.0f} MiB for a 64 MiB job"
+
+
+@pytest.mark.needs_root("the tmpfs is mounted by the test; an ordinary user's pool has no memory cgroup")
+def test_usage_says_what_a_job_left_in_shared_memory(tmp_path: Path, tmpfs: Path) -> None:
+    """A job leaves 32 MiB in a granted tmpfs: its result's usage.shmem_kb says so, as the host sees the file."""
+    _counted()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        result = pool.run(_fill(tmpfs, 32), memory="256m", timeout="30s", allow_write=[str(tmpfs)], wait=60)
+        assert result["exit"] == 0, result
+        assert _used(tmpfs) >= 32 * _MIB
+        assert result["usage"].get("shmem_kb", 0) >= 32 * 1024, result["usage"]
+        plain = pool.run("print(1)")  # control: a job that leaves nothing there has nothing said
+        assert plain["usage"].get("shmem_kb", 0) < 32 * 1024, plain["usage"]

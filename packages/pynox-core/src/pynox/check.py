@@ -117,6 +117,8 @@ class CheckReport:
                                                 else "every system call name resolved"))
         lines.append(f"  threads        {facts['threads']}")
         lines.append(f"  memory         {facts['memory']}")
+        lines.append(f"  cpu            {facts['cpu']}")
+        lines.append(f"  tcp buffers    {facts['tcp']}")
         scope = facts["ptrace_scope"]
         outer = "yes" if facts["outer_seccomp"] else "no"
         lines.append(f"  standing       capabilities {', '.join(facts['capabilities']) or 'none'} (of "
@@ -199,6 +201,13 @@ def _kernel_facts() -> dict[str, Any]:
         # What counts a job's memory: its own pages (rlimits) only, or all the kernel holds for it (a cgroup).
         "memory": _memory_fact(),
         "memory_counted": cgroups.memory_counted(),
+        # Whether a job's TCP buffers count against a limit, and what bounds the CPU its threads use at once.
+        "tcp": _tcp_fact(),
+        "tcp_counted": cgroups.available().tcp_counted,
+        "cpu": _cpu_fact(),
+        "cpu_bounded": cgroups.available().cpu is not None,
+        # Every per-job bound this setup cannot give, as the pool's ready event says them.
+        "bounds_not_in_force": cgroups.available().not_in_force(),
     }
 
 
@@ -261,6 +270,22 @@ def _memory_fact() -> str:
         return bounds.memory_reason + " (tmpfs pages and kernel buffers included)"
     return (f"its own pages only ({bounds.memory_reason}): memfd and System V shm are refused, and each file a "
             "job writes is bounded by its memory")
+
+
+def _tcp_fact() -> str:
+    bounds = cgroups.available()
+    if bounds.memory is None or not bounds.tcp_counted:
+        return "not counted against any limit"
+    if bounds.memory.version == 2:
+        return "counted in the job's memory (cgroup v2)"
+    return "counted (cgroup v1 memory.kmem.tcp): a budget of their own, as large as the job's memory"
+
+
+def _cpu_fact() -> str:
+    bounds = cgroups.available()
+    if bounds.cpu is not None:
+        return bounds.cpu_reason
+    return f"no quota per job ({bounds.cpu_reason}): a job's threads may keep every core busy until its timeout"
 
 
 # The self-test ------------------------------------------------------------------------------------
@@ -698,6 +723,12 @@ def _add_warnings(report: CheckReport) -> None:
         warn("no cgroup counts a job's memory here: pages it writes into a tmpfs in its grants (/dev/shm, a tmpfs "
              "mount) and kernel buffers count against no limit; each file it writes is bounded by its memory "
              "instead (see the memory fact)")
+    if facts["memory_counted"] and not facts["tcp_counted"]:
+        warn("a job's TCP buffers count against no limit here (this kernel's v1 memory cgroup has no "
+             "memory.kmem.tcp): a job with allow_hosts or the network can hold far more than its memory in them")
+    if not facts["cpu_bounded"]:
+        warn("no CPU quota per job here: a job's threads may keep every core busy until its timeout (see the cpu "
+             "fact)")
     reaches, why = _steward_reaches_jobs(facts)
     if not reaches:
         warn(why)

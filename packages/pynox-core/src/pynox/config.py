@@ -58,7 +58,7 @@ _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts",
 _INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout", "max_install_size", "max_installs",
                  "allow_sdist", "uv")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "metrics_socket", "scratch_dir", "scratch_max_file",
+              "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "scratch_dir", "scratch_max_file",
               "scratch_max_total", "strict_session_reopen", "interrupt_grace", "limits", *_INSTALL_KEYS)
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size", "packages")
@@ -120,6 +120,9 @@ class PoolSettings:
     # How long a cancelled session step has, after its KeyboardInterrupt, to end before its process is
     # killed (the session then ends); within it, the session and its variables live on.
     interrupt_grace: float = 1.0  # seconds
+    # CPUs' worth of time each job may use at once, all its threads together (a cgroup's CPU quota, see
+    # policy/cgroups.py); 0: no quota. One by default: a job's native threads cannot take every core.
+    job_cpu: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -399,6 +402,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         installs=_installs(table, base),
         strict_session_reopen=bool(strict),
         interrupt_grace=PoolSettings.interrupt_grace if grace is None else grace,
+        job_cpu=_job_cpu(table),
     )
 
 
@@ -441,6 +445,18 @@ def _packages(table: _Table) -> tuple[Requirement, ...] | None:
         return requirements(values)
     except RequestError as exc:
         raise table.error(str(exc).removeprefix("packages: "), "packages") from None
+
+
+_MAX_JOB_CPU = 1024.0
+
+
+def _job_cpu(table: _Table) -> float:
+    value = table.get("job_cpu", (int, float), "a number of CPUs")
+    if value is None:
+        return PoolSettings.job_cpu
+    if isinstance(value, bool) or not (value == 0 or 0.01 <= value <= _MAX_JOB_CPU):
+        raise table.error(f"must be 0 (no quota) or between 0.01 and {_MAX_JOB_CPU:g} CPUs, got {value!r}", "job_cpu")
+    return float(value)
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
@@ -620,6 +636,7 @@ class PoolOptions:
     scratch_max_total: int = PoolSettings.scratch_max_total
     strict_session_reopen: bool = PoolSettings.strict_session_reopen
     interrupt_grace: float = PoolSettings.interrupt_grace  # seconds
+    job_cpu: float = PoolSettings.job_cpu  # see PoolSettings.job_cpu
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -658,6 +675,7 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         strict_session_reopen=bool(args.strict_session_reopen) or settings.strict_session_reopen,
         interrupt_grace=(parse_duration(args.interrupt_grace, "--interrupt-grace") if args.interrupt_grace
                          else settings.interrupt_grace),
+        job_cpu=settings.job_cpu,
     )
 
 

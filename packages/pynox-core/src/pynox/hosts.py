@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 import queue
 import re
 import socket
@@ -163,42 +164,101 @@ def resolve(entries: Sequence[HostEntry], timeout: float) -> dict[str, list[str]
     """The addresses each name of ``entries`` has now, by the pool's own resolver, within ``timeout``
     seconds in all; a name that does not resolve in time has none (the job's connections to it fail)."""
     names = sorted({entry.name for entry in entries if entry.name is not None})
-    lookups = [_Lookup(name) for name in names]
-    for lookup in lookups:
-        _lookups().put(lookup)
-    deadline = time.monotonic() + max(timeout, 0.0)
-    for lookup in lookups:
-        lookup.done.wait(max(deadline - time.monotonic(), 0.0))
-    return {lookup.name: list(lookup.addresses) if lookup.done.is_set() else [] for lookup in lookups}
+    if not names:
+        return {}
+    batch = _Batch(names)
+    _resolver().submit(batch)
+    return batch.wait(max(timeout, 0.0))
 
 
-class _Lookup:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.addresses: list[str] = []
-        self.done = threading.Event()
+# One job's lookups in flight at once: its other names wait their turn in its own batch, so that the names of
+# a job whose DNS server never answers hold at most this many of the pool's threads.
+PER_JOB_LOOKUPS = 2
+# The pool's threads looking names up: one more is started whenever a lookup is due and none is idle, so a
+# job's lookup never waits behind another job's (up to this many at once: then in turn, job by job).
+MAX_LOOKUP_THREADS = 64
+# Each query's own bound, as the host's resolver applies it (resolv.conf's options, given to glibc through
+# RES_OPTIONS, which it reads after the file and which wins): at most 2 s per server, 2 tries. A lookup has no
+# other timeout: its thread is held until then, whoever still waits for it.
+QUERY_OPTIONS = "timeout:2 attempts:2"
 
 
-_LOOKUP_THREADS = 8
+class _Batch:
+    """One job's names: at most :data:`PER_JOB_LOOKUPS` being looked up, the rest waiting here, dropped
+    when the job stops waiting (:meth:`wait` returned)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._waiting = list(reversed(names))
+        self._found: dict[str, list[str]] = {}
+        self.names = names
+        self._done = threading.Condition()
+        self._abandoned = False
+
+    def take(self) -> str | None:
+        """The next name to look up; None once there is none, or no one waits for it any more."""
+        with self._done:
+            if self._abandoned or not self._waiting:
+                return None
+            return self._waiting.pop()
+
+    def found(self, name: str, addresses: list[str]) -> None:
+        with self._done:
+            self._found[name] = addresses
+            self._done.notify_all()
+
+    def wait(self, timeout: float) -> dict[str, list[str]]:
+        deadline = time.monotonic() + timeout
+        with self._done:
+            while len(self._found) < len(self.names) and (left := deadline - time.monotonic()) > 0:
+                self._done.wait(left)
+            self._abandoned = True  # its names not yet taken are dropped
+            return {name: list(self._found.get(name, ())) for name in self.names}
+
+
+class _Resolver:
+    """The pool's lookups. A batch is a queue entry per free slot of its job; a thread takes an entry, looks
+    one name of it up, and queues the entry again (behind every other job's): jobs take turns."""
+
+    def __init__(self) -> None:
+        self._due: queue.SimpleQueue[_Batch] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._spare = 0  # idle threads minus the entries queued for them: below 0, a lookup waits for a thread
+
+    def submit(self, batch: _Batch) -> None:
+        for _ in range(min(PER_JOB_LOOKUPS, len(batch.names))):
+            self._queue(batch)
+
+    def _queue(self, batch: _Batch) -> None:
+        with self._lock:
+            self._spare -= 1
+            start = self._spare < 0 and self._threads < MAX_LOOKUP_THREADS
+            if start:
+                self._threads += 1
+                self._spare += 1
+        if start:
+            threading.Thread(target=self._serve, name=f"pynox-resolve-{self._threads}", daemon=True).start()
+        self._due.put(batch)
+
+    def _serve(self) -> None:
+        while True:
+            batch = self._due.get()
+            name = batch.take()
+            if name is not None:
+                batch.found(name, _addresses(name))
+            with self._lock:
+                self._spare += 1
+            if name is not None:
+                self._queue(batch)  # its next name, in turn
 
 
 @functools.cache
-def _lookups() -> queue.SimpleQueue[_Lookup]:
-    """Where names wait to be looked up, by threads started once per process (a job pays no thread start).
-    getaddrinfo has no timeout of its own: a lookup that hangs holds its thread until the resolver's own
-    timeout, and eight hung ones leave later names unresolved past their deadline (fail closed). Daemon
-    threads: a hung lookup never holds up the pool's exit."""
-    waiting: queue.SimpleQueue[_Lookup] = queue.SimpleQueue()
-
-    def serve() -> None:
-        while True:
-            lookup = waiting.get()
-            lookup.addresses = _addresses(lookup.name)
-            lookup.done.set()
-
-    for index in range(_LOOKUP_THREADS):
-        threading.Thread(target=serve, name=f"pynox-resolve-{index}", daemon=True).start()
-    return waiting
+def _resolver() -> _Resolver:
+    """The pool's resolver, made at its first lookup (daemon threads: a hung lookup never holds up the pool's
+    exit). Its queries' timeout is set before glibc first reads its resolver configuration."""
+    options = os.environ.get("RES_OPTIONS", "")
+    os.environ["RES_OPTIONS"] = f"{options} {QUERY_OPTIONS}".strip()
+    return _Resolver()
 
 
 def _addresses(name: str) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["KERNEL_FILESYSTEMS", "beneath", "kernel_mounts", "overlapping"]
+__all__ = ["KERNEL_FILESYSTEMS", "beneath", "kernel_mounts", "mounts", "overlapping"]
 
 
 def beneath(path: str, parent: str) -> bool:
@@ -37,12 +37,17 @@ KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs",
 
 def kernel_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
     """Where this process sees a :data:`KERNEL_FILESYSTEMS` mount (read each time: mounts come and go)."""
-    found: list[str] = []
+    return [point for _, point, kind in mounts(mountinfo) if kind in KERNEL_FILESYSTEMS]
+
+
+def mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[int, str, str]]:
+    """(mount id, mount point, filesystem type) of every mount this process sees."""
+    found: list[tuple[int, str, str]] = []
     with open(mountinfo) as lines:
         for line in lines:
             mount, _, filesystem = line.partition(" - ")  # "ID PARENT DEV ROOT POINT ... - TYPE SOURCE ..."
-            point, kind = mount.split()[4:5], filesystem.split()[:1]
-            if point and kind and kind[0] in KERNEL_FILESYSTEMS:
+            fields, kind = mount.split(), filesystem.split()[:1]
+            if len(fields) >= 5 and kind and fields[0].isdigit():
                 # The kernel writes a space, tab, newline or backslash of a mount point as an octal escape.
-                found.append(point[0].encode().decode("unicode_escape"))
+                found.append((int(fields[0]), fields[4].encode().decode("unicode_escape"), kind[0]))
     return found

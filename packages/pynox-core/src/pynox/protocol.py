@@ -192,6 +192,13 @@ class Usage(msgspec.Struct, frozen=True):
     host_calls: int = 0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
+    # Each on the line only when not 0. CPU the pool spent answering the job's delegated calls (metadata,
+    # sysinfo, connect), on a thread of its own; what the job added to its memory cgroup and left there at
+    # its end in shared memory (tmpfs and memfd pages) and in TCP buffers (within memory_peak_kb on v2; a
+    # budget of their own on v1).
+    delegated_cpu_ms: float | msgspec.UnsetType = msgspec.UNSET
+    shmem_kb: int | msgspec.UnsetType = msgspec.UNSET
+    socket_kb: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Result(msgspec.Struct, omit_defaults=False):
@@ -375,6 +382,8 @@ class StatsEvent(msgspec.Struct, kw_only=True):
     duration_ms_total: int
     queue_us_total: int
     errors: dict[str, int]
+    # CPU the pool spent answering jobs' delegated calls (see Usage.delegated_cpu_ms).
+    delegated_cpu_ms_total: float = 0.0
     # Who answered: the pool's process and version.
     pid: int = 0
     version: str = ""

@@ -35,6 +35,10 @@ class Usage:
     host_calls: int = 0  # host-function calls that reached the client
     stdout_bytes: int = 0  # what the job wrote, cut by max_output or not
     stderr_bytes: int = 0
+    delegated_cpu_ms: float = 0.0  # the pool's CPU answering the job's delegated calls (metadata, sysinfo, connect)
+    # what the memory cgroup held at the job's end in shared memory (tmpfs, memfd) and TCP buffers
+    shmem_kb: int = 0
+    socket_kb: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class Result:
             runtime=msgspec.structs.asdict(wire.runtime) if wire.runtime is not None else {},
             session=session.session if session else None, step=session.step if session else None,
             session_ended=session.session_ended if session else False, id=wire.id,
-            usage=Usage(**msgspec.structs.asdict(wire.usage)) if wire.usage is not None else None,
+            usage=Usage(**_set_fields(wire.usage)) if wire.usage is not None else None,
             return_value=wire.return_value if isinstance(wire.return_value, str) else None,
             images=tuple(base64.b64decode(image) for image in wire.images) if isinstance(wire.images, list) else (),
             images_dropped=wire.images_dropped if isinstance(wire.images_dropped, int) else 0,

@@ -28,6 +28,22 @@ template; the pool reads the kill in the cgroup's own count (``oom_kill`` of
 buffers are not charged for ``AF_UNIX`` sockets: those are bounded by each
 socket's send buffer times the job's descriptors.
 
+TCP buffers. On cgroup v2 the kernel charges a socket's buffers to its
+cgroup's memory (``sock`` in memory.stat), so they count against the job's
+``memory``. On v1 it charges them only to a counter of their own
+(``memory.kmem.tcp``), and only for sockets made after a limit was first
+written there: the pool writes one when it makes a template's cgroup, and
+before each job sets it to what the cgroup holds there plus the job's
+``memory``. So on v1 a job's TCP buffers have a budget of their own, as large
+as its memory (a job may hold twice its ``memory`` in all), where without it
+a 64 MiB job held 225 MiB of send buffers to a peer that never read.
+
+CPU. A job's threads can keep every core busy for its whole timeout (native
+code releases the GIL). Where a ``cpu`` controller can be had, a template's
+cgroup gets a quota (``cpu.max`` on v2, ``cpu.cfs_quota_us`` over
+``cpu.cfs_period_us`` on v1) of ``[pool] job_cpu`` CPUs, one by default, for
+the job and the child prepared ahead together (which runs nothing).
+
 A job cannot leave its cgroup or change its limits: Landlock gives it no access
 to the cgroup files. Both cgroup versions work, each controller where it is:
 v1 (a ``pids`` or ``memory`` hierarchy, the process's own cgroup in it), or v2
@@ -66,6 +82,7 @@ _CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant
 _RETRY_PAUSE = 0.05
 _SWEEP_WAIT = 0.2  # seconds an emptied directory of a dead pool may stay busy
 _SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
+_CPU_PERIOD = 100_000  # µs: the kernel's default CFS period
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
 _POOL_NAME = f"pynox-{os.getpid()}-{secrets.token_hex(4)}"
 _cleaned_at_exit: set[str] = set()
@@ -104,9 +121,13 @@ class Bounds:
     pids_reason: str
     memory: Hierarchy | None
     memory_reason: str
+    cpu: Hierarchy | None = None
+    cpu_reason: str = "not looked for"
+    # Whether the memory cgroup counts a job's TCP buffers (v2 always; v1 with memory.kmem.tcp).
+    tcp_counted: bool = False
 
     def hierarchies(self) -> list[Hierarchy]:
-        found = [self.pids, self.memory]
+        found = [self.pids, self.memory, self.cpu]
         return [h for i, h in enumerate(found) if h is not None and h not in found[:i]]
 
     def not_in_force(self) -> list[str]:
@@ -117,6 +138,12 @@ class Bounds:
         if self.memory is None:
             missing.append("memory counts the job's own pages only, not tmpfs pages or kernel buffers; each "
                            f"file a job writes is bounded by its memory ({self.memory_reason})")
+        elif not self.tcp_counted:
+            missing.append("a job's TCP buffers count against no limit (this kernel's v1 cgroup has no kmem.tcp "
+                           "counter)")
+        if self.cpu is None:
+            missing.append(f"no CPU quota per job: its threads may keep every core busy until its timeout "
+                           f"({self.cpu_reason})")
         return missing
 
 
@@ -192,6 +219,13 @@ class MemoryCounter:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     self._open("swap_limit", os.path.join(path, "memory.memsw.limit_in_bytes"), True)
+                # TCP buffers: v2 charges them to the cgroup's memory (``sock`` of memory.stat); v1 only to a
+                # counter of their own, and only for sockets made after a limit was first written there, so
+                # it is written now, before the template forks anything (see the module's docstring).
+                with contextlib.suppress(FileNotFoundError):
+                    self._open("tcp_limit", os.path.join(path, "memory.kmem.tcp.limit_in_bytes"), True)
+                    self._open("tcp_usage", os.path.join(path, "memory.kmem.tcp.usage_in_bytes"), False)
+                    os.pwrite(self._fds["tcp_limit"], b"-1", 0)
         except BaseException:
             self.close()
             raise
@@ -218,6 +252,10 @@ class MemoryCounter:
         stat = _fields(self._read("stat", 8192))
         self._held = max(usage - stat.get(b"active_file", 0) - stat.get(b"inactive_file", 0), 0)
         self._kills = self._kill_count()  # a kill between jobs (of a child prepared ahead) is no job's verdict
+        # What earlier jobs left (tmpfs files in their grants, sockets closing): not the next job's doing.
+        self._shmem_before = stat.get(b"shmem", 0)
+        self._sock_before = stat.get(b"sock", 0) if self.version == 2 else \
+            int(self._read("tcp_usage")) if "tcp_usage" in self._fds else 0
 
     def start(self, memory: int) -> None:
         """Before a job: its limit is what the cgroup held unreclaimably when last settled, plus ``memory``;
@@ -238,6 +276,9 @@ class MemoryCounter:
             if swap is not None:
                 os.pwrite(swap, text, 0)
             self._limit_set = limit
+        tcp = self._fds.get("tcp_limit")
+        if tcp is not None:  # v1: the job's TCP buffers, a budget of their own as large as its memory
+            os.pwrite(tcp, str(int(self._read("tcp_usage")) + max(memory, _SETUP_MEMORY)).encode(), 0)
         peak = self._fds.get("peak")
         if peak is not None:
             try:
@@ -250,6 +291,17 @@ class MemoryCounter:
         if "peak" not in self._fds:
             return None
         return max(int(self._read("peak")) - self._held, 0) // 1024
+
+    def held_in_kernel(self) -> tuple[int, int]:
+        """What the job added to the cgroup and holds at its end in shared memory (tmpfs, memfd) and in TCP
+        buffers (0 where nothing counts them), in KiB: above what it held when it last settled."""
+        stat = _fields(self._read("stat", 8192))
+        if self.version == 2:
+            sock = stat.get(b"sock", 0)
+        else:
+            sock = int(self._read("tcp_usage")) if "tcp_usage" in self._fds else 0
+        return (max(stat.get(b"shmem", 0) - self._shmem_before, 0) // 1024,
+                max(sock - self._sock_before, 0) // 1024)
 
     def killed(self) -> bool:
         """Whether the kernel killed a process of this cgroup for its memory since the last time asked
@@ -272,12 +324,13 @@ class TemplateGroup:
     memory: MemoryCounter | None = None
 
     @classmethod
-    def confine(cls, bounds: Bounds, pid: int, name: str) -> TemplateGroup:
-        """Put process ``pid`` (a template, before it forks anything) in new cgroups of its own."""
+    def confine(cls, bounds: Bounds, pid: int, name: str, job_cpu: float = 0.0) -> TemplateGroup:
+        """Put process ``pid`` (a template, before it forks anything) in new cgroups of its own; with
+        ``job_cpu``, under a quota of that many CPUs where a cpu controller is."""
         group = cls()
         try:
             for hierarchy in bounds.hierarchies():
-                path = _made(hierarchy, pid, name)
+                path = _made(hierarchy, pid, name, job_cpu)
                 group.paths.append(path)
                 if hierarchy is bounds.memory:
                     group.memory = MemoryCounter(path, hierarchy.version)
@@ -293,7 +346,7 @@ class TemplateGroup:
             remove(path, wait)
 
 
-def _made(hierarchy: Hierarchy, pid: int, name: str) -> str:
+def _made(hierarchy: Hierarchy, pid: int, name: str, job_cpu: float = 0.0) -> str:
     for attempt in range(_CONFINE_TRIES):
         path = os.path.join(hierarchy.make_pool_directory(), name)
         try:
@@ -301,6 +354,8 @@ def _made(hierarchy: Hierarchy, pid: int, name: str) -> str:
                 os.mkdir(path)
             if "pids" in hierarchy.controllers:
                 _write(os.path.join(path, "pids.max"), str(MAX_JOB_TASKS + 1))
+            if "cpu" in hierarchy.controllers and job_cpu > 0:
+                _cpu_quota(path, hierarchy.version, job_cpu)
             _write(os.path.join(path, "cgroup.procs"), str(pid))
             return path
         except OSError as exc:
@@ -312,6 +367,16 @@ def _made(hierarchy: Hierarchy, pid: int, name: str) -> str:
             remove(path)
             raise
     raise AssertionError("unreachable")
+
+
+def _cpu_quota(path: str, version: int, cpus: float) -> None:
+    """At most ``cpus`` CPUs' worth of time per period for the cgroup's threads together."""
+    quota = max(int(cpus * _CPU_PERIOD), 1000)  # the kernel's least quota is 1 ms
+    if version == 2:
+        _write(os.path.join(path, "cpu.max"), f"{quota} {_CPU_PERIOD}")
+    else:
+        _write(os.path.join(path, "cpu.cfs_period_us"), str(_CPU_PERIOD))
+        _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -366,13 +431,33 @@ def detect() -> Bounds:
     except OSError as exc:
         reason = f"cannot read this process's cgroups: {exc}"
         return Bounds(None, reason, None, reason)
-    pids, pids_reason = _find("pids", own, mounts)
-    memory, memory_reason = _find("memory", own, mounts)
-    if pids is not None and memory is not None and pids.version == memory.version == 2:
-        pids = memory = Hierarchy(pids.base, 2, ("pids", "memory"))  # one cgroup with both controllers
-    pids, pids_reason = _usable(pids, pids_reason)
-    memory, memory_reason = _usable(memory, memory_reason) if memory != pids or pids is None else (pids, "")
-    return Bounds(pids, pids_reason, memory, memory_reason)
+    found = {name: _find(name, own, mounts) for name in ("pids", "memory", "cpu")}
+    # On v2, one cgroup with every controller found there.
+    unified = [name for name, (hierarchy, _) in found.items() if hierarchy is not None and hierarchy.version == 2]
+    if len(unified) > 1:
+        base = found[unified[0]][0].base  # type: ignore[union-attr]  # found on v2 above
+        for name in unified:
+            found[name] = (Hierarchy(base, 2, tuple(unified)), "")
+    tried: dict[Hierarchy, tuple[Hierarchy | None, str]] = {}
+    usable: dict[str, tuple[Hierarchy | None, str]] = {}
+    for name, (hierarchy, reason) in found.items():
+        if hierarchy is not None and hierarchy in tried:
+            usable[name] = tried[hierarchy]
+            continue
+        usable[name] = _usable(hierarchy, reason)
+        if hierarchy is not None:
+            tried[hierarchy] = usable[name]
+    if len(unified) > 1 and "cpu" in unified and usable["cpu"][0] is None:
+        # The cpu controller may be the one v2 will not enable here: threads and memory are bounded without it.
+        rest = tuple(name for name in unified if name != "cpu")
+        base = found[rest[0]][0].base  # type: ignore[union-attr]  # found on v2 above
+        without = _usable(Hierarchy(base, 2, rest), "")
+        for name in rest:
+            usable[name] = without
+    (pids, pids_reason), (memory, memory_reason), (cpu, cpu_reason) = usable["pids"], usable["memory"], usable["cpu"]
+    tcp = memory is not None and (memory.version == 2 or os.path.exists(
+        os.path.join(memory.base, "memory.kmem.tcp.limit_in_bytes")))
+    return Bounds(pids, pids_reason, memory, memory_reason, cpu, cpu_reason, tcp)
 
 
 @functools.cache
@@ -435,6 +520,8 @@ def _usable(hierarchy: Hierarchy | None, reason: str) -> tuple[Hierarchy | None,
                 _write(os.path.join(probe, "pids.max"), str(MAX_JOB_TASKS + 1))
             if "memory" in hierarchy.controllers:
                 MemoryCounter(probe, hierarchy.version).close()
+            if "cpu" in hierarchy.controllers:
+                _cpu_quota(probe, hierarchy.version, 1.0)
             break
         except OSError as exc:
             remove(probe)
@@ -450,6 +537,7 @@ def _usable(hierarchy: Hierarchy | None, reason: str) -> tuple[Hierarchy | None,
 
 
 def describe(hierarchy: Hierarchy) -> str:
-    what = {"pids": f"at most {MAX_JOB_TASKS} threads per job", "memory": "a job's memory as the kernel counts it"}
+    what = {"pids": f"at most {MAX_JOB_TASKS} threads per job", "memory": "a job's memory as the kernel counts it",
+            "cpu": "a CPU quota per job ([pool] job_cpu)"}
     return (f"{'/'.join(hierarchy.controllers)} cgroup v{hierarchy.version} under {hierarchy.base}: "
             + "; ".join(what[name] for name in hierarchy.controllers))

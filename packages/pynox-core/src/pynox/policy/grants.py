@@ -13,6 +13,15 @@ judged that resolution), so they contain no symlink. They are opened with
 fails and the job is refused, rather than following a link nobody checked.
 A child prepared ahead serves a job only if every descriptor names the same
 file (:func:`identity`), which the template checks at hand-over.
+
+A write grant was refused at acceptance if it overlapped a mount of the
+kernel's own settings (cgroups, /proc, /sys: ``grants.refuse_write_grant``).
+What is mounted can change while the request waits, so it is checked again
+where it is used (:func:`refuse_kernel_filesystems`): the filesystem the opened
+descriptor is on (its mount id, from the kernel's fdinfo of that descriptor),
+and every mount beneath where it is now. A mount made after the job started
+is not seen (a session's later steps included): making one takes root on the
+host.
 """
 
 from __future__ import annotations
@@ -23,9 +32,10 @@ import os
 from collections.abc import Sequence
 
 from ..errors import KernelSupportError, RequestError
+from ..paths import KERNEL_FILESYSTEMS, beneath, mounts
 from ._libc import syscall
 
-__all__ = ["close_all", "identity", "open_at", "open_grants"]
+__all__ = ["close_all", "identity", "open_at", "open_grants", "refuse_kernel_filesystems"]
 
 _SYS_OPENAT2 = 437  # the same number on every architecture
 _AT_FDCWD = -100
@@ -70,6 +80,33 @@ def open_grants(paths: Sequence[str]) -> list[int]:
         close_all(opened)
         raise
     return opened
+
+
+def refuse_kernel_filesystems(paths: Sequence[str], fds: Sequence[int]) -> None:
+    """At the job's start, for its write grants (``paths`` and their descriptors): :class:`RequestError` if
+    one is now on a filesystem of the kernel's own settings, or has one mounted beneath it."""
+    if not fds:
+        return
+    seen = mounts()
+    kinds = {mount_id: kind for mount_id, _, kind in seen}
+    for path, fd in zip(paths, fds, strict=True):
+        kind = kinds.get(_mount_id(fd), "")
+        where = os.readlink(f"/proc/self/fd/{fd}")
+        inside = next((f"{point} ({what})" for _, point, what in seen
+                       if what in KERNEL_FILESYSTEMS and beneath(point, where)), None)
+        if kind in KERNEL_FILESYSTEMS or inside is not None:
+            what = f"it is now on a {kind} filesystem" if inside is None else f"{inside} is now mounted in it"
+            raise RequestError(f"the write grant {path} changed after the request was accepted ({what}, where "
+                               "the kernel keeps its own settings: cgroups, /proc, /sys); nothing ran")
+
+
+def _mount_id(fd: int) -> int:
+    """The id of the mount the descriptor is on (``mnt_id`` of its fdinfo), as mountinfo numbers them."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+        for line in info:
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    return -1
 
 
 def _changed(path: str, exc: OSError) -> Exception:

@@ -25,10 +25,10 @@ after the check; it is never done.
 
 The pool connects without blocking. A job's non-blocking socket gets ``EINPROGRESS`` at once, as the
 kernel would give it, and the job waits for it as it would for its own. A blocking socket's call is
-answered when the connection is made or fails (:meth:`Connector.connected`, called by the job's serving
-loop when the socket becomes writable). The pool makes the job's own socket non-blocking for its one
-``connect`` call and gives it back its flags at once: another thread of the job using that socket in
-those microseconds may see ``EAGAIN``.
+answered when the connection is made or fails (:meth:`Connector.connected`, called by the steward's
+thread when the socket becomes writable: :class:`pynox.server.steward.StewardThread`). The pool makes the
+job's own socket non-blocking for its one ``connect`` call and gives it back its flags at once: another
+thread of the job using that socket in those microseconds may see ``EAGAIN``.
 
 A refused address gets ``EPERM`` (Python's ``PermissionError``), and is remembered for the hint, which
 names the entry that would allow it.
@@ -124,7 +124,6 @@ class Connector:
         self._listener = listener
         # Our descriptor of a socket being connected -> what waits for it.
         self.waiting: dict[int, _Waiting] = {}
-        self.new: list[int] = []  # waiting since the serving loop last looked (it watches them for writing)
         self._takes_sockets = True  # until pidfd_getfd is refused: then every socket is replaced
 
     def begin(self, notif_id: int, tid: int, fd: int, address_at: int, length: int, read: Reader,
@@ -237,7 +236,6 @@ class Connector:
                     fcntl.fcntl(sock, fcntl.F_SETFL, flags)
             if blocking and err in (errno.EINPROGRESS, errno.EALREADY):
                 self.waiting[sock] = _Waiting(notif_id, replace)
-                self.new.append(sock)
                 return None
             if replace is not None and err == 0:
                 self._install(notif_id, sock, replace)
@@ -269,7 +267,6 @@ class Connector:
         for sock in self.waiting:
             os.close(sock)
         self.waiting.clear()
-        self.new.clear()
 
 
 _TCP = (socket.SOCK_STREAM, socket.IPPROTO_TCP)

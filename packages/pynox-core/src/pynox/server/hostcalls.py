@@ -4,7 +4,9 @@ The job sends a call frame on its channel; the pool checks it (declared name,
 size, count), gives it a pool-wide ``call_id``, writes a ``call`` event for the
 client and remembers where the answer goes. The client's ``reply`` line comes
 back through intake and is written to the job's channel. A call still pending
-when its job ends is dropped; a reply to it is then a ``RequestError``. Once
+when its job (or session step) ends is dropped, and answered in the job with an
+error (a session's background thread gets a ``HostError`` at the next step); a
+reply to it is then a ``RequestError``. Once
 intake has stopped (EOF or SIGTERM), no reply can arrive: pending and later
 calls fail at once in the job rather than wait out its timeout.
 
@@ -50,6 +52,11 @@ _STALL_NS = int(_STALL * 1e9)
 # Answers waiting for a job to read them. An honest job's reader takes each as it comes, so it never has
 # more than its calls in flight outstanding (at most 1 MB each); beyond this, it is not reading and is killed.
 _OUTBOX_LIMIT = (MAX_IN_FLIGHT + 1) * (MAX_PAYLOAD + 4096)
+
+
+# What a call still waiting when its step ended is answered (a session's next step reads it).
+_STEP_ENDED = ("the step that made this host call ended before the host answered it, and the call was dropped; "
+               "a call made from a background thread must be answered within the step that made it")
 
 
 class ProtocolViolation(Exception):
@@ -385,9 +392,14 @@ class JobCalls:
         self.outbox.put(pack(payload))
 
     def close(self) -> None:
-        """The job (or the session step) ended: calls it left unanswered are dropped. Never waits: the
-        channel and its outbox belong to whoever made them (the job's worker, or the session)."""
+        """The job (or the session step) ended: calls it left unanswered are dropped, and each is answered
+        with an error, so that a session's thread still waiting for one (a background thread's call) gets a
+        HostError when the session's next step runs, rather than waiting for ever. Never waits: the channel
+        and its outbox belong to whoever made them (the job's worker, or the session)."""
         with self._lock:
             outstanding, self._outstanding = self._outstanding, {}
-            self._closed = True
         self.registry.drop(set(outstanding))
+        for _, tag in outstanding.values():
+            self.answer(tag, {"error": _STEP_ENDED})
+        with self._lock:
+            self._closed = True

@@ -103,6 +103,8 @@ def render(stats: StatsEvent) -> bytes:
     for error_type, count in sorted(stats.errors.items()):
         text.sample("pynox_errors_total", count, type=error_type)
     text.metric("pynox_host_calls_total", "counter", "Host-function calls relayed to the client.", stats.host_calls)
+    text.metric("pynox_delegated_cpu_seconds_total", "counter", "CPU time the pool spent answering jobs' "
+                "delegated calls (metadata, sysinfo, connect).", stats.delegated_cpu_ms_total / 1000)
     text.metric("pynox_template_restarts_total", "counter", "Worker templates started to replace one that died or "
                                                            "broke.", stats.template_restarts)
     text.histogram("pynox_job_duration_seconds", "How long each job ran (refusals excluded).",

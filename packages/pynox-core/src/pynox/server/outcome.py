@@ -41,10 +41,13 @@ class Outcome:
     # What the process used (see usage.py), and what the job did through the pool.
     cpu_us: int = 0
     max_rss_kb: int | None = 0
+    delegated_cpu_us: int = 0  # the pool's own CPU answering the job's delegated calls (steward.py)
     # What the template's memory cgroup held above the job's start at its peak (None: no cgroup counts it),
     # and whether the kernel killed the job for reaching its limit there.
     memory_peak_kb: int | None = None
     memory_exceeded: bool = False
+    shmem_kb: int = 0  # what the job added to its cgroup and left in shared memory and TCP buffers
+    socket_kb: int = 0
     host_calls: int = 0
     stdout_bytes: int = 0
     stderr_bytes: int = 0
@@ -142,7 +145,9 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
         ),
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
                     memory_peak_kb=outcome.memory_peak_kb, host_calls=outcome.host_calls,
-                    stdout_bytes=outcome.stdout_bytes, stderr_bytes=outcome.stderr_bytes),
+                    stdout_bytes=outcome.stdout_bytes, stderr_bytes=outcome.stderr_bytes,
+                    delegated_cpu_ms=round(outcome.delegated_cpu_us / 1000, 3) or msgspec.UNSET,
+                    shmem_kb=outcome.shmem_kb or msgspec.UNSET, socket_kb=outcome.socket_kb or msgspec.UNSET),
         # Bounded where the report is read (report.py), like every value from the job. Unset fields stay
         # off the line: a trailing value only when asked for, figures only when there were some.
         return_value=outcome.return_value if spec.return_value else msgspec.UNSET,

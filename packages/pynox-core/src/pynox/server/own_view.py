@@ -16,14 +16,17 @@ job passed:
 * ``procs``: the job's own threads; ``uptime``: the job's age in seconds;
 * loads, swap, shared, buffer and high memory: 0.
 
-Everything is read from ``/proc/<tid>`` (world-readable there). The write goes
-through ``/proc/<tid>/mem``, opened *before* the notification is checked valid:
-a valid notification means the task that made it is still alive and waiting,
-so the opened file is that task's memory, and a tid reused later by another
-process can no longer be reached by it. The write changes only the job's own
-memory, and only where the job itself may write: the range must lie in mappings
-its ``maps`` shows writable (a write through ``mem`` would otherwise put a copy
-into a read-only page, as a debugger's breakpoint does), else ``EFAULT``.
+Everything is read from ``/proc/<tid>`` (world-readable there), a few fixed-size
+files: what answering costs does not depend on anything the job chose. The write
+is ``process_vm_writev``, as the kernel's own ``sysinfo`` would write: it needs
+the page writable to the job (it never forces a write into a read-only page, as
+a debugger's write through ``/proc/<tid>/mem`` does), and fails with ``EFAULT``
+on a read-only or unmapped one, so the job's ``maps`` (whose size the job
+chooses: a file with a long name mapped 64,000 times is 250 MB of text) is
+never read. The notification is checked valid just before the write: a valid
+notification means the task that made it is alive and waiting, so its tid is
+the job's; pid numbers are handed out in turn up to ``pid_max``, and cannot come
+round to another process in the microseconds between the check and the write.
 """
 
 from __future__ import annotations
@@ -34,12 +37,20 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import BinaryIO
+
+from ..policy._libc import libc as _libc
 
 __all__ = ["write_sysinfo"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_ADDRESS_LIMIT = 1 << 63  # pwrite's offset is signed; no user address is that high
+_libc.process_vm_writev.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                                    ctypes.c_ulong]
+_libc.process_vm_writev.restype = ctypes.c_ssize_t
+_ADDRESS_LIMIT = 1 << 63  # no user address is that high
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
 class _Sysinfo(ctypes.Structure):
@@ -60,40 +71,19 @@ def write_sysinfo(tid: int, address: int, still_valid: Callable[[], bool]) -> bo
         raise OSError(errno.EFAULT, "sysinfo: bad address")
     view = _view(tid)
     size = ctypes.sizeof(view)
-    memory = os.open(f"/proc/{tid}/mem", os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        with open(f"/proc/{tid}/maps", "rb") as maps:  # bound to the task's memory, like ``memory``
-            if not still_valid():
-                return False
-            if not _writable(maps, address, size):
-                raise OSError(errno.EFAULT, "sysinfo: the buffer is not writable")
-        try:
-            written = os.pwrite(memory, bytes(view), address)
-        except OSError as exc:
-            raise OSError(errno.EFAULT if exc.errno in (errno.EIO, errno.EFAULT) else exc.errno, "sysinfo") from None
-        if written != size:
-            raise OSError(errno.EFAULT, "sysinfo: short write")
-        return True
-    finally:
-        os.close(memory)
-
-
-def _writable(maps: BinaryIO, address: int, size: int) -> bool:
-    """Whether the job's own mappings make [address, address + size) writable to it: the kernel's sysinfo
-    gives EFAULT otherwise, and a write through ``mem`` would not (it writes a copy into read-only pages)."""
-    end = address + size
-    for line in maps:  # sorted by address
-        bounds, perms = line.split(maxsplit=2)[:2]
-        low, _, high = bounds.partition(b"-")
-        start, stop = int(low, 16), int(high, 16)
-        if stop <= address:
-            continue
-        if start > address or b"w" not in perms:
-            return False
-        if stop >= end:
-            return True
-        address = stop  # the rest must be in the next mapping, adjacent
-    return False
+    local = _Iovec(ctypes.addressof(view), size)
+    remote = _Iovec(address, size)
+    if not still_valid():
+        return False
+    written = _libc.process_vm_writev(tid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if written < 0:
+        err = ctypes.get_errno()
+        if err == errno.ESRCH:
+            return False  # killed since it was checked: no one to answer
+        raise OSError(errno.EFAULT if err in (errno.EFAULT, errno.EIO) else errno.EPERM, "sysinfo")
+    if written != size:
+        raise OSError(errno.EFAULT, "sysinfo: the buffer is not all writable")
+    return True
 
 
 def _view(tid: int) -> _Sysinfo:

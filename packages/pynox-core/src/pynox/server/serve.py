@@ -267,7 +267,7 @@ class Server:
         for attempt in range(_START_ATTEMPTS):
             try:
                 return Template(self.options.preload, self.options.package_dirs, stderr=self._template_stderr,
-                                landlock_abi=self.options.landlock_abi, life=life)
+                                landlock_abi=self.options.landlock_abi, life=life, job_cpu=self.options.job_cpu)
             except PoolWorkerError as exc:
                 if not exc.transient or attempt == _START_ATTEMPTS - 1:
                     raise

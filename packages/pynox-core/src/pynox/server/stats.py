@@ -115,6 +115,7 @@ class Stats:
         self._duration_ms_total = 0
         self._queue_us_total = 0
         self._host_calls = 0
+        self._delegated_cpu_ms = 0.0
 
     def record(self, result: Result) -> None:
         with self._lock:
@@ -123,6 +124,8 @@ class Stats:
                 self._errors[self._error_key(result.error.type)] += 1
             self._duration_ms_total += result.duration_ms
             self._queue_us_total += result.queue_us
+            if result.usage is not None and isinstance(result.usage.delegated_cpu_ms, float):
+                self._delegated_cpu_ms += result.usage.delegated_cpu_ms
             if result.refused is not True:
                 self._durations.observe(result.duration_us)
                 self._waits.observe(result.queue_us)
@@ -162,6 +165,7 @@ class Stats:
                 duration_ms_total=self._duration_ms_total,
                 queue_us_total=self._queue_us_total,
                 errors=dict(self._errors),
+                delegated_cpu_ms_total=round(self._delegated_cpu_ms, 3),
                 pid=os.getpid(),
                 version=self.version,
                 busy_workers=gauges.busy_workers,

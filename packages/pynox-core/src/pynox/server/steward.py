@@ -48,6 +48,17 @@ step of it. ``GONE``: the listener hung up, the job's tasks are gone.
 holds nothing of the job's once its result left (or the child was reaped).
 Any other move is a bug in the server, refused as a :class:`PoolWorkerError`
 (the template is then replaced).
+
+Where calls are answered. Not on the worker thread that enforces the job's
+deadline: a call's cost is the pool's, but its arguments are the job's, and no
+work the job can make bigger may stand between a deadline and its kill. Each
+template has a :class:`StewardThread`, which answers the delegated calls (and
+watches the blocking connects) of the job it serves while the worker thread
+only watches the clock and kills. Every call has a bounded cost: a path of at
+most ``PATH_MAX`` bytes, a ``sockaddr_storage``, fixed-size ``/proc`` files, a
+walk over the job's write grants; none reads anything whose size the job
+chooses (``sysinfo`` writes without reading ``maps``, see :mod:`.own_view`).
+The CPU the thread spends on a job is counted for it (:meth:`StewardThread.take_cpu`).
 """
 
 from __future__ import annotations
@@ -55,12 +66,15 @@ from __future__ import annotations
 import ctypes
 import enum
 import errno
+import logging
 import os
 import re
 import select
 import socket
 import stat
 import struct
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,7 +87,9 @@ from .egress import CONNECT, Connector, descriptor_flags
 from .egress import Refused as _Refused
 from .own_view import write_sysinfo
 
-__all__ = ["Steward", "StewardLife", "StewardPhase", "receive_listener"]
+_log = logging.getLogger(__name__)
+
+__all__ = ["Steward", "StewardLife", "StewardPhase", "StewardThread", "receive_listener"]
 
 # <linux/seccomp.h>: struct seccomp_notif (80 bytes) and seccomp_notif_resp (24), and their ioctls.
 _NOTIF = struct.Struct("=QII iIQ 6Q")
@@ -435,6 +451,112 @@ class StewardLife:
             self.steward.close()
         close_all([*([self._listener] if self._listener is not None else []), *self._writes])
         self._listener, self._writes = None, []
+
+class StewardThread:
+    """Answers the delegated calls of the job its template serves, on a thread of its own (see the module's
+    docstring): started once per template, so a job pays no thread start. :meth:`serve` hands it a job's
+    steward; :meth:`release` takes it back, and returns once the thread no longer touches it (a call being
+    answered is finished first: its cost is bounded), so that the steward may then be closed."""
+
+    def __init__(self, name: str) -> None:
+        self._wake_read, self._wake_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._lock = threading.Lock()
+        self._life: StewardLife | None = None
+        self._stopping = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._cpu_ns = 0  # spent answering since take_cpu last asked
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def serve(self, life: StewardLife) -> None:
+        """Answer ``life``'s calls (it is SERVING) from now on, until :meth:`release`."""
+        with self._lock:
+            assert self._life is None, "one job's steward at a time"
+            self._life = life
+            self._idle.clear()
+        self._wake()
+
+    def release(self, timeout: float) -> bool:
+        """Stop answering; True once the thread let go of the steward (False: not within ``timeout``)."""
+        with self._lock:
+            self._life = None
+        self._wake()
+        return self._idle.wait(timeout)
+
+    def take_cpu(self) -> int:
+        """CPU time (µs) the thread spent on delegated calls since last asked: the pool's work for the job."""
+        with self._lock:
+            used, self._cpu_ns = self._cpu_ns, 0
+        return used // 1000
+
+    def close(self, timeout: float) -> None:
+        with self._lock:
+            self._life, self._stopping = None, True
+        self._wake()
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"x")
+        except BlockingIOError:
+            pass  # already woken
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                life, stopping = self._life, self._stopping
+                if life is None:
+                    self._idle.set()
+            if stopping:
+                return
+            if life is None:
+                select.select([self._wake_read], [], [])
+                self._drain()
+                continue
+            try:
+                self._serve_once(life)
+            except Exception:  # a bug here must not leave the job's calls unanswered for ever, nor the pool
+                _log.exception("the pool failed while answering a job's delegated call")
+                with self._lock:
+                    if self._life is life:
+                        self._life = None
+
+    def _serve_once(self, life: StewardLife) -> None:
+        steward = life.steward
+        assert steward is not None
+        poll = select.poll()
+        poll.register(self._wake_read, select.POLLIN)
+        if life.phase is StewardPhase.SERVING:
+            poll.register(steward.listener, select.POLLIN)
+        connector = steward.connector
+        if connector is not None:
+            for sock in connector.waiting:
+                poll.register(sock, select.POLLOUT)
+        for fd, events in poll.poll():
+            if fd == self._wake_read:
+                self._drain()
+                return  # asked to let go, or to look again
+            if fd == steward.listener and not events & select.POLLIN:
+                life.answer()  # hung up: the job is gone, nothing to answer (nor to count)
+                continue
+            started = time.thread_time_ns()
+            if fd == steward.listener:
+                life.answer()
+            else:
+                steward.connected(fd)
+            with self._lock:
+                self._cpu_ns += time.thread_time_ns() - started
+
+    def _drain(self) -> None:
+        try:
+            os.read(self._wake_read, 64)
+        except BlockingIOError:
+            pass
+
 
 _OWN_DESCRIPTOR = re.compile(rb"/(?:proc/(?:self|thread-self|(\d+))|dev)/fd/(\d+)")
 

@@ -10,6 +10,7 @@ race, and the job cannot ignore it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -28,11 +29,11 @@ import msgspec
 import pynox
 
 from .. import hints
-from ..config import landlock_abi_from_environment
+from ..config import PoolSettings, landlock_abi_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
-from ..policy.grants import close_all, identity, open_grants
+from ..policy.grants import close_all, identity, open_grants, refuse_kernel_filesystems
 from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
@@ -67,7 +68,7 @@ from .lifecycle import ChildLife, ChildState
 from .outcome import Outcome
 from .prepared import Key, PreparedChild, PreparedChildren
 from .report import JobWord, read_report
-from .steward import StewardLife, StewardPhase
+from .steward import StewardLife, StewardPhase, StewardThread
 from .usage import live_usage, proc_text
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
@@ -77,6 +78,7 @@ _log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 16
 # After SIGKILL the kernel tears the process down; a template that does not report by then is broken.
 _KILL_GRACE = 5.0
+_STEWARD_LETS_GO = 5.0  # seconds for a delegated call being answered to finish (each has a bounded cost)
 _RESOLVE_WITHIN = 5.0  # seconds for the names of a job's allow_hosts, all together (pynox.hosts.resolve)
 _START_TIMEOUT = 300.0  # preloading pandas on a cold disk takes seconds, not minutes
 # How long a result waits for the template's word on a job that exited on its own before it could be
@@ -204,6 +206,9 @@ class _Serving:
     word: JobWord | None = None
     word_read: bool = False
     claimed: bool = False  # the pool holds the job's claim (a job, or a session's first step)
+    # Whether the job could leave pages in a tmpfs or TCP buffers (a write grant, or a network): only then is
+    # the memory cgroup's stat read for them (~70 µs on a job's path).
+    holds_in_kernel: bool = False
     # What the loop watches the host-call channel for: EVENT_READ, with EVENT_WRITE while answers wait for
     # it to take them (see Outbox); 0 once it is no longer watched.
     channel_events: int = 0
@@ -220,8 +225,10 @@ class Template:
     """One warm template process, the socket to it, and the child it is serving."""
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
-                 landlock_abi: int | None = None, life: ChildLife | None = None) -> None:
+                 landlock_abi: int | None = None, life: ChildLife | None = None,
+                 job_cpu: float = PoolSettings.job_cpu) -> None:
         """``landlock_abi``: the highest ABI its jobs use (None: ``$PYNOX_LANDLOCK_ABI``, else the kernel's).
+        ``job_cpu``: the CPUs' worth of time its jobs may use at once (0: no quota; see policy/cgroups.py).
         ``life``: the life of the child serving its jobs, when it outlives this template (a worker's, kept
         across the templates it replaces, so that a cancel of a job on its way is never lost)."""
         if landlock_abi is None:
@@ -248,6 +255,8 @@ class Template:
         # The child's delegated metadata calls (see steward.py): from the socket its listener arrives on,
         # with the job's write grants and its uid and gid, to the steward answering them.
         self._steward: StewardLife | None = None
+        # Answers them off this worker thread, which enforces the deadline (see steward.py).
+        self._steward_thread: StewardThread | None = None
         # The children the template confines ahead of the next job (see prepared.py), and the serial of
         # the child serving the current job, whose Ended frame is its own.
         self.prepared = PreparedChildren()
@@ -255,7 +264,8 @@ class Template:
         bounds = cgroups.available()
         try:
             if bounds.hierarchies():  # before the template can fork anything: every job it forks is bounded
-                self.cgroups = cgroups.TemplateGroup.confine(bounds, self.process.pid, f"template-{self.process.pid}")
+                self.cgroups = cgroups.TemplateGroup.confine(bounds, self.process.pid, f"template-{self.process.pid}",
+                                                             job_cpu)
         except OSError as exc:
             self.close()
             raise PoolWorkerError(f"could not put the template in its cgroups: {exc}") from None
@@ -297,7 +307,11 @@ class Template:
             self.process.wait()
         # A session's child is served until the session closes, and a broken template may leave its job's
         # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
-        self._close_metadata()
+        with contextlib.suppress(PoolWorkerError):
+            self._close_metadata()
+        if self._steward_thread is not None:
+            self._steward_thread.close(_STEWARD_LETS_GO)
+            self._steward_thread = None
         self.child.abandon()
         self.prepared.close()
         if self.cgroups is not None:
@@ -331,6 +345,11 @@ class Template:
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
         reads, writes = granted[:len(confinement.allow_read)], granted[len(confinement.allow_read):]
+        try:
+            refuse_kernel_filesystems(confinement.allow_write, writes)  # as they are now, not when accepted
+        except BaseException:
+            close_all(granted)
+            raise
         try:
             payload = write_payload(spec.payload())
         except BaseException:
@@ -463,7 +482,8 @@ class Template:
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
             with selectors.PollSelector() as sel:
                 serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9),
-                                   max_output, claimed=claim is not None)
+                                   max_output, claimed=claim is not None,
+                                   holds_in_kernel=bool(spec.allow_write) or spec.network != "none")
                 self._loop(serving)
             if session:
                 # Between steps, nothing of the session runs: not a thread its step left behind, not a
@@ -521,12 +541,6 @@ class Template:
             self._watch_writes(serving)  # a session's answers may wait from its last step
         if self._steward is not None and self._steward.sock is not None:
             sel.register(self._steward.sock, selectors.EVENT_READ, self._on_listener)
-        if self._steward is not None and self._steward.steward is not None:  # a session's, from its first step
-            sel.register(self._steward.steward.listener, selectors.EVENT_READ, self._on_metadata_call)
-            connector = self._steward.steward.connector
-            if connector is not None:  # connects a thread of its last step still waits for
-                connector.new = list(connector.waiting)
-                self._watch_connects(serving)
         try:
             while capture.open or self._needs_end(serving):
                 wait = self._enforce(serving)
@@ -642,11 +656,15 @@ class Template:
                 outcome.exit = 128 + outcome.signal
             else:
                 outcome.exit = os.waitstatus_to_exitcode(ended.status)
+        if self._steward_thread is not None:
+            outcome.delegated_cpu_us = self._steward_thread.take_cpu()
         if self.cgroups is not None and self.cgroups.memory is not None:
             # The kernel's own count: what the job's cgroup held at its peak, and whether it killed the job
             # for its memory (a kill the job cannot fake, nor hide).
             try:
                 outcome.memory_peak_kb = self.cgroups.memory.measure()
+                if serving.holds_in_kernel:
+                    outcome.shmem_kb, outcome.socket_kb = self.cgroups.memory.held_in_kernel()
                 outcome.memory_exceeded = outcome.signal == signal.SIGKILL and self.cgroups.memory.killed()
             except OSError as exc:
                 self.broken = True
@@ -748,28 +766,6 @@ class Template:
         serving.sel.unregister(self._steward.sock)
         self._steward.take_listener()
 
-    def _on_metadata_call(self, serving: _Serving) -> None:
-        assert self._steward is not None and self._steward.steward is not None
-        listener = self._steward.steward.listener
-        if not self._steward.answer():
-            serving.sel.unregister(listener)
-        self._watch_connects(serving)
-
-    def _watch_connects(self, serving: _Serving) -> None:
-        """Watch each socket whose blocking connect the job now waits for, until it is made or fails."""
-        assert self._steward is not None and self._steward.steward is not None
-        connector = self._steward.steward.connector
-        if connector is None:
-            return
-        for sock in connector.new:
-            serving.sel.register(sock, selectors.EVENT_WRITE, functools.partial(self._on_connected, sock))
-        connector.new = []
-
-    def _on_connected(self, sock: int, serving: _Serving) -> None:
-        assert self._steward is not None and self._steward.steward is not None
-        serving.sel.unregister(sock)
-        self._steward.steward.connected(sock)
-
     def _on_answers_waiting(self, serving: _Serving) -> None:
         assert serving.job_calls is not None
         serving.job_calls.outbox.woken()  # the next _enforce sees when they condemn the job
@@ -855,12 +851,22 @@ class Template:
         """Answer the child's metadata calls once its listener is here."""
         if self._steward is None or self._steward.phase is not StewardPhase.ARRIVED:
             return
-        sel.register(self._steward.serve().listener, selectors.EVENT_READ, self._on_metadata_call)
+        self._steward.serve()
+        if self._steward_thread is None:
+            self._steward_thread = StewardThread(f"pynox-steward-{self.pid}")
+        self._steward_thread.serve(self._steward)
 
     def _close_metadata(self) -> None:
-        if self._steward is not None:
-            self._steward.close()
+        if self._steward is None:
+            return
+        if self._steward_thread is not None and not self._steward_thread.release(_STEWARD_LETS_GO):
+            # A call's cost is bounded (steward.py): a thread that does not let go is a bug. Its descriptors
+            # stay open rather than be closed under it (a number reused meanwhile would be another file).
+            self.broken = True
             self._steward = None
+            raise PoolWorkerError("the pool's steward did not let go of a job's delegated calls in time")
+        self._steward.close()
+        self._steward = None
 
     @staticmethod
     def _take_word(outcome: Outcome, word: JobWord | None, claim: int | None) -> None:

@@ -41,7 +41,8 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     main = new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
-                                                  return_value=payload.return_value, images=payload.images))
+                                                  return_value=payload.return_value, images=payload.images,
+                                                  stream=payload.stream))
     _run(confinement, main, payload)
 
 
@@ -79,7 +80,8 @@ def _ready_or_fail(setup: Setup, failure: str | None) -> Payload:
 
 def _run(confinement: Confinement, main: types.ModuleType, payload: Payload) -> NoReturn:
     finish(REPORT, execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
-                           return_value=payload.return_value, images=payload.images), measured=True)
+                           return_value=payload.return_value, images=payload.images, stream=payload.stream),
+           measured=True)
 
 
 def _no_listener(control: int | None) -> None:

@@ -30,8 +30,9 @@ from .grant_types import Grants, RunGrants, SessionGrants, check_grants
 if TYPE_CHECKING:
     from .client.code_tool import CodeTool, ToolDescription, ToolGrants
     from .client.pool import Pool, PynoxPool, Session
-    from .client.result import Result, Usage
+    from .client.result import Output, Result, Usage
     from .client.runner import Runner, SessionRunner
+    from .client.streaming import OutputEvent, StreamText
     from .units import format_duration, format_size, parse_duration, parse_size
 
 __version__ = "0.1.0"
@@ -43,6 +44,8 @@ __all__ = [
     "HostError",
     "JobError",
     "KernelSupportError",
+    "Output",
+    "OutputEvent",
     "Pool",
     "PoolError",
     "PoolWorkerError",
@@ -56,6 +59,7 @@ __all__ = [
     "Session",
     "SessionGrants",
     "SessionRunner",
+    "StreamText",
     "ToolDescription",
     "ToolGrants",
     "Usage",
@@ -72,7 +76,8 @@ __all__ = [
 
 _LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.pool", "Result": "client.result",
          "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
-         "Usage": "client.result", "Runner": "client.runner", "SessionRunner": "client.runner",
+         "Usage": "client.result", "Output": "client.result", "OutputEvent": "client.streaming",
+         "StreamText": "client.streaming", "Runner": "client.runner", "SessionRunner": "client.runner",
          "format_duration": "units", "format_size": "units", "parse_duration": "units",
          "parse_size": "units"}
 

@@ -158,7 +158,7 @@ class Output(msgspec.Struct, kw_only=True):
     output_type: Literal["display_data", "execute_result"]
     data: dict[str, Any]
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
-    execution_count: int | None | msgspec.UnsetType = msgspec.UNSET
+    execution_count: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class Result(msgspec.Struct, omit_defaults=False):
@@ -196,7 +196,7 @@ class SessionResult(Result):
     step: int | None = None
     session_ended: bool = False
     # A session step that ran: its number in the session, as a notebook's In [n] (the step's).
-    execution_count: int | None | msgspec.UnsetType = msgspec.UNSET
+    execution_count: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class StreamEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="stream"):
@@ -382,7 +382,8 @@ Answer = SessionResult | CallEvent | StatsEvent | Closed | CancelAnswer | Stream
 
 def decode_answer(line: bytes) -> Answer:
     """One line the pool wrote after its ready event, as the client reads it: a host-function call, the
-    stats event, output as it happens (stream, display_data), a closed session, or a result (a session step's carries its session fields). Raises
+    stats event, output as it happens (stream, display_data), a closed session, or a result
+    (a session step's carries its session fields). Raises
     ``msgspec.DecodeError`` (or ``ValidationError``) for a line that is none of these."""
     raw = msgspec.json.decode(line)
     if not isinstance(raw, dict):

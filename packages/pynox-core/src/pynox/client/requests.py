@@ -37,7 +37,8 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
                   memory: Units | None = None, max_output: Units | None = None,
                   max_file_size: Units | None = None, package_dirs: Sequence[PathLike] | None = None,
                   profile: str | None = None, functions: Sequence[str] | None = None,
-                  return_value: bool | None = None, host_globals: str | None = None) -> Request:
+                  return_value: bool | None = None, host_globals: str | None = None,
+                  stream: bool | None = None) -> Request:
     """A request with only the fields that were given (the pool applies defaults and the ceiling)."""
     return Request(
         code=code, script=os.fspath(script) if script is not None else None, name=name,
@@ -47,4 +48,5 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
         max_output=max_output, max_file_size=max_file_size, package_dirs=_paths(package_dirs),
         profile=profile, functions=list(functions) if functions else None, return_value=return_value or None,
         host_globals=host_globals,  # type: ignore[arg-type]  # checked by the pool, with its own words
+        stream=stream or None,
     )

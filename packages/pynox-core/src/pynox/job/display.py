@@ -133,15 +133,16 @@ def _ipython_formatter(obj: Any) -> Any:
     beyond its repr (importing IPython costs a job about 0.1 s: see docs/python-api.md)."""
     global _formatter
     if _formatter is not None:
-        return _formatter
+        return _formatter or None
     if "IPython.core.formatters" not in sys.modules and not has_rich_repr(obj):
         return None
     try:
         from IPython.core.formatters import DisplayFormatter
+
+        _formatter = DisplayFormatter()
     except Exception:  # not installed, or broken in this environment: the fallback follows the same rules
-        return None
-    _formatter = DisplayFormatter()
-    return _formatter
+        _formatter = False  # looked for once per process
+    return _formatter or None
 
 
 def _fallback(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -184,7 +185,7 @@ def _fallback(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def _jsonable(mime: str, value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
-        if mime in _BINARY or mime.startswith("image/") and mime != "image/svg+xml":
+        if mime in _BINARY or (mime.startswith("image/") and mime != "image/svg+xml"):
             return base64.b64encode(raw).decode("ascii")
         return raw.decode("utf-8", "replace")
     if isinstance(value, list) and mime.startswith("text/") and all(isinstance(v, str) for v in value):
@@ -306,7 +307,7 @@ def hook_ipython() -> None:
 def _patch(module: Any) -> None:
     module.display = display
     for name in ("IPython.display", "IPython.core.display"):
-        other = sys.modules.get(name)
+        other: Any = sys.modules.get(name)
         if other is not None and hasattr(other, "display"):
             other.display = display
 
@@ -323,14 +324,14 @@ class _IPythonDisplayFinder:
         spec = PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        loader = spec.loader
-        original = loader.exec_module  # type: ignore[attr-defined]
+        loader: Any = spec.loader
+        original = loader.exec_module
 
         def exec_module(module: Any) -> None:
             original(module)
             _patch(module)
 
-        loader.exec_module = exec_module  # type: ignore[attr-defined]
+        loader.exec_module = exec_module
         return spec
 
 

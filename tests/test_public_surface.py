@@ -20,9 +20,10 @@ ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-mon
             "pynox-ray")
 
 EXPORTS = [
-    "CodeTool", "ConfigError", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
-    "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "Runner",
-    "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "ToolDescription", "ToolGrants", "Usage",
+    "CodeTool", "ConfigError", "Grants", "HostError", "JobError", "KernelSupportError", "Output", "OutputEvent",
+    "Pool", "PoolError", "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "Runner",
+    "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "StreamText", "ToolDescription", "ToolGrants",
+    "Usage",
     "__version__", "check_grants", "format_duration", "format_size", "parse_duration", "parse_size", "run", "tool",
 ]
 

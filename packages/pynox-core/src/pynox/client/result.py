@@ -9,6 +9,7 @@ callers that prefer one.
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -92,6 +93,10 @@ class Output:
         plain = self.text
         if plain and not _DEFAULT_REPR.fullmatch(plain.strip()):
             parts.append(plain.rstrip("\n"))
+        elif self.markdown is not None or "application/json" in self.data:
+            # Text a model reads as well as its author: the markdown, or the JSON (compact, its start if long).
+            shown = self.markdown if self.markdown is not None else json.dumps(self.json, default=str)
+            parts.append(shown if len(shown) <= _SUMMARY else f"{shown[:_SUMMARY]}... ({len(shown)} characters)")
         elif not parts:
             parts += [f"[{mime} {_size(len(str(value).encode()))}]" for mime, value in self.data.items()
                       if mime != "text/plain"][:3]
@@ -100,6 +105,9 @@ class Output:
 
 # An object's repr when it has none of its own: nothing a model learns from.
 _DEFAULT_REPR = re.compile(r"<[\w.]+ (?:object )?at 0x[0-9a-fA-F]+>|<[\w.]+ object>")
+
+
+_SUMMARY = 2000  # characters of a markdown or JSON output in ``Result.text``
 
 
 def _size(size: int) -> str:

@@ -22,7 +22,8 @@ def _types(result: dict) -> list[tuple[str, list[str]]]:  # type: ignore[type-ar
 def test_displayed_objects_and_the_trailing_value_are_bundles_in_order(pool: PoolProcess) -> None:
     code = ("display(1)\nfrom pynox_display import HTML, JSON, Markdown\n"
             "display(HTML('<b>x</b>'), Markdown('*m*'))\ndisplay(JSON({'a': [1, 2]}))\n"
-            "class Card:\n    def _repr_html_(self): return '<div>card</div>'\n    def __repr__(self): return 'Card()'\n"
+            "class Card:\n    def _repr_html_(self): return '<div>card</div>'\n"
+            "    def __repr__(self): return 'Card()'\n"
             "display(Card())\n40 + 2")
     result = pool.run(code, return_value=True)
     assert result["exit"] == 0, result

@@ -4,7 +4,10 @@
   the tool's input schema holds ``code`` and, with sessions on, the model's one choice about state
   (``restart``); nothing in it widens what the code may touch.
 * A failed run is a tool error (``isError: true``) whose text has the error type, the failing line and
-  the hint; figures the code drew are ``image/png`` content; stdout, stderr and the final value are text.
+  the hint; stdout, stderr, the final value and what was displayed are text; figures and displayed PNG or
+  JPEG images are image content; displayed HTML and SVG are embedded resources (``pynox://output/N``).
+* Output as it happens: a call whose client gave a progress token gets a progress notification for each
+  chunk of output and each display output, its text as the message, before the call's result.
 * Calls run concurrently, as the SDK dispatches them, up to the pool's workers. With sessions on, the
   connection has one Python process, so its calls run one at a time, in order.
 * State belongs to the connection: a stdio server serves one client, and its session (and pool) end
@@ -15,16 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import mcp_types as types
 from mcp.server import Server
 
-from pynox import CodeTool, PynoxError, Result, __version__
+from pynox import CodeTool, Output, OutputEvent, PynoxError, Result, StreamText, __version__
 
 __all__ = ["RunPython", "build_server"]
 
 TOOL_NAME = "run_python"
+# A progress notification's message: at most this many characters of the output it reports.
+_PROGRESS_TEXT = 4096
+Progress = Callable[[float, str], Awaitable[None]]
+_log = logging.getLogger(__name__)
 
 
 class RunPython:
@@ -64,7 +74,8 @@ class RunPython:
                 open_world_hint=grants.network or bool(grants.hosts)),
         )
 
-    async def call(self, arguments: dict[str, Any] | None) -> types.CallToolResult:
+    async def call(self, arguments: dict[str, Any] | None, progress: Progress | None = None) -> types.CallToolResult:
+        """One call; ``progress``: the client gave a progress token, and each output event is reported to it."""
         arguments = arguments or {}
         problem = self._bad_arguments(arguments)
         if problem:
@@ -74,12 +85,35 @@ class RunPython:
                 async with self._session_turn:
                     if arguments.get("restart"):
                         await self._runner.aclose()
-                    result = await self._runner.arun(arguments["code"])
+                    result = await self._run(arguments["code"], progress)
             else:
-                result = await self._runner.arun(arguments["code"])
+                result = await self._run(arguments["code"], progress)
         except PynoxError as exc:  # a refusal or a broken pool: the model reads it as the call's error
             return _error(f"{type(exc).__name__}: {exc}")
         return call_result(result)
+
+    async def _run(self, code: str, progress: Progress | None) -> Result:
+        if progress is None:
+            return await self._runner.arun(code)
+        # Notifications go out one at a time, in the order of the events, and all before the result.
+        events: asyncio.Queue[OutputEvent | None] = asyncio.Queue()
+
+        async def send() -> None:
+            count = 0
+            while (event := await events.get()) is not None:
+                count += 1
+                try:
+                    await progress(count, _progress_message(event))
+                except Exception:  # the client went away: the call's own answer finds out
+                    _log.debug("a progress notification could not be sent", exc_info=True)
+
+        sender = asyncio.ensure_future(send())
+        try:
+            return await self._runner.arun(code, on_output=events.put_nowait)
+        finally:
+            events.put_nowait(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
 
     def _bad_arguments(self, arguments: dict[str, Any]) -> str | None:
         allowed = {"code", "restart"} if self.sessions else {"code"}
@@ -98,16 +132,58 @@ class RunPython:
         await self._runner.aclose()
 
 
+def _progress_message(event: OutputEvent) -> str:
+    text = event.text if isinstance(event, StreamText) else event.summary
+    return text if len(text) <= _PROGRESS_TEXT else text[:_PROGRESS_TEXT] + "..."
+
+
 def call_result(result: Result) -> types.CallToolResult:
-    """The MCP result of one run: its text, then each figure as a PNG image; an error if the run failed."""
+    """The MCP result of one run: its text, then what it displayed, in order (each PNG or JPEG as an image,
+    HTML and SVG as embedded resources), then each figure not displayed already; an error if the run
+    failed."""
     content: list[types.ContentBlock] = [types.TextContent(text=result.text)]
+    shown: set[bytes] = set()
+    for index, output in enumerate(result.outputs):
+        content += _content(output, index, shown)
     content += [types.ImageContent(data=base64.b64encode(image).decode(), mime_type="image/png")
-                for image in result.images]
+                for image in result.images if image not in shown]
     return types.CallToolResult(content=content, is_error=not result.ok)
+
+
+def _content(output: Output, index: int, shown: set[bytes]) -> list[types.ContentBlock]:
+    """One output's rich parts as MCP content (its text is in the result's text already)."""
+    blocks: list[types.ContentBlock] = []
+    for mime in ("image/png", "image/jpeg"):
+        data = output.png if mime == "image/png" else output.jpeg
+        if data is not None:
+            shown.add(data)
+            blocks.append(types.ImageContent(data=base64.b64encode(data).decode(), mime_type=mime))
+    for mime, text in (("text/html", output.html), ("image/svg+xml", output.svg)):
+        if text is not None:
+            blocks.append(types.EmbeddedResource(resource=types.TextResourceContents(
+                uri=f"pynox://output/{index}", mime_type=mime, text=text)))
+    return blocks
 
 
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _progress(ctx: Any) -> Progress | None:
+    """How to report progress on this call, if its client gave a progress token (the SDK's own notification,
+    related to the call's request so that streamable HTTP sends it on the call's stream)."""
+    meta = getattr(ctx, "meta", None)
+    token = meta.get("progress_token") if isinstance(meta, dict) else getattr(meta, "progress_token", None)
+    session = getattr(ctx, "session", None)
+    if token is None or session is None:
+        return None
+    related = getattr(ctx, "request_id", None)
+
+    async def report(count: float, message: str) -> None:
+        await session.send_progress_notification(token, count, message=message,
+                                                 related_request_id=str(related) if related is not None else None)
+
+    return report
 
 
 def build_server(tool: RunPython) -> Server[Any]:
@@ -119,7 +195,7 @@ def build_server(tool: RunPython) -> Server[Any]:
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         if params.name != TOOL_NAME:
             return _error(f"Error: no tool named {params.name!r}; this server has {TOOL_NAME} only.")
-        return await tool.call(params.arguments)
+        return await tool.call(params.arguments, _progress(ctx))
 
     return Server("pynox", version=__version__, title="Pynox",
                   instructions="run_python runs Python in a fresh, kernel-confined process; its description "

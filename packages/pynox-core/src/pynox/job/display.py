@@ -19,6 +19,7 @@ after confinement, next to the code: the pool reads the frames as hostile input 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import struct
@@ -73,6 +74,8 @@ def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, *,
             "metadata": {}}).encode()
     _sent += len(frame)
     _flush()  # what was printed before it reaches the pool before it
+    if len(_counters) == 2:  # where it falls in the text, for a streaming job (see counted_streams)
+        frame = frame[:-1] + b', "at": [%d, %d]}' % (_counters[0].written, _counters[1].written)
     try:
         data_out = _HEADER.pack(len(frame)) + frame
         while data_out:
@@ -207,14 +210,55 @@ def _is_figure(obj: Any) -> bool:
 
 
 def _figure_png(figure: Any) -> str | None:
-    import io
-
     try:
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png")
     except Exception:
         return None
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+class _Counted(io.RawIOBase):
+    """A descriptor that counts what is written to it."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd, self.written = fd, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, data: Any) -> int:
+        written = os.write(self.fd, data)
+        self.written += written
+        return written
+
+
+_counters: list[_Counted] = []
+
+
+def counted_streams() -> None:
+    """A streaming job's stdout and stderr count the bytes they write, so each display frame carries where it
+    falls in them (``at``): the pool reads three pipes, and a fast job's text written after a display output
+    may arrive in one read with the text before it. Only in a streaming job (a session's first streaming
+    step on): the others pay nothing."""
+    if _counters:
+        return
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        counter = _Counted(fd)
+        try:
+            old.flush()
+            new = io.TextIOWrapper(io.BufferedWriter(counter), encoding=old.encoding, errors=old.errors,
+                                   line_buffering=True)
+        except (AttributeError, ValueError, OSError):  # the job replaced or closed it
+            return
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
+        _counters.append(counter)
 
 
 def _flush() -> None:

@@ -139,8 +139,11 @@ def _run(source: str, name: str, namespace: dict[str, object], *, return_value: 
 
 
 def _line_buffered(stream: bool) -> None:
-    """A streaming job's stdout reaches the pool line by line (a pipe makes Python buffer it in blocks);
-    a session step that does not stream goes back to blocks."""
+    """A streaming job's stdout reaches the pool line by line (a pipe makes Python buffer it in blocks), and
+    what it writes is counted, so that each display output says where it falls in the text (see
+    display.counted_streams); a session step that does not stream goes back to blocks."""
+    if stream:
+        display.counted_streams()
     try:
         if sys.stdout is not None and sys.stdout.line_buffering != stream:
             sys.stdout.reconfigure(line_buffering=stream)  # type: ignore[union-attr]

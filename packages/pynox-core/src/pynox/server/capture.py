@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 
 from ..policy.grants import close_all
-from ..protocol import Output
-from .display import DisplayReader
+from .display import DisplayReader, Shown
 from .outcome import Outcome
 from .streaming import Streamer
 
@@ -77,12 +76,12 @@ class Capture:
         if self.streamer is not None and chunk:
             self.streamer.text("stdout" if is_stdout else "stderr", chunk)
 
-    def _shown(self, outputs: list[Output]) -> None:
+    def _shown(self, outputs: list[Shown]) -> None:
         self.outcome.outputs = self.display.outputs
         if self.streamer is not None:
-            for output in outputs:
+            for output, at in outputs:
                 if output.output_type == "display_data":
-                    self.streamer.display(output)
+                    self.streamer.display(output, at)
 
     def close(self) -> None:
         close_all(self.pipes)

@@ -37,6 +37,13 @@ class _Frame(msgspec.Struct, forbid_unknown_fields=True):
     output_type: Literal["display_data", "execute_result"]
     data: dict[str, Any]
     metadata: dict[str, Any] = {}
+    # A streaming job's: the bytes it had written to stdout and stderr when it displayed this (see
+    # streaming.py, which places the output between them; nothing else reads it).
+    at: tuple[int, int] | None = None
+
+
+# An output as it came, and where it falls in the text (None: not said).
+Shown = tuple[Output, tuple[int, int] | None]
 
 
 _decoder = msgspec.json.Decoder(_Frame)
@@ -62,9 +69,9 @@ class DisplayReader:
         self._dropped = 0  # outputs past MAX_OUTPUTS
         self._results = 0
 
-    def feed(self, chunk: bytes) -> list[Output]:
+    def feed(self, chunk: bytes) -> list[Shown]:
         """The outputs complete with this chunk, as they will be in the result (notes included)."""
-        new: list[Output] = []
+        new: list[Shown] = []
         view = memoryview(chunk)
         while view:
             if self._skip:
@@ -88,14 +95,14 @@ class DisplayReader:
                     break
                 body = bytes(self._buffer[HEADER.size:HEADER.size + size])
                 del self._buffer[:HEADER.size + size]
-                output = self._output(body)
+                output, at = self._output(body)
                 if output is not None:
-                    self._add(new, output)
+                    self._add(new, output, at)
         return new
 
-    def finish(self) -> list[Output]:
+    def finish(self) -> list[Shown]:
         """The channel closed: what is left (a frame cut short, outputs counted past the cap), as notes."""
-        new: list[Output] = []
+        new: list[Shown] = []
         if self._buffer or self._skip:
             self._buffer.clear()
             self._skip = 0
@@ -103,34 +110,34 @@ class DisplayReader:
         if self._dropped:
             self.outputs.append(_note(f"{self._dropped} more display outputs left out: over {MAX_OUTPUTS} in one "
                                       "result"))
-            new.append(self.outputs[-1])
+            new.append((self.outputs[-1], None))
         return new
 
-    def _add(self, new: list[Output], output: Output) -> None:
+    def _add(self, new: list[Shown], output: Output, at: tuple[int, int] | None = None) -> None:
         if len(self.outputs) >= MAX_OUTPUTS:
             self._dropped += 1
             return
         self.outputs.append(output)
-        new.append(output)
+        new.append((output, at))
 
-    def _output(self, body: bytes) -> Output | None:
+    def _output(self, body: bytes) -> tuple[Output | None, tuple[int, int] | None]:
         try:
             frame = _decoder.decode(body)
         except (msgspec.DecodeError, RecursionError):
-            return _note("a display output the pool could not read was left out")
+            return _note("a display output the pool could not read was left out"), None
         if frame.output_type == "execute_result":
             self._results += 1
             if not self.return_value or self._results > 1:
-                return None  # not asked for, or not the job's own: the code has one trailing value
+                return None, None  # not asked for, or not the job's own: the code has one trailing value
         if self._kept + len(body) > self.limit:
             return _note(f"a display output of {len(body)} bytes ({_kinds(frame.data)}) was left out: the outputs "
-                         f"together were over the output limit of {self.limit} bytes")
+                         f"together were over the output limit of {self.limit} bytes"), frame.at
         data, left_out = _checked(frame.data)
         if not data:
-            return _note(f"a display output was left out: {left_out or 'it had no data'}")
+            return _note(f"a display output was left out: {left_out or 'it had no data'}"), frame.at
         self._kept += len(body)
         return Output(output_type=frame.output_type, data=data, metadata=frame.metadata,
-                      execution_count=None if frame.output_type == "execute_result" else msgspec.UNSET)
+                      execution_count=None if frame.output_type == "execute_result" else msgspec.UNSET), frame.at
 
 
 def _kinds(data: dict[str, Any]) -> str:

@@ -48,6 +48,7 @@ from pynox.protocol import (
     CallEvent,
     CancelAnswer,
     Closed,
+    DisplayEvent,
     JobLogLine,
     LineError,
     ReadyEvent,
@@ -58,6 +59,7 @@ from pynox.protocol import (
     SessionResult,
     StartErrorEvent,
     StatsEvent,
+    StreamEvent,
     parse_line,
 )
 from pynox.wire.spec import ErrorInfo
@@ -220,6 +222,9 @@ EVENT_FIELDS: dict[str, set[str]] = {
     "job": set(_fields(JobLogLine)),
     "error": {"event", *_fields(StartErrorEvent)},
     "ready": {"event", *_fields(ReadyEvent)},
+    # Output as it happens; a session step's carry its session too.
+    "stream": {"event", *_fields(StreamEvent)} - {"session"},
+    "display_data": {"event", *_fields(DisplayEvent)} - {"session"},
 }
 RESULT_FIELDS = _fields(Result)
 SESSION_RESULT_FIELDS = _fields(SessionResult)
@@ -234,13 +239,15 @@ def test_protocol_json_lines_parse(block: Block) -> None:
 # What a documented result may leave out, when the text above it says so.
 _TRIMMABLE = {"runtime", "policy", "usage"}
 # What a result has only sometimes: a value when the request asks for it, images when the code drew some,
+# outputs when it displayed some (or its value has a bundle), a session step's execution_count when it ran,
 # refused in a refusal.
-_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused"}
+_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "outputs", "execution_count", "refused"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:
     keys = set(value) | _TRIMMABLE | _ONLY_SOMETIMES
-    assert keys in (RESULT_FIELDS, SESSION_RESULT_FIELDS), (
+    # execution_count, a session step's only, is among those a result has only sometimes.
+    assert keys in (RESULT_FIELDS | {"execution_count"}, SESSION_RESULT_FIELDS), (
         f"{block.name}: result fields {sorted(value)} are not those the pool writes")
     if isinstance(value.get("runtime"), dict):
         assert set(value["runtime"]) == _fields(ResultRuntime), f"{block.name}: runtime fields"
@@ -263,7 +270,8 @@ def test_protocol_lines_are_what_the_code_speaks(block: Block) -> None:
         if "event" in value:
             event = value["event"]
             assert event in EVENT_FIELDS, f"{block.name}: unknown event {event!r}"
-            assert set(value) == EVENT_FIELDS[event], f"{block.name}: fields of the {event} event: {sorted(value)}"
+            fields = set(value) - {"session"} if event in ("stream", "display_data") else set(value)
+            assert fields == EVENT_FIELDS[event], f"{block.name}: fields of the {event} event: {sorted(value)}"
         elif "exit" in value:
             _check_result(block, value)
         elif "closed" in value:

@@ -1,6 +1,6 @@
 """pynox-mcp's rich display and output as it happens, through the MCP SDK's own client starting the real
 ``pynox-mcp``: a call with a progress token gets a progress notification per output event, in order,
-before its result; displayed HTML is an embedded resource and a displayed PNG an image."""
+before its result; a displayed PNG is an image and displayed HTML an embedded resource."""
 
 from __future__ import annotations
 
@@ -52,12 +52,12 @@ def test_a_call_without_a_token_gets_no_progress() -> None:
     assert not result.is_error and progress == []
 
 
-def test_displayed_html_is_a_resource_and_a_displayed_png_an_image() -> None:
+def test_a_displayed_png_is_an_image_and_displayed_html_a_resource() -> None:
     code = _MAKE_PNG + ("from pynox_display import HTML, Image\ndisplay(HTML('<table><tr><td>1</td></tr></table>'))\n"
                         "display(Image(png))\nprint('done')")
     result, _ = _call(code, with_progress=False)
     assert not result.is_error
-    text, html, image = result.content
+    text, image, html = result.content
     assert isinstance(text, types.TextContent) and text.text.startswith("done\n[text/html")
     assert isinstance(html, types.EmbeddedResource) and isinstance(html.resource, types.TextResourceContents)
     assert html.resource.mime_type == "text/html" and html.resource.text == "<table><tr><td>1</td></tr></table>"

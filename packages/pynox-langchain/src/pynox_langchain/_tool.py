@@ -39,12 +39,7 @@ class RunPythonInput(BaseModel):
 def content_blocks(result: Result) -> str | list[str | dict[str, Any]]:
     """What the model reads of a run: its text, and, if the code drew figures or displayed images, a text
     block and one ``image`` block (base64) per image, in order, in LangChain's standard content blocks."""
-    images: list[tuple[bytes, str]] = []
-    for output in result.outputs:
-        images += [(data, mime) for data, mime in ((output.png, "image/png"), (output.jpeg, "image/jpeg"))
-                   if data is not None]
-    shown = {data for data, _ in images}
-    images += [(image, "image/png") for image in result.images if image not in shown]
+    images = result.displayed_images
     if not images:
         return result.text
     return [{"type": "text", "text": result.text},

@@ -138,26 +138,19 @@ def _progress_message(event: OutputEvent) -> str:
 
 
 def call_result(result: Result) -> types.CallToolResult:
-    """The MCP result of one run: its text, then what it displayed, in order (each PNG or JPEG as an image,
-    HTML and SVG as embedded resources), then each figure not displayed already; an error if the run
-    failed."""
+    """The MCP result of one run: its text, then each image it showed (displayed or drawn) in order, then what
+    it displayed as HTML or SVG, as embedded resources; an error if the run failed."""
     content: list[types.ContentBlock] = [types.TextContent(text=result.text)]
-    shown: set[bytes] = set()
+    content += [types.ImageContent(data=base64.b64encode(data).decode(), mime_type=mime)
+                for data, mime in result.displayed_images]
     for index, output in enumerate(result.outputs):
-        content += _content(output, index, shown)
-    content += [types.ImageContent(data=base64.b64encode(image).decode(), mime_type="image/png")
-                for image in result.images if image not in shown]
+        content += _resources(output, index)
     return types.CallToolResult(content=content, is_error=not result.ok)
 
 
-def _content(output: Output, index: int, shown: set[bytes]) -> list[types.ContentBlock]:
-    """One output's rich parts as MCP content (its text is in the result's text already)."""
+def _resources(output: Output, index: int) -> list[types.ContentBlock]:
+    """One output's HTML and SVG as embedded resources (its text is in the result's text already)."""
     blocks: list[types.ContentBlock] = []
-    for mime in ("image/png", "image/jpeg"):
-        data = output.png if mime == "image/png" else output.jpeg
-        if data is not None:
-            shown.add(data)
-            blocks.append(types.ImageContent(data=base64.b64encode(data).decode(), mime_type=mime))
     for mime, text in (("text/html", output.html), ("image/svg+xml", output.svg)):
         if text is not None:
             blocks.append(types.EmbeddedResource(resource=types.TextResourceContents(

@@ -195,6 +195,17 @@ class Result:
         )
 
     @property
+    def displayed_images(self) -> tuple[tuple[bytes, str], ...]:
+        """Every image the code showed, in order, with its MIME type: each PNG or JPEG of ``outputs`` (figures
+        included, in their place), then any figure of ``images`` not among them (left out of ``outputs``)."""
+        found: list[tuple[bytes, str]] = []
+        for output in self.outputs:
+            found += [(data, mime) for data, mime in ((output.png, "image/png"), (output.jpeg, "image/jpeg"))
+                      if data is not None]
+        shown = {data for data, _ in found}
+        return (*found, *((image, "image/png") for image in self.images if image not in shown))
+
+    @property
     def ok(self) -> bool:
         """The code ran to the end: exit status 0 and no error."""
         return self.exit == 0 and self.error is None

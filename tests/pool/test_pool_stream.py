@@ -72,8 +72,8 @@ def test_a_session_step_streams_with_its_session(pool: PoolProcess, tmp_path: Pa
 def test_a_request_that_does_not_stream_gets_no_events(pool: PoolProcess) -> None:
     request_id = new_id()
     result = pool.run("print('quiet')\ndisplay(1)", id=request_id)
-    assert result["stdout"] == "quiet\n"
-    assert pool.events(request_id) == []
+    assert result["stdout"] == "quiet\n" and result["outputs"][0]["data"] == {"text/plain": "1"}
+    assert pool.events(request_id) == [], "it printed and displayed, and streamed nothing"
 
 
 def test_a_timed_out_streaming_job_has_sent_what_it_printed(pool: PoolProcess) -> None:

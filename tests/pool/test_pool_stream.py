@@ -54,8 +54,8 @@ def test_streamed_output_counts_against_max_output(pool: PoolProcess) -> None:
     assert result["stdout_truncated"] is True
     streamed = "".join(e["text"] for e in pool.events(request_id))
     assert streamed == result["stdout"] and len(streamed) == 10 * 1024
-    # Coalesced: about 4 KiB each, not one event per line.
-    assert len(pool.events(request_id)) <= 5
+    # Coalesced (4 KiB, or what came within 50 ms), not one event per line: the 10 KiB are 103 lines.
+    assert len(pool.events(request_id)) <= 20
 
 
 def test_a_session_step_streams_with_its_session(pool: PoolProcess, tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ import sys
 import threading
 
 from ..errors import KernelSupportError
+from ..job import display
 from ..job.child import run_job, run_prepared
 from ..policy import Runtime, prepare_runtime, reset_environment
 from ..policy.grants import close_all
@@ -109,6 +110,7 @@ def _warm_up(init: Init, sock_fd: int) -> Runtime:
             importlib.import_module(module)
         except Exception as exc:
             raise RuntimeError(f"preloading {module!r} failed: {type(exc).__name__}: {exc}") from None
+    display.prepare()  # IPython's formatter, built once here where the operator preloaded IPython
     _prove_single_threaded(init.preload)
     _prove_descriptors({0, 1, 2, sock_fd}, init.preload)
     runtime = prepare_runtime(tuple(init.package_dirs), tuple(init.data_dirs), max_abi=init.landlock_abi)

@@ -5,10 +5,11 @@ abuses (it is the job's word: bounded, checked, and said so in the place of what
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 
-from .pool_driver import PoolProcess
+from .pool_driver import PoolProcess, pool_process
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -131,3 +132,15 @@ def test_ipythons_own_display_works_where_ipython_is_installed(pool: PoolProcess
     assert result["exit"] == 0, result
     [shown] = result["outputs"]
     assert shown["data"]["text/html"] == "<i>i</i>", "IPython's display() is the job's, not a print of the object"
+
+
+def test_a_pool_that_preloads_ipythons_formatter_displays_with_it(workdir: Path) -> None:
+    """The operator's preload makes IPython's formatter the template's (built once, shared by every job): its
+    text/plain is IPython's pretty printer's (``<T at 0x...>``), not repr()'s (``<T object at 0x...>``)."""
+    pytest.importorskip("IPython")
+    code = "class T:\n    def _repr_html_(self): return '<i>t</i>'\ndisplay(T())"
+    with pool_process("--workers=1", "--preload=IPython.core.formatters", cwd=workdir) as own:
+        result = own.run(code)
+    [shown] = result["outputs"]
+    assert shown["data"]["text/html"] == "<i>t</i>"
+    assert shown["data"]["text/plain"].startswith("<__main__.T at 0x"), shown

@@ -25,11 +25,18 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
 from ..wire.payload import read_payload, write_payload_to
 from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
+from . import display
 from .execute import execute, new_main, serve_session
 from .report import finish
 from .setup import CONFINE, READ, Setup, run_steps
 
-__all__ = ["run_job", "run_prepared"]
+__all__ = ["prepare_template", "run_job", "run_prepared"]
+
+
+def prepare_template() -> None:
+    """In the template, once the operator's modules are preloaded and before any job exists: build what every
+    job would otherwise build for itself from them (IPython's display formatter, see display.prepare)."""
+    display.prepare()
 
 
 def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int]) -> NoReturn:

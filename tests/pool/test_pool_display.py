@@ -144,3 +144,21 @@ def test_a_pool_that_preloads_ipythons_formatter_displays_with_it(workdir: Path)
     [shown] = result["outputs"]
     assert shown["data"]["text/html"] == "<i>t</i>"
     assert shown["data"]["text/plain"].startswith("<__main__.T at 0x"), shown
+
+
+def test_code_running_its_own_ipython_shell_displays_through_it(pool: PoolProcess, tmp_path: Path) -> None:
+    """A kernel inside the session (pynox-jupyter runs IPython's shell there) keeps IPython's display: what a
+    cell displays goes to the shell's publisher, not to the pool's display channel."""
+    pytest.importorskip("IPython")
+    code = ("from IPython.core.interactiveshell import InteractiveShell\n"
+            "from IPython.core.displaypub import DisplayPublisher\nseen = []\n"
+            "class Publisher(DisplayPublisher):\n"
+            "    def publish(self, data, metadata=None, *args, **kwargs): seen.append(data)\n"
+            "class Shell(InteractiveShell):\n    display_pub_class = Publisher\n"
+            "Shell.instance()\nfrom IPython.display import display as ipython_display\n"
+            "ipython_display(1)\ndisplay(2)\nprint(seen)")
+    result = pool.run(code, timeout="60s", allow_write=[str(tmp_path)],
+                      env={"IPYTHONDIR": str(tmp_path), "TMPDIR": str(tmp_path)})
+    assert result["exit"] == 0, result
+    assert result["stdout"] == "[{'text/plain': '1'}, {'text/plain': '2'}]\n"
+    assert "outputs" not in result

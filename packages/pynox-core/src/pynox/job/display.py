@@ -88,7 +88,12 @@ def display(*objs: Any, include: Any = None, exclude: Any = None, metadata: dict
             transient: Any = None, display_id: Any = None, raw: bool = False, clear: bool = False,
             **kwargs: Any) -> None:
     """Show each object as a notebook does, in order: its MIME bundle becomes a ``display_data`` output.
-    ``raw=True``: each object is a bundle already (a dict of MIME type to data)."""
+    ``raw=True``: each object is a bundle already (a dict of MIME type to data). Where the code runs an
+    IPython shell of its own (a kernel inside the session), IPython's display publishes through it."""
+    if _ipython_display is not None and _shell_running():
+        _ipython_display(*objs, include=include, exclude=exclude, metadata=metadata, transient=transient,
+                         display_id=display_id, raw=raw, clear=clear, **kwargs)
+        return
     for obj in objs:
         if raw:
             if isinstance(obj, dict):
@@ -362,7 +367,22 @@ def hook_ipython() -> None:
         sys.meta_path.insert(0, _IPythonDisplayFinder())
 
 
+# IPython's own display(), kept when it is replaced (see _patch).
+_ipython_display: Any = None
+
+
+def _shell_running() -> bool:
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    try:
+        return shell is not None and bool(shell.InteractiveShell.initialized())
+    except Exception:
+        return False
+
+
 def _patch(module: Any) -> None:
+    global _ipython_display
+    if module.display is not display:
+        _ipython_display = module.display
     module.display = display
     for name in ("IPython.display", "IPython.core.display"):
         other: Any = sys.modules.get(name)

@@ -75,8 +75,8 @@ class PoolDriver:
                 self.send(json.dumps({"reply": {"call_id": reply["call_id"],
                                                 "result": on_call(reply)}}).encode() + b"\n")
                 continue
-            if reply.get("id") == self.ids:
-                return reply
+            if reply.get("id") == self.ids and reply.get("event") not in ("stream", "display_data"):
+                return reply  # output events (a request with stream) come before it
 
     def batch(self, code: str, count: int) -> float:
         """Send ``count`` jobs while reading results; return the seconds until the last result."""

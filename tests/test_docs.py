@@ -48,6 +48,7 @@ from pynox.protocol import (
     CallEvent,
     CancelAnswer,
     Closed,
+    DisplayEvent,
     Download,
     Downloaded,
     FileChunk,
@@ -63,6 +64,7 @@ from pynox.protocol import (
     SessionResult,
     StartErrorEvent,
     StatsEvent,
+    StreamEvent,
     Upload,
     Uploaded,
     parse_line,
@@ -227,6 +229,9 @@ EVENT_FIELDS: dict[str, set[str]] = {
     "job": set(_fields(JobLogLine)),
     "error": {"event", *_fields(StartErrorEvent)},
     "ready": {"event", *_fields(ReadyEvent)},
+    # Output as it happens; a session step's carry its session too.
+    "stream": {"event", *_fields(StreamEvent)} - {"session"},
+    "display_data": {"event", *_fields(DisplayEvent)} - {"session"},
 }
 RESULT_FIELDS = _fields(Result)
 SESSION_RESULT_FIELDS = _fields(SessionResult)
@@ -241,15 +246,17 @@ def test_protocol_json_lines_parse(block: Block) -> None:
 # What a documented result may leave out, when the text above it says so.
 _TRIMMABLE = {"runtime", "policy", "usage"}
 # What a result has only sometimes: a value when the request asks for it, images when the code drew some,
-# refused in a refusal, files for a job with a scratch directory.
-_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files"}
+# refused in a refusal, files for a job with a scratch directory, outputs when it displayed some (or its value
+# has a bundle), a session step's execution_count when it ran.
+_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files", "outputs", "execution_count"}
 # And a session step's: why its session was reopened, and whether a cancel interrupted it.
 _ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:
     keys = set(value) | _TRIMMABLE | _ONLY_SOMETIMES | (_ONLY_SOMETIMES_IN_A_SESSION if "session" in value else set())
-    assert keys in (RESULT_FIELDS, SESSION_RESULT_FIELDS), (
+    # execution_count, a session step's only, is among those a result has only sometimes.
+    assert keys in (RESULT_FIELDS | {"execution_count"}, SESSION_RESULT_FIELDS), (
         f"{block.name}: result fields {sorted(value)} are not those the pool writes")
     if isinstance(value.get("runtime"), dict):
         assert set(value["runtime"]) == _fields(ResultRuntime), f"{block.name}: runtime fields"
@@ -272,7 +279,8 @@ def test_protocol_lines_are_what_the_code_speaks(block: Block) -> None:
         if "event" in value:
             event = value["event"]
             assert event in EVENT_FIELDS, f"{block.name}: unknown event {event!r}"
-            assert set(value) == EVENT_FIELDS[event], f"{block.name}: fields of the {event} event: {sorted(value)}"
+            fields = set(value) - {"session"} if event in ("stream", "display_data") else set(value)
+            assert fields == EVENT_FIELDS[event], f"{block.name}: fields of the {event} event: {sorted(value)}"
         elif "exit" in value:
             _check_result(block, value)
         elif "closed" in value:
@@ -334,7 +342,9 @@ def test_documented_messages_match_a_real_pool(tmp_path: Path) -> None:
             # A result shown without its runtime, policy and usage (the text says so) is otherwise complete.
             shown = set(value) | (_TRIMMABLE if shape.startswith("result") else set())
             shown -= _ONLY_SOMETIMES | _ONLY_SOMETIMES_IN_A_SESSION  # not asked for a value, drew nothing
-            assert shown == shapes[shape], f"{block.name}: documented {shape} fields differ from a real pool's"
+            # ... but its session step ran, so it has an execution_count: compared without those, as the doc's.
+            assert shown == shapes[shape] - _ONLY_SOMETIMES - _ONLY_SOMETIMES_IN_A_SESSION, (
+                f"{block.name}: documented {shape} fields differ from a real pool's")
     assert {"ready", "stats", "closed", "result", "result-session"} <= set(shapes)
 
 
@@ -374,7 +384,7 @@ def _file_cap_of_the_setup(result: dict[str, Any]) -> bool:
     return (isinstance(usage, dict) and isinstance(policy, dict) and usage.get("memory_peak_kb", 0) is None
             and policy.get("max_file_size") == policy.get("memory_bytes"))
 TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "cancel", "long-line", "setup-error", "worker-error",
-               "configuration", "session", "host-functions", "stats", "logs")
+               "configuration", "session", "host-functions", "stats", "logs", "display", "stream")
 
 
 def _from_pool(value: dict[str, Any]) -> bool:
@@ -585,7 +595,7 @@ def test_transcript_start_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "trimmed"), [("result", False), ("gallery", True), ("setup-error", True),
                                                ("configuration", False), ("session", False),
-                                               ("host-functions", True)])
+                                               ("host-functions", True), ("display", True), ("stream", True)])
 def test_transcript(name: str, trimmed: bool, tmp_path: Path) -> None:
     cwd = _workdir(tmp_path)
     args = ["--workers=2"]

@@ -20,11 +20,12 @@ ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-mon
             "pynox-ray", "pynox-jupyter", "pynox-openai-agents", "pynox-autogen", "pynox-adk")
 
 EXPORTS = [
-    "CodeTool", "ConfigError", "FileInfo", "Grants", "HostError", "JobError", "KernelSupportError", "Pool", "PoolError",
-    "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result", "RunGrants", "Runner",
-    "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "ToolDescription", "ToolGrants", "Usage",
-    "__version__", "add_grant_arguments", "check_grants", "format_duration", "format_size", "grant_argv",
-    "grants_from_arguments", "parse_duration", "parse_size", "run", "tool",
+    "CodeTool", "ConfigError", "FileInfo", "Grants", "HostError", "JobError", "KernelSupportError", "Output",
+    "OutputEvent", "Pool", "PoolError", "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result",
+    "RunGrants", "Runner", "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "StreamText",
+    "ToolDescription", "ToolGrants", "Usage", "__version__", "add_grant_arguments", "check_grants",
+    "format_duration", "format_size", "grant_argv", "grants_from_arguments", "parse_duration", "parse_size", "run",
+    "tool",
 ]
 
 

@@ -106,3 +106,16 @@ def test_a_png_that_declares_more_pixels_than_a_figure_has_is_dropped_by_the_poo
     result = pool.run("import sys\nimport matplotlib.pyplot\n"
                       "from pynox.job import figures\nfigures._shown.extend(" + repr(forged) + ")", max_output="8MB")
     assert len(result.images) == 1 and b"\x00\x00\x02\x80\x00\x00\x01\xe0" in result.images[0], result.images
+
+
+def test_a_displayed_png_is_a_step_image_too(pool: pynox.Pool) -> None:
+    """What a step displays (``display(Image(...))``) reaches the model as smolagents shows a step's images."""
+    png = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 1, 8, 0, 0, 0, 0)) + \
+        _chunk(b"IDAT", zlib.compress(b"\0\0\0")) + _chunk(b"IEND", b"")
+    executor = PynoxExecutor(pool)
+    try:
+        executor(f"from pynox_display import Image\ndisplay(Image({png!r}))\nprint('shown')")
+        held = executor.step_images
+    finally:
+        executor.cleanup()
+    assert len(held) == 1 and held[0].size == (2, 1)

@@ -203,6 +203,11 @@ def rss_kb(pid: int) -> int:
 # --- the pool -----------------------------------------------------------------------------------------
 
 
+# Lines the pool sends for a request before its answer: host-function calls, and output as it happens.
+_OUTPUT = ("stream", "display_data")
+_EVENTS = ("call", *_OUTPUT)
+
+
 class PoolExited(AssertionError):
     pass
 
@@ -344,9 +349,14 @@ class PoolProcess:
                 self._cond.wait(left)
 
     def responses(self, request_id: object) -> list[dict[str, Any]]:
-        """Every answer (not call events) carrying this id, so far."""
+        """Every answer (not call or output events) carrying this id, so far."""
         with self._cond:
-            return [m for m in self.messages if same_id(m.get("id"), request_id) and m.get("event") != "call"]
+            return [m for m in self.messages if same_id(m.get("id"), request_id) and m.get("event") not in _EVENTS]
+
+    def events(self, request_id: object) -> list[dict[str, Any]]:
+        """The output events (stream, display_data) of this id so far, in the order the pool sent them."""
+        with self._cond:
+            return [m for m in self.messages if same_id(m.get("id"), request_id) and m.get("event") in _OUTPUT]
 
     def calls(self, request_id: object) -> list[dict[str, Any]]:
         with self._cond:
@@ -358,7 +368,7 @@ class PoolProcess:
 
     def result(self, request_id: object, timeout: float = DEADLINE) -> dict[str, Any]:
         """The answer to ``request_id`` (a result, a stats event or a closed answer)."""
-        return self.wait_for(lambda m: same_id(m.get("id"), request_id) and m.get("event") != "call", timeout)
+        return self.wait_for(lambda m: same_id(m.get("id"), request_id) and m.get("event") not in _EVENTS, timeout)
 
     # -- writing -------------------------------------------------------------------------------------------
     def send(self, message: dict[str, Any] | bytes) -> None:

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from .client.code_tool import CodeTool, ToolDescription, ToolGrants
     from .client.files import FileInfo
     from .client.pool import Pool, PynoxPool, Session
-    from .client.result import Result, Usage
+    from .client.result import Output, Result, Usage
     from .client.runner import Runner, SessionRunner
+    from .client.streaming import OutputEvent, StreamText
     from .grant_flags import add_grant_arguments, grant_argv, grants_from_arguments
     from .units import format_duration, format_size, parse_duration, parse_size
 
@@ -46,6 +47,8 @@ __all__ = [
     "HostError",
     "JobError",
     "KernelSupportError",
+    "Output",
+    "OutputEvent",
     "Pool",
     "PoolError",
     "PoolWorkerError",
@@ -59,6 +62,7 @@ __all__ = [
     "Session",
     "SessionGrants",
     "SessionRunner",
+    "StreamText",
     "ToolDescription",
     "ToolGrants",
     "Usage",
@@ -78,7 +82,8 @@ __all__ = [
 
 _LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.pool", "Result": "client.result",
          "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
-         "Usage": "client.result",
+         "Usage": "client.result", "Output": "client.result", "OutputEvent": "client.streaming",
+         "StreamText": "client.streaming",
          "FileInfo": "client.files", "Runner": "client.runner", "SessionRunner": "client.runner",
          "format_duration": "units", "format_size": "units", "parse_duration": "units",
          "parse_size": "units", "add_grant_arguments": "grant_flags", "grant_argv": "grant_flags",

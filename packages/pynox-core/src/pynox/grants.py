@@ -156,7 +156,8 @@ class Grants:
             max_file_size=self.memory if self.max_file_size is None and files_at_memory else self.max_file_size,
             package_dirs=list(self.package_dirs), functions=list(self.functions),
             uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
-            images=self.max_output, host_globals=request.host_globals if self.functions else None,
+            images=self.max_output, stream=bool(request.stream),
+            host_globals=request.host_globals if self.functions else None,
             packages=[str(requirement) for requirement in self.packages],
         )
 

@@ -25,6 +25,7 @@ __all__ = [
     "CallEvent",
     "CancelAnswer",
     "Closed",
+    "DisplayEvent",
     "Download",
     "Downloaded",
     "ErrorInfo",
@@ -32,6 +33,7 @@ __all__ = [
     "FilesListed",
     "Histogram",
     "JobLogLine",
+    "Output",
     "PoolLogEvent",
     "ReadyEvent",
     "Reply",
@@ -44,6 +46,7 @@ __all__ = [
     "StartError",
     "StartErrorEvent",
     "StatsEvent",
+    "StreamEvent",
     "Upload",
     "Uploaded",
     "Usage",
@@ -131,6 +134,10 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     download: str | Download | None = None
     files: bool | None = None
 
+    # Output as it happens: stream and display_data events for this request before its result (a job, or
+    # one session step).
+    stream: bool | None = None
+
     def file_request(self) -> bool:
         """Whether this is a request for a session's files (upload, download or files)."""
         return self.upload is not None or self.download is not None or self.files is not None
@@ -201,6 +208,17 @@ class Usage(msgspec.Struct, frozen=True):
     socket_kb: int | msgspec.UnsetType = msgspec.UNSET
 
 
+class Output(msgspec.Struct, kw_only=True):
+    """One rich output, as nbformat shapes it: ``display_data`` (display(), a figure) or ``execute_result``
+    (the trailing value, with the cell's ``execution_count``: a session's step, null for a job). ``data``
+    maps MIME types to values: text as a string, JSON types as JSON, binary types (image/png) as base64."""
+
+    output_type: Literal["display_data", "execute_result"]
+    data: dict[str, Any]
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    execution_count: int | msgspec.UnsetType | None = msgspec.UNSET
+
+
 class Result(msgspec.Struct, omit_defaults=False):
     id: RequestId
     exit: int
@@ -222,6 +240,9 @@ class Result(msgspec.Struct, omit_defaults=False):
     # all; images_dropped counts those left out over that size.
     images: list[str] | msgspec.UnsetType = msgspec.UNSET
     images_dropped: int | msgspec.UnsetType = msgspec.UNSET
+    # Only when the code displayed something or asked for its trailing value and it had one: its rich
+    # outputs in order, display_data and execute_result (see Output), bounded by max_output in all.
+    outputs: list[Output] | msgspec.UnsetType = msgspec.UNSET
     # Only in the result of a request the pool refused before anything ran: true. Set by the pool alone
     # (a job's report reaches no field of the result but error, exit and its values), so a client tells
     # "refused, never ran" from "ran" by this, never by exit and error.type, which a job once could forge.
@@ -241,6 +262,8 @@ class SessionResult(Result):
     # Only on a step a cancel interrupted (KeyboardInterrupt) that ended within the interrupt grace: true.
     # The session and its variables live on. Set by the pool, never read from the job's report.
     interrupted: bool | msgspec.UnsetType = msgspec.UNSET
+    # A session step that ran: its number in the session, as a notebook's In [n] (the step's).
+    execution_count: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class ScratchFile(msgspec.Struct, omit_defaults=True):
@@ -288,6 +311,26 @@ class Downloaded(msgspec.Struct):
     id: RequestId
     session: str
     downloaded: FileChunk
+
+
+class StreamEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="stream"):
+    """Output as it happens (a request with ``stream``): a chunk of the code's stdout or stderr, as Jupyter
+    names it. Chunks are coalesced (every 50 ms or 4 KiB) and count against max_output; the result that
+    follows still carries all of it."""
+
+    id: RequestId
+    name: Literal["stdout", "stderr"]
+    text: str
+    session: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class DisplayEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="display_data"):
+    """A display output as it happens (a request with ``stream``); the result's ``outputs`` has it too."""
+
+    id: RequestId
+    data: dict[str, Any]
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    session: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Closed(msgspec.Struct):
@@ -458,12 +501,14 @@ def encode(message: msgspec.Struct | dict[str, Any]) -> bytes:
 _REPLY_HEAD = re.compile(rb'\s*\{\s*"reply"\s*:\s*\{\s*"call_id"\s*:\s*(\d{1,18})\s*[,}]')
 
 
-Answer = SessionResult | CallEvent | StatsEvent | Closed | CancelAnswer | FilesListed | Uploaded | Downloaded
+Answer = (SessionResult | CallEvent | StatsEvent | Closed | CancelAnswer | FilesListed | Uploaded | Downloaded
+          | StreamEvent | DisplayEvent)
 
 
 def decode_answer(line: bytes) -> Answer:
     """One line the pool wrote after its ready event, as the client reads it: a host-function call, the
-    stats event, a closed session, or a result (a session step's carries its session fields). Raises
+    stats event, output as it happens (stream, display_data), a closed session, or a result
+    (a session step's carries its session fields). Raises
     ``msgspec.DecodeError`` (or ``ValidationError``) for a line that is none of these."""
     raw = msgspec.json.decode(line)
     if not isinstance(raw, dict):
@@ -473,6 +518,10 @@ def decode_answer(line: bytes) -> Answer:
         return msgspec.convert(raw, CallEvent)
     if kind == "stats":
         return msgspec.convert(raw, StatsEvent)
+    if kind == "stream":
+        return msgspec.convert(raw, StreamEvent)
+    if kind == "display_data":
+        return msgspec.convert(raw, DisplayEvent)
     if kind is not None:
         raise msgspec.ValidationError(f"unknown event {kind!r}")
     if raw.get("closed") is True and "exit" not in raw:

@@ -4,8 +4,11 @@
   ``ToolException`` with the text the model reads, and the tool handles it as LangChain does
   (``handle_tool_error=True``): invoked with a tool call, the tool returns a ``ToolMessage`` with
   ``status="error"``, so LangGraph's ``ToolNode``, callbacks and tracing see a failure.
-* A good run is ``content_and_artifact``: the text (and each figure as an ``image`` content block,
-  ``image/png``) for the model, the :class:`pynox.Result` as the message's ``artifact``.
+* A good run is ``content_and_artifact``: the text (and each figure and displayed image as an ``image``
+  content block) for the model, the :class:`pynox.Result` as the message's ``artifact``.
+* Output as it happens: in a LangGraph node whose graph streams ``"custom"``, each chunk of output and each
+  display output goes to the graph's stream writer while the code runs, as the protocol's events
+  (``{"event": "stream", "name", "text"}``, ``{"event": "display_data", "data", "metadata"}``).
 * ``invoke`` runs the job synchronously, ``ainvoke`` awaits ``Pool.arun``.
 * ``session=True``: variables survive between calls. State is scoped as LangGraph scopes it: each
   thread (``configurable.thread_id``) has a session of its own; calls outside a thread share the
@@ -24,7 +27,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import BaseModel, Field, PrivateAttr
 
-from pynox import CodeTool, Grants, Pool, PynoxError, Result, Session, check_grants
+from pynox import CodeTool, Grants, OutputEvent, Pool, PynoxError, Result, Session, StreamText, check_grants
 
 __all__ = ["PynoxTool", "content_blocks", "python_tool"]
 
@@ -34,13 +37,35 @@ class RunPythonInput(BaseModel):
 
 
 def content_blocks(result: Result) -> str | list[str | dict[str, Any]]:
-    """What the model reads of a run: its text, and, if the code drew figures, a text block and one
-    ``image`` block (base64 PNG) per figure, in LangChain's standard content blocks."""
-    if not result.images:
+    """What the model reads of a run: its text, and, if the code drew figures or displayed images, a text
+    block and one ``image`` block (base64) per image, in order, in LangChain's standard content blocks."""
+    images = result.displayed_images
+    if not images:
         return result.text
     return [{"type": "text", "text": result.text},
-            *({"type": "image", "base64": base64.b64encode(image).decode(), "mime_type": "image/png"}
-              for image in result.images)]
+            *({"type": "image", "base64": base64.b64encode(data).decode(), "mime_type": mime}
+              for data, mime in images)]
+
+
+def _stream_writer() -> Callable[[OutputEvent], None] | None:
+    """Where this call's output goes as it happens: the stream writer of the LangGraph node it runs in, when
+    the graph streams custom events; None elsewhere (the run then does not stream, and pays nothing)."""
+    try:
+        from langgraph.config import get_stream_writer
+
+        writer = get_stream_writer()
+    except (ImportError, RuntimeError, KeyError):  # not in a graph's node
+        return None
+    if getattr(writer, "__name__", "") == "_no_op_stream_writer":  # the graph does not stream custom events
+        return None
+
+    def write(event: OutputEvent) -> None:
+        if isinstance(event, StreamText):
+            writer({"event": "stream", "name": event.name, "text": event.text})
+        else:
+            writer({"event": "display_data", "data": dict(event.data), "metadata": dict(event.metadata)})
+
+    return write
 
 
 class PynoxTool(BaseTool):
@@ -77,7 +102,7 @@ class PynoxTool(BaseTool):
     def _run(self, code: str, config: RunnableConfig,
              run_manager: CallbackManagerForToolRun | None = None) -> tuple[Any, Result]:
         try:
-            result = self._for(config).run(code)
+            result = self._for(config).run(code, on_output=_stream_writer())
         except PynoxError as exc:  # a refusal or a broken pool: the model reads it, the graph goes on
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
         return _outcome(result)
@@ -85,7 +110,7 @@ class PynoxTool(BaseTool):
     async def _arun(self, code: str, config: RunnableConfig,
                     run_manager: AsyncCallbackManagerForToolRun | None = None) -> tuple[Any, Result]:
         try:
-            result = await self._for(config).arun(code)
+            result = await self._for(config).arun(code, on_output=_stream_writer())
         except PynoxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
         return _outcome(result)

@@ -4,7 +4,10 @@
   the tool's input schema holds ``code`` and, with sessions on, the model's one choice about state
   (``restart``); nothing in it widens what the code may touch.
 * A failed run is a tool error (``isError: true``) whose text has the error type, the failing line and
-  the hint; figures the code drew are ``image/png`` content; stdout, stderr and the final value are text.
+  the hint; stdout, stderr, the final value and what was displayed are text; figures and displayed PNG or
+  JPEG images are image content; displayed HTML and SVG are embedded resources (``pynox://output/N``).
+* Output as it happens: a call whose client gave a progress token gets a progress notification for each
+  chunk of output and each display output, its text as the message, before the call's result.
 * Calls run concurrently, as the SDK dispatches them, up to the pool's workers. With sessions on, the
   connection has one Python process, so its calls run one at a time, in order.
 * State belongs to the connection: a stdio server serves one client, and its session (and pool) end
@@ -19,6 +22,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -26,7 +32,7 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.shared.exceptions import MCPError
 
-from pynox import CodeTool, FileInfo, PynoxError, Result, __version__, format_size
+from pynox import CodeTool, FileInfo, Output, OutputEvent, PynoxError, Result, StreamText, __version__, format_size
 
 __all__ = ["RunPython", "build_server"]
 
@@ -36,6 +42,10 @@ SCRATCH_URI = "pynox://scratch/"
 # Shown as text when they decode as UTF-8; every other type is a base64 blob.
 _TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-python",
                "image/svg+xml")
+# A progress notification's message: at most this many characters of the output it reports.
+_PROGRESS_TEXT = 4096
+Progress = Callable[[float, str], Awaitable[None]]
+_log = logging.getLogger(__name__)
 
 
 class RunPython:
@@ -76,7 +86,8 @@ class RunPython:
                 open_world_hint=grants.network or bool(grants.hosts)),
         )
 
-    async def call(self, arguments: dict[str, Any] | None) -> types.CallToolResult:
+    async def call(self, arguments: dict[str, Any] | None, progress: Progress | None = None) -> types.CallToolResult:
+        """One call; ``progress``: the client gave a progress token, and each output event is reported to it."""
         arguments = arguments or {}
         problem = self._bad_arguments(arguments)
         if problem:
@@ -86,12 +97,35 @@ class RunPython:
                 async with self._session_turn:
                     if arguments.get("restart"):
                         await self._runner.aclose()
-                    result = await self._runner.arun(arguments["code"])
+                    result = await self._run(arguments["code"], progress)
             else:
-                result = await self._runner.arun(arguments["code"])
+                result = await self._run(arguments["code"], progress)
         except PynoxError as exc:  # a refusal or a broken pool: the model reads it as the call's error
             return _error(f"{type(exc).__name__}: {exc}")
         return call_result(result)
+
+    async def _run(self, code: str, progress: Progress | None) -> Result:
+        if progress is None:
+            return await self._runner.arun(code)
+        # Notifications go out one at a time, in the order of the events, and all before the result.
+        events: asyncio.Queue[OutputEvent | None] = asyncio.Queue()
+
+        async def send() -> None:
+            count = 0
+            while (event := await events.get()) is not None:
+                count += 1
+                try:
+                    await progress(count, _progress_message(event))
+                except Exception:  # the client went away: the call's own answer finds out
+                    _log.debug("a progress notification could not be sent", exc_info=True)
+
+        sender = asyncio.ensure_future(send())
+        try:
+            return await self._runner.arun(code, on_output=events.put_nowait)
+        finally:
+            events.put_nowait(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
 
     def _bad_arguments(self, arguments: dict[str, Any]) -> str | None:
         allowed = {"code", "restart"} if self.sessions else {"code"}
@@ -201,16 +235,51 @@ def _as_text(data: bytes, mime: str) -> str | None:
         return None
 
 
+def _progress_message(event: OutputEvent) -> str:
+    text = event.text if isinstance(event, StreamText) else event.summary
+    return text if len(text) <= _PROGRESS_TEXT else text[:_PROGRESS_TEXT] + "..."
+
+
 def call_result(result: Result) -> types.CallToolResult:
-    """The MCP result of one run: its text, then each figure as a PNG image; an error if the run failed."""
+    """The MCP result of one run: its text, then each image it showed (displayed or drawn) in order, then what
+    it displayed as HTML or SVG, as embedded resources; an error if the run failed."""
     content: list[types.ContentBlock] = [types.TextContent(text=result.text)]
-    content += [types.ImageContent(data=base64.b64encode(image).decode(), mime_type="image/png")
-                for image in result.images]
+    content += [types.ImageContent(data=base64.b64encode(data).decode(), mime_type=mime)
+                for data, mime in result.displayed_images]
+    for index, output in enumerate(result.outputs):
+        content += _resources(output, index)
     return types.CallToolResult(content=content, is_error=not result.ok)
+
+
+def _resources(output: Output, index: int) -> list[types.ContentBlock]:
+    """One output's HTML and SVG as embedded resources (its text is in the result's text already)."""
+    blocks: list[types.ContentBlock] = []
+    for mime, text in (("text/html", output.html), ("image/svg+xml", output.svg)):
+        if text is not None:
+            blocks.append(types.EmbeddedResource(resource=types.TextResourceContents(
+                uri=f"pynox://output/{index}", mime_type=mime, text=text)))
+    return blocks
 
 
 def _error(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _progress(ctx: Any) -> Progress | None:
+    """How to report progress on this call, if its client gave a progress token (the SDK's own notification,
+    related to the call's request so that streamable HTTP sends it on the call's stream)."""
+    meta = getattr(ctx, "meta", None)
+    token = meta.get("progress_token") if isinstance(meta, dict) else getattr(meta, "progress_token", None)
+    session = getattr(ctx, "session", None)
+    if token is None or session is None:
+        return None
+    related = getattr(ctx, "request_id", None)
+
+    async def report(count: float, message: str) -> None:
+        await session.send_progress_notification(token, count, message=message,
+                                                 related_request_id=str(related) if related is not None else None)
+
+    return report
 
 
 def build_server(tool: RunPython) -> Server[Any]:
@@ -225,7 +294,7 @@ def build_server(tool: RunPython) -> Server[Any]:
         if params.name != TOOL_NAME:
             names = f"{TOOL_NAME} and {UPLOAD_NAME}" if tool.files else f"{TOOL_NAME} only"
             return _error(f"Error: no tool named {params.name!r}; this server has {names}.")
-        return await tool.call(params.arguments)
+        return await tool.call(params.arguments, _progress(ctx))
 
     async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         # Files come and go with every call: a client must not serve this list from its cache.

@@ -201,7 +201,7 @@ class _CodeModeToolset(WrapperToolset[AgentDepsT]):
                 raise ModelRetry(retries[0])
             if not result.ok:
                 raise ToolFailed(result.text)
-            images = [BinaryContent(image, media_type="image/png") for image in result.images]
+            images = [BinaryContent(data, media_type=mime) for data, mime in result.displayed_images]
             return ToolReturn(return_value=[result.text, *images] if images else result.text, metadata=result)
 
         run_code.__doc__ = "Run code.\n\nArgs:\n    code: Python source code to run."

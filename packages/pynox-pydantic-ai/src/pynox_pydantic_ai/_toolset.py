@@ -2,7 +2,7 @@
 
 * A run whose code failed raises ``ToolFailed`` with the text the model reads: pydantic-ai records a
   failed tool part (the provider's native error channel) and no retry is consumed. A good run returns
-  a ``ToolReturn``: the text and its figures (``BinaryContent``, ``image/png``) for the model, the
+  a ``ToolReturn``: the text and its images, figures and displayed ones (``BinaryContent``) for the model, the
   :class:`pynox.Result` as ``metadata`` for the application.
 * Host functions are written as pydantic-ai tools are: a first parameter annotated ``RunContext[...]``
   receives the current run's context (hidden from the model's signature), ``async def`` ones are
@@ -196,7 +196,7 @@ class PynoxToolset(FunctionToolset[AgentDepsT]):
                 raise ModelRetry(note + retries[0])
             if not result.ok:
                 raise ToolFailed(note + result.text)
-            images = [BinaryContent(image, media_type="image/png") for image in result.images]
+            images = [BinaryContent(data, media_type=mime) for data, mime in result.displayed_images]
             text = note + result.text
             return ToolReturn(return_value=[text, *images] if images else text, metadata=result)
 

@@ -45,7 +45,8 @@ class PynoxCodeAgent(CodeAgent):
     - the system prompt's list of authorized imports is replaced by what the sandbox allows (any installed
       package; the files, network and limits granted), since the kernel policy decides, not an import list;
     - ``max_print_outputs_length`` reaches the executor;
-    - figures a step leaves open are shown to the model with the next step (``observations_images``);
+    - figures a step leaves open and PNG images it displays are shown to the model with the next step
+      (``observations_images``);
     - ``save()`` writes ``executor_type: "pynox"`` and the grants; ``PynoxCodeAgent.from_folder(path)`` loads a
       Pynox-backed agent with them (``executor_kwargs={"pool": pool}`` runs it on a given pool).
     """

@@ -129,7 +129,8 @@ class PynoxExecutor(PythonExecutor):
     Values cross as in smolagents' remote executors: tool arguments and results, ``final_answer``, a step's
     trailing value and the agent's variables (``additional_args``) may be JSON values, tuples, sets, bytes,
     dates, ``Decimal``, paths, numpy arrays, pandas DataFrames and Series, PIL images and dataclasses (which
-    arrive as dicts naming their class). Figures a step leaves open are kept in :attr:`step_images`.
+    arrive as dicts naming their class). Figures a step draws and PNG images it displays are kept in
+    :attr:`step_images`.
 
     A timeout or crash ends the session: the next step starts a fresh process with the tools and the agent's
     variables bound again, and the error the model reads says that its own variables are gone.
@@ -396,11 +397,13 @@ def _written(name: str, value: Any) -> Any:
 
 
 def _images(result: pynox.Result) -> list[Any]:
-    """The step's figures as PIL images; figures a hostile step forged to be huge in memory are dropped."""
-    if not result.images:
+    """The step's figures and the PNG images it displayed, in order, as PIL images; images a hostile step
+    forged to be huge in memory are dropped."""
+    pngs = [data for data, mime in result.displayed_images if mime == "image/png"]
+    if not pngs:
         return []
     try:
-        return images_from_png(list(result.images))
+        return images_from_png(pngs)
     except Exception as exc:  # the sandbox made these bytes: a figure that cannot be read is not shown
         logger.warning("a step's figures could not be read and are not shown: %s: %s", type(exc).__name__, exc)
         return []

@@ -36,9 +36,11 @@ _AGENT_SCOPE = "of this agent (no other agent sees its variables)"
 
 
 def tool_result(result: Result) -> dict[str, Any]:
-    """A strands tool result for a Pynox run: its text, its figures as PNG image blocks, its status."""
+    """A strands tool result for a Pynox run: its text, its figures and displayed images as image blocks, its
+    status."""
     content: list[dict[str, Any]] = [{"text": result.text}]
-    content += [{"image": {"format": "png", "source": {"bytes": image}}} for image in result.images]
+    content += [{"image": {"format": "png" if mime == "image/png" else "jpeg", "source": {"bytes": data}}}
+                for data, mime in result.displayed_images]
     return {"status": "success" if result.ok else "error", "content": content}
 
 

@@ -37,6 +37,7 @@ from ..units import format_duration, format_size, parse_duration, parse_size
 from .host_functions import HostErrors, visible_signature
 from .requests import build_request
 from .runner import Runner, SessionRunner
+from .streaming import OutputCallback
 
 if TYPE_CHECKING:
     from .files import FileInfo
@@ -329,22 +330,29 @@ class CodeTool:
                       "host_globals": None if fresh else self._host_globals, **grants}
 
     def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
-            fresh: bool = False, functions: Mapping[str, HostFunction] | None = None) -> Result:
+            fresh: bool = False, functions: Mapping[str, HostFunction] | None = None,
+            on_output: OutputCallback | None = None) -> Result:
         """Run ``code`` (in the session, unless ``fresh``); raises :class:`pynox.PynoxError` only for Pynox's
         own failures. ``timeout`` (seconds) may only shorten the tool's; ``env`` adds to the tool's;
         ``functions`` replaces host functions of the tool, under their names, for this call only (a
-        framework's run context bound into them, say)."""
+        framework's run context bound into them, say). ``on_output``: output as it happens (see
+        :meth:`pynox.Pool.run`)."""
         session, keywords = self._call(timeout, env, fresh, functions)
+        if on_output is not None:  # only when asked: a pool over another transport may not stream
+            keywords["on_output"] = on_output
         if session is not None:
             return session.run(code, **keywords)
         return self._target().run(code, **keywords)
 
     async def arun(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
-                   fresh: bool = False, functions: Mapping[str, HostFunction] | None = None) -> Result:
+                   fresh: bool = False, functions: Mapping[str, HostFunction] | None = None,
+                   on_output: OutputCallback | None = None) -> Result:
         """:meth:`run`, awaitable; starting the default pool (which waits for its templates) is off the loop."""
         if self._pool is None:
             await asyncio.to_thread(self._target)
         session, keywords = self._call(timeout, env, fresh, functions)
+        if on_output is not None:
+            keywords["on_output"] = on_output
         if session is not None:
             return await session.arun(code, **keywords)
         return await self._target().arun(code, **keywords)

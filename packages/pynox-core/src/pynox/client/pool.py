@@ -30,13 +30,14 @@ import dataclasses
 import itertools
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal, Unpack
 
 import msgspec
@@ -57,12 +58,14 @@ from ..protocol import (
     MAX_LINE,
     Answer,
     CallEvent,
+    DisplayEvent,
     Reply,
     ReplyBody,
     Request,
     SessionResult,
     StartErrorEvent,
     StatsEvent,
+    StreamEvent,
     decode_answer,
     encode,
     first_line_decoder,
@@ -73,6 +76,7 @@ from .files import FileInfo
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .requests import build_request
 from .result import Result
+from .streaming import OutputCallback, OutputEvent, call, event_of, iterate, wait_with_events
 
 __all__ = ["Pool", "PynoxPool", "Session", "pool_command"]
 
@@ -288,7 +292,7 @@ class _FairSlots:
 
 
 class _Pending:
-    __slots__ = ("functions", "future", "host_errors", "is_job", "loop", "process", "sent")
+    __slots__ = ("functions", "future", "host_errors", "is_job", "loop", "on_event", "process", "sent")
 
     def __init__(self, process: _Process, functions: Mapping[str, HostFunction] | None, is_job: bool,
                  host_errors: HostErrors, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -300,6 +304,8 @@ class _Pending:
         self.host_errors = host_errors
         # Where an async host function of this run is awaited: the caller's loop (arun), else the client's.
         self.loop = loop
+        # Where its output events go as they come (a run with on_output): called on the reader thread.
+        self.on_event: Callable[[OutputEvent], None] | None = None
 
 
 class Pool:
@@ -435,7 +441,8 @@ class Pool:
     # -- requests ----------------------------------------------------------------------------------------
     def _submit(self, message: Request, functions: Mapping[str, HostFunction] | None = None,
                 *, is_job: bool = False, host_errors: HostErrors | None = None,
-                loop: asyncio.AbstractEventLoop | None = None) -> concurrent.futures.Future[Any]:
+                loop: asyncio.AbstractEventLoop | None = None,
+                on_event: Callable[[OutputEvent], None] | None = None) -> concurrent.futures.Future[Any]:
         process = self._ensure_process()
         request_id = f"{self._prefix}-{next(self._ids)}"
         line = encode(msgspec.structs.replace(message, id=request_id))
@@ -444,6 +451,7 @@ class Pool:
                                "pool's 1 MiB line limit (code, args and env together); nothing was sent: pass "
                                "large inputs as files under allow_read")
         pending = _Pending(process, functions, is_job, host_errors or self.host_errors, loop)
+        pending.on_event = on_event
         with self._lock:
             self._pending[request_id] = pending
         try:
@@ -459,6 +467,9 @@ class Pool:
         if isinstance(message, CallEvent):
             self._host_call(message)
             return
+        if isinstance(message, StreamEvent | DisplayEvent):
+            self._output_event(message)
+            return
         request_id = message.id
         if not isinstance(request_id, str):
             return  # a refusal without an id (a late host reply): nothing is waiting for it
@@ -466,6 +477,42 @@ class Pool:
             pending = self._pending.pop(request_id, None)
         if pending is not None and not pending.future.done():
             pending.future.set_result(message)
+
+    def _output_event(self, message: StreamEvent | DisplayEvent) -> None:
+        """On the reader thread: output as it happens, handed to its run (see streaming.py), before its result."""
+        with self._lock:
+            pending = self._pending.get(message.id) if isinstance(message.id, str) else None
+        if pending is not None and pending.on_event is not None:
+            pending.on_event(event_of(message))
+
+    def _events_for(self, on_output: OutputCallback | None) -> tuple[Callable[[OutputEvent], None] | None,
+                                                                    queue.SimpleQueue[Any] | None]:
+        """For a blocking run with ``on_output``: the reader's sink and the queue the caller's thread reads."""
+        if on_output is None:
+            return None, None
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        return events.put, events
+
+    def _wait_output(self, future: concurrent.futures.Future[Any], message: Request,
+                     events: queue.SimpleQueue[Any] | None, on_output: OutputCallback | None,
+                     rounds: int = _ROUNDS) -> Any:
+        """``_wait``, calling ``on_output`` with each event as it comes, on this thread."""
+        if events is None or on_output is None:
+            return self._wait(future, message, rounds)
+        patience = self._patience(message, rounds)
+        return wait_with_events(future, events, on_output, patience, lambda: self._abandon(future, patience))
+
+    @staticmethod
+    def _loop_sink(on_output: OutputCallback | None) -> Callable[[OutputEvent], None] | None:
+        """For arun with ``on_output``: each event is handed to the caller's event loop, in order."""
+        if on_output is None:
+            return None
+        loop = asyncio.get_running_loop()
+
+        def sink(event: OutputEvent) -> None:
+            loop.call_soon_threadsafe(call, on_output, event)
+
+        return sink
 
     def _unreadable(self, raw: bytes, problem: str) -> None:
         """On the reader thread: a line that is none of the pool's messages (a pool of another version, a
@@ -503,8 +550,12 @@ class Pool:
     # -- public API --------------------------------------------------------------------------------------
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
             host_errors: HostErrors | None = None, return_value: bool = True,
-            host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
+            host_globals: Literal["call", "await"] | None = None, on_output: OutputCallback | None = None,
+            **grants: Unpack[RunGrants]) -> Result:
         """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
+
+        ``on_output``: called on this thread with each chunk of output (:class:`~pynox.StreamText`) and each
+        display output (:class:`~pynox.Output`) as the code makes them, before the result.
 
         ``grants``: name, args, allow_read, allow_write, allow_network, allow_hosts, env, timeout, memory, max_output,
         max_file_size, package_dirs, profile. ``return_value``: report repr() of a trailing expression's
@@ -515,11 +566,12 @@ class Pool:
         """
         check_grants("Pool.run()", grants, RUN_GRANT_NAMES)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
-                                host_globals=host_globals, **grants)
+                                host_globals=host_globals, stream=on_output is not None, **grants)
+        sink, events = self._events_for(on_output)
         self._slots.acquire()
         try:
-            future = self._submit(message, functions, is_job=True, host_errors=host_errors)
-            reply = self._wait(future, message)
+            future = self._submit(message, functions, is_job=True, host_errors=host_errors, on_event=sink)
+            reply = self._wait_output(future, message, events, on_output)
         finally:
             self._slots.release()
         return _result(reply)
@@ -593,11 +645,14 @@ class Pool:
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
                    host_errors: HostErrors | None = None, return_value: bool = True,
-                   host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
-        """``run`` for asyncio: no thread is held while the job runs."""
+                   host_globals: Literal["call", "await"] | None = None, on_output: OutputCallback | None = None,
+                   **grants: Unpack[RunGrants]) -> Result:
+        """``run`` for asyncio: no thread is held while the job runs. ``on_output`` is called on this event
+        loop with each event, in order, before the result."""
         check_grants("Pool.arun()", grants, RUN_GRANT_NAMES)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
-                                host_globals=host_globals, **grants)
+                                host_globals=host_globals, stream=on_output is not None, **grants)
+        sink = self._loop_sink(on_output)
         if not self._slots.acquire(blocking=False):
             waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire))
             try:
@@ -611,10 +666,20 @@ class Pool:
                 # Starting (or restarting) the pool waits for its templates: not on the event loop.
                 await asyncio.to_thread(self._ensure_process)
             reply = await self._await(self._submit(message, functions, is_job=True, host_errors=host_errors,
-                                                   loop=asyncio.get_running_loop()), message)
+                                                   loop=asyncio.get_running_loop(), on_event=sink), message)
         finally:
             self._slots.release()
         return _result(reply)
+
+    def stream(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
+               host_errors: HostErrors | None = None, return_value: bool = True,
+               host_globals: Literal["call", "await"] | None = None,
+               **grants: Unpack[RunGrants]) -> AsyncIterator[OutputEvent | Result]:
+        """``async for event in pool.stream(code)``: each chunk of output and display output as it comes,
+        then the :class:`Result`. Leaving the loop before the result cancels the run."""
+        return iterate(lambda on_output: self.arun(code, functions=functions, host_errors=host_errors,
+                                                   return_value=return_value, host_globals=host_globals,
+                                                   on_output=on_output, **grants))
 
     def session(self, *, functions: Mapping[str, HostFunction] | None = None,
                 host_errors: HostErrors | None = None, host_globals: Literal["call", "await"] | None = None,
@@ -760,21 +825,26 @@ class Session:
 
     def run(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
             timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,
-            functions: Mapping[str, HostFunction] | None = None) -> Result:
-        step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
+            functions: Mapping[str, HostFunction] | None = None, on_output: OutputCallback | None = None) -> Result:
+        """Run one step; ``on_output`` as for :meth:`Pool.run`."""
+        step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value,
+                     stream=on_output is not None)
         callables = self._step_functions(functions)
         message, opening, reopened = self._message(code, step)
-        reply = self.pool._wait(self._submit(message, opening, callables), self._limits(message), _SESSION_ROUNDS)
+        sink, events = self.pool._events_for(on_output)
+        reply = self.pool._wait_output(self._submit(message, opening, callables, on_event=sink),
+                                       self._limits(message), events, on_output, _SESSION_ROUNDS)
         lost = self._lost(reply, opening)
         if lost is not None:
             message, opening, _ = self._message(code, step)
-            reply = self.pool._wait(self._submit(message, opening, callables), self._limits(message),
-                                    _SESSION_ROUNDS)
+            reply = self.pool._wait_output(self._submit(message, opening, callables, on_event=sink),
+                                           self._limits(message), events, on_output, _SESSION_ROUNDS)
         return self._after(reply, opening, lost or reopened)
 
     def _submit(self, message: Request, opening: int, callables: Mapping[str, HostFunction],
-                loop: asyncio.AbstractEventLoop | None = None) -> concurrent.futures.Future[Any]:
-        future = self.pool._submit(message, callables, host_errors=self.host_errors, loop=loop)
+                loop: asyncio.AbstractEventLoop | None = None,
+                on_event: Callable[[OutputEvent], None] | None = None) -> concurrent.futures.Future[Any]:
+        future = self.pool._submit(message, callables, host_errors=self.host_errors, loop=loop, on_event=on_event)
         with self._lock:
             if opening < 0:
                 self._opened_on = self.pool._process
@@ -794,19 +864,31 @@ class Session:
 
     async def arun(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
                    timeout: Units | None = None, max_output: Units | None = None,
-                   return_value: bool = True, functions: Mapping[str, HostFunction] | None = None) -> Result:
-        step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value)
+                   return_value: bool = True, functions: Mapping[str, HostFunction] | None = None,
+                   on_output: OutputCallback | None = None) -> Result:
+        step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value,
+                     stream=on_output is not None)
         callables = self._step_functions(functions)
         message, opening, reopened = self._message(code, step)
-        reply = await self._asend(message, opening, callables)
+        sink = self.pool._loop_sink(on_output)
+        reply = await self._asend(message, opening, callables, sink)
         lost = self._lost(reply, opening)
         if lost is not None:
             message, opening, _ = self._message(code, step)
-            reply = await self._asend(message, opening, callables)
+            reply = await self._asend(message, opening, callables, sink)
         return self._after(reply, opening, lost or reopened)
 
-    async def _asend(self, message: Request, opening: int, callables: Mapping[str, HostFunction]) -> Answer:
-        future = self._submit(message, opening, callables, asyncio.get_running_loop())
+    def stream(self, code: str, *, name: str | None = None, args: Sequence[str] | None = None,
+               timeout: Units | None = None, max_output: Units | None = None, return_value: bool = True,
+               functions: Mapping[str, HostFunction] | None = None) -> AsyncIterator[OutputEvent | Result]:
+        """``async for event in session.stream(code)``: as :meth:`Pool.stream`, for one step."""
+        return iterate(lambda on_output: self.arun(code, name=name, args=args, timeout=timeout,
+                                                   max_output=max_output, return_value=return_value,
+                                                   functions=functions, on_output=on_output))
+
+    async def _asend(self, message: Request, opening: int, callables: Mapping[str, HostFunction],
+                     on_event: Callable[[OutputEvent], None] | None = None) -> Answer:
+        future = self._submit(message, opening, callables, asyncio.get_running_loop(), on_event)
         try:
             reply: Answer = await self.pool._await(future, self._limits(message), _SESSION_ROUNDS)
         except asyncio.CancelledError:

@@ -47,7 +47,7 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
                   profile: str | None = None, functions: Sequence[str] | None = None,
                   return_value: bool | None = None, host_globals: str | None = None,
                   scratch: bool | None = None, packages: Sequence[str] | None = None,
-                  pip_install: bool | None = None) -> Request:
+                  pip_install: bool | None = None, stream: bool | None = None) -> Request:
     """A request with only the fields that were given (the pool applies defaults and the ceiling)."""
     return Request(
         code=code, script=os.fspath(script) if script is not None else None, name=name,
@@ -59,4 +59,5 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
         host_globals=host_globals,  # type: ignore[arg-type]  # checked by the pool, with its own words
         scratch=scratch or None,
         packages=_packages(packages), pip_install=pip_install or None,
+        stream=stream or None,
     )

@@ -9,19 +9,114 @@ callers that prefer one.
 from __future__ import annotations
 
 import base64
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from ..errors import JobError
+from ..protocol import Output as WireOutput
 from ..protocol import Result as WireResult
 from ..protocol import SessionResult
 from ..wire.exits import TIMEOUT_EXIT
 from .files import FileInfo
 
-__all__ = ["Result", "Usage"]
+__all__ = ["Output", "Result", "Usage"]
+
+
+@dataclass(frozen=True)
+class Output:
+    """One rich output of the code, as a notebook keeps it (nbformat's output): ``display_data`` from
+    display() or a figure, or ``execute_result`` for the trailing value. ``data`` maps MIME types to values
+    as they travel (binary types in base64); the properties give each kind as Python reads it."""
+
+    output_type: Literal["display_data", "execute_result"]
+    data: Mapping[str, Any]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    # The session step's number for an execute_result (as In [n] in a notebook); None otherwise.
+    execution_count: int | None = None
+
+    @classmethod
+    def from_wire(cls, wire: WireOutput) -> Output:
+        count = wire.execution_count if isinstance(wire.execution_count, int) else None
+        return cls(output_type=wire.output_type, data=wire.data, metadata=wire.metadata, execution_count=count)
+
+    def _text(self, mime: str) -> str | None:
+        value = self.data.get(mime)
+        return value if isinstance(value, str) else None
+
+    def _binary(self, mime: str) -> bytes | None:
+        value = self.data.get(mime)
+        return base64.b64decode(value) if isinstance(value, str) else None
+
+    @property
+    def text(self) -> str | None:
+        """text/plain, which every output has."""
+        return self._text("text/plain")
+
+    @property
+    def html(self) -> str | None:
+        return self._text("text/html")
+
+    @property
+    def markdown(self) -> str | None:
+        return self._text("text/markdown")
+
+    @property
+    def svg(self) -> str | None:
+        return self._text("image/svg+xml")
+
+    @property
+    def latex(self) -> str | None:
+        return self._text("text/latex")
+
+    @property
+    def json(self) -> Any:
+        return self.data.get("application/json")
+
+    @property
+    def png(self) -> bytes | None:
+        return self._binary("image/png")
+
+    @property
+    def jpeg(self) -> bytes | None:
+        return self._binary("image/jpeg")
+
+    @property
+    def summary(self) -> str:
+        """What a model reads of it: each image as its type and size, and the text/plain, unless it is only
+        an object's default repr (``<... at 0x...>``), in which case the richer types it has are named."""
+        parts = [f"[{mime} {_size(len(value) * 3 // 4)}]" for mime, value in self.data.items()
+                 if mime in ("image/png", "image/jpeg") and isinstance(value, str)]
+        plain = self.text
+        if plain and not _DEFAULT_REPR.fullmatch(plain.strip()):
+            parts.append(plain.rstrip("\n"))
+        elif self.markdown is not None or "application/json" in self.data:
+            # Text a model reads as well as its author: the markdown, or the JSON (compact, its start if long).
+            shown = self.markdown if self.markdown is not None else json.dumps(self.json, default=str)
+            parts.append(shown if len(shown) <= _SUMMARY else f"{shown[:_SUMMARY]}... ({len(shown)} characters)")
+        elif not parts:
+            parts += [f"[{mime} {_size(len(str(value).encode()))}]" for mime, value in self.data.items()
+                      if mime != "text/plain"][:3]
+        return " ".join(parts) or (plain or "")
+
+
+# An object's repr when it has none of its own: nothing a model learns from.
+_DEFAULT_REPR = re.compile(r"<[\w.]+ (?:object )?at 0x[0-9a-fA-F]+>|<[\w.]+ object>")
+
+
+_SUMMARY = 2000  # characters of a markdown or JSON output in ``Result.text``
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    if size < 1 << 20:
+        return f"{size / 1024:.0f} KB"
+    return f"{size / (1 << 20):.1f} MB"
 
 
 @dataclass(frozen=True)
@@ -70,6 +165,10 @@ class Result:
     # left out because all of them together were over max_output.
     images: tuple[bytes, ...] = ()
     images_dropped: int = 0
+    # The code's rich outputs in order (display(), figures, the trailing value's MIME bundle), when it had any.
+    outputs: tuple[Output, ...] = ()
+    # A session step's number (as a notebook's In [n]); None for a job.
+    execution_count: int | None = None
     # The pool refused the request before anything ran (the client raises RequestError for it): the pool's
     # own ``refused`` field, never read from exit and error type, which describe what ran.
     refused: bool = False
@@ -104,7 +203,21 @@ class Result:
             session_reopened=session.session_reopened if session and isinstance(session.session_reopened, str)
             else None,
             interrupted=session is not None and session.interrupted is True,
+            outputs=tuple(Output.from_wire(o) for o in wire.outputs) if isinstance(wire.outputs, list) else (),
+            execution_count=session.execution_count if session and isinstance(session.execution_count, int)
+            else None,
         )
+
+    @property
+    def displayed_images(self) -> tuple[tuple[bytes, str], ...]:
+        """Every image the code showed, in order, with its MIME type: each PNG or JPEG of ``outputs`` (figures
+        included, in their place), then any figure of ``images`` not among them (left out of ``outputs``)."""
+        found: list[tuple[bytes, str]] = []
+        for output in self.outputs:
+            found += [(data, mime) for data, mime in ((output.png, "image/png"), (output.jpeg, "image/jpeg"))
+                      if data is not None]
+        shown = {data for data, _ in found}
+        return (*found, *((image, "image/png") for image in self.images if image not in shown))
 
     @property
     def ok(self) -> bool:
@@ -127,8 +240,8 @@ class Result:
         source line and hint, and notes on truncation and on a session's end."""
         stderr = self.stderr_text
         parts = [self._reopened_note, self.stdout.rstrip("\n"), f"[stderr]\n{stderr}" if stderr else "",
-                 f"Out: {self.return_value}" if self.return_value is not None else "", self._images_note,
-                 self.error_text]
+                 self._displayed, f"Out: {self.return_value}" if self.return_value is not None else "",
+                 self._images_note, self.error_text]
         return "\n".join(part for part in parts if part) or \
             "(The code ran without printing anything. Use print() to show results.)"
 
@@ -139,6 +252,13 @@ class Result:
         return (f"[The session's earlier process was gone ({self.session_reopened}): this call ran in a new one, "
                 "with the same permissions. Variables, imports and functions defined in earlier calls are gone: "
                 "define again what this code needs.]")
+
+    @property
+    def _displayed(self) -> str:
+        """What the code displayed, one line each (figures are in the images note already)."""
+        figures = set(self.images)
+        return "\n".join(output.summary for output in self.outputs if output.output_type == "display_data"
+                         and not (output.png is not None and output.png in figures))
 
     @property
     def _images_note(self) -> str:

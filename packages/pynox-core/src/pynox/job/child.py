@@ -25,11 +25,18 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
 from ..wire.payload import read_payload, write_payload_to
 from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
+from . import display
 from .execute import execute, new_main, serve_session
 from .report import finish
 from .setup import CONFINE, READ, Setup, run_steps
 
-__all__ = ["run_job", "run_prepared"]
+__all__ = ["prepare_template", "run_job", "run_prepared"]
+
+
+def prepare_template() -> None:
+    """In the template, once the operator's modules are preloaded and before any job exists: build what every
+    job would otherwise build for itself from them (IPython's display formatter, see display.prepare)."""
+    display.prepare()
 
 
 def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int]) -> NoReturn:
@@ -41,7 +48,8 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     main = new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
-                                                  return_value=payload.return_value, images=payload.images))
+                                                  return_value=payload.return_value, images=payload.images,
+                                                  stream=payload.stream))
     _run(confinement, main, payload)
 
 
@@ -79,7 +87,8 @@ def _ready_or_fail(setup: Setup, failure: str | None) -> Payload:
 
 def _run(confinement: Confinement, main: types.ModuleType, payload: Payload) -> NoReturn:
     finish(REPORT, execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
-                           return_value=payload.return_value, images=payload.images), measured=True)
+                           return_value=payload.return_value, images=payload.images, stream=payload.stream),
+           measured=True)
 
 
 def _no_listener(control: int | None) -> None:

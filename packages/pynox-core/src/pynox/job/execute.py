@@ -25,7 +25,7 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import Confinement, Payload, Report, StepSpec
-from . import interrupts
+from . import display, interrupts
 from .report import describe, finish, flush_streams, print_traceback, write_report
 
 __all__ = ["execute", "new_main", "serve_session"]
@@ -44,6 +44,10 @@ def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
         module = sys.modules["pynox_host.aio" if payload.host_globals == "await" else "pynox_host"]
         main.__dict__.update({name: getattr(module, name) for name in payload.functions})
     sys.modules["__main__"] = main
+    # display() as IPython makes it: a builtin, and importable with the notebook's display classes.
+    builtins.display = display.display  # type: ignore[attr-defined]
+    sys.modules["pynox_display"] = display
+    display.hook_ipython()
     if payload.script is not None:
         sys.path.insert(0, os.path.dirname(payload.script))
     sys.path[:0] = confinement.package_dirs
@@ -56,10 +60,12 @@ def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
 
 def execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False,
-            images: int = 0, interruptible: bool = False) -> Report:
-    """``interruptible``: a session's step, which the pool's SIGINT interrupts while its code runs."""
+            images: int = 0, interruptible: bool = False, stream: bool = False) -> Report:
+    """``interruptible``: a session's step, which the pool's interrupt signal interrupts while its code runs."""
     sys.argv = [name, *args]
     main.__file__ = name
+    display.begin(images)
+    _line_buffered(stream)
     try:
         source = code if code is not None else _read_script(script or "")
         # Tracebacks then show the model its own lines, as they would for a file on disk.
@@ -102,7 +108,8 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                 os.close(fd)
         try:
             report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
-                             return_value=step.return_value, images=step.images, interruptible=True)
+                             return_value=step.return_value, images=step.images, interruptible=True,
+                             stream=step.stream)
         except KeyboardInterrupt as exc:  # the interrupt landed after the code, as execute handled its end
             report = Report(exit=1, error=describe(exc, step.name, confinement))
         finally:
@@ -155,7 +162,23 @@ def _run(source: str, name: str, namespace: dict[str, object], *, return_value: 
     else:
         exec(body, namespace)
         value = eval(last, namespace) if last is not None else None
-    return None if value is None else _shown(value)
+    if value is None:
+        return None
+    display.result(value)  # its MIME bundle, as the cell's execute_result
+    return _shown(value)
+
+
+def _line_buffered(stream: bool) -> None:
+    """A streaming job's stdout reaches the pool line by line (a pipe makes Python buffer it in blocks), and
+    what it writes is counted, so that each display output says where it falls in the text (see
+    display.counted_streams); a session step that does not stream goes back to blocks."""
+    if stream:
+        display.counted_streams()
+    try:
+        if sys.stdout is not None and sys.stdout.line_buffering != stream:
+            sys.stdout.reconfigure(line_buffering=stream)  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):  # the job replaced or closed its stdout
+        pass
 
 
 def _shown(value: object) -> str:

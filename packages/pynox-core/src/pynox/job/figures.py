@@ -13,6 +13,8 @@ import io
 import sys
 from typing import Any
 
+from . import display
+
 # FigureCanvas and FigureManager too, built when matplotlib asks for them (see __getattr__).
 __all__ = ["collect", "show"]
 
@@ -37,7 +39,8 @@ def __getattr__(name: str) -> Any:
 
 
 def show(*args: Any, **kwargs: Any) -> None:
-    """``plt.show()``: keep every open figure as a PNG, then close it (the next figure starts afresh)."""
+    """``plt.show()``: keep every open figure as a PNG, then close it (the next figure starts afresh). Each
+    is a display output too, where it was shown, as the inline backend makes it."""
     _shown.extend(_open_figures(close=True))
 
 
@@ -51,6 +54,7 @@ def _open_figures(*, close: bool) -> list[bytes]:
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png")
         images.append(buffer.getvalue())
+        display.publish({"image/png": base64.b64encode(images[-1]).decode("ascii"), "text/plain": repr(figure)})
     if close:
         pyplot.close("all")
     return images

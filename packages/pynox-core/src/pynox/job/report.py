@@ -19,7 +19,7 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
-from ..wire.descriptors import STDERR, STDOUT
+from ..wire.descriptors import DISPLAY, STDERR, STDOUT
 from ..wire.spec import Confinement, ErrorInfo, Frame, Report
 from . import pynox_host
 from .setup import close_quietly
@@ -29,7 +29,8 @@ __all__ = ["describe", "finish", "flush_streams", "print_traceback", "write_repo
 _HERE = os.path.dirname(__file__)
 # Pynox's own frames, left out of what the model sees: the job's code runs below execute.py's frames,
 # and calls its host functions through pynox_host's.
-_OWN_FILES = (*(os.path.join(_HERE, f"{module}.py") for module in ("child", "execute", "report", "setup")),
+_OWN_FILES = (*(os.path.join(_HERE, f"{module}.py") for module in ("child", "display", "execute", "report",
+                                                                      "setup")),
               msgspec.__file__, pynox_host.__file__)
 _MAX_MESSAGE = 2000
 _MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
@@ -58,7 +59,7 @@ def finish(report_fd: int, report: Report, *, measured: bool = False) -> NoRetur
     the exit status instead continues it (SIGCONT)."""
     flush_streams()
     write_report(report_fd, report)
-    for fd in (STDOUT, STDERR, report_fd):
+    for fd in (STDOUT, STDERR, DISPLAY, report_fd):
         close_quietly(fd)
     if measured:
         os.kill(os.getpid(), signal.SIGSTOP)

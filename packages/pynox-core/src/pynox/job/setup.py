@@ -22,7 +22,19 @@ from dataclasses import dataclass
 from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
 from ..policy.privileges import set_parent_death_signal, set_process_name
-from ..wire.descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, RULESET, STAGING, STDERR, STDOUT
+from ..wire.descriptors import (
+    CHANNEL,
+    CLAIM,
+    CONTROL,
+    DISPLAY,
+    METADATA,
+    PAYLOAD,
+    REPORT,
+    RULESET,
+    STAGING,
+    STDERR,
+    STDOUT,
+)
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.payload import claim, read_payload
 from ..wire.spec import Confinement, Payload
@@ -118,7 +130,7 @@ def _arrange_descriptors(setup: Setup) -> None:
     moves = [*zip(setup.sent, setup.targets, strict=True), (setup.ruleset, RULESET),
              (os.open("/dev/null", os.O_RDONLY), 0)]
     if setup.prepared:  # its warm-up writes; the job's own outputs and report replace these when it arrives
-        moves += [(os.open("/dev/null", os.O_WRONLY), target) for target in (STDOUT, STDERR, REPORT)]
+        moves += [(os.open("/dev/null", os.O_WRONLY), target) for target in (STDOUT, STDERR, REPORT, DISPLAY)]
     arrange(moves)
     setup.arranged = True
 

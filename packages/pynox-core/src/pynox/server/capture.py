@@ -1,10 +1,12 @@
-"""A job's output: its stdout, stderr and report pipes, read to EOF with a cap on each.
+"""A job's output: its stdout, stderr, report and display pipes, read to EOF with a cap on each.
 
 Past ``max_output`` a stream is still drained and counted, and what is read is
 dropped, so a flood never blocks the job and ``usage`` still says how much it
 wrote. The report is the child's word on how its code ended (and its figures,
 at most ``max_output`` bytes of PNG, in base64); one larger than the child
-ever writes is dropped whole (the exit status then speaks alone).
+ever writes is dropped whole (the exit status then speaks alone). Display frames are decoded and
+bounded as they arrive (display.py). With a :class:`~.streaming.Streamer` (a request with ``stream``), what
+is kept of each is also sent as it comes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import os
 
 from ..policy.grants import close_all
+from .display import DisplayReader, Shown
 from .outcome import Outcome
+from .streaming import Streamer
 
 __all__ = ["MAX_REPORT", "Capture"]
 
@@ -21,10 +25,13 @@ MAX_REPORT = 1 << 20
 
 
 class Capture:
-    """The pool's read ends of one job's (or one session step's) pipes: stdout, stderr, report."""
+    """The pool's read ends of one job's (or one session step's) pipes: stdout, stderr, report, display."""
 
-    def __init__(self, reads: list[int], outcome: Outcome, max_output: int) -> None:
-        self.stdout, self.stderr, self.report_fd = reads
+    def __init__(self, reads: list[int], outcome: Outcome, max_output: int, *, return_value: bool = False,
+                 streamer: Streamer | None = None) -> None:
+        self.stdout, self.stderr, self.report_fd, self.display_fd = reads
+        self.display = DisplayReader(max_output, return_value=return_value)
+        self.streamer = streamer
         self.pipes = list(reads)
         self.open = len(reads)
         self.outcome = outcome
@@ -37,8 +44,12 @@ class Capture:
         chunk = os.read(fd, _READ_CHUNK)
         if not chunk:
             self.open -= 1
+            if fd == self.display_fd:
+                self._shown(self.display.finish())
             return False
-        if fd == self.report_fd:
+        if fd == self.display_fd:
+            self._shown(self.display.feed(chunk))
+        elif fd == self.report_fd:
             if len(self.report) + len(chunk) > self.report_limit:
                 self.report.clear()  # not a report the child wrote: ignored, the exit status still counts
             else:
@@ -62,6 +73,15 @@ class Capture:
             else:
                 outcome.stderr_truncated = True
         buffer += chunk
+        if self.streamer is not None and chunk:
+            self.streamer.text("stdout" if is_stdout else "stderr", chunk)
+
+    def _shown(self, outputs: list[Shown]) -> None:
+        self.outcome.outputs = self.display.outputs
+        if self.streamer is not None:
+            for output, at in outputs:
+                if output.output_type == "display_data":
+                    self.streamer.display(output, at)
 
     def close(self) -> None:
         close_all(self.pipes)

@@ -18,7 +18,7 @@ import msgspec
 
 from .. import hints
 from ..policy import BACKEND
-from ..protocol import RequestId, Result, ResultPolicy, ResultRuntime, SessionResult, Usage
+from ..protocol import Output, RequestId, Result, ResultPolicy, ResultRuntime, SessionResult, Usage
 from ..units import format_duration, format_size
 from ..wire.exits import CANCELLED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..wire.spec import ErrorInfo, JobSpec
@@ -66,6 +66,8 @@ class Outcome:
     # Its figures as base64 PNGs (see figures.py), and how many were left out (over max_output in all).
     images: list[str] = field(default_factory=list)
     images_dropped: int = 0
+    # Its rich outputs in order, as the pool took them from its display channel (see display.py).
+    outputs: list[Output] = field(default_factory=list)
 
     def conclude(self, spec: JobSpec, timeout: float) -> None:
         """Turn a kill, a signal or a setup failure into the exit status and error the protocol promises."""
@@ -153,6 +155,7 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
         return_value=outcome.return_value if spec.return_value else msgspec.UNSET,
         images=outcome.images if outcome.images else msgspec.UNSET,
         images_dropped=outcome.images_dropped if outcome.images_dropped else msgspec.UNSET,
+        outputs=outcome.outputs if outcome.outputs else msgspec.UNSET,
     )
 
 
@@ -167,4 +170,12 @@ def to_session_result(request_id: RequestId, outcome: Outcome, spec: JobSpec, *,
                       session: str, step: int | None, session_ended: bool) -> SessionResult:
     result = _result(SessionResult, request_id, outcome, spec, max_output=max_output, python=python,
                      preloaded=preloaded, landlock_abi=landlock_abi, mode=mode, queue_us=queue_us)
+    if step is not None and outcome.handed_over:
+        # The step's number is its execution count, as a notebook numbers its cells, in its execute_result too.
+        outputs = result.outputs
+        if isinstance(outputs, list):
+            outputs = [msgspec.structs.replace(output, execution_count=step)
+                       if output.output_type == "execute_result" else output for output in outputs]
+        return msgspec.structs.replace(result, session=session, step=step, session_ended=session_ended,
+                                       execution_count=step, outputs=outputs)
     return msgspec.structs.replace(result, session=session, step=step, session_ended=session_ended)

@@ -75,6 +75,7 @@ from .scratch import ScratchRoot
 from .sessions import FileRequest, SessionRegistry, Step
 from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
+from .streaming import Streamer
 from .templates import CallSink, Template
 
 __all__ = ["serve"]
@@ -174,7 +175,9 @@ class _Worker(threading.Thread):
                 return self._worker_error(job, queue_us, f"no template could be started for this job: "
                                                          f"{self.start_problem}")
             try:
-                outcome = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job))
+                outcome = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job),
+                                       streamer=Streamer(job.id, None, self.server.output.write)
+                                       if job.spec.stream else None)
             except RequestError as exc:  # a grant changed between acceptance and start: nothing ran
                 return refusal(job.id, str(exc))
             except PoolWorkerError as exc:
@@ -595,6 +598,7 @@ class Server:
         step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
                     accepted_ns=time.monotonic_ns(), return_value=bool(request.return_value),
+                    stream=bool(request.stream),
                     flight=Flight(request.id))
         # A scratch directory is made only for a session that is really opened.
         self.sessions.submit(name, step, lambda: (self.scratch.grant(spec) if request.scratch else spec, max_output))

@@ -43,6 +43,7 @@ from .interrupts import StepInterrupt
 from .outcome import Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
+from .streaming import Streamer
 from .templates import CallSink, SessionChannels, Template
 
 __all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "Step"]
@@ -62,6 +63,7 @@ class Step:
     max_output: int
     accepted_ns: int
     return_value: bool = False
+    stream: bool = False  # output as it happens (see streaming.py)
     flight: Flight = field(default_factory=lambda: Flight(None))
     interrupt: StepInterrupt = field(default_factory=lambda: StepInterrupt(0.0))  # set as it is queued
 
@@ -353,11 +355,12 @@ class Session(threading.Thread):
             self._channels = SessionChannels.create(bool(self.spec.functions))
             first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
                                             timeout=step.timeout, return_value=step.return_value,
-                                            images=step.max_output)
+                                            images=step.max_output, stream=step.stream)
             if step.flight.cancelled:  # cancelled while its process started: it never runs
                 return Outcome(ended=True)
             self.life.running()
-            return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels)
+            return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels,
+                                      streamer=self._streamer(step))
         template, channels = self._template, self._channels
         assert template is not None and channels is not None
         ended = template.ended_while_idle()
@@ -369,7 +372,7 @@ class Session(threading.Thread):
             raise _EndedWhileIdle(_how(ended))
         if not step.interrupt.sent(template.child):
             raise _NotRun
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]  # stdout, stderr, report, in that order
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]  # stdout, stderr, report, display, in that order
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
@@ -380,7 +383,8 @@ class Session(threading.Thread):
         channels.control.settimeout(step.timeout)
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
-                                                  return_value=step.return_value, images=step.max_output),
+                                                  return_value=step.return_value, images=step.max_output,
+                                                  stream=step.stream),
                        [w for _, w in pipes])
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout
@@ -390,7 +394,11 @@ class Session(threading.Thread):
             for _, w in pipes:
                 os.close(w)
         return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
-                                calls=calls, outbox=channels.outbox, session=True)
+                                calls=calls, outbox=channels.outbox, session=True, return_value=step.return_value,
+                                streamer=self._streamer(step))
+
+    def _streamer(self, step: Step) -> Streamer | None:
+        return Streamer(step.id, self.session_name, self.registry.emit) if step.stream else None
 
     def _stop_process(self) -> None:
         if self._channels is not None:

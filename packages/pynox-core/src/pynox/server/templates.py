@@ -38,6 +38,7 @@ from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
     CONTROL,
+    DISPLAY,
     METADATA,
     PAYLOAD,
     REPORT,
@@ -69,6 +70,7 @@ from .outcome import Outcome
 from .prepared import Key, PreparedChild, PreparedChildren
 from .report import JobWord, read_report
 from .steward import StewardLife, StewardPhase, StewardThread
+from .streaming import Streamer
 from .usage import live_usage, proc_text
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
@@ -320,7 +322,7 @@ class Template:
             self.cgroups = None
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
-            session: SessionChannels | None = None) -> Outcome:
+            session: SessionChannels | None = None, streamer: Streamer | None = None) -> Outcome:
         """Run one job (or a session's first step) to its end.
 
         Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails, and
@@ -356,9 +358,10 @@ class Template:
             close_all(granted)
             raise
         claim = new_claim()
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(4)]
         extra: list[socket.socket] = []
-        own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], PAYLOAD: payload, CLAIM: claim}
+        own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], DISPLAY: pipes[3][1], PAYLOAD: payload,
+               CLAIM: claim}
         outbox = session.outbox if session is not None else None
         if spec.functions:
             job_end: socket.socket | None
@@ -415,7 +418,8 @@ class Template:
             close_all([payload, *reads])
         try:
             return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
-                                calls=calls, outbox=outbox, session=session is not None, claim=claim)
+                                calls=calls, outbox=outbox, session=session is not None, claim=claim,
+                                streamer=streamer)
         except PoolWorkerError as exc:
             if exc.started and take_back(claim):  # no child claimed the job: it never began
                 raise PoolWorkerError(str(exc), started=False) from None
@@ -460,7 +464,8 @@ class Template:
 
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
                 calls: CallSink | None, outbox: Outbox | None, session: bool,
-                claim: int | None = None) -> Outcome:
+                claim: int | None = None, return_value: bool | None = None,
+                streamer: Streamer | None = None) -> Outcome:
         """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude.
 
         ``claim``: the job's claim (see payload.py), for a job or a session's first step; the pool takes the
@@ -468,12 +473,14 @@ class Template:
         Once the loop is over, nothing here waits on the job (its deadline is no longer watched): a
         session's child is frozen at once, and the teardown of its pipes and host channel only closes
         and drops, whatever the job still reads or writes; a job's child is then killed (_finish)
-        unless it has ended."""
+        unless it has ended. ``return_value``: the step asked for its trailing value (default: the spec's);
+        ``streamer``: the request streams, and its events are sent before this returns."""
         outcome = Outcome()
         hosts = self._steward.hosts if self._steward is not None else None  # the steward is closed by _finish
         if hosts is not None:
             hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
-        capture = Capture(reads, outcome, max_output)
+        capture = Capture(reads, outcome, max_output,
+                          return_value=spec.return_value if return_value is None else return_value, streamer=streamer)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:
             outbox.resume()  # it was frozen since its last step: its time to read its answers starts now
@@ -484,7 +491,12 @@ class Template:
                 serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9),
                                    max_output, claimed=claim is not None,
                                    holds_in_kernel=bool(spec.allow_write) or spec.network != "none")
-                self._loop(serving)
+                try:
+                    self._loop(serving)
+                except BaseException:
+                    if streamer is not None:
+                        streamer.finish()
+                    raise
             if session:
                 # Between steps, nothing of the session runs: not a thread its step left behind, not a
                 # call it makes. Stopped before it is measured, so its figures are final; continued as
@@ -499,7 +511,11 @@ class Template:
             if outbox is not None and not session:  # a session's channel lives as long as the session
                 outbox.close()  # drops what the job did not read, without waiting for it
         outcome.duration_us = (time.monotonic_ns() - start) // 1000
-        self._finish(serving)
+        try:
+            self._finish(serving)
+        finally:
+            if streamer is not None:
+                streamer.finish()  # the job is over (or frozen): its events are all out before its result
         self._take_word(outcome, serving.read_word(), claim)
         outcome.conclude(spec, timeout)
         if hosts is not None:
@@ -585,6 +601,12 @@ class Template:
         wait = (serving.kill_deadline if serving.kill_deadline is not None else serving.deadline) - now
         if stall is not None:
             wait = min(wait, stall - now)
+        streamer = serving.capture.streamer
+        if streamer is not None:  # waiting output is sent at its time (see streaming.py)
+            streamer.tick(now)
+            due = streamer.due()
+            if due is not None:
+                wait = min(wait, due - now)
         if not serving.capture.open and self.child.pidfd is not None:
             # Its pipes are closed and its exit status is needed: a child that stopped itself at its end
             # (job.report.finish) goes on to exit. It may stop only after its pipes closed, so this is said

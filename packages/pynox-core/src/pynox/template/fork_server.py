@@ -34,7 +34,7 @@ import sys
 import threading
 
 from ..errors import KernelSupportError
-from ..job.child import run_job, run_prepared
+from ..job.child import prepare_template, run_job, run_prepared
 from ..policy import Runtime, prepare_runtime, reset_environment
 from ..policy.grants import close_all
 from ..policy.privileges import set_parent_death_signal, set_process_name
@@ -112,6 +112,7 @@ def _warm_up(init: Init, sock_fd: int) -> Runtime:
             importlib.import_module(module)
         except Exception as exc:
             raise RuntimeError(f"preloading {module!r} failed: {type(exc).__name__}: {exc}") from None
+    prepare_template()  # what every job would otherwise build for itself, built once from the preloads
     _prove_single_threaded(init.preload)
     _prove_descriptors({0, 1, 2, sock_fd}, init.preload)
     runtime = prepare_runtime(tuple(init.package_dirs), tuple(init.data_dirs), max_abi=init.landlock_abi)

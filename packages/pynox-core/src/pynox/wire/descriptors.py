@@ -9,7 +9,7 @@ here once, for all three and for the session's steps.
 from __future__ import annotations
 
 __all__ = [
-    "CHANNEL", "CLAIM", "CONTROL", "METADATA", "PAYLOAD", "REPORT", "RULESET", "STAGING", "STDERR", "STDOUT",
+    "CHANNEL", "CLAIM", "CONTROL", "DISPLAY", "METADATA", "PAYLOAD", "REPORT", "RULESET", "STAGING", "STDERR", "STDOUT",
     "STEP", "handed_to_prepared", "sent_with_job",
 ]
 
@@ -20,18 +20,21 @@ RULESET = 6  # the Landlock ruleset, closed once enforced
 PAYLOAD = 7  # the job's payload, read once confined
 CLAIM = 8  # one byte: whoever reads it (the child, or the server taking it back) decides if the job runs
 METADATA = 9  # a socket to the pool, which takes the seccomp listener on it (see server/steward.py)
+# Rich display: the MIME bundles of display() and of a trailing value, as length-prefixed frames (see
+# job/display.py, which writes them, and server/display.py, the one place that reads them).
+DISPLAY = 10
 STAGING = 16  # above every fixed number
-# What each later step of a session brings: its own outputs and report.
-STEP = (STDOUT, STDERR, REPORT)
+# What each later step of a session brings: its own outputs, report and display channel.
+STEP = (STDOUT, STDERR, REPORT, DISPLAY)
 
 
 def sent_with_job(host_channel: bool, session: bool) -> tuple[int, ...]:
     """The child's number for each of the job's own descriptors, in the order the server sends them."""
-    return (STDOUT, STDERR, REPORT, PAYLOAD, CLAIM, METADATA) + ((CHANNEL,) if host_channel else ()) + (
+    return (STDOUT, STDERR, REPORT, DISPLAY, PAYLOAD, CLAIM, METADATA) + ((CHANNEL,) if host_channel else ()) + (
         (CONTROL,) if session else ())
 
 
 def handed_to_prepared(host_channel: bool) -> tuple[int, ...]:
     """The same for a job handed to a prepared child: no metadata socket, as the child sent its listener
     on its control socket when it was confined."""
-    return (STDOUT, STDERR, REPORT, PAYLOAD, CLAIM) + ((CHANNEL,) if host_channel else ())
+    return (STDOUT, STDERR, REPORT, DISPLAY, PAYLOAD, CLAIM) + ((CHANNEL,) if host_channel else ())

@@ -36,7 +36,7 @@ __all__ = [
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 64 << 20  # code and script are bounded by the 1 MiB request line far below this
-_MAX_FDS = MAX_GRANTS + 8  # a job's own descriptors, then one per grant
+_MAX_FDS = MAX_GRANTS + 10  # a job's own descriptors (at most nine), then one per grant
 
 
 class Init(msgspec.Struct, tag=True):

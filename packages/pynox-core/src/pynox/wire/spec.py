@@ -61,8 +61,12 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     hint_style: Literal["api", "cli"] = "api"
     # Report repr() of a trailing expression statement (the request's return_value).
     return_value: bool = False
-    # Bytes of PNG the job's figures may come back as, in all (its max_output); 0: none.
+    # Bytes of PNG the job's figures may come back as, in all (its max_output); 0: none. Its display
+    # outputs are bounded by the same number.
     images: int = 0
+    # Output as it happens (the request's stream): stdout is line-buffered, so the pool sees each line as
+    # it is written.
+    stream: bool = False
     # The host functions as globals of __main__ too: called, or awaited (see protocol.Request).
     host_globals: Literal["call", "await"] | None = None
     # With network "hosts": the allow_hosts entries, one port each, as the result's policy lists them; and
@@ -91,7 +95,7 @@ class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
     def payload(self) -> Payload:
         return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
                        functions=self.functions, return_value=self.return_value, images=self.images,
-                       host_globals=self.host_globals,
+                       stream=self.stream, host_globals=self.host_globals,
                        pinned=self.pinned if self.network == "hosts" else None, allow_hosts=self.allow_hosts)
 
 
@@ -127,6 +131,7 @@ class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     functions: list[str]
     return_value: bool = False
     images: int = 0
+    stream: bool = False
     host_globals: Literal["call", "await"] | None = None
     # With network "hosts": the names the job's resolver answers, and their addresses (see job/resolver.py).
     pinned: dict[str, list[str]] | None = None
@@ -141,6 +146,7 @@ class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     args: list[str]
     return_value: bool = False
     images: int = 0
+    stream: bool = False
 
 
 class Frame(msgspec.Struct, omit_defaults=False):

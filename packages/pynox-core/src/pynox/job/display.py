@@ -4,12 +4,12 @@ Every job has ``display`` as a builtin, as IPython gives it, and ``pynox_display
 ``HTML``, ``Markdown``, ``Image``, ``JSON``, ``SVG``, ``Latex`` from. Where IPython is installed, its own
 ``IPython.display`` works too: its ``display`` is this one (see :func:`hook_ipython`).
 
-An object becomes a MIME bundle by IPython's rules: with IPython's own ``DisplayFormatter`` when IPython
-is already imported in the job (preloaded by the operator, or imported by the code) or when the object
-has a rich repr to format; otherwise by :func:`_fallback`, the same rules written small
-(``_repr_mimebundle_``, then ``_repr_html_``, ``_repr_markdown_``, ``_repr_svg_``, ``_repr_png_``,
-``_repr_jpeg_``, ``_repr_latex_``, ``_repr_json_``, ``_repr_javascript_``, ``_repr_pdf_``), always with
-``text/plain``. So a job that shows nothing rich never imports IPython.
+An object becomes a MIME bundle by IPython's rules: with IPython's own ``DisplayFormatter`` when IPython's
+formatters are already imported in the job (preloaded by the operator, or imported by the code); otherwise
+by :func:`_fallback`, the same rules written small (``_repr_mimebundle_``, then ``_repr_html_``,
+``_repr_markdown_``, ``_repr_svg_``, ``_repr_png_``, ``_repr_jpeg_``, ``_repr_latex_``, ``_repr_json_``,
+``_repr_javascript_``, ``_repr_pdf_``), always with ``text/plain``. So displaying never imports IPython: that
+would cost the job a tenth of a second.
 
 Each bundle is one frame on the display descriptor (``wire.descriptors.DISPLAY``): a 4-byte big-endian
 length, then JSON ``{"output_type", "data", "metadata"}``, as nbformat shapes an output. This runs
@@ -41,7 +41,6 @@ _REPR_METHODS = (
     ("_repr_pdf_", "application/pdf"),
 )
 _BINARY = frozenset({"image/png", "image/jpeg", "application/pdf"})
-_RICH = frozenset({"_repr_mimebundle_", "_ipython_display_", *(name for name, _ in _REPR_METHODS)})
 
 # The bytes of bundle data this job may send in all (its max_output; the pool bounds it again), and what
 # it sent so far. Set by execute.py for each job or session step.
@@ -111,11 +110,6 @@ def result(value: Any) -> None:
         publish(data, meta, output_type="execute_result")
 
 
-def has_rich_repr(value: Any) -> bool:
-    kind = type(value)
-    return any(hasattr(kind, name) for name in _RICH) or _is_figure(value)
-
-
 def bundle(obj: Any, *, include: Any = None, exclude: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``obj``'s MIME bundle and metadata, by IPython's rules, its values JSON (binary data as base64)."""
     formatter = _ipython_formatter(obj)
@@ -151,12 +145,13 @@ def prepare() -> None:
 
 
 def _ipython_formatter(obj: Any) -> Any:
-    """IPython's DisplayFormatter when IPython is here already, or when ``obj`` has something to format
-    beyond its repr (importing IPython costs a job about 0.1 s: see docs/python-api.md)."""
+    """IPython's DisplayFormatter when IPython's formatters are here already (preloaded, or imported by the
+    code); otherwise the fallback, which follows the same rules: importing IPython would cost the job that
+    displays about 0.1 s (0.24 s on a loaded machine; see docs/python-api.md), a preloaded one nothing."""
     global _formatter
     if _formatter is not None:
         return _formatter or None
-    if "IPython.core.formatters" not in sys.modules and not has_rich_repr(obj):
+    if "IPython.core.formatters" not in sys.modules:
         return None
     try:
         from IPython.core.formatters import DisplayFormatter

@@ -249,3 +249,54 @@ def test_nbconvert_executes_a_notebook_from_the_command_line(tmp_path: Path) -> 
     executed = nbformat.read(tmp_path / "done.ipynb", as_version=4)
     assert executed.cells[1].outputs[0]["data"]["text/plain"] == "13"
     assert executed.cells[2].outputs[0]["data"]["text/plain"] == "True"  # it ran in a Pynox session
+
+
+def test_a_cell_prints_as_it_runs(kernel: tuple[KernelManager, BlockingKernelClient]) -> None:
+    """Jupyter's stream messages arrive while the cell runs, not all at its end."""
+    _, client = kernel
+    _execute(client, "import time")
+    arrived: list[tuple[float, str]] = []
+    client.execute_interactive("print('first', flush=True)\ntime.sleep(2)\nprint('second')", timeout=TIMEOUT,
+                               output_hook=lambda m: arrived.append((time.monotonic(), m["content"].get("text", "")))
+                               if m["msg_type"] == "stream" else None)
+    texts = "".join(text for _, text in arrived)
+    assert texts == "first\nsecond\n"
+    first = next(at for at, text in arrived if "first" in text)
+    second = next(at for at, text in arrived if "second" in text)
+    assert second - first > 1.0  # the first line came while the cell slept, a second before the last
+
+
+def test_an_interrupt_raises_keyboardinterrupt_and_keeps_the_notebooks_state(
+        kernel: tuple[KernelManager, BlockingKernelClient]) -> None:
+    manager, client = kernel
+    assert _execute(client, "kept = 41")[0]["status"] == "ok"
+    msg_id = client.execute("while True:\n    pass")
+    time.sleep(1.0)  # the cell is running
+    manager.interrupt_kernel()
+    reply = client.get_shell_msg(timeout=TIMEOUT)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=TIMEOUT)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    reply, outputs = _execute(client, "kept + 1")
+    assert reply["status"] == "ok", reply
+    assert [content["data"]["text/plain"] for kind, content in outputs if kind == "execute_result"] == ["42"]
+    assert not any(kind == "stream" and "gone" in content["text"] for kind, content in outputs)
+
+
+def test_a_cell_that_ignores_the_interrupt_ends_its_process_and_the_next_cell_says_so(
+        kernel: tuple[KernelManager, BlockingKernelClient]) -> None:
+    manager, client = kernel
+    assert _execute(client, "kept = 1")[0]["status"] == "ok"
+    # Asleep inside the try nearly all the time: the interrupt lands there and is swallowed.
+    msg_id = client.execute("import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n"
+                            "        pass")
+    time.sleep(1.0)
+    manager.interrupt_kernel()
+    reply = client.get_shell_msg(timeout=TIMEOUT)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=TIMEOUT)
+    assert reply["content"]["status"] == "error"
+    reply, outputs = _execute(client, "'kept' in globals()")
+    assert [content["data"]["text/plain"] for kind, content in outputs if kind == "execute_result"] == ["False"]
+    assert any(kind == "stream" and "Variables, imports and functions defined in earlier cells are gone"
+               in content["text"] for kind, content in outputs)

@@ -26,7 +26,7 @@ from typing import Any
 from ipykernel.kernelbase import Kernel
 from IPython.core.inputtransformer2 import TransformerManager
 
-from pynox import Pool, PynoxError, Result, Session, __version__
+from pynox import OutputEvent, Pool, PynoxError, Result, Session, StreamText, __version__
 
 from ._outputs import CellOutput, decode_failure, decode_outputs
 from ._refusals import refusal
@@ -86,9 +86,11 @@ class PynoxKernel(Kernel):
             self._session = self._pool.session(**grants)
         return self._session
 
-    async def _run_step(self, code: str, name: str) -> Result:
+    async def _run_step(self, code: str, name: str, *, live: bool = False) -> Result:
+        """One step of the session; ``live``: its stdout goes to the notebook as the cell prints it."""
         session = self._ensure_session()
-        task = asyncio.ensure_future(session.arun(code, name=name, return_value=True))
+        task = asyncio.ensure_future(session.arun(code, name=name, return_value=True,
+                                                  on_output=self._printed if live else None))
         self._cell = (task, asyncio.get_running_loop())
         try:
             return await task
@@ -106,13 +108,17 @@ class PynoxKernel(Kernel):
         call = (f"__import__('pynox_jupyter._cell', fromlist=['run']).run({code!r}, {count}, silent={silent!r}, "
                 f"store_history={store_history!r})")
         try:
-            result = await self._run_step(call, f"In[{count}]")
+            result = await self._run_step(call, f"In[{count}]", live=not silent)
         except asyncio.CancelledError:
             return self._error("KeyboardInterrupt", "the cell was interrupted", ["KeyboardInterrupt"], silent)
         except PynoxError as exc:  # the pool could not run it at all (it refused, or it is gone)
             message = str(exc)
             return self._error(type(exc).__name__, message, [f"{type(exc).__name__}: {message}"], silent)
         if not silent:
+            if result.session_reopened is not None:  # an earlier cell ended its process: say the state is gone
+                note = (f"[The kernel's earlier process was gone ({result.session_reopened}): this cell ran in a new "
+                        "one. Variables, imports and functions defined in earlier cells are gone.]\n")
+                self.send_response(self.iopub_socket, "stream", {"name": "stderr", "text": note})
             self._publish_streams(result)
         if result.ok:
             if not silent:
@@ -148,10 +154,15 @@ class PynoxKernel(Kernel):
             self.send_response(self.iopub_socket, "error", content)
         return {"status": "error", "execution_count": self.execution_count, **content}
 
+    def _printed(self, event: OutputEvent) -> None:
+        """What the cell prints, as it prints it. Its stderr waits for the cell's end: the traceback Python
+        prints there is left out of it then (the cell's error shows IPython's own)."""
+        if isinstance(event, StreamText) and event.name == "stdout":
+            self.send_response(self.iopub_socket, "stream", {"name": "stdout", "text": event.text})
+
     def _publish_streams(self, result: Result) -> None:
-        for name, text in (("stdout", result.stdout), ("stderr", result.stderr_text)):
-            if text:
-                self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
+        if result.stderr_text:
+            self.send_response(self.iopub_socket, "stream", {"name": "stderr", "text": result.stderr_text})
 
     def _publish_output(self, output: CellOutput, count: int) -> None:
         if output.output_type == "execute_result":

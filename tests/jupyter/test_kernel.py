@@ -288,8 +288,8 @@ def test_a_cell_that_ignores_the_interrupt_ends_its_process_and_the_next_cell_sa
     manager, client = kernel
     assert _execute(client, "kept = 1")[0]["status"] == "ok"
     # Asleep inside the try nearly all the time: the interrupt lands there and is swallowed.
-    msg_id = client.execute("import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n"
-                            "        pass")
+    msg_id = client.execute("import time\nwhile True:\n    try:\n        time.sleep(10)\n"
+                            "    except KeyboardInterrupt:\n        pass")
     time.sleep(1.0)
     manager.interrupt_kernel()
     reply = client.get_shell_msg(timeout=TIMEOUT)

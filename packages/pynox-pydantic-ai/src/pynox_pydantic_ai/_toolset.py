@@ -15,8 +15,9 @@
 * ``session=True`` keeps state for one agent run, and nothing is left running after it. A conversation
   continued in a later run (``message_history``) starts in a fresh process: the description says so, and
   the first result of such a run tells the model its earlier variables are gone. A cancelled run
-  (``task.cancel()``, ``asyncio.wait_for``) stops its running code at once: the job is killed, not
-  waited for, and its session ends.
+  (``task.cancel()``, ``asyncio.wait_for``) stops its running code: a session's step is interrupted
+  (``KeyboardInterrupt``) and killed if it does not stop within the pool's grace, and the session ends
+  with the run.
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ drops it, so the function goes through ``strands.tool``. The tool is async and a
 * ``session=True`` makes a strands ``ToolProvider``: each agent given it loads a ``run_python`` of its own,
   with a session of its own, so a tool defined once at module level, the usual strands habit, never lets
   one agent see another's variables; ``agent.cleanup()`` (or the agent's end) ends that agent's session.
-* Cancelling (``agent.cancel()``, an invocation's ``cancel_signal``) stops the running code at once, as
-  strands asks of a tool (``ToolContext.cancel_signal``): the job is killed, its session with it.
+* Cancelling (``agent.cancel()``, an invocation's ``cancel_signal``) stops the running code, as strands asks
+  of a tool (``ToolContext.cancel_signal``): a fresh job is killed at once; a session's step is interrupted
+  (``KeyboardInterrupt``) and keeps the session's variables if it stops within the pool's grace, else it is
+  killed and the session's next call says its state is gone.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def tool_result(result: Result) -> dict[str, Any]:
 
 async def run_cancellable(runner: CodeTool, code: str, cancel_signal: threading.Event) -> Result | None:
     """``runner.arun(code)``, or ``None`` as soon as ``cancel_signal`` is set: the run is cancelled then, which
-    kills its job (and its session's process) instead of letting the code run on."""
+    stops its code instead of letting it run on (a job killed; a session's step interrupted, see above)."""
     run = asyncio.ensure_future(runner.arun(code))
     while not run.done():
         if cancel_signal.is_set():

@@ -20,7 +20,6 @@ import pynox
 from pynox.grant_types import GRANT_NAMES
 from pynox_langchain import PynoxEval
 from pynox_langchain import python_tool as langchain_tool
-from pynox_mcp._cli import _grants as mcp_grants
 from pynox_mcp._cli import build_parser as mcp_parser
 from pynox_monty import python_function
 from pynox_pydantic_ai import PynoxCodeMode, PynoxToolset
@@ -143,14 +142,17 @@ def test_the_pools_own_entry_points_name_a_misspelt_grant() -> None:
 
 @pytest.mark.pure
 def test_pynox_mcps_grant_flags_are_the_grants_names() -> None:
-    """pynox-mcp takes its grants from its command line: each flag of that group is a grant of the same name."""
+    """pynox-mcp takes its grants from its command line (the core's grant flags, which pynox-jupyter's kernelspec
+    takes too): each flag of that group is a grant of the same name, and reads back as that grant."""
     parser = mcp_parser()
     [group] = [group for group in parser._action_groups if group.title and group.title.startswith("what the code")]
     flags = {action.dest for action in group._group_actions} - {"config", "profile"}  # the pool's, not a grant
     args = parser.parse_args(["--allow-read", "data", "--allow-write", "out", "--allow-network", "--allow-host",
                               "index.example.com", "--timeout", "5s", "--memory", "256m", "--max-output", "1m",
                               "--max-file-size", "1m", "--env", "A=1", "--package", "numpy"])
-    assert set(mcp_grants(args)) == flags
+    assert set(pynox.grants_from_arguments(args)) == flags
+    assert pynox.grants_from_arguments(mcp_parser().parse_args(pynox.grant_argv(pynox.grants_from_arguments(args)))) \
+        == pynox.grants_from_arguments(args)  # written back as flags (a kernelspec's), they read as the same grants
     assert flags <= GRANT_NAMES, flags - GRANT_NAMES
 
 

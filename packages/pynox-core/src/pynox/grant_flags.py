@@ -37,6 +37,10 @@ def add_grant_arguments(parser: argparse.ArgumentParser) -> None:
                              "HOST is a name, an address or a CIDR network; repeat for more")
     for limit, what in _LIMITS:
         grants.add_argument(limit, help=what)
+    grants.add_argument("--package", action="append", default=[], dest="packages", metavar="REQUIREMENT",
+                        help="have the pool install REQUIREMENT (e.g. numpy or 'pandas>=2,<3') for the code to import; "
+                             "the config names the index and allows the names ([pool] find_links or package_index, "
+                             "[pool.limits] packages); repeat for more")
     grants.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                         help="set a variable for the code; NAME alone passes this process's own value of NAME")
     grants.add_argument("--config", metavar="FILE", help="a pynox.toml: its [pool.limits] ceiling bounds every grant")
@@ -63,7 +67,7 @@ def grants_from_arguments(args: argparse.Namespace) -> dict[str, Any]:
                               "allow_network": args.allow_network, "allow_hosts": args.allow_hosts or None,
                               "timeout": args.timeout, "memory": args.memory,
                               "max_output": args.max_output, "max_file_size": args.max_file_size,
-                              "env": _env(args.env) or None}
+                              "env": _env(args.env) or None, "packages": args.packages or None}
     return {key: value for key, value in grants.items() if value is not None}
 
 
@@ -82,6 +86,8 @@ def grant_argv(grants: Mapping[str, Any], *, config: str | None = None, profile:
         value = grants.get(flag[2:].replace("-", "_"))
         if value is not None:
             argv += [flag, str(value)]
+    for requirement in grants.get("packages", ()):
+        argv += ["--package", requirement]
     for name, value in grants.get("env", {}).items():
         argv += ["--env", f"{name}={value}"]
     if config is not None:

@@ -10,15 +10,13 @@ process exits 0.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 from mcp.server.stdio import stdio_server
 
-from pynox import CodeTool, Pool, PynoxError, __version__, parse_size
+from pynox import CodeTool, Pool, PynoxError, __version__, add_grant_arguments, grants_from_arguments, parse_size
 
 from ._server import RunPython, build_server
 
@@ -37,29 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Claude Desktop / Cursor: {\"mcpServers\": {\"pynox\": {\"command\": \"pynox-mcp\", "
                "\"args\": [\"--allow-read\", \"/path/to/data\"]}}}")
     parser.add_argument("--version", action="version", version=f"pynox-mcp {__version__}")
-    grants = parser.add_argument_group("what the code may do (default: read nothing, write nowhere, no network)")
-    grants.add_argument("--allow-read", action="append", default=[], metavar="PATH",
-                        help="let the code read PATH (a file or a directory); repeat for more")
-    grants.add_argument("--allow-write", action="append", default=[], metavar="PATH",
-                        help="let the code read and write PATH; repeat for more")
-    grants.add_argument("--allow-network", action="store_true", default=None,
-                        help="let the code open TCP connections and bind ports")
-    grants.add_argument("--allow-host", action="append", default=[], dest="allow_hosts", metavar="HOST[:PORT]",
-                        help="let the code open TCP connections to HOST on PORT only (80 and 443 without one); "
-                             "HOST is a name, an address or a CIDR network; repeat for more")
-    for limit, what in (("--timeout", "wall-clock limit per call, e.g. 10s or 500ms (default 30s)"),
-                        ("--memory", "memory limit per call, e.g. 256m or 1g (default 1g)"),
-                        ("--max-output", "bytes of stdout and of stderr kept per call (default 1m)"),
-                        ("--max-file-size", "largest file the code may write, e.g. 10m")):
-        grants.add_argument(limit, help=what)
-    grants.add_argument("--package", action="append", default=[], dest="packages", metavar="REQUIREMENT",
-                        help="have the pool install REQUIREMENT (e.g. numpy or 'pandas>=2,<3') for the code to import; "
-                             "the config names the index and allows the names ([pool] find_links or package_index, "
-                             "[pool.limits] packages); repeat for more")
-    grants.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
-                        help="set a variable for the code; NAME alone passes this server's own value of NAME")
-    grants.add_argument("--config", metavar="FILE", help="a pynox.toml: its [pool.limits] ceiling bounds every grant")
-    grants.add_argument("--profile", help="a [profiles.NAME] of the config to start from; the flags add to it")
+    add_grant_arguments(parser)
     pool = parser.add_argument_group("the pool")
     pool.add_argument("--workers", type=int, default=4, help="calls that run at the same time (default 4)")
     pool.add_argument("--preload", default="", metavar="MODULES",
@@ -81,29 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the address --http binds (default 127.0.0.1); the Host and Origin headers of a "
                                 "request must name loopback while it is")
     return parser
-
-
-def _env(items: Sequence[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not name:
-            raise PynoxError(f"--env {item!r}: expected NAME=VALUE or NAME")
-        if not sep:
-            if name not in os.environ:
-                raise PynoxError(f"--env {name}: this server has no variable {name} to pass on")
-            value = os.environ[name]
-        env[name] = value
-    return env
-
-
-def _grants(args: argparse.Namespace) -> dict[str, Any]:
-    grants: dict[str, Any] = {"allow_read": args.allow_read or None, "allow_write": args.allow_write or None,
-                              "allow_network": args.allow_network, "allow_hosts": args.allow_hosts or None,
-                              "timeout": args.timeout, "memory": args.memory,
-                              "max_output": args.max_output, "max_file_size": args.max_file_size,
-                              "env": _env(args.env) or None, "packages": args.packages or None}
-    return {key: value for key, value in grants.items() if value is not None}
 
 
 async def _serve(tool: RunPython) -> None:
@@ -134,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pool: Pool | None = None
     try:
         pool = Pool(args.workers, preload=[name for name in args.preload.split(",") if name], config=args.config)
-        grants = _grants(args)
+        grants = grants_from_arguments(args)
         if args.scratch:
             grants["scratch"] = True
         runner = CodeTool(pool, profile=args.profile, session=args.session, **grants)

@@ -48,12 +48,12 @@ _T = TypeVar("_T")
 
 # The request fields a profile may preset: grants and limits, never code, script, name or args.
 _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory", "max_output",
-                "max_file_size", "package_dirs", "functions")
+                "max_file_size", "package_dirs", "functions", "queue_timeout")
 # `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
                     "max_output", "max_file_size")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "metrics_socket", "limits")
+              "landlock_abi", "drain_timeout", "metrics_socket", "queue_timeout", "max_queued", "limits")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -81,6 +81,11 @@ class PoolSettings:
     run_as: tuple[int, int] | None = None  # (uid, gid) every job runs under
     landlock_abi: int | None = None  # the highest Landlock ABI jobs use (see landlock_abi_cap)
     metrics_socket: str | None = None  # absolute: where the pool serves its metrics and health (see metrics_socket)
+    # How long a job may wait for a worker before it is refused (a profile's or a request's own wins); None: no
+    # deadline. And how many jobs may wait at once before a new one is refused at once (see server/admission.py):
+    # the bound on the pool's memory for waiting requests, at most 1 MiB each.
+    queue_timeout: float | None = None  # seconds
+    max_queued: int = 1024
 
 
 @dataclass(frozen=True)
@@ -328,6 +333,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     drain = table.units("drain_timeout", parse_duration)
     redact = table.get("log_redact", bool, "true or false")
     max_sessions = table.positive_int("max_sessions")
+    max_queued = table.positive_int("max_queued")
     workers = table.positive_int("workers")
     if workers is not None and workers > _MAX_WORKERS:
         raise table.error(f"must be between 1 and {_MAX_WORKERS}, got {workers}", "workers")
@@ -343,6 +349,8 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         run_as=_run_as(table),
         landlock_abi=_landlock_abi(table),
         metrics_socket=_metrics_socket(table, base),
+        queue_timeout=table.units("queue_timeout", parse_duration),
+        max_queued=PoolSettings.max_queued if max_queued is None else max_queued,
     )
 
 
@@ -480,6 +488,7 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
         memory=_memory(table),
         max_output=table.units("max_output", parse_size),
         max_file_size=table.units("max_file_size", parse_size),
+        queue_timeout=table.units("queue_timeout", parse_duration) if "queue_timeout" in keys else None,
     )
 
 
@@ -516,6 +525,8 @@ class PoolOptions:
     drain_timeout: float = PoolSettings.drain_timeout
     log_redact: bool = False
     metrics_socket: str | None = None  # see metrics_socket
+    queue_timeout: float | None = None  # [pool] queue_timeout (see PoolSettings)
+    max_queued: int = PoolSettings.max_queued
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -548,6 +559,8 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
                        else settings.drain_timeout),
         log_redact=bool(args.log_redact) or settings.log_redact,
         metrics_socket=_metrics_socket_option(args, settings),
+        queue_timeout=settings.queue_timeout,
+        max_queued=settings.max_queued,
     )
 
 

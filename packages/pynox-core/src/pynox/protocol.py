@@ -85,6 +85,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     close: bool | None = None
     stats: bool | None = None
     cancel: str | int | float | None = None
+    # How long this job may wait for a worker, from the moment the pool read its line; past it, it is refused
+    # ("the pool is saturated"). Else its profile's, else [pool] queue_timeout (see server/admission.py).
+    queue_timeout: Units | None = None
 
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""

@@ -5,12 +5,13 @@ ceiling, schedules jobs onto worker threads (one warm template each), relays
 results with their counters and log lines. It never forks job code itself: it
 has threads and open descriptors that a job must never inherit.
 
-Flow control: the accepted queue holds twice the worker count, and intake
-reads ahead of a full queue by one more job per worker, so that a stats,
-cancel or host-call reply written just behind a full queue is still answered
-at once; with that many waiting, intake stops reading stdin. A client that
-stops reading results blocks the writers, then the workers, then intake:
-memory stays bounded. Stats that never wait on intake are on the metrics
+Flow control: intake reads every line as it arrives and never waits for a
+worker, so a stats, cancel or host-call reply written behind any number of
+jobs is answered at once, and a job's wait is counted from the moment its
+line was read. Jobs waiting for a worker are counted and bounded, each with
+its queue deadline (see :mod:`.admission`): beyond ``[pool] max_queued`` a job
+is refused at once. A client that stops reading results blocks the writers,
+then the workers and intake: memory stays bounded. Stats that never wait on intake are on the metrics
 socket (:mod:`.metrics`).
 """
 
@@ -59,6 +60,7 @@ from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
 from ..wire.spec import ErrorInfo, JobSpec
+from .admission import Admission, Waiting, queue_timeout, saturated
 from .flights import Cancel, Flight, Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
@@ -78,9 +80,6 @@ __all__ = ["serve"]
 _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
-# Jobs that wait for a worker, per worker: the protocol's queue of twice the workers, and one read ahead of it
-# (see the module's docstring). Intake stops reading stdin when this many wait.
-_QUEUED_PER_WORKER = 2 + 1
 
 
 @dataclass
@@ -88,8 +87,9 @@ class _Job:
     id: str | int | float | None
     spec: JobSpec
     max_output: int
-    accepted_ns: int
+    accepted_ns: int  # when the pool read its line: its wait is counted from here
     flight: Flight
+    queue_deadline_ns: int | None = None  # refused if no worker took it by then (see admission.py)
 
 
 class _Worker(threading.Thread):
@@ -119,6 +119,7 @@ class _Worker(threading.Thread):
             while (job := self.server.jobs.get()) is not None:
                 # Taken before its flight starts: a cancel from then on is kept until the job is sent.
                 self.child.take()
+                self.server.admission.taken(job)  # past its queue deadline, it is refused now and never starts
                 # A job cancelled while it was queued has been answered: it never starts.
                 if job.flight.start(self.child.cancel):
                     # Read after the flight started: a shutdown that escalates later kills it instead.
@@ -217,7 +218,10 @@ class Server:
         self.output = output
         self._log = log
         self.stats = Stats(options.workers, version=__version__)
-        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=_QUEUED_PER_WORKER * options.workers)
+        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.admission = Admission(options.max_queued, options.workers, self._queue_expired)
+        self._arrived_ns = 0  # when intake read the line it handles now
         self.workers: list[_Worker] = []  # once started
         self.cwd = os.getcwd()
         self.ready_info: ReadyEvent | None = None
@@ -345,6 +349,7 @@ class Server:
             worker.join()
         self.sessions.shutdown()
         self.shutdown.cancel_deadline()
+        self.admission.close()
         self.drained.set()
         os.write(self.wake[1], b"x")
 
@@ -382,8 +387,8 @@ class Server:
     def gauges(self) -> Gauges:
         """The load at this moment; readable from any thread, before the pool is ready too."""
         started = self.ready_info is not None
-        return Gauges(busy_workers=sum(worker.busy for worker in self.workers), queued=self.jobs.qsize(),
-                      queue_capacity=self.jobs.maxsize, in_flight=self.flights.unanswered(),
+        return Gauges(busy_workers=sum(worker.busy for worker in self.workers), queued=self.admission.waiting,
+                      queue_capacity=self.admission.capacity, in_flight=self.flights.unanswered(),
                       sessions_active=self.sessions.active if started else 0,
                       max_sessions=self.options.max_sessions, draining=self.draining())
 
@@ -397,10 +402,12 @@ class Server:
         return self.shutdown.stage is not Stage.SERVING
 
     # -- intake ------------------------------------------------------------------------------------------
-    def handle_line(self, line: bytes | TooLong) -> None:
-        """Answer one input line; whatever goes wrong costs that line a refusal, never the pool."""
+    def handle_line(self, line: bytes | TooLong, arrived_ns: int | None = None) -> None:
+        """Answer one input line; whatever goes wrong costs that line a refusal, never the pool. ``arrived_ns``:
+        when it was read (its job's wait counts from then), else now."""
         try:
             with self._intake:
+                self._arrived_ns = arrived_ns if arrived_ns is not None else time.monotonic_ns()
                 self._handle_line(line)
         except Exception as exc:
             _log.exception("the pool failed while reading a request")
@@ -442,6 +449,10 @@ class Server:
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
             return
+        if message.session is not None and message.queue_timeout is not None:
+            self._refuse(message.id, "queue_timeout applies to jobs; a session's steps wait for the step before "
+                                     "them, in the session's own process", session=message.session)
+            return
         if self.shutdown.refusing() and not (message.session is not None and message.close):
             self._refuse(message.id, self.shutdown.why(), session=message.session)
             return
@@ -450,6 +461,7 @@ class Server:
                 self._session_request(message, message.session)
                 return
             job = self._accept(message)
+            self.admission.admit(job)
         except RequestError as exc:
             self._refuse(message.id, str(exc), session=message.session)
             return
@@ -484,10 +496,23 @@ class Server:
 
     def _accept(self, request: Request) -> _Job:
         spec, max_output = self._resolve(request)
-        job = _Job(request.id, spec, max_output, time.monotonic_ns(), Flight(request.id))
-        job.flight.answer_cancelled = lambda: self.finish(self._cancelled_while_queued(job), session=None,
-                                                          step=None)
+        arrived = self._arrived_ns
+        wait = queue_timeout(request, self.options.config, self.options.queue_timeout)
+        job = _Job(request.id, spec, max_output, arrived, Flight(request.id),
+                   None if wait is None else arrived + int(wait * 1e9))
+
+        def answer_cancelled() -> None:
+            self.admission.leave(job)
+            self.finish(self._cancelled_while_queued(job), session=None, step=None)
+
+        job.flight.answer_cancelled = answer_cancelled
         return job
+
+    def _queue_expired(self, job: Waiting, waited: float, limit: float) -> None:
+        """A job's queue deadline passed before a worker took it: refused (see admission.py)."""
+        result = refusal(job.flight.id, saturated(waited, limit))
+        result.queue_us = int(waited * 1e6)
+        self.finish(result, session=None, step=None)
 
     def _cancelled_while_queued(self, job: _Job) -> Result:
         message = "the client cancelled the job before it started"
@@ -534,7 +559,7 @@ class Server:
         # Like any request, a step's file name is agent.py unless it says otherwise.
         step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
-                    accepted_ns=time.monotonic_ns(), return_value=bool(request.return_value),
+                    accepted_ns=self._arrived_ns, return_value=bool(request.return_value),
                     flight=Flight(request.id))
         self.sessions.submit(name, step, lambda: (spec, max_output))
 
@@ -632,7 +657,7 @@ def _serve(args: argparse.Namespace) -> int:
     reader = LineReader(stdin_fd, server.wake[0], server.drained.is_set)
     try:
         for line in reader:
-            server.handle_line(line)
+            server.handle_line(line, reader.read_ns)
         if not server.drained.is_set():  # EOF: no reply to a host call can be read from here on
             server.calls.close("the host cannot answer: the pool's input has ended")
             server.shutdown.input_ended()

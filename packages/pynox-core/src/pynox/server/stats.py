@@ -9,7 +9,8 @@ long as it likes), the rest counted together under ``OTHER_ERRORS``.
 Latency is counted in fixed buckets, as a Prometheus histogram is, so that
 p50 and p99 can be read from one snapshot or from the rate of two: a
 result's run (``duration_us``) and its wait for a worker (``queue_us``). A
-refused result ran nothing and waited for nothing, so it is in neither.
+refused result ran nothing and waited for nothing, so it is in neither; one
+refused for its queue deadline waited, and that wait is in the second.
 The gauges (busy workers, queue depth, in flight) belong to the server,
 which reads them at the moment of the snapshot and hands them in.
 """
@@ -125,6 +126,8 @@ class Stats:
             self._queue_us_total += result.queue_us
             if result.refused is not True:
                 self._durations.observe(result.duration_us)
+                self._waits.observe(result.queue_us)
+            elif result.queue_us:  # refused for its queue deadline: it waited, and the wait is the news
                 self._waits.observe(result.queue_us)
 
     def _error_key(self, error_type: str) -> str:

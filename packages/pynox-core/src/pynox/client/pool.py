@@ -67,7 +67,7 @@ from ..protocol import (
     encode,
     first_line_decoder,
 )
-from ..units import parse_duration
+from ..units import format_duration, parse_duration
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .requests import build_request
 from .result import Result
@@ -265,7 +265,8 @@ class _FairSlots:
         self._waiting: collections.deque[threading.Event] = collections.deque()
         self._lock = threading.Lock()
 
-    def acquire(self, blocking: bool = True) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """A slot (True), or False when none came free within ``timeout`` seconds (None: wait for one)."""
         with self._lock:
             if self._free and not self._waiting:
                 self._free -= 1
@@ -274,8 +275,13 @@ class _FairSlots:
                 return False
             turn = threading.Event()
             self._waiting.append(turn)
-        turn.wait()  # release() hands the slot over directly: nobody can take it meanwhile
-        return True
+        if turn.wait(timeout):  # release() hands the slot over directly: nobody can take it meanwhile
+            return True
+        with self._lock:
+            if turn.is_set():  # handed over just as the wait ended: it is ours
+                return True
+            self._waiting.remove(turn)
+            return False
 
     def release(self) -> None:
         with self._lock:
@@ -501,7 +507,8 @@ class Pool:
     # -- public API --------------------------------------------------------------------------------------
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
             host_errors: HostErrors | None = None, return_value: bool = True,
-            host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
+            host_globals: Literal["call", "await"] | None = None, queue_timeout: Units | None = None,
+            **grants: Unpack[RunGrants]) -> Result:
         """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
 
         ``grants``: name, args, allow_read, allow_write, allow_network, allow_hosts, env, timeout, memory, max_output,
@@ -509,18 +516,28 @@ class Pool:
         value (:attr:`Result.return_value`), as a notebook shows it. Raises :class:`pynox.RequestError` if
         the pool refused the request before running it, and :class:`pynox.PoolError` if the pool gave no
         answer in time; every failure of the code itself is in the result. ``host_globals="await"`` binds the
-        host functions as coroutines in the code's globals (``"call"``: as plain functions).
+        host functions as coroutines in the code's globals (``"call"``: as plain functions). ``queue_timeout``:
+        how long the run may wait for a worker, here for one of this client's slots and then in the pool; past
+        it the run raises :class:`pynox.RequestError` ("the pool is saturated") and nothing ran.
         """
         check_grants("Pool.run()", grants, RUN_GRANT_NAMES)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, **grants)
-        self._slots.acquire()
+        started = time.monotonic()
+        limit = _queue_limit(queue_timeout)
+        if not self._slots.acquire(timeout=limit):
+            raise RequestError(self._no_slot(time.monotonic() - started, limit))
         try:
+            message = _with_queue_timeout(message, limit, started)
             future = self._submit(message, functions, is_job=True, host_errors=host_errors)
             reply = self._wait(future, message)
         finally:
             self._slots.release()
         return _result(reply)
+
+    def _no_slot(self, waited: float, limit: float | None) -> str:
+        return (f"waited {format_duration(round(waited, 3))} for one of this Pool's {3 * self.workers} slots "
+                f"(queue_timeout {format_duration(limit or 0)}); the pool is saturated: nothing was sent")
 
     def _patience(self, message: Request, rounds: int) -> float:
         """How long a run waits for its answer: ``rounds`` of its timeout (the jobs queued ahead of it,
@@ -591,20 +608,26 @@ class Pool:
 
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
                    host_errors: HostErrors | None = None, return_value: bool = True,
-                   host_globals: Literal["call", "await"] | None = None, **grants: Unpack[RunGrants]) -> Result:
+                   host_globals: Literal["call", "await"] | None = None, queue_timeout: Units | None = None,
+                   **grants: Unpack[RunGrants]) -> Result:
         """``run`` for asyncio: no thread is held while the job runs."""
         check_grants("Pool.arun()", grants, RUN_GRANT_NAMES)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, **grants)
+        started = time.monotonic()
+        limit = _queue_limit(queue_timeout)
         if not self._slots.acquire(blocking=False):
-            waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire))
+            waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire, True, limit))
             try:
-                await asyncio.shield(waiting)
+                got = await asyncio.shield(waiting)
             except asyncio.CancelledError:
                 # The thread still takes the slot once one is free: give it back then.
-                waiting.add_done_callback(lambda _: self._slots.release())
+                waiting.add_done_callback(lambda done: self._slots.release() if done.result() else None)
                 raise
+            if not got:
+                raise RequestError(self._no_slot(time.monotonic() - started, limit))
         try:
+            message = _with_queue_timeout(message, limit, started)
             if self._process is None or self._process.dead:
                 # Starting (or restarting) the pool waits for its templates: not on the event loop.
                 await asyncio.to_thread(self._ensure_process)
@@ -649,6 +672,24 @@ PynoxPool = Pool
 def _check_host_errors(value: object) -> None:
     if value not in ("safe", "full"):
         raise ConfigError(f"host_errors must be 'safe' or 'full', got {value!r}")
+
+
+def _queue_limit(queue_timeout: Units | None) -> float | None:
+    if queue_timeout is None:
+        return None
+    try:
+        return parse_duration(queue_timeout, "queue_timeout")
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _with_queue_timeout(message: Request, limit: float | None, started: float) -> Request:
+    """The request with what is left of its queue deadline after the wait for a slot (the pool counts the rest
+    from the moment it reads the line)."""
+    if limit is None:
+        return message
+    left = max(limit - (time.monotonic() - started), 0.001)
+    return msgspec.structs.replace(message, queue_timeout=round(left, 3))
 
 
 def _result(reply: Answer) -> Result:

@@ -40,8 +40,8 @@ from .units import format_size, parse_duration, parse_size
 
 __all__ = [
     "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Limits", "PoolOptions", "PoolSettings",
-    "default_config_path", "landlock_abi_cap", "landlock_abi_from_environment", "load_config", "merged",
-    "metrics_socket", "pool_options",
+    "TenantSettings", "default_config_path", "landlock_abi_cap", "landlock_abi_from_environment", "listen_address",
+    "load_config", "merged", "metrics_socket", "pool_options",
 ]
 
 _T = TypeVar("_T")
@@ -53,7 +53,9 @@ _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "e
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
                     "max_output", "max_file_size")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "metrics_socket", "queue_timeout", "max_queued", "limits")
+              "landlock_abi", "drain_timeout", "metrics_socket", "queue_timeout", "max_queued", "listen", "limits")
+# [tenants.NAME]: who a listening pool's peer is (by SO_PEERCRED) and what that tenant may have (see server/tenants.py).
+_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -86,6 +88,22 @@ class PoolSettings:
     # the bound on the pool's memory for waiting requests, at most 1 MiB each.
     queue_timeout: float | None = None  # seconds
     max_queued: int = 1024
+    listen: str | None = None  # "unix:/abs/path" or "systemd" (see listen_address)
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """``[tenants.NAME]``: the peers of a listening pool that are this tenant, and its bounds."""
+
+    name: str
+    uids: frozenset[int] = frozenset()  # users given by name are resolved to uids when the file is read
+    gids: frozenset[int] = frozenset()
+    profiles: tuple[str, ...] | None = None  # None: any request; else every job and session names one of these
+    max_jobs: int | None = None  # jobs and session steps in flight (queued or running) at once, over its connections
+    max_sessions: int | None = None  # sessions open at once, over its connections
+
+    def matches(self, uid: int, gid: int) -> bool:
+        return uid in self.uids or gid in self.gids
 
 
 @dataclass(frozen=True)
@@ -120,6 +138,8 @@ class Config:
     warnings: tuple[str, ...] = ()
     # [permissions]: the grants of `pynox run --config FILE`, under its flags; no meaning for the pool.
     permissions: Request | None = None
+    # [tenants.NAME], in the file's order: the first that matches a peer is its tenant.
+    tenants: tuple[TenantSettings, ...] = ()
 
     def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS, check_paths: bool = True) -> Request:
         """The request with its profile merged under it and the ceiling enforced: :func:`pynox.grants.bounded`."""
@@ -283,14 +303,14 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
     warnings: list[str] = []
     permissions = None
-    for table in sorted(set(raw) - {"pool", "profiles"}):
+    for table in sorted(set(raw) - {"pool", "profiles", "tenants"}):
         if table == "permissions":
             permissions = _profile(_Table(file, "permissions", raw["permissions"]), base, _PERMISSION_KEYS)
             warnings.append(f"{file}: [permissions] is the command line's table and does not apply to the pool; "
                             "it is ignored here (use [pool.limits] for a ceiling and [profiles.NAME] for grants)")
             continue
         raise ConfigError(f"{file}: unknown table or key {table!r} (known tables: [pool], [pool.limits], "
-                          "[profiles.NAME])")
+                          "[profiles.NAME], [tenants.NAME])")
 
     pool_table = _Table(file, "pool", raw.get("pool", {}))
     pool_table.refuse_unknown(_POOL_KEYS)
@@ -317,8 +337,13 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         profiles[name] = profile
 
     _refuse_self_writable(file, limits, profiles)
+    tenants_raw = raw.get("tenants", {})
+    if not isinstance(tenants_raw, dict):
+        raise ConfigError(f"{file}: tenants must be tables [tenants.NAME], got {_type_name(tenants_raw)}")
+    tenants = tuple(_tenant(_Table(file, f"tenants.{name}", body), name, profiles)
+                    for name, body in tenants_raw.items())
     return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
-                  warnings=tuple(warnings), permissions=permissions)
+                  warnings=tuple(warnings), permissions=permissions, tenants=tenants)
 
 
 def _pool_settings(table: _Table, base: str) -> PoolSettings:
@@ -351,7 +376,61 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         metrics_socket=_metrics_socket(table, base),
         queue_timeout=table.units("queue_timeout", parse_duration),
         max_queued=PoolSettings.max_queued if max_queued is None else max_queued,
+        listen=_listen(table, base),
     )
+
+
+def listen_address(value: str, base: str) -> str:
+    """``unix:PATH`` (PATH made absolute against ``base``, its directory existing) or ``systemd`` (the socket
+    systemd's socket activation hands over, LISTEN_FDS). ConfigError with the reason, for the caller to place."""
+    if value == "systemd":
+        return value
+    if not value.startswith("unix:"):
+        raise ConfigError(f'expected "unix:PATH" or "systemd", got {value!r}')
+    return "unix:" + metrics_socket(value.removeprefix("unix:"), base)
+
+
+def _listen(table: _Table, base: str) -> str | None:
+    value = table.get("listen", str, '"unix:PATH" or "systemd"')
+    if value is None:
+        return None
+    try:
+        return listen_address(value, base)
+    except ConfigError as exc:
+        raise table.error(str(exc), "listen") from None
+
+
+def _tenant(table: _Table, name: str, profiles: Mapping[str, Request]) -> TenantSettings:
+    table.refuse_unknown(_TENANT_KEYS)
+    import grp  # only for a file with tenants: names are resolved once, here
+    import pwd
+
+    def ids(key: str, lookup: Callable[[str], int]) -> set[int]:
+        found: set[int] = set()
+        for entry in table.get(key, list, "a list") or ():
+            if isinstance(entry, int) and not isinstance(entry, bool) and 0 <= entry <= _MAX_ID:
+                found.add(entry)
+            elif isinstance(entry, str) and entry:
+                try:
+                    found.add(lookup(entry))
+                except KeyError:
+                    raise table.error(f"no such {key[:-1]} {entry!r} on this host", key) from None
+            else:
+                raise table.error(f"expected ids or names, got {entry!r}", key)
+        return found
+
+    uids = ids("uids", lambda n: pwd.getpwnam(n).pw_uid) | ids("users", lambda n: pwd.getpwnam(n).pw_uid)
+    gids = ids("gids", lambda n: grp.getgrnam(n).gr_gid) | ids("groups", lambda n: grp.getgrnam(n).gr_gid)
+    if not uids and not gids:
+        raise table.error("names no peer: give uids, users, gids or groups")
+    allowed = table.strings("profiles")
+    for profile in allowed or ():
+        if profile not in profiles:
+            raise table.error(f"no profile {profile!r} in this file (known: {', '.join(sorted(profiles)) or 'none'})",
+                              "profiles")
+    return TenantSettings(name=name, uids=frozenset(uids), gids=frozenset(gids),
+                          profiles=tuple(allowed) if allowed is not None else None,
+                          max_jobs=table.positive_int("max_jobs"), max_sessions=table.positive_int("max_sessions"))
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
@@ -527,6 +606,7 @@ class PoolOptions:
     metrics_socket: str | None = None  # see metrics_socket
     queue_timeout: float | None = None  # [pool] queue_timeout (see PoolSettings)
     max_queued: int = PoolSettings.max_queued
+    listen: str | None = None  # --listen, else [pool] listen: serve connections there instead of stdin/stdout
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -561,7 +641,18 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         metrics_socket=_metrics_socket_option(args, settings),
         queue_timeout=settings.queue_timeout,
         max_queued=settings.max_queued,
+        listen=_listen_option(args, settings),
     )
+
+
+def _listen_option(args: argparse.Namespace, settings: PoolSettings) -> str | None:
+    flag = getattr(args, "listen", None)
+    if flag is None:
+        return settings.listen
+    try:
+        return listen_address(flag, os.getcwd())
+    except ConfigError as exc:
+        raise ConfigError(f"--listen: {exc}") from None
 
 
 def _metrics_socket_option(args: argparse.Namespace, settings: PoolSettings) -> str | None:

@@ -68,6 +68,7 @@ from ..protocol import (
     first_line_decoder,
 )
 from ..units import format_duration, parse_duration
+from .connect import Connection, connect_address
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .requests import build_request
 from .result import Result
@@ -291,10 +292,14 @@ class _FairSlots:
                 self._free += 1
 
 
+# A pool process this client started, or its connection to a listening pool (see connect.py).
+_Transport = _Process | Connection
+
+
 class _Pending:
     __slots__ = ("functions", "future", "host_errors", "is_job", "loop", "process", "sent")
 
-    def __init__(self, process: _Process, functions: Mapping[str, HostFunction] | None, is_job: bool,
+    def __init__(self, process: _Transport, functions: Mapping[str, HostFunction] | None, is_job: bool,
                  host_errors: HostErrors, loop: asyncio.AbstractEventLoop | None) -> None:
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.process = process  # the pool it was sent to: only that pool's end fails it
@@ -319,7 +324,7 @@ class Pool:
                  package_dirs: Sequence[PathLike] = (), config: PathLike | None = None,
                  binary: PathLike | None = None, log: str | None = None,
                  max_sessions: int | None = None, session_idle: Units | None = None,
-                 host_errors: HostErrors = "safe") -> None:
+                 host_errors: HostErrors = "safe", connect: str | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
         _check_host_errors(host_errors)
@@ -342,13 +347,16 @@ class Pool:
         if session_idle is not None:
             command.append(f"--session-idle={session_idle}")
         self._command = command
+        # "unix:PATH": run on a listening pool (pynox pool --listen) instead of starting one; the pool's own
+        # options (workers, preload, config) are the operator's, and the arguments for them are not used.
+        self._connect = connect_address(connect) if connect is not None else None
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
         # Plain jobs in flight, at most what the pool takes without blocking its intake (see module doc).
         self._slots = _FairSlots(3 * workers)
-        self._process: _Process | None = None
+        self._process: _Transport | None = None
         self._closed = False
         self._host_loop = HostLoop()
         self.ready: dict[str, Any] = {}
@@ -356,14 +364,18 @@ class Pool:
         self._ensure_process()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
-    def _ensure_process(self) -> _Process:
+    def _ensure_process(self) -> _Transport:
         with self._lock:
             if self._closed:
                 raise PoolError("this pool is closed")
-            process = self._process
-            if process is not None and not process.dead:
-                return process
-            process = _Process(self._command, self.cwd, self._dispatch, self._unreadable, self._process_exited)
+            current = self._process
+            if current is not None and not current.dead:
+                return current
+            process: _Transport
+            if self._connect is not None:  # a listening pool's socket: this client's own connection
+                process = Connection(self._connect, self._dispatch, self._unreadable, self._process_exited)
+            else:
+                process = _Process(self._command, self.cwd, self._dispatch, self._unreadable, self._process_exited)
             self._process = process
         try:
             first = process.ready.result(timeout=_READY_TIMEOUT)
@@ -380,6 +392,11 @@ class Pool:
             raise START_ERRORS.get(event.error.type, PoolError)(event.error.message or "the pool could not start")
         # Checked against its type above; kept as the pool wrote it (a newer pool's extra fields included).
         self.ready = msgspec.json.decode(first)
+        workers = self.ready.get("workers")
+        if self._connect is not None and isinstance(workers, int) and workers != self.workers:
+            with self._lock:  # the listening pool's own size decides how many runs to keep in it
+                if not self._pending:
+                    self.workers, self._slots = workers, _FairSlots(3 * workers)
         return process
 
     def close(self, timeout: float = 60.0) -> None:
@@ -419,14 +436,14 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _process_exited(self, process: _Process) -> None:
+    def _process_exited(self, process: _Transport) -> None:
         if process.hung is not None:
             error = PoolError(process.hung)
         else:
             error = PoolError(f"the pool process exited while this run was in flight ({process.describe_exit()})")
         self._fail_pending(process, error)
 
-    def _fail_pending(self, process: _Process, error: PoolError) -> None:
+    def _fail_pending(self, process: _Transport, error: PoolError) -> None:
         """Answer every run sent to ``process`` with ``error`` (runs sent to a newer pool go on)."""
         with self._lock:
             stale = [(key, p) for key, p in self._pending.items() if p.process is process]
@@ -727,7 +744,7 @@ class Session:
         self.grants = grants
         self.steps = 0
         self._name: str | None = None
-        self._opened_on: _Process | None = None  # the pool process the session's first request went to
+        self._opened_on: _Transport | None = None  # the pool process the session's first request went to
         self._lock = threading.Lock()
 
     @property
@@ -850,7 +867,7 @@ class Session:
 
 # Every open Pool of this process, so that the child of a fork can make each forget its parent's pool.
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
-_forgotten_in_child: list[_Process] = []
+_forgotten_in_child: list[_Transport] = []
 
 
 def _after_fork_in_child() -> None:

@@ -68,12 +68,14 @@ from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
 from .jobs import to_job
 from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
+from .listen import Listener, Router
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .sessions import SessionRegistry, Step
 from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
 from .templates import CallSink, Template
+from .tenants import Tenants
 
 __all__ = ["serve"]
 
@@ -623,14 +625,19 @@ def _serve(args: argparse.Namespace) -> int:
     if json_log:
         log_records_as_json(_write_log)
     metrics: MetricsSocket | None = None
+    listener: Listener | None = None
     try:
         options = pool_options(args)
-        server = Server(options, output, _write_log)
+        # Listening: many connections instead of stdin/stdout, a layer around this server (see listen.py).
+        router = Router(output) if options.listen is not None else None
+        server = Server(options, router or output, _write_log)
         server.log_event("start", f"pynox {__version__} starting {options.workers} workers")
         if options.metrics_socket is not None:
             # Bound before any template starts: a probe sees "starting", and a path in use stops the pool now.
             metrics = MetricsSocket(options.metrics_socket, lambda: server.stats.snapshot(None, server.gauges()),
                                     server.state)
+        if options.listen is not None:  # bound before any template starts, as the metrics socket is
+            listener = Listener(options.listen, Tenants(options.config.tenants))
         for warning in options.config.warnings:
             server.log_event("config_warning", warning)
         workers = server.start()
@@ -640,6 +647,8 @@ def _serve(args: argparse.Namespace) -> int:
     except (PynoxError, OSError) as exc:
         if metrics is not None:
             metrics.close()
+        if listener is not None:
+            listener.close()
         kind = type(exc).__name__
         output.write(encode(StartErrorEvent(error=StartError(type=kind, message=str(exc)))))
         if json_log:
@@ -651,22 +660,28 @@ def _serve(args: argparse.Namespace) -> int:
     server.log_event("ready", f"ready with {len(workers)} workers")
     # Only now: a signal that came while the templates started waits (blocked) until there is a pool to drain.
     threading.Thread(target=_watch_signals, args=(server,), name="pynox-signals", daemon=True).start()
-    # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
-    watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
-    # Intake reads on through a drain: every line it reads is answered, a request as refused.
-    reader = LineReader(stdin_fd, server.wake[0], server.drained.is_set)
-    try:
-        for line in reader:
-            server.handle_line(line, reader.read_ns)
-        if not server.drained.is_set():  # EOF: no reply to a host call can be read from here on
-            server.calls.close("the host cannot answer: the pool's input has ended")
-            server.shutdown.input_ended()
-            server.drained.wait()
-        # Lines already written when the drain ended are answered too (refused), not left unread.
-        for line in reader.rest():
-            server.handle_line(line)
-    except BrokenPipeError:
-        os._exit(1)
+    if listener is not None and router is not None:
+        try:  # until a stop signal's drain is over; stdin is not read
+            listener.serve(server, router)
+        finally:
+            listener.close()
+    else:
+        # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
+        watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
+        # Intake reads on through a drain: every line it reads is answered, a request as refused.
+        reader = LineReader(stdin_fd, server.wake[0], server.drained.is_set)
+        try:
+            for line in reader:
+                server.handle_line(line, reader.read_ns)
+            if not server.drained.is_set():  # EOF: no reply to a host call can be read from here on
+                server.calls.close("the host cannot answer: the pool's input has ended")
+                server.shutdown.input_ended()
+                server.drained.wait()
+            # Lines already written when the drain ended are answered too (refused), not left unread.
+            for line in reader.rest():
+                server.handle_line(line)
+        except BrokenPipeError:
+            os._exit(1)
     server.calls.close("the pool has stopped")
     if metrics is not None:
         metrics.close()

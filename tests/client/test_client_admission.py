@@ -64,7 +64,7 @@ def test_the_pool_refuses_a_sent_run_past_its_queue_timeout(tmp_path: Path) -> N
             assert time.monotonic() < end, "the holder never started"
             time.sleep(0.05)
         started = time.monotonic()
-        with pytest.raises(RequestError, match="for a worker .* the pool is saturated"):
+        with pytest.raises(RequestError, match=r"for a worker .* the pool is saturated"):
             pool.run("print(1)", queue_timeout="400ms")  # a slot is free: the pool's queue refuses it
         assert 0.38 <= time.monotonic() - started < 3.0
         gate.touch()

@@ -104,7 +104,7 @@ def _wait_file(path: Path) -> str:
 
 
 def test_two_users_cannot_see_or_reach_each_other(tmp_path: Path, listening: tuple[PoolProcess, Path]) -> None:
-    pool, path = listening
+    _, path = listening
     gate = tmp_path / "gate"
     gate.mkdir()
     mine = ListenClient(str(path))
@@ -210,7 +210,7 @@ def test_a_dropped_connection_ends_its_jobs_and_fails_its_calls(tmp_path: Path, 
 def test_one_tenant_saturating_does_not_delay_another(tmp_path: Path, listening: tuple[PoolProcess, Path]) -> None:
     """pynox-ci keeps its max_jobs (2 of 3 workers) busy with 1 s jobs and asks for more all the while; root's
     small jobs meanwhile wait no longer than on an idle pool's free worker."""
-    pool, path = listening
+    _, path = listening
     lines = [{"id": f"ci-{i}", "code": "import time\ntime.sleep(1)"} for i in range(40)]
     box: list[list[dict[str, Any]]] = []
     saturating = threading.Thread(target=lambda: box.append(_as_other_user(path, lines, seconds=20)))

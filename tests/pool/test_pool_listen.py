@@ -208,16 +208,25 @@ def test_a_dropped_connection_ends_its_jobs_and_fails_its_calls(tmp_path: Path, 
 
 
 def test_one_tenant_saturating_does_not_delay_another(tmp_path: Path, listening: tuple[PoolProcess, Path]) -> None:
-    """pynox-ci keeps its max_jobs (2 of 3 workers) busy with 1 s jobs and asks for more all the while; root's
-    small jobs meanwhile wait no longer than on an idle pool's free worker."""
+    """pynox-ci fills its max_jobs (2 of 3 workers) with 8 s jobs and asks for 38 more; root's small jobs, run
+    while both of those still hold their workers (the stats say so before and after), wait no longer than on an
+    idle pool's free worker."""
     _, path = listening
-    lines = [{"id": f"ci-{i}", "code": "import time\ntime.sleep(1)"} for i in range(40)]
+    lines = [{"id": f"ci-{i}", "code": "import time\ntime.sleep(8)", "timeout": "20s"} for i in range(40)]
     box: list[list[dict[str, Any]]] = []
-    saturating = threading.Thread(target=lambda: box.append(_as_other_user(path, lines, seconds=20)))
+    saturating = threading.Thread(target=lambda: box.append(_as_other_user(path, lines, seconds=30)))
     mine = ListenClient(str(path))
     mine.wait_for(lambda m: True)
     saturating.start()
-    time.sleep(1.0)
+
+    def busy(tag: str) -> int:
+        mine.send(id=tag, stats=True)
+        return int(mine.result(tag)["busy_workers"])
+
+    end = time.monotonic() + DEADLINE
+    while busy(f"before-{time.monotonic()}") < 2:
+        assert time.monotonic() < end, "the other tenant's jobs never started"
+        time.sleep(0.05)
     waits, rounds = [], []
     for i in range(20):
         sent = time.monotonic()
@@ -225,6 +234,7 @@ def test_one_tenant_saturating_does_not_delay_another(tmp_path: Path, listening:
         result = mine.result(i)
         rounds.append(time.monotonic() - sent)
         waits.append(result["queue_us"] / 1e6)
+    assert busy("after") == 2, "the other tenant's jobs ended during the measurement: it proves nothing"
     saturating.join(timeout=60)
     theirs = box[0][1:]
     ran = [m for m in theirs if m.get("exit") == 0]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from ..errors import ConfigError
 from ..protocol import Histogram, StatsEvent, encode
+from .process_metrics import process_metrics
 from .stats import OUTCOMES
 
 __all__ = ["MetricsSocket", "probe", "render"]
@@ -206,7 +207,7 @@ class MetricsSocket:
             return _response("405 Method Not Allowed", _TEXT, b"only GET and HEAD\n")
         head = method == "HEAD"
         if target == "/metrics":
-            return _response("200 OK", _TEXT, render(self._snapshot()), head=head)
+            return _response("200 OK", _TEXT, render(self._snapshot()) + process_metrics(), head=head)
         if target == "/stats":
             return _response("200 OK", "application/json", encode(self._snapshot()), head=head)
         if target == "/livez":

@@ -146,8 +146,15 @@ class _Worker(threading.Thread):
         if self.child.state is ChildState.TAKEN:
             self.child.drop()
         if self.template is not None and self.template.broken:
+            self._died(self.template)
             self.template.close()
             self.template = None
+
+    def _died(self, template: Template) -> None:
+        """The operator's line for a template that died or broke, with its cause (the restarts counter alone
+        says only that one did)."""
+        self.server.log_event("template_died", f"{self.name}: template {template.process.pid} {death_cause(template)}"
+                                               "; a new one starts before the next job")
 
     def _serve_safely(self, job: _Job) -> Result:
         """Serve one job; whatever goes wrong costs that job and its template, never this thread."""
@@ -195,6 +202,7 @@ class _Worker(threading.Thread):
         if template is not None and not template.broken and template.process.poll() is None:
             return template
         if template is not None:
+            self._died(template)
             template.close()
         self.template = None
         try:
@@ -204,6 +212,8 @@ class _Worker(threading.Thread):
             self.server.log_event("template_error", str(exc))
         else:
             self.server.stats.record_template_restart()
+            self.server.log_event("template_replaced", f"{self.name}: template {self.template.process.pid} "
+                                                       "started in place of the one that died")
         return self.template
 
     def _worker_error(self, job: _Job, queue_us: int, message: str, duration_us: int = 0) -> Result:
@@ -576,6 +586,19 @@ class Server:
         result = SessionResult(**msgspec.structs.asdict(refusal(request_id, message)), session=session,
                                session_ended=existing is None or existing.closing)
         self.finish(result, session=session, step=None)
+
+
+def death_cause(template: Template) -> str:
+    """Why a template is being replaced, from what the pool itself knows (its wait status, its own verdict)."""
+    status = template.process.poll()
+    if status is None:
+        return "was found broken by the pool (it failed while serving a job, or misbehaved) and is stopped"
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
 
 
 def _write_log(line: bytes) -> None:

@@ -296,7 +296,7 @@ def test_systemd_socket_activation(tmp_path: Path, run_dir: Path) -> None:
 def test_a_connection_from_the_same_user_without_tenants(tmp_path: Path, run_dir: Path) -> None:
     """The control for the tenant rule: with no [tenants.NAME], the pool's own user is served."""
     path = run_dir / "pool.sock"
-    with pool_process("--workers=1", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+    with pool_process("--workers=1", f"--listen=unix:{path}", "--log=json", cwd=tmp_path, check_exit=False) as pool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
             raw.connect(str(path))
             raw.sendall(b'{"id": 7, "code": "print(7)"}\n')
@@ -304,3 +304,5 @@ def test_a_connection_from_the_same_user_without_tenants(tmp_path: Path, run_dir
             assert json.loads(lines.readline())["event"] == "ready"
             assert json.loads(lines.readline())["stdout"] == "7\n"
         _stop(pool)
+    [job] = [line for line in pool.log_lines() if line.get("event") == "job"]
+    assert job["tenant"] == "default"  # the tenant label of its connection

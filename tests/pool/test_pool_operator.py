@@ -67,3 +67,16 @@ def test_process_metrics_are_the_pools_own(tmp_path: Path) -> None:
         assert abs(values["process_start_time_seconds"] - time.time()) < 600
         assert values["process_start_time_seconds"] <= started + 5
         assert pool.finish() == 0
+
+
+def test_traceparent_is_carried_into_the_log_line(tmp_path: Path) -> None:
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with pool_process("--workers=1", "--log=json", cwd=tmp_path) as pool:
+        assert pool.run("print(1)", id="traced", traceparent=trace)["exit"] == 0
+        assert pool.run("print(2)", id="plain")["exit"] == 0  # the control: no trace, no field
+        bad = pool.run("print(3)", id="bad", traceparent="00-" + "0" * 32 + "-00f067aa0ba902b7-01")
+        assert bad["error"]["type"] == "RequestError" and "traceparent" in bad["error"]["message"], bad
+        assert pool.finish() == 0
+    jobs = {line["id"]: line for line in pool.log_lines() if line.get("event") == "job"}
+    assert jobs["traced"]["traceparent"] == trace
+    assert jobs["plain"]["traceparent"] is None and jobs["plain"]["tenant"] is None

@@ -88,6 +88,8 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # How long this job may wait for a worker, from the moment the pool read its line; past it, it is refused
     # ("the pool is saturated"). Else its profile's, else [pool] queue_timeout (see server/admission.py).
     queue_timeout: Units | None = None
+    # W3C trace context ("00-<trace id>-<parent id>-<flags>"): carried into the request's job log line.
+    traceparent: str | None = None
 
     def grant_fields(self) -> list[str]:
         """The permission and limit fields this request sets (a session step may set none of them)."""
@@ -297,6 +299,10 @@ class JobLogLine(msgspec.Struct, kw_only=True):
     network: str | None
     truncated: bool
     usage: Usage | None
+    # The tenant of a listening pool's connection (see server/tenants.py), and the W3C trace context the request
+    # carried, so that an operator follows an agent's request into the pool; null when there is none.
+    tenant: str | None = None
+    traceparent: str | None = None
 
 
 PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",

@@ -244,6 +244,11 @@ class Router(Output):
         for session in connection.sessions:
             server.handle_line(encode(Request(id=connection.inside("pynox-dropped"), session=session, close=True)))
 
+    def tenant_of(self, pool_id: RequestId | None) -> str | None:
+        """The tenant of the connection a pool id belongs to (for its log line)."""
+        connection, _ = self._owner(pool_id)
+        return connection.tenant.name if connection is not None else None
+
     def count(self, connection: Connection, pool_id: str) -> None:
         """A request of ``connection`` that will be answered with a result."""
         with self._lock:
@@ -276,6 +281,7 @@ class Listener:
         """Accept connections until the server's drain is over (checked twice a second: the server's own wake-up
         descriptor is its stdin reader's)."""
         router.server = server
+        server.tenant_of = router.tenant_of
         while not server.drained.is_set():
             ready, _, _ = select.select([self.sock], [], [], 0.5)
             if not ready:

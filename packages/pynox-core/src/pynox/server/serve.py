@@ -22,6 +22,7 @@ import logging
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -76,6 +77,7 @@ from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
 from .templates import CallSink, Template
 from .tenants import Tenants
+from .trace import Traces, valid_traceparent
 
 __all__ = ["serve"]
 
@@ -256,6 +258,10 @@ class Server:
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
         # What a template writes on stderr (a preload that prints, a crash): as JSON lines too, with --log=json.
         self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
+        # The trace context of requests that carried one, until their result (see trace.py).
+        self.traces = Traces()
+        # The tenant a request id belongs to, for its log line: set by a listening pool (see listen.py).
+        self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
 
@@ -277,10 +283,16 @@ class Server:
     def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
         self.stats.record(result)
         self.output.write(encode(result))
+        trace = self.traces.pop(result.id) if self.traces else None
         if self.options.log == "json":
             line = log_line(result, session=session, step=step)
             if self.options.log_redact:
                 line.message = None
+            if trace is not None:
+                line.traceparent = trace
+            tenant = self.tenant_of(result.id)
+            if tenant is not None:
+                line.tenant = tenant
             self._log(encode(line))
 
     def log_event(self, event: PoolEventName, message: str, *, retry: int | None = None,
@@ -461,6 +473,14 @@ class Server:
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
             return
+        if message.traceparent is not None:
+            if not valid_traceparent(message.traceparent):
+                self._refuse(message.id, f"traceparent: {quoted(message.traceparent[:80])} is not a W3C trace context "
+                                         '("00-" 32 hex digits "-" 16 hex digits "-" 2 hex digits)',
+                             session=message.session)
+                return
+            if not (message.stats or message.cancel is not None or message.close):  # answered by a result
+                self.traces.add(message.id, message.traceparent)
         if message.session is not None and message.queue_timeout is not None:
             self._refuse(message.id, "queue_timeout applies to jobs; a session's steps wait for the step before "
                                      "them, in the session's own process", session=message.session)
@@ -590,7 +610,10 @@ class Server:
 
 def death_cause(template: Template) -> str:
     """Why a template is being replaced, from what the pool itself knows (its wait status, its own verdict)."""
-    status = template.process.poll()
+    try:  # a template that just died may not be reaped yet: the pool saw its socket close first
+        status: int | None = template.process.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+        status = None
     if status is None:
         return "was found broken by the pool (it failed while serving a job, or misbehaved) and is stopped"
     if status < 0:

@@ -80,3 +80,16 @@ def test_traceparent_is_carried_into_the_log_line(tmp_path: Path) -> None:
     jobs = {line["id"]: line for line in pool.log_lines() if line.get("event") == "job"}
     assert jobs["traced"]["traceparent"] == trace
     assert jobs["plain"]["traceparent"] is None and jobs["plain"]["tenant"] is None
+
+
+def test_sessions_opened_closed_and_expired_are_counted(tmp_path: Path) -> None:
+    with pool_process("--workers=1", "--session-idle=1s", cwd=tmp_path) as pool:
+        assert pool.run("x = 1", session="kept")["exit"] == 0
+        assert pool.run("x = 2", session="idle")["exit"] == 0
+        assert pool.run(session="kept", close=True)["closed"] is True
+        end = time.monotonic() + DEADLINE
+        while (stats := pool.stats())["sessions_active"]:  # the idle one is closed by the pool, seen from outside
+            assert time.monotonic() < end, stats
+            time.sleep(0.2)
+        assert (stats["sessions_opened"], stats["sessions_closed"], stats["sessions_expired"]) == (2, 2, 1), stats
+        assert pool.finish() == 0

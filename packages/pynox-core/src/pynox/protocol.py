@@ -278,6 +278,9 @@ class StatsEvent(msgspec.Struct, kw_only=True):
     max_sessions: int = 0
     draining: bool = False  # input ended or a signal came: accepted work finishes, nothing new is read
     template_restarts: int = 0  # worker templates started to replace one that died or broke
+    sessions_opened: int = 0  # sessions started since the pool did
+    sessions_closed: int = 0  # sessions that ended, for any reason (closed, timed out, crashed, idle, shutdown)
+    sessions_expired: int = 0  # of those, closed for being idle past session_idle
     # Latency of every result that was not refused: its run (duration_us) and its wait for a worker (queue_us).
     duration_seconds: Histogram = msgspec.field(default_factory=Histogram)
     queue_seconds: Histogram = msgspec.field(default_factory=Histogram)

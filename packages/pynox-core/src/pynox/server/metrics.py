@@ -106,6 +106,10 @@ def render(stats: StatsEvent) -> bytes:
     text.metric("pynox_host_calls_total", "counter", "Host-function calls relayed to the client.", stats.host_calls)
     text.metric("pynox_template_restarts_total", "counter", "Worker templates started to replace one that died or "
                                                            "broke.", stats.template_restarts)
+    text.metric("pynox_sessions_opened_total", "counter", "Sessions started.", stats.sessions_opened)
+    text.metric("pynox_sessions_closed_total", "counter", "Sessions ended, for any reason.", stats.sessions_closed)
+    text.metric("pynox_sessions_expired_total", "counter", "Sessions closed for being idle past session_idle.",
+                stats.sessions_expired)
     text.histogram("pynox_job_duration_seconds", "How long each job ran (refusals excluded).",
                    stats.duration_seconds)
     text.histogram("pynox_queue_wait_seconds", "How long each job waited for a worker (refusals excluded).",

@@ -350,6 +350,7 @@ class Server:
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
             landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step)
+        self.sessions.count = self.stats.record_session
         self.output.write(encode(self.ready_info))
         return workers
 

@@ -379,6 +379,8 @@ class SessionRegistry:
         self.landlock_abi = landlock_abi
         self.lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        # Told "opened", "closed" (every end) and "expired" (closed for being idle): the stats' session counters.
+        self.count: Callable[[str], None] = lambda _: None
         self.spare = _SpareTemplate(new_template)
         self._reaper = threading.Thread(target=self._reap_idle, name="pynox-session-reaper", daemon=True)
         self._reaper.start()
@@ -407,6 +409,7 @@ class SessionRegistry:
                 spec, max_output = create()
                 session = Session(name, spec, max_output, self)
                 self._sessions[name] = session
+                self.count("opened")
                 session.start()
             elif session.closing:
                 raise RequestError(f"session {name!r} is closing; send the step again after its result or "
@@ -433,6 +436,7 @@ class SessionRegistry:
             session.life.stop_taking()  # nothing more is queued on it
             if self._sessions.get(session.session_name) is session:
                 del self._sessions[session.session_name]
+                self.count("closed")
 
     def shutdown(self) -> None:
         """Sessions end with the pool: pending steps are answered, then every session closes."""
@@ -454,4 +458,6 @@ class SessionRegistry:
                     idle_too_long = now - session.last_used >= self.idle
                     if (not session.closing and session.pending == 0 and (idle_too_long or session.process_ended())
                             and session.life.stop_taking()):
+                        if idle_too_long:
+                            self.count("expired")
                         session.items.put(_Close(None))

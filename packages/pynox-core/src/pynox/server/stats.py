@@ -116,6 +116,7 @@ class Stats:
         self._duration_ms_total = 0
         self._queue_us_total = 0
         self._host_calls = 0
+        self._sessions: Counter[str] = Counter()  # opened, closed, expired
 
     def record(self, result: Result) -> None:
         with self._lock:
@@ -140,6 +141,10 @@ class Stats:
     def record_host_call(self) -> None:
         with self._lock:
             self._host_calls += 1
+
+    def record_session(self, what: str) -> None:
+        with self._lock:
+            self._sessions[what] += 1
 
     def record_template_restart(self) -> None:
         with self._lock:
@@ -174,6 +179,9 @@ class Stats:
                 max_sessions=gauges.max_sessions,
                 draining=gauges.draining,
                 template_restarts=self._template_restarts,
+                sessions_opened=self._sessions["opened"],
+                sessions_closed=self._sessions["closed"],
+                sessions_expired=self._sessions["expired"],
                 duration_seconds=self._durations.snapshot(),
                 queue_seconds=self._waits.snapshot(),
             )

@@ -306,3 +306,23 @@ def test_a_connection_from_the_same_user_without_tenants(tmp_path: Path, run_dir
         _stop(pool)
     [job] = [line for line in pool.log_lines() if line.get("event") == "job"]
     assert job["tenant"] == "default"  # the tenant label of its connection
+
+
+def test_a_tenants_jobs_run_as_its_user(tmp_path: Path, run_dir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("run_as needs a root pool")
+    nobody = pwd.getpwnam("nobody")
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[tenants.ops]\nusers = ["root"]\n\n[tenants.ci]\nusers = ["{OTHER_USER}"]\nrun_as = "nobody"\n')
+    path = run_dir / "pool.sock"
+    code = "import os\nprint(os.getuid(), os.getgid())"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        theirs = _as_other_user(path, [{"id": 1, "code": code}])
+        assert theirs[1]["stdout"] == f"{nobody.pw_uid} {nobody.pw_gid}\n", theirs
+        mine = ListenClient(str(path))  # the control: the other tenant's jobs run as the pool's user
+        mine.wait_for(lambda m: True)
+        mine.send(id=1, code=code)
+        assert mine.result(1)["stdout"] == "0 0\n"
+        mine.close()
+        _stop(pool)

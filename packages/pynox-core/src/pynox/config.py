@@ -55,7 +55,7 @@ _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts",
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "queue_timeout", "max_queued", "listen", "limits")
 # [tenants.NAME]: who a listening pool's peer is (by SO_PEERCRED) and what that tenant may have (see server/tenants.py).
-_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions")
+_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "run_as")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -101,6 +101,7 @@ class TenantSettings:
     profiles: tuple[str, ...] | None = None  # None: any request; else every job and session names one of these
     max_jobs: int | None = None  # jobs and session steps in flight (queued or running) at once, over its connections
     max_sessions: int | None = None  # sessions open at once, over its connections
+    run_as: tuple[int, int] | None = None  # (uid, gid) its jobs run under, instead of [pool] run_as
 
     def matches(self, uid: int, gid: int) -> bool:
         return uid in self.uids or gid in self.gids
@@ -430,7 +431,8 @@ def _tenant(table: _Table, name: str, profiles: Mapping[str, Request]) -> Tenant
                               "profiles")
     return TenantSettings(name=name, uids=frozenset(uids), gids=frozenset(gids),
                           profiles=tuple(allowed) if allowed is not None else None,
-                          max_jobs=table.positive_int("max_jobs"), max_sessions=table.positive_int("max_sessions"))
+                          max_jobs=table.positive_int("max_jobs"), max_sessions=table.positive_int("max_sessions"),
+                          run_as=_run_as(table))
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
@@ -504,15 +506,29 @@ def _landlock_abi(table: _Table) -> int | None:
 
 
 def _run_as(table: _Table) -> tuple[int, int] | None:
-    """``"uid:gid"``, ``"uid"`` or an integer uid; a lone uid is also the gid. Never root."""
-    value = table.get("run_as", (str, int), 'a numeric "uid:gid" or "uid"')
+    """``"uid:gid"``, ``"uid"``, an integer uid, ``"user"`` or ``"user:group"``; a lone user is also the group
+    (a name: its primary group). Names are looked up when the file is read. Never root."""
+    value = table.get("run_as", (str, int), 'a "uid:gid", "uid", "user" or "user:group"')
     if value is None:
         return None
-    text = str(value)
-    parts = text.split(":")
-    if len(parts) > 2 or not all(part.isascii() and part.isdigit() for part in parts):
-        raise table.error(f'expected a numeric "uid:gid" or "uid", got {value!r}', "run_as")
-    uid, gid = int(parts[0]), int(parts[-1])
+    import grp  # only for a file that names a user: looked up once, here
+    import pwd
+
+    if isinstance(value, int) and value < 0:
+        raise table.error(f"{value!r}: a numeric uid is 1 to {_MAX_ID}", "run_as")
+    parts = str(value).split(":")
+    if len(parts) > 2 or not all(parts):
+        raise table.error(f'expected a "uid:gid", "uid", "user" or "user:group", got {value!r}', "run_as")
+    try:
+        if parts[0].isascii() and parts[0].isdigit():
+            uid, gid = int(parts[0]), int(parts[0])
+        else:
+            entry = pwd.getpwnam(parts[0])
+            uid, gid = entry.pw_uid, entry.pw_gid
+        if len(parts) == 2:
+            gid = int(parts[1]) if parts[1].isascii() and parts[1].isdigit() else grp.getgrnam(parts[1]).gr_gid
+    except KeyError as exc:
+        raise table.error(f"{value!r}: no such user or group on this host ({exc.args[0]})", "run_as") from None
     if not (0 < uid <= _MAX_ID and 0 < gid <= _MAX_ID):
         raise table.error(f"{value!r}: jobs must run as an unprivileged user and group (not 0, at most "
                           f"{_MAX_ID})", "run_as")

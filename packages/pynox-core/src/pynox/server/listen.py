@@ -249,6 +249,11 @@ class Router(Output):
         connection, _ = self._owner(pool_id)
         return connection.tenant.name if connection is not None else None
 
+    def run_as_of(self, pool_id: RequestId | None) -> tuple[int, int] | None:
+        """The user the jobs of the connection a pool id belongs to run as, when its tenant names one."""
+        connection, _ = self._owner(pool_id)
+        return connection.tenant.settings.run_as if connection is not None else None
+
     def count(self, connection: Connection, pool_id: str) -> None:
         """A request of ``connection`` that will be answered with a result."""
         with self._lock:
@@ -282,6 +287,7 @@ class Listener:
         descriptor is its stdin reader's)."""
         router.server = server
         server.tenant_of = router.tenant_of
+        server.run_as_of = router.run_as_of
         while not server.drained.is_set():
             ready, _, _ = select.select([self.sock], [], [], 0.5)
             if not ready:

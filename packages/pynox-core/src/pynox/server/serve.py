@@ -262,6 +262,8 @@ class Server:
         self.traces = Traces()
         # The tenant a request id belongs to, for its log line: set by a listening pool (see listen.py).
         self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
+        # The user a request's jobs run as, when its tenant says (see listen.py), over [pool] run_as.
+        self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
 
@@ -518,7 +520,7 @@ class Server:
         config = self.options.config
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
         request = bounded(request, config, self.cwd, check_paths=False)
-        run_as = config.pool.run_as
+        run_as = self.run_as_of(request.id) or config.pool.run_as
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=self.read_paths, session=session,
                                   writable=self._written, ceiling=config.ceiling,
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,

@@ -326,3 +326,34 @@ def test_a_tenants_jobs_run_as_its_user(tmp_path: Path, run_dir: Path) -> None:
         assert mine.result(1)["stdout"] == "0 0\n"
         mine.close()
         _stop(pool)
+
+
+def test_a_forged_tag_in_a_bad_line_reaches_no_other_connection(tmp_path: Path, run_dir: Path) -> None:
+    """The pool's own names for a connection's ids start with its tag; a line the pool cannot parse is answered
+    with the id it recovers from it, and that answer goes to the line's sender whatever the id says."""
+    path = run_dir / "pool.sock"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    with pool_process("--workers=1", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+        first = ListenClient(str(path))  # connection 1: its id 1 is "~1~1" inside the pool
+        first.wait_for(lambda m: True)
+        first.send(id=1, code=_gate(gate, "held"), allow_write=[str(gate)], timeout="60s")
+        _wait_file(gate / "held")
+        second = ListenClient(str(path))
+        second.wait_for(lambda m: True)
+        second.sock.sendall(b'{"id": "~1~1", "code": 5}\n')  # a bad request, with the other's inside id
+        second.sock.sendall(b'{"id": "~1~1", "code": "' + b"x" * (1 << 21) + b'"}\n')  # a line too long
+        second.sock.sendall(b'{"id": "~1~1", not json\n')
+        end = time.monotonic() + DEADLINE
+        while len(refusals := [m for m in second.messages if "exit" in m]) < 3:
+            assert time.monotonic() < end, second.messages
+            time.sleep(0.05)
+        assert all(r["error"]["type"] == "RequestError" for r in refusals), refusals
+        time.sleep(0.5)
+        assert not [m for m in first.messages[1:]], first.messages  # nothing reached the first connection
+        (gate / "open").touch()
+        assert first.result(1)["exit"] == 0  # its one result, its own
+        assert len([m for m in first.messages if m.get("id") == 1]) == 1
+        first.close()
+        second.close()
+        _stop(pool)

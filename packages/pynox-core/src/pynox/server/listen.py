@@ -166,10 +166,22 @@ class Router(Output):
             self._fallback.write(line)
             return
         pool_id = message.get("id")
-        connection, original = self._owner(pool_id)
-        if connection is None:
-            connection = getattr(self._local, "connection", None)
-            original, pool_id = message.get("id"), None
+        # On a connection's own thread, while its line is handled, every line written is that connection's: an
+        # id the server recovered from a line it could not parse is the client's own, never looked up (a client
+        # could write another connection's tag into it).
+        current: Connection | None = getattr(self._local, "connection", None)
+        connection: Connection | None
+        if current is not None:
+            connection, original = current, pool_id
+            if isinstance(pool_id, str) and pool_id.startswith(current.tag):
+                try:
+                    original = _decoder.decode(pool_id.removeprefix(current.tag))
+                except msgspec.DecodeError:  # pragma: no cover - every tagged id is JSON after its tag
+                    original = None
+            else:
+                pool_id = None
+        else:
+            connection, original = self._owner(pool_id)
         if connection is None:
             if message.get("event") in ("error", "ready"):
                 self._fallback.write(line)

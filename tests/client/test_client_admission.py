@@ -74,3 +74,23 @@ def test_the_pool_refuses_a_sent_run_past_its_queue_timeout(tmp_path: Path) -> N
 def test_a_bad_queue_timeout_is_a_request_error() -> None:
     with Pool(workers=1) as pool, pytest.raises(RequestError, match="queue_timeout"):
         pool.run("print(1)", queue_timeout="soon")
+
+
+def test_the_pools_queue_timeout_bounds_a_run_that_names_none(tmp_path: Path) -> None:
+    gate = tmp_path / "open"
+    config = tmp_path / "pynox.toml"
+    config.write_text('[pool]\nqueue_timeout = "300ms"\n')
+    with Pool(workers=1, config=config) as pool, concurrent.futures.ThreadPoolExecutor(4) as threads:
+        assert pool.ready["queue_timeout"] == 0.3
+        holders = [threads.submit(pool.run, _hold(gate), allow_read=[str(tmp_path)], timeout="60s",
+                                  queue_timeout="60s") for _ in range(3)]
+        end = time.monotonic() + 20
+        while pool.stats()["in_flight"] < 3:
+            assert time.monotonic() < end, "the holders never reached the pool"
+            time.sleep(0.05)
+        started = time.monotonic()
+        with pytest.raises(RequestError, match="the pool is saturated"):
+            pool.run("print(1)")  # no slot within the pool's 300 ms
+        assert 0.28 <= time.monotonic() - started < 3.0
+        gate.touch()
+        assert all(holder.result(timeout=30).ok for holder in holders)

@@ -218,6 +218,9 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     # ceiling: how long a client waits for an answer without reading the pool's config. 0: not said (a
     # stand-in, an older version); the client then assumes the default.
     longest_timeout: float = 0.0
+    # [pool] queue_timeout in seconds (0: none): how long a job that names none may wait for a worker; a client
+    # bounds its own wait for a slot by it too.
+    queue_timeout: float = 0.0
 
 
 class StartError(msgspec.Struct):

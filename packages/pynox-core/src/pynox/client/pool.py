@@ -541,7 +541,7 @@ class Pool:
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, **grants)
         started = time.monotonic()
-        limit = _queue_limit(queue_timeout)
+        limit = self._queue_limit(queue_timeout)
         if not self._slots.acquire(timeout=limit):
             raise RequestError(self._no_slot(time.monotonic() - started, limit))
         try:
@@ -551,6 +551,16 @@ class Pool:
         finally:
             self._slots.release()
         return _result(reply)
+
+    def _queue_limit(self, queue_timeout: Units | None) -> float | None:
+        """The run's own queue_timeout, else the pool's [pool] queue_timeout (its ready event says), else None."""
+        if queue_timeout is None:
+            said = self.ready.get("queue_timeout")
+            return float(said) if isinstance(said, int | float) and said > 0 else None
+        try:
+            return parse_duration(queue_timeout, "queue_timeout")
+        except ConfigError as exc:
+            raise RequestError(str(exc)) from None
 
     def _no_slot(self, waited: float, limit: float | None) -> str:
         return (f"waited {format_duration(round(waited, 3))} for one of this Pool's {3 * self.workers} slots "
@@ -632,7 +642,7 @@ class Pool:
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, **grants)
         started = time.monotonic()
-        limit = _queue_limit(queue_timeout)
+        limit = self._queue_limit(queue_timeout)
         if not self._slots.acquire(blocking=False):
             waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire, True, limit))
             try:
@@ -689,15 +699,6 @@ PynoxPool = Pool
 def _check_host_errors(value: object) -> None:
     if value not in ("safe", "full"):
         raise ConfigError(f"host_errors must be 'safe' or 'full', got {value!r}")
-
-
-def _queue_limit(queue_timeout: Units | None) -> float | None:
-    if queue_timeout is None:
-        return None
-    try:
-        return parse_duration(queue_timeout, "queue_timeout")
-    except ConfigError as exc:
-        raise RequestError(str(exc)) from None
 
 
 def _with_queue_timeout(message: Request, limit: float | None, started: float) -> Request:

@@ -347,6 +347,7 @@ class Server:
             backend=BACKEND,
             bounds_not_in_force=cgroups.available().not_in_force(),
             longest_timeout=self.options.config.longest_timeout,
+            queue_timeout=self.options.queue_timeout or 0.0,
         )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,

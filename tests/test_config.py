@@ -217,12 +217,14 @@ BAD = [
     ("[pool]\nstrict_session_reopen = \"yes\"\n", ["[pool] strict_session_reopen", "true or false"]),
     ("[pool]\nlog = \"text\"\n", ["[pool] log", "json"]),
     ("[pool]\nlog = true\n", ["[pool] log", "a boolean"]),
-    ("[pool]\nrun_as = \"nobody\"\n", ["[pool] run_as", "numeric"]),
-    ("[pool]\nrun_as = \"1:2:3\"\n", ["[pool] run_as", "numeric"]),
-    ("[pool]\nrun_as = \"-1\"\n", ["[pool] run_as", "numeric"]),
-    ("[pool]\nrun_as = \"\"\n", ["[pool] run_as", "numeric"]),
-    ("[pool]\nrun_as = \"65534 : 65534\"\n", ["[pool] run_as", "numeric"]),
-    ("[pool]\nrun_as = \"\uff11\uff12\"\n", ["[pool] run_as", "numeric"]),  # fullwidth digits
+    ("[pool]\nrun_as = \"no-such-user-of-pynox\"\n", ["[pool] run_as", "no such user"]),
+    ("[pool]\nrun_as = \"nobody:no-such-group-of-pynox\"\n", ["[pool] run_as", "no such user or group"]),
+    ("[pool]\nrun_as = \"1:2:3\"\n", ["[pool] run_as", "user:group"]),
+    ("[pool]\nrun_as = \"-1\"\n", ["[pool] run_as", "no such user"]),
+    ("[pool]\nrun_as = \"\"\n", ["[pool] run_as", "uid:gid"]),
+    ("[pool]\nrun_as = \"65534 : 65534\"\n", ["[pool] run_as", "no such user"]),
+    ("[pool]\nrun_as = \"\uff11\uff12\"\n", ["[pool] run_as", "no such user"]),  # fullwidth digits
+    ("[pool]\nrun_as = \"root\"\n", ["[pool] run_as", "unprivileged"]),
     ("[pool]\nrun_as = \"0\"\n", ["[pool] run_as", "unprivileged"]),
     ("[pool]\nrun_as = \"0:0\"\n", ["[pool] run_as", "unprivileged"]),
     ("[pool]\nrun_as = \"1000:0\"\n", ["[pool] run_as", "unprivileged"]),
@@ -839,3 +841,21 @@ def test_too_many_workers_in_the_file_names_the_files_key_not_a_flag(tree: Tree)
     # The flag itself is still named as the flag.
     with pytest.raises(ConfigError, match="--workers"):
         pool_options(build_parser().parse_args(["pool", "--workers=1000"]))
+
+
+@pytest.mark.pure
+def test_run_as_takes_a_user_name(tmp_path: Path) -> None:
+    """A name is looked up when the file is read: the user's uid and primary group, or the group named."""
+    import grp
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    (tmp_path / "a.toml").write_text('[pool]\nrun_as = "nobody"\n')
+    assert load_config(tmp_path / "a.toml").pool.run_as == (nobody.pw_uid, nobody.pw_gid)
+    group = grp.getgrgid(nobody.pw_gid).gr_name
+    (tmp_path / "b.toml").write_text(f'[pool]\nrun_as = "{nobody.pw_uid}:{group}"\n')
+    assert load_config(tmp_path / "b.toml").pool.run_as == (nobody.pw_uid, nobody.pw_gid)
+    (tmp_path / "c.toml").write_text('[tenants.ci]\nuids = [1001]\nrun_as = "nobody"\nmax_jobs = 2\n')
+    [tenant] = load_config(tmp_path / "c.toml").tenants
+    assert (tenant.name, tenant.run_as, tenant.max_jobs, tenant.uids) == ("ci", (nobody.pw_uid, nobody.pw_gid), 2,
+                                                                         frozenset({1001}))

@@ -216,7 +216,7 @@ def test_stats(pool: Pool) -> None:
     stats = pool.stats()
     assert stats["event"] == "stats" and stats["jobs"] == before + 1 and stats["workers"] == 2
     # The gauges and histograms too, as plain values a caller can serialise or compare.
-    assert stats["busy_workers"] == 0 and stats["queue_capacity"] == 6 and stats["pid"] > 0
+    assert stats["busy_workers"] == 0 and stats["queue_capacity"] == 1024 and stats["pid"] > 0
     assert isinstance(stats["duration_seconds"], dict) and stats["duration_seconds"]["count"] >= 1
     assert stats["duration_seconds"]["counts"][-1] <= stats["duration_seconds"]["count"]
 

@@ -174,6 +174,9 @@ def _pool_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     pool.add_argument("--landlock-abi", metavar="N",
                       help="use Landlock ABI N at most, as a kernel of that ABI would (default: the kernel's; "
                            "also [pool] landlock_abi or $PYNOX_LANDLOCK_ABI)")
+    pool.add_argument("--listen", metavar="ADDRESS",
+                      help='serve many clients on "unix:PATH", or on the socket systemd hands over ("systemd"), '
+                           "instead of stdin/stdout (also [pool] listen)")
     pool.add_argument("--metrics-socket", metavar="PATH",
                       help="serve Prometheus metrics and health on a unix socket at PATH, mode 0600 (also [pool] "
                            "metrics_socket)")

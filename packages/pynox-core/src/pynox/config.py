@@ -41,16 +41,16 @@ from .requirements import Requirement, requirements
 from .units import format_size, parse_duration, parse_size
 
 __all__ = [
-    "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Installs", "Limits", "PoolOptions", "PoolSettings",
-    "default_config_path", "landlock_abi_cap", "landlock_abi_from_environment", "load_config", "merged",
-    "metrics_socket", "pool_options",
+    "DEFAULT_MAX_QUEUED", "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Installs", "Limits",
+    "PoolOptions", "PoolSettings", "TenantSettings", "default_config_path", "landlock_abi_cap",
+    "landlock_abi_from_environment", "listen_address", "load_config", "merged", "metrics_socket", "pool_options",
 ]
 
 _T = TypeVar("_T")
 
 # The request fields a profile may preset: grants and limits, never code, script, name or args.
 _PROFILE_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory", "max_output",
-                "max_file_size", "package_dirs", "functions", "packages")
+                "max_file_size", "package_dirs", "functions", "packages", "queue_timeout")
 # `pynox run --config FILE` reads its grants from [permissions]; the pool ignores that table.
 _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "timeout", "memory",
                     "max_output", "max_file_size")
@@ -59,7 +59,10 @@ _INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout
                  "allow_sdist", "uv")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "scratch_dir", "scratch_max_file",
-              "scratch_max_total", "strict_session_reopen", "interrupt_grace", "limits", *_INSTALL_KEYS)
+              "scratch_max_total", "strict_session_reopen", "interrupt_grace", "queue_timeout", "max_queued", "listen",
+              "limits", *_INSTALL_KEYS)
+# [tenants.NAME]: who a listening pool's peer is (by SO_PEERCRED) and what that tenant may have (see server/tenants.py).
+_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "run_as")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size", "packages")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -69,6 +72,9 @@ _MAX_WORKERS = 256
 # preloaded modules make its templates heavier raises the floor at start (Config.refuse_memory_below).
 LEAST_MEMORY = 32 << 20
 
+
+# Jobs that may wait for a worker when [pool] max_queued names no bound: intake stops reading beyond them.
+DEFAULT_MAX_QUEUED = 1024
 
 @dataclass(frozen=True)
 class Installs:
@@ -123,6 +129,30 @@ class PoolSettings:
     # CPUs' worth of time each job may use at once, all its threads together (a cgroup's CPU quota, see
     # policy/cgroups.py); 0: no quota. One by default: a job's native threads cannot take every core.
     job_cpu: float = 1.0
+    # How long a job may wait for a worker before it is refused (a profile's or a request's own wins); None: no
+    # deadline. And how many jobs may wait at once before a new one is refused at once (see server/admission.py);
+    # None: the operator set no bound, so intake stops reading at DEFAULT_MAX_QUEUED waiting jobs instead (the
+    # protocol's backpressure: a client that floods the pool waits, as it always did, rather than being refused).
+    # Either way it bounds the pool's memory for waiting requests, at most 1 MiB each.
+    queue_timeout: float | None = None  # seconds
+    max_queued: int | None = None
+    listen: str | None = None  # "unix:/abs/path" or "systemd" (see listen_address)
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """``[tenants.NAME]``: the peers of a listening pool that are this tenant, and its bounds."""
+
+    name: str
+    uids: frozenset[int] = frozenset()  # users given by name are resolved to uids when the file is read
+    gids: frozenset[int] = frozenset()
+    profiles: tuple[str, ...] | None = None  # None: any request; else every job and session names one of these
+    max_jobs: int | None = None  # jobs and session steps in flight (queued or running) at once, over its connections
+    max_sessions: int | None = None  # sessions open at once, over its connections
+    run_as: tuple[int, int] | None = None  # (uid, gid) its jobs run under, instead of [pool] run_as
+
+    def matches(self, uid: int, gid: int) -> bool:
+        return uid in self.uids or gid in self.gids
 
 
 @dataclass(frozen=True)
@@ -159,6 +189,8 @@ class Config:
     warnings: tuple[str, ...] = ()
     # [permissions]: the grants of `pynox run --config FILE`, under its flags; no meaning for the pool.
     permissions: Request | None = None
+    # [tenants.NAME], in the file's order: the first that matches a peer is its tenant.
+    tenants: tuple[TenantSettings, ...] = ()
 
     def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS, check_paths: bool = True) -> Request:
         """The request with its profile merged under it and the ceiling enforced: :func:`pynox.grants.bounded`."""
@@ -329,14 +361,14 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
     warnings: list[str] = []
     permissions = None
-    for table in sorted(set(raw) - {"pool", "profiles"}):
+    for table in sorted(set(raw) - {"pool", "profiles", "tenants"}):
         if table == "permissions":
             permissions = _profile(_Table(file, "permissions", raw["permissions"]), base, _PERMISSION_KEYS)
             warnings.append(f"{file}: [permissions] is the command line's table and does not apply to the pool; "
                             "it is ignored here (use [pool.limits] for a ceiling and [profiles.NAME] for grants)")
             continue
         raise ConfigError(f"{file}: unknown table or key {table!r} (known tables: [pool], [pool.limits], "
-                          "[profiles.NAME])")
+                          "[profiles.NAME], [tenants.NAME])")
 
     pool_table = _Table(file, "pool", raw.get("pool", {}))
     pool_table.refuse_unknown(_POOL_KEYS)
@@ -363,8 +395,13 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         profiles[name] = profile
 
     _refuse_self_writable(file, limits, profiles)
+    tenants_raw = raw.get("tenants", {})
+    if not isinstance(tenants_raw, dict):
+        raise ConfigError(f"{file}: tenants must be tables [tenants.NAME], got {_type_name(tenants_raw)}")
+    tenants = tuple(_tenant(_Table(file, f"tenants.{name}", body), name, profiles)
+                    for name, body in tenants_raw.items())
     return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
-                  warnings=tuple(warnings), permissions=permissions)
+                  warnings=tuple(warnings), permissions=permissions, tenants=tenants)
 
 
 def _pool_settings(table: _Table, base: str) -> PoolSettings:
@@ -381,6 +418,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     strict = table.get("strict_session_reopen", bool, "true or false")
     grace = table.units("interrupt_grace", parse_duration)
     max_sessions = table.positive_int("max_sessions")
+    max_queued = table.positive_int("max_queued")
     workers = table.positive_int("workers")
     if workers is not None and workers > _MAX_WORKERS:
         raise table.error(f"must be between 1 and {_MAX_WORKERS}, got {workers}", "workers")
@@ -403,6 +441,9 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         strict_session_reopen=bool(strict),
         interrupt_grace=PoolSettings.interrupt_grace if grace is None else grace,
         job_cpu=_job_cpu(table),
+        queue_timeout=table.units("queue_timeout", parse_duration),
+        max_queued=max_queued,
+        listen=_listen(table, base),
     )
 
 
@@ -457,6 +498,60 @@ def _job_cpu(table: _Table) -> float:
     if isinstance(value, bool) or not (value == 0 or 0.01 <= value <= _MAX_JOB_CPU):
         raise table.error(f"must be 0 (no quota) or between 0.01 and {_MAX_JOB_CPU:g} CPUs, got {value!r}", "job_cpu")
     return float(value)
+
+
+def listen_address(value: str, base: str) -> str:
+    """``unix:PATH`` (PATH made absolute against ``base``, its directory existing) or ``systemd`` (the socket
+    systemd's socket activation hands over, LISTEN_FDS). ConfigError with the reason, for the caller to place."""
+    if value == "systemd":
+        return value
+    if not value.startswith("unix:"):
+        raise ConfigError(f'expected "unix:PATH" or "systemd", got {value!r}')
+    return "unix:" + metrics_socket(value.removeprefix("unix:"), base)
+
+
+def _listen(table: _Table, base: str) -> str | None:
+    value = table.get("listen", str, '"unix:PATH" or "systemd"')
+    if value is None:
+        return None
+    try:
+        return listen_address(value, base)
+    except ConfigError as exc:
+        raise table.error(str(exc), "listen") from None
+
+
+def _tenant(table: _Table, name: str, profiles: Mapping[str, Request]) -> TenantSettings:
+    table.refuse_unknown(_TENANT_KEYS)
+    import grp  # only for a file with tenants: names are resolved once, here
+    import pwd
+
+    def ids(key: str, lookup: Callable[[str], int]) -> set[int]:
+        found: set[int] = set()
+        for entry in table.get(key, list, "a list") or ():
+            if isinstance(entry, int) and not isinstance(entry, bool) and 0 <= entry <= _MAX_ID:
+                found.add(entry)
+            elif isinstance(entry, str) and entry:
+                try:
+                    found.add(lookup(entry))
+                except KeyError:
+                    raise table.error(f"no such {key[:-1]} {entry!r} on this host", key) from None
+            else:
+                raise table.error(f"expected ids or names, got {entry!r}", key)
+        return found
+
+    uids = ids("uids", lambda n: pwd.getpwnam(n).pw_uid) | ids("users", lambda n: pwd.getpwnam(n).pw_uid)
+    gids = ids("gids", lambda n: grp.getgrnam(n).gr_gid) | ids("groups", lambda n: grp.getgrnam(n).gr_gid)
+    if not uids and not gids:
+        raise table.error("names no peer: give uids, users, gids or groups")
+    allowed = table.strings("profiles")
+    for profile in allowed or ():
+        if profile not in profiles:
+            raise table.error(f"no profile {profile!r} in this file (known: {', '.join(sorted(profiles)) or 'none'})",
+                              "profiles")
+    return TenantSettings(name=name, uids=frozenset(uids), gids=frozenset(gids),
+                          profiles=tuple(allowed) if allowed is not None else None,
+                          max_jobs=table.positive_int("max_jobs"), max_sessions=table.positive_int("max_sessions"),
+                          run_as=_run_as(table))
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).
@@ -530,15 +625,29 @@ def _landlock_abi(table: _Table) -> int | None:
 
 
 def _run_as(table: _Table) -> tuple[int, int] | None:
-    """``"uid:gid"``, ``"uid"`` or an integer uid; a lone uid is also the gid. Never root."""
-    value = table.get("run_as", (str, int), 'a numeric "uid:gid" or "uid"')
+    """``"uid:gid"``, ``"uid"``, an integer uid, ``"user"`` or ``"user:group"``; a lone user is also the group
+    (a name: its primary group). Names are looked up when the file is read. Never root."""
+    value = table.get("run_as", (str, int), 'a "uid:gid", "uid", "user" or "user:group"')
     if value is None:
         return None
-    text = str(value)
-    parts = text.split(":")
-    if len(parts) > 2 or not all(part.isascii() and part.isdigit() for part in parts):
-        raise table.error(f'expected a numeric "uid:gid" or "uid", got {value!r}', "run_as")
-    uid, gid = int(parts[0]), int(parts[-1])
+    import grp  # only for a file that names a user: looked up once, here
+    import pwd
+
+    if isinstance(value, int) and value < 0:
+        raise table.error(f"{value!r}: a numeric uid is 1 to {_MAX_ID}", "run_as")
+    parts = str(value).split(":")
+    if len(parts) > 2 or not all(parts):
+        raise table.error(f'expected a "uid:gid", "uid", "user" or "user:group", got {value!r}', "run_as")
+    try:
+        if parts[0].isascii() and parts[0].isdigit():
+            uid, gid = int(parts[0]), int(parts[0])
+        else:
+            entry = pwd.getpwnam(parts[0])
+            uid, gid = entry.pw_uid, entry.pw_gid
+        if len(parts) == 2:
+            gid = int(parts[1]) if parts[1].isascii() and parts[1].isdigit() else grp.getgrnam(parts[1]).gr_gid
+    except KeyError as exc:
+        raise table.error(f"{value!r}: no such user or group on this host ({exc.args[0]})", "run_as") from None
     if not (0 < uid <= _MAX_ID and 0 < gid <= _MAX_ID):
         raise table.error(f"{value!r}: jobs must run as an unprivileged user and group (not 0, at most "
                           f"{_MAX_ID})", "run_as")
@@ -595,6 +704,7 @@ def _profile(table: _Table, base: str, keys: Sequence[str] = _PROFILE_KEYS) -> R
         memory=_memory(table),
         max_output=table.units("max_output", parse_size),
         max_file_size=table.units("max_file_size", parse_size),
+        queue_timeout=table.units("queue_timeout", parse_duration) if "queue_timeout" in keys else None,
     )
 
 
@@ -637,6 +747,9 @@ class PoolOptions:
     strict_session_reopen: bool = PoolSettings.strict_session_reopen
     interrupt_grace: float = PoolSettings.interrupt_grace  # seconds
     job_cpu: float = PoolSettings.job_cpu  # see PoolSettings.job_cpu
+    queue_timeout: float | None = None  # [pool] queue_timeout (see PoolSettings)
+    max_queued: int | None = PoolSettings.max_queued
+    listen: str | None = None  # --listen, else [pool] listen: serve connections there instead of stdin/stdout
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -676,7 +789,20 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         interrupt_grace=(parse_duration(args.interrupt_grace, "--interrupt-grace") if args.interrupt_grace
                          else settings.interrupt_grace),
         job_cpu=settings.job_cpu,
+        queue_timeout=settings.queue_timeout,
+        max_queued=settings.max_queued,
+        listen=_listen_option(args, settings),
     )
+
+
+def _listen_option(args: argparse.Namespace, settings: PoolSettings) -> str | None:
+    flag = getattr(args, "listen", None)
+    if flag is None:
+        return settings.listen
+    try:
+        return listen_address(flag, os.getcwd())
+    except ConfigError as exc:
+        raise ConfigError(f"--listen: {exc}") from None
 
 
 def _metrics_socket_option(args: argparse.Namespace, settings: PoolSettings) -> str | None:

@@ -57,7 +57,7 @@ __all__ = [
 _MAX_ARGS = 4096
 _MAX_LINKS = 40  # as the kernel's own limit on symlinks followed in one path
 _LIST_FIELDS = ("allow_read", "allow_write", "allow_hosts", "package_dirs", "functions", "packages")
-_SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_size", "name")
+_SCALAR_FIELDS = ("allow_network", "timeout", "memory", "max_output", "max_file_size", "name", "queue_timeout")
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,11 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # Output as it happens: stream and display_data events for this request before its result (a job, or
     # one session step).
     stream: bool | None = None
+    # How long this job may wait for a worker, from the moment the pool read its line; past it, it is refused
+    # ("the pool is saturated"). Else its profile's, else [pool] queue_timeout (see server/admission.py).
+    queue_timeout: Units | None = None
+    # W3C trace context ("00-<trace id>-<parent id>-<flags>"): carried into the request's job log line.
+    traceparent: str | None = None
 
     def file_request(self) -> bool:
         """Whether this is a request for a session's files (upload, download or files)."""
@@ -377,6 +382,9 @@ class ReadyEvent(msgspec.Struct, kw_only=True, tag_field="event", tag="ready"):
     # a model reads them in its tool's description); and whether requests may name packages to install.
     importable: list[str] = []
     installs_packages: bool = False
+    # [pool] queue_timeout in seconds (0: none): how long a job that names none may wait for a worker; a client
+    # bounds its own wait for a slot by it too.
+    queue_timeout: float = 0.0
 
 
 class StartError(msgspec.Struct):
@@ -439,6 +447,9 @@ class StatsEvent(msgspec.Struct, kw_only=True):
     max_sessions: int = 0
     draining: bool = False  # input ended or a signal came: accepted work finishes, nothing new is read
     template_restarts: int = 0  # worker templates started to replace one that died or broke
+    sessions_opened: int = 0  # sessions started since the pool did
+    sessions_closed: int = 0  # sessions that ended, for any reason (closed, timed out, crashed, idle, shutdown)
+    sessions_expired: int = 0  # of those, closed for being idle past session_idle
     # Latency of every result that was not refused: its run (duration_us) and its wait for a worker (queue_us).
     duration_seconds: Histogram = msgspec.field(default_factory=Histogram)
     queue_seconds: Histogram = msgspec.field(default_factory=Histogram)
@@ -460,10 +471,14 @@ class JobLogLine(msgspec.Struct, kw_only=True):
     network: str | None
     truncated: bool
     usage: Usage | None
+    # The tenant of a listening pool's connection (see server/tenants.py), and the W3C trace context the request
+    # carried, so that an operator follows an agent's request into the pool; null when there is none.
+    tenant: str | None = None
+    traceparent: str | None = None
 
 
 PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",
-                        "config_warning", "bound_not_in_force", "log"]
+                        "config_warning", "bound_not_in_force", "log", "template_died", "template_replaced"]
 
 
 class PoolLogEvent(msgspec.Struct, kw_only=True, omit_defaults=True):

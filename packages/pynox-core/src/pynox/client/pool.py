@@ -70,8 +70,9 @@ from ..protocol import (
     encode,
     first_line_decoder,
 )
-from ..units import parse_duration
+from ..units import format_duration, parse_duration
 from . import files as _files
+from .connect import Connection, connect_address
 from .files import FileInfo
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .requests import build_request
@@ -271,7 +272,8 @@ class _FairSlots:
         self._waiting: collections.deque[threading.Event] = collections.deque()
         self._lock = threading.Lock()
 
-    def acquire(self, blocking: bool = True) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """A slot (True), or False when none came free within ``timeout`` seconds (None: wait for one)."""
         with self._lock:
             if self._free and not self._waiting:
                 self._free -= 1
@@ -280,8 +282,13 @@ class _FairSlots:
                 return False
             turn = threading.Event()
             self._waiting.append(turn)
-        turn.wait()  # release() hands the slot over directly: nobody can take it meanwhile
-        return True
+        if turn.wait(timeout):  # release() hands the slot over directly: nobody can take it meanwhile
+            return True
+        with self._lock:
+            if turn.is_set():  # handed over just as the wait ended: it is ours
+                return True
+            self._waiting.remove(turn)
+            return False
 
     def release(self) -> None:
         with self._lock:
@@ -291,10 +298,14 @@ class _FairSlots:
                 self._free += 1
 
 
+# A pool process this client started, or its connection to a listening pool (see connect.py).
+_Transport = _Process | Connection
+
+
 class _Pending:
     __slots__ = ("functions", "future", "host_errors", "is_job", "loop", "on_event", "process", "sent")
 
-    def __init__(self, process: _Process, functions: Mapping[str, HostFunction] | None, is_job: bool,
+    def __init__(self, process: _Transport, functions: Mapping[str, HostFunction] | None, is_job: bool,
                  host_errors: HostErrors, loop: asyncio.AbstractEventLoop | None) -> None:
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.process = process  # the pool it was sent to: only that pool's end fails it
@@ -321,7 +332,7 @@ class Pool:
                  package_dirs: Sequence[PathLike] = (), config: PathLike | None = None,
                  binary: PathLike | None = None, log: str | None = None,
                  max_sessions: int | None = None, session_idle: Units | None = None,
-                 host_errors: HostErrors = "safe") -> None:
+                 host_errors: HostErrors = "safe", connect: str | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
         _check_host_errors(host_errors)
@@ -344,13 +355,16 @@ class Pool:
         if session_idle is not None:
             command.append(f"--session-idle={session_idle}")
         self._command = command
+        # "unix:PATH": run on a listening pool (pynox pool --listen) instead of starting one; the pool's own
+        # options (workers, preload, config) are the operator's, and the arguments for them are not used.
+        self._connect = connect_address(connect) if connect is not None else None
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
         # Plain jobs in flight, at most what the pool takes without blocking its intake (see module doc).
         self._slots = _FairSlots(3 * workers)
-        self._process: _Process | None = None
+        self._process: _Transport | None = None
         self._closed = False
         self._host_loop = HostLoop()
         self.ready: dict[str, Any] = {}
@@ -358,14 +372,18 @@ class Pool:
         self._ensure_process()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
-    def _ensure_process(self) -> _Process:
+    def _ensure_process(self) -> _Transport:
         with self._lock:
             if self._closed:
                 raise PoolError("this pool is closed")
-            process = self._process
-            if process is not None and not process.dead:
-                return process
-            process = _Process(self._command, self.cwd, self._dispatch, self._unreadable, self._process_exited)
+            current = self._process
+            if current is not None and not current.dead:
+                return current
+            process: _Transport
+            if self._connect is not None:  # a listening pool's socket: this client's own connection
+                process = Connection(self._connect, self._dispatch, self._unreadable, self._process_exited)
+            else:
+                process = _Process(self._command, self.cwd, self._dispatch, self._unreadable, self._process_exited)
             self._process = process
         try:
             first = process.ready.result(timeout=_READY_TIMEOUT)
@@ -382,6 +400,11 @@ class Pool:
             raise START_ERRORS.get(event.error.type, PoolError)(event.error.message or "the pool could not start")
         # Checked against its type above; kept as the pool wrote it (a newer pool's extra fields included).
         self.ready = msgspec.json.decode(first)
+        workers = self.ready.get("workers")
+        if self._connect is not None and isinstance(workers, int) and workers != self.workers:
+            with self._lock:  # the listening pool's own size decides how many runs to keep in it
+                if not self._pending:
+                    self.workers, self._slots = workers, _FairSlots(3 * workers)
         return process
 
     def close(self, timeout: float = 60.0) -> None:
@@ -421,14 +444,14 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _process_exited(self, process: _Process) -> None:
+    def _process_exited(self, process: _Transport) -> None:
         if process.hung is not None:
             error = PoolError(process.hung)
         else:
             error = PoolError(f"the pool process exited while this run was in flight ({process.describe_exit()})")
         self._fail_pending(process, error)
 
-    def _fail_pending(self, process: _Process, error: PoolError) -> None:
+    def _fail_pending(self, process: _Transport, error: PoolError) -> None:
         """Answer every run sent to ``process`` with ``error`` (runs sent to a newer pool go on)."""
         with self._lock:
             stale = [(key, p) for key, p in self._pending.items() if p.process is process]
@@ -551,6 +574,7 @@ class Pool:
     def run(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
             host_errors: HostErrors | None = None, return_value: bool = True,
             host_globals: Literal["call", "await"] | None = None, on_output: OutputCallback | None = None,
+            queue_timeout: Units | None = None,
             **grants: Unpack[RunGrants]) -> Result:
         """Run code (or ``script=``) in a fresh confined process and wait for its :class:`Result`.
 
@@ -562,19 +586,39 @@ class Pool:
         value (:attr:`Result.return_value`), as a notebook shows it. Raises :class:`pynox.RequestError` if
         the pool refused the request before running it, and :class:`pynox.PoolError` if the pool gave no
         answer in time; every failure of the code itself is in the result. ``host_globals="await"`` binds the
-        host functions as coroutines in the code's globals (``"call"``: as plain functions).
+        host functions as coroutines in the code's globals (``"call"``: as plain functions). ``queue_timeout``:
+        how long the run may wait for a worker, here for one of this client's slots and then in the pool; past
+        it the run raises :class:`pynox.RequestError` ("the pool is saturated") and nothing ran.
         """
         check_grants("Pool.run()", grants, RUN_GRANT_NAMES)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, stream=on_output is not None, **grants)
         sink, events = self._events_for(on_output)
-        self._slots.acquire()
+        started = time.monotonic()
+        limit = self._queue_limit(queue_timeout)
+        if not self._slots.acquire(timeout=limit):
+            raise RequestError(self._no_slot(time.monotonic() - started, limit))
         try:
+            message = _with_queue_timeout(message, limit, started)
             future = self._submit(message, functions, is_job=True, host_errors=host_errors, on_event=sink)
             reply = self._wait_output(future, message, events, on_output)
         finally:
             self._slots.release()
         return _result(reply)
+
+    def _queue_limit(self, queue_timeout: Units | None) -> float | None:
+        """The run's own queue_timeout, else the pool's [pool] queue_timeout (its ready event says), else None."""
+        if queue_timeout is None:
+            said = self.ready.get("queue_timeout")
+            return float(said) if isinstance(said, int | float) and said > 0 else None
+        try:
+            return parse_duration(queue_timeout, "queue_timeout")
+        except ConfigError as exc:
+            raise RequestError(str(exc)) from None
+
+    def _no_slot(self, waited: float, limit: float | None) -> str:
+        return (f"waited {format_duration(round(waited, 3))} for one of this Pool's {3 * self.workers} slots "
+                f"(queue_timeout {format_duration(limit or 0)}); the pool is saturated: nothing was sent")
 
     def _patience(self, message: Request, rounds: int) -> float:
         """How long a run waits for its answer: ``rounds`` of its timeout (the jobs queued ahead of it,
@@ -646,22 +690,27 @@ class Pool:
     async def arun(self, code: str | None = None, *, functions: Mapping[str, HostFunction] | None = None,
                    host_errors: HostErrors | None = None, return_value: bool = True,
                    host_globals: Literal["call", "await"] | None = None, on_output: OutputCallback | None = None,
-                   **grants: Unpack[RunGrants]) -> Result:
+                   queue_timeout: Units | None = None, **grants: Unpack[RunGrants]) -> Result:
         """``run`` for asyncio: no thread is held while the job runs. ``on_output`` is called on this event
         loop with each event, in order, before the result."""
         check_grants("Pool.arun()", grants, RUN_GRANT_NAMES)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, stream=on_output is not None, **grants)
         sink = self._loop_sink(on_output)
+        started = time.monotonic()
+        limit = self._queue_limit(queue_timeout)
         if not self._slots.acquire(blocking=False):
-            waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire))
+            waiting = asyncio.ensure_future(asyncio.to_thread(self._slots.acquire, True, limit))
             try:
-                await asyncio.shield(waiting)
+                got = await asyncio.shield(waiting)
             except asyncio.CancelledError:
                 # The thread still takes the slot once one is free: give it back then.
-                waiting.add_done_callback(lambda _: self._slots.release())
+                waiting.add_done_callback(lambda done: self._slots.release() if done.result() else None)
                 raise
+            if not got:
+                raise RequestError(self._no_slot(time.monotonic() - started, limit))
         try:
+            message = _with_queue_timeout(message, limit, started)
             if self._process is None or self._process.dead:
                 # Starting (or restarting) the pool waits for its templates: not on the event loop.
                 await asyncio.to_thread(self._ensure_process)
@@ -720,6 +769,15 @@ def _check_host_errors(value: object) -> None:
         raise ConfigError(f"host_errors must be 'safe' or 'full', got {value!r}")
 
 
+def _with_queue_timeout(message: Request, limit: float | None, started: float) -> Request:
+    """The request with what is left of its queue deadline after the wait for a slot (the pool counts the rest
+    from the moment it reads the line)."""
+    if limit is None:
+        return message
+    left = max(limit - (time.monotonic() - started), 0.001)
+    return msgspec.structs.replace(message, queue_timeout=round(left, 3))
+
+
 def _result(reply: Answer) -> Result:
     if not isinstance(reply, SessionResult):
         raise PoolError(f"the pool answered a run with {type(reply).__name__}")
@@ -763,7 +821,7 @@ class Session:
         self._open = False  # the pool holds a process for it, as far as this client knows
         self._opening = 0  # counts the requests that opened it: a step learns only about its own process
         self._ended: str | None = None  # why its last process ended, as this client saw it
-        self._opened_on: _Process | None = None  # the pool process the session's first request went to
+        self._opened_on: _Transport | None = None  # the pool process the session's first request went to
         self._running: list[concurrent.futures.Future[Any]] = []  # its steps sent and not answered, in order
         self._lock = threading.Lock()
 
@@ -984,7 +1042,7 @@ class Session:
 
 # Every open Pool of this process, so that the child of a fork can make each forget its parent's pool.
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
-_forgotten_in_child: list[_Process] = []
+_forgotten_in_child: list[_Transport] = []
 
 
 def _after_fork_in_child() -> None:

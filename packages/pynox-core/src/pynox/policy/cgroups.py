@@ -84,7 +84,21 @@ _SWEEP_WAIT = 0.2  # seconds an emptied directory of a dead pool may stay busy
 _SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
 _CPU_PERIOD = 100_000  # µs: the kernel's default CFS period
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
-_POOL_NAME = f"pynox-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _start_ticks(pid: int | str) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (field 22 of its stat); None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# pynox-<pid>-<start ticks>-<random>: the pid and start time let a later pool in the same PID namespace tell a
+# dead pool's cgroups at once, however young (a pool restarted at once after SIGKILL); the random part keeps
+# two pools that are each PID 1 of their own namespace apart.
+_POOL_NAME = f"pynox-{os.getpid()}-{_start_ticks('self') or 0}-{secrets.token_hex(4)}"
 _cleaned_at_exit: set[str] = set()
 
 
@@ -484,15 +498,28 @@ def memory_counted() -> bool:
 def _sweep(base: str) -> None:
     """Remove every empty cgroup other pools left: a live pool's hold its templates, and rmdir refuses them."""
     for entry in os.scandir(base):
-        if not (entry.name.startswith("pynox-") and entry.name != _POOL_NAME and entry.is_dir()) or _young(entry):
+        if not (entry.name.startswith("pynox-") and entry.name != _POOL_NAME and entry.is_dir()):
+            continue
+        dead = _dead(entry.name)
+        if not dead and _young(entry):
             continue
         left = 0
         with contextlib.suppress(OSError):
             for leaf in os.scandir(entry.path):
-                if leaf.is_dir() and (_young(leaf) or not remove(leaf.path)):
+                if leaf.is_dir() and ((not dead and _young(leaf)) or not remove(leaf.path)):
                     left += 1  # a live pool's: it holds a process, or is about to
         if not left:
             remove(entry.path, _SWEEP_WAIT)  # a child just removed may keep it busy for a moment
+
+
+def _dead(name: str) -> bool:
+    """The pool that named this directory is dead for certain: its pid runs no process started when it did. (A
+    pool of another PID namespace may look dead too; rmdir still refuses every cgroup that holds a process, and a
+    pool whose empty cgroup was removed makes it again.) Names without a start time are judged by age alone."""
+    parts = name.split("-")
+    if len(parts) != 4 or not (parts[1].isdigit() and parts[2].isdigit()) or parts[2] == "0":
+        return False
+    return _start_ticks(parts[1]) != int(parts[2])
 
 
 def _young(entry: os.DirEntry[str]) -> bool:

@@ -7,14 +7,15 @@
       │                  │    └─stop──┐   │
       │                  │ interrupt  │   │
       │                  ├──────▶ INTERRUPTED
-      │ cancel           │ answer     │   │
+      │ cancel, expire   │ answer     │   │
       │ (answered now)   ▼            │   │ answer (as cancelled)
       └─────answer────▶ ANSWERED ◀────┴───┘
 
 ``QUEUED``: accepted, waiting for its worker (or its session's thread).
 Cancelling it answers it at once, as cancelled (``answer_cancelled``): its job
 never starts, and the worker that takes it later finds it ``ANSWERED`` and
-drops it. ``RUNNING``: its worker took it; ``kill`` ends its process (the
+drops it; so does a queue deadline that passes first (``expire``, see
+admission.py). ``RUNNING``: its worker took it; ``kill`` ends its process (the
 template's :class:`~.lifecycle.ChildLife`, which keeps a cancel that lands
 before the process exists). ``KILLED``: a cancel or the pool's shutdown killed
 it, and says why; its worker answers it, as cancelled. ``ANSWERED``: its one
@@ -121,6 +122,15 @@ class Flight:
             if self._state is FlightState.RUNNING:
                 return self._kill_running(CLIENT_CANCELLED)
             return Cancel.FINISHED
+
+    def expire(self) -> bool:
+        """Its queue deadline passed: QUEUED -> ANSWERED (the caller refuses it), True; False if a worker
+        started it or it was answered meanwhile (never a kill: a job that started runs on)."""
+        with self._lock:
+            if self._state is not FlightState.QUEUED:
+                return False
+            self._move(FlightState.ANSWERED)
+            return True
 
     def stop(self, reason: str) -> bool:
         """The pool's shutdown escalated: kill it if it runs (its worker answers it, as cancelled for

@@ -13,6 +13,7 @@ import select
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -45,6 +46,7 @@ class LineReader:
         self._discarding = 0  # bytes of an over-long line skipped so far
         self._head = b""  # its first bytes
         self._eof = False
+        self.read_ns = 0  # when the chunk holding the line last yielded was read: that line's arrival
 
     def __iter__(self) -> Iterator[bytes | TooLong]:
         while not self._stopping():
@@ -53,6 +55,7 @@ class LineReader:
                 os.read(self._wakeup, 512)
                 continue
             chunk = os.read(self._fd, _CHUNK)
+            self.read_ns = time.monotonic_ns()
             if not chunk:
                 self._eof = True
                 break

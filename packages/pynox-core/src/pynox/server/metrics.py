@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from ..errors import ConfigError
 from ..protocol import Histogram, StatsEvent, encode
+from .process_metrics import process_metrics
 from .stats import OUTCOMES
 
 __all__ = ["MetricsSocket", "probe", "render"]
@@ -107,6 +108,10 @@ def render(stats: StatsEvent) -> bytes:
                 "delegated calls (metadata, sysinfo, connect).", stats.delegated_cpu_ms_total / 1000)
     text.metric("pynox_template_restarts_total", "counter", "Worker templates started to replace one that died or "
                                                            "broke.", stats.template_restarts)
+    text.metric("pynox_sessions_opened_total", "counter", "Sessions started.", stats.sessions_opened)
+    text.metric("pynox_sessions_closed_total", "counter", "Sessions ended, for any reason.", stats.sessions_closed)
+    text.metric("pynox_sessions_expired_total", "counter", "Sessions closed for being idle past session_idle.",
+                stats.sessions_expired)
     text.histogram("pynox_job_duration_seconds", "How long each job ran (refusals excluded).",
                    stats.duration_seconds)
     text.histogram("pynox_queue_wait_seconds", "How long each job waited for a worker (refusals excluded).",
@@ -208,7 +213,7 @@ class MetricsSocket:
             return _response("405 Method Not Allowed", _TEXT, b"only GET and HEAD\n")
         head = method == "HEAD"
         if target == "/metrics":
-            return _response("200 OK", _TEXT, render(self._snapshot()), head=head)
+            return _response("200 OK", _TEXT, render(self._snapshot()) + process_metrics(), head=head)
         if target == "/stats":
             return _response("200 OK", "application/json", encode(self._snapshot()), head=head)
         if target == "/livez":

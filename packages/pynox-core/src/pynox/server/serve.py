@@ -5,12 +5,15 @@ ceiling, schedules jobs onto worker threads (one warm template each), relays
 results with their counters and log lines. It never forks job code itself: it
 has threads and open descriptors that a job must never inherit.
 
-Flow control: the accepted queue holds twice the worker count, and intake
-reads ahead of a full queue by one more job per worker, so that a stats,
-cancel or host-call reply written just behind a full queue is still answered
-at once; with that many waiting, intake stops reading stdin. A client that
-stops reading results blocks the writers, then the workers, then intake:
-memory stays bounded. Stats that never wait on intake are on the metrics
+Flow control: intake reads every line as it arrives and never waits for a
+worker, so a stats, cancel or host-call reply written behind the jobs waiting
+is answered at once, and a job's wait is counted from the moment its line was
+read. Jobs waiting for a worker are counted and bounded, each with its queue
+deadline (see :mod:`.admission`): beyond ``[pool] max_queued`` a job is
+refused at once; with no bound set (one client, on stdin) intake stops reading
+at ``DEFAULT_MAX_QUEUED`` waiting jobs instead, the protocol's backpressure. A
+client that stops reading results blocks the writers, then the workers and
+intake: memory stays bounded. Stats that never wait on intake are on the metrics
 socket (:mod:`.metrics`).
 """
 
@@ -21,6 +24,7 @@ import logging
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,7 +35,7 @@ from typing import Literal
 import msgspec
 
 from .. import __version__, hints
-from ..config import PoolOptions, pool_options
+from ..config import DEFAULT_MAX_QUEUED, PoolOptions, pool_options
 from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
 from ..grants import bounded, parse_request_duration, parse_request_size
@@ -61,6 +65,7 @@ from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import ErrorInfo, JobSpec
+from .admission import Admission, Waiting, queue_timeout, saturated
 from .flights import Cancel, Flight, Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
@@ -68,6 +73,7 @@ from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
 from .jobs import to_job
 from .jsonlog import log_records_as_json, relay_as_json
 from .lifecycle import ChildLife, ChildState
+from .listen import Listener, Router
 from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .packages import Installer
@@ -77,15 +83,14 @@ from .shutdown import Shutdown, Stage
 from .stats import Gauges, Stats, log_line
 from .streaming import Streamer
 from .templates import CallSink, Template
+from .tenants import Tenants
+from .trace import Traces, valid_traceparent
 
 __all__ = ["serve"]
 
 _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
-# Jobs that wait for a worker, per worker: the protocol's queue of twice the workers, and one read ahead of it
-# (see the module's docstring). Intake stops reading stdin when this many wait.
-_QUEUED_PER_WORKER = 2 + 1
 
 
 @dataclass
@@ -93,8 +98,9 @@ class _Job:
     id: str | int | float | None
     spec: JobSpec
     max_output: int
-    accepted_ns: int
+    accepted_ns: int  # when the pool read its line: its wait is counted from here
     flight: Flight
+    queue_deadline_ns: int | None = None  # refused if no worker took it by then (see admission.py)
 
 
 class _Worker(threading.Thread):
@@ -124,6 +130,7 @@ class _Worker(threading.Thread):
             while (job := self.server.jobs.get()) is not None:
                 # Taken before its flight starts: a cancel from then on is kept until the job is sent.
                 self.child.take()
+                self.server.admission.taken(job)  # past its queue deadline, it is refused now and never starts
                 # A job cancelled while it was queued has been answered: it never starts.
                 if job.flight.start(self.child.cancel):
                     # Read after the flight started: a shutdown that escalates later kills it instead.
@@ -152,8 +159,15 @@ class _Worker(threading.Thread):
         if self.child.state is ChildState.TAKEN:
             self.child.drop()
         if self.template is not None and self.template.broken:
+            self._died(self.template)
             self.template.close()
             self.template = None
+
+    def _died(self, template: Template) -> None:
+        """The operator's line for a template that died or broke, with its cause (the restarts counter alone
+        says only that one did)."""
+        self.server.log_event("template_died", f"{self.name}: template {template.process.pid} {death_cause(template)}"
+                                               "; a new one starts before the next job")
 
     def _serve_safely(self, job: _Job) -> Result:
         """Serve one job; whatever goes wrong costs that job and its template, never this thread."""
@@ -203,6 +217,7 @@ class _Worker(threading.Thread):
         if template is not None and not template.broken and template.process.poll() is None:
             return template
         if template is not None:
+            self._died(template)
             template.close()
         self.template = None
         try:
@@ -212,6 +227,8 @@ class _Worker(threading.Thread):
             self.server.log_event("template_error", str(exc))
         else:
             self.server.stats.record_template_restart()
+            self.server.log_event("template_replaced", f"{self.name}: template {self.template.process.pid} "
+                                                       "started in place of the one that died")
         return self.template
 
     def _worker_error(self, job: _Job, queue_us: int, message: str, duration_us: int = 0) -> Result:
@@ -228,7 +245,13 @@ class Server:
         self.output = output
         self._log = log
         self.stats = Stats(options.workers, version=__version__)
-        self.jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=_QUEUED_PER_WORKER * options.workers)
+        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        # A bound the operator set, or many clients on a socket (one that floods must not stall the others):
+        # refused beyond it. One client on stdin and stdout with no bound set: slowed, as the protocol says.
+        self.admission = Admission(options.max_queued or DEFAULT_MAX_QUEUED, options.workers, self._queue_expired,
+                                   refuse=options.max_queued is not None or options.listen is not None)
+        self._arrived_ns = 0  # when intake read the line it handles now
         self.workers: list[_Worker] = []  # once started
         self.cwd = os.getcwd()
         self.ready_info: ReadyEvent | None = None
@@ -251,6 +274,12 @@ class Server:
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
         # What a template writes on stderr (a preload that prints, a crash): as JSON lines too, with --log=json.
         self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
+        # The trace context of requests that carried one, until their result (see trace.py).
+        self.traces = Traces()
+        # The tenant a request id belongs to, for its log line: set by a listening pool (see listen.py).
+        self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
+        # The user a request's jobs run as, when its tenant says (see listen.py), over [pool] run_as.
+        self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
         # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
@@ -280,10 +309,16 @@ class Server:
     def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
         self.stats.record(result)
         self.output.write(encode(result))
+        trace = self.traces.pop(result.id) if self.traces else None
         if self.options.log == "json":
             line = log_line(result, session=session, step=step)
             if self.options.log_redact:
                 line.message = None
+            if trace is not None:
+                line.traceparent = trace
+            tenant = self.tenant_of(result.id)
+            if tenant is not None:
+                line.tenant = tenant
             self._log(encode(line))
 
     def log_event(self, event: PoolEventName, message: str, *, retry: int | None = None,
@@ -338,12 +373,14 @@ class Server:
             longest_timeout=self.options.config.longest_timeout,
             importable=hints.importable(ready.preloaded, self.options.package_dirs, IMPORTABLE_LISTED),
             installs_packages=self.installer.problem() is None,
+            queue_timeout=self.options.queue_timeout or 0.0,
         )
         self.sessions = SessionRegistry(
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
             landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch,
             place=self.installer.place, interrupt_grace=self.options.interrupt_grace)
+        self.sessions.count = self.stats.record_session
         self.output.write(encode(self.ready_info))
         return workers
 
@@ -368,6 +405,7 @@ class Server:
             worker.join()
         self.sessions.shutdown()
         self.shutdown.cancel_deadline()
+        self.admission.close()
         self.drained.set()
         os.write(self.wake[1], b"x")
 
@@ -405,8 +443,8 @@ class Server:
     def gauges(self) -> Gauges:
         """The load at this moment; readable from any thread, before the pool is ready too."""
         started = self.ready_info is not None
-        return Gauges(busy_workers=sum(worker.busy for worker in self.workers), queued=self.jobs.qsize(),
-                      queue_capacity=self.jobs.maxsize, in_flight=self.flights.unanswered(),
+        return Gauges(busy_workers=sum(worker.busy for worker in self.workers), queued=self.admission.waiting,
+                      queue_capacity=self.admission.capacity, in_flight=self.flights.unanswered(),
                       sessions_active=self.sessions.active if started else 0,
                       max_sessions=self.options.max_sessions, draining=self.draining())
 
@@ -420,10 +458,12 @@ class Server:
         return self.shutdown.stage is not Stage.SERVING
 
     # -- intake ------------------------------------------------------------------------------------------
-    def handle_line(self, line: bytes | TooLong) -> None:
-        """Answer one input line; whatever goes wrong costs that line a refusal, never the pool."""
+    def handle_line(self, line: bytes | TooLong, arrived_ns: int | None = None) -> None:
+        """Answer one input line; whatever goes wrong costs that line a refusal, never the pool. ``arrived_ns``:
+        when it was read (its job's wait counts from then), else now."""
         try:
             with self._intake:
+                self._arrived_ns = arrived_ns if arrived_ns is not None else time.monotonic_ns()
                 self._handle_line(line)
         except Exception as exc:
             _log.exception("the pool failed while reading a request")
@@ -465,6 +505,18 @@ class Server:
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
             return
+        if message.traceparent is not None:
+            if not valid_traceparent(message.traceparent):
+                self._refuse(message.id, f"traceparent: {quoted(message.traceparent[:80])} is not a W3C trace context "
+                                         '("00-" 32 hex digits "-" 16 hex digits "-" 2 hex digits)',
+                             session=message.session)
+                return
+            if not (message.stats or message.cancel is not None or message.close):  # answered by a result
+                self.traces.add(message.id, message.traceparent)
+        if message.session is not None and message.queue_timeout is not None:
+            self._refuse(message.id, "queue_timeout applies to jobs; a session's steps wait for the step before "
+                                     "them, in the session's own process", session=message.session)
+            return
         if self.shutdown.refusing() and not (message.session is not None and message.close):
             self._refuse(message.id, self.shutdown.why(), session=message.session)
             return
@@ -476,6 +528,7 @@ class Server:
                 self._session_request(message, message.session)
                 return
             job = self._accept(message)
+            self.admission.admit(job)
         except RequestError as exc:
             self._refuse(message.id, str(exc), session=message.session)
             return
@@ -522,7 +575,7 @@ class Server:
         config = self.options.config
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
         request = bounded(request, config, self.cwd, check_paths=False)
-        run_as = config.pool.run_as
+        run_as = self.run_as_of(request.id) or config.pool.run_as
         # No job may write where the pool keeps the environments it installs.
         runtime_paths = [*self.read_paths, self.installer.root]
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
@@ -552,10 +605,23 @@ class Server:
         spec, max_output = self._resolve(request)
         if request.scratch:
             spec = self.scratch.grant(spec)
-        job = _Job(request.id, spec, max_output, time.monotonic_ns(), Flight(request.id))
-        job.flight.answer_cancelled = lambda: self.finish(self._cancelled_while_queued(job), session=None,
-                                                          step=None)
+        arrived = self._arrived_ns
+        wait = queue_timeout(request, self.options.config, self.options.queue_timeout)
+        job = _Job(request.id, spec, max_output, arrived, Flight(request.id),
+                   None if wait is None else arrived + int(wait * 1e9))
+
+        def answer_cancelled() -> None:
+            self.admission.leave(job)
+            self.finish(self._cancelled_while_queued(job), session=None, step=None)
+
+        job.flight.answer_cancelled = answer_cancelled
         return job
+
+    def _queue_expired(self, job: Waiting, waited: float, limit: float) -> None:
+        """A job's queue deadline passed before a worker took it: refused (see admission.py)."""
+        result = refusal(job.flight.id, saturated(waited, limit))
+        result.queue_us = int(waited * 1e6)
+        self.finish(result, session=None, step=None)
 
     def _cancelled_while_queued(self, job: _Job) -> Result:
         message = "the client cancelled the job before it started"
@@ -597,7 +663,7 @@ class Server:
         # Like any request, a step's file name is agent.py unless it says otherwise.
         step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
-                    accepted_ns=time.monotonic_ns(), return_value=bool(request.return_value),
+                    accepted_ns=self._arrived_ns, return_value=bool(request.return_value),
                     stream=bool(request.stream),
                     flight=Flight(request.id))
         # A scratch directory is made only for a session that is really opened.
@@ -633,6 +699,22 @@ class Server:
         result = SessionResult(**msgspec.structs.asdict(refusal(request_id, message)), session=session,
                                session_ended=existing is None or existing.closing)
         self.finish(result, session=session, step=None)
+
+
+def death_cause(template: Template) -> str:
+    """Why a template is being replaced, from what the pool itself knows (its wait status, its own verdict)."""
+    try:  # a template that just died may not be reaped yet: the pool saw its socket close first
+        status: int | None = template.process.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+        status = None
+    if status is None:
+        return "was found broken by the pool (it failed while serving a job, or misbehaved) and is stopped"
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with status {status}"
 
 
 def _write_log(line: bytes) -> None:
@@ -682,14 +764,19 @@ def _serve(args: argparse.Namespace) -> int:
     if json_log:
         log_records_as_json(_write_log)
     metrics: MetricsSocket | None = None
+    listener: Listener | None = None
     try:
         options = pool_options(args)
-        server = Server(options, output, _write_log)
+        # Listening: many connections instead of stdin/stdout, a layer around this server (see listen.py).
+        router = Router(output) if options.listen is not None else None
+        server = Server(options, router or output, _write_log)
         server.log_event("start", f"pynox {__version__} starting {options.workers} workers")
         if options.metrics_socket is not None:
             # Bound before any template starts: a probe sees "starting", and a path in use stops the pool now.
             metrics = MetricsSocket(options.metrics_socket, lambda: server.stats.snapshot(None, server.gauges()),
                                     server.state)
+        if options.listen is not None:  # bound before any template starts, as the metrics socket is
+            listener = Listener(options.listen, Tenants(options.config.tenants))
         for warning in options.config.warnings:
             server.log_event("config_warning", warning)
         workers = server.start()
@@ -699,6 +786,8 @@ def _serve(args: argparse.Namespace) -> int:
     except (PynoxError, OSError) as exc:
         if metrics is not None:
             metrics.close()
+        if listener is not None:
+            listener.close()
         kind = type(exc).__name__
         output.write(encode(StartErrorEvent(error=StartError(type=kind, message=str(exc)))))
         if json_log:
@@ -710,22 +799,28 @@ def _serve(args: argparse.Namespace) -> int:
     server.log_event("ready", f"ready with {len(workers)} workers")
     # Only now: a signal that came while the templates started waits (blocked) until there is a pool to drain.
     threading.Thread(target=_watch_signals, args=(server,), name="pynox-signals", daemon=True).start()
-    # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
-    watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
-    # Intake reads on through a drain: every line it reads is answered, a request as refused.
-    reader = LineReader(stdin_fd, server.wake[0], server.drained.is_set)
-    try:
-        for line in reader:
-            server.handle_line(line)
-        if not server.drained.is_set():  # EOF: no reply to a host call can be read from here on
-            server.calls.close("the host cannot answer: the pool's input has ended")
-            server.shutdown.input_ended()
-            server.drained.wait()
-        # Lines already written when the drain ended are answered too (refused), not left unread.
-        for line in reader.rest():
-            server.handle_line(line)
-    except BrokenPipeError:
-        os._exit(1)
+    if listener is not None and router is not None:
+        try:  # until a stop signal's drain is over; stdin is not read
+            listener.serve(server, router)
+        finally:
+            listener.close()
+    else:
+        # The client died: nobody reads our results. Templates and jobs die with us (parent-death signals).
+        watch_for_client_death(stdout.fileno(), lambda: os._exit(1))
+        # Intake reads on through a drain: every line it reads is answered, a request as refused.
+        reader = LineReader(stdin_fd, server.wake[0], server.drained.is_set)
+        try:
+            for line in reader:
+                server.handle_line(line, reader.read_ns)
+            if not server.drained.is_set():  # EOF: no reply to a host call can be read from here on
+                server.calls.close("the host cannot answer: the pool's input has ended")
+                server.shutdown.input_ended()
+                server.drained.wait()
+            # Lines already written when the drain ended are answered too (refused), not left unread.
+            for line in reader.rest():
+                server.handle_line(line)
+        except BrokenPipeError:
+            os._exit(1)
     server.calls.close("the pool has stopped")
     server.scratch.close()
     if metrics is not None:

@@ -497,6 +497,8 @@ class SessionRegistry:
         self.landlock_abi = landlock_abi
         self.lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
+        # Told "opened", "closed" (every end) and "expired" (closed for being idle): the stats' session counters.
+        self.count: Callable[[str], None] = lambda _: None
         self.spare = _SpareTemplate(new_template)
         self._reaper = threading.Thread(target=self._reap_idle, name="pynox-session-reaper", daemon=True)
         self._reaper.start()
@@ -526,6 +528,7 @@ class SessionRegistry:
                 session = Session(name, spec, max_output, self)
                 session.reopened = self.ended.take(name)
                 self._sessions[name] = session
+                self.count("opened")
                 session.start()
             elif session.closing:
                 raise RequestError(f"session {name!r} is closing; send the step again after its result or "
@@ -570,6 +573,7 @@ class SessionRegistry:
                 del self._sessions[session.session_name]
                 if why is not None:
                     self.ended.remember(session.session_name, why)
+                self.count("closed")
 
     def shutdown(self) -> None:
         """Sessions end with the pool: pending steps are answered, then every session closes."""
@@ -593,4 +597,6 @@ class SessionRegistry:
                             and session.life.stop_taking()):
                         why = (f"it was closed after {format_duration(self.idle)} without a step (session_idle)"
                                if idle_too_long else "its process ended while it waited for a step")
+                        if idle_too_long:
+                            self.count("expired")
                         session.items.put(_Close(None, why))

@@ -9,7 +9,8 @@ long as it likes), the rest counted together under ``OTHER_ERRORS``.
 Latency is counted in fixed buckets, as a Prometheus histogram is, so that
 p50 and p99 can be read from one snapshot or from the rate of two: a
 result's run (``duration_us``) and its wait for a worker (``queue_us``). A
-refused result ran nothing and waited for nothing, so it is in neither.
+refused result ran nothing and waited for nothing, so it is in neither; one
+refused for its queue deadline waited, and that wait is in the second.
 The gauges (busy workers, queue depth, in flight) belong to the server,
 which reads them at the moment of the snapshot and hands them in.
 """
@@ -116,6 +117,7 @@ class Stats:
         self._queue_us_total = 0
         self._host_calls = 0
         self._delegated_cpu_ms = 0.0
+        self._sessions: Counter[str] = Counter()  # opened, closed, expired
 
     def record(self, result: Result) -> None:
         with self._lock:
@@ -129,6 +131,8 @@ class Stats:
             if result.refused is not True:
                 self._durations.observe(result.duration_us)
                 self._waits.observe(result.queue_us)
+            elif result.queue_us:  # refused for its queue deadline: it waited, and the wait is the news
+                self._waits.observe(result.queue_us)
 
     def _error_key(self, error_type: str) -> str:
         if error_type in self._errors or error_type in _POOL_TYPES or len(self._named) < MAX_ERROR_TYPES:
@@ -140,6 +144,10 @@ class Stats:
     def record_host_call(self) -> None:
         with self._lock:
             self._host_calls += 1
+
+    def record_session(self, what: str) -> None:
+        with self._lock:
+            self._sessions[what] += 1
 
     def record_template_restart(self) -> None:
         with self._lock:
@@ -175,6 +183,9 @@ class Stats:
                 max_sessions=gauges.max_sessions,
                 draining=gauges.draining,
                 template_restarts=self._template_restarts,
+                sessions_opened=self._sessions["opened"],
+                sessions_closed=self._sessions["closed"],
+                sessions_expired=self._sessions["expired"],
                 duration_seconds=self._durations.snapshot(),
                 queue_seconds=self._waits.snapshot(),
             )

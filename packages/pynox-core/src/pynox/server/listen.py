@@ -1,0 +1,454 @@
+"""``pynox pool --listen``: many clients at once, each connection speaking the same JSON Lines as stdin/stdout.
+
+A layer around the server, which stays a single-client machine: each connection's lines are rewritten on
+the way in so that everything a client can name is its own, and every line the server writes is routed back
+to the connection it belongs to, with the client's own names restored.
+
+- Request ids, cancel targets and session names get the connection's tag (``~N~``) in front, as the pool
+  knows them: a client can neither see nor cancel another's jobs, nor reach its sessions, whatever names
+  both choose. Results, call events, stats and cancel answers come back with the tag taken off.
+- Host calls: the call ids a connection was sent are the only ones it may reply to.
+- A line the server answers with no id (a line that is not JSON) goes to the connection whose line is
+  being handled: intake handles one line at a time, on that connection's thread.
+- Each connection's results leave through an outbox of its own, written by a thread of its own: a client
+  that stops reading holds up nobody else; past ``_OUTBOX_LIMIT`` bytes unread it is dropped.
+- A dropped connection (EOF, an error, an overfull outbox): its pending host calls fail with HostError,
+  its jobs and steps are cancelled and its sessions closed, through the server's own cancel and close.
+
+Who may connect is decided by the peer's credentials (``SO_PEERCRED``), not the socket file's mode: see
+:mod:`.tenants`. The socket is ``unix:PATH`` (bound here, mode 0666) or the one systemd's socket
+activation hands over (``LISTEN_FDS``/``LISTEN_PID``, descriptor 3).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..errors import ConfigError
+from ..protocol import (
+    LineError,
+    Reply,
+    Request,
+    RequestId,
+    SessionResult,
+    StartError,
+    StartErrorEvent,
+    encode,
+    parse_line,
+    refusal,
+    reply_call_id,
+)
+from .io import LineReader, Output, TooLong
+from .tenants import Peer, Tenant, Tenants, peer_of
+
+if TYPE_CHECKING:
+    from .serve import Server
+
+__all__ = ["Listener", "Router"]
+
+_log = logging.getLogger(__name__)
+
+_BACKLOG = 128
+_OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
+_SD_LISTEN_FDS_START = 3
+_decoder = msgspec.json.Decoder()
+
+
+def _tag(number: int) -> str:
+    return f"~{number}~"
+
+
+class Connection:
+    def __init__(self, number: int, sock: socket.socket, peer: Peer, tenant: Tenant, router: Router) -> None:
+        self.number = number
+        self.tag = _tag(number)
+        self.sock = sock
+        self.peer = peer
+        self.tenant = tenant
+        self._router = router
+        self.calls: set[int] = set()  # call ids sent to this connection and not yet answered
+        self.sessions: set[str] = set()  # the pool's names of the sessions it used
+        self.in_flight = 0  # its requests that will still be answered (results come back through the router)
+        self.counted: collections.Counter[str] = collections.Counter()  # those requests, by the pool's id
+        self.alive = True
+        self._out: collections.deque[bytes] = collections.deque()
+        self._out_bytes = 0
+        self._cond = threading.Condition()
+        self._writer = threading.Thread(target=self._write_loop, name=f"pynox-conn-{number}-out", daemon=True)
+        self._writer.start()
+
+    def inside(self, request_id: RequestId) -> str:
+        """The pool's id for this connection's ``request_id``: its tag, then the id as JSON (1, 1.0, "1" stay apart)."""
+        return self.tag + msgspec.json.encode(request_id).decode()
+
+    def send(self, line: bytes) -> None:
+        with self._cond:
+            if not self.alive:
+                return
+            self._out.append(line)
+            self._out_bytes += len(line)
+            over = self._out_bytes > _OUTBOX_LIMIT
+            self._cond.notify()
+        if over:
+            self._router.drop(self, f"it left more than {_OUTBOX_LIMIT >> 20} MiB of results unread")
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._out and self.alive:
+                    self._cond.wait()
+                if not self._out:
+                    return
+                line = self._out.popleft()
+                self._out_bytes -= len(line)
+            try:
+                self.sock.sendall(line)
+            except OSError:
+                self._router.drop(self, "its socket failed")
+                return
+
+    def stop_writing(self) -> None:
+        with self._cond:
+            self.alive = False
+            self._out.clear()
+            self._cond.notify()
+
+    def flush(self, timeout: float) -> None:
+        """Let the outbox drain (at the pool's end), for at most ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._cond:
+                if not self._out:
+                    return
+            time.sleep(0.01)
+
+
+class Router(Output):
+    """The server's output: each line to the connection it belongs to; lines of no connection (the ready
+    event) to the pool's stdout, and each new connection gets the ready event as its first line."""
+
+    def __init__(self, fallback: Output) -> None:
+        self._fallback = fallback
+        self._lock = threading.Lock()
+        self._connections: dict[int, Connection] = {}
+        self._local = threading.local()  # .connection: whose line this thread is handling
+        self.ready_line: bytes | None = None
+        self.server: Server | None = None
+
+    def add(self, connection: Connection) -> None:
+        with self._lock:
+            self._connections[connection.number] = connection
+
+    def handling(self, connection: Connection | None) -> None:
+        self._local.connection = connection
+
+    def write(self, line: bytes) -> None:
+        try:
+            message = _decoder.decode(line)
+        except msgspec.DecodeError:  # pragma: no cover - the server writes JSON lines only
+            message = None
+        if not isinstance(message, dict):  # pragma: no cover - see above
+            self._fallback.write(line)
+            return
+        if message.get("event") == "ready" and self.ready_line is None:
+            self.ready_line = line
+            self._fallback.write(line)
+            return
+        pool_id = message.get("id")
+        # On a connection's own thread, while its line is handled, every line written is that connection's: an
+        # id the server recovered from a line it could not parse is the client's own, never looked up (a client
+        # could write another connection's tag into it).
+        current: Connection | None = getattr(self._local, "connection", None)
+        connection: Connection | None
+        if current is not None:
+            connection, original = current, pool_id
+            if isinstance(pool_id, str) and pool_id.startswith(current.tag):
+                try:
+                    original = _decoder.decode(pool_id.removeprefix(current.tag))
+                except msgspec.DecodeError:  # pragma: no cover - every tagged id is JSON after its tag
+                    original = None
+            else:
+                pool_id = None
+        else:
+            connection, original = self._owner(pool_id)
+        if connection is None:
+            if message.get("event") in ("error", "ready"):
+                self._fallback.write(line)
+            return  # the answer to a connection that is gone
+        message["id"] = original
+        for key in ("session", "cancelled"):
+            value = message.get(key)
+            if isinstance(value, str) and value.startswith(connection.tag):
+                inner = value.removeprefix(connection.tag)
+                message[key] = _decoder.decode(inner) if key == "cancelled" else inner
+        error = message.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):  # the pool's words name its own ids
+            error["message"] = error["message"].replace(connection.tag, "")
+        if message.get("event") == "call" and isinstance(message.get("call_id"), int):
+            connection.calls.add(message["call_id"])
+        self._account(connection, pool_id, message)
+        connection.send(msgspec.json.encode(message) + b"\n")
+
+    def _owner(self, pool_id: Any) -> tuple[Connection | None, Any]:
+        if not isinstance(pool_id, str) or not pool_id.startswith("~"):
+            return None, None
+        number, sep, rest = pool_id[1:].partition("~")
+        if not sep or not number.isdigit():
+            return None, None
+        with self._lock:
+            connection = self._connections.get(int(number))
+        if connection is None:
+            return None, None
+        try:
+            return connection, _decoder.decode(rest)
+        except msgspec.DecodeError:
+            return None, None
+
+    def _account(self, connection: Connection, pool_id: str | None, message: dict[str, Any]) -> None:
+        """A job's or step's one result ends what it held; a closed answer or an ended session frees a session."""
+        session = message.get("session")
+        pool_session = connection.tag + session if isinstance(session, str) else None
+        ended = bool(message.get("closed") or message.get("session_ended"))
+        if "exit" not in message or pool_id is None or not connection.counted.get(pool_id):
+            if ended and pool_session is not None:
+                connection.tenant.session_closed(pool_session)
+            return
+        connection.tenant.answered(session=pool_session, ended=ended)
+        with self._lock:
+            connection.counted[pool_id] -= 1
+            if not connection.counted[pool_id]:
+                del connection.counted[pool_id]
+            connection.in_flight -= 1
+            if not connection.alive and connection.in_flight <= 0:
+                self._connections.pop(connection.number, None)
+
+    def drop(self, connection: Connection, why: str) -> None:
+        """The connection is gone: fail its host calls, cancel its jobs, close its sessions (once)."""
+        with self._lock:
+            if not connection.alive:
+                return
+            connection.stop_writing()
+            if connection.in_flight <= 0:
+                self._connections.pop(connection.number, None)
+        _log.info("connection %d (%s, tenant %s) dropped: %s", connection.number, connection.peer,
+                  connection.tenant.name, why)
+        server = self.server
+        if server is None:  # pragma: no cover - connections are served only once the server is
+            return
+        for call_id in list(connection.calls):
+            server.calls.fail(call_id, f"the client's connection to the pool closed ({why}); nobody can answer "
+                                       "this call")
+        ids = {flight.id for flight in server.flights.all()
+               if isinstance(flight.id, str) and flight.id.startswith(connection.tag)}
+        for pool_id in ids:
+            server.handle_line(encode(Request(id=connection.inside("pynox-dropped"), cancel=pool_id)))
+        for session in connection.sessions:
+            server.handle_line(encode(Request(id=connection.inside("pynox-dropped"), session=session, close=True)))
+
+    def tenant_of(self, pool_id: RequestId | None) -> str | None:
+        """The tenant of the connection a pool id belongs to (for its log line)."""
+        connection, _ = self._owner(pool_id)
+        return connection.tenant.name if connection is not None else None
+
+    def run_as_of(self, pool_id: RequestId | None) -> tuple[int, int] | None:
+        """The user the jobs of the connection a pool id belongs to run as, when its tenant names one."""
+        connection, _ = self._owner(pool_id)
+        return connection.tenant.settings.run_as if connection is not None else None
+
+    def count(self, connection: Connection, pool_id: str) -> None:
+        """A request of ``connection`` that will be answered with a result."""
+        with self._lock:
+            connection.in_flight += 1
+            connection.counted[pool_id] += 1
+
+    def connections(self) -> list[Connection]:
+        with self._lock:
+            return list(self._connections.values())
+
+
+class Listener:
+    """The listening socket and the thread of each connection."""
+
+    def __init__(self, address: str, tenants: Tenants) -> None:
+        self.address = address
+        self.tenants = tenants
+        self.path: str | None = None
+        self._inode = 0
+        if address == "systemd":
+            self.sock = _from_systemd()
+        else:
+            self.path = address.removeprefix("unix:")
+            self.sock = _bind(self.path)
+            self._inode = os.stat(self.path).st_ino
+        self._numbers = itertools.count(1)
+        self._never = os.pipe2(os.O_CLOEXEC)  # the connections' readers end on their socket's shutdown instead
+
+    def serve(self, server: Server, router: Router) -> None:
+        """Accept connections until the server's drain is over (checked twice a second: the server's own wake-up
+        descriptor is its stdin reader's)."""
+        router.server = server
+        server.tenant_of = router.tenant_of
+        server.run_as_of = router.run_as_of
+        while not server.drained.is_set():
+            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                sock, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve_one, args=(server, router, sock), daemon=True,
+                             name="pynox-conn").start()
+        for connection in router.connections():
+            connection.flush(5.0)
+            try:
+                connection.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _serve_one(self, server: Server, router: Router, sock: socket.socket) -> None:
+        with sock:
+            peer = peer_of(sock)
+            tenant = self.tenants.of(peer)
+            if tenant is None:
+                who = "no [tenants.NAME] of the pool's config names it" if self.tenants.configured else \
+                    "only the pool's own user may connect to a pool without [tenants.NAME]"
+                _log.warning("refused a connection from %s: %s", peer, who)
+                try:
+                    sock.sendall(encode(StartErrorEvent(error=StartError(
+                        type="PoolError", message=f"this pool refuses your connection ({peer}): {who}"))))
+                except OSError:
+                    pass
+                return
+            connection = Connection(next(self._numbers), sock, peer, tenant, router)
+            router.add(connection)
+            if router.ready_line is not None:
+                connection.send(router.ready_line)
+            _log.info("connection %d from %s: tenant %s", connection.number, peer, tenant.name)
+            reader = LineReader(sock.fileno(), self._never[0], server.drained.is_set)
+            why = "the client closed it"
+            try:
+                for line in reader:
+                    router.handling(connection)
+                    try:
+                        self._handle(server, router, connection, line, reader.read_ns)
+                    finally:
+                        router.handling(None)
+            except OSError as exc:
+                why = f"reading it failed ({exc.strerror or exc})"
+            router.drop(connection, why if not server.drained.is_set() else "the pool stopped")
+
+    def _handle(self, server: Server, router: Router, connection: Connection, line: bytes | TooLong,
+                arrived_ns: int) -> None:
+        if isinstance(line, TooLong):
+            call_id = reply_call_id(line.head)
+            if call_id is not None and call_id not in connection.calls:
+                line = TooLong(line.size)  # another connection's call: this line cannot fail it
+            server.handle_line(line, arrived_ns)
+            return
+        try:
+            message = parse_line(line)
+        except LineError:
+            server.handle_line(line, arrived_ns)  # refused in the server's own words, to this connection
+            return
+        if isinstance(message, Reply):
+            call_id = message.reply.call_id
+            if call_id not in connection.calls:
+                connection.send(encode(refusal(None, f"reply to call {call_id}: no such call is pending on this "
+                                                     "connection (unknown, already answered, or its job ended)")))
+                return
+            connection.calls.discard(call_id)
+            server.handle_line(line, arrived_ns)
+            return
+        pool_session = connection.tag + message.session if message.session is not None else None
+        inside_id = connection.inside(message.id)
+        if not message.stats and message.cancel is None and not message.close:
+            def alive(name: str) -> bool:
+                existing = server.sessions.get(name)
+                return existing is not None and not existing.closing
+
+            problem = connection.tenant.admit(message, pool_session, alive)
+            if problem is not None:
+                answer = refusal(message.id, problem)
+                if message.session is not None:
+                    opening = bool(message.open or message.grant_fields())
+                    answer = SessionResult(**msgspec.structs.asdict(answer), session=message.session,
+                                           session_ended=opening)
+                connection.send(encode(answer))
+                return
+            router.count(connection, inside_id)
+        if pool_session is not None:
+            connection.sessions.add(pool_session)
+        inside = msgspec.structs.replace(
+            message, id=inside_id, session=pool_session,
+            cancel=connection.inside(message.cancel) if message.cancel is not None else None)
+        server.handle_line(encode(inside), arrived_ns)
+
+    def close(self) -> None:
+        if self.path is not None:
+            try:
+                if os.stat(self.path).st_ino == self._inode:
+                    os.unlink(self.path)
+            except OSError:
+                pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _bind(path: str) -> socket.socket:
+    where = f"--listen unix:{path}"
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise ConfigError(f"{where}: something that is not a socket is there; remove it or choose another path")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+            try:
+                probe.connect(path)
+            except ConnectionRefusedError:
+                os.unlink(path)  # nobody listens: a pool that died left it
+            except OSError as exc:
+                raise ConfigError(f"{where}: {exc.strerror}") from None
+            else:
+                raise ConfigError(f"{where}: another process is listening on it (another pool?)")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    # Anyone who can reach the directory may connect; who is served is decided by the peer's credentials.
+    umask = os.umask(0o111)
+    try:
+        sock.bind(path)
+        sock.listen(_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"{where}: {exc.strerror}") from None
+    finally:
+        os.umask(umask)
+    return sock
+
+
+def _from_systemd() -> socket.socket:
+    """The first socket systemd handed over (sd_listen_fds(3)); the variables are then unset, as
+    sd_listen_fds(unset_environment=1) does, so that no process the pool starts believes they are its own."""
+    fds, pid = os.environ.get("LISTEN_FDS", ""), os.environ.get("LISTEN_PID", "")
+    for name in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)
+    if not fds.isdigit() or int(fds) < 1 or pid != str(os.getpid()):
+        raise ConfigError("--listen systemd: no socket was handed over (LISTEN_FDS and LISTEN_PID must name this "
+                          "process; start the pool from a systemd .socket unit)")
+    fd = _SD_LISTEN_FDS_START
+    os.set_inheritable(fd, False)
+    sock = socket.socket(fileno=fd)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        raise ConfigError("--listen systemd: the socket handed over is not a unix stream socket "
+                          "(ListenStream=/path in the .socket unit)")
+    return sock

@@ -1,0 +1,51 @@
+"""W3C trace context on requests: ``traceparent`` checked, and kept until the request's result so that its job
+log line carries it. Nothing is kept for a request without one (the common case costs one ``if``).
+
+OpenTelemetry spans are not made here: an operator correlates by the ``traceparent`` in the log lines, which
+every tracing backend's log pipeline can join on.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from ..protocol import RequestId
+
+__all__ = ["Traces", "valid_traceparent"]
+
+# version 00: trace id (not all zero), parent id (not all zero), flags; lower-case hex, as the spec requires.
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def valid_traceparent(value: str) -> bool:
+    return _TRACEPARENT.fullmatch(value) is not None
+
+
+def _key(request_id: RequestId) -> tuple[str, object]:
+    return type(request_id).__name__, request_id  # 1, 1.0 and "1" are three ids
+
+
+class Traces:
+    """The trace context of each request that carried one and is not answered yet (a reused id: in order)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[tuple[str, object], list[str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def add(self, request_id: RequestId, traceparent: str) -> None:
+        with self._lock:
+            self._by_id.setdefault(_key(request_id), []).append(traceparent)
+
+    def pop(self, request_id: RequestId) -> str | None:
+        with self._lock:
+            waiting = self._by_id.get(_key(request_id))
+            if not waiting:
+                return None
+            trace = waiting.pop(0)
+            if not waiting:
+                del self._by_id[_key(request_id)]
+            return trace

@@ -1,0 +1,359 @@
+"""``pynox pool --listen``: many clients on one pool, each connection's ids, sessions, cancels and host calls its
+own, peers known by their credentials, a dropped connection's work ended; seen from outside the pool.
+
+Two users: root (the test) and the unprivileged ``pynox-ci`` that CI's matrix uses, whose client runs as a
+separate process under that uid (``listen_client.py``), so the pool sees two different peers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .listen_client import ListenClient
+from .pool_driver import DEADLINE, PoolProcess, pool_process, wait_gone
+
+pytestmark = pytest.mark.timeout(240)
+
+CLIENT = str(Path(__file__).with_name("listen_client.py"))
+OTHER_USER = "pynox-ci"
+
+
+def _other_uid() -> int:
+    try:
+        return pwd.getpwnam(OTHER_USER).pw_uid
+    except KeyError:
+        pytest.skip(f"no user {OTHER_USER} on this host (.ci/matrix creates it)")
+
+
+def _as_other_user(path: Path, lines: list[dict[str, Any]], seconds: float = 30.0) -> list[dict[str, Any]]:
+    """Run ``listen_client.py`` as pynox-ci: it sends ``lines`` and returns every line the pool wrote to it."""
+    uid = _other_uid()
+    # The client needs only the standard library: the system's interpreter, which that user may run (the test's
+    # own may live where only root reads), with the script's source passed in.
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or pytest.skip("no system python3")
+    source = Path(CLIENT).read_text()
+    done = subprocess.run([python, "-c", source, str(path), str(seconds)], user=uid, group=uid, extra_groups=[],
+                          input="".join(json.dumps(line) + "\n" for line in lines), capture_output=True, text=True,
+                          timeout=seconds + 30, cwd="/")
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _stop(pool: PoolProcess) -> None:
+    """A listening pool ends on SIGTERM (its stdin is not read): drained, exit 0, nothing left behind."""
+    pool.proc.send_signal(signal.SIGTERM)
+    assert pool.wait_exit() == 0
+    pool.finish()
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    # A directory anyone may pass through (pytest's own are root's only): the other user reaches the socket, and
+    # who is served is the pool's decision.
+    path = Path(tempfile.mkdtemp(prefix="pynox-listen-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def two_tenants(tmp_path: Path) -> Path:
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[tenants.ops]\nusers = ["root"]\n\n[tenants.ci]\nusers = ["{OTHER_USER}"]\nmax_jobs = 2\n')
+    return config
+
+
+@pytest.fixture
+def listening(tmp_path: Path, run_dir: Path, two_tenants: Path) -> Iterator[tuple[PoolProcess, Path]]:
+    if os.geteuid() != 0:
+        pytest.skip("two users need a root test process")
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=3", f"--listen=unix:{path}", f"--config={two_tenants}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        yield pool, path
+        _stop(pool)
+
+
+def _gate(root: Path, name: str) -> str:
+    return (f"import os, time\nopen({str(root / name)!r}, 'w').write(str(os.getpid()))\n"
+            f"while not os.path.exists({str(root / 'open')!r}):\n    time.sleep(0.01)\n")
+
+
+def _wait_file(path: Path) -> str:
+    end = time.monotonic() + DEADLINE
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def test_two_users_cannot_see_or_reach_each_other(tmp_path: Path, listening: tuple[PoolProcess, Path]) -> None:
+    _, path = listening
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    mine = ListenClient(str(path))
+    assert mine.wait_for(lambda m: True)["event"] == "ready"
+    # Root's job holds a worker and waits on a host call; root's session holds a variable.
+    mine.send(id="job", code=_gate(gate, "job"), allow_write=[str(gate)], timeout="60s")
+    mine.send(id="s1", session="nb", open=True, code="secret = 'root-only'")
+    assert mine.result("s1")["exit"] == 0
+    mine.send(id="caller", functions=["lookup"], code="from pynox_host import lookup\nprint(lookup('k'))")
+    call = mine.wait_for(lambda m: m.get("event") == "call")
+    assert call["id"] == "caller"
+    _wait_file(gate / "job")
+    # The other user uses the same names: its own job "job", its own session "nb", a cancel of "job", a reply
+    # to root's pending call. None of them reaches root's.
+    theirs = _as_other_user(path, [
+        {"id": "c1", "cancel": "job"},
+        {"id": "r1", "session": "nb", "code": "print(secret)"},
+        {"reply": {"call_id": call["call_id"], "result": "forged"}},
+        {"id": "job", "code": "print('their own job')"},
+        {"id": "s2", "session": "nb", "open": True, "code": "print('their own session')"},
+    ])
+    assert theirs[0]["event"] == "ready"
+    by_id: dict[Any, list[dict[str, Any]]] = {}
+    for message in theirs[1:]:
+        by_id.setdefault(message.get("id"), []).append(message)
+    assert "no queued or running job has the id" in by_id["c1"][0]["error"]["message"]
+    assert "no open session named 'nb'" in by_id["r1"][0]["error"]["message"]
+    assert "no such call is pending on this connection" in by_id[None][0]["error"]["message"]
+    assert by_id["job"][0]["stdout"] == "their own job\n"
+    assert by_id["s2"][0]["stdout"] == "their own session\n"
+    # Nothing of root's was seen by the other user, and root's work is untouched, seen from outside.
+    assert all("root-only" not in json.dumps(message) and message.get("event") != "call" for message in theirs)
+    assert os.path.exists(f"/proc/{_wait_file(gate / 'job')}")
+    (gate / "open").touch()
+    assert mine.result("job")["exit"] == 0
+    mine.sock.sendall(json.dumps({"reply": {"call_id": call["call_id"], "result": "root's"}}).encode() + b"\n")
+    assert mine.result("caller")["stdout"] == "root's\n"
+    mine.send(id="s3", session="nb", code="print(secret)")
+    assert mine.result("s3")["stdout"] == "root-only\n"
+    assert not any(m.get("id") in ("c1", "r1", "s2") for m in mine.messages)
+    mine.close()
+
+
+def test_a_user_no_tenant_names_is_refused(tmp_path: Path, run_dir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("two users need a root test process")
+    config = tmp_path / "pynox.toml"
+    config.write_text('[tenants.ops]\nusers = ["root"]\n')
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        [refusal] = _as_other_user(path, [{"id": 1, "code": "print(1)"}])
+        assert refusal["event"] == "error" and "refuses your connection" in refusal["error"]["message"], refusal
+        assert f"uid {_other_uid()}" in refusal["error"]["message"]
+        control = ListenClient(str(path))  # root is a tenant
+        control.wait_for(lambda m: True)
+        control.send(id=1, code="print(1)")
+        assert control.result(1)["stdout"] == "1\n"
+        control.close()
+        _stop(pool)
+
+
+def test_a_dropped_connection_ends_its_jobs_and_fails_its_calls(tmp_path: Path, run_dir: Path) -> None:
+    path = run_dir / "pool.sock"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    calling = (f"import os, time\nfrom pynox_host import lookup, HostError\n"
+               f"open({str(gate / 'caller-pid')!r}, 'w').write(str(os.getpid()))\n"
+               f"try:\n    lookup('k')\nexcept HostError as exc:\n"
+               f"    open({str(gate / 'host-error')!r}, 'w').write(str(exc))\n"
+               "time.sleep(60)\n")
+    with pool_process("--workers=2", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="held", code=_gate(gate, "held"), allow_write=[str(gate)], timeout="60s")
+        client.send(id="caller", functions=["lookup"], code=calling, allow_write=[str(gate)], timeout="60s")
+        client.send(id="nb", session="nb", open=True, code="x = 1")
+        assert client.result("nb")["exit"] == 0
+        client.wait_for(lambda m: m.get("event") == "call")
+        held = int(_wait_file(gate / "held"))
+        client.close()  # dropped: nobody will read their results
+        # Seen from outside: both jobs' processes are gone. The caller's pending call is failed (HostError) just
+        # before the cancel kills it, so whether it lived to write the message is a race; if it did, it says why.
+        assert wait_gone([held], DEADLINE) == [], "the dropped connection's job still runs"
+        assert wait_gone([int(_wait_file(gate / "caller-pid"))], DEADLINE) == []
+        if (gate / "host-error").exists():
+            assert "connection to the pool closed" in (gate / "host-error").read_text()
+        # The pool serves the next client, with both workers free and the session gone.
+        other = ListenClient(str(path))
+        other.wait_for(lambda m: True)
+        other.send(id="s", stats=True)
+        end = time.monotonic() + DEADLINE
+        while (stats := other.result("s"))["in_flight"] or stats["sessions_active"]:
+            assert time.monotonic() < end, stats
+            other.messages.clear()
+            time.sleep(0.1)
+            other.send(id="s", stats=True)
+        assert stats["cancelled"] == 2, stats
+        other.close()
+        _stop(pool)
+
+
+def test_one_tenant_saturating_does_not_delay_another(tmp_path: Path, listening: tuple[PoolProcess, Path]) -> None:
+    """pynox-ci fills its max_jobs (2 of 3 workers) with 8 s jobs and asks for 38 more; root's small jobs, run
+    while both of those still hold their workers (the stats say so before and after), wait no longer than on an
+    idle pool's free worker."""
+    _, path = listening
+    lines = [{"id": f"ci-{i}", "code": "import time\ntime.sleep(8)", "timeout": "20s"} for i in range(40)]
+    box: list[list[dict[str, Any]]] = []
+    saturating = threading.Thread(target=lambda: box.append(_as_other_user(path, lines, seconds=30)))
+    mine = ListenClient(str(path))
+    mine.wait_for(lambda m: True)
+    saturating.start()
+
+    def busy(tag: str) -> int:
+        mine.send(id=tag, stats=True)
+        return int(mine.result(tag)["busy_workers"])
+
+    end = time.monotonic() + DEADLINE
+    while busy(f"before-{time.monotonic()}") < 2:
+        assert time.monotonic() < end, "the other tenant's jobs never started"
+        time.sleep(0.05)
+    waits, rounds = [], []
+    for i in range(20):
+        sent = time.monotonic()
+        mine.send(id=i, code="print(1)")
+        result = mine.result(i)
+        rounds.append(time.monotonic() - sent)
+        waits.append(result["queue_us"] / 1e6)
+    assert busy("after") == 2, "the other tenant's jobs ended during the measurement: it proves nothing"
+    saturating.join(timeout=60)
+    theirs = box[0][1:]
+    ran = [m for m in theirs if m.get("exit") == 0]
+    refused = [m for m in theirs if m.get("error") and "max_jobs" in m["error"]["message"]]
+    assert ran and refused, "the other tenant did not saturate its share"
+    p50_wait, p50_round = statistics.median(waits), statistics.median(rounds)
+    print(f"\nroot p50 queue wait {p50_wait * 1e3:.1f} ms, p50 round trip {p50_round * 1e3:.1f} ms "
+          f"while {OTHER_USER} ran {len(ran)} and was refused {len(refused)}")
+    assert p50_wait < 0.25, waits  # never behind a 1 s job
+    mine.close()
+
+
+def test_the_python_client_connects(tmp_path: Path, run_dir: Path) -> None:
+    from pynox import Pool
+
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=2", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+        with Pool(connect=f"unix:{path}") as first, Pool(connect=f"unix:{path}") as second:
+            assert first.run("print(1)").stdout == "1\n"
+            assert first.run("print(lookup('k'))", functions={"lookup": lambda k: f"v-{k}"},
+                             host_globals="call").stdout == "v-k\n"
+            a, b = first.session(), second.session()
+            a.run("x = 'first'")
+            b.run("x = 'second'")
+            assert (a.run("x").return_value, b.run("x").return_value) == ("'first'", "'second'")
+            assert first.stats()["sessions_active"] == 2
+        _stop(pool)
+
+
+def test_systemd_socket_activation(tmp_path: Path, run_dir: Path) -> None:
+    """As systemd does: the socket is bound by the parent and handed over as descriptor 3, LISTEN_PID naming
+    the pool's process."""
+    path = run_dir / "activated.sock"
+    wrapper = ("import os, socket, sys\n"
+               "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+               "s.bind(sys.argv[1]); s.listen(8)\n"
+               "os.dup2(s.fileno(), 3) if s.fileno() != 3 else os.set_inheritable(3, True)\n"
+               "os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid()))\n"
+               "os.execv(sys.executable, [sys.executable, '-m', 'pynox', 'pool', *sys.argv[2:]])\n")
+    pool = PoolProcess("--workers=1", "--listen=systemd", cwd=tmp_path,
+                       command=[sys.executable, "-c", wrapper, str(path)])
+    try:
+        client = ListenClient(str(path))
+        assert client.wait_for(lambda m: True)["event"] == "ready"
+        client.send(id=1, code="import os\nprint(os.environ.get('LISTEN_FDS'))")
+        assert client.result(1)["stdout"] == "None\n"  # not passed on to jobs
+        client.close()
+        _stop(pool)
+        assert path.exists()  # systemd's socket: the pool does not remove it
+    finally:
+        pool.kill()
+    refused = PoolProcess("--workers=1", "--listen=systemd", cwd=tmp_path, expect_ready=False)
+    error = refused.wait_for(lambda m: True)
+    assert "no socket was handed over" in error["error"]["message"], error
+    assert refused.wait_exit() == 1
+    refused.finish()
+
+
+def test_a_connection_from_the_same_user_without_tenants(tmp_path: Path, run_dir: Path) -> None:
+    """The control for the tenant rule: with no [tenants.NAME], the pool's own user is served."""
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", "--log=json", cwd=tmp_path, check_exit=False) as pool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(path))
+            raw.sendall(b'{"id": 7, "code": "print(7)"}\n')
+            lines = raw.makefile("rb")
+            assert json.loads(lines.readline())["event"] == "ready"
+            assert json.loads(lines.readline())["stdout"] == "7\n"
+        _stop(pool)
+    [job] = [line for line in pool.log_lines() if line.get("event") == "job"]
+    assert job["tenant"] == "default"  # the tenant label of its connection
+
+
+def test_a_tenants_jobs_run_as_its_user(tmp_path: Path, run_dir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("run_as needs a root pool")
+    nobody = pwd.getpwnam("nobody")
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[tenants.ops]\nusers = ["root"]\n\n[tenants.ci]\nusers = ["{OTHER_USER}"]\nrun_as = "nobody"\n')
+    path = run_dir / "pool.sock"
+    code = "import os\nprint(os.getuid(), os.getgid())"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        theirs = _as_other_user(path, [{"id": 1, "code": code}])
+        assert theirs[1]["stdout"] == f"{nobody.pw_uid} {nobody.pw_gid}\n", theirs
+        mine = ListenClient(str(path))  # the control: the other tenant's jobs run as the pool's user
+        mine.wait_for(lambda m: True)
+        mine.send(id=1, code=code)
+        assert mine.result(1)["stdout"] == "0 0\n"
+        mine.close()
+        _stop(pool)
+
+
+def test_a_forged_tag_in_a_bad_line_reaches_no_other_connection(tmp_path: Path, run_dir: Path) -> None:
+    """The pool's own names for a connection's ids start with its tag; a line the pool cannot parse is answered
+    with the id it recovers from it, and that answer goes to the line's sender whatever the id says."""
+    path = run_dir / "pool.sock"
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    with pool_process("--workers=1", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+        first = ListenClient(str(path))  # connection 1: its id 1 is "~1~1" inside the pool
+        first.wait_for(lambda m: True)
+        first.send(id=1, code=_gate(gate, "held"), allow_write=[str(gate)], timeout="60s")
+        _wait_file(gate / "held")
+        second = ListenClient(str(path))
+        second.wait_for(lambda m: True)
+        second.sock.sendall(b'{"id": "~1~1", "code": 5}\n')  # a bad request, with the other's inside id
+        second.sock.sendall(b'{"id": "~1~1", "code": "' + b"x" * (1 << 21) + b'"}\n')  # a line too long
+        second.sock.sendall(b'{"id": "~1~1", not json\n')
+        end = time.monotonic() + DEADLINE
+        while len(refusals := [m for m in second.messages if "exit" in m]) < 3:
+            assert time.monotonic() < end, second.messages
+            time.sleep(0.05)
+        assert all(r["error"]["type"] == "RequestError" for r in refusals), refusals
+        time.sleep(0.5)
+        assert not [m for m in first.messages[1:]], first.messages  # nothing reached the first connection
+        (gate / "open").touch()
+        assert first.result(1)["exit"] == 0  # its one result, its own
+        assert len([m for m in first.messages if m.get("id") == 1]) == 1
+        first.close()
+        second.close()
+        _stop(pool)

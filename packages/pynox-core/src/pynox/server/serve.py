@@ -548,6 +548,7 @@ class Server:
                 self.jobs.put(job)
                 return
             # Nothing ran: answered as refused, unless a cancel answered it while it waited.
+            self.admission.leave(job)
             if job.flight.start(lambda: False) and job.flight.answer():
                 self.finish(refusal(job.id, why or "packages: the install failed"), session=None, step=None)
             self.flights.remove(job.flight)
@@ -555,6 +556,7 @@ class Server:
         try:
             self.installer.submit(job.spec, placed)
         except RequestError as exc:  # this pool installs nothing, or too many jobs wait for installs
+            self.admission.leave(job)
             self.flights.remove(job.flight)
             self._refuse(job.id, str(exc))
 

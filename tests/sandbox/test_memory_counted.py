@@ -277,6 +277,11 @@ def test_tcp_send_buffers_of_a_job_count_against_its_memory(tmp_path: Path) -> N
     machine's TCP memory (sockstat, sampled while the job holds them) grows by no more than its memory
     allows; the peer's receive buffers, the host's, are kept small."""
     _counted()
+    if OUTER_SECCOMP:
+        # Under a container's profile the pool cannot take the job's socket (pidfd_getfd needs CAP_SYS_PTRACE):
+        # it connects a socket of its own and installs it in the job, so the buffers are charged to the pool's
+        # cgroup, not the job's. A known gap, in the contract; counted there is the next step.
+        pytest.skip("in a container the pool makes an allow_hosts job's sockets: their buffers are the pool's")
     peer = socket.socket()
     peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # inherited by what it accepts: the host's share
     peer.bind(("127.0.0.1", 0))

@@ -118,10 +118,11 @@ def test_two_users_cannot_see_or_reach_each_other(tmp_path: Path, listening: tup
     assert call["id"] == "caller"
     _wait_file(gate / "job")
     # The other user uses the same names: its own job "job", its own session "nb", a cancel of "job", a reply
-    # to root's pending call. None of them reaches root's.
+    # to root's pending call. None of them reaches root's. (A step with only code would open a session of its
+    # own under "nb"; "open": false says it is a later step, so the pool answers whether it holds one.)
     theirs = _as_other_user(path, [
         {"id": "c1", "cancel": "job"},
-        {"id": "r1", "session": "nb", "code": "print(secret)"},
+        {"id": "r1", "session": "nb", "code": "print(secret)", "open": False},
         {"reply": {"call_id": call["call_id"], "result": "forged"}},
         {"id": "job", "code": "print('their own job')"},
         {"id": "s2", "session": "nb", "open": True, "code": "print('their own session')"},

@@ -72,6 +72,7 @@ from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
 from .jobs import to_job
 from .jsonlog import log_records_as_json, relay_as_json
+from .labels import Labels
 from .lifecycle import ChildLife, ChildState
 from .listen import Listener, Router
 from .metrics import MetricsSocket
@@ -276,6 +277,8 @@ class Server:
         self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
         # The trace context of requests that carried one, until their result (see trace.py).
         self.traces = Traces()
+        # The tenant and profile of each request until its result, and the counts by them (see labels.py).
+        self.labels = Labels(lambda name: self.sessions.get(name) is not None, options.max_sessions)
         # The tenant a request id belongs to, for its log line: set by a listening pool (see listen.py).
         self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
         # The user a request's jobs run as, when its tenant says (see listen.py), over [pool] run_as.
@@ -308,6 +311,9 @@ class Server:
 
     def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
         self.stats.record(result)
+        # Before the result is written: a listening pool forgets a dropped connection once its last one is.
+        tenant, profile = self.labels.finished(result, session=session, fallback=self.tenant_of(result.id),
+                                               ended=bool(getattr(result, "session_ended", False)))
         self.output.write(encode(result))
         trace = self.traces.pop(result.id) if self.traces else None
         if self.options.log == "json":
@@ -316,9 +322,8 @@ class Server:
                 line.message = None
             if trace is not None:
                 line.traceparent = trace
-            tenant = self.tenant_of(result.id)
-            if tenant is not None:
-                line.tenant = tenant
+            # On stdin there is one client: its lines name no tenant (the metrics call it "default").
+            line.tenant, line.profile = tenant if self.options.listen is not None else None, profile or None
             self._log(encode(line))
 
     def log_event(self, event: PoolEventName, message: str, *, retry: int | None = None,
@@ -505,6 +510,9 @@ class Server:
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
             return
+        if not message.close and not message.file_request():  # answered by a result, through finish
+            self.labels.arrived(message.id, self.tenant_of(message.id), message.profile, message.session,
+                                opens=bool(message.open or message.grant_fields()))
         if message.traceparent is not None:
             if not valid_traceparent(message.traceparent):
                 self._refuse(message.id, f"traceparent: {quoted(message.traceparent[:80])} is not a W3C trace context "
@@ -571,6 +579,14 @@ class Server:
         self.output.write(encode(CancelAnswer(id=request_id, cancelled=target)))
         for flight, how in ended:
             if how is Cancel.QUEUED:
+                flight.answer_cancelled()
+
+    def cancel_quietly(self, target: RequestId) -> None:
+        """End ``target``'s queued or running jobs with no answer to the cancel itself (a listening pool's dropped
+        connection: nobody reads it); each job still gets its one result. Not under the intake lock: a connection
+        is dropped from wherever its outbox overflowed, a line's handling included."""
+        for flight in self.flights.find(target):
+            if flight.cancel() is Cancel.QUEUED:
                 flight.answer_cancelled()
 
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
@@ -776,7 +792,7 @@ def _serve(args: argparse.Namespace) -> int:
         if options.metrics_socket is not None:
             # Bound before any template starts: a probe sees "starting", and a path in use stops the pool now.
             metrics = MetricsSocket(options.metrics_socket, lambda: server.stats.snapshot(None, server.gauges()),
-                                    server.state)
+                                    server.state, server.labels.snapshot)
         if options.listen is not None:  # bound before any template starts, as the metrics socket is
             listener = Listener(options.listen, Tenants(options.config.tenants))
         for warning in options.config.warnings:

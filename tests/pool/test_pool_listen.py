@@ -423,3 +423,22 @@ def test_metrics_are_labelled_by_tenant_and_profile(tmp_path: Path, run_dir: Pat
                     if line.get("event") == "job")
     assert logged == sorted([("ops", "analysis", 0)] * 3 + [("ops", "", 1), ("ci", "quick", 0), ("ci", "quick", 0),
                              ("ci", "", 2)]), logged
+
+
+def test_a_profiles_jobs_and_sessions_run_as_its_user(tmp_path: Path) -> None:
+    """[profiles.NAME] run_as: a job and a session naming the profile run as that user (its scratch directory its
+    own to write); the control, a job naming no profile, runs as the pool's user. A stdin pool: no tenants."""
+    if os.geteuid() != 0:
+        pytest.skip("run_as needs a root pool")
+    nobody = pwd.getpwnam("nobody")
+    config = tmp_path / "pynox.toml"
+    config.write_text('[profiles.low]\nrun_as = "nobody"\n\n[profiles.plain]\ntimeout = "5s"\n')
+    code = "import os\nprint(os.getuid(), os.getgid())"
+    with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
+        assert pool.run(code, profile="low")["stdout"] == f"{nobody.pw_uid} {nobody.pw_gid}\n"
+        assert pool.run(code)["stdout"] == "0 0\n"
+        assert pool.run(code, profile="plain")["stdout"] == "0 0\n"
+        opened = pool.run(code + "\nopen('out.txt', 'w').write('mine')", session="nb", profile="low", scratch=True)
+        assert (opened["exit"], opened["stdout"]) == (0, f"{nobody.pw_uid} {nobody.pw_gid}\n"), opened
+        assert pool.run(code, session="nb")["stdout"] == f"{nobody.pw_uid} {nobody.pw_gid}\n"
+        assert pool.finish() == 0

@@ -281,12 +281,13 @@ class Server:
         self.labels = Labels(lambda name: self.sessions.get(name) is not None, options.max_sessions)
         # The tenant a request id belongs to, for its log line: set by a listening pool (see listen.py).
         self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
-        # The user a request's jobs run as, when its tenant says (see listen.py), over [pool] run_as.
+        # The user a request's jobs run as, when its tenant says (see listen.py), over a profile's and [pool] run_as.
         self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
         # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
         self.scratch = ScratchRoot(options.scratch_dir, run_as=options.config.pool.run_as,
+                                   others=options.config.runs_as_others(),
                                    max_file=options.scratch_max_file, max_total=options.scratch_max_total)
         # The packages requests name, installed by the pool (see packages.py); the ceiling's bound their versions.
         limits = options.config.limits
@@ -592,8 +593,8 @@ class Server:
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
         config = self.options.config
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
+        run_as = config.run_as(request.profile, self.run_as_of(request.id))
         request = bounded(request, config, self.cwd, check_paths=False)
-        run_as = self.run_as_of(request.id) or config.pool.run_as
         # No job may write where the pool keeps the environments it installs.
         runtime_paths = [*self.read_paths, self.installer.root]
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,

@@ -81,6 +81,7 @@ from .packages import Installer
 from .scratch import ScratchRoot
 from .sessions import FileRequest, SessionRegistry, Step
 from .shutdown import Shutdown, Stage
+from .spans import spans_from_environment
 from .stats import Gauges, Stats, log_line
 from .streaming import Streamer
 from .templates import CallSink, Template
@@ -294,6 +295,8 @@ class Server:
         self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
                                    allowed=limits.packages if limits else None)
         self.calls.pip = self.installer.pip
+        # OpenTelemetry spans, when OTEL_TRACES_EXPORTER asks for them (see spans.py); else None, and no cost.
+        self.spans = spans_from_environment(lambda why: self.log_event("config_warning", why))
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None) -> Template:
@@ -316,6 +319,8 @@ class Server:
         tenant, profile = self.labels.finished(result, session=session, fallback=self.tenant_of(result.id),
                                                ended=bool(getattr(result, "session_ended", False)))
         self.output.write(encode(result))
+        if self.spans is not None:
+            self.spans.finished(result, session=session, step=step, tenant=tenant, profile=profile)
         trace = self.traces.pop(result.id) if self.traces else None
         if self.options.log == "json":
             line = log_line(result, session=session, step=step)
@@ -514,6 +519,8 @@ class Server:
         if not message.close and not message.file_request():  # answered by a result, through finish
             self.labels.arrived(message.id, self.tenant_of(message.id), message.profile, message.session,
                                 opens=bool(message.open or message.grant_fields()))
+            if self.spans is not None:
+                self.spans.arrived(message.id, message.traceparent, self._arrived_ns)
         if message.traceparent is not None:
             if not valid_traceparent(message.traceparent):
                 self._refuse(message.id, f"traceparent: {quoted(message.traceparent[:80])} is not a W3C trace context "
@@ -842,6 +849,8 @@ def _serve(args: argparse.Namespace) -> int:
             os._exit(1)
     server.calls.close("the pool has stopped")
     server.scratch.close()
+    if server.spans is not None:
+        server.spans.close()
     if metrics is not None:
         metrics.close()
     status = 0 if server.drain_complete else DRAIN_CUT_EXIT

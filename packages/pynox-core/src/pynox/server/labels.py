@@ -57,13 +57,21 @@ class Labels:
 
     def arrived(self, request_id: RequestId, tenant: str | None, profile: str | None, session: str | None,
                 *, opens: bool) -> None:
-        """A request that will be answered by a result: its labels, until :meth:`finished`."""
+        """A request that will be answered by a result: its labels, until :meth:`finished`. A session's step
+        takes the profile of the request that opened the session (one that asks to open a live session is
+        refused, and changes nothing)."""
+        # Asked outside this lock: the session registry calls finish (and so this class) holding its own.
+        live = self._alive(session) if session is not None and opens else False
+        stale: list[str] = []
         with self._lock:
+            if session is not None and len(self._session_profile) > 4 * self._max_sessions:
+                stale = list(self._session_profile)  # closed for being idle, which says nothing here
+        gone = {name for name in stale if not self._alive(name)}
+        with self._lock:
+            for name in gone:
+                self._session_profile.pop(name, None)
             if session is not None:
-                if opens or session not in self._session_profile:
-                    if len(self._session_profile) > 4 * self._max_sessions:  # idle-closed ones say nothing
-                        self._session_profile = {name: value for name, value in self._session_profile.items()
-                                                 if self._alive(name)}
+                if session not in self._session_profile or (opens and not live):
                     self._session_profile[session] = profile or ""
                 profile = self._session_profile[session]
             self._by_id.setdefault(_key(request_id), []).append((tenant or DEFAULT_TENANT, profile or ""))

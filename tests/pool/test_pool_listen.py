@@ -400,6 +400,8 @@ def test_metrics_are_labelled_by_tenant_and_profile(tmp_path: Path, run_dir: Pat
         assert mine.result(3)["exit"] == 0
         mine.send(id=4, session="nb", code="print(x)")
         assert mine.result(4)["stdout"] == "1\n"
+        mine.send(id=5, code="print(1)", profile="no-such-profile")  # refused: a label is never a client's text
+        assert mine.result(5)["exit"] == 2
         theirs = _as_other_user(path, [{"id": 1, "code": "print(1)", "profile": "quick"},
                                        {"id": 2, "code": "print(2)", "profile": "quick"},
                                        {"id": 3, "code": 5}])
@@ -410,8 +412,8 @@ def test_metrics_are_labelled_by_tenant_and_profile(tmp_path: Path, run_dir: Pat
     jobs = {(labels["tenant"], labels["profile"], labels["outcome"]): value
             for (name, pairs), value in samples.items() if name == "pynox_tenant_jobs_total" and value
             for labels in [dict(pairs)]}
-    assert jobs == {("ops", "analysis", "ok"): 3, ("ops", "", "failed"): 1, ("ci", "quick", "ok"): 2,
-                    ("ci", "", "request_errors"): 1}, jobs
+    assert jobs == {("ops", "analysis", "ok"): 3, ("ops", "", "failed"): 1, ("ops", "", "request_errors"): 1,
+                    ("ci", "quick", "ok"): 2, ("ci", "", "request_errors"): 1}, jobs
     for outcome in ("ok", "failed", "request_errors"):
         assert samples[("pynox_jobs_total", (("outcome", outcome),))] == sum(
             value for (_, _, counted), value in jobs.items() if counted == outcome)
@@ -421,8 +423,8 @@ def test_metrics_are_labelled_by_tenant_and_profile(tmp_path: Path, run_dir: Pat
     # The log lines say the same; the other user's dropped connection cost no refusal of its own.
     logged = sorted((line["tenant"], line["profile"] or "", line["exit"]) for line in pool.log_lines()
                     if line.get("event") == "job")
-    assert logged == sorted([("ops", "analysis", 0)] * 3 + [("ops", "", 1), ("ci", "quick", 0), ("ci", "quick", 0),
-                             ("ci", "", 2)]), logged
+    assert logged == sorted([("ops", "analysis", 0)] * 3 + [("ops", "", 1), ("ops", "", 2), ("ci", "quick", 0),
+                             ("ci", "quick", 0), ("ci", "", 2)]), logged
 
 
 def test_a_profiles_jobs_and_sessions_run_as_its_user(tmp_path: Path) -> None:

@@ -517,7 +517,9 @@ class Server:
             self._cancel(message.id, message.cancel)
             return
         if not message.close and not message.file_request():  # answered by a result, through finish
-            self.labels.arrived(message.id, self.tenant_of(message.id), message.profile, message.session,
+            # A label is the config's name, never a client's text: a profile the config lacks (refused) is none.
+            known = message.profile if message.profile in self.options.config.profiles else None
+            self.labels.arrived(message.id, self.tenant_of(message.id), known, message.session,
                                 opens=bool(message.open or message.grant_fields()))
             if self.spans is not None:
                 self.spans.arrived(message.id, message.traceparent, self._arrived_ns)

@@ -9,6 +9,7 @@ shows the harm did not happen.
 from __future__ import annotations
 
 import functools
+import re
 import stat
 import sys
 import threading
@@ -232,7 +233,8 @@ def test_keywords_bound_with_partial_stay_fixed_behind_a_decorator() -> None:
                           functions={"fetch": wrapped})
         doc = pool.tool(functions={"fetch": wrapped}).__doc__ or ""
     assert result.stdout.splitlines() == ["u", "fetch(): token is fixed by the host and cannot be passed"]
-    assert seen == ["HOST-SECRET-TOKEN"] and "HOST-SECRET-TOKEN" not in doc and "token" not in doc
+    assert seen == ["HOST-SECRET-TOKEN"] and "HOST-SECRET-TOKEN" not in doc
+    assert not re.search(r"\btoken\b", doc)  # as a word: the importable list may name asttokens
 
 
 # -- the client never waits for ever ----------------------------------------------------------------------

@@ -33,7 +33,10 @@ class Capture:
         self.display = DisplayReader(max_output, return_value=return_value)
         self.streamer = streamer
         self.pipes = list(reads)
-        self.open = len(reads)
+        # The job's output is over when stdout, stderr and the report are closed: a job that closes those and
+        # stops (or hands them back) is done, whatever it does with its display channel, which is drained then.
+        self.open = len(reads) - 1
+        self._display_ended = False
         self.outcome = outcome
         self.max_output = max_output
         self.report = bytearray()
@@ -43,9 +46,11 @@ class Capture:
         """Read what ``fd`` has; False at its EOF (the caller stops watching it)."""
         chunk = os.read(fd, _READ_CHUNK)
         if not chunk:
-            self.open -= 1
             if fd == self.display_fd:
+                self._display_ended = True
                 self._shown(self.display.finish())
+            else:
+                self.open -= 1
             return False
         if fd == self.display_fd:
             self._shown(self.display.feed(chunk))
@@ -82,6 +87,19 @@ class Capture:
             for output, at in outputs:
                 if output.output_type == "display_data":
                     self.streamer.display(output, at)
+
+    def drain_display(self) -> None:
+        """What the display channel still holds once the job's output is over, without waiting for it."""
+        if self._display_ended:
+            return
+        os.set_blocking(self.display_fd, False)
+        try:
+            while chunk := os.read(self.display_fd, _READ_CHUNK):
+                self._shown(self.display.feed(chunk))
+        except BlockingIOError:
+            pass
+        self._display_ended = True
+        self._shown(self.display.finish())
 
     def close(self) -> None:
         close_all(self.pipes)

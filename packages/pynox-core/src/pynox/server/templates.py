@@ -493,6 +493,7 @@ class Template:
                                    holds_in_kernel=bool(spec.allow_write) or spec.network != "none")
                 try:
                     self._loop(serving)
+                    capture.drain_display()
                 except BaseException:
                     if streamer is not None:
                         streamer.finish()

@@ -26,8 +26,9 @@ from ..wire.frames import recv_raw
 from ..wire.payload import read_payload, write_payload_to
 from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
 from .execute import execute, new_main, serve_session
+from .native_setup import confine_steps
 from .report import finish
-from .setup import CONFINE, READ, Setup, run_steps
+from .setup import READ, Setup, run_steps
 
 __all__ = ["run_job", "run_prepared"]
 
@@ -37,7 +38,7 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     the job has them; ``grants``: one descriptor per granted path, which the rules are built from."""
     setup = Setup(confinement, runtime, grants, fds, sent_with_job(confinement.host_channel, confinement.session),
                   prepared=False)
-    payload = _ready_or_fail(setup, run_steps(setup, CONFINE) or run_steps(setup, READ))
+    payload = _ready_or_fail(setup, run_steps(setup, confine_steps(setup)) or run_steps(setup, READ))
     main = new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
@@ -56,7 +57,7 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     beyond what the template holds. A setup failure is reported to the job it receives.
     """
     setup = Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True)
-    failure = run_steps(setup, CONFINE)
+    failure = run_steps(setup, confine_steps(setup))
     if failure is not None:
         _no_listener(setup.at(CONTROL))
     else:

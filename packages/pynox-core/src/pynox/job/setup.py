@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..policy import Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
+from ..policy.native import NativeFailure
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from ..wire.descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, RULESET, STAGING, STDERR, STDOUT
 from ..wire.exits import SETUP_FAILED_EXIT
@@ -29,7 +30,7 @@ from ..wire.spec import Confinement, Payload
 from . import pynox_host
 from .resolver import install_pinned_names
 
-__all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "run_steps"]
+__all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "name_of", "run_steps"]
 
 _MAX_FD = 1 << 20
 
@@ -90,9 +91,12 @@ def _die_with_the_template(setup: Setup) -> None:
         os._exit(SETUP_FAILED_EXIT)
 
 
+def name_of(setup: Setup) -> str:
+    return "pynox-ready" if setup.prepared else "pynox-session" if setup.confinement.session else "pynox-job"
+
+
 def _name(setup: Setup) -> None:
-    set_process_name("pynox-ready" if setup.prepared else "pynox-session" if setup.confinement.session
-                     else "pynox-job")
+    set_process_name(name_of(setup))
 
 
 def _new_session(setup: Setup) -> None:
@@ -200,7 +204,9 @@ def run_steps(setup: Setup, steps: tuple[Step, ...]) -> str | None:
         try:
             step.run(setup)
         except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
-            return f"could not {step.does}: {exc}"
+            # The native call's failure names the step of CONFINE it belongs to (job/native_setup.py).
+            does = CONFINE[exc.stage].does if isinstance(exc, NativeFailure) else step.does
+            return f"could not {does}: {exc}"
     return None
 
 

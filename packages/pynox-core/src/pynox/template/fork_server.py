@@ -84,6 +84,7 @@ def main() -> None:
     send_frame(sock, Ready(python=platform.python_version(), pid=os.getpid(), preloaded=init.preload,
                            landlock_abi=runtime.landlock_abi, landlock_abi_kernel=runtime.landlock_abi_kernel,
                            read_paths=list(runtime.read_paths), memory_floor=runtime.memory_floor,
+                           native=runtime.native is not None,
                            seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.compiled.unknown})))
     _serve(sock, runtime)
 
@@ -111,7 +112,8 @@ def _warm_up(init: Init, sock_fd: int) -> Runtime:
             raise RuntimeError(f"preloading {module!r} failed: {type(exc).__name__}: {exc}") from None
     _prove_single_threaded(init.preload)
     _prove_descriptors({0, 1, 2, sock_fd}, init.preload)
-    runtime = prepare_runtime(tuple(init.package_dirs), tuple(init.data_dirs), max_abi=init.landlock_abi)
+    runtime = prepare_runtime(tuple(init.package_dirs), tuple(init.data_dirs), max_abi=init.landlock_abi,
+                              native=init.native)
     # Preloads have read their BLAS settings; from here on the environment is what every job starts from.
     reset_environment(init.job_env)
     _behave_as_a_normal_interpreter()

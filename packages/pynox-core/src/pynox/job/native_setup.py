@@ -4,7 +4,8 @@ The same steps, in the same order, with the same rules (policy/native.py lays th
 the system calls); only the first, clearing the template's exit hooks, and the parts of the policy that are
 Python's own state (``os.environ``, the signal module's handler for SIGXFSZ) stay in Python. The checks the
 Python steps make before their system calls (the grants' count, the descriptors' count, the memory floor)
-are made first here, so when one fails nothing was done; a failure names the step it belongs to.
+are made first here; when one fails, the call makes the steps before its own and stops, so the child is left
+as the Python steps would leave it. A failure names the step it belongs to.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ _BUILD_RULESET, _ARRANGE, _APPLY_POLICY = 5, 6, 7
 _OWN_ENTRIES = tuple((entry.encode(), rights) for entry, rights in OWN_ENTRY_RIGHTS)
 
 
-def _before(stage: int, check: Callable[[], None]) -> None:
-    """A check of the Python steps, made before the call: its failure is the named step's."""
-    try:
-        check()
-    except Exception as exc:
-        raise NativeFailure.of(stage, str(exc)) from None
+def _checked(checks: tuple[tuple[int, Callable[[], None]], ...]) -> NativeFailure | None:
+    """The checks of the Python steps, made before the call; the first that fails, as its step's failure."""
+    for stage, check in checks:
+        try:
+            check()
+        except Exception as exc:
+            return NativeFailure.of(stage, str(exc))
+    return None
 
 
 def _confine_natively(setup: Setup) -> None:
@@ -50,21 +53,24 @@ def _confine_natively(setup: Setup) -> None:
             ignore_file_size_signal()
         base_environment(confinement)
 
-    _before(_BUILD_RULESET, grants)
-    _before(_ARRANGE, counted)
-    _before(_APPLY_POLICY, policy)
+    # A failed check stops the call before its step, so the child is left as the Python steps leave it (a
+    # prepared child is named, in its own session, and waits for the job that will hear why).
+    failed = _checked(((_BUILD_RULESET, grants), (_ARRANGE, counted), (_APPLY_POLICY, policy)))
     try:
         runtime.native.confine(
             parent_pid=runtime.pid, exit_status=SETUP_FAILED_EXIT, name=name_of(setup), abi=runtime.landlock_abi,
             network_all=confinement.network == "all", prepared_rules=prepared_rules(confinement, runtime),
-            granted_rules=granted, own_entries=_OWN_ENTRIES, moves=list(zip(setup.sent, setup.targets, strict=True)),
+            granted_rules=granted, own_entries=_OWN_ENTRIES, moves=list(zip(setup.sent, setup.targets, strict=False)),
             ruleset_target=RULESET, null_read=(0,), null_write=(STDOUT, STDERR, REPORT) if setup.prepared else (),
             staging=STAGING, max_fd=_MAX_FD,
             limits=wanted_limits(memory=confinement.memory,
                                  timeout=None if confinement.session else confinement.timeout,
                                  max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files),
             confinement=confinement, main_filter=runtime.filters[confinement.network].compiled.bpf,
-            handover=CONTROL if setup.prepared else METADATA, keep_handover=setup.prepared)
+            handover=CONTROL if setup.prepared else METADATA, keep_handover=setup.prepared,
+            stop_before=failed.stage if failed is not None else 0)
+        if failed is not None:
+            raise failed
     except NativeFailure as failure:
         setup.arranged = failure.stage > _ARRANGE
         raise

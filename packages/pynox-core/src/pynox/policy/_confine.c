@@ -7,6 +7,9 @@
  * it enforces are exactly those of the Python steps, which stay as the fallback (PYNOX_NATIVE=0); the test
  * tests/sandbox/test_native_confine.py reads both paths' results from outside and compares them.
  *
+ * stop_before: a stage whose check Python made before the call and saw fail; the stages before it are made
+ * and nothing from it on, so the child is left as the Python steps would leave it.
+ *
  * confine(...) returns None once every step is done, or (stage, errno, what) for the first that failed:
  * stage is the index in setup.CONFINE of the step it belongs to, so the failure names the same step as the
  * Python path would. Nothing after a failed call runs: the caller never runs the job's code. */
@@ -126,7 +129,7 @@ static int set_limit(int resource, long long soft, long long hard) {
 
 static PyObject *confine(PyObject *self, PyObject *args) {
     (void)self;
-    int parent_pid, exit_status, ruleset_target, staging, max_fd, uid, gid, handover, keep_handover;
+    int parent_pid, exit_status, ruleset_target, staging, max_fd, uid, gid, handover, keep_handover, stop_before;
     const char *name, *cwd;
     unsigned long long handled_fs, handled_net, scoped, file_rights;
     unsigned long securebits;
@@ -134,11 +137,11 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     PyObject *prepared_seq, *fitted_seq, *entries_seq, *moves_seq, *null_read_seq, *null_write_seq, *limits_seq,
         *patches_seq;
     Py_buffer main_filter, own_filter;
-    if (!PyArg_ParseTuple(args, "iiyKKKnOOKOOiOOiiOyiiky*y*Oip", &parent_pid, &exit_status, &name, &handled_fs,
+    if (!PyArg_ParseTuple(args, "iiyKKKnOOKOOiOOiiOyiiky*y*Oipi", &parent_pid, &exit_status, &name, &handled_fs,
                           &handled_net, &scoped, &attr_size, &prepared_seq, &fitted_seq, &file_rights,
                           &entries_seq, &moves_seq, &ruleset_target, &null_read_seq, &null_write_seq, &staging,
                           &max_fd, &limits_seq, &cwd, &uid, &gid, &securebits, &main_filter, &own_filter,
-                          &patches_seq, &handover, &keep_handover))
+                          &patches_seq, &handover, &keep_handover, &stop_before))
         return NULL;
 
     /* Everything read from Python before the first system call, so a malformed argument changes nothing. */
@@ -225,6 +228,8 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     }
 
     /* build the Landlock ruleset, while the grant descriptors are still open */
+    if (stop_before == BUILD_RULESET)
+        goto stopped;
     {
         struct ruleset_attr attr = {handled_fs, handled_net, scoped};
         ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, (size_t)attr_size, 0);
@@ -271,6 +276,8 @@ static PyObject *confine(PyObject *self, PyObject *args) {
 
     /* arrange descriptors: each source staged above every target first, then put at its number; every other
        descriptor closed (setup.arrange) */
+    if (stop_before == ARRANGE)
+        goto stopped;
     {
         static int staged[MAX_ITEMS], targets[MAX_ITEMS];
         static char used[MAX_ITEMS];
@@ -322,6 +329,8 @@ static PyObject *confine(PyObject *self, PyObject *args) {
 
     /* apply the policy: rlimits, working directory, identity, no privileges, Landlock, seccomp (the
        environment and SIGXFSZ are Python's: os.environ and the signal module keep their own views) */
+    if (stop_before == APPLY_POLICY)
+        goto stopped;
     for (Py_ssize_t i = 0; i < n_limits; i++)
         if (set_limit((int)limits[i][0], limits[i][1], limits[i][2])) {
             fail(&f, APPLY_POLICY, "setrlimit");
@@ -434,6 +443,12 @@ static PyObject *confine(PyObject *self, PyObject *args) {
             goto failed;
         }
     }
+    result = Py_NewRef(Py_None);
+    goto out;
+
+stopped:
+    /* A check Python made before the call failed at the start of this stage: the stages before it are done,
+       as the Python steps would have done them, and nothing after (the ruleset stays open, as it would). */
     result = Py_NewRef(Py_None);
     goto out;
 

@@ -68,10 +68,11 @@ class NativePlan:
                 own_entries: tuple[tuple[bytes, int], ...], moves: list[tuple[int, int]], ruleset_target: int,
                 null_read: tuple[int, ...], null_write: tuple[int, ...], staging: int, max_fd: int,
                 limits: list[tuple[int, int, int]], confinement: Confinement, main_filter: bytes, handover: int,
-                keep_handover: bool) -> None:
+                keep_handover: bool, stop_before: int = 0) -> None:
         """Run every step of ``setup.CONFINE`` after the first, natively; :class:`NativeFailure` names the
         first that failed (nothing after it ran). ``granted_rules``: fitted to what each descriptor names
-        in the call, as :func:`landlock.fitting` does."""
+        in the call, as :func:`landlock.fitting` does. ``stop_before``: the index of a step whose check
+        failed before the call: the steps before it are made, it and the rest not."""
         assert _confine is not None
         handled_fs, handled_net, scoped, size = landlock.ruleset_attr(abi, network=network_all)
         uid = confinement.uid if confinement.uid is not None else -1
@@ -80,7 +81,7 @@ class NativePlan:
             parent_pid, exit_status, name.encode()[:15], handled_fs, handled_net, scoped, size, prepared_rules,
             granted_rules, landlock.FILE_RIGHTS, own_entries, moves, ruleset_target, null_read, null_write,
             staging, max_fd, limits, os.fsencode(confinement.cwd), uid, gid, self.securebits, main_filter,
-            self.own_program, self.own_patches, handover, keep_handover)
+            self.own_program, self.own_patches, handover, keep_handover, stop_before)
         if failed is not None:
             raise NativeFailure(*failed)
 

@@ -35,8 +35,7 @@ import pytest
 
 from tests.pool.pool_driver import DEADLINE, PoolProcess, leftover_guard, own_commands_env, pool_process
 
-pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.needs_root("reading a process's seccomp programs needs CAP_SYS_ADMIN and ptrace")]
+pytestmark = pytest.mark.timeout(300)
 
 _subreaper = pytest.fixture(scope="module", autouse=True, name="_subreaper")(leftover_guard)
 
@@ -225,6 +224,7 @@ def _can_read_filters() -> None:
         pytest.skip("strace reads each child's setup from outside")
 
 
+@pytest.mark.needs_root("reading a process's seccomp programs needs CAP_SYS_ADMIN and ptrace")
 @pytest.mark.parametrize("abi", range(1, 8))
 def test_native_and_python_paths_install_the_same_policy(observe: Any, kernel_abi: int, abi: int) -> None:
     _can_read_filters()
@@ -244,3 +244,14 @@ def test_native_and_python_paths_install_the_same_policy(observe: Any, kernel_ab
         assert any("/proc/PID/status" in call for call in added), added
     # The modes differ where they should: the same path does not simply install one thing everywhere.
     assert native["none"]["filters"][0] != native["all"]["filters"][0] != native["hosts"]["filters"][0]
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "native"])
+def test_a_pool_refuses_a_pynox_native_it_does_not_know(value: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "pynox", "pool"], input="", capture_output=True, text=True,
+                          env={**own_commands_env(), "PYNOX_NATIVE": value}, timeout=120, check=False)
+    first = json.loads(done.stdout.splitlines()[0])
+    assert first["event"] == "error" and first["error"]["type"] == "ConfigError", first
+    assert first["error"]["message"] == (f"$PYNOX_NATIVE must be 0 (the Python steps) or 1 (the native call), "
+                                         f"got {value!r}"), first
+    assert done.returncode != 0

@@ -53,7 +53,7 @@ def serve(preload: list[str]) -> None:
     import pynox.template.fork_server  # noqa: F401  - what a template holds, so that the floor forks as large a process
     from pynox.job.native_setup import confine_steps
     from pynox.job.setup import Setup, run_steps
-    from pynox.policy import prepare_runtime, reset_environment
+    from pynox.policy import native_call, prepare_runtime, reset_environment
     from pynox.protocol import Request
     from pynox.server.jobs import to_job
     from pynox.wire.descriptors import CONTROL
@@ -67,11 +67,14 @@ def serve(preload: list[str]) -> None:
 
     def fork_ahead() -> tuple[int, socket.socket]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # As the template does: the native call laid out before the fork.
+        call = (native_call(confinement, runtime, [], [theirs.fileno()], (CONTROL,), prepared=True)
+                if runtime.native is not None else None)
         pid = os.fork()
         if pid == 0:
             try:
                 ours.close()
-                setup = Setup(confinement, runtime, [], [theirs.detach()], (CONTROL,), prepared=True)
+                setup = Setup(confinement, runtime, [], [theirs.detach()], (CONTROL,), prepared=True, native_call=call)
                 if run_steps(setup, confine_steps(setup)) is not None:
                     os._exit(125)
                 with socket.socket(fileno=CONTROL) as control:

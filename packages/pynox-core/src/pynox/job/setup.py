@@ -19,9 +19,9 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..policy import Runtime, add_environment, build_ruleset, confine
+from ..policy import MAX_FD, Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
-from ..policy.native import NativeFailure
+from ..policy.native import NativeCall, NativeFailure
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from ..wire.descriptors import CHANNEL, CLAIM, CONTROL, METADATA, PAYLOAD, REPORT, RULESET, STAGING, STDERR, STDOUT
 from ..wire.exits import SETUP_FAILED_EXIT
@@ -32,7 +32,7 @@ from .resolver import install_pinned_names
 
 __all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "name_of", "run_steps"]
 
-_MAX_FD = 1 << 20
+_MAX_FD = MAX_FD
 
 
 class Setup:
@@ -43,9 +43,10 @@ class Setup:
     on ``CONTROL`` (it has no job yet: its outputs and report are /dev/null until the job's arrive)."""
 
     def __init__(self, confinement: Confinement, runtime: Runtime, grants: list[int], sent: list[int],
-                 targets: tuple[int, ...], *, prepared: bool) -> None:
+                 targets: tuple[int, ...], *, prepared: bool, native_call: NativeCall | None = None) -> None:
         self.confinement, self.runtime, self.grants = confinement, runtime, grants
         self.sent, self.targets, self.prepared = sent, targets, prepared
+        self.native_call = native_call  # laid out by the template before the fork (job/native_setup.py)
         self.arranged = False
         self.ruleset: int | None = None
         self.listener: int | None = None

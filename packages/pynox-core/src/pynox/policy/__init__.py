@@ -11,18 +11,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..wire.descriptors import CONTROL, METADATA, REPORT, RULESET, STAGING, STDERR, STDOUT
+from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.spec import Confinement, NetworkMode
 from . import landlock, seccomp
-from .limits import apply_limits
-from .native import NativePlan, load_error, plan
+from .limits import apply_limits, wanted_limits
+from .native import APPLY_POLICY, ARRANGE, BUILD_RULESET, NativeCall, NativeFailure, NativePlan, load_error, plan
 from .own_process import OwnProcessFilter
 from .privileges import drop_bounding_set, drop_privileges, set_parent_death_signal, switch_user
 from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, OWN_PROC_DIRECTORIES, OWN_PROC_ENTRIES, runtime_paths
 
 __all__ = [
-    "BACKEND", "BASE_ENVIRONMENT", "OWN_ENTRY_RIGHTS", "Runtime", "RuntimeRules", "add_environment",
-    "base_environment", "build_ruleset", "check_memory", "confine", "granted_rights", "prepare_runtime",
-    "prepared_rules", "private_data_bytes", "reset_environment",
+    "BACKEND", "BASE_ENVIRONMENT", "MAX_FD", "OWN_ENTRY_RIGHTS", "Runtime", "RuntimeRules", "add_environment",
+    "base_environment", "build_ruleset", "check_memory", "confine", "granted_rights", "native_call",
+    "prepare_runtime", "prepared_rules", "private_data_bytes", "reset_environment",
 ]
 
 _MIN_HEADROOM = 16 << 20
@@ -195,6 +197,43 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
     listener = runtime.filters[confinement.network].install()
     runtime.own_process.install(os.getpid())
     return listener
+
+
+# Every descriptor below this is closed when a child arranges its own (job/setup.arrange, and the native call).
+MAX_FD = 1 << 20
+_OWN_ENTRIES = tuple((entry.encode(), rights) for entry, rights in OWN_ENTRY_RIGHTS)
+
+
+def native_call(confinement: Confinement, runtime: Runtime, grants: list[int], sent: list[int],
+                targets: tuple[int, ...], *, prepared: bool) -> NativeCall:
+    """A child's native call (``runtime.native`` must be set), laid out where it is cheapest: in the template,
+    before the fork. The checks the Python steps make before their system calls (the grants' count, the
+    descriptors' count, the memory floor) are made here, with no effect; the first that fails is the call's
+    ``failed``, and the child then makes the steps before it and stops, as the Python steps would."""
+    assert runtime.native is not None
+    failed: NativeFailure | None = None
+    granted: list[tuple[int, int]] = []
+    try:
+        granted = granted_rights(confinement, runtime, grants)
+    except ValueError as exc:
+        failed = NativeFailure.of(BUILD_RULESET, str(exc))
+    if failed is None and len(sent) != len(targets):
+        failed = NativeFailure.of(ARRANGE, f"expected {len(targets)} descriptors, got {len(sent)}")
+    if failed is None:
+        try:
+            check_memory(confinement, runtime)
+        except MemoryError as exc:
+            failed = NativeFailure.of(APPLY_POLICY, str(exc))
+    return runtime.native.lay_out(
+        parent_pid=runtime.pid, exit_status=SETUP_FAILED_EXIT, abi=runtime.landlock_abi,
+        network_all=confinement.network == "all", prepared_rules=prepared_rules(confinement, runtime),
+        granted_rules=granted, own_entries=_OWN_ENTRIES, moves=list(zip(sent, targets, strict=False)),
+        ruleset_target=RULESET, null_read=(0,), null_write=(STDOUT, STDERR, REPORT) if prepared else (),
+        staging=STAGING, max_fd=MAX_FD,
+        limits=wanted_limits(memory=confinement.memory, timeout=None if confinement.session else confinement.timeout,
+                             max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files),
+        confinement=confinement, main_filter=runtime.filters[confinement.network].compiled.bpf,
+        handover=CONTROL if prepared else METADATA, keep_handover=prepared, failed=failed)
 
 
 def check_memory(confinement: Confinement, runtime: Runtime) -> None:

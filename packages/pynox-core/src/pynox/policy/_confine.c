@@ -1,5 +1,9 @@
 /* The child's whole confinement in one call: job/setup.py's CONFINE steps after the first, in their order.
  *
+ * confine(name, stop_before, call): call is the tuple the template laid out before the fork (policy.native_call),
+ * so the child touches one prepared object rather than building its arguments (each object a child touches
+ * has its reference count written: a copy-on-write fault per page).
+ *
  * Everything is prepared by Python, most of it once in the template (policy/native.py): the seccomp programs
  * libseccomp compiled, the runtime's Landlock rules (descriptors and rights), the descriptor moves and the
  * limits. This file only makes the system calls, so a child writes almost none of the template's pages (a
@@ -137,11 +141,11 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     PyObject *prepared_seq, *fitted_seq, *entries_seq, *moves_seq, *null_read_seq, *null_write_seq, *limits_seq,
         *patches_seq;
     Py_buffer main_filter, own_filter;
-    if (!PyArg_ParseTuple(args, "iiyKKKnOOKOOiOOiiOyiiky*y*Oipi", &parent_pid, &exit_status, &name, &handled_fs,
-                          &handled_net, &scoped, &attr_size, &prepared_seq, &fitted_seq, &file_rights,
+    if (!PyArg_ParseTuple(args, "yi(iiKKKnOOKOOiOOiiOyiiky*y*Oip)", &name, &stop_before, &parent_pid, &exit_status,
+                          &handled_fs, &handled_net, &scoped, &attr_size, &prepared_seq, &fitted_seq, &file_rights,
                           &entries_seq, &moves_seq, &ruleset_target, &null_read_seq, &null_write_seq, &staging,
                           &max_fd, &limits_seq, &cwd, &uid, &gid, &securebits, &main_filter, &own_filter,
-                          &patches_seq, &handover, &keep_handover, &stop_before))
+                          &patches_seq, &handover, &keep_handover))
         return NULL;
 
     /* Everything read from Python before the first system call, so a malformed argument changes nothing. */

@@ -23,7 +23,8 @@ from . import landlock
 from .own_process import OwnProcessFilter
 from .privileges import SECUREBITS
 
-__all__ = ["NativeFailure", "NativePlan", "load_error", "plan"]
+__all__ = ["APPLY_POLICY", "ARRANGE", "BUILD_RULESET", "NativeCall", "NativeFailure", "NativePlan", "load_error",
+           "plan"]
 
 _confine: ModuleType | None
 _load_error: str | None
@@ -55,6 +56,28 @@ class NativeFailure(Exception):
         return failure
 
 
+# The steps of setup.CONFINE whose checks are made before the call (their indices there).
+BUILD_RULESET, ARRANGE, APPLY_POLICY = 5, 6, 7
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """One child's call, laid out before the fork by the template (so the child touches one prepared tuple
+    instead of building its arguments), or by the child itself: every argument but the process's name, and
+    the first check of the Python steps that failed, if one did (``failed``)."""
+
+    args: tuple[object, ...]
+    failed: NativeFailure | None
+
+    def run(self, name: str, stop_before: int) -> None:
+        """Run every step of ``setup.CONFINE`` after the first, natively, or those before ``stop_before``;
+        :class:`NativeFailure` names the first that failed (nothing after it ran)."""
+        assert _confine is not None
+        failed = _confine.confine(name.encode()[:15], stop_before, self.args)
+        if failed is not None:
+            raise NativeFailure(*failed)
+
+
 @dataclass(frozen=True)
 class NativePlan:
     """What every child of a template passes to the native call unchanged, laid out once."""
@@ -63,27 +86,22 @@ class NativePlan:
     own_patches: tuple[tuple[int, int], ...]  # (instruction index, 1 if it takes -pid)
     securebits: int
 
-    def confine(self, *, parent_pid: int, exit_status: int, name: str, abi: int, network_all: bool,
+    def lay_out(self, *, parent_pid: int, exit_status: int, abi: int, network_all: bool,
                 prepared_rules: tuple[tuple[int, int], ...], granted_rules: list[tuple[int, int]],
                 own_entries: tuple[tuple[bytes, int], ...], moves: list[tuple[int, int]], ruleset_target: int,
                 null_read: tuple[int, ...], null_write: tuple[int, ...], staging: int, max_fd: int,
                 limits: list[tuple[int, int, int]], confinement: Confinement, main_filter: bytes, handover: int,
-                keep_handover: bool, stop_before: int = 0) -> None:
-        """Run every step of ``setup.CONFINE`` after the first, natively; :class:`NativeFailure` names the
-        first that failed (nothing after it ran). ``granted_rules``: fitted to what each descriptor names
-        in the call, as :func:`landlock.fitting` does. ``stop_before``: the index of a step whose check
-        failed before the call: the steps before it are made, it and the rest not."""
-        assert _confine is not None
+                keep_handover: bool, failed: NativeFailure | None) -> NativeCall:
+        """``granted_rules`` are fitted to what each descriptor names in the call, as
+        :func:`landlock.fitting` does."""
         handled_fs, handled_net, scoped, size = landlock.ruleset_attr(abi, network=network_all)
         uid = confinement.uid if confinement.uid is not None else -1
         gid = confinement.gid if confinement.gid is not None else confinement.uid if confinement.uid is not None else -1
-        failed = _confine.confine(
-            parent_pid, exit_status, name.encode()[:15], handled_fs, handled_net, scoped, size, prepared_rules,
-            granted_rules, landlock.FILE_RIGHTS, own_entries, moves, ruleset_target, null_read, null_write,
-            staging, max_fd, limits, os.fsencode(confinement.cwd), uid, gid, self.securebits, main_filter,
-            self.own_program, self.own_patches, handover, keep_handover, stop_before)
-        if failed is not None:
-            raise NativeFailure(*failed)
+        return NativeCall((
+            parent_pid, exit_status, handled_fs, handled_net, scoped, size, prepared_rules, granted_rules,
+            landlock.FILE_RIGHTS, own_entries, moves, ruleset_target, null_read, null_write, staging, max_fd,
+            limits, os.fsencode(confinement.cwd), uid, gid, self.securebits, main_filter, self.own_program,
+            self.own_patches, handover, keep_handover), failed)
 
 
 def plan(own_process: OwnProcessFilter) -> NativePlan | None:

@@ -75,8 +75,8 @@ from . import files as _files
 from .connect import Connection, connect_address
 from .files import FileInfo
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
-from .requests import build_request
 from .model_tool import make_tool
+from .requests import build_request
 from .result import Result
 from .runner import PoolSession
 from .streaming import OutputCallback, OutputEvent, call, event_of, iterate, wait_with_events

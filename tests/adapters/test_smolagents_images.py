@@ -16,6 +16,7 @@ import pytest
 import pynox
 from pynox_smolagents import PynoxExecutor
 from pynox_smolagents._values import images_from_png
+from tests.harness import procfs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,9 +38,7 @@ def inflating_png() -> bytes:
 
 
 def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        line = next(line for line in status if line.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
+    return procfs.status_number("self", "VmRSS") / 1024
 
 
 @pytest.fixture(scope="module")

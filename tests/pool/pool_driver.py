@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.harness import procfs
+
 POOL = [sys.executable, "-m", "pynox", "pool"]
 DEADLINE = 20.0  # seconds any single wait may take before the test fails
 EXIT_DEADLINE = 15.0  # seconds a pool may take to drain and exit after EOF
@@ -87,17 +89,12 @@ def same_id(a: object, b: object) -> bool:
 def proc_table() -> dict[int, tuple[int, str, int, str]]:
     """pid -> (ppid, state, start time, command name) for every process visible in /proc."""
     table: dict[int, tuple[int, str, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in procfs.pids():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                raw = handle.read().decode("utf-8", "replace")
+            stat = procfs.stat(pid)
         except OSError:
             continue  # it ended while we looked
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), fields[0], int(fields[19]), comm)
+        table[pid] = (stat.ppid, stat.state, stat.start, stat.comm)
     return table
 
 
@@ -193,11 +190,7 @@ def wait_gone(pids: Sequence[int], deadline: float) -> list[int]:
 
 
 def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for {pid}")
+    return procfs.status_number(pid, "VmRSS")
 
 
 # --- the pool -----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 
 import pynox
 from pynox import Pool, RequestError
+from tests.harness import procfs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,11 +28,10 @@ pytestmark = pytest.mark.timeout(120)
 def _cgroup_mounts() -> list[str]:
     """The machine's cgroup mounts, read here independently of the product's own list."""
     found = []
-    with open("/proc/self/mountinfo") as lines:
-        for line in lines:
-            mount, _, filesystem = line.partition(" - ")
-            if filesystem.split()[0] in ("cgroup", "cgroup2"):
-                found.append(mount.split()[4])
+    for line in procfs.read("self", "mountinfo").splitlines():
+        mount, _, filesystem = line.partition(" - ")
+        if filesystem.split()[0] in ("cgroup", "cgroup2"):
+            found.append(mount.split()[4])
     return found
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import procfs
+
 from .pool_driver import (
     POOL,
     PoolProcess,
@@ -48,8 +50,7 @@ def _wait_for_jobs(pool: PoolProcess, count: int, deadline: float = 10.0) -> dic
         if len(jobs) >= count:
             parents = {}
             for pid in jobs:
-                with open(f"/proc/{pid}/stat") as stat:
-                    parents[pid] = int(stat.read().rsplit(")", 1)[1].split()[1])
+                parents[pid] = procfs.stat(pid).ppid
             return parents
         time.sleep(0.02)
     raise AssertionError(f"{count} jobs did not start within {deadline}s: {pool.tree()}")

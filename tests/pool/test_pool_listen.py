@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
+
 from .listen_client import ListenClient
 from .pool_driver import DEADLINE, PoolProcess, pool_process, wait_gone
 
@@ -137,7 +139,7 @@ def test_two_users_cannot_see_or_reach_each_other(tmp_path: Path, listening: tup
     assert by_id["s2"][0]["stdout"] == "their own session\n"
     # Nothing of root's was seen by the other user, and root's work is untouched, seen from outside.
     assert all("root-only" not in json.dumps(message) and message.get("event") != "call" for message in theirs)
-    assert os.path.exists(f"/proc/{_wait_file(gate / 'job')}")
+    assert procfs.exists(_wait_file(gate / 'job'))
     (gate / "open").touch()
     assert mine.result("job")["exit"] == 0
     mine.sock.sendall(json.dumps({"reply": {"call_id": call["call_id"], "result": "root's"}}).encode() + b"\n")

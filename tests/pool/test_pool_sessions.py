@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
+
 from .pool_driver import PoolProcess, new_id, pool_process, proc_table, refused, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
@@ -263,8 +265,7 @@ def _spare_templates(pool: PoolProcess, plain: set[int]) -> list[int]:
 def _serving(template: int) -> bool:
     """Whether a template has started and waits for work: blocked in its loop's poll(), not in its start."""
     try:
-        with open(f"/proc/{template}/wchan") as wchan:
-            return "poll" in wchan.read()
+        return "poll" in procfs.read(template, "wchan")
     except OSError:
         return False
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
 from tests.setup_facts import OUTER_SECCOMP
 
 from .pool_driver import (
@@ -74,9 +75,8 @@ def _cgroup_pids(path: str) -> list[int]:
 def _tracking_hierarchy() -> str | None:
     """A cgroup hierarchy that only tracks membership, as systemd's own does: cgroup2 (unified), else the
     v1 name=systemd one."""
-    with open("/proc/mounts") as mounts:
-        found = {fields[2]: fields[1] for fields in (line.split() for line in mounts)
-                 if fields[2] == "cgroup2" or (fields[2] == "cgroup" and "name=systemd" in fields[3])}
+    found = {fields[2]: fields[1] for fields in (line.split() for line in procfs.machine("mounts").splitlines())
+             if fields[2] == "cgroup2" or (fields[2] == "cgroup" and "name=systemd" in fields[3])}
     return found.get("cgroup2") or found.get("cgroup")
 
 
@@ -337,8 +337,8 @@ def _own_cgroups(pids: Iterable[int]) -> set[str]:
     """The pids cgroups of these processes, and their parents below the root: pid-named ones of a pool."""
     paths = set()
     for pid in pids:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup") as lines:
-            for line in lines:
+        with contextlib.suppress(OSError):
+            for line in procfs.read(pid, "cgroup").splitlines():
                 _, controllers, path = line.rstrip("\n").split(":", 2)
                 if "pids" in controllers.split(",") and path.strip("/").startswith("pynox-"):
                     parts = path.strip("/").split("/")
@@ -347,18 +347,16 @@ def _own_cgroups(pids: Iterable[int]) -> set[str]:
 
 
 def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[1])
+    return procfs.stat(pid).ppid
 
 
 def _children_states(pid: int) -> list[str]:
     states = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid:
-                    states.append(fields[0])
+    for entry in procfs.pids():
+        with contextlib.suppress(OSError):
+            fields = procfs.stat(entry).fields
+            if int(fields[1]) == pid:
+                states.append(fields[0])
     return states
 
 
@@ -375,8 +373,8 @@ def jobs_of_below(root: int) -> list[int]:
     """Jobs anywhere below ``root`` (in a namespace, the pool is one level further down)."""
     found = []
     for pid in descendants(root):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as comm:
-            if comm.read().strip() in ("pynox-job", "pynox-session"):
+        with contextlib.suppress(OSError):
+            if procfs.read(pid, "comm").strip() in ("pynox-job", "pynox-session"):
                 found.append(pid)
     return found
 
@@ -401,14 +399,12 @@ def _blocks_sigterm(pid: int) -> bool:
     """Whether the pool blocks SIGTERM as it does to wait for it, not for a moment: a process that starts a
     subprocess (Popen's child before its exec, ctypes looking for a library) blocks every signal around
     the fork, and dies of one that came then once it restores its mask. SIGUSR1 tells them apart."""
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        if b"pynox\0pool" not in cmdline.read():
-            return False
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("SigBlk:"):
-                blocked = int(line.split()[1], 16)
-                return bool(blocked & (1 << (signal.SIGTERM - 1))) and not blocked & (1 << (signal.SIGUSR1 - 1))
+    if b"pynox\0pool" not in procfs.read_bytes(pid, "cmdline"):
+        return False
+    for line in procfs.read(pid, "status").splitlines():
+        if line.startswith("SigBlk:"):
+            blocked = int(line.split()[1], 16)
+            return bool(blocked & (1 << (signal.SIGTERM - 1))) and not blocked & (1 << (signal.SIGUSR1 - 1))
     return False
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -19,6 +18,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pynox import Pool
 from pynox_pydantic_ai import PynoxCodeMode
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -27,10 +27,7 @@ WEATHER = ("import asyncio\n"
            "{'Paris': round((paris['temp_f'] - 32) * 5 / 9, 1), 'Tokyo': round((tokyo['temp_f'] - 32) * 5 / 9, 1)}")
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
+pool = shared_pool(workers=2)
 
 
 class _Weather:

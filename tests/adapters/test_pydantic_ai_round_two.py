@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from pydantic_ai import Agent, ModelRetry
 
 from pynox import Pool
 from pynox_pydantic_ai import PynoxCodeMode, PynoxToolset
+from tests.harness.fixtures import shared_pool
 
 from .conftest import run_async
 from .scripted import Transcript, code_calls, pydantic_model
@@ -24,10 +24,7 @@ from .scripted import Transcript, code_calls, pydantic_model
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
+pool = shared_pool(workers=2)
 
 
 def _late_write(path: Path) -> str:

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,12 @@ from smolagents.local_python_executor import InterpreterError
 import pynox
 from pynox_smolagents import PynoxCodeAgent, PynoxExecutor, python_tool
 from tests.adapters.test_smolagents import QUIET, ROOT, ScriptedModel, action_steps
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as pool:
-        yield pool
+pool = shared_pool(workers=1)
 
 
 def test_the_agents_print_cap_reaches_an_executor_it_was_given(pool: pynox.Pool) -> None:

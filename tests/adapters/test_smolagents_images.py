@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,6 +16,7 @@ import pynox
 from pynox_smolagents import PynoxExecutor
 from pynox_smolagents._values import images_from_png
 from tests.harness import procfs
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,10 +41,7 @@ def rss_mib() -> float:
     return procfs.status_number("self", "VmRSS") / 1024
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as pool:
-        yield pool
+pool = shared_pool(workers=1)
 
 
 def test_the_control_pil_inflates_the_text_of_such_a_png() -> None:

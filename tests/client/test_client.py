@@ -9,19 +9,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import pynox
 from pynox import Pool, PoolError, RequestError, Result
+from tests.harness.fixtures import shared_pool
 
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as pool:
-        yield pool
+pool = shared_pool(workers=2)
 
 
 def test_ok_result_fields(pool: Pool) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 import pynox
 from pynox import Pool, RequestError
 from tests.harness import procfs
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,10 +53,7 @@ pathlib.Path({marker!r}).write_text(",".join(raised) or "none")
 """
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=1) as started:
-        yield started
+pool = shared_pool(workers=1)
 
 
 @pytest.mark.parametrize("grant", ["/proc", "/sys", "/sys/fs/cgroup", *CGROUPS])

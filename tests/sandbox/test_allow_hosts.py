@@ -11,23 +11,20 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import pynox
 from tests.harness import procfs
+from tests.harness.fixtures import shared_pool
 
 from .harness import Listener
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as started:
-        yield started
+pool = shared_pool(workers=1)
 
 
 def _run(pool: pynox.Pool, code: str, **grants: Any) -> pynox.Result:

@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pynox import Pool
+from tests.wheelhouse import make_wheelhouse, pool_config
 
 
 def shared_pool(*, workers: int = 2, scope: Any = "module", **options: Any) -> Any:
@@ -25,3 +27,17 @@ def shared_pool(*, workers: int = 2, scope: Any = "module", **options: Any) -> A
             yield shared
 
     return pool
+
+
+def packages_config(prefix: str) -> Any:
+    """A fixture named ``config``: a pynox.toml, in a directory of its own named from ``prefix``, whose pool
+    installs ``tinypkg`` and ``tinydep`` (and nothing else) from a wheelhouse on this machine."""
+
+    @pytest.fixture(scope="module", name="config")
+    def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        root = tmp_path_factory.mktemp(prefix)
+        house = make_wheelhouse(root)
+        return pool_config(root / "pynox.toml", packages_dir=root / "packages", find_links=[str(house.dir)],
+                           allowed=["tinypkg", "tinydep"])
+
+    return config

@@ -445,6 +445,13 @@ class PoolProcess:
             self.kill()
             raise AssertionError(f"the pool did not exit within {timeout}s") from None
 
+    def __enter__(self) -> PoolProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # What a test's own `try: ... finally: pool.finish()` did: the pool ends however the block ends.
+        self.finish()
+
     def finish(self, timeout: float = EXIT_DEADLINE) -> int:
         """EOF on stdin, wait for the exit, check that nothing is left behind; returns the exit status."""
         if self._ended:

@@ -333,8 +333,7 @@ def test_steps_queued_behind_a_step_that_ended_the_session_are_answered(pool: Po
 
 
 def test_sessions_end_with_the_pool(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=1", cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=1", cwd=tmp_path) as pool:
         for _ in range(2):
             _ok(pool.run("x = 1", session=_session()))
         pending = pool.submit(session=_session(), code="import time\ntime.sleep(0.5)\nprint('answered')")
@@ -343,8 +342,6 @@ def test_sessions_end_with_the_pool(tmp_path: Path) -> None:
         assert pool.wait_exit() == 0
         assert pool.result(pending)["stdout"] == "answered\n"
         assert wait_gone(session_processes, 5) == []
-    finally:
-        pool.finish()
 
 
 def test_max_sessions_and_session_idle(tmp_path: Path) -> None:

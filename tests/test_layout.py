@@ -43,8 +43,8 @@ def _runtime_nodes(tree: ast.AST, *, functions: bool) -> list[ast.AST]:
         if not functions and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             return
         found.append(node)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
+        for inner in ast.iter_child_nodes(node):
+            visit(inner)
 
     visit(tree)
     return found

@@ -136,7 +136,7 @@ def test_selected_tools_get_the_runs_context_and_the_others_stay_native(pool: Po
     agent = Agent(_model("await convert(value=21.5)", seen), deps_type=Deps, tools=[convert, note],
                   capabilities=[PynoxCodeMode(pool, tools=["convert"])])
     assert agent.run_sync("go", deps=Deps("°C")).output == "Out: '21.5 °C'"
-    assert sorted(seen["tools"]) == ["note", "run_code"]  # type: ignore[arg-type]
+    assert sorted(seen["tools"]) == ["note", "run_code"]  # type: ignore[call-overload]
 
 
 def test_calls_from_the_code_go_through_the_agents_tool_machinery(pool: Pool) -> None:

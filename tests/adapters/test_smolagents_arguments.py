@@ -138,4 +138,4 @@ def test_one_session_tool_given_to_two_agents_keeps_a_session_per_agent(pool: py
     assert action_steps(alice)[1].observations == "alice-token"  # the control: one agent's calls share state
     assert "NameError: name 'secret' is not defined" in str(action_steps(bob)[0].error)
     for agent in (alice, bob):
-        agent.tools["run_python"].code_tool.close()  # type: ignore[attr-defined]
+        agent.tools["run_python"].code_tool.close()

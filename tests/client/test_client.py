@@ -156,7 +156,7 @@ def test_session_object(pool: Pool) -> None:
         session.run("import math\nr = 2")
         result = session.run("print(round(math.pi * r * r, 2))")
         assert result.stdout == "12.57\n" and result.step == 2 and session.steps == 2 and session.alive
-        assert session.run("1/0").error["type"] == "ZeroDivisionError"  # type: ignore[index]
+        assert session.run("1/0").error["type"] == "ZeroDivisionError"
         assert session.run("print(r)").stdout == "2\n"
     assert not session.alive
 

@@ -281,16 +281,16 @@ class PoolProcess:
             self._cond.notify_all()
         self._calls.put(None)
 
-    def _add(self, line: bytes) -> None:
+    def _add(self, line: bytes | bytearray) -> None:
         try:
             message = json.loads(line)
         except ValueError:
             message = None
         if not isinstance(message, dict):
-            self.bad_lines.append(line)
+            self.bad_lines.append(bytes(line))
             return
         if message.get("session_ended") is True or message.get("closed") is True:
-            self.open_sessions.discard(message.get("session"))  # type: ignore[arg-type]
+            self.open_sessions.discard(message.get("session"))
         with self._cond:
             self.messages.append(message)
             self._cond.notify_all()
@@ -371,9 +371,10 @@ class PoolProcess:
             self.proc.stdin.write(line)
             self.proc.stdin.flush()
 
-    def submit(self, host: dict[str, Callable[..., Any]] | None = None, **fields: Any) -> Any:
+    def submit(self, host: dict[str, Callable[..., Any]] | None = None, /, **fields: Any) -> Any:
         """Send one request; ``host`` functions are declared (unless ``functions`` is given) and answered
-        from here. Returns the request's id."""
+        from here. Returns the request's id. (``host`` may be given by name too: a request has no such field.)"""
+        host = fields.pop("host", host)
         request_id = fields.setdefault("id", new_id())
         session = fields.get("session")
         opens = (not self.as_written and not fields.get("close") and "open" not in fields
@@ -387,9 +388,12 @@ class PoolProcess:
         self.send(fields)
         return request_id
 
-    def run(self, code: str | None = None, *, wait: float = DEADLINE,
-            host: dict[str, Callable[..., Any]] | None = None, **fields: Any) -> dict[str, Any]:
-        """Submit a request and wait for its result."""
+    def run(self, code: str | None = None, /, **fields: Any) -> dict[str, Any]:
+        """Submit a request and wait for its result: ``code``, then the request's fields, and the driver's own
+        ``wait`` (seconds for the result) and ``host`` (see :meth:`submit`). Every keyword is ``Any``, so a
+        test may pass a request's fields as one ``**dict``."""
+        wait: float = fields.pop("wait", DEADLINE)
+        host: dict[str, Callable[..., Any]] | None = fields.pop("host", None)
         if code is not None:
             fields["code"] = code
         return self.result(self.submit(host, **fields), timeout=wait)

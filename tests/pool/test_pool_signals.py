@@ -54,7 +54,7 @@ def _deliver(pool: PoolProcess, signum: int, how: str) -> None:
     elif how == "group":
         os.killpg(pool.pid, signum)
     elif how == "cgroup-fs":  # what systemd does: every pid its cgroup (and those below) lists
-        assert pool.cgroup is not None
+        assert isinstance(pool, _PoolInCgroup) and pool.cgroup is not None
         for pid in _cgroup_pids(pool.cgroup):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
@@ -314,7 +314,7 @@ def test_when_the_pool_below_pid_1_dies_pid_1_exits_with_its_status_at_once(tmp_
 
 def _own_cgroups(pids: Iterable[int]) -> set[str]:
     """The pids cgroups of these processes, and their parents below the root: pid-named ones of a pool."""
-    paths = set()
+    paths: set[str] = set()
     for pid in pids:
         with contextlib.suppress(OSError):
             for line in procfs.read(pid, "cgroup").splitlines():

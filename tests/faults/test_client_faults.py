@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.clients import end_client
 from tests.pool import pool_driver as driver
 
 pytestmark = pytest.mark.timeout(120)
@@ -127,12 +128,7 @@ def test_when_the_client_dies_the_pool_and_every_child_exit_within_a_second(tmp_
         client.wait(10)
         assert driver.wait_gone(family, 1.0) == [], "the pool or its processes outlived their client by over a second"
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
-        if client.stdout is not None:
-            client.stdout.close()
-        driver.unmark_live(client.pid)
+        end_client(client)
     driver.assert_no_leftovers()
 
 

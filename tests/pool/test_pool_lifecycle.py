@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procfs
+from tests.harness.clients import end_client
 
 from . import pool_driver as driver
 
@@ -282,12 +283,7 @@ def test_when_the_client_dies_the_pool_and_all_its_processes_exit(tmp_path: Path
         client.wait(10)
         assert driver.wait_gone(family, 3) == [], "the pool or its processes outlived their client"
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
-        if client.stdout is not None:
-            client.stdout.close()
-        driver.unmark_live(client.pid)
+        end_client(client)
     driver.assert_no_leftovers()
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.harness import procfs
+from tests.harness.scrape import metrics_text
 
 from .listen_client import ListenClient
 from .pool_driver import DEADLINE, PoolProcess, pool_process, wait_gone
@@ -365,15 +366,8 @@ def test_a_forged_tag_in_a_bad_line_reaches_no_other_connection(tmp_path: Path, 
 
 def _scrape(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The metrics socket's samples: (name, sorted labels) -> value."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
-        peer.settimeout(DEADLINE)
-        peer.connect(str(path))
-        peer.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-        answer = b""
-        while chunk := peer.recv(65536):
-            answer += chunk
     samples = {}
-    for line in answer.partition(b"\r\n\r\n")[2].decode().splitlines():
+    for line in metrics_text(path, DEADLINE).splitlines():
         if line and not line.startswith("#"):
             head, value = line.rsplit(" ", 1)
             name, _, inner = head.partition("{")

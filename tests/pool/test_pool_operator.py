@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procfs
+from tests.harness.scrape import metrics_text
 
 from .pool_driver import DEADLINE, pool_process
 
@@ -40,14 +40,7 @@ def test_a_template_death_is_logged_with_its_cause(tmp_path: Path) -> None:
 
 
 def _scrape(path: Path) -> str:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
-        peer.settimeout(DEADLINE)
-        peer.connect(str(path))
-        peer.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-        answer = b""
-        while chunk := peer.recv(65536):
-            answer += chunk
-    return answer.partition(b"\r\n\r\n")[2].decode()
+    return metrics_text(path, DEADLINE)
 
 
 def test_process_metrics_are_the_pools_own(tmp_path: Path) -> None:

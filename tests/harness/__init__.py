@@ -6,6 +6,7 @@
   machines) and the leftover guard (processes below a subreaper, descriptors, cgroups); it stays at its
   path, which every suite already imports.
 - ``fixtures``: the one factory for the pools and sessions a module shares.
+- ``scrape`` and ``clients``: a pool's metrics read as a scraper reads them; a killed client's teardown.
 - ``tests/sandbox/harness.py``: the sandbox suite's harness (a world outside, each case's control).
 
 The sandbox rule holds here too: ``procfs`` and the leftover guard judge the product from outside and never

@@ -14,6 +14,7 @@ import pytest
 
 from pynox.config import landlock_abi_from_environment
 from pynox.policy import landlock
+from tests.harness import procfs
 
 __all__ = ["CAP", "KERNEL_ABI", "LANDLOCK_ABI", "OUTER_SECCOMP", "require_landlock"]
 
@@ -23,8 +24,7 @@ LANDLOCK_ABI = KERNEL_ABI if CAP is None else min(KERNEL_ABI, CAP)
 
 
 def _outer_seccomp() -> bool:
-    with open("/proc/self/status") as status:
-        return any(line.split() == ["Seccomp:", "2"] for line in status)
+    return any(line.split() == ["Seccomp:", "2"] for line in procfs.read("self", "status").splitlines())
 
 
 # Whether this run itself is under a seccomp filter (tests/setups/container.py, a real container): controls

@@ -13,6 +13,7 @@ from pynox import check
 from pynox.check import CheckReport, Probe, run_check
 from pynox.cli import main
 from pynox.errors import KernelSupportError
+from tests.harness import procfs
 from tests.setup_facts import KERNEL_ABI, LANDLOCK_ABI
 
 PROBES = [spec.name for spec in check._PROBES]
@@ -200,8 +201,8 @@ def test_check_names_each_per_job_bound_not_in_force_here() -> None:
     assert "cpu            " in human and "tcp buffers    " in human
     if not facts["cpu_bounded"]:
         assert any("no CPU quota per job" in bound for bound in facts["bounds_not_in_force"])
-    with open("/proc/self/mountinfo") as mounts:
-        mounted_v1 = {line.split(" - ")[1].split()[2] for line in mounts if " - cgroup " in line}
+    mounted_v1 = {line.split(" - ")[1].split()[2] for line in procfs.read("self", "mountinfo").splitlines()
+                  if " - cgroup " in line}
     if os.geteuid() == 0 and any("cpu" in options.split(",") for options in mounted_v1):
         assert facts["cpu_bounded"], facts["cpu"]
     if os.geteuid() == 0 and any("memory" in options.split(",") for options in mounted_v1):

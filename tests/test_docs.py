@@ -70,6 +70,7 @@ from pynox.protocol import (
     parse_line,
 )
 from pynox.wire.spec import ErrorInfo
+from tests.harness import procfs
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -639,8 +640,7 @@ def _kill_the_template_of_the_job(pool: _Pool) -> None:
         # In its code's sleep, so begun: a template killed while its child still sets up has its job taken
         # back and run again by a new one (the claim; see wire/payload.py), and the transcript would differ.
         try:
-            with open(f"/proc/{pid}/wchan") as wchan:
-                return "nanosleep" in wchan.read()
+            return "nanosleep" in procfs.read(pid, "wchan")
         except OSError:
             return False
 

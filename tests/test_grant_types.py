@@ -126,7 +126,7 @@ def test_a_misspelt_grant_is_named_with_the_valid_ones(maker: str) -> None:
     assert message.startswith(f"{owner} got an unknown grant 'allow_reed' (did you mean 'allow_read'?)")
     assert "allow_write" in message and "max_file_size" in message and "build_request" not in message
     with pytest.raises(TypeError, match=r"^python_tool\(\) got an unknown grant 'alow_read'"):
-        smolagents_tool(alow_read=["data"])
+        smolagents_tool(alow_read=["data"])  # type: ignore[call-arg]  # the misspelt keyword is the case
 
 
 def test_the_pools_own_entry_points_name_a_misspelt_grant() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from tests.harness import procfs
 from tests.pool.pool_driver import walk
 
 DEADLINE = 10.0  # a closed session or pool is gone well within this
@@ -18,18 +19,13 @@ DEADLINE = 10.0  # a closed session or pool is gone well within this
 def _table() -> dict[int, tuple[int, str, str]]:
     """pid -> (ppid, state, command line) for every process visible in /proc."""
     table: dict[int, tuple[int, str, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in procfs.pids():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                raw = stat.read().decode("utf-8", "replace")
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                command = cmdline.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            stat = procfs.stat(pid)
+            command = procfs.read_bytes(pid, "cmdline").replace(b"\0", b" ").decode("utf-8", "replace").strip()
         except OSError:
             continue  # it ended while we looked
-        fields = raw[raw.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), fields[0], command)
+        table[pid] = (stat.ppid, stat.state, command)
     return table
 
 

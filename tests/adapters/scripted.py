@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, AsyncIterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic_ai import Agent as PydanticAgent
@@ -30,6 +31,11 @@ PYTHON = "<python>"
 def code_calls(*codes: str) -> list[Call]:
     """One ``run_python`` call per piece of code."""
     return [("run_python", {"code": code}) for code in codes]
+
+
+def late_write(path: Path) -> str:
+    """Code that writes ``path`` three seconds in: a file that exists after a cancel says the code ran on."""
+    return f"import time\ntime.sleep(3)\nopen({str(path)!r}, 'w').write('written')"
 
 
 @dataclass

@@ -25,7 +25,7 @@ class ScriptedChatModel(FakeMessagesListChatModel):
 
     bound: list[dict[str, Any]] = Field(default_factory=list)
 
-    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:  # type: ignore[override]
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ScriptedChatModel:
         self.bound = [convert_to_openai_tool(tool) for tool in tools]
         return self
 

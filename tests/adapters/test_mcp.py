@@ -29,6 +29,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 
 from pynox import Pool
+from tests.harness import procfs
 from tests.pool.pool_driver import descendants, proc_table
 
 from .procs import pynox_processes, wait_for_none
@@ -313,7 +314,7 @@ def test_streamable_http_binds_loopback_checks_the_host_and_answers_as_stdio_doe
                 assert server.poll() is None and time.monotonic() < end, "the HTTP server did not start"
                 time.sleep(0.1)
         # Bound to loopback only: /proc/net/tcp lists the listening socket as 127.0.0.1 (0100007F).
-        listening = [line.split()[1] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        listening = [line.split()[1] for line in procfs.machine("net/tcp").splitlines()[1:]
                      if line.split()[3] == "0A"]
         assert f"0100007F:{port:04X}" in listening and f"00000000:{port:04X}" not in listening
 

@@ -12,19 +12,14 @@ import anyio
 import mcp_types as types
 import pytest
 
-from tests.wheelhouse import make_wheelhouse, pool_config
+from tests.harness.fixtures import packages_config
 
 from .test_mcp import SERVER, connect, text_of
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("mcp-packages")
-    house = make_wheelhouse(root)
-    return pool_config(root / "pynox.toml", packages_dir=root / "packages", find_links=[str(house.dir)],
-                       allowed=["tinypkg", "tinydep"])
+config = packages_config("mcp-packages")
 
 
 def _mcp(args: list[str], code: str) -> tuple[str, types.CallToolResult]:

@@ -14,7 +14,7 @@ import pytest
 
 from pynox import Pool
 from pynox_pydantic_ai import PynoxToolset
-from tests.wheelhouse import make_wheelhouse, pool_config
+from tests.harness.fixtures import packages_config
 
 from .procs import wait_for_none
 from .scripted import code_calls, run_pydantic_ai
@@ -22,12 +22,7 @@ from .scripted import code_calls, run_pydantic_ai
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("adapter-packages")
-    house = make_wheelhouse(root)
-    return pool_config(root / "pynox.toml", packages_dir=root / "packages", find_links=[str(house.dir)],
-                       allowed=["tinypkg", "tinydep"])
+config = packages_config("adapter-packages")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -19,6 +18,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pynox import Pool
 from pynox_pydantic_ai import PynoxCodeMode
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -27,10 +27,7 @@ WEATHER = ("import asyncio\n"
            "{'Paris': round((paris['temp_f'] - 32) * 5 / 9, 1), 'Tokyo': round((tokyo['temp_f'] - 32) * 5 / 9, 1)}")
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
+pool = shared_pool(workers=2)
 
 
 class _Weather:
@@ -139,7 +136,7 @@ def test_selected_tools_get_the_runs_context_and_the_others_stay_native(pool: Po
     agent = Agent(_model("await convert(value=21.5)", seen), deps_type=Deps, tools=[convert, note],
                   capabilities=[PynoxCodeMode(pool, tools=["convert"])])
     assert agent.run_sync("go", deps=Deps("°C")).output == "Out: '21.5 °C'"
-    assert sorted(seen["tools"]) == ["note", "run_code"]  # type: ignore[arg-type]
+    assert sorted(seen["tools"]) == ["note", "run_code"]  # type: ignore[call-overload]
 
 
 def test_calls_from_the_code_go_through_the_agents_tool_machinery(pool: Pool) -> None:

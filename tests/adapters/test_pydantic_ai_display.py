@@ -3,8 +3,6 @@ reaches the model as ``BinaryContent`` of its type, after the text that names it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from pydantic_ai import Agent, BinaryContent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -12,6 +10,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pynox import Pool
 from pynox_pydantic_ai import PynoxToolset
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -23,10 +22,7 @@ _CODE = ("import zlib, struct\n"
          "from pynox_display import Image\nprint('made')\ndisplay(Image(png))")
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=1) as shared:
-        yield shared
+pool = shared_pool(workers=1)
 
 
 def test_a_displayed_image_reaches_the_model_as_binary_content(pool: Pool) -> None:

@@ -6,7 +6,6 @@ Every agent here runs on pydantic-ai's own test doubles (FunctionModel, TestMode
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 import pynox
 from pynox import Pool
 from pynox_pydantic_ai import PynoxCapability, PynoxToolset
+from tests.harness.fixtures import shared_pool
 
 from .scripted import code_calls, run_pydantic_ai
 from .test_docs_and_examples import run_script
@@ -25,10 +25,7 @@ from .test_docs_and_examples import run_script
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
+pool = shared_pool(workers=2)
 
 
 def _returns(result: object) -> list[ToolReturnPart]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,28 +16,22 @@ from pydantic_ai import Agent, ModelRetry
 
 from pynox import Pool
 from pynox_pydantic_ai import PynoxCodeMode, PynoxToolset
+from tests.harness.fixtures import shared_pool
 
 from .conftest import run_async
-from .scripted import Transcript, code_calls, pydantic_model
+from .scripted import Transcript, code_calls, late_write, pydantic_model
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
-
-
-def _late_write(path: Path) -> str:
-    return f"import time\ntime.sleep(3)\nopen({str(path)!r}, 'w').write('written')"
+pool = shared_pool(workers=2)
 
 
 @pytest.mark.parametrize("session", [True, False])
 def test_a_cancelled_run_stops_its_code_promptly(pool: Pool, tmp_path: Path, session: bool) -> None:
     late = tmp_path / "late.txt"
     toolset = PynoxToolset(pool, session=session, allow_write=[tmp_path])
-    agent = Agent(pydantic_model(code_calls(_late_write(late))), toolsets=[toolset])
+    agent = Agent(pydantic_model(code_calls(late_write(late))), toolsets=[toolset])
 
     async def cancelled_after_a_second() -> float:
         started = time.monotonic()

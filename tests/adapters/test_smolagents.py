@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from smolagents.utils import AgentToolExecutionError
 
 import pynox
 from pynox_smolagents import PynoxExecutor, PynoxTool, python_tool
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -72,10 +73,7 @@ def price(product: str) -> float:
     return CATALOG[product]
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=2) as pool:
-        yield pool
+pool = shared_pool(workers=2)
 
 
 def action_steps(agent: Any) -> list[ActionStep]:

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,12 @@ from smolagents.local_python_executor import InterpreterError
 import pynox
 from pynox_smolagents import PynoxCodeAgent, PynoxExecutor, python_tool
 from tests.adapters.test_smolagents import QUIET, ROOT, ScriptedModel, action_steps
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as pool:
-        yield pool
+pool = shared_pool(workers=1)
 
 
 def test_the_agents_print_cap_reaches_an_executor_it_was_given(pool: pynox.Pool) -> None:
@@ -141,4 +138,4 @@ def test_one_session_tool_given_to_two_agents_keeps_a_session_per_agent(pool: py
     assert action_steps(alice)[1].observations == "alice-token"  # the control: one agent's calls share state
     assert "NameError: name 'secret' is not defined" in str(action_steps(bob)[0].error)
     for agent in (alice, bob):
-        agent.tools["run_python"].code_tool.close()  # type: ignore[attr-defined]
+        agent.tools["run_python"].code_tool.close()

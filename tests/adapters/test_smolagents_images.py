@@ -9,13 +9,14 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from collections.abc import Iterator
 
 import pytest
 
 import pynox
 from pynox_smolagents import PynoxExecutor
 from pynox_smolagents._values import images_from_png
+from tests.harness import procfs
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,15 +38,10 @@ def inflating_png() -> bytes:
 
 
 def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        line = next(line for line in status if line.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
+    return procfs.status_number("self", "VmRSS") / 1024
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as pool:
-        yield pool
+pool = shared_pool(workers=1)
 
 
 def test_the_control_pil_inflates_the_text_of_such_a_png() -> None:

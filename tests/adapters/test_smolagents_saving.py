@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from smolagents.models import MODEL_REGISTRY
 import pynox
 from pynox_smolagents import PynoxCodeAgent, PynoxExecutor, PynoxTool, python_tool
 from tests.adapters.test_smolagents import QUIET, ROOT, ScriptedModel, action_steps
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -43,10 +43,7 @@ def registered_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(MODEL_REGISTRY, ReloadedModel.__name__, ReloadedModel)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as pool:
-        yield pool
+pool = shared_pool(workers=1)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import decimal
 import io
 import resource
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from smolagents.utils import truncate_content
 import pynox
 from pynox_smolagents import PynoxExecutor
 from tests.adapters.test_smolagents import QUIET, ScriptedModel, action_steps
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -111,10 +111,7 @@ def keep(name: str, value: Any) -> Any:
     return value
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as pool:
-        yield pool
+pool = shared_pool(workers=1)
 
 
 def test_values_cross_into_the_code_through_a_tool_and_back_out_as_the_answer(pool: pynox.Pool) -> None:

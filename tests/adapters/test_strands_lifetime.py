@@ -17,20 +17,16 @@ from pynox_strands import PynoxSessionTools, python_tool
 
 from .conftest import WORKERS
 from .procs import wait_for_idle
-from .scripted import ScriptedStrandsModel, Transcript, code_calls
+from .scripted import ScriptedStrandsModel, Transcript, code_calls, late_write
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _late_write(path: Path) -> str:
-    return f"import time\ntime.sleep(3)\nopen({str(path)!r}, 'w').write('written')"
 
 
 @pytest.mark.parametrize("session", [True, False])
 def test_cancelling_the_agent_stops_its_code_at_once(pool: Pool, tmp_path: Path, session: bool) -> None:
     late = tmp_path / "late.txt"
     tool = python_tool(pool, session=session, allow_write=[tmp_path])
-    agent = Agent(model=ScriptedStrandsModel(code_calls(_late_write(late))), callback_handler=None, tools=[tool])
+    agent = Agent(model=ScriptedStrandsModel(code_calls(late_write(late))), callback_handler=None, tools=[tool])
     threading.Timer(1.0, agent.cancel).start()
     started = time.monotonic()
     agent("go")
@@ -38,7 +34,7 @@ def test_cancelling_the_agent_stops_its_code_at_once(pool: Pool, tmp_path: Path,
     time.sleep(4)  # past the moment the code would have written
     assert not late.exists(), "the cancelled code's side effect happened"
     # The control: not cancelled, the same code writes the file.
-    Agent(model=ScriptedStrandsModel(code_calls(_late_write(late))), callback_handler=None, tools=[tool])("go")
+    Agent(model=ScriptedStrandsModel(code_calls(late_write(late))), callback_handler=None, tools=[tool])("go")
     assert late.read_text() == "written"
     agent.cleanup()
 

@@ -6,7 +6,6 @@ the review found: one ``python_tool(session=True)`` at module level, two agents.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,16 +14,14 @@ from strands.hooks import AfterToolCallEvent
 
 from pynox import Pool
 from pynox_strands import python_tool
+from tests.harness.fixtures import shared_pool
 
 from .scripted import ScriptedStrandsModel, Transcript, code_calls
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
+pool = shared_pool(workers=2)
 
 
 def _agent(tools: list[Any], calls: list[Any], transcript: Transcript) -> Agent:

@@ -9,19 +9,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import pynox
 from pynox import Pool, PoolError, RequestError, Result
+from tests.harness.fixtures import shared_pool
 
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as pool:
-        yield pool
+pool = shared_pool(workers=2)
 
 
 def test_ok_result_fields(pool: Pool) -> None:
@@ -160,7 +156,7 @@ def test_session_object(pool: Pool) -> None:
         session.run("import math\nr = 2")
         result = session.run("print(round(math.pi * r * r, 2))")
         assert result.stdout == "12.57\n" and result.step == 2 and session.steps == 2 and session.alive
-        assert session.run("1/0").error["type"] == "ZeroDivisionError"  # type: ignore[index]
+        assert session.run("1/0").error["type"] == "ZeroDivisionError"
         assert session.run("print(r)").stdout == "2\n"
     assert not session.alive
 

@@ -10,20 +10,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pynox import Pool, Result
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=1) as shared:
-        yield shared
+pool = shared_pool(workers=1)
 
 
 def _writer(marker: Path) -> str:

@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pynox import Output, OutputEvent, Pool, Result, StreamText
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(180)
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as pool:
-        yield pool
+pool = shared_pool(workers=2)
 
 
 def test_outputs_are_typed_and_the_model_reads_them_compactly(pool: Pool) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from pynox import Pool
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -23,10 +23,7 @@ _THREADS = ("import threading, time\nfrom pynox_host import {name}\nout = []\nst
             "print(round(time.monotonic() - start, 2), sorted(out))")
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
+pool = shared_pool(workers=2)
 
 
 class _Counter:

@@ -41,7 +41,7 @@ def test_a_package_outside_the_ceiling_raises_request_error(pool: Pool) -> None:
     with pytest.raises(RequestError, match=r"packages: scipy is not among the packages the \[pool.limits\] ceiling"):
         pool.run("import scipy", packages=["scipy"])
     with pytest.raises(TypeError, match="packages must be a list"):
-        pool.run("print(1)", packages="tinypkg")  # type: ignore[arg-type]
+        pool.run("print(1)", packages="tinypkg")
 
 
 def test_a_session_keeps_its_packages(pool: Pool) -> None:

@@ -6,19 +6,15 @@ Real runs through the Python client; each text is checked for what must be there
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from pynox import Pool
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as shared:
-        yield shared
+pool = shared_pool(workers=2)
 
 
 def test_stderr_comes_after_the_output_marked_as_such(pool: Pool) -> None:

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pynox import FileInfo, Pool, RequestError
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=2) as pool:
-        yield pool
+pool = shared_pool(workers=2)
 
 
 def test_a_file_goes_in_the_code_writes_one_and_it_comes_out(pool: Pool) -> None:

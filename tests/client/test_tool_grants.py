@@ -8,7 +8,7 @@ write grant elsewhere makes a tool that writes.
 from __future__ import annotations
 
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +18,14 @@ import pynox
 from pynox import Pool, RequestError
 from pynox_langchain import python_tool as langchain_tool
 from pynox_strands import python_tool as strands_tool
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
 SITE = sysconfig.get_paths()["purelib"]  # where the pool's packages live (the same interpreter)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=1) as started:
-        yield started
+pool = shared_pool(workers=1)
 
 
 MAKERS: dict[str, Callable[..., Any]] = {

@@ -21,19 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.pool.pool_driver import (
-    POOL,
-    PoolProcess,
-    assert_no_leftovers,
-    descendants,
-    jobs_of,
-    mark_live,
-    new_id,
-    pool_process,
-    rss_kb,
-    unmark_live,
-    wait_gone,
-)
+from tests.harness.clients import end_client
+from tests.pool import pool_driver as driver
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,8 +31,7 @@ HOST_WAIT = "60s"  # the timeout of jobs whose host call is never answered: far 
 
 @pytest.mark.parametrize("last", ["complete", "cut"])
 def test_stdin_closed_mid_stream_drains_every_accepted_request_and_exits_0(tmp_path: Path, last: str) -> None:
-    pool = PoolProcess("--workers=2", cwd=tmp_path)
-    try:
+    with driver.PoolProcess("--workers=2", cwd=tmp_path) as pool:
         jobs = [pool.submit(code=f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(6)]
         assert pool.run("x = 5", session="nb")["exit"] == 0
         step = pool.submit(session="nb", code="import time\ntime.sleep(0.3)\nprint(x)")
@@ -68,15 +56,12 @@ def test_stdin_closed_mid_stream_drains_every_accepted_request_and_exits_0(tmp_p
         else:
             (cut,) = [m for m in pool.responses(None) if m.get("event") != "ready"]
             assert cut["error"]["type"] == "RequestError" and "not valid JSON" in cut["error"]["message"]
-    finally:
-        pool.finish()
 
 
 def test_after_sigterm_host_calls_are_still_answered_while_the_pool_drains(tmp_path: Path) -> None:
     """A stop signal does not end the client: the pool reads on through its drain, replies included, so a
     job waiting for one finishes as it would have."""
-    pool = PoolProcess("--workers=1", cwd=tmp_path)
-    try:
+    with driver.PoolProcess("--workers=1", cwd=tmp_path) as pool:
         waiting = pool.submit(functions=["lookup"], timeout=HOST_WAIT,
                               code="from pynox_host import lookup\nprint(lookup(1))\nprint(lookup(2))")
         first = pool.wait_for(lambda m: m.get("event") == "call" and m.get("id") == waiting)
@@ -88,13 +73,10 @@ def test_after_sigterm_host_calls_are_still_answered_while_the_pool_drains(tmp_p
         pool.reply(second["call_id"], result="two")
         assert pool.result(waiting)["stdout"] == "one\ntwo\n"
         assert pool.wait_exit() == 0
-    finally:
-        pool.finish()
 
 
 def test_a_host_call_left_unanswered_after_sigterm_ends_at_the_drain_deadline(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=1", "--drain-timeout=1s", cwd=tmp_path)
-    try:
+    with driver.PoolProcess("--workers=1", "--drain-timeout=1s", cwd=tmp_path) as pool:
         waiting = pool.submit(functions=["lookup"], timeout=HOST_WAIT,
                               code="from pynox_host import lookup\nprint(lookup(1))")
         pool.wait_for(lambda m: m.get("event") == "call" and m.get("id") == waiting)
@@ -104,8 +86,6 @@ def test_a_host_call_left_unanswered_after_sigterm_ends_at_the_drain_deadline(tm
         assert time.monotonic() - started < 10
         (result,) = pool.responses(waiting)
         assert result["error"]["type"] == "CancelledError" and "drain deadline" in result["error"]["message"]
-    finally:
-        pool.finish()
 
 
 _CLIENT = """
@@ -129,40 +109,35 @@ time.sleep(120)
 
 @pytest.mark.parametrize("state", ["busy", "blocked"])
 def test_when_the_client_dies_the_pool_and_every_child_exit_within_a_second(tmp_path: Path, state: str) -> None:
-    client = subprocess.Popen([sys.executable, "-c", _CLIENT, state, *POOL, "--workers=2"],
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT, state, *driver.POOL, "--workers=2"],
                               stdout=subprocess.PIPE, cwd=tmp_path)
-    mark_live(client.pid)
+    driver.mark_live(client.pid)
     try:
         assert client.stdout is not None
         hello = json.loads(client.stdout.readline())
         assert hello["ready"]["event"] == "ready"
         pool_pid = hello["pool"]
         end = time.monotonic() + 15
-        while len(jobs_of(pool_pid)) < 3:  # the long job, the host job, the session step
-            assert time.monotonic() < end, f"the jobs never started: {descendants(pool_pid)}"
+        while len(driver.jobs_of(pool_pid)) < 3:  # the long job, the host job, the session step
+            assert time.monotonic() < end, f"the jobs never started: {driver.descendants(pool_pid)}"
             time.sleep(0.02)
         if state == "blocked":
             time.sleep(1)  # the big results fill the pipe the client does not read
-        family = [pool_pid, *descendants(pool_pid)]
+        family = [pool_pid, *driver.descendants(pool_pid)]
         os.kill(client.pid, signal.SIGKILL)
         client.wait(10)
-        assert wait_gone(family, 1.0) == [], "the pool or its processes outlived their client by over a second"
+        assert driver.wait_gone(family, 1.0) == [], "the pool or its processes outlived their client by over a second"
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
-        if client.stdout is not None:
-            client.stdout.close()
-        unmark_live(client.pid)
-    assert_no_leftovers()
+        end_client(client)
+    driver.assert_no_leftovers()
 
 
-def _stall(pool: PoolProcess, seconds: float, tmp_path: Path) -> tuple[int, int]:
+def _stall(pool: driver.PoolProcess, seconds: float, tmp_path: Path) -> tuple[int, int]:
     """Read nothing for ``seconds``; returns the pool's peak RSS meanwhile and how many big jobs ran."""
     peak = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        peak = max(peak, rss_kb(pool.pid))
+        peak = max(peak, driver.rss_kb(pool.pid))
         time.sleep(0.05)
     return peak, len(list((tmp_path / "marks").iterdir()))
 
@@ -173,21 +148,21 @@ def test_a_client_that_stops_reading_for_seconds_blocks_the_pool_with_bounded_me
     code = "import sys\nopen('marks/' + sys.argv[1], 'w')\nsys.stdout.write('x' * {size})"
     host_code = "from pynox_host import echo\nprint(echo({n}))"
     echo: dict[str, Any] = {"echo": lambda value: value}
-    with pool_process("--workers=2", cwd=tmp_path) as pool:
+    with driver.pool_process("--workers=2", cwd=tmp_path) as pool:
         for n in range(6):  # the allocator has seen results, calls and session steps of these sizes
             assert len(pool.run(code.format(size=size), args=[f"warm-{n}"], allow_write=["marks"])["stdout"]) == size
             assert pool.run(host_code.format(n=n), host=echo)["stdout"] == f"{n}\n"
         assert pool.run("x = 3", session="nb")["exit"] == 0
         time.sleep(0.5)
-        baseline = rss_kb(pool.pid)
+        baseline = driver.rss_kb(pool.pid)
         warm = len(list((tmp_path / "marks").iterdir()))
 
         # Plain jobs, written as fast as the pipe takes them, and session steps beside them.
         pool.pause_reading()
         requests: list[dict[str, Any]] = [
-            {"id": new_id("bp"), "code": code.format(size=size), "args": [f"bp-{i}"], "allow_write": ["marks"]}
+            {"id": driver.new_id("bp"), "code": code.format(size=size), "args": [f"bp-{i}"], "allow_write": ["marks"]}
             for i in range(count)]
-        requests[5:5] = [{"id": new_id("bp-step"), "session": "nb", "code": "print(x)"} for _ in range(3)]
+        requests[5:5] = [{"id": driver.new_id("bp-step"), "session": "nb", "code": "print(x)"} for _ in range(3)]
         sender = threading.Thread(target=lambda: [pool.send(r) for r in requests], daemon=True)
         sender.start()
         peak, ran = _stall(pool, 5, tmp_path)
@@ -201,7 +176,7 @@ def test_a_client_that_stops_reading_for_seconds_blocks_the_pool_with_bounded_me
         # flight when it serves host functions, they wait for the client, then complete.
         pool.pause_reading()
         for n in range(6):
-            host_id = new_id("bp-host")
+            host_id = driver.new_id("bp-host")
             pool.handle_calls(host_id, echo)
             requests.append({"id": host_id, "functions": ["echo"], "code": host_code.format(n=n), "timeout": "60s"})
             pool.send(requests[-1])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import procfs
 from tests.pool.pool_driver import pool_process, proc_table, refused, wait_gone
 
 pytestmark = pytest.mark.timeout(120)
@@ -83,14 +84,12 @@ print(os.getpid())
 
 def _cpu_ticks(pid: int) -> int:
     """utime + stime of the whole process, in clock ticks, read from the host."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
+    fields = procfs.stat(pid).fields
     return int(fields[11]) + int(fields[12])
 
 
 def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rpartition(")")[2].split()[0]
+    return procfs.stat(pid).state
 
 
 def test_a_session_runs_nothing_between_its_steps(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,9 @@ def _forging(report: dict[str, Any], then: str = "") -> str:
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> PoolProcess:
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProcess]:
     with pool_process("--workers=1", cwd=tmp_path_factory.mktemp("forged")) as shared:
-        yield shared  # type: ignore[misc]
+        yield shared
 
 
 def _pool_counts(pool: PoolProcess) -> dict[str, int]:

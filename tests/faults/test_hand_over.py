@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import procfs
 from tests.pool.pool_driver import PoolProcess, descendants, leftover_guard, pool_process, proc_table
 
 pytestmark = pytest.mark.timeout(300)
@@ -90,7 +91,7 @@ def test_a_spare_template_that_cannot_start_never_ends_a_live_session(tmp_path: 
         assert pool.run("y = 2", session="B")["error"] is None  # B runs on the spare
         time.sleep(1.5)  # the next spare is ready
         limit = resource.prlimit(pool.pid, resource.RLIMIT_NOFILE)
-        used = len(os.listdir(f"/proc/{pool.pid}/fd"))
+        used = len(procfs.fds(pool.pid))
         resource.prlimit(pool.pid, resource.RLIMIT_NOFILE, (used + 2, limit[1]))
         pool.run("z = 3", session="C")  # takes the spare; starting the next one fails with EMFILE
         time.sleep(1.0)
@@ -116,7 +117,7 @@ def test_descriptors_and_processes_stay_flat_over_hundreds_of_jobs(tmp_path: Pat
             result = pool.run(code, allow_write=grants, host=host)
             assert result["error"] is None and result["stdout"] == "1\n", result
             if i % 25 == 0:
-                counts.append(len(os.listdir(f"/proc/{pool.pid}/fd")))
+                counts.append(len(procfs.fds(pool.pid)))
                 assert len(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) <= 2
         assert max(counts) - min(counts) <= 2, counts
 

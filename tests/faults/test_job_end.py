@@ -9,6 +9,7 @@ figures from the kernel; the deadline is far away, so waiting for it would show.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,9 +21,9 @@ _FAR = "30s"
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> PoolProcess:
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProcess]:
     with pool_process("--workers=1", cwd=tmp_path_factory.mktemp("end")) as shared:
-        yield shared  # type: ignore[misc]
+        yield shared
 
 
 def _timed(pool: PoolProcess, code: str) -> tuple[dict[str, object], float]:

@@ -7,13 +7,9 @@ from collections.abc import Iterator
 import pydantic_monty
 import pytest
 
-import pynox
+from tests.harness.fixtures import shared_pool
 
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=2) as pool:
-        yield pool
+pool = shared_pool(workers=2)
 
 
 @pytest.fixture(scope="module")

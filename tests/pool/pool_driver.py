@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.harness import procfs
+
 POOL = [sys.executable, "-m", "pynox", "pool"]
 DEADLINE = 20.0  # seconds any single wait may take before the test fails
 EXIT_DEADLINE = 15.0  # seconds a pool may take to drain and exit after EOF
@@ -87,17 +89,12 @@ def same_id(a: object, b: object) -> bool:
 def proc_table() -> dict[int, tuple[int, str, int, str]]:
     """pid -> (ppid, state, start time, command name) for every process visible in /proc."""
     table: dict[int, tuple[int, str, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in procfs.pids():
         try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                raw = handle.read().decode("utf-8", "replace")
+            stat = procfs.stat(pid)
         except OSError:
             continue  # it ended while we looked
-        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), fields[0], int(fields[19]), comm)
+        table[pid] = (stat.ppid, stat.state, stat.start, stat.comm)
     return table
 
 
@@ -193,11 +190,7 @@ def wait_gone(pids: Sequence[int], deadline: float) -> list[int]:
 
 
 def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for {pid}")
+    return procfs.status_number(pid, "VmRSS")
 
 
 # --- the pool -----------------------------------------------------------------------------------------
@@ -288,16 +281,16 @@ class PoolProcess:
             self._cond.notify_all()
         self._calls.put(None)
 
-    def _add(self, line: bytes) -> None:
+    def _add(self, line: bytes | bytearray) -> None:
         try:
             message = json.loads(line)
         except ValueError:
             message = None
         if not isinstance(message, dict):
-            self.bad_lines.append(line)
+            self.bad_lines.append(bytes(line))
             return
         if message.get("session_ended") is True or message.get("closed") is True:
-            self.open_sessions.discard(message.get("session"))  # type: ignore[arg-type]
+            self.open_sessions.discard(message.get("session"))
         with self._cond:
             self.messages.append(message)
             self._cond.notify_all()
@@ -378,9 +371,10 @@ class PoolProcess:
             self.proc.stdin.write(line)
             self.proc.stdin.flush()
 
-    def submit(self, host: dict[str, Callable[..., Any]] | None = None, **fields: Any) -> Any:
+    def submit(self, host: dict[str, Callable[..., Any]] | None = None, /, **fields: Any) -> Any:
         """Send one request; ``host`` functions are declared (unless ``functions`` is given) and answered
-        from here. Returns the request's id."""
+        from here. Returns the request's id. (``host`` may be given by name too: a request has no such field.)"""
+        host = fields.pop("host", host)
         request_id = fields.setdefault("id", new_id())
         session = fields.get("session")
         opens = (not self.as_written and not fields.get("close") and "open" not in fields
@@ -394,9 +388,12 @@ class PoolProcess:
         self.send(fields)
         return request_id
 
-    def run(self, code: str | None = None, *, wait: float = DEADLINE,
-            host: dict[str, Callable[..., Any]] | None = None, **fields: Any) -> dict[str, Any]:
-        """Submit a request and wait for its result."""
+    def run(self, code: str | None = None, /, **fields: Any) -> dict[str, Any]:
+        """Submit a request and wait for its result: ``code``, then the request's fields, and the driver's own
+        ``wait`` (seconds for the result) and ``host`` (see :meth:`submit`). Every keyword is ``Any``, so a
+        test may pass a request's fields as one ``**dict``."""
+        wait: float = fields.pop("wait", DEADLINE)
+        host: dict[str, Callable[..., Any]] | None = fields.pop("host", None)
         if code is not None:
             fields["code"] = code
         return self.result(self.submit(host, **fields), timeout=wait)
@@ -451,6 +448,13 @@ class PoolProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"the pool did not exit within {timeout}s") from None
+
+    def __enter__(self) -> PoolProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # What a test's own `try: ... finally: pool.finish()` did: the pool ends however the block ends.
+        self.finish()
 
     def finish(self, timeout: float = EXIT_DEADLINE) -> int:
         """EOF on stdin, wait for the exit, check that nothing is left behind; returns the exit status."""

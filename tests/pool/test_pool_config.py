@@ -290,12 +290,9 @@ def test_an_unknown_profile_is_a_request_error(configured: tuple[PoolProcess, Tr
 
 
 def _refused_start(tree: Tree, config: Path) -> str:
-    pool = PoolProcess(f"--config={config}", cwd=tree.app, expect_ready=False)
-    try:
+    with PoolProcess(f"--config={config}", cwd=tree.app, expect_ready=False) as pool:
         first = pool.wait_for(lambda m: True, timeout=60)
         status = pool.wait_exit()
-    finally:
-        pool.finish()
     assert first.get("event") == "error", first
     assert status != 0
     return first["error"]["message"]

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import procfs
+
 from .pool_driver import pool_process
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,8 +56,7 @@ def _generous_limits() -> Iterator[None]:
 
 
 def _limits_of(pid: int) -> str:
-    with open(f"/proc/{pid}/limits") as limits:
-        return limits.read()
+    return procfs.read(pid, "limits")
 
 
 @pytest.mark.needs_root("raising the hard limits a pool inherits, and the control's switch to another uid")

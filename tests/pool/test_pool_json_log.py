@@ -33,15 +33,12 @@ def test_every_stderr_line_is_json_from_start_to_exit(tmp_path: Path) -> None:
     config = tmp_path / "pynox.toml"
     # A profile wider than the ceiling: a config warning at start.
     config.write_text('[pool.limits]\ntimeout = "10s"\n[profiles.wide]\ntimeout = "20s"\n')
-    pool = PoolProcess("--workers=1", "--log=json", f"--config={config}", f"--package-dir={site}",
-                       "--preload=chatty", cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=1", "--log=json", f"--config={config}", f"--package-dir={site}",
+                       "--preload=chatty", cwd=tmp_path) as pool:
         assert pool.run("print(1)")["stdout"] == "1\n"
         pool.proc.send_signal(signal.SIGHUP)
         pool.proc.send_signal(signal.SIGTERM)
         assert pool.wait_exit() == 0
-    finally:
-        pool.finish()
     lines = _every_line_json(bytes(pool.stderr))
     events = [line.get("event") for line in lines]
     for event in ("start", "config_warning", "ready", "signal", "drain", "exit"):
@@ -56,11 +53,8 @@ def test_every_stderr_line_is_json_from_start_to_exit(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args", [["--config=/nonexistent/pynox.toml"], ["--workers=0"],
                                   ["--preload=no_such_module_anywhere"]])
 def test_a_start_up_error_is_json_too(tmp_path: Path, args: list[str]) -> None:
-    pool = PoolProcess("--log=json", *args, cwd=tmp_path, expect_ready=False)
-    try:
+    with PoolProcess("--log=json", *args, cwd=tmp_path, expect_ready=False) as pool:
         assert pool.wait_exit() == 1
-    finally:
-        pool.finish()
     lines = _every_line_json(bytes(pool.stderr))
     errors = [line for line in lines if line.get("event") == "start_error"]
     assert len(errors) == 1 and errors[0]["message"], lines
@@ -69,12 +63,9 @@ def test_a_start_up_error_is_json_too(tmp_path: Path, args: list[str]) -> None:
 @pytest.mark.parametrize("redact", [False, True])
 def test_log_redact_leaves_the_jobs_messages_out(tmp_path: Path, redact: bool) -> None:
     secret = "the-customer-number-4711"
-    pool = PoolProcess("--workers=1", "--log=json", *(["--log-redact"] if redact else []), cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=1", "--log=json", *(["--log-redact"] if redact else []), cwd=tmp_path) as pool:
         result = pool.run(f"raise ValueError({secret!r})")
         assert result["error"]["message"] == secret  # the result itself is the client's: it is whole
-    finally:
-        pool.finish()
     lines = _every_line_json(bytes(pool.stderr))
     (job,) = [line for line in lines if line.get("id") == result["id"]]
     assert job["error"] == "ValueError"

@@ -13,13 +13,14 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import pynox
 from pynox import Pool, RequestError
+from tests.harness import procfs
+from tests.harness.fixtures import shared_pool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,11 +28,10 @@ pytestmark = pytest.mark.timeout(120)
 def _cgroup_mounts() -> list[str]:
     """The machine's cgroup mounts, read here independently of the product's own list."""
     found = []
-    with open("/proc/self/mountinfo") as lines:
-        for line in lines:
-            mount, _, filesystem = line.partition(" - ")
-            if filesystem.split()[0] in ("cgroup", "cgroup2"):
-                found.append(mount.split()[4])
+    for line in procfs.read("self", "mountinfo").splitlines():
+        mount, _, filesystem = line.partition(" - ")
+        if filesystem.split()[0] in ("cgroup", "cgroup2"):
+            found.append(mount.split()[4])
     return found
 
 
@@ -53,10 +53,7 @@ pathlib.Path({marker!r}).write_text(",".join(raised) or "none")
 """
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[Pool]:
-    with Pool(workers=1) as started:
-        yield started
+pool = shared_pool(workers=1)
 
 
 @pytest.mark.parametrize("grant", ["/proc", "/sys", "/sys/fs/cgroup", *CGROUPS])

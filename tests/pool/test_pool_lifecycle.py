@@ -15,31 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from .pool_driver import (
-    POOL,
-    PoolProcess,
-    assert_no_leftovers,
-    descendants,
-    jobs_of,
-    mark_live,
-    new_id,
-    pool_process,
-    rss_kb,
-    unmark_live,
-    wait_gone,
-)
+from tests.harness import procfs
+from tests.harness.clients import end_client
+
+from . import pool_driver as driver
 
 pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture(scope="module")
-def serial(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProcess]:
+def serial(tmp_path_factory: pytest.TempPathFactory) -> Iterator[driver.PoolProcess]:
     """A one-worker pool: consecutive jobs are forked from the same template."""
-    with pool_process("--workers=1", cwd=tmp_path_factory.mktemp("serial")) as pool:
+    with driver.pool_process("--workers=1", cwd=tmp_path_factory.mktemp("serial")) as pool:
         yield pool
 
 
-def _wait_for_jobs(pool: PoolProcess, count: int, deadline: float = 10.0) -> dict[int, int]:
+def _wait_for_jobs(pool: driver.PoolProcess, count: int, deadline: float = 10.0) -> dict[int, int]:
     """Wait until ``count`` job processes (depth 2 below the pool) are running; returns pid -> template pid."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
@@ -48,8 +39,7 @@ def _wait_for_jobs(pool: PoolProcess, count: int, deadline: float = 10.0) -> dic
         if len(jobs) >= count:
             parents = {}
             for pid in jobs:
-                with open(f"/proc/{pid}/stat") as stat:
-                    parents[pid] = int(stat.read().rsplit(")", 1)[1].split()[1])
+                parents[pid] = procfs.stat(pid).ppid
             return parents
         time.sleep(0.02)
     raise AssertionError(f"{count} jobs did not start within {deadline}s: {pool.tree()}")
@@ -58,7 +48,7 @@ def _wait_for_jobs(pool: PoolProcess, count: int, deadline: float = 10.0) -> dic
 # --- a new process per job -------------------------------------------------------------------------------
 
 
-def test_each_job_is_a_new_process_forked_from_a_template(serial: PoolProcess) -> None:
+def test_each_job_is_a_new_process_forked_from_a_template(serial: driver.PoolProcess) -> None:
     code = "import os\nprint(os.getpid(), os.getppid(), os.getsid(0))"
     seen = []
     for _ in range(3):
@@ -69,7 +59,7 @@ def test_each_job_is_a_new_process_forked_from_a_template(serial: PoolProcess) -
     assert len(set(seen)) == 3
 
 
-def test_globals_and_builtins_never_reach_the_next_job(serial: PoolProcess) -> None:
+def test_globals_and_builtins_never_reach_the_next_job(serial: driver.PoolProcess) -> None:
     first = serial.run("import builtins\nleaked_global = 1\nbuiltins.leaked_builtin = 2\n"
                        "print('leaked_global' in globals(), hasattr(builtins, 'leaked_builtin'))")
     assert first["stdout"] == "True True\n"
@@ -77,7 +67,7 @@ def test_globals_and_builtins_never_reach_the_next_job(serial: PoolProcess) -> N
     assert second["stdout"] == "False False\n"
 
 
-def test_modules_imported_by_a_job_never_reach_the_next_job(serial: PoolProcess) -> None:
+def test_modules_imported_by_a_job_never_reach_the_next_job(serial: driver.PoolProcess) -> None:
     first = serial.run("import sys, colorsys, wave\nsys.modules['planted'] = sys\n"
                        "print('colorsys' in sys.modules, 'planted' in sys.modules)")
     assert first["stdout"] == "True True\n"
@@ -85,7 +75,7 @@ def test_modules_imported_by_a_job_never_reach_the_next_job(serial: PoolProcess)
     assert second["stdout"] == "False False False\n"
 
 
-def test_environment_never_reaches_the_next_job(serial: PoolProcess) -> None:
+def test_environment_never_reaches_the_next_job(serial: driver.PoolProcess) -> None:
     first = serial.run("import os\nos.environ['LEAKED'] = 'yes'\nos.putenv('PUTENV_LEAK', 'yes')\n"
                        "print(os.environ['LEAKED'], os.environ['K'])", env={"K": "first"})
     assert first["stdout"] == "yes first\n"
@@ -94,7 +84,7 @@ def test_environment_never_reaches_the_next_job(serial: PoolProcess) -> None:
     assert second["stdout"] == "False False None\n"
 
 
-def test_open_files_never_reach_the_next_job(serial: PoolProcess) -> None:
+def test_open_files_never_reach_the_next_job(serial: driver.PoolProcess) -> None:
     workdir = Path(serial.run("import os\nprint(os.getcwd())")["stdout"].strip())
     (workdir / "held").mkdir(exist_ok=True)
     first = serial.run("import os\nheld = open('held/open.txt', 'w')\nos.dup2(held.fileno(), 42)\n"
@@ -111,7 +101,7 @@ def test_open_files_never_reach_the_next_job(serial: PoolProcess) -> None:
     assert len(json.loads(fds_line)) <= 6, fds_line
 
 
-def test_authorized_writes_persist(serial: PoolProcess) -> None:
+def test_authorized_writes_persist(serial: driver.PoolProcess) -> None:
     workdir = Path(serial.run("import os\nprint(os.getcwd())")["stdout"].strip())
     (workdir / "persist").mkdir(exist_ok=True)
     written = serial.run("open('persist/note.txt', 'w').write('kept')", allow_write=["persist"])
@@ -125,16 +115,16 @@ def test_authorized_writes_persist(serial: PoolProcess) -> None:
 
 
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(60)"], ids=["cpu", "sleep"])
-def test_a_timeout_kills_the_job_and_the_pool_keeps_serving(serial: PoolProcess, code: str) -> None:
+def test_a_timeout_kills_the_job_and_the_pool_keeps_serving(serial: driver.PoolProcess, code: str) -> None:
     result = serial.run(code, timeout="1s")
     assert result["exit"] == 124 and result["error"]["type"] == "TimeoutError"
     # The killed job is gone (a child the template forks ahead for the next job is not a job: jobs_of
     # leaves it out, named or not yet named).
-    assert wait_gone(jobs_of(serial.pid), 3) == []
+    assert driver.wait_gone(driver.jobs_of(serial.pid), 3) == []
     assert serial.run("print('next')")["stdout"] == "next\n"
 
 
-def test_an_interrupted_job_is_not_retried(serial: PoolProcess) -> None:
+def test_an_interrupted_job_is_not_retried(serial: driver.PoolProcess) -> None:
     workdir = Path(serial.run("import os\nprint(os.getcwd())")["stdout"].strip())
     (workdir / "attempts").mkdir(exist_ok=True)
     code = "open('attempts/log', 'a').write('started\\n')\nwhile True:\n    pass"
@@ -150,9 +140,9 @@ def test_an_interrupted_job_is_not_retried(serial: PoolProcess) -> None:
 def test_template_killed_while_jobs_run(tmp_path: Path) -> None:
     """kill -9 a template mid-job: one PoolWorkerError, every other request answered once, and service goes on."""
     (tmp_path / "starts").mkdir()
-    with pool_process("--workers=2", cwd=tmp_path) as pool:
+    with driver.pool_process("--workers=2", cwd=tmp_path) as pool:
         before = pool.templates()
-        long_ids = [new_id("long") for _ in range(2)]
+        long_ids = [driver.new_id("long") for _ in range(2)]
         for request_id in long_ids:
             pool.submit(id=request_id, allow_write=["starts"],
                         code=f"import time\nopen('starts/{request_id}', 'a').write('x')\ntime.sleep(2)\nprint('done')")
@@ -180,7 +170,7 @@ def test_template_killed_while_jobs_run(tmp_path: Path) -> None:
         assert [results[i]["stdout"] for i in queued] == ["0\n", "1\n", "2\n", "3\n"]
         # The interrupted job was not retried, and its process is gone.
         assert (tmp_path / "starts" / errors[0]["id"]).read_text() == "x"
-        assert wait_gone(victim_jobs, 3) == []
+        assert driver.wait_gone(victim_jobs, 3) == []
         # The broken template was replaced; the pool serves the next request.
         after = pool.templates()
         assert victim not in after and len(after) == 2 and set(before) - {victim} <= set(after)
@@ -190,11 +180,11 @@ def test_template_killed_while_jobs_run(tmp_path: Path) -> None:
 
 
 def test_idle_templates_killed_are_replaced_before_the_next_request(tmp_path: Path) -> None:
-    with pool_process("--workers=2", cwd=tmp_path) as pool:
+    with driver.pool_process("--workers=2", cwd=tmp_path) as pool:
         before = pool.templates()
         for template in before:
             os.kill(template, signal.SIGKILL)
-        assert wait_gone(before, 3) == []
+        assert driver.wait_gone(before, 3) == []
         results = [pool.result(pool.submit(code="print('fresh')")) for _ in range(4)]
         assert [r["stdout"] for r in results] == ["fresh\n"] * 4, results
         after = pool.templates()
@@ -206,14 +196,15 @@ def test_a_template_that_cannot_be_replaced_fails_jobs_clearly_until_it_can(tmp_
     site.mkdir()
     module = site / "operator_preload.py"
     module.write_text("X = 1\n")
-    with pool_process("--workers=1", f"--package-dir={site}", "--preload=operator_preload", cwd=tmp_path) as pool:
+    with driver.pool_process("--workers=1", f"--package-dir={site}", "--preload=operator_preload",
+                             cwd=tmp_path) as pool:
         assert pool.run("import operator_preload\nprint(operator_preload.X)")["stdout"] == "1\n"
         hidden = module.rename(tmp_path / "operator_preload.off")
         shutil.rmtree(site / "__pycache__", ignore_errors=True)
         templates = pool.templates()
         for template in templates:
             os.kill(template, signal.SIGKILL)
-        assert wait_gone(templates, 3) == []  # dead before the next request: the pool must notice
+        assert driver.wait_gone(templates, 3) == []  # dead before the next request: the pool must notice
         for _ in range(2):  # every job gets an answer saying why, and the pool keeps trying
             failed = pool.run("print(1)")
             assert failed["error"]["type"] == "PoolWorkerError", failed
@@ -226,33 +217,26 @@ def test_a_template_that_cannot_be_replaced_fails_jobs_clearly_until_it_can(tmp_
 
 
 def test_eof_drains_accepted_jobs_and_exits_0(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=1", cwd=tmp_path)
-    try:
+    with driver.PoolProcess("--workers=1", cwd=tmp_path) as pool:
         ids = [pool.submit(code=f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(3)]
         pool.close_stdin()
         status = pool.wait_exit()
         assert [pool.result(request_id)["stdout"] for request_id in ids] == ["0\n", "1\n", "2\n"]
         assert status == 0
-    finally:
-        pool.finish()
 
 
 def test_eof_exit_status_is_0_even_when_jobs_failed(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=2", cwd=tmp_path)
-    try:
+    with driver.PoolProcess("--workers=2", cwd=tmp_path) as pool:
         failing = pool.submit(code="raise SystemExit(9)")
         refused = pool.submit(code="print(1)", bogus=1)
         pool.close_stdin()
         assert pool.wait_exit() == 0
         assert pool.result(failing)["exit"] == 9
         assert pool.result(refused)["error"]["type"] == "RequestError"
-    finally:
-        pool.finish()
 
 
 def test_sigterm_drains_accepted_jobs_too(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=1", cwd=tmp_path)
-    try:
+    with driver.PoolProcess("--workers=1", cwd=tmp_path) as pool:
         assert pool.run("x = 'open'", session="left-open")["exit"] == 0
         ids = [pool.submit(code=f"import time\ntime.sleep(0.4)\nprint({i})") for i in range(3)]
         step = pool.submit(session="left-open", code="import time\ntime.sleep(0.4)\nprint(x)")
@@ -263,9 +247,7 @@ def test_sigterm_drains_accepted_jobs_too(tmp_path: Path) -> None:
         assert [pool.result(request_id)["stdout"] for request_id in ids] == ["0\n", "1\n", "2\n"]
         assert pool.result(step)["stdout"] == "open\n"
         assert status == 0
-        assert wait_gone(family, 5) == []
-    finally:
-        pool.finish()
+        assert driver.wait_gone(family, 5) == []
 
 
 _CLIENT = """
@@ -281,33 +263,28 @@ time.sleep(120)
 
 
 def test_when_the_client_dies_the_pool_and_all_its_processes_exit(tmp_path: Path) -> None:
-    client = subprocess.Popen([sys.executable, "-c", _CLIENT, *POOL, "--workers=2"], stdout=subprocess.PIPE,
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT, *driver.POOL, "--workers=2"], stdout=subprocess.PIPE,
                               cwd=tmp_path)
-    mark_live(client.pid)
+    driver.mark_live(client.pid)
     try:
         assert client.stdout is not None
         hello = json.loads(client.stdout.readline())
         assert hello["ready"]["event"] == "ready"
         pool_pid = hello["pool"]
         end = time.monotonic() + 10
-        while len(jobs_of(pool_pid)) < 2:
+        while len(driver.jobs_of(pool_pid)) < 2:
             assert time.monotonic() < end, "the job and the session step never started"
             time.sleep(0.02)
         # The pool, its three templates (two workers, one session), the job and the session's child,
         # and any child prepared ahead of its job.
-        family = [pool_pid, *descendants(pool_pid)]
-        assert len(jobs_of(pool_pid)) == 2 and len(family) >= 6
+        family = [pool_pid, *driver.descendants(pool_pid)]
+        assert len(driver.jobs_of(pool_pid)) == 2 and len(family) >= 6
         os.kill(client.pid, signal.SIGKILL)
         client.wait(10)
-        assert wait_gone(family, 3) == [], "the pool or its processes outlived their client"
+        assert driver.wait_gone(family, 3) == [], "the pool or its processes outlived their client"
     finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(10)
-        if client.stdout is not None:
-            client.stdout.close()
-        unmark_live(client.pid)
-    assert_no_leftovers()
+        end_client(client)
+    driver.assert_no_leftovers()
 
 
 # --- flow control ---------------------------------------------------------------------------------------
@@ -318,7 +295,7 @@ def test_intake_reads_past_the_queue_of_twice_the_workers(tmp_path: Path, worker
     """The queue holds at least twice the worker count (the protocol's), and intake never stops reading to wait
     for a worker: a stats line behind more jobs than that is answered before any worker comes free (it used to
     wait until one did). The bound is [pool] max_queued, beyond which a job is refused: test_pool_admission."""
-    with pool_process(f"--workers={workers}", cwd=tmp_path) as pool:
+    with driver.pool_process(f"--workers={workers}", cwd=tmp_path) as pool:
         busy = [pool.submit(code="import time\ntime.sleep(1.5)") for _ in range(workers)]
         _wait_for_jobs(pool, workers)
         waiting = [pool.submit(code="print('queued')") for _ in range(3 * workers + 1)]
@@ -334,19 +311,19 @@ def test_stdout_backpressure_blocks_the_pool_without_growing_its_memory(tmp_path
     (tmp_path / "marks").mkdir()
     size, count = 256 * 1024, 60
     code = "import sys\nopen('marks/' + sys.argv[1], 'w')\nsys.stdout.write('x' * {size})"
-    with pool_process("--workers=2", cwd=tmp_path) as pool:
+    with driver.pool_process("--workers=2", cwd=tmp_path) as pool:
         for _ in range(4):  # warm up the allocator with results of this size
             assert len(pool.run(code.format(size=size), args=["warmup"], allow_write=["marks"])["stdout"]) == size
-        baseline = rss_kb(pool.pid)
+        baseline = driver.rss_kb(pool.pid)
         pool.pause_reading()
-        ids = [new_id("bp") for _ in range(count)]
+        ids = [driver.new_id("bp") for _ in range(count)]
         sender = threading.Thread(target=lambda: [
             pool.send({"id": i, "code": code.format(size=size), "args": [i], "allow_write": ["marks"]}) for i in ids
         ], daemon=True)
         sender.start()
         time.sleep(3)
         ran = len(list((tmp_path / "marks").iterdir())) - 1
-        grown = rss_kb(pool.pid) - baseline
+        grown = driver.rss_kb(pool.pid) - baseline
         pool.resume_reading()
         sender.join(20)
         assert not sender.is_alive()

@@ -26,6 +26,9 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
+from tests.harness.scrape import metrics_text
+
 from .listen_client import ListenClient
 from .pool_driver import DEADLINE, PoolProcess, pool_process, wait_gone
 
@@ -139,7 +142,7 @@ def test_two_users_cannot_see_or_reach_each_other(tmp_path: Path, listening: tup
     assert by_id["s2"][0]["stdout"] == "their own session\n"
     # Nothing of root's was seen by the other user, and root's work is untouched, seen from outside.
     assert all("root-only" not in json.dumps(message) and message.get("event") != "call" for message in theirs)
-    assert os.path.exists(f"/proc/{_wait_file(gate / 'job')}")
+    assert procfs.exists(_wait_file(gate / 'job'))
     (gate / "open").touch()
     assert mine.result("job")["exit"] == 0
     mine.sock.sendall(json.dumps({"reply": {"call_id": call["call_id"], "result": "root's"}}).encode() + b"\n")
@@ -363,15 +366,8 @@ def test_a_forged_tag_in_a_bad_line_reaches_no_other_connection(tmp_path: Path, 
 
 def _scrape(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The metrics socket's samples: (name, sorted labels) -> value."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
-        peer.settimeout(DEADLINE)
-        peer.connect(str(path))
-        peer.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-        answer = b""
-        while chunk := peer.recv(65536):
-            answer += chunk
     samples = {}
-    for line in answer.partition(b"\r\n\r\n")[2].decode().splitlines():
+    for line in metrics_text(path, DEADLINE).splitlines():
         if line and not line.startswith("#"):
             head, value = line.rsplit(" ", 1)
             name, _, inner = head.partition("{")

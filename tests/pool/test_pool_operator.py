@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.harness import procfs
+from tests.harness.scrape import metrics_text
 
 from .pool_driver import DEADLINE, pool_process
 
@@ -38,14 +40,7 @@ def test_a_template_death_is_logged_with_its_cause(tmp_path: Path) -> None:
 
 
 def _scrape(path: Path) -> str:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
-        peer.settimeout(DEADLINE)
-        peer.connect(str(path))
-        peer.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-        answer = b""
-        while chunk := peer.recv(65536):
-            answer += chunk
-    return answer.partition(b"\r\n\r\n")[2].decode()
+    return metrics_text(path, DEADLINE)
 
 
 def test_process_metrics_are_the_pools_own(tmp_path: Path) -> None:
@@ -59,11 +54,11 @@ def test_process_metrics_are_the_pools_own(tmp_path: Path) -> None:
                      "process_open_fds", "process_max_fds", "process_start_time_seconds"):
             assert f"# TYPE {name} " in text and name in values, name
         # From outside: the same process's figures, as /proc shows them to anyone.
-        resident = int(Path(f"/proc/{pool.pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        resident = procfs.statm_pages(pool.pid)[1] * os.sysconf("SC_PAGE_SIZE")
         assert 0.7 * resident <= values["process_resident_memory_bytes"] <= 1.3 * resident, (values, resident)
-        fds = len(os.listdir(f"/proc/{pool.pid}/fd"))
+        fds = len(procfs.fds(pool.pid))
         assert abs(values["process_open_fds"] - fds) <= 3, (values, fds)
-        started = os.stat(f"/proc/{pool.pid}").st_mtime  # about when the process started
+        started = procfs.started(pool.pid)  # about when the process started
         assert abs(values["process_start_time_seconds"] - time.time()) < 600
         assert values["process_start_time_seconds"] <= started + 5
         assert pool.finish() == 0

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
+
 from .pool_driver import PoolProcess, new_id, pool_process, proc_table, refused, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
@@ -263,8 +265,7 @@ def _spare_templates(pool: PoolProcess, plain: set[int]) -> list[int]:
 def _serving(template: int) -> bool:
     """Whether a template has started and waits for work: blocked in its loop's poll(), not in its start."""
     try:
-        with open(f"/proc/{template}/wchan") as wchan:
-            return "poll" in wchan.read()
+        return "poll" in procfs.read(template, "wchan")
     except OSError:
         return False
 
@@ -332,8 +333,7 @@ def test_steps_queued_behind_a_step_that_ended_the_session_are_answered(pool: Po
 
 
 def test_sessions_end_with_the_pool(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=1", cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=1", cwd=tmp_path) as pool:
         for _ in range(2):
             _ok(pool.run("x = 1", session=_session()))
         pending = pool.submit(session=_session(), code="import time\ntime.sleep(0.5)\nprint('answered')")
@@ -342,8 +342,6 @@ def test_sessions_end_with_the_pool(tmp_path: Path) -> None:
         assert pool.wait_exit() == 0
         assert pool.result(pending)["stdout"] == "answered\n"
         assert wait_gone(session_processes, 5) == []
-    finally:
-        pool.finish()
 
 
 def test_max_sessions_and_session_idle(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
 from tests.setup_facts import OUTER_SECCOMP
 
 from .pool_driver import (
@@ -53,7 +54,7 @@ def _deliver(pool: PoolProcess, signum: int, how: str) -> None:
     elif how == "group":
         os.killpg(pool.pid, signum)
     elif how == "cgroup-fs":  # what systemd does: every pid its cgroup (and those below) lists
-        assert pool.cgroup is not None
+        assert isinstance(pool, _PoolInCgroup) and pool.cgroup is not None
         for pid in _cgroup_pids(pool.cgroup):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
@@ -74,9 +75,8 @@ def _cgroup_pids(path: str) -> list[int]:
 def _tracking_hierarchy() -> str | None:
     """A cgroup hierarchy that only tracks membership, as systemd's own does: cgroup2 (unified), else the
     v1 name=systemd one."""
-    with open("/proc/mounts") as mounts:
-        found = {fields[2]: fields[1] for fields in (line.split() for line in mounts)
-                 if fields[2] == "cgroup2" or (fields[2] == "cgroup" and "name=systemd" in fields[3])}
+    found = {fields[2]: fields[1] for fields in (line.split() for line in procfs.machine("mounts").splitlines())
+             if fields[2] == "cgroup2" or (fields[2] == "cgroup" and "name=systemd" in fields[3])}
     return found.get("cgroup2") or found.get("cgroup")
 
 
@@ -158,8 +158,7 @@ def test_a_stop_signal_drains_every_accepted_job_however_it_is_delivered(tmp_pat
 
 
 def test_300_lines_then_sigterm_every_line_is_answered_once(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=2", cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=2", cwd=tmp_path) as pool:
         ids = [f"l{i}" for i in range(300)]
         lines = b"".join(json.dumps({"id": i, "code": f"import time\ntime.sleep(0.02)\nprint({n})"}).encode()
                          + b"\n" for n, i in enumerate(ids))
@@ -177,13 +176,10 @@ def test_300_lines_then_sigterm_every_line_is_answered_once(tmp_path: Path) -> N
                 ran += 1
         assert ran + refusals == 300 and refusals > 0, (ran, refusals)
         assert status == 0, bytes(pool.stderr)  # everything accepted to run ran
-    finally:
-        pool.finish()
 
 
 def test_requests_sent_during_the_drain_are_refused_and_stats_still_answered(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=1", cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=1", cwd=tmp_path) as pool:
         running = pool.submit(code="import time\ntime.sleep(1.5)\nprint('done')")
         _wait_running(pool, 1)
         pool.proc.send_signal(signal.SIGTERM)
@@ -195,13 +191,10 @@ def test_requests_sent_during_the_drain_are_refused_and_stats_still_answered(tmp
         assert pool.stats()["event"] == "stats"
         assert pool.result(running)["stdout"] == "done\n"
         assert pool.wait_exit() == 0
-    finally:
-        pool.finish()
 
 
 def test_the_drain_deadline_stops_running_jobs_and_refuses_queued_ones(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=1", "--drain-timeout=1s", cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=1", "--drain-timeout=1s", cwd=tmp_path) as pool:
         running = pool.submit(code="import time\ntime.sleep(30)\nprint('done')", timeout="60s")
         queued = [pool.submit(code="print('queued')") for _ in range(2)]
         pool.stats()
@@ -218,14 +211,11 @@ def test_the_drain_deadline_stops_running_jobs_and_refuses_queued_ones(tmp_path:
             _shutting_down(_only_answer(pool, request_id) if pool.responses(request_id) else pool.result(request_id))
         assert pool.wait_exit() == DRAIN_CUT
         assert wait_gone(family, 5) == []
-    finally:
-        pool.finish()
 
 
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_escalates_at_once(tmp_path: Path, second: int) -> None:
-    pool = PoolProcess("--workers=1", "--drain-timeout=60s", cwd=tmp_path)
-    try:
+    with PoolProcess("--workers=1", "--drain-timeout=60s", cwd=tmp_path) as pool:
         running = pool.submit(code="import time\ntime.sleep(30)\nprint('done')", timeout="60s")
         _wait_running(pool, 1)
         pool.proc.send_signal(signal.SIGTERM)
@@ -237,14 +227,11 @@ def test_a_second_signal_escalates_at_once(tmp_path: Path, second: int) -> None:
         assert time.monotonic() - signalled < 5
         assert stopped["error"]["type"] == "CancelledError", stopped
         assert pool.wait_exit() == DRAIN_CUT
-    finally:
-        pool.finish()
 
 
 @pytest.mark.parametrize("how", ["pid", "group", "cgroup"])
 def test_sighup_is_ignored_and_every_accepted_request_is_answered(tmp_path: Path, how: str) -> None:
-    pool = PoolProcess("--workers=2", "--log=json", cwd=tmp_path, start_new_session=True)
-    try:
+    with PoolProcess("--workers=2", "--log=json", cwd=tmp_path, start_new_session=True) as pool:
         ids = [pool.submit(code=f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(11)]
         pool.stats()
         _wait_running(pool, 2)
@@ -257,8 +244,6 @@ def test_sighup_is_ignored_and_every_accepted_request_is_answered(tmp_path: Path
         assert pool.finish() == 0
         events = [line for line in pool.log_lines() if line.get("event") == "signal"]
         assert events and "SIGHUP" in events[0]["message"] and "ignored" in events[0]["message"], events
-    finally:
-        pool.finish()
 
 
 # --- the pool as PID 1 ----------------------------------------------------------------------------------
@@ -273,22 +258,18 @@ _NAMESPACES_REFUSED = pytest.mark.skipif(OUTER_SECCOMP or shutil.which("unshare"
 @_NAMESPACES_REFUSED
 @pytest.mark.needs_root("unshare --pid needs CAP_SYS_ADMIN")
 def test_the_pool_runs_as_pid_1_of_a_pid_namespace(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=2", cwd=tmp_path, command=[*_IN_NAMESPACE, *POOL])
-    try:
+    with PoolProcess("--workers=2", cwd=tmp_path, command=[*_IN_NAMESPACE, *POOL]) as pool:
         result = pool.run("import os\nprint(os.getpid() > 1)")
         assert result["stdout"] == "True\n", result
         assert pool.run("y = 2", session="ns")["exit"] == 0
         assert pool.run("print(y * 21)", session="ns")["stdout"] == "42\n"
         assert pool.finish() == 0
-    finally:
-        pool.finish()
 
 
 @_NAMESPACES_REFUSED
 @pytest.mark.needs_root("unshare --pid needs CAP_SYS_ADMIN")
 def test_pid_1_drains_on_sigterm_and_reaps_the_orphans_of_a_killed_template(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=2", cwd=tmp_path, command=[*_IN_NAMESPACE, *POOL])
-    try:
+    with PoolProcess("--workers=2", cwd=tmp_path, command=[*_IN_NAMESPACE, *POOL]) as pool:
         init = next(pid for pid, depth in descendants(pool.pid).items() if depth == 1)  # the namespace's PID 1
         # A template killed under its running job: the job's child is orphaned to PID 1, which must reap it.
         victim_job = pool.submit(code="import time\ntime.sleep(30)", timeout="60s")
@@ -305,8 +286,6 @@ def test_pid_1_drains_on_sigterm_and_reaps_the_orphans_of_a_killed_template(tmp_
         os.kill(init, signal.SIGTERM)  # docker stop, Kubernetes: the signal goes to PID 1 alone
         assert pool.result(running)["stdout"] == "done\n"
         assert pool.wait_exit() == 0
-    finally:
-        pool.finish()
 
 
 @_NAMESPACES_REFUSED
@@ -335,10 +314,10 @@ def test_when_the_pool_below_pid_1_dies_pid_1_exits_with_its_status_at_once(tmp_
 
 def _own_cgroups(pids: Iterable[int]) -> set[str]:
     """The pids cgroups of these processes, and their parents below the root: pid-named ones of a pool."""
-    paths = set()
+    paths: set[str] = set()
     for pid in pids:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup") as lines:
-            for line in lines:
+        with contextlib.suppress(OSError):
+            for line in procfs.read(pid, "cgroup").splitlines():
                 _, controllers, path = line.rstrip("\n").split(":", 2)
                 if "pids" in controllers.split(",") and path.strip("/").startswith("pynox-"):
                     parts = path.strip("/").split("/")
@@ -347,18 +326,16 @@ def _own_cgroups(pids: Iterable[int]) -> set[str]:
 
 
 def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[1])
+    return procfs.stat(pid).ppid
 
 
 def _children_states(pid: int) -> list[str]:
     states = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid:
-                    states.append(fields[0])
+    for entry in procfs.pids():
+        with contextlib.suppress(OSError):
+            fields = procfs.stat(entry).fields
+            if int(fields[1]) == pid:
+                states.append(fields[0])
     return states
 
 
@@ -375,15 +352,14 @@ def jobs_of_below(root: int) -> list[int]:
     """Jobs anywhere below ``root`` (in a namespace, the pool is one level further down)."""
     found = []
     for pid in descendants(root):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as comm:
-            if comm.read().strip() in ("pynox-job", "pynox-session"):
+        with contextlib.suppress(OSError):
+            if procfs.read(pid, "comm").strip() in ("pynox-job", "pynox-session"):
                 found.append(pid)
     return found
 
 
 def test_a_stop_signal_while_the_templates_start_waits_for_the_pool_then_drains_it(tmp_path: Path) -> None:
-    pool = PoolProcess("--workers=2", "--preload=json,decimal", cwd=tmp_path, expect_ready=False)
-    try:
+    with PoolProcess("--workers=2", "--preload=json,decimal", cwd=tmp_path, expect_ready=False) as pool:
         # Once the pool has blocked its signals (before that the default action applies: it is not running
         # yet), and before its templates are up.
         end = time.monotonic() + DEADLINE
@@ -393,22 +369,18 @@ def test_a_stop_signal_while_the_templates_start_waits_for_the_pool_then_drains_
         pool.proc.send_signal(signal.SIGTERM)
         assert pool.wait_exit() == 0
         assert pool.messages and pool.messages[0]["event"] == "ready", pool.messages
-    finally:
-        pool.finish()
 
 
 def _blocks_sigterm(pid: int) -> bool:
     """Whether the pool blocks SIGTERM as it does to wait for it, not for a moment: a process that starts a
     subprocess (Popen's child before its exec, ctypes looking for a library) blocks every signal around
     the fork, and dies of one that came then once it restores its mask. SIGUSR1 tells them apart."""
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        if b"pynox\0pool" not in cmdline.read():
-            return False
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("SigBlk:"):
-                blocked = int(line.split()[1], 16)
-                return bool(blocked & (1 << (signal.SIGTERM - 1))) and not blocked & (1 << (signal.SIGUSR1 - 1))
+    if b"pynox\0pool" not in procfs.read_bytes(pid, "cmdline"):
+        return False
+    for line in procfs.read(pid, "status").splitlines():
+        if line.startswith("SigBlk:"):
+            blocked = int(line.split()[1], 16)
+            return bool(blocked & (1 << (signal.SIGTERM - 1))) and not blocked & (1 << (signal.SIGUSR1 - 1))
     return False
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import procfs
 from tests.setup_facts import KERNEL_ABI
 
 from .pool_driver import PoolProcess, assert_no_leftovers, own_commands_env, pool_process, proc_table
@@ -114,7 +115,7 @@ def test_preload_numpy_works_with_blas_pinned(tmp_path: Path) -> None:
         assert pool.ready["preloaded_modules"] == ["numpy"]
         # Single-threaded templates, as the self-check proved: no BLAS thread pool is running.
         for template in pool.templates():
-            assert len(os.listdir(f"/proc/{template}/task")) == 1
+            assert len(procfs.tasks(template)) == 1
         result = pool.run("import sys\nprint('numpy' in sys.modules)\nimport numpy as np\n"
                           "a = np.arange(16.0).reshape(4, 4)\nprint((a @ a.T).trace())")
         assert result["exit"] == 0, result

@@ -55,8 +55,7 @@ def _pool_args(command: str) -> tuple[list[str], float]:
 def _play_stop(args: list[str], *, delivery: str, stop_timeout: float) -> None:
     """Jobs longer than the drain, one queued; the stop signal as the supervisor sends it; the pool must be
     gone before the supervisor's kill, every job answered."""
-    pool = PoolProcess(*args, start_new_session=True)
-    try:
+    with PoolProcess(*args, start_new_session=True) as pool:
         running = [pool.submit(code="import time\ntime.sleep(120)", timeout="300s") for _ in range(2)]
         queued = pool.submit(code="print('queued')")
         pool.stats()
@@ -75,8 +74,6 @@ def _play_stop(args: list[str], *, delivery: str, stop_timeout: float) -> None:
             assert pool.result(request_id)["error"]["type"] == "CancelledError"
         refused(pool.result(queued), "shutting down")
         assert status == DRAIN_CUT
-    finally:
-        pool.finish()
 
 
 def test_the_systemd_unit_fits_the_contract_and_its_stop_is_answered() -> None:

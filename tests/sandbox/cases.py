@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.harness import procfs
+
 from .harness import Run, World
 
 HostCheck = Callable[[World, Run], None]
@@ -173,16 +175,14 @@ def _sysconf_memory(run: Run) -> tuple[int, int]:
 
 
 def _host_meminfo_bytes(field: str) -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
+    for line in procfs.machine("meminfo").splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
     raise AssertionError(f"no {field} in /proc/meminfo")
 
 
 def _host_uptime() -> float:
-    with open("/proc/uptime") as uptime:
-        return float(uptime.read().split()[0])
+    return float(procfs.machine("uptime").split()[0])
 
 
 def _own_view(world: World, run: Run) -> None:
@@ -977,9 +977,7 @@ print("priority", resource.getrlimit(resource.RLIMIT_NICE), resource.getrlimit(r
 
 
 def _holds_setpcap() -> bool:
-    with open("/proc/self/status") as status:
-        fields = dict(line.split(":", 1) for line in status)
-    return bool(int(fields["CapEff"], 16) >> 8 & 1)  # CAP_SETPCAP, which emptying the bounding set needs
+    return bool(int(procfs.status("self")["CapEff"], 16) >> 8 & 1)  # CAP_SETPCAP, which emptying the bounding set needs
 
 
 def _unprivileged(world: World, run: Run) -> None:

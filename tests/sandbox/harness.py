@@ -38,6 +38,7 @@ from pynox.policy.seccomp import syscall_number
 from pynox.protocol import Request, Result
 from pynox.server.runner import run_on
 from pynox.server.templates import Template
+from tests.harness import procfs
 
 # Put into the test process's environment before the template starts: no job may ever see it.
 SECRET_NAME = "PYNOX_TEST_HOST_SECRET"
@@ -269,8 +270,7 @@ class World:
     @staticmethod
     def scheduling(pid: int) -> tuple[object, ...]:
         """How the kernel schedules ``pid``: nice value, policy, CPU affinity, I/O priority."""
-        with open(f"/proc/{pid}/stat") as stat_file:
-            nice = int(stat_file.read().rsplit(")", 1)[1].split()[16])
+        nice = int(procfs.stat(pid).fields[16])
         return nice, os.sched_getscheduler(pid), sorted(os.sched_getaffinity(pid)), _ioprio(pid)
 
     def message_queue_exists(self) -> bool:
@@ -299,12 +299,11 @@ class World:
 
     def sleeper_state(self) -> str:
         time.sleep(0.05)  # a signal is delivered asynchronously; give a continued process time to run
-        with open(f"/proc/{self.sleeper.pid}/stat") as stat_file:
-            return stat_file.read().rsplit(")", 1)[1].split()[0]
+        return procfs.stat(self.sleeper.pid).state
 
     def sleeper_limit(self, name: str) -> str:
-        with open(f"/proc/{self.sleeper.pid}/limits") as limits:
-            return next(line for line in limits if line.startswith(name))
+        return next(line + "\n" for line in procfs.read(self.sleeper.pid, "limits").splitlines()
+                    if line.startswith(name))
 
     def close(self) -> None:
         """Ends everything the world started; also what a world that failed halfway had started."""

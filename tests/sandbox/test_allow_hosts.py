@@ -8,26 +8,23 @@ pynox/server/egress.py); these tests run real jobs in a real pool, under the rea
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import pynox
+from tests.harness import procfs
+from tests.harness.fixtures import shared_pool
 
 from .harness import Listener
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[pynox.Pool]:
-    with pynox.Pool(workers=1) as started:
-        yield started
+pool = shared_pool(workers=1)
 
 
 def _run(pool: pynox.Pool, code: str, **grants: Any) -> pynox.Result:
@@ -297,7 +294,7 @@ def test_connects_the_pool_waits_on_are_bounded_and_let_go(pool: pynox.Pool) -> 
             """The pool's descriptors after a plain job, once the child it prepares for the next one is ready."""
             _run(pool, "print(1)", allow_hosts=[f"127.0.0.1:{port}"])
             time.sleep(0.5)
-            return len(os.listdir(f"/proc/{server}/fd"))
+            return len(procfs.fds(server))
 
         before = settled()
         code = (f"import errno, socket, threading, time\nresults = []\ndef attempt():\n    s = socket.socket()\n"
@@ -406,12 +403,12 @@ def test_connecting_a_descriptor_that_is_no_tcp_socket_leaves_the_pool_nothing(p
             "print(sorted(errors)); sys.stdout.flush()")
     _run(pool, "print(1)", allow_hosts=[f"127.0.0.1:{listed.port}"])
     time.sleep(0.5)
-    before = len(os.listdir(f"/proc/{server}/fd"))
+    before = len(procfs.fds(server))
     result = _run(pool, code, allow_hosts=[f"127.0.0.1:{listed.port}"])
     assert result.exit == 0 and result.stdout == "[88]\n", result  # ENOTSOCK, as the kernel says it
     _run(pool, "print(1)", allow_hosts=[f"127.0.0.1:{listed.port}"])
     time.sleep(0.5)
-    assert len(os.listdir(f"/proc/{server}/fd")) <= before
+    assert len(procfs.fds(server)) <= before
     assert listed.connections() == 0
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pynox.policy import cgroups
+from tests.harness import procfs
 from tests.pool.pool_driver import PoolProcess, leftover_guard, pool_process
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,7 +53,7 @@ def test_a_killed_pools_young_cgroups_are_swept_by_the_next_start(tmp_path: Path
 
 
 def _start_ticks(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return procfs.stat(pid).start
 
 
 @pytest.mark.needs_root("an ordinary user cannot make cgroups without delegation")

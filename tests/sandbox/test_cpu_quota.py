@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pynox.policy import cgroups
+from tests.harness import procfs
 from tests.pool.pool_driver import leftover_guard, pool_process
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,18 +46,16 @@ def _cpu_group(pid: int) -> Path:
         if os.environ.get("CI") and os.geteuid() == 0:
             pytest.fail(f"CI must prove the CPU quota: {bounds.cpu_reason}", pytrace=False)
         pytest.skip(bounds.cpu_reason)
-    with open(f"/proc/{pid}/cgroup") as lines:
-        for line in lines:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            if (bounds.cpu.version == 1 and "cpu" in controllers.split(",")) or \
-                    (bounds.cpu.version == 2 and controllers == ""):
-                with open("/proc/self/mountinfo") as mounts:
-                    for mount in mounts:
-                        left, _, right = mount.partition(" - ")
-                        kind, options = right.split()[0], right.split()[2]
-                        if (bounds.cpu.version == 1 and kind == "cgroup" and "cpu" in options.split(",")) or \
-                                (bounds.cpu.version == 2 and kind == "cgroup2"):
-                            return Path(left.split()[4], path.lstrip("/"))
+    for line in procfs.read(pid, "cgroup").splitlines():
+        _, controllers, path = line.rstrip("\n").split(":", 2)
+        if (bounds.cpu.version == 1 and "cpu" in controllers.split(",")) or \
+                (bounds.cpu.version == 2 and controllers == ""):
+            for mount in procfs.read("self", "mountinfo").splitlines():
+                left, _, right = mount.partition(" - ")
+                kind, options = right.split()[0], right.split()[2]
+                if (bounds.cpu.version == 1 and kind == "cgroup" and "cpu" in options.split(",")) or \
+                        (bounds.cpu.version == 2 and kind == "cgroup2"):
+                    return Path(left.split()[4], path.lstrip("/"))
     raise AssertionError(f"no cpu cgroup for {pid}")
 
 

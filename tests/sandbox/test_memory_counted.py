@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pynox.policy import cgroups
+from tests.harness import procfs
 from tests.pool.pool_driver import leftover_guard, pool_process
 from tests.setup_facts import OUTER_SECCOMP
 
@@ -263,11 +264,10 @@ time.sleep(1.5)
 
 def _tcp_pages() -> int:
     """The machine's TCP memory, in pages, as /proc/net/sockstat shows it ("TCP: ... mem N")."""
-    with open("/proc/net/sockstat") as sockstat:
-        for line in sockstat:
-            if line.startswith("TCP:"):
-                fields = line.split()
-                return int(fields[fields.index("mem") + 1])
+    for line in procfs.machine("net/sockstat").splitlines():
+        if line.startswith("TCP:"):
+            fields = line.split()
+            return int(fields[fields.index("mem") + 1])
     return 0
 
 

@@ -13,10 +13,10 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.harness import procfs
 from tests.pool.pool_driver import descendants, reap_adopted_zombies
 
 MARK = "PYNOX_RAY_TEST_RUN"
@@ -27,17 +27,17 @@ def marked_processes(mark: str) -> dict[int, str]:
     """Processes whose environment carries ``MARK=mark``, with their command lines."""
     found = {}
     needle = f"{MARK}={mark}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in procfs.pids():
+        if pid == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = procfs.read_bytes(pid, "environ")
+            cmdline = procfs.read_bytes(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace")
+            state = procfs.stat(pid).state
         except OSError:
             continue  # gone meanwhile
         if state != "Z" and needle in environ.split(b"\0"):
-            found[int(entry.name)] = cmdline[:200]
+            found[pid] = cmdline[:200]
     return found
 
 

@@ -62,6 +62,8 @@ from collections.abc import Iterable, Sequence
 
 import pyseccomp
 
+from tests.harness import procfs
+
 __all__ = ["CAPABILITIES", "CAPABILITY_MASK", "PROFILES", "enter", "main"]
 
 PROFILES = ("docker", "docker-pre-20.10.18")
@@ -227,8 +229,7 @@ def _libc_call(result: int, what: str) -> None:
 def _keep_only_docker_capabilities() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
+    last = int(procfs.machine("sys/kernel/cap_last_cap"))
     for cap in range(last + 1):
         if not CAPABILITY_MASK & (1 << cap):
             _libc_call(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap} from the bounding set")

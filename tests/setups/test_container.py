@@ -17,6 +17,7 @@ from pathlib import Path
 import pyseccomp
 import pytest
 
+from tests.harness import procfs
 from tests.setups import container
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +30,7 @@ def _may_launch() -> str | None:
     """Why this process cannot run the launcher, or None: it needs root holding CAP_SYS_ADMIN and CAP_SETPCAP."""
     if os.geteuid() != 0:
         return "the container launcher needs root"
-    with open("/proc/self/status") as status:
-        effective = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    effective = int(procfs.status("self")["CapEff"], 16)
     if not effective & (1 << 21) or not effective & (1 << 8):
         return "the container launcher needs CAP_SYS_ADMIN and CAP_SETPCAP (is this run already in a container?)"
     return None

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.harness import procfs
 from tests.pool.pool_driver import PoolProcess, proc_table, rss_kb, walk
 
 from .mix import Expect, Job, Plan, Scenario, host_reply
@@ -237,22 +237,14 @@ def _brief(message: dict[str, Any]) -> dict[str, Any]:
 def fd_kinds(pid: int) -> Counter[str]:
     """Open descriptors by what they are (``pipe``, ``socket``, ``anon_inode:[pidfd]``, a path), without inodes."""
     kinds: Counter[str] = Counter()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue  # closed while we looked
+    for target in procfs.fd_targets(pid).values():
         # A template's cgroup files are held per template: a replaced template's have another name, not more.
         kinds[re.sub(r"/template-\d+/", "/template-N/", re.sub(r":\[\d+\]$", "", target))] += 1
     return kinds
 
 
 def threads(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no thread count for {pid}")
+    return procfs.status_number(pid, "Threads")
 
 
 def below(root: int) -> dict[int, tuple[int, str, str]]:

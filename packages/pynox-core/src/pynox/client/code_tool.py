@@ -22,7 +22,7 @@ import inspect
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, Unpack
 
 from .. import hints
 from ..config import EMPTY, default_config_path, load_config
@@ -36,7 +36,7 @@ from ..protocol import IMPORTABLE_LISTED, Request
 from ..units import format_duration, format_size, parse_duration, parse_size
 from .host_functions import HostErrors, visible_signature
 from .requests import build_request
-from .runner import Runner, SessionRunner
+from .runner import PoolSession, Runner, SessionRunner, default_runner
 from .streaming import OutputCallback
 
 if TYPE_CHECKING:
@@ -110,6 +110,11 @@ class ToolDescription:
     def text(self) -> str:
         return "\n".join([self.summary, "", self.body, "", "Args:", f"    code: {self.code}", "",
                           "Returns:", f"    {self.returns}"])
+
+
+def _is_session(value: object) -> TypeGuard[Session]:
+    """Whether ``value`` is a :class:`pynox.Session` (its nominal base lives below pool.py: see runner.py)."""
+    return isinstance(value, PoolSession)
 
 
 def _effective_request(pool: Runner | None, profile: str | None, grants: Mapping[str, Any]) -> Request:
@@ -234,11 +239,9 @@ class CodeTool:
                  functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
                  session_scope: str | None = None, host_globals: Literal["call", "await"] | None = None,
                  **grants: Unpack[Grants]) -> None:
-        from .pool import Session
-
         check_grants(f"{type(self).__name__}()", grants)
         requested: dict[str, Any] = dict(grants)
-        if isinstance(session, Session):
+        if _is_session(session):
             if (pool is not None or profile is not None or functions or grants or host_errors is not None
                     or host_globals is not None):
                 raise TypeError("a pynox.Session carries its own pool, permissions and functions: pass it alone")
@@ -262,7 +265,7 @@ class CodeTool:
         self._host_globals = host_globals
         self._grants = {**requested, **({"profile": profile} if profile else {})}
         self.owns_session = session is True
-        self._session: SessionRunner | None = session if isinstance(session, Session) else None
+        self._session: SessionRunner | None = session if _is_session(session) else None
 
     @property
     def doc(self) -> str:
@@ -299,9 +302,7 @@ class CodeTool:
 
     def _target(self) -> Runner:
         if self._pool is None:
-            from .default import default_pool
-
-            self._pool = default_pool()
+            self._pool = default_runner()
         return self._pool
 
     def _call(self, timeout: float | None, env: Mapping[str, str] | None, fresh: bool,
@@ -387,10 +388,8 @@ class CodeTool:
         return self._session
 
     def _files_session(self) -> Session:
-        from .pool import Session
-
         session = self._own_session()
-        if not isinstance(session, Session) or not self.grants.scratch:
+        if not _is_session(session) or not self.grants.scratch:
             raise PynoxError("this tool has no files: they live in a session's scratch directory (make the tool "
                              "with session=True and scratch=True, on a pynox.Pool)")
         return session

@@ -9,6 +9,7 @@ import threading
 
 from ..config import default_config_path
 from .pool import Pool
+from .runner import provide_default
 
 __all__ = ["default_pool"]
 
@@ -42,3 +43,4 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+provide_default(default_pool)

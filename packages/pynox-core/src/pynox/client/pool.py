@@ -75,8 +75,10 @@ from . import files as _files
 from .connect import Connection, connect_address
 from .files import FileInfo
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
+from .model_tool import make_tool
 from .requests import build_request
 from .result import Result
+from .runner import PoolSession
 from .streaming import OutputCallback, OutputEvent, call, event_of, iterate, wait_with_events
 
 __all__ = ["Pool", "PynoxPool", "Session", "pool_command"]
@@ -754,8 +756,6 @@ class Pool:
              functions: Mapping[str, HostFunction] | None = None, host_errors: HostErrors | None = None,
              **grants: Unpack[Grants]) -> Callable[[str], str]:
         """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
-        from .model_tool import make_tool
-
         return make_tool(self, profile=profile, session=session, functions=functions, grants=grants,
                          host_errors=host_errors)
 
@@ -792,7 +792,7 @@ def _step(**fields: Any) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value is not None and value is not False}
 
 
-class Session:
+class Session(PoolSession):
     """One process whose ``__main__`` survives between runs. A timeout or crash ends it; the next
     ``run`` starts a fresh one with the same permissions.
 

@@ -8,6 +8,7 @@ a ``Pool`` (no cast) and without reaching into the core's private parts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .result import Result
@@ -49,3 +50,30 @@ class Runner(Protocol):
     async def arun(self, *args: Any, **keywords: Any) -> Result: ...
 
     def session(self, *args: Any, **keywords: Any) -> SessionRunner: ...
+
+
+# The two things a tool needs from the client's upper half, told from above so that the tool (code_tool,
+# model_tool) sits below pool.py and default.py in the dependency order: pool.py builds tools
+# (``Pool.tool``), so the tool may not import pool.py back (docs/architecture.md, "Dependency order").
+
+
+class PoolSession:
+    """The nominal base of :class:`pynox.Session`: a tool tells a pool's own session (it carries its pool,
+    grants and functions, and has files) from any other value by ``isinstance`` against this, without
+    importing pool.py. ``pynox.Session`` is its one subclass."""
+
+    __slots__ = ()
+
+
+_default: list[Callable[[], Runner]] = []
+
+
+def provide_default(factory: Callable[[], Runner]) -> None:
+    """Name the process-wide default pool's maker; pynox.client's ``__init__`` imports default.py, which
+    calls this, before any tool can run."""
+    _default[:] = [factory]
+
+
+def default_runner() -> Runner:
+    """The process-wide default pool (started on first use), for a tool made with no pool."""
+    return _default[0]()

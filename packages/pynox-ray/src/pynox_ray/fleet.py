@@ -303,6 +303,13 @@ class RayFleet:
         node.actor.send.remote(number, [line])  # a dead actor drops it; its stream's end answers for it
 
     def _route(self, message: Request, line: bytes) -> None:
+        if not self.ready.done():
+            # A caller that did not open the fleet (another thread's first run did) waits for its start, as
+            # it would wait on a starting pool's pipe; Pool raises the start's error in the thread that opened it.
+            try:
+                self.ready.result(timeout=_START_TIMEOUT)
+            except concurrent.futures.TimeoutError:
+                raise PoolError(f"the fleet did not start within {_START_TIMEOUT:.0f}s") from None
         if self.dead:
             raise PoolError(f"the fleet is gone: {self.describe_exit()}")
         if message.stats:

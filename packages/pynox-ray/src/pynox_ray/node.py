@@ -78,17 +78,20 @@ class NodePool:
             tail = " | ".join(list(self._stderr)[-5:])
             raise pynox.PoolError(f"the pool on node {self.node_id()} exited before it was ready: exit status "
                                   f"{self._process.returncode}" + (f"; it said: {tail}" if tail else ""))
-        self._tasks.append(asyncio.ensure_future(self._read(self._process.stdout)))
+        # A queue of this process's own: a pool stopped before (a restart at the fleet's ABI cap) ends its own.
+        self._out = asyncio.Queue()
+        self._tasks.append(asyncio.ensure_future(self._read(self._process.stdout, self._out)))
         return first
 
-    async def _read(self, stdout: asyncio.StreamReader) -> None:
+    @staticmethod
+    async def _read(stdout: asyncio.StreamReader, out: asyncio.Queue[bytes | None]) -> None:
         try:
             while line := await stdout.readline():
-                self._out.put_nowait(line)
+                out.put_nowait(line)
         except (ValueError, OSError):  # a line over the pool's own cap cannot come; a broken pipe ends it
             pass
         finally:
-            self._out.put_nowait(None)
+            out.put_nowait(None)
 
     async def _drain_stderr(self, stderr: asyncio.StreamReader) -> None:
         while raw := await stderr.readline():
@@ -96,14 +99,15 @@ class NodePool:
 
     async def lines(self) -> AsyncIterator[list[bytes]]:
         """What the pool writes, each batch the lines there were when the caller's stream asked; ends with it."""
+        out = self._out
         while True:
-            line = await self._out.get()
+            line = await out.get()
             batch: list[bytes] = []
             while line is not None:
                 batch.append(line)
-                if self._out.empty():
+                if out.empty():
                     break
-                line = self._out.get_nowait()
+                line = out.get_nowait()
             if batch:
                 yield batch
             if line is None:

@@ -25,11 +25,18 @@ _LOSS_DEADLINE = 60.0  # seconds for Ray to declare a removed node dead and the 
 @pytest.fixture
 def added(cluster: Any) -> Iterator[list[Any]]:
     """Nodes a test adds (``added.append(cluster.add_node(...))``): removed after it, whatever happened."""
+    import ray
+
     nodes: list[Any] = []
     yield nodes
     for node in nodes:
         if node in cluster.list_all_nodes():
-            cluster.remove_node(node, allow_graceful=False)
+            cluster.remove_node(node, allow_graceful=True)
+    # Until Ray's node table says they are gone, a pool made by a later test would place pools on them.
+    removed = {str(node.node_id) for node in nodes}
+    deadline = time.monotonic() + _LOSS_DEADLINE
+    while any(node["Alive"] and node["NodeID"] in removed for node in ray.nodes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _add(cluster: Any, added: list[Any], resource: str, **env: str) -> str:

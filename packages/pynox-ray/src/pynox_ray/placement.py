@@ -74,5 +74,6 @@ class Nodes:
         return node
 
     def none_left(self) -> str:
-        reasons = "; ".join(f"{node.describe()}: {node.lost or node.refused}" for node in self.all)
+        reasons = "; ".join(f"{node.describe()}: {node.lost or node.refused or 'its pool is starting'}"
+                            for node in self.all)
         return f"no node of this pool is left ({reasons or 'the cluster has no node it may use'})"

@@ -37,7 +37,8 @@ def test_a_lost_node_or_one_that_does_not_serve_takes_nothing() -> None:
     nodes.all[2].ready = None  # still starting
     assert nodes.free() is None and nodes.pin() is None
     assert nodes.none_left() == ("no node of this pool is left (node node-0 (actor-0): ActorDiedError: gone; "
-                                 "node node-1 (actor-1): it confines jobs otherwise; node node-2 (actor-2): its pool is starting)")
+                                 "node node-1 (actor-1): it confines jobs otherwise; "
+                                 "node node-2 (actor-2): its pool is starting)")
     nodes.all[2].ready = {}
     assert nodes.free() is nodes.all[2] and nodes.pin() is nodes.all[2]
 

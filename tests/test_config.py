@@ -859,3 +859,12 @@ def test_run_as_takes_a_user_name(tmp_path: Path) -> None:
     [tenant] = load_config(tmp_path / "c.toml").tenants
     assert (tenant.name, tenant.run_as, tenant.max_jobs, tenant.uids) == ("ci", (nobody.pw_uid, nobody.pw_gid), 2,
                                                                          frozenset({1001}))
+    (tmp_path / "d.toml").write_text('[pool]\nrun_as = "1:1"\n\n[profiles.low]\nrun_as = "nobody"\n\n[profiles.x]\n')
+    config = load_config(tmp_path / "d.toml")
+    assert config.profile_run_as == {"low": (nobody.pw_uid, nobody.pw_gid)}
+    assert (config.run_as("low"), config.run_as("x"), config.run_as(None)) == ((nobody.pw_uid, nobody.pw_gid),
+                                                                              (1, 1), (1, 1))
+    assert config.run_as("low", (5, 5)) == (5, 5)  # a tenant's own is over both
+    (tmp_path / "e.toml").write_text('[profiles.low]\nrun_as = "no-such-user-here"\n')
+    with pytest.raises(ConfigError, match=r"\[profiles.low\].*run_as.*no such user"):
+        load_config(tmp_path / "e.toml")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -118,10 +119,11 @@ def test_two_users_cannot_see_or_reach_each_other(tmp_path: Path, listening: tup
     assert call["id"] == "caller"
     _wait_file(gate / "job")
     # The other user uses the same names: its own job "job", its own session "nb", a cancel of "job", a reply
-    # to root's pending call. None of them reaches root's.
+    # to root's pending call. None of them reaches root's. (A step with only code would open a session of its
+    # own under "nb"; "open": false says it is a later step, so the pool answers whether it holds one.)
     theirs = _as_other_user(path, [
         {"id": "c1", "cancel": "job"},
-        {"id": "r1", "session": "nb", "code": "print(secret)"},
+        {"id": "r1", "session": "nb", "code": "print(secret)", "open": False},
         {"reply": {"call_id": call["call_id"], "result": "forged"}},
         {"id": "job", "code": "print('their own job')"},
         {"id": "s2", "session": "nb", "open": True, "code": "print('their own session')"},
@@ -357,3 +359,88 @@ def test_a_forged_tag_in_a_bad_line_reaches_no_other_connection(tmp_path: Path, 
         first.close()
         second.close()
         _stop(pool)
+
+
+def _scrape(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The metrics socket's samples: (name, sorted labels) -> value."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+        peer.settimeout(DEADLINE)
+        peer.connect(str(path))
+        peer.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        answer = b""
+        while chunk := peer.recv(65536):
+            answer += chunk
+    samples = {}
+    for line in answer.partition(b"\r\n\r\n")[2].decode().splitlines():
+        if line and not line.startswith("#"):
+            head, value = line.rsplit(" ", 1)
+            name, _, inner = head.partition("{")
+            labels = tuple(sorted((key, text) for key, text in re.findall(r'(\w+)="([^"]*)"', inner)))
+            samples[(name, labels)] = float(value)
+    return samples
+
+
+def test_metrics_are_labelled_by_tenant_and_profile(tmp_path: Path, run_dir: Path) -> None:
+    """Each tenant's results by profile and outcome on the metrics socket, as each client saw them; a session's
+    steps under the profile it was opened with; the labelled counts add up to the pool's."""
+    if os.geteuid() != 0:
+        pytest.skip("two users need a root test process")
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[profiles.analysis]\ntimeout = "10s"\n\n[profiles.quick]\ntimeout = "5s"\n\n'
+                      f'[tenants.ops]\nusers = ["root"]\n\n[tenants.ci]\nusers = ["{OTHER_USER}"]\n')
+    path, metrics = run_dir / "pool.sock", run_dir / "metrics.sock"
+    with pool_process("--workers=2", f"--listen=unix:{path}", f"--config={config}", f"--metrics-socket={metrics}",
+                      "--log=json", cwd=tmp_path, check_exit=False) as pool:
+        mine = ListenClient(str(path))
+        mine.wait_for(lambda m: True)
+        mine.send(id=1, code="print(1)", profile="analysis")
+        mine.send(id=2, code="raise ValueError('no')")
+        assert (mine.result(1)["exit"], mine.result(2)["exit"]) == (0, 1)
+        mine.send(id=3, session="nb", code="x = 1", profile="analysis")
+        assert mine.result(3)["exit"] == 0
+        mine.send(id=4, session="nb", code="print(x)")
+        assert mine.result(4)["stdout"] == "1\n"
+        mine.send(id=5, code="print(1)", profile="no-such-profile")  # refused: a label is never a client's text
+        assert mine.result(5)["exit"] == 2
+        theirs = _as_other_user(path, [{"id": 1, "code": "print(1)", "profile": "quick"},
+                                       {"id": 2, "code": "print(2)", "profile": "quick"},
+                                       {"id": 3, "code": 5}])
+        assert sorted(m["exit"] for m in theirs[1:]) == [0, 0, 2], theirs  # in completion order
+        samples = _scrape(metrics)
+        mine.close()
+        _stop(pool)
+    jobs = {(labels["tenant"], labels["profile"], labels["outcome"]): value
+            for (name, pairs), value in samples.items() if name == "pynox_tenant_jobs_total" and value
+            for labels in [dict(pairs)]}
+    assert jobs == {("ops", "analysis", "ok"): 3, ("ops", "", "failed"): 1, ("ops", "", "request_errors"): 1,
+                    ("ci", "quick", "ok"): 2, ("ci", "", "request_errors"): 1}, jobs
+    for outcome in ("ok", "failed", "request_errors"):
+        assert samples[("pynox_jobs_total", (("outcome", outcome),))] == sum(
+            value for (_, _, counted), value in jobs.items() if counted == outcome)
+    waits = {dict(pairs)["tenant"] + "/" + dict(pairs)["profile"]: value for (name, pairs), value in samples.items()
+             if name == "pynox_tenant_queue_wait_seconds_count"}
+    assert waits == {"ops/analysis": 3, "ops/": 1, "ci/quick": 2, "ci/": 0}, waits
+    # The log lines say the same; the other user's dropped connection cost no refusal of its own.
+    logged = sorted((line["tenant"], line["profile"] or "", line["exit"]) for line in pool.log_lines()
+                    if line.get("event") == "job")
+    assert logged == sorted([("ops", "analysis", 0)] * 3 + [("ops", "", 1), ("ops", "", 2), ("ci", "quick", 0),
+                             ("ci", "quick", 0), ("ci", "", 2)]), logged
+
+
+def test_a_profiles_jobs_and_sessions_run_as_its_user(tmp_path: Path) -> None:
+    """[profiles.NAME] run_as: a job and a session naming the profile run as that user (its scratch directory its
+    own to write); the control, a job naming no profile, runs as the pool's user. A stdin pool: no tenants."""
+    if os.geteuid() != 0:
+        pytest.skip("run_as needs a root pool")
+    nobody = pwd.getpwnam("nobody")
+    config = tmp_path / "pynox.toml"
+    config.write_text('[profiles.low]\nrun_as = "nobody"\n\n[profiles.plain]\ntimeout = "5s"\n')
+    code = "import os\nprint(os.getuid(), os.getgid())"
+    with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
+        assert pool.run(code, profile="low")["stdout"] == f"{nobody.pw_uid} {nobody.pw_gid}\n"
+        assert pool.run(code)["stdout"] == "0 0\n"
+        assert pool.run(code, profile="plain")["stdout"] == "0 0\n"
+        opened = pool.run(code + "\nopen('out.txt', 'w').write('mine')", session="nb", profile="low", scratch=True)
+        assert (opened["exit"], opened["stdout"]) == (0, f"{nobody.pw_uid} {nobody.pw_gid}\n"), opened
+        assert pool.run(code, session="nb")["stdout"] == f"{nobody.pw_uid} {nobody.pw_gid}\n"
+        assert pool.finish() == 0

@@ -93,3 +93,35 @@ def test_sessions_opened_closed_and_expired_are_counted(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert (stats["sessions_opened"], stats["sessions_closed"], stats["sessions_expired"]) == (2, 2, 1), stats
         assert pool.finish() == 0
+
+
+def test_spans_when_the_operator_asks_for_them(tmp_path: Path) -> None:
+    """OTEL_TRACES_EXPORTER=console: one span per result on stderr, a child of the request's traceparent (a root
+    without one), with its labels and error; the control, the same pool without the variable, writes none."""
+    pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed")
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    runs = {}
+    for asked in (True, False):
+        env = {**os.environ, "OTEL_TRACES_EXPORTER": "console"} if asked else {
+            k: v for k, v in os.environ.items() if k != "OTEL_TRACES_EXPORTER"}
+        with pool_process("--workers=1", cwd=tmp_path, env=env) as pool:
+            seen = pool.run("import os\nprint(os.environ.get('OTEL_TRACES_EXPORTER'))", id="traced",
+                            traceparent=trace)
+            assert seen["stdout"] == "None\n"  # the pool's environment never reaches a job
+            assert pool.run("raise ValueError('no')", id="plain")["exit"] == 1
+            assert pool.run("x = 1", id="step", session="nb")["exit"] == 0
+            assert pool.finish() == 0
+        runs[asked] = {line["attributes"]["pynox.id"]: line for line in pool.log_lines()
+                       if str(line.get("name", "")).startswith("pynox.")}
+    assert runs[False] == {}
+    spans = runs[True]
+    assert set(spans) == {"traced", "plain", "step"}, spans
+    traced, plain, step = spans["traced"], spans["plain"], spans["step"]
+    assert (traced["name"], traced["context"]["trace_id"], traced["parent_id"]) == (
+        "pynox.job", "0x4bf92f3577b34da6a3ce929d0e0e4736", "0x00f067aa0ba902b7")
+    assert traced["attributes"]["pynox.exit"] == 0 and traced["attributes"]["pynox.tenant"] == "default"
+    assert plain["parent_id"] is None and plain["context"]["trace_id"] != traced["context"]["trace_id"]
+    assert plain["status"]["status_code"] == "ERROR" and plain["attributes"]["error.type"] == "ValueError"
+    assert (step["name"], step["attributes"]["pynox.session"], step["attributes"]["pynox.step"]) == (
+        "pynox.session.step", "nb", 1)
+    assert traced["resource"]["attributes"]["service.name"] == "pynox"

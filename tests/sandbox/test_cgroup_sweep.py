@@ -49,3 +49,33 @@ def test_a_killed_pools_young_cgroups_are_swept_by_the_next_start(tmp_path: Path
                 assert not any(os.path.exists(os.path.join(base, name)) for name in names), (base, names)
                 assert _pools(base, live.pid), "the live pool's cgroups were swept"
         assert live.run("print(2)")["stdout"] == "2\n"  # and it still confines its jobs in them
+
+
+def _start_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+@pytest.mark.needs_root("an ordinary user cannot make cgroups without delegation")
+def test_a_dead_pools_cgroups_under_another_parent_are_swept(tmp_path: Path, bases: list[str]) -> None:
+    """A pool started from another cgroup (another service's, another user's) left its cgroups there when it
+    died: the next pool's start removes them, wherever they are. A pool there that is alive (this test's own
+    pid and start time in the name) is left alone: the control."""
+    me, ticks = os.getpid(), _start_ticks(os.getpid())
+    made: list[str] = []
+    try:
+        for base in bases:
+            other = os.path.join(base, f"other-parent-{os.urandom(4).hex()}")
+            os.mkdir(other)
+            made.append(other)
+            for name in (f"pynox-{me}-{ticks + 1}-deadbeef", f"pynox-{me}-{ticks}-cafef00d"):
+                os.mkdir(os.path.join(other, name))
+                os.mkdir(os.path.join(other, name, "w0"))
+                made[:0] = [os.path.join(other, name, "w0"), os.path.join(other, name)]
+        with pool_process("--workers=1", cwd=tmp_path) as pool:
+            assert pool.run("print(1)")["exit"] == 0
+            for other in [path for path in made if os.path.basename(path).startswith("other-parent-")]:
+                left = sorted(entry.name for entry in os.scandir(other) if entry.is_dir())
+                assert left == [f"pynox-{me}-{ticks}-cafef00d"], (other, left)  # the dead one's gone, the live kept
+    finally:
+        for path in made:
+            cgroups.remove(path)

@@ -191,6 +191,17 @@ class Config:
     permissions: Request | None = None
     # [tenants.NAME], in the file's order: the first that matches a peer is its tenant.
     tenants: tuple[TenantSettings, ...] = ()
+    # [profiles.NAME] run_as: the (uid, gid) the jobs and sessions that name the profile run under, over [pool]
+    # run_as (a tenant's own run_as is over both). Not a request field: no request can choose its user.
+    profile_run_as: Mapping[str, tuple[int, int]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def run_as(self, profile: str | None, tenant: tuple[int, int] | None = None) -> tuple[int, int] | None:
+        """Whom a job runs as: its tenant's run_as, else its profile's, else [pool] run_as (None: the pool's)."""
+        return tenant or (self.profile_run_as.get(profile) if profile is not None else None) or self.pool.run_as
+
+    def runs_as_others(self) -> bool:
+        """Whether some job may run as a user other than the pool's own (a run_as anywhere in the file)."""
+        return bool(self.pool.run_as or self.profile_run_as or any(t.run_as for t in self.tenants))
 
     def apply(self, request: Request, cwd: str, *, defaults: Defaults = DEFAULTS, check_paths: bool = True) -> Request:
         """The request with its profile merged under it and the ceiling enforced: :func:`pynox.grants.bounded`."""
@@ -381,9 +392,13 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     profiles_raw = raw.get("profiles", {})
     if not isinstance(profiles_raw, dict):
         raise ConfigError(f"{file}: profiles must be tables [profiles.NAME], got {_type_name(profiles_raw)}")
+    profile_run_as: dict[str, tuple[int, int]] = {}
     for name, body in profiles_raw.items():
         profile_table = _Table(file, f"profiles.{name}", body)
-        profile = _profile(profile_table, base)
+        profile = _profile(profile_table, base, (*_PROFILE_KEYS, "run_as"))
+        run_as = _run_as(profile_table)
+        if run_as is not None:
+            profile_run_as[name] = run_as
         if limits is not None:
             try:
                 enforce_ceiling(limits, profile, base)
@@ -401,7 +416,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     tenants = tuple(_tenant(_Table(file, f"tenants.{name}", body), name, profiles)
                     for name, body in tenants_raw.items())
     return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
-                  warnings=tuple(warnings), permissions=permissions, tenants=tenants)
+                  warnings=tuple(warnings), permissions=permissions, tenants=tenants,
+                  profile_run_as=MappingProxyType(profile_run_as))
 
 
 def _pool_settings(table: _Table, base: str) -> PoolSettings:

@@ -471,10 +471,12 @@ class JobLogLine(msgspec.Struct, kw_only=True):
     network: str | None
     truncated: bool
     usage: Usage | None
-    # The tenant of a listening pool's connection (see server/tenants.py), and the W3C trace context the request
-    # carried, so that an operator follows an agent's request into the pool; null when there is none.
+    # The tenant of the request's connection (see server/tenants.py; "default" on stdin), the profile it ran
+    # under (a session step: the one its session was opened with; null: none), and the W3C trace context the
+    # request carried, so that an operator follows an agent's request into the pool; null when there is none.
     tenant: str | None = None
     traceparent: str | None = None
+    profile: str | None = None
 
 
 PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",

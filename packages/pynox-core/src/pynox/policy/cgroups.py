@@ -57,7 +57,9 @@ pool's pid is alive cannot be known across PID namespaces, so the sweep that
 removes what dead pools left takes only what the kernel lets it remove: an
 empty cgroup (``rmdir`` of one that holds a process fails) made more than 10 s
 ago (one just made may be about to be filled); a live pool whose directory was
-swept while empty makes it again.
+swept while empty makes it again. Under other parents of the same hierarchy (a pool started from another
+service's cgroup, or another user's), the start removes only what pools dead for certain left: a name whose pid
+runs no process started when that pool did.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ _CONFINE_TRIES = 3  # a sweep by another pool may remove a cgroup in the instant
 _RETRY_PAUSE = 0.05
 _SWEEP_WAIT = 0.2  # seconds an emptied directory of a dead pool may stay busy
 _SWEEP_AGE = 10.0  # seconds: younger cgroups of other pools are left to them, even when empty
+# The walk for dead pools' cgroups under other parents: how deep beneath the mount, and how many directories.
+_SWEEP_MAX_DEPTH = 8
+_SWEEP_MAX_DIRS = 20_000
 _CPU_PERIOD = 100_000  # µs: the kernel's default CFS period
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
 
@@ -479,6 +484,7 @@ def _available() -> Bounds:
     bounds = detect()
     for hierarchy in bounds.hierarchies():
         _sweep(hierarchy.base)
+        _sweep_elsewhere(hierarchy.base)
     return bounds
 
 
@@ -510,6 +516,48 @@ def _sweep(base: str) -> None:
                     left += 1  # a live pool's: it holds a process, or is about to
         if not left:
             remove(entry.path, _SWEEP_WAIT)  # a child just removed may keep it busy for a moment
+
+
+def _mount_root(base: str) -> str | None:
+    """The cgroup filesystem mount that holds ``base`` (the deepest one, as v1 mounts one per controller)."""
+    try:
+        points = [point for point, kind, _ in _mounts() if kind in ("cgroup", "cgroup2")]
+    except OSError:
+        return None
+    holding = [point for point in points if base == point or base.startswith(point.rstrip("/") + "/")]
+    return max(holding, key=len) if holding else None
+
+
+def _sweep_elsewhere(base: str) -> None:
+    """What dead pools left under other parents of the same hierarchy (a pool started from another service's
+    or user's cgroup): only the directories whose pool is dead for certain, by pid and start time (a name
+    without a start time is left alone there), however young. rmdir still refuses any cgroup that holds a
+    process. The walk is bounded (depth and count), so a host with a large tree costs the start little."""
+    root = _mount_root(base)
+    if root is None:
+        return
+    pending, seen = [(root, 0)], 0
+    while pending and seen < _SWEEP_MAX_DIRS:
+        path, depth = pending.pop()
+        try:
+            entries = [entry for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if entry.name.startswith("pynox-"):
+                if entry.path != os.path.join(base, entry.name) and entry.name != _POOL_NAME and _dead(entry.name):
+                    _remove_dead_pool(entry.path)
+            elif depth < _SWEEP_MAX_DEPTH:
+                pending.append((entry.path, depth + 1))
+
+
+def _remove_dead_pool(path: str) -> None:
+    with contextlib.suppress(OSError):
+        for leaf in os.scandir(path):
+            if leaf.is_dir(follow_symlinks=False):
+                remove(leaf.path)
+    remove(path, _SWEEP_WAIT)
 
 
 def _dead(name: str) -> bool:

@@ -39,7 +39,6 @@ from ..errors import ConfigError
 from ..protocol import (
     LineError,
     Reply,
-    Request,
     RequestId,
     SessionResult,
     StartError,
@@ -251,13 +250,20 @@ class Router(Output):
                                        "this call")
         ids = {flight.id for flight in server.flights.all()
                if isinstance(flight.id, str) and flight.id.startswith(connection.tag)}
+        # Ended quietly: no answer to a client that is gone, and no refusal counted for a job that finished in
+        # the meantime (its result was on its way as the connection closed).
         for pool_id in ids:
-            server.handle_line(encode(Request(id=connection.inside("pynox-dropped"), cancel=pool_id)))
+            server.cancel_quietly(pool_id)
         for session in connection.sessions:
-            server.handle_line(encode(Request(id=connection.inside("pynox-dropped"), session=session, close=True)))
+            server.sessions.close(session, connection.inside("pynox-dropped"))
 
     def tenant_of(self, pool_id: RequestId | None) -> str | None:
-        """The tenant of the connection a pool id belongs to (for its log line)."""
+        """The tenant of the connection a pool id belongs to (for its log line and labels); on a connection's
+        own thread, while its line is handled, that connection's (a line the pool could not parse has an id of
+        the client's own, never looked up)."""
+        current: Connection | None = getattr(self._local, "connection", None)
+        if current is not None:
+            return current.tenant.name
         connection, _ = self._owner(pool_id)
         return connection.tenant.name if connection is not None else None
 

@@ -30,10 +30,11 @@ from collections.abc import Callable
 
 from ..errors import ConfigError
 from ..protocol import Histogram, StatsEvent, encode
+from .labels import Labelled
 from .process_metrics import process_metrics
 from .stats import OUTCOMES
 
-__all__ = ["MetricsSocket", "probe", "render"]
+__all__ = ["MetricsSocket", "probe", "render", "render_labelled"]
 
 _log = logging.getLogger(__name__)
 
@@ -72,11 +73,14 @@ class _Text:
 
     def histogram(self, name: str, help_text: str, histogram: Histogram) -> None:
         self.family(name, "histogram", help_text)
+        self.histogram_samples(name, histogram)
+
+    def histogram_samples(self, name: str, histogram: Histogram, **labels: str) -> None:
         for bound, count in zip(histogram.le, histogram.counts, strict=True):
-            self.sample(f"{name}_bucket", count, le=_number(bound))
-        self.sample(f"{name}_bucket", histogram.count, le="+Inf")
-        self.sample(f"{name}_sum", histogram.sum)
-        self.sample(f"{name}_count", histogram.count)
+            self.sample(f"{name}_bucket", count, **labels, le=_number(bound))
+        self.sample(f"{name}_bucket", histogram.count, **labels, le="+Inf")
+        self.sample(f"{name}_sum", histogram.sum, **labels)
+        self.sample(f"{name}_count", histogram.count, **labels)
 
 
 def render(stats: StatsEvent) -> bytes:
@@ -119,6 +123,28 @@ def render(stats: StatsEvent) -> bytes:
     return ("\n".join(text.lines) + "\n").encode()
 
 
+def render_labelled(rows: list[Labelled]) -> bytes:
+    """The counts by tenant and profile (see labels.py), as families of their own: the pool-wide ones above keep
+    one label set each, so a sum over these equals them."""
+    text = _Text()
+    text.family("pynox_tenant_jobs_total", "counter", "Results written, by tenant, profile and outcome.")
+    for row in rows:
+        for outcome in OUTCOMES:
+            text.sample("pynox_tenant_jobs_total", row.outcomes.get(outcome, 0), tenant=row.tenant,
+                        profile=row.profile, outcome=outcome)
+    text.family("pynox_tenant_job_duration_seconds", "histogram", "How long each job ran, by tenant and profile "
+                                                                 "(refusals excluded).")
+    for row in rows:
+        text.histogram_samples("pynox_tenant_job_duration_seconds", row.duration_seconds, tenant=row.tenant,
+                               profile=row.profile)
+    text.family("pynox_tenant_queue_wait_seconds", "histogram", "How long each job waited for a worker, by tenant "
+                                                               "and profile (refusals excluded).")
+    for row in rows:
+        text.histogram_samples("pynox_tenant_queue_wait_seconds", row.queue_seconds, tenant=row.tenant,
+                               profile=row.profile)
+    return ("\n".join(text.lines) + "\n").encode()
+
+
 # --- the socket -------------------------------------------------------------------------------------
 
 
@@ -131,9 +157,11 @@ def _response(status: str, content_type: str, body: bytes, *, head: bool = False
 class MetricsSocket:
     """The listening socket at ``path`` and the thread that answers it, until :meth:`close`."""
 
-    def __init__(self, path: str, snapshot: Callable[[], StatsEvent], state: Callable[[], str]) -> None:
+    def __init__(self, path: str, snapshot: Callable[[], StatsEvent], state: Callable[[], str],
+                 labelled: Callable[[], list[Labelled]] = list) -> None:
         self.path = path
         self._snapshot = snapshot
+        self._labelled = labelled
         self._state = state
         self._listener = self._bind(path)
         self._inode = os.stat(path).st_ino
@@ -213,7 +241,8 @@ class MetricsSocket:
             return _response("405 Method Not Allowed", _TEXT, b"only GET and HEAD\n")
         head = method == "HEAD"
         if target == "/metrics":
-            return _response("200 OK", _TEXT, render(self._snapshot()) + process_metrics(), head=head)
+            return _response("200 OK", _TEXT, render(self._snapshot()) + render_labelled(self._labelled())
+                             + process_metrics(), head=head)
         if target == "/stats":
             return _response("200 OK", "application/json", encode(self._snapshot()), head=head)
         if target == "/livez":

@@ -288,11 +288,12 @@ class _Directory:
 class ScratchRoot:
     """The pool's private root of scratch directories, and each directory in it by its path."""
 
-    def __init__(self, parent: str | None, *, run_as: tuple[int, int] | None, max_file: int, max_total: int) -> None:
+    def __init__(self, parent: str | None, *, run_as: tuple[int, int] | None, max_file: int, max_total: int,
+                 others: bool = False) -> None:
         parent = os.path.realpath(parent or tempfile.gettempdir())
         _sweep(parent)
         self.path = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent)
-        if run_as is not None:
+        if run_as is not None or others:  # others: a profile's or a tenant's run_as
             os.chmod(self.path, 0o711)  # the jobs' user passes through to its directory; it lists nothing
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         self._run_as = run_as
@@ -318,12 +319,14 @@ class ScratchRoot:
             raise RequestError(f"at most {MAX_GRANTS} granted paths per job, the scratch directory among them")
         name = secrets.token_hex(12)
         os.mkdir(name, 0o700, dir_fd=self._fd)
-        if self._run_as is not None:
-            os.chown(name, *self._run_as, dir_fd=self._fd, follow_symlinks=False)
+        # The user the job runs as owns it: its tenant's or profile's (in the spec), else the pool's run_as.
+        owner = (spec.uid, spec.gid if spec.gid is not None else spec.uid) if spec.uid is not None else self._run_as
+        if owner is not None:
+            os.chown(name, *owner, dir_fd=self._fd, follow_symlinks=False)
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
         path = os.path.join(self.path, name)
         with self._lock:
-            self._dirs[path] = _Directory(fd, max_file=self._max_file, max_total=self._max_total, owner=self._run_as)
+            self._dirs[path] = _Directory(fd, max_file=self._max_file, max_total=self._max_total, owner=owner)
         return msgspec.structs.replace(spec, cwd=path, allow_write=[*spec.allow_write, path],
                                        env={**spec.env, VARIABLE: path}, scratch=path)
 

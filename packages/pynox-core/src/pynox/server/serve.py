@@ -72,6 +72,7 @@ from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
 from .jobs import to_job
 from .jsonlog import log_records_as_json, relay_as_json
+from .labels import Labels
 from .lifecycle import ChildLife, ChildState
 from .listen import Listener, Router
 from .metrics import MetricsSocket
@@ -80,6 +81,7 @@ from .packages import Installer
 from .scratch import ScratchRoot
 from .sessions import FileRequest, SessionRegistry, Step
 from .shutdown import Shutdown, Stage
+from .spans import spans_from_environment
 from .stats import Gauges, Stats, log_line
 from .streaming import Streamer
 from .templates import CallSink, Template
@@ -276,20 +278,25 @@ class Server:
         self._template_stderr = relay_as_json(log, "a template said") if options.log == "json" else None
         # The trace context of requests that carried one, until their result (see trace.py).
         self.traces = Traces()
+        # The tenant and profile of each request until its result, and the counts by them (see labels.py).
+        self.labels = Labels(lambda name: self.sessions.get(name) is not None, options.max_sessions)
         # The tenant a request id belongs to, for its log line: set by a listening pool (see listen.py).
         self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
-        # The user a request's jobs run as, when its tenant says (see listen.py), over [pool] run_as.
+        # The user a request's jobs run as, when its tenant says (see listen.py), over a profile's and [pool] run_as.
         self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
         # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
         self.scratch = ScratchRoot(options.scratch_dir, run_as=options.config.pool.run_as,
+                                   others=options.config.runs_as_others(),
                                    max_file=options.scratch_max_file, max_total=options.scratch_max_total)
         # The packages requests name, installed by the pool (see packages.py); the ceiling's bound their versions.
         limits = options.config.limits
         self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
                                    allowed=limits.packages if limits else None)
         self.calls.pip = self.installer.pip
+        # OpenTelemetry spans, when OTEL_TRACES_EXPORTER asks for them (see spans.py); else None, and no cost.
+        self.spans = spans_from_environment(lambda why: self.log_event("config_warning", why))
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None) -> Template:
@@ -308,7 +315,12 @@ class Server:
 
     def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
         self.stats.record(result)
+        # Before the result is written: a listening pool forgets a dropped connection once its last one is.
+        tenant, profile = self.labels.finished(result, session=session, fallback=self.tenant_of(result.id),
+                                               ended=bool(getattr(result, "session_ended", False)))
         self.output.write(encode(result))
+        if self.spans is not None:
+            self.spans.finished(result, session=session, step=step, tenant=tenant, profile=profile)
         trace = self.traces.pop(result.id) if self.traces else None
         if self.options.log == "json":
             line = log_line(result, session=session, step=step)
@@ -316,9 +328,8 @@ class Server:
                 line.message = None
             if trace is not None:
                 line.traceparent = trace
-            tenant = self.tenant_of(result.id)
-            if tenant is not None:
-                line.tenant = tenant
+            # On stdin there is one client: its lines name no tenant (the metrics call it "default").
+            line.tenant, line.profile = tenant if self.options.listen is not None else None, profile or None
             self._log(encode(line))
 
     def log_event(self, event: PoolEventName, message: str, *, retry: int | None = None,
@@ -505,6 +516,13 @@ class Server:
         if message.cancel is not None:
             self._cancel(message.id, message.cancel)
             return
+        if not message.close and not message.file_request():  # answered by a result, through finish
+            # A label is the config's name, never a client's text: a profile the config lacks (refused) is none.
+            known = message.profile if message.profile in self.options.config.profiles else None
+            self.labels.arrived(message.id, self.tenant_of(message.id), known, message.session,
+                                opens=bool(message.open or message.grant_fields()))
+            if self.spans is not None:
+                self.spans.arrived(message.id, message.traceparent, self._arrived_ns)
         if message.traceparent is not None:
             if not valid_traceparent(message.traceparent):
                 self._refuse(message.id, f"traceparent: {quoted(message.traceparent[:80])} is not a W3C trace context "
@@ -573,11 +591,19 @@ class Server:
             if how is Cancel.QUEUED:
                 flight.answer_cancelled()
 
+    def cancel_quietly(self, target: RequestId) -> None:
+        """End ``target``'s queued or running jobs with no answer to the cancel itself (a listening pool's dropped
+        connection: nobody reads it); each job still gets its one result. Not under the intake lock: a connection
+        is dropped from wherever its outbox overflowed, a line's handling included."""
+        for flight in self.flights.find(target):
+            if flight.cancel() is Cancel.QUEUED:
+                flight.answer_cancelled()
+
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
         config = self.options.config
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
+        run_as = config.run_as(request.profile, self.run_as_of(request.id))
         request = bounded(request, config, self.cwd, check_paths=False)
-        run_as = self.run_as_of(request.id) or config.pool.run_as
         # No job may write where the pool keeps the environments it installs.
         runtime_paths = [*self.read_paths, self.installer.root]
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
@@ -776,7 +802,7 @@ def _serve(args: argparse.Namespace) -> int:
         if options.metrics_socket is not None:
             # Bound before any template starts: a probe sees "starting", and a path in use stops the pool now.
             metrics = MetricsSocket(options.metrics_socket, lambda: server.stats.snapshot(None, server.gauges()),
-                                    server.state)
+                                    server.state, server.labels.snapshot)
         if options.listen is not None:  # bound before any template starts, as the metrics socket is
             listener = Listener(options.listen, Tenants(options.config.tenants))
         for warning in options.config.warnings:
@@ -825,6 +851,8 @@ def _serve(args: argparse.Namespace) -> int:
             os._exit(1)
     server.calls.close("the pool has stopped")
     server.scratch.close()
+    if server.spans is not None:
+        server.spans.close()
     if metrics is not None:
         metrics.close()
     status = 0 if server.drain_complete else DRAIN_CUT_EXIT

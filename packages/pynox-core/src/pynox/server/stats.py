@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from ..protocol import Histogram, JobLogLine, RequestId, Result, StatsEvent
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 
-__all__ = ["DURATION_BUCKETS", "MAX_ERROR_TYPES", "OTHER_ERRORS", "OUTCOMES", "QUEUE_BUCKETS", "Gauges", "Stats",
-           "classify", "log_line"]
+__all__ = ["DURATION_BUCKETS", "MAX_ERROR_TYPES", "OTHER_ERRORS", "OUTCOMES", "QUEUE_BUCKETS", "Buckets", "Gauges",
+           "Stats", "classify", "log_line"]
 
 # Distinct error types counted by name, first come first counted, besides the pool's own (always by name);
 # each name is at most report.MAX_ERROR_TYPE characters, so a stats event stays a few kilobytes.
@@ -66,7 +66,7 @@ def classify(result: Result) -> str:
     return "ok" if result.exit == 0 and error_type is None else "failed"
 
 
-class _Buckets:
+class Buckets:
     """One histogram's counts, by bucket (not cumulative: a bucket's own count), with their sum."""
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
@@ -108,8 +108,8 @@ class Stats:
         self.workers = workers
         self.version = version
         self._template_restarts = 0
-        self._durations = _Buckets(DURATION_BUCKETS)
-        self._waits = _Buckets(QUEUE_BUCKETS)
+        self._durations = Buckets(DURATION_BUCKETS)
+        self._waits = Buckets(QUEUE_BUCKETS)
         self._outcomes: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._named: set[str] = set()  # the error types of jobs counted by name (at most MAX_ERROR_TYPES)

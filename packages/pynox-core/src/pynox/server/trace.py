@@ -1,8 +1,8 @@
 """W3C trace context on requests: ``traceparent`` checked, and kept until the request's result so that its job
 log line carries it. Nothing is kept for a request without one (the common case costs one ``if``).
 
-OpenTelemetry spans are not made here: an operator correlates by the ``traceparent`` in the log lines, which
-every tracing backend's log pipeline can join on.
+OpenTelemetry spans, when the operator asks for them, are made in spans.py; the log lines carry the
+``traceparent`` either way, which every tracing backend's log pipeline can join on.
 """
 
 from __future__ import annotations

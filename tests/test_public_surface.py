@@ -31,8 +31,10 @@ EXPORTS = [
 
 # What a pool over another transport builds on (pynox.transport; pynox-ray is one such pool).
 TRANSPORT_EXPORTS = [
-    "HostErrors", "HostLoop", "RUN_GRANT_NAMES", "SESSION_GRANT_NAMES", "STATS_FIELDS", "answer_call", "awaiting_on",
-    "lost_result", "make_tool", "step_functions",
+    "Answer", "CallEvent", "Closed", "ErrorInfo", "HostErrors", "HostLoop", "RUN_GRANT_NAMES", "ReadyEvent", "Reply",
+    "Request", "SESSION_GRANT_NAMES", "STATS_FIELDS", "SessionResult", "StartErrorEvent", "StatsEvent", "Transport",
+    "TransportFactory", "answer_call", "awaiting_on", "decode_answer", "encode", "first_line_decoder", "lost_result",
+    "lost_wire", "make_tool", "pool_argv", "step_functions",
 ]
 PUBLIC_MODULES = {"pynox": pynox.__all__, "pynox.transport": pynox.transport.__all__}
 

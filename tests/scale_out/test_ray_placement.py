@@ -1,121 +1,53 @@
-"""Placement, as logic: slots per node, arrival order, a lost node's waiting runs sent elsewhere.
+"""Placement, as logic: slots per node, ties in turn, sessions to the node with fewest, lost nodes left out.
 
 No cluster: ``Nodes`` holds only counts and handles, so these run in milliseconds.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from pynox import PoolError
 from pynox_ray.placement import Node, Nodes
 
 pytestmark = pytest.mark.pure
 
 
 def _nodes(*capacities: int) -> Nodes:
-    return Nodes([Node(node_id=f"node-{i}", actor=None, actor_name=f"actor-{i}", capacity=capacity)
-                  for i, capacity in enumerate(capacities)])
+    nodes = Nodes()
+    nodes.all = [Node(node_id=f"node-{i}", actor=None, actor_name=f"actor-{i}", capacity=capacity, ready={})
+                 for i, capacity in enumerate(capacities)]
+    return nodes
 
 
 def test_runs_spread_and_never_exceed_a_nodes_queue() -> None:
     nodes = _nodes(3, 3)
-    taken = [nodes.acquire() for _ in range(6)]
-    assert sorted(node.node_id for node in taken) == ["node-0"] * 3 + ["node-1"] * 3
-    waiting: list[Node] = []
-    waiter = threading.Thread(target=lambda: waiting.append(nodes.acquire()))
-    waiter.start()
-    time.sleep(0.1)
-    assert not waiting, "a seventh run was let onto a full node"
-    nodes.release(taken[-1])
-    waiter.join(timeout=5)
-    assert waiting == [taken[-1]]
+    taken = [nodes.free() for _ in range(6)]
+    assert sorted(node.node_id for node in taken if node is not None) == ["node-0"] * 3 + ["node-1"] * 3
+    assert taken[:2] != [taken[0]] * 2, "ties were not taken in turn"
+    assert nodes.free() is None, "a seventh run was let onto a full node"
     assert max(node.in_flight for node in nodes.all) == 3
 
 
-def test_waiting_runs_are_served_in_arrival_order() -> None:
-    nodes = _nodes(1)
-    first = nodes.acquire()
-    order: list[int] = []
-    threads = []
-    for i in range(4):
-        thread = threading.Thread(target=lambda i=i: (nodes.acquire(), order.append(i)))
-        thread.start()
-        threads.append(thread)
-        time.sleep(0.05)  # each queues before the next
-    for _ in range(4):
-        nodes.release(first)
-        time.sleep(0.05)
-    for thread in threads:
-        thread.join(timeout=5)
-    assert order == [0, 1, 2, 3]
-
-
-def test_a_lost_node_sends_its_waiting_runs_to_the_nodes_left() -> None:
-    nodes = _nodes(1, 1)
-    a, b = nodes.acquire(), nodes.acquire()
-    got: list[Node] = []
-    waiter = threading.Thread(target=lambda: got.append(nodes.acquire()))
-    waiter.start()
-    time.sleep(0.05)
-    assert nodes.lose(a, "killed") and not nodes.lose(a, "again")
-    nodes.release(a)  # its run ended (with the loss): the slot is not handed out
-    time.sleep(0.05)
-    assert not got
-    nodes.release(b)
-    waiter.join(timeout=5)
-    assert got == [b]
-
-
-def test_no_node_left_is_an_error_for_every_waiting_run() -> None:
-    nodes = _nodes(1)
-    only = nodes.acquire()
-    errors: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            nodes.acquire()
-        except PoolError as exc:
-            errors.append(exc)
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    time.sleep(0.05)
-    nodes.lose(only, "ActorDiedError: killed")
-    waiter.join(timeout=5)
-    assert len(errors) == 1 and "no node of this pool is left" in str(errors[0]) and "killed" in str(errors[0])
-    with pytest.raises(PoolError, match="no node of this pool is left"):
-        nodes.acquire()
-    with pytest.raises(PoolError, match="no node of this pool is left"):
-        nodes.pin()
-
-
-def test_an_async_waiter_cancelled_gives_its_slot_back() -> None:
-    async def scenario() -> None:
-        nodes = _nodes(1)
-        held = await nodes.acquire_async()
-        waiting = asyncio.ensure_future(nodes.acquire_async())
-        await asyncio.sleep(0.01)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        nodes.release(held)
-        assert nodes.all[0].in_flight == 0
-        assert await asyncio.wait_for(nodes.acquire_async(), 1) is held
-
-    asyncio.run(scenario())
+def test_a_lost_node_or_one_that_does_not_serve_takes_nothing() -> None:
+    nodes = _nodes(3, 3, 3)
+    nodes.all[0].lost = "ActorDiedError: gone"
+    nodes.all[1].refused = "it confines jobs otherwise"
+    nodes.all[2].ready = None  # still starting
+    assert nodes.free() is None and nodes.pin() is None
+    assert nodes.none_left() == ("no node of this pool is left (node node-0 (actor-0): ActorDiedError: gone; "
+                                 "node node-1 (actor-1): it confines jobs otherwise; "
+                                 "node node-2 (actor-2): its pool is starting)")
+    nodes.all[2].ready = {}
+    assert nodes.free() is nodes.all[2] and nodes.pin() is nodes.all[2]
 
 
 def test_sessions_are_pinned_to_the_node_with_fewest() -> None:
     nodes = _nodes(3, 3)
     first, second = nodes.pin(), nodes.pin()
-    assert first is not second
-    nodes.unpin(first)
+    assert first is not None and first is not second
+    first.sessions -= 1
     assert nodes.pin() is first
 
 

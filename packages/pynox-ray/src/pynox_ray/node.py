@@ -1,32 +1,32 @@
-"""The actor that owns one node's ``pynox pool``: a local :class:`pynox.Pool`, started on the node's first job.
+"""The actor that owns one node's ``pynox pool`` process and carries its JSON Lines, nothing more.
 
-Every run arrives as a :class:`~pynox_ray.messages.Work` through :meth:`NodePool.job`, a streaming generator:
-the node's pool runs it with a stand-in for each host function, which sends a
-:class:`~pynox_ray.messages.HostCall` down the stream and waits for :meth:`NodePool.reply`, so the function
-itself runs in the caller's process, as it would for a local pool. The pool's own rules (the 1,000 calls,
-the 1 MB, the eight calls at once, a call left unanswered when its job ends) apply on the node unchanged.
+The caller's :class:`pynox.Pool` speaks the protocol; this actor is the pipe: :meth:`NodePool.send` writes the
+caller's lines to the pool's stdin in the order the caller numbered them (an async actor may run two calls
+out of order), and :meth:`NodePool.lines`, one streaming call for the pool's life, yields what the pool
+writes, a batch of lines at a time. A host call is one line up and its reply one line down: one round trip.
+The pool's stderr (its log) stays on the node, its tail kept for :meth:`NodePool.log_tail`.
 
-The actor runs an event loop (its methods are ``async``): runs, replies and cancels interleave on it.
+The actor runs an event loop (its methods are ``async``): sends, the stream and stats interleave on it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import collections
 import os
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
 
 import pynox
-from pynox import HostError
-
-from .messages import Finished, HostCall, Message, Raised, Work
+from pynox.transport import pool_argv
 
 __all__ = ["NodePool", "PoolOptions"]
 
-PoolOptions = dict[str, Any]  # pynox.Pool's keywords, as the caller gave them
+PoolOptions = dict[str, Any]  # the pool's options (pynox.Pool's keywords), as the caller gave them
+_STDERR_LINES = 50
+_ABI_VARIABLE = "PYNOX_LANDLOCK_ABI"  # the operator's Landlock ABI cap, which the node's pool reads
 
 
 class NodePool:
@@ -45,118 +45,104 @@ class NodePool:
             options = {**options, "config": operator}
         self._options = options
         self._cwd = cwd
-        self._pool: pynox.Pool | None = None
-        self._starting = asyncio.Lock()
-        self._replies: dict[tuple[str, int], asyncio.Future[dict[str, Any]]] = {}
-        self._seq = itertools.count(1)
-        self._runs: dict[str, asyncio.Task[pynox.Result]] = {}
-        self._sessions: dict[str, pynox.Session] = {}
-
-    async def _started(self) -> pynox.Pool:
-        async with self._starting:
-            if self._pool is None:
-                # The pool (and its templates) inherit this directory: grants resolve on this node's tree.
-                try:
-                    os.chdir(self._cwd)
-                except OSError as exc:
-                    raise pynox.ConfigError(f"cwd {self._cwd!r} cannot be entered on node {self.node_id()}: "
-                                            f"{exc.strerror}") from None
-                # Starting waits for the templates: off the loop, so replies to other runs keep flowing.
-                self._pool = await asyncio.to_thread(pynox.Pool, **self._options)
-            return self._pool
+        self._process: asyncio.subprocess.Process | None = None
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._next = 0  # the number of the caller's next batch of lines
+        self._early: dict[int, list[bytes]] = {}  # batches that came before their turn
+        self._stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
+        self._writing = asyncio.Lock()
+        self._tasks: list[asyncio.Future[None]] = []  # its readers of the pool's output, held while they run
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
 
-    async def ready(self) -> dict[str, Any] | None:
-        """The node pool's ready event, or None if no job has started it yet."""
-        return dict(self._pool.ready) if self._pool is not None else None
-
-    async def stats(self) -> dict[str, Any] | None:
-        """The node pool's counters, or None if no job has started it yet."""
-        if self._pool is None:
-            return None
-        return await asyncio.to_thread(self._pool.stats)
-
-    def _stand_in(self, key: str, name: str, stream: asyncio.Queue[Message]) -> Callable[..., Coroutine[Any, Any, Any]]:
-        """What the node's pool calls for host function ``name`` of run ``key``: it asks the caller."""
-
-        async def ask_the_caller(*args: Any, **kwargs: Any) -> Any:
-            seq = next(self._seq)
-            answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            self._replies[key, seq] = answer
-            try:
-                stream.put_nowait(HostCall(seq=seq, function=name, args=list(args), kwargs=dict(kwargs)))
-                reply = await answer
-            finally:
-                self._replies.pop((key, seq), None)
-            if "error" in reply:
-                # The caller's answer_call already chose the text the job may see; HostError passes it on as it is.
-                raise HostError(reply["error"])
-            return reply["result"]
-
-        return ask_the_caller
-
-    async def _run(self, work: Work, stream: asyncio.Queue[Message]) -> pynox.Result:
-        pool = await self._started()
-        stand_ins = {name: self._stand_in(work.key, name, stream) for name in work.functions}
-        if work.session is None:
-            return await pool.arun(work.code, functions=stand_ins, host_errors=work.host_errors,  # type: ignore[arg-type]
-                                   return_value=work.return_value, **work.grants)
-        session = self._sessions.get(work.session)
-        if session is None:
-            session = pool.session(functions=stand_ins, host_errors=work.host_errors,  # type: ignore[arg-type]
-                                   **work.grants)
-            self._sessions[work.session] = session
-        assert work.code is not None
-        return await session.arun(work.code, functions=stand_ins, return_value=work.return_value, **work.step)
-
-    async def job(self, work: Work) -> AsyncIterator[Message]:
-        """Run ``work``; stream its host calls, then its one outcome."""
-        stream: asyncio.Queue[Message] = asyncio.Queue()
-        run = asyncio.ensure_future(self._run(work, stream))
-        self._runs[work.key] = run
+    async def start(self, abi_cap: int | None = None) -> bytes:
+        """Start the node's pool (at most Landlock ABI ``abi_cap``, if given) and return its first line: its
+        ready event, or why it could not start."""
+        env = dict(os.environ)
+        if abi_cap is not None:
+            env[_ABI_VARIABLE] = str(abi_cap)
         try:
-            while True:
-                waiting = asyncio.ensure_future(stream.get())
-                await asyncio.wait({waiting, run}, return_when=asyncio.FIRST_COMPLETED)
-                if waiting.done():
-                    yield waiting.result()
-                    continue
-                waiting.cancel()
-                break
-            # Calls still queued belong to a job that has ended: the caller must not start them.
-            try:
-                yield Finished(run.result())
-            except asyncio.CancelledError:
-                return  # the caller cancelled it and is no longer listening
-            except Exception as exc:
-                yield Raised(exc)
+            # The pool (and its templates) run in this directory: grants resolve on this node's tree.
+            self._process = await asyncio.create_subprocess_exec(
+                *pool_argv(**self._options), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=self._cwd, env=env, limit=4 << 20)
+        except OSError as exc:
+            raise pynox.PoolError(f"cannot start the pool on node {self.node_id()} in {self._cwd!r}: "
+                                  f"{exc.strerror or exc}") from None
+        assert self._process.stdout is not None and self._process.stderr is not None
+        first = await self._process.stdout.readline()
+        self._tasks = [asyncio.ensure_future(self._drain_stderr(self._process.stderr))]
+        if not first:
+            await self._process.wait()
+            tail = " | ".join(list(self._stderr)[-5:])
+            raise pynox.PoolError(f"the pool on node {self.node_id()} exited before it was ready: exit status "
+                                  f"{self._process.returncode}" + (f"; it said: {tail}" if tail else ""))
+        # A queue of this process's own: a pool stopped before (a restart at the fleet's ABI cap) ends its own.
+        self._out = asyncio.Queue()
+        self._tasks.append(asyncio.ensure_future(self._read(self._process.stdout, self._out)))
+        return first
+
+    @staticmethod
+    async def _read(stdout: asyncio.StreamReader, out: asyncio.Queue[bytes | None]) -> None:
+        try:
+            while line := await stdout.readline():
+                out.put_nowait(line)
+        except (ValueError, OSError):  # a line over the pool's own cap cannot come; a broken pipe ends it
+            pass
         finally:
-            self._runs.pop(work.key, None)
-            if not run.done():
-                run.cancel()  # the caller stopped listening (its task was cancelled): so does the pool
+            out.put_nowait(None)
 
-    async def reply(self, key: str, seq: int, answer: dict[str, Any]) -> None:
-        """The caller's answer to call ``seq`` of run ``key`` (``{"result": ...}`` or ``{"error": ...}``)."""
-        waiting = self._replies.get((key, seq))
-        if waiting is not None and not waiting.done():
-            waiting.set_result(answer)
+    async def _drain_stderr(self, stderr: asyncio.StreamReader) -> None:
+        while raw := await stderr.readline():
+            self._stderr.append(raw.decode("utf-8", "replace").rstrip("\n"))
 
-    async def cancel(self, key: str) -> None:
-        """The caller gave up on run ``key``: the node's pool kills the job (a session step ends its session)."""
-        run = self._runs.get(key)
-        if run is not None:
-            run.cancel()
+    async def lines(self) -> AsyncIterator[list[bytes]]:
+        """What the pool writes, each batch the lines there were when the caller's stream asked; ends with it."""
+        out = self._out
+        while True:
+            line = await out.get()
+            batch: list[bytes] = []
+            while line is not None:
+                batch.append(line)
+                if out.empty():
+                    break
+                line = out.get_nowait()
+            if batch:
+                yield batch
+            if line is None:
+                return
 
-    async def close_session(self, session: str) -> None:
-        found = self._sessions.pop(session, None)
-        if found is not None:
-            await asyncio.to_thread(found.close)
+    async def send(self, number: int, lines: list[bytes]) -> None:
+        """Batch ``number`` of the caller's lines: written when every earlier batch has been."""
+        self._early[number] = lines
+        async with self._writing:
+            process = self._process
+            if process is None or process.stdin is None:
+                return  # not started or closed: the caller answers for what it sent here
+            while self._next in self._early:
+                batch = self._early.pop(self._next)
+                self._next += 1
+                try:
+                    process.stdin.write(b"".join(batch))
+                    await process.stdin.drain()
+                except (ConnectionError, OSError):
+                    return  # the pool is gone: its stream ends, and the caller answers for its runs
+
+    async def log_tail(self) -> list[str]:
+        """The last lines the node's pool wrote to stderr (its log)."""
+        return list(self._stderr)
 
     async def close(self, timeout: float) -> None:
-        """Let runs in flight finish, then stop the node's pool."""
-        pool, self._pool = self._pool, None
-        self._sessions.clear()
-        if pool is not None:
-            await asyncio.to_thread(pool.close, timeout)
+        """EOF: the pool drains what it accepted and exits; killed past ``timeout``."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        async with self._writing:
+            if process.stdin is not None:
+                process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()

@@ -80,8 +80,9 @@ from .requests import build_request
 from .result import Result
 from .runner import PoolSession
 from .streaming import OutputCallback, OutputEvent, call, event_of, iterate, wait_with_events
+from .transports import Transport, TransportFactory
 
-__all__ = ["Pool", "PynoxPool", "Session", "pool_command"]
+__all__ = ["Pool", "PynoxPool", "Session", "pool_argv", "pool_command"]
 
 HostFunction = Callable[..., Any]
 _READY_TIMEOUT = 300.0  # preloading large libraries on a cold machine
@@ -128,6 +129,25 @@ def pool_command(binary: PathLike | None) -> list[str]:
     if chosen:
         return [os.fspath(chosen)]
     return [sys.executable, "-m", "pynox"]
+
+
+def pool_argv(workers: int, *, preload: Sequence[str] = (), package_dirs: Sequence[PathLike] = (),
+              config: str | None = None, binary: PathLike | None = None, log: str | None = None,
+              max_sessions: int | None = None, session_idle: Units | None = None) -> list[str]:
+    """The command line of a ``pynox pool`` with these options (``config`` an absolute path)."""
+    command = [*pool_command(binary), "pool", f"--workers={workers}"]
+    if preload:
+        command.append("--preload=" + ",".join(preload))
+    command += [f"--package-dir={os.path.abspath(os.fspath(d))}" for d in package_dirs]
+    if config:
+        command.append(f"--config={config}")
+    if log:
+        command.append(f"--log={log}")
+    if max_sessions is not None:
+        command.append(f"--max-sessions={max_sessions}")
+    if session_idle is not None:
+        command.append(f"--session-idle={session_idle}")
+    return command
 
 
 class _Process:
@@ -299,9 +319,18 @@ class _FairSlots:
             else:
                 self._free += 1
 
+    def resize(self, count: int, was: int) -> None:
+        """From ``was`` slots to ``count`` (a fleet that gained or lost nodes): waiters take the new ones."""
+        with self._lock:
+            self._free += count - was
+            while self._free > 0 and self._waiting:
+                self._free -= 1
+                self._waiting.popleft().set()
 
-# A pool process this client started, or its connection to a listening pool (see connect.py).
-_Transport = _Process | Connection
+
+# A pool process this client started, its connection to a listening pool (see connect.py), or another
+# transport (transports.py).
+_Transport = _Process | Connection | Transport
 
 
 class _Pending:
@@ -334,7 +363,8 @@ class Pool:
                  package_dirs: Sequence[PathLike] = (), config: PathLike | None = None,
                  binary: PathLike | None = None, log: str | None = None,
                  max_sessions: int | None = None, session_idle: Units | None = None,
-                 host_errors: HostErrors = "safe", connect: str | None = None) -> None:
+                 host_errors: HostErrors = "safe", connect: str | None = None,
+                 transport: TransportFactory | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
         _check_host_errors(host_errors)
@@ -344,22 +374,13 @@ class Pool:
         # directory the caller moves to later (a tool's description resolves them here as well).
         self.cwd = os.getcwd()
         self.config_path = os.path.abspath(os.fspath(config)) if config is not None else None
-        command = [*pool_command(binary), "pool", f"--workers={workers}"]
-        if preload:
-            command.append("--preload=" + ",".join(preload))
-        command += [f"--package-dir={os.path.abspath(os.fspath(d))}" for d in package_dirs]
-        if self.config_path:
-            command.append(f"--config={self.config_path}")
-        if log:
-            command.append(f"--log={log}")
-        if max_sessions is not None:
-            command.append(f"--max-sessions={max_sessions}")
-        if session_idle is not None:
-            command.append(f"--session-idle={session_idle}")
-        self._command = command
+        self._command = pool_argv(workers, preload=preload, package_dirs=package_dirs, config=self.config_path,
+                                  binary=binary, log=log, max_sessions=max_sessions, session_idle=session_idle)
         # "unix:PATH": run on a listening pool (pynox pool --listen) instead of starting one; the pool's own
         # options (workers, preload, config) are the operator's, and the arguments for them are not used.
         self._connect = connect_address(connect) if connect is not None else None
+        # Another transport (pynox-ray's): opened at the first call, which then says why it cannot start.
+        self._transport = transport
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
@@ -371,7 +392,8 @@ class Pool:
         self._host_loop = HostLoop()
         self.ready: dict[str, Any] = {}
         _live_pools.add(self)
-        self._ensure_process()
+        if transport is None:
+            self._ensure_process()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def _ensure_process(self) -> _Transport:
@@ -382,7 +404,9 @@ class Pool:
             if current is not None and not current.dead:
                 return current
             process: _Transport
-            if self._connect is not None:  # a listening pool's socket: this client's own connection
+            if self._transport is not None:
+                process = self._transport(self._dispatch, self._unreadable, self._process_exited)
+            elif self._connect is not None:  # a listening pool's socket: this client's own connection
                 process = Connection(self._connect, self._dispatch, self._unreadable, self._process_exited)
             else:
                 process = _Process(self._command, self.cwd, self._dispatch, self._unreadable, self._process_exited)
@@ -403,11 +427,22 @@ class Pool:
         # Checked against its type above; kept as the pool wrote it (a newer pool's extra fields included).
         self.ready = msgspec.json.decode(first)
         workers = self.ready.get("workers")
-        if self._connect is not None and isinstance(workers, int) and workers != self.workers:
-            with self._lock:  # the listening pool's own size decides how many runs to keep in it
+        if self._command_unused and isinstance(workers, int) and workers != self.workers:
+            with self._lock:  # the pool's own size (a fleet's: every node's) decides how many runs to keep in it
                 if not self._pending:
                     self.workers, self._slots = workers, _FairSlots(3 * workers)
         return process
+
+    def _resize(self, workers: int) -> None:
+        """The pool's size changed under it (a fleet's nodes joined or left): keep three runs per worker."""
+        with self._lock:
+            was, self.workers = self.workers, max(workers, 1)
+            self._slots.resize(3 * self.workers, 3 * was)
+
+    @property
+    def _command_unused(self) -> bool:
+        """Whether the pool is another's (a listening pool, a fleet): its own options decide its size."""
+        return self._connect is not None or self._transport is not None
 
     def close(self, timeout: float = 60.0) -> None:
         """Let runs in flight finish (their host functions still answered), then stop the pool process.
@@ -592,7 +627,8 @@ class Pool:
         how long the run may wait for a worker, here for one of this client's slots and then in the pool; past
         it the run raises :class:`pynox.RequestError` ("the pool is saturated") and nothing ran.
         """
-        check_grants("Pool.run()", grants, RUN_GRANT_NAMES)
+        check_grants(f"{type(self).__name__}.run()", grants, RUN_GRANT_NAMES)
+        self._admit(grants, functions)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, stream=on_output is not None, **grants)
         sink, events = self._events_for(on_output)
@@ -695,7 +731,8 @@ class Pool:
                    queue_timeout: Units | None = None, **grants: Unpack[RunGrants]) -> Result:
         """``run`` for asyncio: no thread is held while the job runs. ``on_output`` is called on this event
         loop with each event, in order, before the result."""
-        check_grants("Pool.arun()", grants, RUN_GRANT_NAMES)
+        check_grants(f"{type(self).__name__}.arun()", grants, RUN_GRANT_NAMES)
+        self._admit(grants, functions)
         message = build_request(code, functions=list(functions or ()), return_value=return_value,
                                 host_globals=host_globals, stream=on_output is not None, **grants)
         sink = self._loop_sink(on_output)
@@ -738,10 +775,20 @@ class Pool:
         """A stateful process: variables survive between ``run`` calls. Permissions are fixed here, and so is
         ``host_globals`` (see :meth:`run`). ``pip_install``: a step's ``%pip install NAME`` line asks the pool to
         install NAME for this session (under the same ceiling as ``packages``)."""
-        check_grants("Pool.session()", grants, SESSION_GRANT_NAMES)
+        check_grants(f"{type(self).__name__}.session()", grants, SESSION_GRANT_NAMES)
+        self._admit(grants, functions)
         fixed: dict[str, Any] = {**grants, **({"host_globals": host_globals} if host_globals else {}),
                                  **({"pip_install": True} if pip_install else {})}
-        return Session(self, functions, fixed, host_errors=host_errors)
+        return self._session_type(self, functions, fixed, host_errors=host_errors)
+
+    def _admit(self, grants: Mapping[str, Any], functions: object) -> None:
+        """What a run or session must be before anything is sent: its host functions callables by name. A
+        pool over another transport adds its own rules (pynox-ray's network rule)."""
+        if functions is not None and not (isinstance(functions, Mapping)
+                                          and all(isinstance(name, str) and callable(function)
+                                                  for name, function in functions.items())):
+            raise RequestError(f"functions must map names to callables, e.g. functions={{'search': search}}; got "
+                               f"{functions!r}")
 
     def stats(self, timeout: float = 30.0) -> dict[str, Any]:
         """The pool's counters and gauges (see the protocol's stats event), by name; its histograms as dicts.
@@ -758,6 +805,11 @@ class Pool:
         """A ``run_python(code: str) -> str`` function for a model; see :func:`pynox.tool`."""
         return make_tool(self, profile=profile, session=session, functions=functions, grants=grants,
                          host_errors=host_errors)
+
+
+    @property
+    def _session_type(self) -> type[Session]:
+        return Session
 
 
 # The name the specification's examples use (``PynoxPool(preload=["pandas"])``): the same class.

@@ -41,7 +41,8 @@ from .requirements import Requirement, requirements
 from .units import format_size, parse_duration, parse_size
 
 __all__ = [
-    "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Installs", "Limits", "PoolOptions", "PoolSettings",
+    "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "MAX_SESSION_STATE",
+    "Config", "Installs", "Limits", "PoolOptions", "PoolSettings",
     "default_config_path", "landlock_abi_cap", "landlock_abi_from_environment", "load_config", "merged",
     "metrics_socket", "pool_options",
 ]
@@ -59,7 +60,8 @@ _INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout
                  "allow_sdist", "uv")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "scratch_dir", "scratch_max_file",
-              "scratch_max_total", "strict_session_reopen", "interrupt_grace", "limits", *_INSTALL_KEYS)
+              "scratch_max_total", "strict_session_reopen", "interrupt_grace", "session_key_file",
+              "max_session_state", "limits", *_INSTALL_KEYS)
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size", "packages")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -68,6 +70,9 @@ _MAX_WORKERS = 256
 # which the job inherits from its template, plus the 16 MiB it needs to run, rounded up. A pool whose
 # preloaded modules make its templates heavier raises the floor at start (Config.refuse_memory_below).
 LEAST_MEMORY = 32 << 20
+# The largest saved session state: it travels as base64 in one protocol line (1 MiB, protocol.MAX_LINE), the
+# save's answer and the restore's request, with room left for the line's other fields.
+MAX_SESSION_STATE = 760 << 10
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,10 @@ class PoolSettings:
     # CPUs' worth of time each job may use at once, all its threads together (a cgroup's CPU quota, see
     # policy/cgroups.py); 0: no quota. One by default: a job's native threads cannot take every core.
     job_cpu: float = 1.0
+    # A saved session's state (see server/session_state.py): the file holding the key its HMAC is made with
+    # (None: a key made at random when the pool starts, so states do not outlive the pool), and its largest size.
+    session_key_file: str | None = None
+    max_session_state: int = MAX_SESSION_STATE
 
 
 @dataclass(frozen=True)
@@ -403,7 +412,19 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         strict_session_reopen=bool(strict),
         interrupt_grace=PoolSettings.interrupt_grace if grace is None else grace,
         job_cpu=_job_cpu(table),
+        session_key_file=_first(table.paths("session_key_file", base, must_exist=True, one=True)),
+        max_session_state=_max_session_state(table),
     )
+
+
+def _max_session_state(table: _Table) -> int:
+    size = table.units("max_session_state", parse_size)
+    if size is None:
+        return MAX_SESSION_STATE
+    if not 1 <= size <= MAX_SESSION_STATE:
+        raise table.error(f"must be between 1 byte and {format_size(MAX_SESSION_STATE)} (a state travels in one "
+                          f"protocol line), got {format_size(size)}", "max_session_state")
+    return size
 
 
 def _or(value: _T | None, default: _T) -> _T:
@@ -637,6 +658,8 @@ class PoolOptions:
     strict_session_reopen: bool = PoolSettings.strict_session_reopen
     interrupt_grace: float = PoolSettings.interrupt_grace  # seconds
     job_cpu: float = PoolSettings.job_cpu  # see PoolSettings.job_cpu
+    session_key_file: str | None = PoolSettings.session_key_file  # see PoolSettings.session_key_file
+    max_session_state: int = PoolSettings.max_session_state
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -676,6 +699,8 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         interrupt_grace=(parse_duration(args.interrupt_grace, "--interrupt-grace") if args.interrupt_grace
                          else settings.interrupt_grace),
         job_cpu=settings.job_cpu,
+        session_key_file=settings.session_key_file,
+        max_session_state=settings.max_session_state,
     )
 
 

@@ -249,8 +249,8 @@ _TRIMMABLE = {"runtime", "policy", "usage"}
 # refused in a refusal, files for a job with a scratch directory, outputs when it displayed some (or its value
 # has a bundle), a session step's execution_count when it ran.
 _ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files", "outputs", "execution_count"}
-# And a session step's: why its session was reopened, and whether a cancel interrupted it.
-_ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted"}
+# And a session step's: why its session was reopened, whether a cancel interrupted it; a save's state.
+_ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted", "state", "skipped"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:

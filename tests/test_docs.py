@@ -384,7 +384,7 @@ def _file_cap_of_the_setup(result: dict[str, Any]) -> bool:
     return (isinstance(usage, dict) and isinstance(policy, dict) and usage.get("memory_peak_kb", 0) is None
             and policy.get("max_file_size") == policy.get("memory_bytes"))
 TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "cancel", "long-line", "setup-error", "worker-error",
-               "configuration", "session", "host-functions", "stats", "logs", "display", "stream")
+               "configuration", "session", "host-functions", "stats", "logs", "display", "stream", "session-state")
 
 
 def _from_pool(value: dict[str, Any]) -> bool:
@@ -608,6 +608,18 @@ def test_transcript(name: str, trimmed: bool, tmp_path: Path) -> None:
         happened = _replay(block, pool)
         assert pool.finish() == 0
     _check(block, pool, happened, trimmed=trimmed)
+
+
+def test_transcript_session_state(tmp_path: Path) -> None:
+    # The key the section names: with it, the pool signs the documented state byte for byte.
+    cwd = _workdir(tmp_path)
+    (cwd / "state.key").write_bytes(b"0123456789abcdef0123456789abcdef")
+    (cwd / "pynox.toml").write_text('[pool]\nsession_key_file = "state.key"\n')
+    block = _transcript("session-state")
+    with _pool(cwd, "--workers=1", "--config=pynox.toml") as pool:
+        happened = _replay(block, pool)
+        assert pool.finish() == 0
+    _check(block, pool, happened, trimmed=True)
 
 
 def test_transcript_cancel(tmp_path: Path) -> None:

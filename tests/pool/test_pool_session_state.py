@@ -10,6 +10,7 @@ controls show the same bytes do what they say where nothing confines them.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,18 @@ def test_a_state_over_the_cap_is_neither_saved_nor_taken(keyed: PoolProcess) -> 
     assert _ok(keyed.run(session=name, save=True))["state"]
     oversized = base64.b64encode(_MAGIC + os.urandom(32) + os.urandom(100_000)).decode()
     refused(keyed.run(session=new_id("big"), restore=oversized), "larger than this pool takes")
+
+
+def test_the_largest_state_and_its_skipped_names_fit_one_protocol_line(pool: PoolProcess) -> None:
+    # The default cap (720 KiB), nearly filled, and more unpicklable variables with long names than the
+    # answer lists: the save's answer and the restore's request each stay within the 1 MiB line.
+    name = new_id("large")
+    _ok(pool.run("import os\nblob = os.urandom(730_000)\n"
+                 "for i in range(80):\n    globals()['generator_with_a_long_name_' + 'x' * 150 + str(i)] = "
+                 "(n for n in range(1))", session=name))
+    saved = _ok(pool.run(session=name, save=True))
+    assert len(json.dumps(saved).encode()) < 1 << 20
+    assert len(saved["skipped"]) == 51 and saved["skipped"][-1] == {"name": "*", "reason": "and 30 more left out"}
+    assert all(len(item["name"]) <= 100 for item in saved["skipped"])
+    restored = _ok(pool.run(session=new_id("large"), restore=saved["state"]))
+    assert restored["step"] == 1

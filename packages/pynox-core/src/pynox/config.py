@@ -71,8 +71,9 @@ _MAX_WORKERS = 256
 # preloaded modules make its templates heavier raises the floor at start (Config.refuse_memory_below).
 LEAST_MEMORY = 32 << 20
 # The largest saved session state: it travels as base64 in one protocol line (1 MiB, protocol.MAX_LINE), the
-# save's answer and the restore's request, with room left for the line's other fields.
-MAX_SESSION_STATE = 760 << 10
+# save's answer and the restore's request; 720 KiB is 960 KiB as base64, which leaves 64 KiB for the line's
+# other fields (the skipped names and the save step's stderr, bounded in server/session_state.py).
+MAX_SESSION_STATE = 720 << 10
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,11 @@ _MAX_REASON = 300  # characters of a pickler's message kept as a skip's reason
 def _variables() -> dict[str, object]:
     namespace = sys.modules["__main__"].__dict__
     # Dunder names are the module's own machinery (__builtins__, __file__, ...), made again by every process.
-    return {name: value for name, value in namespace.items() if not (name.startswith("__") and name.endswith("__"))}
+    # pynox_host and its functions are the session's grants: the restoring session is given its own.
+    host = [module for module in (sys.modules.get("pynox_host"), sys.modules.get("pynox_host.aio")) if module]
+    granted = {id(value) for module in host for value in (module, *vars(module).values())}
+    return {name: value for name, value in namespace.items()
+            if not (name.startswith("__") and name.endswith("__")) and id(value) not in granted}
 
 
 def save() -> None:

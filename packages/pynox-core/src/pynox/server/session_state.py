@@ -30,7 +30,7 @@ from ..errors import ConfigError, RequestError
 from ..protocol import SessionResult
 from ..units import format_size
 from ..wire.spec import ErrorInfo
-from ..wire.state import MARK, RESTORE_CODE, SAVE_CODE, JobState
+from ..wire.state import MARK, RESTORE_CODE, SAVE_CODE, JobState, Skipped
 
 __all__ = ["RESTORE_CODE", "SAVE_CODE", "StateKeeper"]
 
@@ -40,6 +40,12 @@ _HEADER = len(MAGIC) + _DIGEST
 _LEAST_KEY = 32  # bytes: a key file shorter than SHA-256's own size weakens the HMAC
 _MAX_KEY = 4096
 _decoder = msgspec.json.Decoder(JobState)
+# What the save's answer carries besides the state, so that it stays within one protocol line (the job
+# chose all of it): the skipped names, each cut, and the save step's stderr. Its other output is dropped.
+_MAX_SKIPPED = 50
+_MAX_NAME = 100
+_MAX_REASON = 200
+_MAX_STDERR = 4096
 
 
 def _load_key(path: str | None) -> bytes:
@@ -98,9 +104,13 @@ class StateKeeper:
             return self._failed(result, f"the session's state is {format_size(size)}, larger than this pool takes "
                                         f"({format_size(self.max_size)}, max_session_state)")
         signed = MAGIC + self._mac(state.data) + state.data
-        del lines[index]
-        return msgspec.structs.replace(result, stdout="\n".join(lines), state=base64.b64encode(signed).decode(),
-                                       skipped=state.skipped)
+        skipped = [Skipped(name=item.name[:_MAX_NAME], reason=item.reason[:_MAX_REASON])
+                   for item in state.skipped[:_MAX_SKIPPED]]
+        if len(state.skipped) > _MAX_SKIPPED:
+            skipped.append(Skipped(name="*", reason=f"and {len(state.skipped) - _MAX_SKIPPED} more left out"))
+        return msgspec.structs.replace(result, stdout="", stderr=result.stderr[:_MAX_STDERR],
+                                       images=msgspec.UNSET, images_dropped=msgspec.UNSET, outputs=msgspec.UNSET,
+                                       state=base64.b64encode(signed).decode(), skipped=skipped)
 
     @staticmethod
     def _failed(result: SessionResult, message: str) -> SessionResult:

@@ -373,6 +373,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         profiles[name] = profile
 
     _refuse_self_writable(file, limits, profiles)
+    _refuse_readable_key(file, pool.session_key_file, limits, profiles)
     return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
                   warnings=tuple(warnings), permissions=permissions)
 
@@ -633,6 +634,19 @@ def _refuse_self_writable(file: str, limits: Limits | None, profiles: Mapping[st
             if beneath(name, grant):
                 raise ConfigError(f"{file}: {where}: {grant} contains this config file ({name}); a job could "
                                   "rewrite its own ceiling, so keep the file outside every write grant")
+
+
+def _refuse_readable_key(file: str, key: str | None, limits: Limits | None, profiles: Mapping[str, Request]) -> None:
+    """A job that could read the key of saved session states could sign a state of its own making."""
+    if key is None:
+        return
+    grants = [("[pool.limits] allow_read", path) for path in (limits.readable if limits else ())]
+    grants += [(f"[profiles.{name}] allow_read", path) for name, profile in profiles.items()
+               for path in [*(profile.allow_read or ()), *(profile.allow_write or ())]]
+    for where, grant in grants:
+        if beneath(key, grant):
+            raise ConfigError(f"{file}: {where}: {grant} contains the session_key_file ({key}); a job could read "
+                              "the key and sign a state of its own, so keep the key outside every grant")
 
 
 # --- the pool's options ----------------------------------------------------------------------------

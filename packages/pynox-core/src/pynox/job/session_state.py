@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import types
 
 import msgspec
 
@@ -29,7 +30,8 @@ def _variables() -> dict[str, object]:
     # Dunder names are the module's own machinery (__builtins__, __file__, ...), made again by every process.
     # pynox_host and its functions are the session's grants: the restoring session is given its own.
     host = [module for module in (sys.modules.get("pynox_host"), sys.modules.get("pynox_host.aio")) if module]
-    granted = {id(value) for module in host for value in (module, *vars(module).values())}
+    granted = {id(value) for module in host for value in (module, *vars(module).values())
+               if callable(value) or isinstance(value, types.ModuleType)}  # not its strings: a user's may be equal
     return {name: value for name, value in namespace.items()
             if not (name.startswith("__") and name.endswith("__")) and id(value) not in granted}
 

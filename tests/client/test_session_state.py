@@ -128,3 +128,14 @@ def test_a_dataframe_survives_a_save_and_restore(pool: Pool) -> None:
     with pool.session(restore=saved, timeout=60) as restored:
         result = restored.run("print(type(df).__name__, df.shape, df['a'].sum(), df['b'].iloc[-1], pd.__name__)")
     assert result.stdout == "DataFrame (1000, 2) 499500 999 pandas\n", result
+
+
+def test_host_functions_are_grants_not_state(pool: Pool) -> None:
+    with pool.session(functions={"add": lambda a, b: a + b}, host_globals="call") as session:
+        session.run("import pynox_host\nfrom pynox_host import add as plus\nlabel = 'pynox_host'\n"
+                    "total = add(1, 2)").raise_for_error()
+        saved = session.save()
+    assert saved.skipped == {}
+    with pool.session(restore=saved) as restored:  # declares no host function: it has none, and the rest
+        result = restored.run("print(total, label, [n in globals() for n in ('add', 'plus', 'pynox_host')])")
+    assert result.stdout == "3 pynox_host [False, False, False]\n", result

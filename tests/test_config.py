@@ -868,3 +868,18 @@ def test_run_as_takes_a_user_name(tmp_path: Path) -> None:
     (tmp_path / "e.toml").write_text('[profiles.low]\nrun_as = "no-such-user-here"\n')
     with pytest.raises(ConfigError, match=r"\[profiles.low\].*run_as.*no such user"):
         load_config(tmp_path / "e.toml")
+def test_a_session_key_file_a_job_could_read_is_refused(tree: Tree) -> None:
+    key = tree.data / "state.key"
+    key.write_bytes(b"k" * 32)
+    with pytest.raises(ConfigError, match=r"\[pool.limits\] allow_read: .*contains the session_key_file"):
+        load_config(tree.config(f'[pool]\nsession_key_file = "{key}"\n[pool.limits]\nallow_read = ["{tree.data}"]\n'))
+    with pytest.raises(ConfigError, match=r"\[profiles.p\] allow_read: .*a job could read the key"):
+        load_config(tree.config(f'[pool]\nsession_key_file = "{key}"\n[profiles.p]\nallow_write = ["{tree.data}"]\n'))
+    # Control: outside every grant, the key file is taken; so is a cap within one protocol line.
+    outside = tree.outside / "state.key"
+    outside.write_bytes(b"k" * 32)
+    config = load_config(tree.config(f'[pool]\nsession_key_file = "{outside}"\nmax_session_state = "100k"\n'
+                                     f'[pool.limits]\nallow_read = ["{tree.data}"]\n'))
+    assert config.pool.session_key_file == str(outside) and config.pool.max_session_state == 100 << 10
+    with pytest.raises(ConfigError, match="max_session_state: must be between 1 byte and 720k"):
+        load_config(tree.config('[pool]\nmax_session_state = "1m"\n'))

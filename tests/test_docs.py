@@ -250,8 +250,8 @@ _TRIMMABLE = {"runtime", "policy", "usage"}
 # refused in a refusal, files for a job with a scratch directory, outputs when it displayed some (or its value
 # has a bundle), a session step's execution_count when it ran.
 _ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files", "outputs", "execution_count"}
-# And a session step's: why its session was reopened, and whether a cancel interrupted it.
-_ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted"}
+# And a session step's: why its session was reopened, whether a cancel interrupted it; a save's state.
+_ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted", "state", "skipped"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:
@@ -385,7 +385,7 @@ def _file_cap_of_the_setup(result: dict[str, Any]) -> bool:
     return (isinstance(usage, dict) and isinstance(policy, dict) and usage.get("memory_peak_kb", 0) is None
             and policy.get("max_file_size") == policy.get("memory_bytes"))
 TRANSCRIPTS = ("ready", "start-errors", "result", "gallery", "cancel", "long-line", "setup-error", "worker-error",
-               "configuration", "session", "host-functions", "stats", "logs", "display", "stream")
+               "configuration", "session", "host-functions", "stats", "logs", "display", "stream", "session-state")
 
 
 def _from_pool(value: dict[str, Any]) -> bool:
@@ -609,6 +609,18 @@ def test_transcript(name: str, trimmed: bool, tmp_path: Path) -> None:
         happened = _replay(block, pool)
         assert pool.finish() == 0
     _check(block, pool, happened, trimmed=trimmed)
+
+
+def test_transcript_session_state(tmp_path: Path) -> None:
+    # The key the section names: with it, the pool signs the documented state byte for byte.
+    cwd = _workdir(tmp_path)
+    (cwd / "state.key").write_bytes(b"0123456789abcdef0123456789abcdef")
+    (cwd / "pynox.toml").write_text('[pool]\nsession_key_file = "state.key"\n')
+    block = _transcript("session-state")
+    with _pool(cwd, "--workers=1", "--config=pynox.toml") as pool:
+        happened = _replay(block, pool)
+        assert pool.finish() == 0
+    _check(block, pool, happened, trimmed=True)
 
 
 def test_transcript_cancel(tmp_path: Path) -> None:

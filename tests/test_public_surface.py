@@ -22,7 +22,8 @@ ADAPTERS = ("pynox-pydantic-ai", "pynox-strands", "pynox-smolagents", "pynox-mon
 EXPORTS = [
     "CodeTool", "ConfigError", "FileInfo", "Grants", "HostError", "JobError", "KernelSupportError", "Output",
     "OutputEvent", "Pool", "PoolError", "PoolWorkerError", "PynoxError", "PynoxPool", "RequestError", "Result",
-    "RunGrants", "Runner", "SandboxSetupError", "Session", "SessionGrants", "SessionRunner", "StreamText",
+    "RunGrants", "Runner", "SandboxSetupError", "SavedSession", "Session", "SessionGrants", "SessionRunner",
+    "SessionStateError", "StreamText",
     "ToolDescription", "ToolGrants", "Usage", "__version__", "add_grant_arguments", "check_grants",
     "format_duration", "format_size", "grant_argv", "grants_from_arguments", "parse_duration", "parse_size", "run",
     "tool",

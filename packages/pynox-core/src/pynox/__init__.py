@@ -24,6 +24,7 @@ from .errors import (
     PynoxError,
     RequestError,
     SandboxSetupError,
+    SessionStateError,
 )
 from .grant_types import Grants, RunGrants, SessionGrants, check_grants
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .client.pool import Pool, PynoxPool, Session
     from .client.result import Output, Result, Usage
     from .client.runner import Runner, SessionRunner
+    from .client.saved import SavedSession
     from .client.streaming import OutputEvent, StreamText
     from .grant_flags import add_grant_arguments, grant_argv, grants_from_arguments
     from .units import format_duration, format_size, parse_duration, parse_size
@@ -59,9 +61,11 @@ __all__ = [
     "RunGrants",
     "Runner",
     "SandboxSetupError",
+    "SavedSession",
     "Session",
     "SessionGrants",
     "SessionRunner",
+    "SessionStateError",
     "StreamText",
     "ToolDescription",
     "ToolGrants",
@@ -81,6 +85,7 @@ __all__ = [
 
 
 _LAZY = {"Pool": "client.pool", "PynoxPool": "client.pool", "Session": "client.pool", "Result": "client.result",
+         "SavedSession": "client.saved",
          "CodeTool": "client.code_tool", "ToolDescription": "client.code_tool", "ToolGrants": "client.code_tool",
          "Usage": "client.result", "Output": "client.result", "OutputEvent": "client.streaming",
          "StreamText": "client.streaming",

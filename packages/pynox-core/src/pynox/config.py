@@ -41,8 +41,8 @@ from .requirements import Requirement, requirements
 from .units import format_size, parse_duration, parse_size
 
 __all__ = [
-    "DEFAULT_MAX_QUEUED", "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "Config", "Installs", "Limits",
-    "PoolOptions", "PoolSettings", "TenantSettings", "default_config_path", "landlock_abi_cap",
+    "DEFAULT_MAX_QUEUED", "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "MAX_SESSION_STATE", "Config", "Installs",
+    "Limits", "PoolOptions", "PoolSettings", "TenantSettings", "default_config_path", "landlock_abi_cap",
     "landlock_abi_from_environment", "listen_address", "load_config", "merged", "metrics_socket", "pool_options",
 ]
 
@@ -60,7 +60,7 @@ _INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "scratch_dir", "scratch_max_file",
               "scratch_max_total", "strict_session_reopen", "interrupt_grace", "queue_timeout", "max_queued", "listen",
-              "limits", *_INSTALL_KEYS)
+              "session_key_file", "max_session_state", "limits", *_INSTALL_KEYS)
 # [tenants.NAME]: who a listening pool's peer is (by SO_PEERCRED) and what that tenant may have (see server/tenants.py).
 _TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "run_as")
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
@@ -71,6 +71,10 @@ _MAX_WORKERS = 256
 # which the job inherits from its template, plus the 16 MiB it needs to run, rounded up. A pool whose
 # preloaded modules make its templates heavier raises the floor at start (Config.refuse_memory_below).
 LEAST_MEMORY = 32 << 20
+# The largest saved session state: it travels as base64 in one protocol line (1 MiB, protocol.MAX_LINE), the
+# save's answer and the restore's request; 720 KiB is 960 KiB as base64, which leaves 64 KiB for the line's
+# other fields (the skipped names and the save step's stderr, bounded in server/session_state.py).
+MAX_SESSION_STATE = 720 << 10
 
 
 # Jobs that may wait for a worker when [pool] max_queued names no bound: intake stops reading beyond them.
@@ -137,6 +141,10 @@ class PoolSettings:
     queue_timeout: float | None = None  # seconds
     max_queued: int | None = None
     listen: str | None = None  # "unix:/abs/path" or "systemd" (see listen_address)
+    # A saved session's state (see server/session_state.py): the file holding the key its HMAC is made with
+    # (None: a key made at random when the pool starts, so states do not outlive the pool), and its largest size.
+    session_key_file: str | None = None
+    max_session_state: int = MAX_SESSION_STATE
 
 
 @dataclass(frozen=True)
@@ -415,6 +423,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{file}: tenants must be tables [tenants.NAME], got {_type_name(tenants_raw)}")
     tenants = tuple(_tenant(_Table(file, f"tenants.{name}", body), name, profiles)
                     for name, body in tenants_raw.items())
+    _refuse_readable_key(file, pool.session_key_file, limits, profiles)
     return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
                   warnings=tuple(warnings), permissions=permissions, tenants=tenants,
                   profile_run_as=MappingProxyType(profile_run_as))
@@ -460,7 +469,19 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         queue_timeout=table.units("queue_timeout", parse_duration),
         max_queued=max_queued,
         listen=_listen(table, base),
+        session_key_file=_first(table.paths("session_key_file", base, must_exist=True, one=True)),
+        max_session_state=_max_session_state(table),
     )
+
+
+def _max_session_state(table: _Table) -> int:
+    size = table.units("max_session_state", parse_size)
+    if size is None:
+        return MAX_SESSION_STATE
+    if not 1 <= size <= MAX_SESSION_STATE:
+        raise table.error(f"must be between 1 byte and {format_size(MAX_SESSION_STATE)} (a state travels in one "
+                          f"protocol line), got {format_size(size)}", "max_session_state")
+    return size
 
 
 def _or(value: _T | None, default: _T) -> _T:
@@ -739,6 +760,19 @@ def _refuse_self_writable(file: str, limits: Limits | None, profiles: Mapping[st
                                   "rewrite its own ceiling, so keep the file outside every write grant")
 
 
+def _refuse_readable_key(file: str, key: str | None, limits: Limits | None, profiles: Mapping[str, Request]) -> None:
+    """A job that could read the key of saved session states could sign a state of its own making."""
+    if key is None:
+        return
+    grants = [("[pool.limits] allow_read", path) for path in (limits.readable if limits else ())]
+    grants += [(f"[profiles.{name}] allow_read", path) for name, profile in profiles.items()
+               for path in [*(profile.allow_read or ()), *(profile.allow_write or ())]]
+    for where, grant in grants:
+        if beneath(key, grant):
+            raise ConfigError(f"{file}: {where}: {grant} contains the session_key_file ({key}); a job could read "
+                              "the key and sign a state of its own, so keep the key outside every grant")
+
+
 # --- the pool's options ----------------------------------------------------------------------------
 
 
@@ -766,6 +800,8 @@ class PoolOptions:
     queue_timeout: float | None = None  # [pool] queue_timeout (see PoolSettings)
     max_queued: int | None = PoolSettings.max_queued
     listen: str | None = None  # --listen, else [pool] listen: serve connections there instead of stdin/stdout
+    session_key_file: str | None = PoolSettings.session_key_file  # see PoolSettings.session_key_file
+    max_session_state: int = PoolSettings.max_session_state
 
 
 def pool_options(args: argparse.Namespace) -> PoolOptions:
@@ -808,6 +844,8 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         queue_timeout=settings.queue_timeout,
         max_queued=settings.max_queued,
         listen=_listen_option(args, settings),
+        session_key_file=settings.session_key_file,
+        max_session_state=settings.max_session_state,
     )
 
 

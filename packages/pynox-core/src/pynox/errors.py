@@ -12,6 +12,7 @@ exceptions are for our failures and for misuse by the host application::
     ├── PoolError              the pool process or a template broke
     │   └── PoolWorkerError    one worker (template) died under a job
     ├── JobError               raised only on request, by Result.raise_for_error()
+    ├── SessionStateError      a session's save or restore did not work (the state, not the request)
     └── HostError              raised by a host function, on purpose: its message reaches the job
 
 The names ``RequestError``, ``SandboxSetupError`` and ``PoolWorkerError`` are
@@ -31,6 +32,7 @@ __all__ = [
     "PynoxError",
     "RequestError",
     "SandboxSetupError",
+    "SessionStateError",
 ]
 
 
@@ -80,6 +82,12 @@ class JobError(PynoxError):
     def __init__(self, message: str, *, result: object) -> None:
         super().__init__(message)
         self.result = result
+
+
+class SessionStateError(PynoxError):
+    """A session's state could not be saved (over the pool's max_session_state, its process ended) or restored
+    (its unpickling raised in the new process: a module it names is missing there, say). Its
+    ``error.type`` in the protocol is ``SessionStateError`` where the pool says it, else the job's own."""
 
 
 class HostError(PynoxError):

@@ -17,6 +17,7 @@ import msgspec
 from .errors import quoted
 from .wire.exits import REFUSED_EXIT
 from .wire.spec import ErrorInfo
+from .wire.state import Skipped
 
 __all__ = [
     "FILE_CHUNK",
@@ -43,6 +44,7 @@ __all__ = [
     "ResultPolicy",
     "ResultRuntime",
     "ScratchFile",
+    "Skipped",
     "StartError",
     "StartErrorEvent",
     "StatsEvent",
@@ -133,6 +135,12 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     upload: Upload | None = None
     download: str | Download | None = None
     files: bool | None = None
+    # A session's state (see server/session_state.py). ``save``: true, alone with id and session, serializes
+    # the session's variables inside its process; the answer's ``state`` carries them. ``restore``: a state
+    # (base64) a save of a pool with the same key gave, on the request that opens the session (with its
+    # grants, without code): its variables are loaded inside the new process, under the grants it brings.
+    save: bool | None = None
+    restore: str | None = None
 
     # Output as it happens: stream and display_data events for this request before its result (a job, or
     # one session step).
@@ -269,6 +277,10 @@ class SessionResult(Result):
     interrupted: bool | msgspec.UnsetType = msgspec.UNSET
     # A session step that ran: its number in the session, as a notebook's In [n] (the step's).
     execution_count: int | msgspec.UnsetType | None = msgspec.UNSET
+    # Only in the answer to a save that worked: the session's state (base64; give it back as ``restore``),
+    # and the variables left out of it, each with the reason.
+    state: str | msgspec.UnsetType = msgspec.UNSET
+    skipped: list[Skipped] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ScratchFile(msgspec.Struct, omit_defaults=True):
@@ -699,6 +711,23 @@ def _check_shape(request: Request) -> None:
         return
     if request.open is not None and request.session is None:
         raise refuse("open needs the session to open")
+    if request.save is not None:
+        extra = [f for f in request.__struct_fields__
+                 if f not in ("id", "session", "save", "timeout") and getattr(request, f) is not None]
+        if request.save is not True:
+            raise refuse("save must be true")
+        if request.session is None:
+            raise refuse("save needs the session whose state it saves")
+        if extra:
+            raise refuse(f"a save request takes only id, session and timeout, got {', '.join(extra)}")
+        return
+    if request.restore is not None:
+        if request.session is None:
+            raise refuse("restore needs the session it opens")
+        if request.code is not None or request.script is not None or request.open is False:
+            raise refuse("restore opens a session with the state and nothing else: it takes no code or script, "
+                         "and no open: false (send the code as the session's next step)")
+        return
     if request.close:
         if request.session is None:
             raise refuse("close needs the session to close")

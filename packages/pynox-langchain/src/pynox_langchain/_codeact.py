@@ -10,27 +10,35 @@ the code as CodeAct's prompt promises them, running in this process.
 LangGraph 1.x, so it is not installed here. :func:`create_codeact_graph` is the same loop written with
 LangGraph itself (model, then sandbox while the model writes code), taking the same ``eval_fn``; with
 an older LangGraph, ``create_codeact(model, tools, PynoxEval(...))`` takes it unchanged.
+
+With ``save_session=True`` the session's variables travel with the thread's checkpoint, as the messages
+do: after each script the sandbox node saves the session (``pynox.Session.save``, serialized inside the
+confined process) into the graph's ``pynox_session``, and a thread resumed where its session's process is
+gone (a new pool, a restarted application, another thread ran in between) starts its session from it.
+The pools must share a key (``[pool] session_key_file``) for a state to be taken by another pool.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, TypedDict, Unpack
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.tools import tool as make_langchain_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
-from pynox import CodeTool, Grants, Pool, Result, check_grants
+from pynox import CodeTool, Grants, Pool, PynoxError, Result, check_grants
 
 __all__ = ["CodeActState", "PynoxEval", "create_codeact_graph"]
 
+_log = logging.getLogger(__name__)
 _FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 
 
@@ -53,6 +61,23 @@ class PynoxEval:
         # Checked now, with no functions yet: a bad grant fails here, not at the model's first script.
         CodeTool(pool, profile=profile, **grants)
         self.last_result: Result | None = None
+        self._restore: bytes | None = None  # a saved state the next session starts from
+        self.thread: str | None = None  # the LangGraph thread whose state the session holds (save_session)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the session holds a process (and so the variables of the scripts so far)."""
+        return self._runner is not None and self._runner.alive
+
+    def save(self) -> bytes | None:
+        """The session's variables (see :meth:`pynox.Session.save`), or None while it has no process."""
+        saved = self._runner.save() if self._runner is not None else None
+        return saved.data if saved is not None else None
+
+    def restore(self, state: bytes) -> None:
+        """End the session; the next script starts a new one from ``state`` (a :meth:`save`)."""
+        self.close()
+        self._restore = state
 
     def _runner_for(self, context: Mapping[str, Any]) -> tuple[CodeTool, dict[str, Callable[..., Any]]]:
         functions = {name: value for name, value in context.items() if callable(value) and name.isidentifier()}
@@ -62,6 +87,9 @@ class PynoxEval:
             self._runner = CodeTool(self._pool, profile=self._profile, session=True, functions=functions or None,
                                     host_globals="call" if functions else None, **self._grants)
             self._names = names
+            state, self._restore = self._restore, None
+            if state is not None:
+                self._runner.restore(state)
         return self._runner, functions
 
     def __call__(self, code: str, context: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -86,6 +114,8 @@ class CodeActState(TypedDict, total=False):
     messages: Annotated[list[AnyMessage], add_messages]
     script: str | None  # the code of the model's last message, if it wrote any
     failed: bool  # whether the last script failed (as its Result said), for the application to see
+    # With save_session: the session's variables after the last script (pynox.Session.save), or None.
+    pynox_session: bytes | None
 
 
 def _tool_functions(tools: Sequence[BaseTool | Callable[..., Any]]) -> tuple[dict[str, Callable[..., Any]], str]:
@@ -102,10 +132,13 @@ def _tool_functions(tools: Sequence[BaseTool | Callable[..., Any]]) -> tuple[dic
 
 
 def create_codeact_graph(model: BaseChatModel, tools: Sequence[BaseTool | Callable[..., Any]],
-                         eval_fn: PynoxEval, *, prompt: str | None = None) -> StateGraph[Any]:
+                         eval_fn: PynoxEval, *, prompt: str | None = None,
+                         save_session: bool = False) -> StateGraph[Any]:
     """The CodeAct loop as a LangGraph ``StateGraph`` (compile it): the model answers; if its message has
     fenced code, ``eval_fn`` runs it with ``tools`` as functions and the output goes back to the model as
-    the next message; a message without code ends the run."""
+    the next message; a message without code ends the run. ``save_session``: the session's variables are
+    saved in the graph's state (``pynox_session``) after each script, so they travel with the thread's
+    checkpoint, and a thread resumed without its session's process gets them back."""
     functions, signatures = _tool_functions(tools)
     system = (f"{prompt}\n\n" if prompt else "") + (
         "Write Python in a fenced code block to act; print what you need to see. Variables persist between "
@@ -118,14 +151,38 @@ def create_codeact_graph(model: BaseChatModel, tools: Sequence[BaseTool | Callab
         blocks = _FENCED.findall(text)
         return {"messages": [reply], "script": "\n\n".join(block.strip("\n") for block in blocks) or None}
 
+    def resume(state: CodeActState, config: RunnableConfig | None) -> None:
+        """With save_session: the session holds this thread's variables, from its checkpoint if need be."""
+        if not save_session:
+            return
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        thread = None if thread is None else str(thread)
+        if eval_fn.thread == thread and eval_fn.alive:
+            return
+        saved = state.get("pynox_session")
+        if saved is not None:
+            eval_fn.restore(saved)
+        else:
+            eval_fn.close()
+        eval_fn.thread = thread
+
     def observed(output: str) -> dict[str, Any]:
         failed = eval_fn.last_result is not None and not eval_fn.last_result.ok
-        return {"messages": [HumanMessage(output)], "failed": failed}
+        update: dict[str, Any] = {"messages": [HumanMessage(output)], "failed": failed}
+        if save_session:
+            try:
+                update["pynox_session"] = eval_fn.save()
+            except PynoxError as exc:  # over max_session_state, say: the thread's checkpoint keeps no state
+                _log.warning("the session's state was not saved with the checkpoint: %s", exc)
+                update["pynox_session"] = None
+        return update
 
-    def sandbox(state: CodeActState) -> dict[str, Any]:
+    def sandbox(state: CodeActState, config: RunnableConfig) -> dict[str, Any]:
+        resume(state, config)
         return observed(eval_fn(state.get("script") or "", functions)[0])
 
-    async def asandbox(state: CodeActState) -> dict[str, Any]:
+    async def asandbox(state: CodeActState, config: RunnableConfig) -> dict[str, Any]:
+        resume(state, config)
         return observed((await eval_fn.aeval(state.get("script") or "", functions))[0])
 
     def route(state: CodeActState) -> str:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .files import FileInfo
     from .pool import Session
     from .result import Result
+    from .saved import SavedSession
 
 __all__ = ["CodeTool", "ToolDescription", "ToolGrants"]
 
@@ -386,6 +387,33 @@ class CodeTool:
             self._session = self._target().session(functions=self._functions, host_errors=self._host_errors,
                                                    host_globals=self._host_globals, **self._grants)
         return self._session
+
+    @property
+    def alive(self) -> bool:
+        """Whether the tool's session holds a process (and so variables) now."""
+        return self._session is not None and self._session.alive
+
+    def save(self) -> SavedSession | None:
+        """The tool's session's state (see :meth:`pynox.Session.save`), or None while it holds no process."""
+        from .pool import Session
+
+        session = self._session
+        if not isinstance(session, Session) or not session.alive:
+            return None
+        return session.save()
+
+    async def asave(self) -> SavedSession | None:
+        """:meth:`save`, off the event loop."""
+        return await asyncio.to_thread(self.save)
+
+    def restore(self, state: SavedSession | bytes) -> None:
+        """Start the tool's own session afresh from ``state`` (a :meth:`save` of a pool with the same key): its
+        next call runs with those variables, under this tool's grants. Ends the session it has now, if any."""
+        if not self.owns_session:
+            raise PynoxError("only a tool that owns its session (session=True) restores one")
+        self.close()
+        self._session = self._target().session(functions=self._functions, host_errors=self._host_errors,
+                                               host_globals=self._host_globals, restore=state, **self._grants)
 
     def _files_session(self) -> Session:
         session = self._own_session()

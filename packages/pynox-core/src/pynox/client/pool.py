@@ -73,12 +73,14 @@ from ..protocol import (
 from ..units import format_duration, parse_duration
 from . import files as _files
 from .connect import Connection, connect_address
+from . import saved as _saved
 from .files import FileInfo
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .model_tool import make_tool
 from .requests import build_request
 from .result import Result
 from .runner import PoolSession
+from .saved import SavedSession
 from .streaming import OutputCallback, OutputEvent, call, event_of, iterate, wait_with_events
 from .transports import Transport, TransportFactory
 
@@ -771,15 +773,18 @@ class Pool:
 
     def session(self, *, functions: Mapping[str, HostFunction] | None = None,
                 host_errors: HostErrors | None = None, host_globals: Literal["call", "await"] | None = None,
-                pip_install: bool = False, **grants: Unpack[SessionGrants]) -> Session:
+                pip_install: bool = False, restore: SavedSession | bytes | None = None,
+                **grants: Unpack[SessionGrants]) -> Session:
         """A stateful process: variables survive between ``run`` calls. Permissions are fixed here, and so is
         ``host_globals`` (see :meth:`run`). ``pip_install``: a step's ``%pip install NAME`` line asks the pool to
-        install NAME for this session (under the same ceiling as ``packages``)."""
+        install NAME for this session (under the same ceiling as ``packages``). ``restore``: a state
+        :meth:`Session.save` returned (on a pool with the same ``session_key_file``), loaded into the session's
+        process when it opens, under the grants given here."""
         check_grants(f"{type(self).__name__}.session()", grants, SESSION_GRANT_NAMES)
         self._admit(grants, functions)
         fixed: dict[str, Any] = {**grants, **({"host_globals": host_globals} if host_globals else {}),
                                  **({"pip_install": True} if pip_install else {})}
-        return self._session_type(self, functions, fixed, host_errors=host_errors)
+        return self._session_type(self, functions, fixed, host_errors=host_errors, restore=restore)
 
     def _admit(self, grants: Mapping[str, Any], functions: object) -> None:
         """What a run or session must be before anything is sent: its host functions callables by name. A
@@ -859,7 +864,7 @@ class Session(PoolSession):
     and its variables live on if the step ends within the pool's grace, and it is killed otherwise."""
 
     def __init__(self, pool: Pool, functions: Mapping[str, HostFunction] | None, grants: dict[str, Any], *,
-                 host_errors: HostErrors | None = None) -> None:
+                 host_errors: HostErrors | None = None, restore: SavedSession | bytes | None = None) -> None:
         if "script" in grants:
             raise RequestError("sessions take inline code, not script")
         if host_errors is not None:
@@ -876,6 +881,10 @@ class Session(PoolSession):
         self._opened_on: _Transport | None = None  # the pool process the session's first request went to
         self._running: list[concurrent.futures.Future[Any]] = []  # its steps sent and not answered, in order
         self._lock = threading.Lock()
+        # A saved state its first process opens with (see saved.py); a later process starts empty.
+        if restore is not None and not isinstance(restore, SavedSession | bytes):
+            raise TypeError(f"restore takes a SavedSession or bytes, got {type(restore).__name__}")
+        self._restore = bytes(restore) if restore is not None else None
 
     @property
     def alive(self) -> bool:
@@ -940,6 +949,7 @@ class Session(PoolSession):
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value,
                      stream=on_output is not None)
         callables = self._step_functions(functions)
+        self._restored()
         message, opening, reopened = self._message(code, step)
         sink, events = self.pool._events_for(on_output)
         reply = self.pool._wait_output(self._submit(message, opening, callables, on_event=sink),
@@ -979,6 +989,8 @@ class Session(PoolSession):
         step = _step(name=name, args=args, timeout=timeout, max_output=max_output, return_value=return_value,
                      stream=on_output is not None)
         callables = self._step_functions(functions)
+        if self._restore is not None:
+            await asyncio.to_thread(self._restored)
         message, opening, reopened = self._message(code, step)
         sink = self.pool._loop_sink(on_output)
         reply = await self._asend(message, opening, callables, sink)
@@ -1008,6 +1020,26 @@ class Session(PoolSession):
                                      if not done.cancelled() and done.exception() is None else None)
             raise
         return reply
+
+    def _restored(self) -> None:
+        """Before the first step: open the process with the state given as ``restore``, once."""
+        with self._lock:
+            state, self._restore = self._restore, None
+        if state is not None:
+            _saved.restore(self, state)
+
+    def save(self, *, timeout: Units | None = None) -> SavedSession:
+        """The session's variables, serialized inside its process (cloudpickle) and signed by the pool: give
+        them to ``Pool.session(restore=...)`` to start a session with them. A variable that cannot be pickled
+        is left out and named in ``skipped``, with the reason. Waits behind a running step.
+
+        Raises :class:`pynox.RequestError` if the session has no process, :class:`pynox.SessionStateError`
+        if the state is over the pool's ``max_session_state`` or the save step failed."""
+        return _saved.save(self, timeout)
+
+    async def asave(self, *, timeout: Units | None = None) -> SavedSession:
+        """:meth:`save`, off the event loop."""
+        return await asyncio.to_thread(self.save, timeout=timeout)
 
     def interrupt(self) -> bool:
         """Interrupt the step running now (``KeyboardInterrupt`` in its code), from any thread, as a

@@ -25,7 +25,9 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
 from ..wire.payload import read_payload, write_payload_to
 from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
-from . import display
+
+# session_state: loaded with the template, so a session's save and restore steps find it in memory.
+from . import display, session_state  # noqa: F401
 from .execute import execute, new_main, serve_session
 from .report import finish
 from .setup import CONFINE, READ, Setup, run_steps

@@ -20,6 +20,7 @@ socket (:mod:`.metrics`).
 from __future__ import annotations
 
 import argparse
+import base64
 import logging
 import os
 import queue
@@ -79,6 +80,7 @@ from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .packages import Installer
 from .scratch import ScratchRoot
+from .session_state import RESTORE_CODE, SAVE_CODE, StateKeeper
 from .sessions import FileRequest, SessionRegistry, Step
 from .shutdown import Shutdown, Stage
 from .spans import spans_from_environment
@@ -297,6 +299,8 @@ class Server:
         self.calls.pip = self.installer.pip
         # OpenTelemetry spans, when OTEL_TRACES_EXPORTER asks for them (see spans.py); else None, and no cost.
         self.spans = spans_from_environment(lambda why: self.log_event("config_warning", why))
+        # Signs the states sessions save and checks those given back (see session_state.py).
+        self.states = StateKeeper(options.session_key_file, options.max_session_state)
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None) -> Template:
@@ -670,6 +674,19 @@ class Server:
             raise RequestError("sessions take inline code, not script")
         existing = self.sessions.get(name)
         live = existing is not None and not existing.closing
+        if request.save:
+            if existing is None or not live:
+                raise RequestError(f"save: there is no open session named {quoted(name)}")
+            self._save(request, name, existing.spec.timeout)
+            return
+        if request.restore is not None:
+            if live:
+                raise RequestError(f"restore: session {quoted(name)} is already open; a restore opens a new "
+                                   "session (close this one first, or restore under another name)")
+            state = self.states.opened(request.restore)  # refused here, before anything runs
+            request = msgspec.structs.replace(request, restore=None, code=RESTORE_CODE, name="session-restore.py",
+                                              args=[base64.b64encode(state).decode()], return_value=None,
+                                              stream=None)
         if request.open and live:
             raise RequestError(f"open: session {quoted(name)} is already open; its later steps carry no open")
         if existing is not None and live:
@@ -696,6 +713,15 @@ class Server:
                     flight=Flight(request.id))
         # A scratch directory is made only for a session that is really opened.
         self.sessions.submit(name, step, lambda: (self.scratch.grant(spec) if request.scratch else spec, max_output))
+
+    def _save(self, request: Request, name: str, timeout: float) -> None:
+        """A save is a step of the session running the pool's own code; its result becomes the save's answer."""
+        step_timeout = parse_request_duration(request.timeout, timeout)
+        bounded(Request(id=request.id, code="", timeout=request.timeout), self.options.config, self.cwd)
+        step = Step(id=request.id, code=SAVE_CODE, name="session-save.py", args=[], timeout=step_timeout,
+                    max_output=self.states.save_output, accepted_ns=time.monotonic_ns(), flight=Flight(request.id),
+                    answer=self.states.saved)
+        self.sessions.submit(name, step, None)
 
     def _may_open(self, request: Request, name: str) -> None:
         """A request to a name the pool holds no session under opens one with the permissions it brings,

@@ -66,6 +66,8 @@ class Step:
     stream: bool = False  # output as it happens (see streaming.py)
     flight: Flight = field(default_factory=lambda: Flight(None))
     interrupt: StepInterrupt = field(default_factory=lambda: StepInterrupt(0.0))  # set as it is queued
+    # The pool's own steps (a save, see session_state.py): their result made into the request's answer.
+    answer: Callable[[SessionResult], SessionResult] | None = None
 
 
 class _NotRun(Exception):
@@ -426,6 +428,8 @@ class Session(threading.Thread):
         self._deliver(step, result)
 
     def _answer(self, step: Step, result: SessionResult) -> None:
+        if step.answer is not None:
+            result = step.answer(result)
         if step.flight.answer():  # not already answered by a cancel
             self._deliver(step, result)
 

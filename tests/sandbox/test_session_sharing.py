@@ -103,7 +103,8 @@ def test_each_forked_session_keeps_its_own_cgroup_and_memory_limit(tmp_path: Pat
         assert len(groups) == 3, groups
         # Pipe buffers count in the cgroup only (no rlimit sees them): the kernel kills the small session.
         killed = pool.run(hoard, session="small", timeout="30s", wait=60)
-        assert killed["error"] is not None and killed["error"]["type"] == "MemoryError" and killed["session_ended"] is True, killed
+        assert killed["error"] is not None and killed["error"]["type"] == "MemoryError", killed
+        assert killed["session_ended"] is True, killed
         # Only that session: the other, forked from the same zygote, goes on with its state.
         assert _ok(pool.run("import os\nprint(kept, os.getpid())", session="big"))["stdout"] == \
             f"big kept this {big_pid}\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from tests.pool.pool_driver import walk
+from tests.pool.pool_driver import ZYGOTE, walk
 
 DEADLINE = 10.0  # a closed session or pool is gone well within this
 
@@ -41,7 +41,32 @@ def descendants(root: int | None = None, ignore: frozenset[int] = frozenset()) -
     """
     table = _table()
     found = walk(root if root is not None else os.getpid(), {pid: entry[0] for pid, entry in table.items()}, ignore)
-    return {pid: (depth, parent, table[pid][2]) for pid, (depth, parent) in found.items() if table[pid][1] != "Z"}
+    # A pool's zygote forks sessions' templates (server/zygote.py): they count as the pool's templates, below
+    # the pool, and the zygote itself at depth 0 (no template, no pool), so only the leftover check sees it.
+    zygotes = {pid for pid in found if _comm(pid) == ZYGOTE}
+
+    def placed(pid: int) -> tuple[int, int]:
+        depth, parent = found[pid]
+        if pid in zygotes:
+            return 0, parent
+        above = parent
+        while above in found:
+            if above in zygotes:
+                depth -= 1
+                if parent == above:
+                    parent = found[above][1]
+            above = found[above][1]
+        return depth, parent
+
+    return {pid: (*placed(pid), table[pid][2]) for pid in found if table[pid][1] != "Z"}
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
 
 
 def pynox_processes(ignore: frozenset[int] = frozenset()) -> dict[int, tuple[int, int, str]]:

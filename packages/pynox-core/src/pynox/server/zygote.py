@@ -21,9 +21,11 @@ session's template and child are charged for what they write themselves.
 
 One zygote per pool, started on a thread of its own that lives as long as the
 pool (a template dies with the thread that started it, see set_parent_death_signal):
-the preload of the pool, as the workers'. A zygote that dies is started again
-for the next session; if one cannot be started, sessions start their own
-templates by exec, as before, and the log says why.
+the preload of the pool, as the workers'. The templates it forked die with it
+(their parent-death signal), and with them the sessions they serve, as a job
+dies with its worker's template. A zygote that died or stopped answering is
+replaced for the next session; if one cannot be started, sessions start their
+own templates by exec, as before, and the log says why.
 """
 
 from __future__ import annotations
@@ -119,10 +121,6 @@ class SessionTemplates:
             self._changed.notify_all()
         if zygote is not None:
             zygote.close()
-
-    def zygote_pid(self) -> int | None:
-        with self._changed:
-            return self._zygote.pid if self._zygote is not None else None
 
     def _ready_zygote(self) -> Template | None:
         """The zygote, started (on its own thread) if there is none or it died; None if it cannot be had."""

@@ -11,7 +11,7 @@ import os
 import time
 
 from tests.harness import procfs
-from tests.pool.pool_driver import walk
+from tests.pool.pool_driver import ZYGOTE, walk
 
 DEADLINE = 10.0  # a closed session or pool is gone well within this
 
@@ -37,7 +37,31 @@ def descendants(root: int | None = None, ignore: frozenset[int] = frozenset()) -
     """
     table = _table()
     found = walk(root if root is not None else os.getpid(), {pid: entry[0] for pid, entry in table.items()}, ignore)
-    return {pid: (depth, parent, table[pid][2]) for pid, (depth, parent) in found.items() if table[pid][1] != "Z"}
+    # A pool's zygote forks sessions' templates (server/zygote.py): they count as the pool's templates, below
+    # the pool, and the zygote itself at depth 0 (no template, no pool), so only the leftover check sees it.
+    zygotes = {pid for pid in found if _comm(pid) == ZYGOTE}
+
+    def placed(pid: int) -> tuple[int, int]:
+        depth, parent = found[pid]
+        if pid in zygotes:
+            return 0, parent
+        above = parent
+        while above in found:
+            if above in zygotes:
+                depth -= 1
+                if parent == above:
+                    parent = found[above][1]
+            above = found[above][1]
+        return depth, parent
+
+    return {pid: (*placed(pid), table[pid][2]) for pid in found if table[pid][1] != "Z"}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return procfs.stat(pid).comm
+    except OSError:
+        return ""
 
 
 def pynox_processes(ignore: frozenset[int] = frozenset()) -> dict[int, tuple[int, int, str]]:

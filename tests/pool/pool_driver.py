@@ -116,10 +116,23 @@ def walk(root: int, parent_of: Mapping[int, int], ignore: frozenset[int] = froze
 
 
 def descendants(root: int, table: dict[int, tuple[int, str, int, str]] | None = None) -> dict[int, int]:
-    """Live (non-zombie) descendants of ``root``: pid -> depth below root (1 = child)."""
+    """Live (non-zombie) descendants of ``root``: pid -> depth below root (1 = child). What a zygote forked
+    counts at the zygote's own depth (a session's template is a template, its child a session's child)."""
     table = table if table is not None else proc_table()
     found = walk(root, {pid: entry[0] for pid, entry in table.items()})
-    return {pid: depth for pid, (depth, _) in found.items() if table[pid][1] != "Z"}
+
+    def depth(pid: int) -> int:
+        below, parent = found[pid]
+        while parent in found:
+            below -= table[parent][3] == ZYGOTE
+            parent = found[parent][1]
+        return below
+
+    return {pid: depth(pid) for pid in found if table[pid][1] != "Z"}
+
+
+# The process a pool forks sessions' templates from: no template itself, never a job's parent.
+ZYGOTE = "pynox-zygote"
 
 
 # A template forks and confines a child ahead of its next job ("pynox-ready"); it is not a job yet.
@@ -430,9 +443,11 @@ class PoolProcess:
     def tree(self) -> dict[int, int]:
         """The pool's live templates and jobs: pid -> depth (1 = a template, 2 = a job or session child).
 
-        Children prepared ahead of their job are left out (see READY_CHILD); :func:`descendants` has all."""
+        Children prepared ahead of their job and the zygote are left out (see READY_CHILD, ZYGOTE);
+        :func:`descendants` has all."""
         table = proc_table()
-        return {pid: depth for pid, depth in descendants(self.pid, table).items() if table[pid][3] != READY_CHILD}
+        return {pid: depth for pid, depth in descendants(self.pid, table).items()
+                if table[pid][3] not in (READY_CHILD, ZYGOTE)}
 
     def templates(self) -> list[int]:
         return sorted(pid for pid, depth in self.tree().items() if depth == 1)

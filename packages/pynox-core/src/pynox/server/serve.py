@@ -26,6 +26,7 @@ import os
 import queue
 import signal
 import subprocess
+import socket
 import sys
 import threading
 import time
@@ -89,6 +90,7 @@ from .streaming import Streamer
 from .templates import CallSink, Template
 from .tenants import Tenants
 from .trace import Traces, valid_traceparent
+from .zygote import ForkedProcess
 
 __all__ = ["serve"]
 
@@ -303,14 +305,17 @@ class Server:
         self.states = StateKeeper(options.session_key_file, options.max_session_state)
 
     # -- templates and results -------------------------------------------------------------------------
-    def new_template(self, life: ChildLife | None = None) -> Template:
+    def new_template(self, life: ChildLife | None = None, *, zygote: bool = False,
+                     spawn: Callable[[], tuple[ForkedProcess, socket.socket]] | None = None) -> Template:
         """A started template; one that died while starting (killed, out of memory) is replaced, a few
         times, before the start counts as failed. A preload that fails to import is not retried.
-        ``life``: a worker's child life, which outlives its templates (see lifecycle.py)."""
+        ``life``: a worker's child life, which outlives its templates (see lifecycle.py). ``zygote``,
+        ``spawn``: a zygote, or a template forked from one (see zygote.py)."""
         for attempt in range(_START_ATTEMPTS):
             try:
                 return Template(self.options.preload, self.options.package_dirs, stderr=self._template_stderr,
-                                landlock_abi=self.options.landlock_abi, life=life, job_cpu=self.options.job_cpu)
+                                landlock_abi=self.options.landlock_abi, life=life, job_cpu=self.options.job_cpu,
+                                zygote=zygote, spawn=spawn)
             except PoolWorkerError as exc:
                 if not exc.transient or attempt == _START_ATTEMPTS - 1:
                     raise

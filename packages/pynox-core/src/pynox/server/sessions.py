@@ -45,6 +45,7 @@ from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
 from .streaming import Streamer
 from .templates import CallSink, SessionChannels, Template
+from .zygote import SessionTemplates
 
 __all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "Step"]
 
@@ -476,7 +477,7 @@ class Session(threading.Thread):
 class SessionRegistry:
     """Named sessions of one pool: creation, the step queue limit, idle closing, shutdown."""
 
-    def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[[], Template],
+    def __init__(self, *, max_sessions: int, idle: float, new_template: Callable[..., Template],
                  finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
                  python: str, landlock_abi: int, flights: Flights,
                  stopped: Callable[[], str | None] = lambda: None, scratch: ScratchRoot | None = None,
@@ -503,7 +504,9 @@ class SessionRegistry:
         self._sessions: dict[str, Session] = {}
         # Told "opened", "closed" (every end) and "expired" (closed for being idle): the stats' session counters.
         self.count: Callable[[str], None] = lambda _: None
-        self.spare = _SpareTemplate(new_template)
+        # Each session's template is forked from the pool's zygote (see zygote.py), one waiting ahead.
+        self.templates = SessionTemplates(new_template)
+        self.spare = _SpareTemplate(self.templates.new_template)
         self._reaper = threading.Thread(target=self._reap_idle, name="pynox-session-reaper", daemon=True)
         self._reaper.start()
 
@@ -589,6 +592,7 @@ class SessionRegistry:
         for session in sessions:
             session.join()
         self.spare.close()
+        self.templates.close()
 
     def _reap_idle(self) -> None:
         while True:

@@ -86,6 +86,7 @@ from ..policy.seccomp import syscall_number
 from .egress import CONNECT, Connector, descriptor_flags
 from .egress import Refused as _Refused
 from .own_view import write_sysinfo
+from .waiting import readable
 
 _log = logging.getLogger(__name__)
 
@@ -514,7 +515,7 @@ class StewardThread:
             if stopping:
                 return
             if life is None:
-                select.select([self._wake_read], [], [])
+                readable(self._wake_read)
                 self._drain()
                 continue
             try:

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import logging
 import os
-import select
 import selectors
 import signal
 import socket
@@ -72,6 +71,8 @@ from .report import JobWord, read_report
 from .steward import StewardLife, StewardPhase, StewardThread
 from .streaming import Streamer
 from .usage import live_usage, proc_text
+from .waiting import readable
+from .zygote import ForkedProcess
 
 __all__ = ["SessionChannels", "Template", "template_environment"]
 
@@ -228,28 +229,21 @@ class Template:
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
                  landlock_abi: int | None = None, life: ChildLife | None = None,
-                 job_cpu: float = PoolSettings.job_cpu) -> None:
+                 job_cpu: float = PoolSettings.job_cpu, zygote: bool = False,
+                 spawn: Callable[[], tuple[ForkedProcess, socket.socket]] | None = None) -> None:
         """``landlock_abi``: the highest ABI its jobs use (None: ``$PYNOX_LANDLOCK_ABI``, else the kernel's).
         ``job_cpu``: the CPUs' worth of time its jobs may use at once (0: no quota; see policy/cgroups.py).
         ``life``: the life of the child serving its jobs, when it outlives this template (a worker's, kept
-        across the templates it replaces, so that a cancel of a job on its way is never lost)."""
+        across the templates it replaces, so that a cancel of a job on its way is never lost).
+        ``zygote``: it forks templates, never a job's child (see zygote.py). ``spawn``: fork this template from
+        a zygote (the process and the socket to it) rather than start one by exec."""
         if landlock_abi is None:
             landlock_abi = landlock_abi_from_environment()
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        # -I: no PYTHON* variables, no user site, no current directory on sys.path.
-        source_root = os.path.dirname(os.path.dirname(os.path.abspath(pynox.__file__)))
-        # typing_extensions, when msgspec finds it, patches the standard typing module, and every job would
-        # inherit the patch: hidden while pynox loads (msgspec then uses typing's own), importable again after.
-        bootstrap = (f"import sys; sys.path.insert(0, {source_root!r}); sys.modules['typing_extensions'] = None; "
-                     "from pynox.template.fork_server import main; del sys.modules['typing_extensions']; main()")
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-I", "-c", bootstrap, str(child.fileno()), str(os.getpid())],
-                env=template_environment(), pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=stderr, cwd="/",
-            )
-        finally:
-            child.close()
+        self.process: subprocess.Popen[bytes] | ForkedProcess
+        if spawn is not None:
+            self.process, parent = spawn()
+        else:
+            self.process, parent = self._start(stderr)
         self.sock = parent
         self.broken = False
         self.cgroups: cgroups.TemplateGroup | None = None
@@ -275,7 +269,7 @@ class Template:
             figures = _matplotlib()
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs,
                                     job_env=figures[0] if figures else {}, data_dirs=[figures[1]] if figures else [],
-                                    landlock_abi=landlock_abi))
+                                    landlock_abi=landlock_abi, zygote=zygote))
             parent.settimeout(_START_TIMEOUT)
             frame, _ = recv_frame(parent)
             parent.settimeout(None)
@@ -294,6 +288,29 @@ class Template:
         except PoolWorkerError:
             self.close()
             raise
+
+    @staticmethod
+    def _start(stderr: int | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """A template started by exec, and the socket to it."""
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # -I: no PYTHON* variables, no user site, no current directory on sys.path.
+        source_root = os.path.dirname(os.path.dirname(os.path.abspath(pynox.__file__)))
+        # typing_extensions, when msgspec finds it, patches the standard typing module, and every job would
+        # inherit the patch: hidden while pynox loads (msgspec then uses typing's own), importable again after.
+        bootstrap = (f"import sys; sys.path.insert(0, {source_root!r}); sys.modules['typing_extensions'] = None; "
+                     "from pynox.template.fork_server import main; del sys.modules['typing_extensions']; main()")
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-c", bootstrap, str(child.fileno()), str(os.getpid())],
+                env=template_environment(), pass_fds=[child.fileno()], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=stderr, cwd="/",
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        return process, parent
 
     @property
     def pid(self) -> int:
@@ -532,7 +549,7 @@ class Template:
 
     def has_word(self) -> bool:
         """Whether the template has said something nobody has read yet (between steps: that the child ended)."""
-        return bool(select.select([self.sock], [], [], 0)[0])
+        return readable(self.sock.fileno(), 0)
 
     def kill_child(self) -> None:
         self.child.kill()
@@ -697,7 +714,7 @@ class Template:
         """Give the template a moment to report a child that is exiting on its own."""
         deadline = time.monotonic() + _END_WAIT
         while self.child.state is not ChildState.ENDED:
-            if not select.select([self.sock], [], [], max(deadline - time.monotonic(), 0))[0]:
+            if not readable(self.sock.fileno(), deadline - time.monotonic()):
                 return  # its peak memory stays unknown; the next job settles its end
             self._receive(Outcome())
 
@@ -744,7 +761,7 @@ class Template:
             if kill_deadline is not None and now >= kill_deadline:
                 self.broken = True
                 raise PoolWorkerError("the template did not reap a finished job in time", started=False)
-            ready, _, _ = select.select([self.sock], [], [], ((kill_deadline or deadline) - now) / 1e9)
+            ready = readable(self.sock.fileno(), ((kill_deadline or deadline) - now) / 1e9)
             if ready:
                 self._receive_between_jobs()
         child.release()
@@ -756,7 +773,7 @@ class Template:
         deadline = time.monotonic() + _KILL_GRACE
         while True:
             wait = max(deadline - time.monotonic(), 0) if self.prepared.due else 0
-            if not select.select([self.sock], [], [], wait)[0]:
+            if not readable(self.sock.fileno(), wait):
                 if self.prepared.due:
                     self.broken = True
                     raise PoolWorkerError("the template did not prepare its next child in time", started=False)

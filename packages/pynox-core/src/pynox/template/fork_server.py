@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import gc
 import importlib
 import itertools
@@ -32,6 +33,8 @@ import signal
 import socket
 import sys
 import threading
+
+import msgspec
 
 from ..errors import KernelSupportError
 from ..job.child import prepare_template, run_job, run_prepared
@@ -46,6 +49,8 @@ from ..wire.frames import (
     Init,
     Prepared,
     Ready,
+    Spawn,
+    Spawned,
     Started,
     TemplateFailed,
     init_decoder,
@@ -82,11 +87,16 @@ def main() -> None:
     except Exception as exc:
         send_frame(sock, TemplateFailed(message=str(exc)))
         return
-    send_frame(sock, Ready(python=platform.python_version(), pid=os.getpid(), preloaded=init.preload,
-                           landlock_abi=runtime.landlock_abi, landlock_abi_kernel=runtime.landlock_abi_kernel,
-                           read_paths=list(runtime.read_paths), memory_floor=runtime.memory_floor,
-                           seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.compiled.unknown})))
-    _serve(sock, runtime)
+    ready = Ready(python=platform.python_version(), pid=os.getpid(), preloaded=init.preload,
+                  landlock_abi=runtime.landlock_abi, landlock_abi_kernel=runtime.landlock_abi_kernel,
+                  read_paths=list(runtime.read_paths), memory_floor=runtime.memory_floor,
+                  seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.compiled.unknown}))
+    send_frame(sock, ready)
+    if init.zygote:
+        set_process_name("pynox-zygote")
+        _serve_zygote(sock, runtime, init, ready)
+    else:
+        _serve(sock, runtime)
 
 
 # A supervisor's stop signals reach more than the pool: Ctrl-C and supervisord's stopasgroup its process group,
@@ -333,6 +343,9 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
                 frame = template_decoder.decode(raw)
                 if isinstance(frame, Fork):
                     children.fork_job(frame.job, frame.confinement, fds)
+                elif isinstance(frame, Spawn):  # a zygote's frame: a template never forks templates
+                    close_all(fds)
+                    return
                 else:
                     close_all(fds)
                     children.discard(frame.serial)
@@ -340,6 +353,98 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
         return  # the server closed our socket: we are being stopped
     finally:
         children.kill_all()
+
+
+def _serve_zygote(sock: socket.socket, runtime: Runtime, init: Init, ready: Ready) -> None:
+    """A zygote forks templates, and never a job's child: each template it forks is a copy of this warm
+    interpreter, which has served nothing and holds nothing of any job, as a template started by exec.
+
+    A session's template is forked here (see server/session_templates.py), so that every session shares the
+    pages of one warm interpreter copy-on-write, where each used to import its preloads into pages of its own.
+    A forked template waits for its Init before it answers: the server puts it in cgroups of its own first,
+    as it does a template it started itself, before it forks anything. The zygote reaps the templates it
+    forked; they die with it (their parent-death signal), and it dies with the server."""
+    zygote = os.getpid()
+    kept = _open_descriptors()  # what a forked template inherits and keeps, beside the socket it is given
+    templates: dict[int, int] = {}  # pidfd -> pid of each template forked and not yet reaped
+    try:
+        while True:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            for fd in templates:
+                poller.register(fd, select.POLLIN)
+            for fd, _ in poller.poll():
+                if fd in templates:
+                    os.waitpid(templates.pop(fd), 0)
+                    os.close(fd)
+                    continue
+                try:
+                    raw, fds = recv_raw(sock)
+                except EOFError:
+                    return
+                frame = template_decoder.decode(raw)
+                if not isinstance(frame, Spawn) or len(fds) != 1:
+                    close_all(fds)
+                    return  # the server broke the zygote's protocol: it ends, and the server replaces it
+                pid = os.fork()
+                if pid == 0:
+                    try:  # never returns; should it raise, the fork must not go on as the zygote
+                        _become_template(sock, fds[0], list(templates), zygote, kept, init, ready, runtime)
+                    finally:
+                        os._exit(0)
+                os.close(fds[0])
+                pidfd = os.pidfd_open(pid)
+                templates[pidfd] = pid
+                send_frame(sock, Spawned(pid=pid), [pidfd])
+    except (BrokenPipeError, ConnectionResetError):
+        return
+    finally:
+        for pidfd, pid in templates.items():
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            os.close(pidfd)
+
+
+def _become_template(zygote_sock: socket.socket, fd: int, pidfds: list[int], zygote: int, kept: set[int],
+                     init: Init, ready: Ready, runtime: Runtime) -> None:
+    """In a fork of the zygote: drop what is the zygote's, wait for the server's Init, then serve as a template."""
+    kept = kept - {zygote_sock.fileno()}
+    zygote_sock.close()
+    close_all(pidfds)  # the zygote's handles on its other templates
+    set_parent_death_signal(signal.SIGKILL)  # cleared by the fork: dies with the zygote, as it dies with the server
+    if os.getppid() != zygote:
+        os._exit(1)  # the zygote died before the signal was armed
+    set_process_name("pynox-template")
+    sock = socket.socket(fileno=fd)
+    try:
+        raw, _ = recv_raw(sock)  # sent once the server has put this process in its own cgroups
+    except EOFError:
+        return
+    given = init_decoder.decode(raw)
+    if given != msgspec.structs.replace(init, zygote=False):
+        send_frame(sock, TemplateFailed(message="a template forked from the zygote was given another Init "
+                                                "than the zygote's own"))
+        return
+    try:
+        _prove_descriptors(kept | {fd}, init.preload)
+    except RuntimeError as exc:
+        send_frame(sock, TemplateFailed(message=str(exc)))
+        return
+    send_frame(sock, msgspec.structs.replace(ready, pid=os.getpid()))
+    # Its children check that it is their parent (job/setup.py): this process's pid, not the zygote's.
+    _serve(sock, dataclasses.replace(runtime, pid=os.getpid()))
+
+
+def _open_descriptors() -> set[int]:
+    listing = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        listed = {int(fd) for fd in os.listdir(listing)} - {listing}
+    finally:
+        os.close(listing)
+    return {fd for fd in listed if _is_open(fd)}
 
 
 def _refresh(runtime: Runtime) -> None:

@@ -30,8 +30,8 @@ from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
     "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepared", "Ready",
-    "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw", "send_frame",
-    "template_decoder",
+    "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
+    "send_frame", "template_decoder",
 ]
 
 HEADER = struct.Struct("!I")
@@ -48,6 +48,8 @@ class Init(msgspec.Struct, tag=True):
     data_dirs: list[str] = []
     # The highest Landlock ABI to use (config.landlock_abi_cap); None: the kernel's.
     landlock_abi: int | None = None
+    # A zygote: it forks templates (Spawn), never a job's child (see server/session_templates.py).
+    zygote: bool = False
 
 
 class Ready(msgspec.Struct, tag=True):
@@ -108,13 +110,23 @@ class Ended(msgspec.Struct, tag=True):
     prepares: bool = False
 
 
+class Spawn(msgspec.Struct, tag=True):
+    """Server -> zygote, with the server's other end of a new socket: fork a template that serves on it."""
+
+
+class Spawned(msgspec.Struct, tag=True):
+    """Zygote -> server, with the new template's pidfd: it waits for its Init on the socket it was given."""
+
+    pid: int
+
+
 class HandOver(msgspec.Struct, tag=True):
     """Server -> prepared child, on its control socket: your job's own descriptors are attached."""
 
 
-_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended)
+_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Spawned)
 init_decoder = msgspec.json.Decoder(Init)
-template_decoder = msgspec.json.Decoder(Fork | Discard)
+template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn)
 
 
 def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -187,6 +199,7 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     return recv_exact(sock, size), list(fds)
 
 
-def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended, list[int]]:
+def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Spawned,
+                                             list[int]]:
     payload, fds = recv_raw(sock)
     return _decoder.decode(payload), fds

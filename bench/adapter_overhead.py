@@ -12,26 +12,18 @@ Rounds interleave the three, so all see the same machine load. Reports p50 and p
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
-import statistics
 import sys
 import time
 from typing import Any
 
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
+from timed_calls import main, summary  # type: ignore[import-not-found]  # run from bench/
 
 import pynox
 from pynox_langchain import python_tool
-
-
-def _summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {"p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2)}
 
 
 async def measure(runs: int) -> dict[str, Any]:
@@ -57,20 +49,8 @@ async def measure(runs: int) -> dict[str, Any]:
                 message = await tool.ainvoke(call)
                 times["langchain"].append(time.perf_counter() - started)
                 assert message.status == "success"
-    return {"runs": runs, "cpus": os.cpu_count(), **{name: _summary(values) for name, values in times.items()}}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args()
-    figures = asyncio.run(measure(args.runs))
-    print(json.dumps(figures, indent=2))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=2)
+    return {"runs": runs, "cpus": os.cpu_count(), **{name: summary(values) for name, values in times.items()}}
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, lambda runs: asyncio.run(measure(runs)))

@@ -13,24 +13,16 @@ Rounds interleave the three, so all see the same machine load. Reports p50 and p
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
 import time
 from typing import Any
 
 from jupyter_client.manager import start_new_kernel
+from timed_calls import main, summary  # type: ignore[import-not-found]  # run from bench/
 
 import pynox
 
 CELL = "x = 1\nx"
-
-
-def _summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {"p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2)}
 
 
 def measure(runs: int) -> dict[str, Any]:
@@ -57,20 +49,8 @@ def measure(runs: int) -> dict[str, Any]:
             client.stop_channels()
             manager.shutdown_kernel(now=True)
     return {"runs": runs, "cpus": os.cpu_count(), "load": os.getloadavg()[0],
-            **{name: _summary(values) for name, values in times.items()}}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    args = parser.parse_args()
-    figures = measure(args.runs)
-    print(json.dumps(figures, indent=2))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=2)
+            **{name: summary(values) for name, values in times.items()}}
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, measure)

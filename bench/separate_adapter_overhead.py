@@ -16,11 +16,9 @@ Rounds interleave all six, so all see the same machine load. Reports p50 and p99
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +27,7 @@ from agents.tool_context import ToolContext
 from autogen_core import CancellationToken
 from autogen_core.code_executor import CodeBlock
 from google.adk.code_executors.code_execution_utils import CodeExecutionInput
+from timed_calls import main, summary  # type: ignore[import-not-found]  # run from bench/
 
 import pynox
 from pynox_adk import PynoxCodeExecutor as AdkExecutor
@@ -36,12 +35,6 @@ from pynox_autogen import PynoxCodeExecutor as AutogenExecutor
 from pynox_openai_agents import python_tool
 
 CODE = "print(1)"
-
-
-def _summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {"p50_ms": round(statistics.median(ordered) * 1000, 2),
-            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 2)}
 
 
 async def measure(runs: int) -> dict[str, Any]:
@@ -80,20 +73,8 @@ async def measure(runs: int) -> dict[str, Any]:
                         await call()
                         times[name].append(time.perf_counter() - started)
     return {"runs": runs, "cpus": os.cpu_count(), "load": os.getloadavg(),
-            **{name: _summary(values) for name, values in times.items()}}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args()
-    figures = asyncio.run(measure(args.runs))
-    print(json.dumps(figures, indent=2))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(figures, out, indent=2)
+            **{name: summary(values) for name, values in times.items()}}
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, lambda runs: asyncio.run(measure(runs)))

@@ -102,9 +102,7 @@ def test_a_timeout_is_exit_124(pool: Pool) -> None:
     assert exit_code == 124 and "TimeoutError" in output
 
 
-def test_cancelling_the_token_stops_the_code_and_the_next_call_starts_afresh(pool: Pool) -> None:
-    others = running_pools()
-
+def test_cancelling_the_token_interrupts_the_code_and_the_session_keeps_its_variables(pool: Pool) -> None:
     async def scenario() -> tuple[float, str]:
         async with PynoxCodeExecutor(pool) as executor:
             agent = executor_agent(executor)
@@ -116,14 +114,37 @@ def test_cancelling_the_token_stops_the_code_and_the_next_call_starts_afresh(poo
                 await agent.on_messages([TextMessage(content=block("import time\ntime.sleep(30)"), source="coder")],
                                         token)
             stopped = time.monotonic() - started
-            wait_for_idle(templates=1, ignore=others)  # the sleeping job is gone, its session's process too
-            response = await agent.on_messages([TextMessage(content=block("print(x)"), source="coder")],
+            response = await agent.on_messages([TextMessage(content=block("print(x + 1)"), source="coder")],
                                                CancellationToken())
             return stopped, str(response.chat_message.to_text())
 
     stopped, after = run_async(scenario())
     assert stopped < 10, stopped
+    assert after.strip() == "2", after
+
+
+STUBBORN = "import time\nwhile True:\n    try:\n        time.sleep(30)\n    except KeyboardInterrupt:\n        pass"
+
+
+def test_a_block_that_ignores_the_interrupt_is_killed_and_the_next_call_says_so(pool: Pool) -> None:
+    others = running_pools()
+
+    async def scenario() -> str:
+        async with PynoxCodeExecutor(pool) as executor:
+            agent = executor_agent(executor)
+            await agent.on_messages([TextMessage(content=block("x = 1"), source="coder")], CancellationToken())
+            token = CancellationToken()
+            asyncio.get_running_loop().call_later(0.5, token.cancel)
+            with pytest.raises(asyncio.CancelledError):
+                await agent.on_messages([TextMessage(content=block(STUBBORN), source="coder")], token)
+            wait_for_idle(templates=1, ignore=others)  # past the grace the step is killed, its process with it
+            response = await agent.on_messages([TextMessage(content=block("print(x)"), source="coder")],
+                                               CancellationToken())
+            return str(response.chat_message.to_text())
+
+    after = run_async(scenario())
     assert "NameError: name 'x' is not defined" in after
+    assert "Variables, imports and functions defined in earlier calls are gone" in after, after
 
 
 def test_restart_gives_a_fresh_session_and_execute_needs_a_start(pool: Pool) -> None:

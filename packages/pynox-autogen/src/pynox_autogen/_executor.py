@@ -13,9 +13,11 @@ It behaves as AutoGen's stateful executor (``JupyterCodeExecutor``) does, the co
 * Python blocks only: another language is not run, and the result says so with exit code 1, as AutoGen's
   local executor reports an unknown language. Pynox's code cannot start programs, so ``sh`` cannot be
   offered.
-* The ``CancellationToken`` is linked to the task running the block: cancelling it stops the code at
-  once (the pool kills the job, and the session's process with it) and ``execute_code_blocks`` raises
-  ``asyncio.CancelledError``, as the interface says. The next call runs in a fresh session.
+* The ``CancellationToken`` is linked to the task running the block: cancelling it interrupts the code
+  (``KeyboardInterrupt`` in the block, as a Jupyter kernel's interrupt) and ``execute_code_blocks`` raises
+  ``asyncio.CancelledError``, as the interface says. The session and its variables live on, as the
+  Jupyter executor's kernel does; a block that does not stop within the pool's grace is killed with its
+  session's process, and the next call's output opens with a line saying its variables are gone.
 """
 
 from __future__ import annotations
@@ -113,11 +115,7 @@ class PynoxCodeExecutor(CodeExecutor, Component[PynoxCodeExecutorConfig]):
             run = asyncio.ensure_future(self._runner.arun(block.code))
             cancellation_token.link_future(run)
             try:
-                result = await run
-            except asyncio.CancelledError:
-                # The job was killed with its session's process: the next call starts a fresh session.
-                await asyncio.shield(self._runner.aclose())
-                raise
+                result = await run  # a cancel interrupts the step; the session outlives it (Session.arun)
             except _OPERATORS_ERRORS:
                 raise
             except PynoxError as exc:  # a refusal or a broken pool: what the model reads, as a failed block

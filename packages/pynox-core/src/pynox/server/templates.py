@@ -29,7 +29,7 @@ import msgspec
 import pynox
 
 from .. import hints
-from ..config import PoolSettings, landlock_abi_from_environment
+from ..config import PoolSettings, landlock_abi_from_environment, native_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
@@ -235,6 +235,7 @@ class Template:
         across the templates it replaces, so that a cancel of a job on its way is never lost)."""
         if landlock_abi is None:
             landlock_abi = landlock_abi_from_environment()
+        native = native_from_environment()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # -I: no PYTHON* variables, no user site, no current directory on sys.path.
         source_root = os.path.dirname(os.path.dirname(os.path.abspath(pynox.__file__)))
@@ -275,7 +276,7 @@ class Template:
             figures = _matplotlib()
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs,
                                     job_env=figures[0] if figures else {}, data_dirs=[figures[1]] if figures else [],
-                                    landlock_abi=landlock_abi))
+                                    landlock_abi=landlock_abi, native=native))
             parent.settimeout(_START_TIMEOUT)
             frame, _ = recv_frame(parent)
             parent.settimeout(None)

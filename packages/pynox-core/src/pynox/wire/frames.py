@@ -48,6 +48,9 @@ class Init(msgspec.Struct, tag=True):
     data_dirs: list[str] = []
     # The highest Landlock ABI to use (config.landlock_abi_cap); None: the kernel's.
     landlock_abi: int | None = None
+    # Children confine in one native call (True), through the Python steps (False), or natively when the
+    # extension loads (None): config.native_from_environment.
+    native: bool | None = None
 
 
 class Ready(msgspec.Struct, tag=True):
@@ -59,6 +62,7 @@ class Ready(msgspec.Struct, tag=True):
     seccomp_unknown: list[str]
     landlock_abi_kernel: int = 0
     memory_floor: int = 0  # bytes: the least memory limit a job of this template starts under
+    native: bool = False  # its children confine in one native call (policy/native.py)
 
 
 class TemplateFailed(msgspec.Struct, tag=True):

@@ -226,7 +226,11 @@ def _observe(pool: PoolProcess, tmp: Path, mode: str) -> dict[str, Any]:
     assert result["exit"] == 0 and result["stdout"] == "released\n", result
     if mode == "none":  # the template confines the next child ahead once this job has ended
         ready = _ready_child(pool, pid, seen["proc"]["status"]["Seccomp_filters"])
-        seen["ready"] = json.loads(json.dumps(_proc_facts(ready)).replace(str(tmp), "SIDE"))
+        facts, settled = None, _proc_facts(ready)
+        while facts != settled:  # read until two readings agree: it may still be ending its setup
+            time.sleep(0.05)
+            facts, settled = settled, _proc_facts(ready)
+        seen["ready"] = json.loads(json.dumps(facts).replace(str(tmp), "SIDE"))
         seen["ready_filters"], seen["ready_pid"] = _filters(ready), ready
     return seen
 
@@ -297,7 +301,8 @@ def test_native_and_python_paths_install_the_same_policy(observe: Any, kernel_ab
     # The child prepared ahead: the same facts (its outputs, report and display channel are /dev/null), and
     # the same programs.
     a, b = native["none"], python["none"]
-    assert a["ready"] == b["ready"], (a["ready"], b["ready"])
+    assert a["ready"] == b["ready"], {key: (a["ready"][key], b["ready"][key]) for key in a["ready"]
+                                      if a["ready"][key] != b["ready"][key]}
     assert a["ready"]["descriptors"]["10"][0] == "/dev/null", a["ready"]["descriptors"]
     for mine, theirs in zip(a["ready_filters"], b["ready_filters"], strict=True):
         assert mine == theirs or _masked(mine, a["ready_pid"]) == _masked(theirs, b["ready_pid"])

@@ -1,19 +1,21 @@
 """The floor of this design, measured in the same run as the pool: a confined job from a warm template at the least.
 
 The floor is a warm interpreter (the template's modules imported, the runtime prepared by the product's own
-``prepare_runtime``, a Landlock ruleset built once from the runtime's rules) that forks a child ahead of each
-job. The child confines itself in one native call (``floor_confine.c``: rlimits, the parent-death signal,
-no_new_privs, Landlock, the product's own main seccomp program and its listener), waits on a pipe for the
-code, runs it, writes a report of about 100 bytes and exits. The driver talks to it as to the pool: a JSON
-line in, a JSON line out, over pipes. Left out of the floor, so it is a floor: the job's grants and its
-``/proc/<pid>`` rules, the second seccomp filter, the steward, cgroups, the result's figures.
+``prepare_runtime``) that forks a child ahead of each job. The child confines itself with the product's own
+setup steps (``job/native_setup.confine_steps``: the one native call where the extension loads, else the
+Python steps, exactly as a pool's child would) under the confinement the pool's own code gives the request
+(``server/jobs.to_job``), so the floor confines exactly what the product confines: every rule, grant, limit
+and filter. It then sends its seccomp listener to the parent (which closes it: the job makes no delegated
+call), waits on its control socket for the code and its two output pipes, runs the code, writes a report of
+about 100 bytes and exits. The driver talks to it as to the pool: a JSON line in, a JSON line out, over
+pipes. Left out of the floor, so it is a floor: the server (its request parsing, grants opened per job,
+scheduling, the result), the payload and its claim, the steward, cgroups, the result's figures.
 
 Each round runs the job on the pool (one worker) and on the floor, alternately, 10 ms apart and back to
 back; the CPU per job of each (all their processes, from /proc, over interleaved blocks of 50 jobs) is
 reported beside its ratio to the floor's. ``--job print`` is ``print(1)``; ``--job pandas`` is latency.py's
 small pandas operation, with pandas preloaded in both (the pool's ``--preload=pandas``, the floor's parent
-importing it before its first fork). The shared library is built at the first run with the machine's C
-compiler (``$CC``, else ``cc``); without one the bench says so and stops.
+importing it before its first fork).
 
     python bench/floor_job.py [--runs 400] [--job print|pandas] [--json out.json]
 """
@@ -21,14 +23,11 @@ compiler (``$CC``, else ``cc``); without one the bench says so and stops.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -41,62 +40,57 @@ _REPORT = json.dumps({"exit": 0, "error": None, "setup_error": None, "return_val
                       "images": [], "padding": "x" * 20}).encode()
 
 
-def build_library() -> str:
-    """Compile floor_confine.c into a shared library in a temporary directory; its path."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise SystemExit("floor_job.py: no C compiler (set $CC, or install cc): the floor confines natively")
-    out = os.path.join(tempfile.mkdtemp(prefix="pynox-floor-"), "floor_confine.so")
-    subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", out, os.path.join(HERE, "floor_confine.c")],
-                   check=True)
-    return out
-
-
 JOBS = {"print": ("print(1)", "1\n"), "pandas": (PANDAS_CODE, "4950\n")}
 
 
-def serve(library: str, preload: list[str]) -> None:
+def serve(preload: list[str]) -> None:
     """The floor's warm parent: a JSON line with ``code`` in, its stdout as a JSON line out."""
     import importlib
+    import socket
 
     for module in preload:
         importlib.import_module(module)
-    import pynox.job.child  # what a template holds, so that the floor forks as large a process
-    import pynox.template.fork_server  # noqa: F401
-    from pynox.policy import landlock, prepare_runtime, reset_environment
+    import pynox.template.fork_server  # noqa: F401  - what a template holds, so that the floor forks as large a process
+    from pynox.job.native_setup import confine_steps
+    from pynox.job.setup import Setup, run_steps
+    from pynox.policy import native_call, prepare_runtime, reset_environment
+    from pynox.protocol import Request
+    from pynox.server.jobs import to_job
+    from pynox.wire.descriptors import CONTROL
 
     runtime = prepare_runtime((), ())
     reset_environment()
-    ruleset = landlock.build_ruleset(runtime.landlock_abi, network=False, prepared=runtime.rules.current())
-    program = runtime.filters["none"]._address  # the product's own program, laid out once (LoadableFilter)
-    confine = ctypes.CDLL(library).floor_confine
-    confine.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
-                        ctypes.c_long]
+    # The confinement the pool gives this request, from the pool's own code: the floor confines exactly it.
+    spec, _ = to_job(Request(code="print(1)"), cwd=os.getcwd(), runtime_paths=runtime.read_paths)
+    confinement = spec.confinement()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
 
-    def fork_ahead() -> tuple[int, int, int, int]:
-        job_r, job_w = os.pipe()
-        out_r, out_w = os.pipe()
-        report_r, report_w = os.pipe()
+    def fork_ahead() -> tuple[int, socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # As the template does: the native call laid out before the fork.
+        call = (native_call(confinement, runtime, [], [theirs.fileno()], (CONTROL,), prepared=True)
+                if runtime.native is not None else None)
         pid = os.fork()
         if pid == 0:
             try:
-                for fd in (job_w, out_r, report_r):
-                    os.close(fd)
-                listener = confine(ruleset, program, 1 << 30, 30, 1 << 30, 256)
-                if listener < 0:
+                ours.close()
+                setup = Setup(confinement, runtime, [], [theirs.detach()], (CONTROL,), prepared=True, native_call=call)
+                if run_steps(setup, confine_steps(setup)) is not None:
                     os._exit(125)
-                os.close(listener)  # the pool would hold it; print(1) makes no delegated call
-                code = os.read(job_r, 1 << 16)
-                os.dup2(out_w, 1)
+                with socket.socket(fileno=CONTROL) as control:
+                    code, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
+                out, report = fds
+                os.dup2(out, 1)
                 exec(compile(code, "agent.py", "exec"), {"__name__": "__main__"})
                 sys.stdout.flush()
-                os.write(report_w, _REPORT)
+                os.write(report, _REPORT)
             finally:
                 os._exit(0)
-        for fd in (job_r, out_w, report_w):
-            os.close(fd)
-        return pid, job_w, out_r, report_r
+        theirs.close()
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+        for fd in fds:
+            os.close(fd)  # the listener: the pool would hold it; print(1) makes no delegated call
+        return pid, ours
 
     def drain(fd: int) -> bytes:
         chunks = []
@@ -110,9 +104,13 @@ def serve(library: str, preload: list[str]) -> None:
     child = fork_ahead()
     for line in stdin:
         request = json.loads(line)
-        pid, job_w, out_r, report_r = child
-        os.write(job_w, request["code"].encode())
-        os.close(job_w)
+        pid, control = child
+        out_r, out_w = os.pipe()
+        report_r, report_w = os.pipe()
+        socket.send_fds(control, [request["code"].encode()], [out_w, report_w])
+        control.close()
+        os.close(out_w)
+        os.close(report_w)
         printed = drain(out_r)
         report = drain(report_r)
         os.waitpid(pid, 0)
@@ -125,8 +123,8 @@ def serve(library: str, preload: list[str]) -> None:
 class FloorDriver(PoolDriver):  # type: ignore[misc]  # latency.py is not type-checked from here
     """The floor, driven exactly as the pool is (PoolDriver's request and close)."""
 
-    def __init__(self, library: str, preload: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", library,
+    def __init__(self, preload: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve",
                                       *(f"--preload={module}" for module in preload)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=HERE)
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
@@ -150,15 +148,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--job", choices=sorted(JOBS), default="print")
     parser.add_argument("--json")
-    parser.add_argument("--serve", metavar="LIBRARY", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--preload", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.preload)
+        serve(args.preload)
         return 0
     preload = ["pandas"] if args.job == "pandas" else []
     drivers: dict[str, PoolDriver] = {"pool": PoolDriver("--workers=1", *(f"--preload={m}" for m in preload)),
-                                      "floor": FloorDriver(build_library(), preload)}
+                                      "floor": FloorDriver(preload)}
     cpu_of = {"pool": pool_cpu, "floor": cpu_ticks}
     load_before = os.getloadavg()
     latency: dict[str, dict[str, list[float]]] = {mode: {name: [] for name in drivers}

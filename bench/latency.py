@@ -23,11 +23,14 @@ Each baseline's ratio to the pool case it stands beside is reported under ``rati
 per second and memory with 1, 10 and 100 concurrent sessions; and the p50 as the code and its output grow
 (1 KB, 100 KB, 1 MB).
 
-    python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT] [--scaling]
+    python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT [--only-compare]]
+                            [--scaling]
 
 ``--compare`` names another checkout of this repository (for example a ``git worktree`` of the
 previous main): its ``print(1)`` cases run in the same process, interleaved round by round with this
-checkout's, so both see the same machine load.
+checkout's, so both see the same machine load. Each case also gives ``cpu_ms_per_job``: the CPU time of
+all the pool's processes (the pool, its templates and the children they reaped, from /proc) over its
+rounds, divided by the jobs run in them (a clock tick is 10 ms: hundreds of jobs make it exact enough).
 """
 
 from __future__ import annotations
@@ -147,19 +150,33 @@ def check_ok(reply: dict[str, Any]) -> None:
 
 
 def compare(other: str, runs: int) -> dict[str, dict[str, float]]:
-    """``print(1)`` on this checkout's pool and on ``other``'s, interleaved in rounds of 20 requests."""
+    """``print(1)`` on this checkout's pool and on ``other``'s, interleaved in rounds of 20 requests, with the
+    CPU each pool spent per job: all its processes (the pool, its templates and every child they reaped),
+    from /proc, over the same rounds (bench/host_calls.py's ``pool_cpu``)."""
+    from host_calls import pool_cpu  # type: ignore[import-not-found]  # run from bench/
+
     pools = {"this": PoolDriver("--workers=2"), "other": PoolDriver("--workers=2", source=other)}
     modes = {"back to back": 0.0, "20 ms apart": 0.02}
     samples: dict[str, list[float]] = {f"{name} {mode}": [] for name in pools for mode in modes}
+    ticks: dict[str, int] = dict.fromkeys(samples, 0)
+    jobs: dict[str, int] = dict.fromkeys(samples, 0)
     for _ in range(max(runs // 20, 1)):
         for name, pool in pools.items():
             job = functools.partial(pool.request, {"code": "print(1)"})
             for mode, pause in modes.items():
+                before = pool_cpu(pool.proc.pid)
                 samples[f"{name} {mode}"] += timed(lambda job=job: check_ok(job()), 20, warmup=2, pause=pause)
+                ticks[f"{name} {mode}"] += pool_cpu(pool.proc.pid) - before
+                jobs[f"{name} {mode}"] += 22
     for pool in pools.values():
         pool.close()
-    return {f"compare print(1), {key.replace('other', os.path.basename(other.rstrip('/')))}": summary(values)
-            for key, values in samples.items()}
+    label = os.path.basename(other.rstrip("/"))
+    results = {f"compare print(1), {key.replace('other', label)}": summary(values) for key, values in samples.items()}
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    for key in samples:
+        results[f"compare print(1), {key.replace('other', label)}"]["cpu_ms_per_job"] = round(
+            ticks[key] * tick_ms / jobs[key], 3)
+    return results
 
 
 def main() -> int:
@@ -168,10 +185,16 @@ def main() -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--compare", metavar="CHECKOUT", help="another checkout to measure print(1) against")
     parser.add_argument("--scaling", action="store_true", help="also measure the scaling tables (minutes)")
+    parser.add_argument("--only-compare", action="store_true", help="with --compare: only the compared cases")
     args = parser.parse_args()
     runs, results = args.runs, {}
     if args.compare:
         results.update(compare(args.compare, runs))
+        if args.only_compare:
+            results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                  "load_average_after": [round(load, 2) for load in os.getloadavg()]}
+            report(results, args.json)
+            return 0
 
     plain = PoolDriver("--workers=2")
     results["pool print(1), back to back"] = summary(timed(lambda: check_ok(plain.request({"code": "print(1)"})), runs))

@@ -56,6 +56,8 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     assert all(path.startswith(str(venv)) for path in where), where
     report = json.loads(_run(venv / "bin" / "pynox", "check", "--json", cwd=tmp_path))
     assert report["ok"] is True, report
+    # The core's wheel carries the child's confinement in one native call, and its jobs take it.
+    assert report["facts"]["confinement"] == "native", report["facts"]
     job = json.loads(_run(venv / "bin" / "pynox", "run", "--json", "-c", "print(6 * 7)", cwd=tmp_path))
     assert job["stdout"] == "42\n" and job["policy"]["backend"] == "landlock+seccomp", job
     # The MCP server's console script is installed, and its help names the grants.

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from pynox import Pool
@@ -40,7 +40,7 @@ def _observed(graph: object, thread: str, question: str) -> str:
 def test_a_thread_resumed_on_a_new_pool_gets_its_variables_back(tmp_path: Path, save_session: bool) -> None:
     config = _config(tmp_path)
     saver = InMemorySaver()
-    first = [AIMessage("```python\nbasket = {'lamp': 25.0, 'shade': 12.0}\nprint(len(basket))\n```"),
+    first: list[BaseMessage] = [AIMessage("```python\nbasket = {'lamp': 25.0, 'shade': 12.0}\nprint(len(basket))\n```"),
              AIMessage("Two items.")]
     with Pool(workers=1, config=config) as pool:
         evaluate = PynoxEval(pool)
@@ -48,7 +48,8 @@ def test_a_thread_resumed_on_a_new_pool_gets_its_variables_back(tmp_path: Path, 
                                      save_session=save_session).compile(checkpointer=saver)
         assert _observed(graph, "t-1", "Fill the basket") == "2"
         evaluate.close()
-    later = [AIMessage("```python\nprint(f\"{sum(basket.values()):.2f}\")\n```"), AIMessage("37.00 in all.")]
+    later: list[BaseMessage] = [AIMessage("```python\nprint(f\"{sum(basket.values()):.2f}\")\n```"),
+                                AIMessage("37.00 in all.")]
     with Pool(workers=1, config=config) as pool:  # the application restarted: a new pool, the same key
         evaluate = PynoxEval(pool)
         graph = create_codeact_graph(ScriptedChatModel(responses=later), [], evaluate,
@@ -62,7 +63,7 @@ def test_a_thread_resumed_on_a_new_pool_gets_its_variables_back(tmp_path: Path, 
 
 
 def test_threads_keep_their_own_variables_in_one_graph(tmp_path: Path) -> None:
-    replies = [AIMessage("```python\nwho = 'first'\n```"), AIMessage("ok"),
+    replies: list[BaseMessage] = [AIMessage("```python\nwho = 'first'\n```"), AIMessage("ok"),
                AIMessage("```python\nwho = 'second'\n```"), AIMessage("ok"),
                AIMessage("```python\nprint(who)\n```"), AIMessage("done")]
     with Pool(workers=1, config=_config(tmp_path)) as pool:

@@ -8,7 +8,6 @@ keeps its own cgroup and memory limit: the kernel's kill for one session's memor
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 

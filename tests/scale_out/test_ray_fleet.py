@@ -16,7 +16,7 @@ import pytest
 
 import pynox
 from pynox import ConfigError
-from pynox_ray import RayPool
+from pynox_ray import RayPool, RaySession
 
 _JOIN_DEADLINE = 30.0  # seconds for a node that joined to take work: the watch (1 s) plus its pool's start
 _LOSS_DEADLINE = 60.0  # seconds for Ray to declare a removed node dead and the pool to answer for it
@@ -88,6 +88,7 @@ def test_a_lost_node_answers_its_runs_once_its_sessions_say_so_and_a_new_node_ta
     doomed = _add(cluster, added, "lost")
     results: list[pynox.Result] = []
     with RayPool(workers=1, resources={"lost": 1}) as pool, pool.session() as notebook:
+        assert isinstance(notebook, RaySession)
         assert notebook.run("x = 41").ok and notebook.node_id == doomed
         running = threading.Thread(target=lambda: results.append(pool.run("import time\ntime.sleep(20)",
                                                                           timeout="30s")))

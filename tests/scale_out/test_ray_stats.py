@@ -10,7 +10,7 @@ import pytest
 
 from pynox.protocol import Result
 from pynox.server.stats import Gauges, Stats
-from pynox_ray.pool import _summed
+from pynox_ray.stats import summed as _summed
 
 pytestmark = pytest.mark.pure
 

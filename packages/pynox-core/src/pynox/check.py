@@ -29,7 +29,7 @@ from typing import Any
 
 from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment, load_config
 from .errors import ConfigError, KernelSupportError, PoolError, RequestError
-from .policy import BACKEND, cgroups, landlock, seccomp
+from .policy import BACKEND, cgroups, landlock, native, seccomp
 from .protocol import Request, Result
 from .server.packages import Installer
 from .server.runner import run_on
@@ -673,6 +673,10 @@ def run_check() -> CheckReport:
     else:
         try:
             report.facts["seccomp_unresolved"] = list(template.ready.seccomp_unknown)
+            # How the template's children confine themselves: in one native call, or through the Python steps
+            # (the same rules; policy/native.py), and why not natively when the extension cannot load.
+            report.facts["confinement"] = ("native" if template.ready.native
+                                           else f"python ({native.load_error() or '$PYNOX_NATIVE=0'})")
             with _lab() as lab:
                 for spec in _PROBES:
                     try:

@@ -43,7 +43,8 @@ from .units import format_size, parse_duration, parse_size
 __all__ = [
     "DEFAULT_MAX_QUEUED", "EMPTY", "LANDLOCK_ABI_VARIABLE", "LEAST_MEMORY", "MAX_SESSION_STATE", "Config", "Installs",
     "Limits", "PoolOptions", "PoolSettings", "TenantSettings", "default_config_path", "landlock_abi_cap",
-    "landlock_abi_from_environment", "listen_address", "load_config", "merged", "metrics_socket", "pool_options",
+    "landlock_abi_from_environment", "listen_address", "load_config", "merged", "metrics_socket",
+    "native_from_environment", "pool_options",
 ]
 
 _T = TypeVar("_T")
@@ -649,6 +650,23 @@ def landlock_abi_from_environment() -> int | None:
     """``$PYNOX_LANDLOCK_ABI``, checked; None when unset or empty."""
     value = os.environ.get(LANDLOCK_ABI_VARIABLE, "").strip()
     return landlock_abi_cap(value, f"${LANDLOCK_ABI_VARIABLE}") if value else None
+
+
+# How a child confines itself (policy/native.py): unset or empty, in one native call when the extension
+# loads, else through the Python steps; "0", through the Python steps (the fallback, which CI runs one matrix
+# leg on); "1", natively or the pool does not start (CI's other legs, so a broken build cannot pass on the
+# fallback).
+NATIVE_VARIABLE = "PYNOX_NATIVE"
+
+
+def native_from_environment() -> bool | None:
+    """``$PYNOX_NATIVE``, checked: True, False, or None when unset or empty."""
+    value = os.environ.get(NATIVE_VARIABLE, "").strip()
+    if not value:
+        return None
+    if value not in ("0", "1"):
+        raise ConfigError(f"${NATIVE_VARIABLE} must be 0 (the Python steps) or 1 (the native call), got {value!r}")
+    return value == "1"
 
 
 def _landlock_abi(table: _Table) -> int | None:

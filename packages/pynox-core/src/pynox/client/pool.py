@@ -38,7 +38,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, Self, Unpack
 
 import msgspec
 
@@ -72,8 +72,8 @@ from ..protocol import (
 )
 from ..units import format_duration, parse_duration
 from . import files as _files
-from .connect import Connection, connect_address
 from . import saved as _saved
+from .connect import Connection, connect_address
 from .files import FileInfo
 from .host_functions import HostErrors, HostLoop, answer_call, awaiting_on, step_functions
 from .model_tool import make_tool
@@ -477,7 +477,7 @@ class Pool:
             process.forget_after_fork()
             _forgotten_in_child.append(process)  # never collected: its streams then point at /dev/null
 
-    def __enter__(self) -> Pool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1117,7 +1117,7 @@ class Session(PoolSession):
 
         return send
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,6 +19,7 @@ from typing import NoReturn
 import msgspec
 
 from ..policy import Runtime
+from ..policy.native import NativeCall
 from ..policy.privileges import set_process_name
 from ..wire.descriptors import CONTROL, REPORT, handed_to_prepared, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
@@ -29,8 +30,9 @@ from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
 # session_state: loaded with the template, so a session's save and restore steps find it in memory.
 from . import display, session_state  # noqa: F401
 from .execute import execute, new_main, serve_session
+from .native_setup import confine_steps
 from .report import finish
-from .setup import CONFINE, READ, Setup, run_steps
+from .setup import READ, Setup, run_steps
 
 __all__ = ["prepare_template", "run_job", "run_prepared"]
 
@@ -41,12 +43,14 @@ def prepare_template() -> None:
     display.prepare()
 
 
-def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int]) -> NoReturn:
+def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int],
+            native_call: NativeCall | None = None) -> NoReturn:
     """``fds``: stdout, stderr, report, payload, claim, then the host channel and the control channel if
-    the job has them; ``grants``: one descriptor per granted path, which the rules are built from."""
+    the job has them; ``grants``: one descriptor per granted path, which the rules are built from;
+    ``native_call``: the setup's native call, laid out by the template before the fork."""
     setup = Setup(confinement, runtime, grants, fds, sent_with_job(confinement.host_channel, confinement.session),
-                  prepared=False)
-    payload = _ready_or_fail(setup, run_steps(setup, CONFINE) or run_steps(setup, READ))
+                  prepared=False, native_call=native_call)
+    payload = _ready_or_fail(setup, run_steps(setup, confine_steps(setup)) or run_steps(setup, READ))
     main = new_main(confinement, payload)
     if confinement.session:  # the first step came with the job itself
         serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
@@ -55,7 +59,8 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     _run(confinement, main, payload)
 
 
-def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int]) -> NoReturn:
+def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int],
+                 native_call: NativeCall | None = None) -> NoReturn:
     """A child forked and confined ahead of its job, with the confinement of the job before it.
 
     Once confined, it sends its seccomp listener to the server on ``control`` (or nothing, if its setup
@@ -65,8 +70,8 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     critical path, and the payload is read only now: nothing of any earlier job was ever in this process
     beyond what the template holds. A setup failure is reported to the job it receives.
     """
-    setup = Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True)
-    failure = run_steps(setup, CONFINE)
+    setup = Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True, native_call=native_call)
+    failure = run_steps(setup, confine_steps(setup))
     if failure is not None:
         _no_listener(setup.at(CONTROL))
     else:

@@ -19,21 +19,19 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..policy import Runtime, add_environment, build_ruleset, confine
+from ..policy import MAX_FD, Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
+from ..policy.native import NativeCall, NativeFailure
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
     CONTROL,
-    DISPLAY,
     METADATA,
+    OUTPUTS,
     PAYLOAD,
-    REPORT,
     RULESET,
     STAGING,
-    STDERR,
-    STDOUT,
 )
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.payload import claim, read_payload
@@ -42,9 +40,10 @@ from . import pynox_host
 from .interrupts import take_interrupts
 from .resolver import install_pinned_names
 
-__all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "run_steps"]
+__all__ = ["CONFINE", "READ", "Setup", "Step", "arrange", "close_quietly", "name_of", "run_steps",
+           "take_session_interrupts"]
 
-_MAX_FD = 1 << 20
+_MAX_FD = MAX_FD
 
 
 class Setup:
@@ -55,9 +54,10 @@ class Setup:
     on ``CONTROL`` (it has no job yet: its outputs and report are /dev/null until the job's arrive)."""
 
     def __init__(self, confinement: Confinement, runtime: Runtime, grants: list[int], sent: list[int],
-                 targets: tuple[int, ...], *, prepared: bool) -> None:
+                 targets: tuple[int, ...], *, prepared: bool, native_call: NativeCall | None = None) -> None:
         self.confinement, self.runtime, self.grants = confinement, runtime, grants
         self.sent, self.targets, self.prepared = sent, targets, prepared
+        self.native_call = native_call  # laid out by the template before the fork (job/native_setup.py)
         self.arranged = False
         self.ruleset: int | None = None
         self.listener: int | None = None
@@ -103,16 +103,19 @@ def _die_with_the_template(setup: Setup) -> None:
         os._exit(SETUP_FAILED_EXIT)
 
 
+def name_of(setup: Setup) -> str:
+    return "pynox-ready" if setup.prepared else "pynox-session" if setup.confinement.session else "pynox-job"
+
+
 def _name(setup: Setup) -> None:
-    set_process_name("pynox-ready" if setup.prepared else "pynox-session" if setup.confinement.session
-                     else "pynox-job")
+    set_process_name(name_of(setup))
 
 
 def _new_session(setup: Setup) -> None:
     os.setsid()
 
 
-def _take_interrupts(setup: Setup) -> None:
+def take_session_interrupts(setup: Setup) -> None:
     if setup.confinement.session:
         take_interrupts()
 
@@ -130,7 +133,7 @@ def _arrange_descriptors(setup: Setup) -> None:
     moves = [*zip(setup.sent, setup.targets, strict=True), (setup.ruleset, RULESET),
              (os.open("/dev/null", os.O_RDONLY), 0)]
     if setup.prepared:  # its warm-up writes; the job's own outputs and report replace these when it arrives
-        moves += [(os.open("/dev/null", os.O_WRONLY), target) for target in (STDOUT, STDERR, REPORT, DISPLAY)]
+        moves += [(os.open("/dev/null", os.O_WRONLY), target) for target in OUTPUTS]
     arrange(moves)
     setup.arranged = True
 
@@ -173,7 +176,7 @@ CONFINE: tuple[Step, ...] = (
     Step("start a new session", _new_session),
     # A session's cancel interrupts its step first (KeyboardInterrupt, see interrupts.py): the template
     # ignores the pool's interrupt signal. A job that is not a session keeps it ignored: it is killed.
-    Step("take interrupts", _take_interrupts),
+    Step("take interrupts", take_session_interrupts),
     # While the grant descriptors are still open: the rules are built from them (never by name, so a path
     # renamed since the server opened it grants nothing), and arranging closes them.
     Step("build the Landlock ruleset", _build_ruleset),
@@ -221,7 +224,9 @@ def run_steps(setup: Setup, steps: tuple[Step, ...]) -> str | None:
         try:
             step.run(setup)
         except BaseException as exc:  # fail closed: whatever went wrong, the code must not run
-            return f"could not {step.does}: {exc}"
+            # The native call's failure names the step of CONFINE it belongs to (job/native_setup.py).
+            does = CONFINE[exc.stage].does if isinstance(exc, NativeFailure) else step.does
+            return f"could not {does}: {exc}"
     return None
 
 

@@ -11,16 +11,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..wire.descriptors import CONTROL, METADATA, OUTPUTS, RULESET, STAGING
+from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.spec import Confinement, NetworkMode
 from . import landlock, seccomp
-from .limits import apply_limits
+from .limits import apply_limits, wanted_limits
+from .native import APPLY_POLICY, ARRANGE, BUILD_RULESET, NativeCall, NativeFailure, NativePlan, load_error, plan
 from .own_process import OwnProcessFilter
 from .privileges import drop_bounding_set, drop_privileges, set_parent_death_signal, switch_user
 from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, OWN_PROC_DIRECTORIES, OWN_PROC_ENTRIES, runtime_paths
 
 __all__ = [
-    "BACKEND", "BASE_ENVIRONMENT", "Runtime", "RuntimeRules", "add_environment", "build_ruleset", "confine",
-    "prepare_runtime", "private_data_bytes", "reset_environment",
+    "BACKEND", "BASE_ENVIRONMENT", "MAX_FD", "OWN_ENTRY_RIGHTS", "Runtime", "RuntimeRules", "add_environment",
+    "base_environment", "build_ruleset", "check_memory", "confine", "granted_rights", "native_call",
+    "prepare_runtime", "prepared_rules", "private_data_bytes", "reset_environment",
 ]
 
 _MIN_HEADROOM = 16 << 20
@@ -46,6 +50,8 @@ class Runtime:
     # The template's own pid: its children are forked by this process, and check that it is still their
     # parent once they have asked to die with it (see job/setup.py).
     pid: int
+    # What the child's confinement in one native call needs (policy/native.py); None: the Python steps.
+    native: NativePlan | None = None
 
     @property
     def memory_floor(self) -> int:
@@ -54,13 +60,15 @@ class Runtime:
 
 
 def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ...] = (), *,
-                    max_abi: int | None = None) -> Runtime:
+                    max_abi: int | None = None, native: bool | None = None) -> Runtime:
     """Probe and precompile what every job needs; raises ``KernelSupportError`` when it cannot confine.
     ``max_abi``: the highest Landlock ABI to use (the operator's cap; see ``config.landlock_abi_cap``).
+    ``native``: children confine in one native call (True: or the template fails), through the Python
+    steps (False), or natively when the extension loads (None; see ``config.native_from_environment``).
 
     Also empties the capability bounding set of the calling process (the template), once for all jobs.
     """
-    from ..errors import KernelSupportError
+    from ..errors import ConfigError, KernelSupportError
 
     kernel_abi, absent = landlock.probe()
     if kernel_abi < 1:
@@ -74,9 +82,12 @@ def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ..
     rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
                          + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
     network_rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
+    if native and load_error() is not None:
+        raise ConfigError(f"$PYNOX_NATIVE=1, but the native confinement cannot load: {load_error()}")
+    own_process = OwnProcessFilter.build()
     drop_bounding_set()
-    return Runtime(abi, kernel_abi, read_paths, filters, OwnProcessFilter.build(), rules, network_rules,
-                   private_data_bytes(), os.getpid())
+    return Runtime(abi, kernel_abi, read_paths, filters, own_process, rules, network_rules,
+                   private_data_bytes(), os.getpid(), plan(own_process) if native is not False else None)
 
 
 class RuntimeRules:
@@ -130,24 +141,38 @@ def build_ruleset(confinement: Confinement, runtime: Runtime, grants: list[int])
     of ``allow_read`` then ``allow_write``, opened by the server when the job started) and the entries of
     its own ``/proc/<pid>`` it may read. Built first, while those descriptors are still open; enforced by
     :func:`confine`."""
+    granted = [(fd, landlock.fitting(fd, rights)) for fd, rights in granted_rights(confinement, runtime, grants)]
+    own = f"/proc/{os.getpid()}"
+    entries = [(f"{own}/{entry}", rights) for entry, rights in OWN_ENTRY_RIGHTS]
+    # With "hosts", Landlock (ABI 4 and later) refuses every TCP bind and connect of the job's own: the pool
+    # makes each connection for it, on its socket, to a listed address (the steward is not confined).
+    return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network == "all",
+                                  prepared=(*prepared_rules(confinement, runtime), *granted), optional=entries)
+
+
+# The entries of its own /proc/<pid> a job may read, each with the rights that fit it (a file takes fewer).
+OWN_ENTRY_RIGHTS = tuple((entry, landlock.ACCESS_FS_READ if entry in OWN_PROC_DIRECTORIES
+                          else landlock.ACCESS_FS_READ & landlock.FILE_RIGHTS) for entry in OWN_PROC_ENTRIES)
+
+
+def prepared_rules(confinement: Confinement, runtime: Runtime) -> tuple[tuple[int, int], ...]:
+    """The template's rules a job's ruleset takes: the runtime's, and with any network its name files (with
+    "hosts" the job's resolver answers from the pool's pinned names, job/resolver.py, but a library may
+    still read /etc/services or /etc/hosts)."""
+    if confinement.network == "none":
+        return runtime.rules.current()
+    return (*runtime.rules.current(), *runtime.network_rules.current())
+
+
+def granted_rights(confinement: Confinement, runtime: Runtime, grants: list[int]) -> list[tuple[int, int]]:
+    """Each grant descriptor with the rights it is given before fitting (:func:`landlock.fitting` keeps
+    what a file can carry): reading for ``allow_read``, every right for ``allow_write``."""
     read, write = confinement.allow_read, confinement.allow_write
     if len(grants) != len(read) + len(write):
         raise ValueError(f"expected {len(read) + len(write)} grant descriptors, got {len(grants)}")
     all_rights = landlock.fs_rights(runtime.landlock_abi)
-    granted = [(fd, landlock.fitting(fd, landlock.ACCESS_FS_READ)) for fd in grants[:len(read)]]
-    granted += [(fd, landlock.fitting(fd, all_rights)) for fd in grants[len(read):]]
-    # Name resolution's files are read with any network: with "hosts" the job's resolver answers from the
-    # pool's pinned names (job/resolver.py), but a library may still read /etc/services or /etc/hosts.
-    network = confinement.network != "none"
-    prepared = (*runtime.rules.current(), *(runtime.network_rules.current() if network else ()),
-                *granted)
-    own = f"/proc/{os.getpid()}"
-    entries = [(f"{own}/{entry}", landlock.ACCESS_FS_READ if entry in OWN_PROC_DIRECTORIES
-                else landlock.ACCESS_FS_READ & landlock.FILE_RIGHTS) for entry in OWN_PROC_ENTRIES]
-    # With "hosts", Landlock (ABI 4 and later) refuses every TCP bind and connect of the job's own: the pool
-    # makes each connection for it, on its socket, to a listed address (the steward is not confined).
-    return landlock.build_ruleset(runtime.landlock_abi, network=confinement.network == "all", prepared=prepared,
-                                  optional=entries)
+    return ([(fd, landlock.ACCESS_FS_READ) for fd in grants[:len(read)]]
+            + [(fd, all_rights) for fd in grants[len(read):]])
 
 
 def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
@@ -157,14 +182,10 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
 
     The caller has already started a new session, built ``ruleset`` and closed every other descriptor.
     """
-    # The child inherits the template's heap (preloaded modules): a limit below it could not even start.
-    if confinement.memory < runtime.memory_floor:
-        raise MemoryError(f"memory limit {confinement.memory >> 20} MiB is below what the runtime already uses "
-                          f"({runtime.data_bytes >> 20} MiB with its preloaded modules) plus "
-                          f"{_MIN_HEADROOM >> 20} MiB to run; raise it")
+    check_memory(confinement, runtime)
     apply_limits(memory=confinement.memory, timeout=None if confinement.session else confinement.timeout,
                  max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files)
-    _base_environment(confinement)
+    base_environment(confinement)
     os.chdir(confinement.cwd)
     if confinement.uid is not None:
         switch_user(confinement.uid, confinement.gid if confinement.gid is not None else confinement.uid)
@@ -176,6 +197,51 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
     listener = runtime.filters[confinement.network].install()
     runtime.own_process.install(os.getpid())
     return listener
+
+
+# Every descriptor below this is closed when a child arranges its own (job/setup.arrange, and the native call).
+MAX_FD = 1 << 20
+_OWN_ENTRIES = tuple((entry.encode(), rights) for entry, rights in OWN_ENTRY_RIGHTS)
+
+
+def native_call(confinement: Confinement, runtime: Runtime, grants: list[int], sent: list[int],
+                targets: tuple[int, ...], *, prepared: bool) -> NativeCall:
+    """A child's native call (``runtime.native`` must be set), laid out where it is cheapest: in the template,
+    before the fork. The checks the Python steps make before their system calls (the grants' count, the
+    descriptors' count, the memory floor) are made here, with no effect; the first that fails is the call's
+    ``failed``, and the child then makes the steps before it and stops, as the Python steps would."""
+    assert runtime.native is not None
+    failed: NativeFailure | None = None
+    granted: list[tuple[int, int]] = []
+    try:
+        granted = granted_rights(confinement, runtime, grants)
+    except ValueError as exc:
+        failed = NativeFailure.of(BUILD_RULESET, str(exc))
+    if failed is None and len(sent) != len(targets):
+        failed = NativeFailure.of(ARRANGE, f"expected {len(targets)} descriptors, got {len(sent)}")
+    if failed is None:
+        try:
+            check_memory(confinement, runtime)
+        except MemoryError as exc:
+            failed = NativeFailure.of(APPLY_POLICY, str(exc))
+    return runtime.native.lay_out(
+        parent_pid=runtime.pid, exit_status=SETUP_FAILED_EXIT, abi=runtime.landlock_abi,
+        network_all=confinement.network == "all", prepared_rules=prepared_rules(confinement, runtime),
+        granted_rules=granted, own_entries=_OWN_ENTRIES, moves=list(zip(sent, targets, strict=False)),
+        ruleset_target=RULESET, null_read=(0,), null_write=OUTPUTS if prepared else (),
+        staging=STAGING, max_fd=MAX_FD,
+        limits=wanted_limits(memory=confinement.memory, timeout=None if confinement.session else confinement.timeout,
+                             max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files),
+        confinement=confinement, main_filter=runtime.filters[confinement.network].compiled.bpf,
+        handover=CONTROL if prepared else METADATA, keep_handover=prepared, failed=failed)
+
+
+def check_memory(confinement: Confinement, runtime: Runtime) -> None:
+    """The child inherits the template's heap (preloaded modules): a limit below it could not even start."""
+    if confinement.memory < runtime.memory_floor:
+        raise MemoryError(f"memory limit {confinement.memory >> 20} MiB is below what the runtime already uses "
+                          f"({runtime.data_bytes >> 20} MiB with its preloaded modules) plus "
+                          f"{_MIN_HEADROOM >> 20} MiB to run; raise it")
 
 
 BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
@@ -190,7 +256,7 @@ def reset_environment(runtime_env: dict[str, str] | None = None) -> None:
     os.environ.update(BASE_ENVIRONMENT)
 
 
-def _base_environment(confinement: Confinement) -> None:
+def base_environment(confinement: Confinement) -> None:
     """The base, with HOME and TMPDIR in the first write grant: all of a job's environment that its
     confinement decides. The job's own ``env`` comes with its payload (:func:`add_environment`)."""
     wanted = dict(BASE_ENVIRONMENT)

@@ -32,6 +32,7 @@ __all__ = [
     "fs_rights",
     "open_rule",
     "restrict_self",
+    "ruleset_attr",
 ]
 
 _SYS_CREATE_RULESET = 444  # the same number on every architecture
@@ -118,6 +119,13 @@ def _attr_size(abi: int) -> int:
     return 8
 
 
+def ruleset_attr(abi: int, *, network: bool) -> tuple[int, int, int, int]:
+    """What a ruleset of ``abi`` handles (filesystem, TCP unless ``network``, scopes) and the size of the
+    attribute the kernel is given: everything the ABI defines, so what no rule grants is denied."""
+    return (fs_rights(abi), NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and not network else 0,
+            SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0, _attr_size(abi))
+
+
 def open_rule(path: str, rights: int, *, missing_ok: bool) -> tuple[int, int] | None:
     """Open ``path`` for a rule: an ``O_PATH`` descriptor and the rights that fit it (a file takes fewer)."""
     try:
@@ -152,10 +160,9 @@ def build_ruleset(
     ``optional`` paths, with the rights that fit them, are opened here and skipped when absent (the
     entries of the child's own ``/proc/<pid>``).
     """
-    handled_fs = fs_rights(abi)
-    attr = _RulesetAttr(handled_fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and not network else 0,
-                        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
-    ruleset = syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_attr_size(abi)), 0,
+    handled_fs, handled_net, scoped, size = ruleset_attr(abi, network=network)
+    attr = _RulesetAttr(handled_fs, handled_net, scoped)
+    ruleset = syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0,
                       what="landlock_create_ruleset")
     try:
         for fd, rights in prepared:

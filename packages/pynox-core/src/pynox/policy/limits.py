@@ -34,7 +34,8 @@ import os
 import resource
 import signal
 
-__all__ = ["ADDRESS_SPACE_HEADROOM", "MAX_QUEUED_SIGNALS", "apply_limits", "first_to_be_killed"]
+__all__ = ["ADDRESS_SPACE_HEADROOM", "MAX_QUEUED_SIGNALS", "apply_limits", "first_to_be_killed",
+           "ignore_file_size_signal", "wanted_limits"]
 
 ADDRESS_SPACE_HEADROOM = 1 << 30
 MAX_QUEUED_SIGNALS = 64
@@ -50,23 +51,31 @@ def first_to_be_killed() -> None:
         os.close(fd)
 
 
-def _set(which: int, value: int) -> None:
-    resource.setrlimit(which, (value, value))
-
-
 def apply_limits(*, memory: int, timeout: float | None, max_file_size: int | None, max_open_files: int) -> None:
     """``timeout=None`` sets no CPU backstop: a session lives through many steps, each with its own deadline."""
-    _set(resource.RLIMIT_CORE, 0)
-    _set(resource.RLIMIT_DATA, memory)
-    _set(resource.RLIMIT_AS, memory + ADDRESS_SPACE_HEADROOM)
+    if max_file_size is not None:
+        ignore_file_size_signal()
+    for which, soft, hard in wanted_limits(memory=memory, timeout=timeout, max_file_size=max_file_size,
+                                           max_open_files=max_open_files):
+        resource.setrlimit(which, (soft, hard))
+
+
+def ignore_file_size_signal() -> None:
+    """Ignored, SIGXFSZ becomes EFBIG: Python raises OSError instead of the process dying."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def wanted_limits(*, memory: int, timeout: float | None, max_file_size: int | None,
+                  max_open_files: int) -> list[tuple[int, int, int]]:
+    """Every limit of a job, (resource, soft, hard), in the order both confinement paths set them."""
+    limits = [(resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_DATA, memory, memory),
+              (resource.RLIMIT_AS, memory + ADDRESS_SPACE_HEADROOM, memory + ADDRESS_SPACE_HEADROOM)]
     if timeout is not None:
         cpu = math.ceil(timeout) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    _set(resource.RLIMIT_NOFILE, max_open_files)
-    _set(resource.RLIMIT_SIGPENDING, MAX_QUEUED_SIGNALS)
-    _set(resource.RLIMIT_NICE, 0)
-    _set(resource.RLIMIT_RTPRIO, 0)
+        limits.append((resource.RLIMIT_CPU, cpu, cpu + 1))
+    limits += [(which, value, value) for which, value in (
+        (resource.RLIMIT_NOFILE, max_open_files), (resource.RLIMIT_SIGPENDING, MAX_QUEUED_SIGNALS),
+        (resource.RLIMIT_NICE, 0), (resource.RLIMIT_RTPRIO, 0))]
     if max_file_size is not None:
-        # Ignored, SIGXFSZ becomes EFBIG: Python raises OSError instead of the process dying.
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        _set(resource.RLIMIT_FSIZE, max_file_size)
+        limits.append((resource.RLIMIT_FSIZE, max_file_size, max_file_size))
+    return limits

@@ -176,6 +176,11 @@ class OwnProcessFilter:
         program, patches, unknown = assemble()
         return cls(program, tuple(patches), tuple(unknown))
 
+    def negations(self) -> tuple[tuple[int, int], ...]:
+        """Each instruction that takes the pid, and 1 where it takes ``-pid`` (the native path's patches)."""
+        return tuple((index, int(_INSTRUCTION.unpack_from(self.program, index * _INSTRUCTION.size)[3] != _PLACEHOLDER))
+                     for index in self.patches)
+
     def for_pid(self, pid: int) -> bytes:
         program = bytearray(self.program)
         for index in self.patches:

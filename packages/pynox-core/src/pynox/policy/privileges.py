@@ -15,7 +15,7 @@ import os
 from ._libc import libc, prctl
 
 __all__ = [
-    "drop_bounding_set", "drop_privileges", "set_parent_death_signal", "set_process_name", "switch_user",
+    "SECUREBITS", "drop_bounding_set", "drop_privileges", "set_parent_death_signal", "set_process_name", "switch_user",
 ]
 
 _PR_SET_PDEATHSIG = 1
@@ -34,7 +34,7 @@ _SECURE_NO_SETUID_FIXUP_LOCKED = 1 << 3
 _SECURE_KEEP_CAPS_LOCKED = 1 << 5
 _SECURE_NO_CAP_AMBIENT_RAISE = 1 << 6
 _SECURE_NO_CAP_AMBIENT_RAISE_LOCKED = 1 << 7
-_SECUREBITS = (
+SECUREBITS = (
     _SECURE_NOROOT | _SECURE_NOROOT_LOCKED | _SECURE_NO_SETUID_FIXUP | _SECURE_NO_SETUID_FIXUP_LOCKED
     | _SECURE_KEEP_CAPS_LOCKED | _SECURE_NO_CAP_AMBIENT_RAISE | _SECURE_NO_CAP_AMBIENT_RAISE_LOCKED
 )
@@ -94,7 +94,7 @@ def drop_privileges() -> None:
     The bounding set is already empty (:func:`drop_bounding_set`, in the template)."""
     if os.geteuid() == 0:
         # Without NOROOT, root would regain a full set of capabilities on exec (exec is also denied).
-        prctl(_PR_SET_SECUREBITS, _SECUREBITS, what="PR_SET_SECUREBITS")
+        prctl(_PR_SET_SECUREBITS, SECUREBITS, what="PR_SET_SECUREBITS")
     prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, what="clear ambient capabilities")
     header = _CapHeader(_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()

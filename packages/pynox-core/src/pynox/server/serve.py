@@ -25,8 +25,8 @@ import logging
 import os
 import queue
 import signal
-import subprocess
 import socket
+import subprocess
 import sys
 import threading
 import time

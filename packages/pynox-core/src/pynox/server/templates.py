@@ -28,7 +28,7 @@ import msgspec
 import pynox
 
 from .. import hints
-from ..config import PoolSettings, landlock_abi_from_environment
+from ..config import PoolSettings, landlock_abi_from_environment, native_from_environment
 from ..errors import KernelSupportError, PoolWorkerError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
@@ -239,6 +239,7 @@ class Template:
         a zygote (the process and the socket to it) rather than start one by exec."""
         if landlock_abi is None:
             landlock_abi = landlock_abi_from_environment()
+        native = native_from_environment()
         self.process: subprocess.Popen[bytes] | ForkedProcess
         if spawn is not None:
             self.process, parent = spawn()
@@ -269,7 +270,7 @@ class Template:
             figures = _matplotlib()
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs,
                                     job_env=figures[0] if figures else {}, data_dirs=[figures[1]] if figures else [],
-                                    landlock_abi=landlock_abi, zygote=zygote))
+                                    landlock_abi=landlock_abi, zygote=zygote, native=native))
             parent.settimeout(_START_TIMEOUT)
             frame, _ = recv_frame(parent)
             parent.settimeout(None)

@@ -38,10 +38,10 @@ import msgspec
 
 from ..errors import KernelSupportError
 from ..job.child import prepare_template, run_job, run_prepared
-from ..policy import Runtime, prepare_runtime, reset_environment
+from ..policy import Runtime, native_call, prepare_runtime, reset_environment
 from ..policy.grants import close_all
 from ..policy.privileges import set_parent_death_signal, set_process_name
-from ..wire.descriptors import sent_with_job
+from ..wire.descriptors import CONTROL, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import (
     Ended,
@@ -90,6 +90,7 @@ def main() -> None:
     ready = Ready(python=platform.python_version(), pid=os.getpid(), preloaded=init.preload,
                   landlock_abi=runtime.landlock_abi, landlock_abi_kernel=runtime.landlock_abi_kernel,
                   read_paths=list(runtime.read_paths), memory_floor=runtime.memory_floor,
+                  native=runtime.native is not None,
                   seccomp_unknown=sorted({n for f in runtime.filters.values() for n in f.compiled.unknown}))
     send_frame(sock, ready)
     if init.zygote:
@@ -125,7 +126,8 @@ def _warm_up(init: Init, sock_fd: int) -> Runtime:
     prepare_template()  # what every job would otherwise build for itself, built once from the preloads
     _prove_single_threaded(init.preload)
     _prove_descriptors({0, 1, 2, sock_fd}, init.preload)
-    runtime = prepare_runtime(tuple(init.package_dirs), tuple(init.data_dirs), max_abi=init.landlock_abi)
+    runtime = prepare_runtime(tuple(init.package_dirs), tuple(init.data_dirs), max_abi=init.landlock_abi,
+                              native=init.native)
     # Preloads have read their BLAS settings; from here on the environment is what every job starts from.
     reset_environment(init.job_env)
     _behave_as_a_normal_interpreter()
@@ -227,10 +229,14 @@ class _Children:
             if other.prepared:
                 self.discard(other.serial)
         _refresh(self.runtime)
+        # The child's native call, laid out here: every object a child touches is a copy-on-write fault.
+        call = (native_call(confinement, self.runtime, grants, own_fds,
+                            sent_with_job(confinement.host_channel, confinement.session), prepared=False)
+                if self.runtime.native is not None else None)
         pid = os.fork()
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
-                run_job(confinement, self.runtime, own_fds, grants)
+                run_job(confinement, self.runtime, own_fds, grants, call)
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         close_all(own_fds)  # the child has them; the payload among them was never read here
@@ -246,10 +252,12 @@ class _Children:
         control socket, and hands it the next job itself if that job's confinement and grants match."""
         _refresh(self.runtime)
         control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        call = (native_call(confinement, self.runtime, grants, [child_end.fileno()], (CONTROL,), prepared=True)
+                if self.runtime.native is not None else None)
         pid = os.fork()
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
-                run_prepared(confinement, self.runtime, child_end.fileno(), grants)
+                run_prepared(confinement, self.runtime, child_end.fileno(), grants, call)
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         child_end.close()

@@ -9,8 +9,8 @@ here once, for all three and for the session's steps.
 from __future__ import annotations
 
 __all__ = [
-    "CHANNEL", "CLAIM", "CONTROL", "DISPLAY", "METADATA", "PAYLOAD", "REPORT", "RULESET", "STAGING", "STDERR", "STDOUT",
-    "STEP", "handed_to_prepared", "sent_with_job",
+    "CHANNEL", "CLAIM", "CONTROL", "DISPLAY", "METADATA", "OUTPUTS", "PAYLOAD", "REPORT", "RULESET", "STAGING",
+    "STDERR", "STDOUT", "STEP", "handed_to_prepared", "sent_with_job",
 ]
 
 STDOUT, STDERR, REPORT = 1, 2, 3
@@ -24,8 +24,10 @@ METADATA = 9  # a socket to the pool, which takes the seccomp listener on it (se
 # job/display.py, which writes them, and server/display.py, the one place that reads them).
 DISPLAY = 10
 STAGING = 16  # above every fixed number
-# What each later step of a session brings: its own outputs, report and display channel.
-STEP = (STDOUT, STDERR, REPORT, DISPLAY)
+# A job's outputs, report and display channel: what each later step of a session brings, and what a prepared
+# child holds as /dev/null until its job's arrive (job/setup.py, and the native call's layout in policy/).
+OUTPUTS = (STDOUT, STDERR, REPORT, DISPLAY)
+STEP = OUTPUTS
 
 
 def sent_with_job(host_channel: bool, session: bool) -> tuple[int, ...]:

@@ -50,6 +50,9 @@ class Init(msgspec.Struct, tag=True):
     landlock_abi: int | None = None
     # A zygote: it forks templates (Spawn), never a job's child (see server/session_templates.py).
     zygote: bool = False
+    # Children confine in one native call (True), through the Python steps (False), or natively when the
+    # extension loads (None): config.native_from_environment.
+    native: bool | None = None
 
 
 class Ready(msgspec.Struct, tag=True):
@@ -61,6 +64,7 @@ class Ready(msgspec.Struct, tag=True):
     seccomp_unknown: list[str]
     landlock_abi_kernel: int = 0
     memory_floor: int = 0  # bytes: the least memory limit a job of this template starts under
+    native: bool = False  # its children confine in one native call (policy/native.py)
 
 
 class TemplateFailed(msgspec.Struct, tag=True):

@@ -1,0 +1,484 @@
+/* The child's whole confinement in one call: job/setup.py's CONFINE steps after the first, in their order.
+ *
+ * confine(name, stop_before, call): call is the tuple the template laid out before the fork (policy.native_call),
+ * so the child touches one prepared object rather than building its arguments (each object a child touches
+ * has its reference count written: a copy-on-write fault per page).
+ *
+ * Everything is prepared by Python, most of it once in the template (policy/native.py): the seccomp programs
+ * libseccomp compiled, the runtime's Landlock rules (descriptors and rights), the descriptor moves and the
+ * limits. This file only makes the system calls, so a child writes almost none of the template's pages (a
+ * Python step writes the objects it touches, and every written page is a copy-on-write fault). The rules
+ * it enforces are exactly those of the Python steps, which stay as the fallback (PYNOX_NATIVE=0); the test
+ * tests/sandbox/test_native_confine.py reads both paths' results from outside and compares them.
+ *
+ * stop_before: a stage whose check Python made before the call and saw fail; the stages before it are made
+ * and nothing from it on, so the child is left as the Python steps would leave it.
+ *
+ * confine(...) returns None once every step is done, or (stage, errno, what) for the first that failed:
+ * stage is the index in setup.CONFINE of the step it belongs to, so the failure names the same step as the
+ * Python path would. Nothing after a failed call runs: the caller never runs the job's code. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#endif
+#ifndef SYS_landlock_add_rule
+#define SYS_landlock_add_rule 445
+#endif
+#ifndef SYS_landlock_restrict_self
+#define SYS_landlock_restrict_self 446
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef SECCOMP_FILTER_FLAG_NEW_LISTENER
+#define SECCOMP_FILTER_FLAG_NEW_LISTENER (1UL << 3)
+#endif
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#endif
+
+/* The stages, as indices of job/setup.py's CONFINE (0, clearing the exit hooks, stays in Python). */
+/* TAKE_INTERRUPTS is Python's own state (a session's handler for the pool's interrupt signal, and its unblocking):
+   job/native_setup.py takes it before the call; a failure there stops the call at that stage. */
+enum {
+    FIRST_TO_BE_KILLED = 1, DIE_WITH_TEMPLATE, NAME, NEW_SESSION, TAKE_INTERRUPTS, BUILD_RULESET, ARRANGE,
+    APPLY_POLICY, HAND_OVER
+};
+
+#define MAX_ITEMS 512
+#define LANDLOCK_RULE_PATH_BENEATH 1
+#define CAPABILITY_VERSION_3 0x20080522
+
+struct ruleset_attr {
+    uint64_t handled_access_fs, handled_access_net, scoped;
+};
+struct path_beneath {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+struct cap_header {
+    uint32_t version;
+    int pid;
+};
+struct cap_data {
+    uint32_t effective, permitted, inheritable;
+};
+
+struct failure {
+    int stage, err;
+    const char *what;
+};
+
+static int fail(struct failure *f, int stage, const char *what) {
+    f->stage = stage;
+    f->err = errno;
+    f->what = what;
+    return -1;
+}
+
+/* A sequence of n-tuples of integers into out[count][n]; -1 with a Python exception when it is not one. */
+static Py_ssize_t int_rows(PyObject *seq, int n, long long (*out)[3], const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    if (count > MAX_ITEMS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: more than %d entries", what, MAX_ITEMS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(fast, i);
+        for (int j = 0; j < n; j++) {
+            PyObject *item = n == 1 ? row : (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == n ? PyTuple_GET_ITEM(row, j) : NULL);
+            if (item == NULL) {
+                Py_DECREF(fast);
+                PyErr_Format(PyExc_TypeError, "%s: each entry is a tuple of %d integers", what, n);
+                return -1;
+            }
+            out[i][j] = PyLong_AsLongLong(item);
+            if (out[i][j] == -1 && PyErr_Occurred()) {
+                Py_DECREF(fast);
+                return -1;
+            }
+        }
+    }
+    Py_DECREF(fast);
+    return count;
+}
+
+static int add_rule(int ruleset, int fd, uint64_t rights) {
+    struct path_beneath rule = {rights, fd};
+    return (int)syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &rule, 0);
+}
+
+static int set_limit(int resource, long long soft, long long hard) {
+    struct rlimit bound = {(rlim_t)soft, (rlim_t)hard};
+    return setrlimit(resource, &bound);
+}
+
+static PyObject *confine(PyObject *self, PyObject *args) {
+    (void)self;
+    int parent_pid, exit_status, ruleset_target, staging, max_fd, uid, gid, handover, keep_handover, stop_before;
+    const char *name, *cwd;
+    unsigned long long handled_fs, handled_net, scoped, file_rights;
+    unsigned long securebits;
+    Py_ssize_t attr_size;
+    PyObject *prepared_seq, *fitted_seq, *entries_seq, *moves_seq, *null_read_seq, *null_write_seq, *limits_seq,
+        *patches_seq;
+    Py_buffer main_filter, own_filter;
+    if (!PyArg_ParseTuple(args, "yi(iiKKKnOOKOOiOOiiOyiiky*y*Oip)", &name, &stop_before, &parent_pid, &exit_status,
+                          &handled_fs, &handled_net, &scoped, &attr_size, &prepared_seq, &fitted_seq, &file_rights,
+                          &entries_seq, &moves_seq, &ruleset_target, &null_read_seq, &null_write_seq, &staging,
+                          &max_fd, &limits_seq, &cwd, &uid, &gid, &securebits, &main_filter, &own_filter,
+                          &patches_seq, &handover, &keep_handover))
+        return NULL;
+
+    /* Everything read from Python before the first system call, so a malformed argument changes nothing. */
+    static long long prepared[MAX_ITEMS][3], fitted[MAX_ITEMS][3], moves[MAX_ITEMS][3], null_read[MAX_ITEMS][3],
+        null_write[MAX_ITEMS][3], limits[MAX_ITEMS][3], patches[MAX_ITEMS][3];
+    static char entry_paths[64][64];
+    static uint64_t entry_rights[64];
+    static struct sock_filter own_program[4096];
+    Py_ssize_t n_prepared, n_fitted, n_moves, n_null_read, n_null_write, n_limits, n_patches, n_entries = 0;
+    PyObject *result = NULL;
+    if ((n_prepared = int_rows(prepared_seq, 2, prepared, "prepared rules")) < 0 ||
+        (n_fitted = int_rows(fitted_seq, 2, fitted, "granted rules")) < 0 ||
+        (n_moves = int_rows(moves_seq, 2, moves, "moves")) < 0 ||
+        (n_null_read = int_rows(null_read_seq, 1, null_read, "read-only /dev/null targets")) < 0 ||
+        (n_null_write = int_rows(null_write_seq, 1, null_write, "writable /dev/null targets")) < 0 ||
+        (n_limits = int_rows(limits_seq, 3, limits, "limits")) < 0 ||
+        (n_patches = int_rows(patches_seq, 2, patches, "patches")) < 0)
+        goto out;
+    if (main_filter.len % sizeof(struct sock_filter) || own_filter.len % sizeof(struct sock_filter) ||
+        (size_t)own_filter.len > sizeof(own_program) || attr_size > (Py_ssize_t)sizeof(struct ruleset_attr) ||
+        n_moves + 1 + n_null_read + n_null_write > MAX_ITEMS) {
+        PyErr_SetString(PyExc_ValueError, "a program, the ruleset attribute or the moves are out of bounds");
+        goto out;
+    }
+    {
+        PyObject *fast = PySequence_Fast(entries_seq, "own /proc entries");
+        if (fast == NULL)
+            goto out;
+        n_entries = PySequence_Fast_GET_SIZE(fast);
+        int pid = getpid();
+        for (Py_ssize_t i = 0; i < n_entries && i < 64; i++) {
+            const char *entry;
+            unsigned long long rights;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "yK", &entry, &rights)) {
+                Py_DECREF(fast);
+                goto out;
+            }
+            snprintf(entry_paths[i], sizeof(entry_paths[i]), "/proc/%d/%s", pid, entry);
+            entry_rights[i] = rights;
+        }
+        Py_DECREF(fast);
+        if (n_entries > 64) {
+            PyErr_SetString(PyExc_ValueError, "too many own /proc entries");
+            goto out;
+        }
+    }
+
+    struct failure f = {0, 0, NULL};
+    int ruleset = -1, listener = -1;
+    char comm[16] = {0};
+
+    /* be the first to be killed */
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (oom < 0) {
+        fail(&f, FIRST_TO_BE_KILLED, "/proc/self/oom_score_adj");
+        goto failed;
+    }
+    if (write(oom, "1000", 4) < 0) {
+        fail(&f, FIRST_TO_BE_KILLED, "/proc/self/oom_score_adj");
+        close(oom);
+        goto failed;
+    }
+    close(oom);
+
+    /* die with the template; one that died before the ask sent no signal: exit, reporting nothing */
+    if (prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)) {
+        fail(&f, DIE_WITH_TEMPLATE, "PR_SET_PDEATHSIG");
+        goto failed;
+    }
+    if (getppid() != parent_pid)
+        _exit(exit_status);
+
+    /* name the process */
+    strncpy(comm, name, sizeof(comm) - 1);
+    if (prctl(PR_SET_NAME, (unsigned long)comm, 0, 0, 0)) {
+        fail(&f, NAME, "PR_SET_NAME");
+        goto failed;
+    }
+
+    /* start a new session */
+    if (setsid() < 0) {
+        fail(&f, NEW_SESSION, "setsid");
+        goto failed;
+    }
+
+    /* build the Landlock ruleset, while the grant descriptors are still open */
+    if (stop_before == TAKE_INTERRUPTS || stop_before == BUILD_RULESET)
+        goto stopped;
+    {
+        struct ruleset_attr attr = {handled_fs, handled_net, scoped};
+        ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, (size_t)attr_size, 0);
+        if (ruleset < 0) {
+            fail(&f, BUILD_RULESET, "landlock_create_ruleset");
+            goto failed;
+        }
+        for (Py_ssize_t i = 0; i < n_prepared; i++)
+            if (add_rule(ruleset, (int)prepared[i][0], (uint64_t)prepared[i][1])) {
+                fail(&f, BUILD_RULESET, "landlock_add_rule");
+                goto failed;
+            }
+        for (Py_ssize_t i = 0; i < n_fitted; i++) {
+            /* A file takes fewer rights than a directory (landlock.fitting). */
+            struct stat info;
+            if (fstat((int)fitted[i][0], &info)) {
+                fail(&f, BUILD_RULESET, "fstat of a granted path");
+                goto failed;
+            }
+            uint64_t rights = S_ISDIR(info.st_mode) ? (uint64_t)fitted[i][1] : (uint64_t)fitted[i][1] & file_rights;
+            if (add_rule(ruleset, (int)fitted[i][0], rights)) {
+                fail(&f, BUILD_RULESET, "landlock_add_rule");
+                goto failed;
+            }
+        }
+        for (Py_ssize_t i = 0; i < n_entries; i++) {
+            int fd = open(entry_paths[i], O_PATH | O_CLOEXEC);
+            if (fd < 0) {
+                if (errno == ENOENT)
+                    continue;
+                fail(&f, BUILD_RULESET, "open of an own /proc entry");
+                goto failed;
+            }
+            int added = add_rule(ruleset, fd, entry_rights[i]);
+            int saved = errno;
+            close(fd);
+            errno = saved;
+            if (added) {
+                fail(&f, BUILD_RULESET, "landlock_add_rule");
+                goto failed;
+            }
+        }
+    }
+
+    /* arrange descriptors: each source staged above every target first, then put at its number; every other
+       descriptor closed (setup.arrange) */
+    if (stop_before == ARRANGE)
+        goto stopped;
+    {
+        static int staged[MAX_ITEMS], targets[MAX_ITEMS];
+        static char used[MAX_ITEMS];
+        Py_ssize_t n = 0;
+        for (Py_ssize_t i = 0; i < n_moves; i++, n++) {
+            targets[n] = (int)moves[i][1];
+            if ((staged[n] = fcntl((int)moves[i][0], F_DUPFD, staging)) < 0) {
+                fail(&f, ARRANGE, "F_DUPFD");
+                goto failed;
+            }
+        }
+        targets[n] = ruleset_target;
+        if ((staged[n++] = fcntl(ruleset, F_DUPFD, staging)) < 0) {
+            fail(&f, ARRANGE, "F_DUPFD");
+            goto failed;
+        }
+        for (Py_ssize_t i = 0; i < n_null_read + n_null_write; i++, n++) {
+            int reading = i < n_null_read;
+            int fd = open("/dev/null", reading ? O_RDONLY : O_WRONLY);
+            if (fd < 0) {
+                fail(&f, ARRANGE, "/dev/null");
+                goto failed;
+            }
+            targets[n] = (int)(reading ? null_read[i][0] : null_write[i - n_null_read][0]);
+            staged[n] = fcntl(fd, F_DUPFD, staging);
+            close(fd);
+            if (staged[n] < 0) {
+                fail(&f, ARRANGE, "F_DUPFD");
+                goto failed;
+            }
+        }
+        memset(used, 0, sizeof(used));
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (dup2(staged[i], targets[i]) < 0) {
+                fail(&f, ARRANGE, "dup2");
+                goto failed;
+            }
+            if (targets[i] >= 0 && targets[i] < staging && targets[i] < MAX_ITEMS)
+                used[targets[i]] = 1;
+        }
+        for (int fd = 0; fd < staging; fd++)
+            if (!used[fd])
+                close(fd);
+        if (syscall(SYS_close_range, staging, max_fd, 0) < 0)
+            for (int fd = staging; fd < max_fd; fd++)
+                close(fd);
+        ruleset = ruleset_target;
+    }
+
+    /* apply the policy: rlimits, working directory, identity, no privileges, Landlock, seccomp (the
+       environment and SIGXFSZ are Python's: os.environ and the signal module keep their own views) */
+    if (stop_before == APPLY_POLICY)
+        goto stopped;
+    for (Py_ssize_t i = 0; i < n_limits; i++)
+        if (set_limit((int)limits[i][0], limits[i][1], limits[i][2])) {
+            fail(&f, APPLY_POLICY, "setrlimit");
+            goto failed;
+        }
+    if (chdir(cwd)) {
+        fail(&f, APPLY_POLICY, "chdir");
+        goto failed;
+    }
+    if (uid >= 0) {
+        if (setgroups(0, NULL) || setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) ||
+            setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)) {
+            fail(&f, APPLY_POLICY, "switch user");
+            goto failed;
+        }
+    }
+    /* After any credential change, which clears it: the job dies with its template. */
+    if (prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)) {
+        fail(&f, APPLY_POLICY, "PR_SET_PDEATHSIG");
+        goto failed;
+    }
+    if (geteuid() == 0 && prctl(PR_SET_SECUREBITS, securebits, 0, 0, 0)) {
+        fail(&f, APPLY_POLICY, "PR_SET_SECUREBITS");
+        goto failed;
+    }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)) {
+        fail(&f, APPLY_POLICY, "clear ambient capabilities");
+        goto failed;
+    }
+    {
+        struct cap_header header = {CAPABILITY_VERSION_3, 0};
+        struct cap_data data[2];
+        memset(data, 0, sizeof(data));
+        if (syscall(SYS_capset, &header, data)) {
+            fail(&f, APPLY_POLICY, "capset");
+            goto failed;
+        }
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) {
+        fail(&f, APPLY_POLICY, "PR_SET_NO_NEW_PRIVS");
+        goto failed;
+    }
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)) {
+        fail(&f, APPLY_POLICY, "PR_SET_DUMPABLE");
+        goto failed;
+    }
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0)) {
+        fail(&f, APPLY_POLICY, "landlock_restrict_self");
+        goto failed;
+    }
+    close(ruleset);
+    ruleset = -1;
+    {
+        struct sock_fprog program = {(unsigned short)(main_filter.len / sizeof(struct sock_filter)),
+                                     (struct sock_filter *)main_filter.buf};
+        listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
+        if (listener < 0) {
+            fail(&f, APPLY_POLICY, "seccomp filter");
+            goto failed;
+        }
+    }
+    {
+        /* The own-process filter, with this process's pid written where it goes (own_process.py). */
+        size_t count = own_filter.len / sizeof(struct sock_filter);
+        memcpy(own_program, own_filter.buf, own_filter.len);
+        int pid = getpid();
+        for (Py_ssize_t i = 0; i < n_patches; i++) {
+            long long index = patches[i][0];
+            if (index >= 0 && (size_t)index < count)
+                own_program[index].k = patches[i][1] ? (uint32_t)(-pid) : (uint32_t)pid;
+        }
+        struct sock_fprog program = {(unsigned short)count, own_program};
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, (unsigned long)&program, 0, 0)) {
+            fail(&f, APPLY_POLICY, "seccomp filter (own process)");
+            goto failed;
+        }
+    }
+
+    /* hand the metadata listener to the pool, and keep no copy */
+    {
+        char byte = 'L';
+        struct iovec iov = {&byte, 1};
+        union {
+            char buf[CMSG_SPACE(sizeof(int))];
+            struct cmsghdr align;
+        } control;
+        memset(&control, 0, sizeof(control));
+        struct msghdr message = {0};
+        message.msg_iov = &iov;
+        message.msg_iovlen = 1;
+        message.msg_control = control.buf;
+        message.msg_controllen = sizeof(control.buf);
+        struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(header), &listener, sizeof(int));
+        ssize_t sent;
+        do
+            sent = sendmsg(handover, &message, 0);
+        while (sent < 0 && errno == EINTR);
+        int saved = errno;
+        if (!keep_handover)
+            close(handover);
+        close(listener);
+        listener = -1;
+        if (sent < 0) {
+            errno = saved;
+            fail(&f, HAND_OVER, "sendmsg");
+            goto failed;
+        }
+    }
+    result = Py_NewRef(Py_None);
+    goto out;
+
+stopped:
+    /* A check Python made before the call failed at the start of this stage: the stages before it are done,
+       as the Python steps would have done them, and nothing after (the ruleset stays open, as it would). */
+    result = Py_NewRef(Py_None);
+    goto out;
+
+failed:
+    if (listener >= 0)
+        close(listener);
+    if (ruleset >= 0)
+        close(ruleset);
+    result = Py_BuildValue("(iis)", f.stage, f.err, f.what);
+out:
+    PyBuffer_Release(&main_filter);
+    PyBuffer_Release(&own_filter);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"confine", confine, METH_VARARGS,
+     "Confine the calling (single-threaded, just forked) child: see pynox.policy.native."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_confine", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__confine(void) { return PyModule_Create(&module); }

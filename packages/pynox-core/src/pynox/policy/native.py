@@ -1,0 +1,112 @@
+"""The child's confinement in one native call (``_confine.c``), from what the template prepared once.
+
+The Python steps of job/setup.py (:data:`~pynox.job.setup.CONFINE`) each write objects of the template's
+heap, and every page a child writes is a copy-on-write fault: about a millisecond of a job went there. The
+native path makes the same system calls, in the same order, from arguments laid out here: the seccomp
+programs are the bytes libseccomp compiled in the template (``Runtime.filters``), the own-process program is
+the same bytes with the indices where the child writes its pid, the Landlock rules are the same descriptors
+and rights, the limits the same list (:func:`pynox.policy.limits.wanted_limits`).
+
+Which path a template's children take (``Runtime.native``): the native one when the extension loads, unless
+``$PYNOX_NATIVE`` is ``0`` (the Python steps, the fallback; CI runs one matrix leg on it); ``1`` requires it.
+tests/sandbox/test_native_confine.py reads what each path installed from outside the child and compares.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+from ..wire.spec import Confinement
+from . import landlock
+from .own_process import OwnProcessFilter
+from .privileges import SECUREBITS
+
+__all__ = ["APPLY_POLICY", "ARRANGE", "BUILD_RULESET", "TAKE_INTERRUPTS", "NativeCall", "NativeFailure", "NativePlan",
+           "load_error", "plan"]
+
+_confine: ModuleType | None
+_load_error: str | None
+try:
+    from . import _confine  # type: ignore[attr-defined, no-redef]  # built by setup.py; optional
+    _load_error = None
+except ImportError as exc:  # no compiler where the package was built, or a foreign build
+    _confine, _load_error = None, str(exc)
+
+
+def load_error() -> str | None:
+    """Why the native confinement cannot load here, or None when it can."""
+    return _load_error
+
+
+class NativeFailure(Exception):
+    """A step of the native call failed: ``stage`` is its index in ``setup.CONFINE``, so the setup error
+    names the same step as the Python path's would."""
+
+    def __init__(self, stage: int, err: int, what: str) -> None:
+        super().__init__(f"[Errno {err}] {what}: {os.strerror(err)}")
+        self.stage = stage
+
+    @classmethod
+    def of(cls, stage: int, message: str) -> NativeFailure:
+        """A failure of a check made in Python before the call, with its own message."""
+        failure = cls(stage, 0, "")
+        failure.args = (message,)
+        return failure
+
+
+# The steps of setup.CONFINE whose checks (or, for the interrupts, whose Python state) are made before the call
+# (their indices there; job/native_setup.py checks them against CONFINE's names when it loads).
+TAKE_INTERRUPTS, BUILD_RULESET, ARRANGE, APPLY_POLICY = 5, 6, 7, 8
+
+
+@dataclass(frozen=True)
+class NativeCall:
+    """One child's call, laid out before the fork by the template (so the child touches one prepared tuple
+    instead of building its arguments), or by the child itself: every argument but the process's name, and
+    the first check of the Python steps that failed, if one did (``failed``)."""
+
+    args: tuple[object, ...]
+    failed: NativeFailure | None
+
+    def run(self, name: str, stop_before: int) -> None:
+        """Run every step of ``setup.CONFINE`` after the first, natively, or those before ``stop_before``;
+        :class:`NativeFailure` names the first that failed (nothing after it ran)."""
+        assert _confine is not None
+        failed = _confine.confine(name.encode()[:15], stop_before, self.args)
+        if failed is not None:
+            raise NativeFailure(*failed)
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """What every child of a template passes to the native call unchanged, laid out once."""
+
+    own_program: bytes
+    own_patches: tuple[tuple[int, int], ...]  # (instruction index, 1 if it takes -pid)
+    securebits: int
+
+    def lay_out(self, *, parent_pid: int, exit_status: int, abi: int, network_all: bool,
+                prepared_rules: tuple[tuple[int, int], ...], granted_rules: list[tuple[int, int]],
+                own_entries: tuple[tuple[bytes, int], ...], moves: list[tuple[int, int]], ruleset_target: int,
+                null_read: tuple[int, ...], null_write: tuple[int, ...], staging: int, max_fd: int,
+                limits: list[tuple[int, int, int]], confinement: Confinement, main_filter: bytes, handover: int,
+                keep_handover: bool, failed: NativeFailure | None) -> NativeCall:
+        """``granted_rules`` are fitted to what each descriptor names in the call, as
+        :func:`landlock.fitting` does."""
+        handled_fs, handled_net, scoped, size = landlock.ruleset_attr(abi, network=network_all)
+        uid = confinement.uid if confinement.uid is not None else -1
+        gid = confinement.gid if confinement.gid is not None else confinement.uid if confinement.uid is not None else -1
+        return NativeCall((
+            parent_pid, exit_status, handled_fs, handled_net, scoped, size, prepared_rules, granted_rules,
+            landlock.FILE_RIGHTS, own_entries, moves, ruleset_target, null_read, null_write, staging, max_fd,
+            limits, os.fsencode(confinement.cwd), uid, gid, self.securebits, main_filter, self.own_program,
+            self.own_patches, handover, keep_handover), failed)
+
+
+def plan(own_process: OwnProcessFilter) -> NativePlan | None:
+    """The plan, or None when the extension did not load (the Python steps confine)."""
+    if _confine is None:
+        return None
+    return NativePlan(own_process.program, own_process.negations(), SECUREBITS)

@@ -1,0 +1,321 @@
+"""Both ways a child confines itself install the same policy: the native call and the Python steps.
+
+A child confines itself in one native call (policy/_confine.c) or, where the extension cannot load, through
+the Python steps of job/setup.py ($PYNOX_NATIVE=0). For every Landlock ABI and every network mode, a job
+confined each way is read from outside, by this (root) process:
+
+* the seccomp programs the kernel holds for it, read back with ``PTRACE_SECCOMP_GET_FILTER`` (the main
+  filter, and the own-process filter with the job's pid written in, compared with the pids masked);
+* every system call of its setup that shapes the policy, as ``strace`` saw it from outside, in order: the
+  Landlock ruleset's attribute and each rule (its rights, and the path the rule's descriptor names), the
+  enforcement, each ``prctl``, each limit, the identity calls, the seccomp loads;
+* what ``/proc`` shows of it: credentials, capabilities, no_new_privs, seccomp mode and filter count, the
+  signals it blocks, ignores and catches (a session's child takes the pool's interrupt signal), limits, its
+  descriptors (the display channel among them), working directory, session and OOM score.
+
+A session's first step is observed too (its child takes the interrupt signal: job/interrupts.py), and so is
+the child the template prepares ahead of the next job (its outputs are /dev/null until its job's arrive).
+
+The control: the pool confines natively only when asked to (``pynox check`` says which path its template's
+children take, and PYNOX_NATIVE=1 makes a pool that cannot load the extension refuse to start).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pool.pool_driver import (
+    DEADLINE,
+    READY_CHILD,
+    PoolProcess,
+    descendants,
+    leftover_guard,
+    own_commands_env,
+    pool_process,
+    proc_table,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+_subreaper = pytest.fixture(scope="module", autouse=True, name="_subreaper")(leftover_guard)
+
+_PTRACE_DETACH = 17
+_PTRACE_SEIZE = 0x4206
+_PTRACE_INTERRUPT = 0x4207
+_PTRACE_SECCOMP_GET_FILTER = 0x420C
+_WALL = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.restype = ctypes.c_long
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+
+# The calls of a child's setup that make its policy; the rest (dup2, close, fstat) show in its descriptors.
+_TRACED = ("landlock_create_ruleset,landlock_add_rule,landlock_restrict_self,prctl,prlimit64,setrlimit,setsid,"
+           "capset,setgroups,setresgid,setresuid,chdir,seccomp")
+_STATUS = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
+           "Seccomp_filters", "SigBlk", "SigIgn", "SigCgt")
+_NETWORKS: dict[str, dict[str, Any]] = {"none": {}, "hosts": {"allow_hosts": ["127.0.0.1:9"]},
+                                        "all": {"allow_network": True}}
+# Each network mode as a plain job, and a session's first step (no network): the cases each side runs.
+_CASES: dict[str, dict[str, Any]] = {**_NETWORKS, "session": {"session": "native-equality"}}
+_INTERRUPT_BIT = 1 << (signal.SIGRTMIN + 2 - 1)  # wire/signals.py's INTERRUPT_SIGNAL, in /proc's masks
+_JOB = """
+import os, time
+open({pid!r}, 'w').write(str(os.getpid()))
+while not os.path.exists({release!r}):
+    time.sleep(0.005)
+print('released')
+"""
+
+
+def _filters(pid: int) -> list[bytes]:
+    """Every seccomp program the kernel holds for ``pid``, read with the job stopped."""
+    if _libc.ptrace(_PTRACE_SEIZE, pid, None, None) != 0:
+        raise OSError(ctypes.get_errno(), f"PTRACE_SEIZE {pid}")
+    try:
+        if _libc.ptrace(_PTRACE_INTERRUPT, pid, None, None) != 0:
+            raise OSError(ctypes.get_errno(), "PTRACE_INTERRUPT")
+        os.waitpid(pid, _WALL)
+        programs = []
+        for index in range(8):
+            count = _libc.ptrace(_PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(index), None)
+            if count < 0:
+                break
+            buffer = ctypes.create_string_buffer(count * 8)
+            assert _libc.ptrace(_PTRACE_SECCOMP_GET_FILTER, pid, ctypes.c_void_p(index), buffer) == count
+            programs.append(buffer.raw)
+        return programs
+    finally:
+        _libc.ptrace(_PTRACE_DETACH, pid, None, None)
+
+
+def _masked(program: bytes, pid: int) -> bytes:
+    """The own-process program with the job's pid (and -pid) in its constants replaced by zeros."""
+    out = bytearray(program)
+    for offset in range(0, len(out), 8):
+        k = int.from_bytes(out[offset + 4:offset + 8], sys.byteorder)
+        if k in (pid, (-pid) & 0xFFFFFFFF):
+            out[offset + 4:offset + 8] = b"\0\0\0\0"
+    return bytes(out)
+
+
+def _normalised(line: str, pid: int) -> str:
+    line = re.sub(r"\b\d+<([^>]*)>", r"<\1>", line)  # a descriptor by what it names, not its number
+    line = line.replace(f"/proc/{pid}/", "/proc/PID/")
+    # The own-process program, as strace prints it, holds the pid (and -pid) among its constants.
+    line = re.sub(rf"\b0x({pid:x}|{(-pid) & 0xFFFFFFFF:x})\b", "PID", line)
+    line = re.sub(r"0x[0-9a-f]{6,}", "ADDR", line)
+    return re.sub(r" = \d+$", " = ok", line)
+
+
+def _proc_facts(pid: int) -> dict[str, Any]:
+    root = Path(f"/proc/{pid}")
+    status = dict(line.split(":", 1) for line in (root / "status").read_text().splitlines() if ":" in line)
+    descriptors = {}
+    for entry in (root / "fd").iterdir():
+        target = os.readlink(entry)
+        flags = next(line for line in (root / "fdinfo" / entry.name).read_text().splitlines()
+                     if line.startswith("flags:"))
+        descriptors[int(entry.name)] = (re.sub(r":\[\d+\]", "", target), flags.split()[1])
+    stat = (root / "stat").read_text().rsplit(")", 1)[1].split()
+    return {
+        "status": {name: status[name].strip() for name in _STATUS},
+        "limits": (root / "limits").read_text(),
+        "descriptors": dict(sorted(descriptors.items())),
+        "cwd": os.readlink(root / "cwd"),
+        "leads_its_session": int(stat[3]) == pid and int(stat[2]) == pid,  # session id, process group id
+        "oom_score_adj": (root / "oom_score_adj").read_text(),
+        "comm": (root / "comm").read_text(),
+    }
+
+
+class _Trace:
+    """``strace`` following a template from outside: every child it forks from now on is traced too, each
+    into a file of its own (``out.<pid>``)."""
+
+    def __init__(self, template: int, out: Path) -> None:
+        self.out = out
+        command = [shutil.which("strace") or "strace", "-ff", "-qq", "-v", "-y", "-X", "raw", "-s", "64",
+                   "-e", f"trace={_TRACED}", "-o", str(out), "-p", str(template)]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.monotonic() + DEADLINE
+        while _tracer(template) == 0:
+            assert time.monotonic() < end and self.process.poll() is None, "strace did not attach"
+            time.sleep(0.01)
+
+    def detach(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=DEADLINE)
+
+    def calls(self, pid: int) -> list[str]:
+        """The calls ``pid`` made, in order (``-ff``: a file of its own, so no call is split by another's)."""
+        lines = Path(f"{self.out}.{pid}").read_text().splitlines()
+        return [_normalised(line.strip(), pid) for line in lines if not line.startswith(("+++", "---"))]
+
+
+def _tracer(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("TracerPid:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _ready_child(pool: PoolProcess, job: int, filters: str) -> int:
+    """The child the template prepared ahead of the next job, once its setup is done: its filters are
+    installed (as many as the job's) and its seccomp listener handed to the pool."""
+    end = time.monotonic() + DEADLINE
+    while True:
+        table = proc_table()
+        for pid in descendants(pool.pid, table):
+            if pid != job and table[pid][3] == READY_CHILD:
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    held = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
+                except OSError:
+                    continue
+                if f"Seccomp_filters:\t{filters}\n" in status and not any("seccomp" in fd for fd in held):
+                    return pid
+        assert time.monotonic() < end, "the template prepared no child ahead of the next job"
+        time.sleep(0.01)
+
+
+def _observe(pool: PoolProcess, tmp: Path, mode: str) -> dict[str, Any]:
+    """Run a job with a read grant, a write grant and the network ``mode`` (or a session's first step);
+    what it was confined with, and for a plain job without network the child prepared after it."""
+    network = _CASES[mode]
+    work = tmp / f"work-{mode}"
+    work.mkdir()
+    readable = tmp / "readable.txt"
+    readable.write_text("x")
+    pid_file, release = work / "pid", work / "release"
+    # A session's child comes from a template of its own, started for it: its calls are not traced (its
+    # programs and /proc facts are compared; the plain jobs' calls cover the same native call).
+    (template,) = pool.templates()
+    trace = _Trace(template, tmp / f"{work.name}.strace") if mode != "session" else None
+    try:
+        request_id = pool.submit(code=_JOB.format(pid=str(pid_file), release=str(release)),
+                                 allow_write=[str(work)], allow_read=[str(readable)], **network)
+        end = time.monotonic() + DEADLINE
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < end, f"the job never started: {pool.responses(request_id)}"
+            time.sleep(0.01)
+        pid = int(pid_file.read_text())
+    finally:
+        if trace is not None:
+            trace.detach()
+    calls = trace.calls(pid) if trace is not None else None
+    # Each side runs in a directory of its own: named alike, its grants are the same paths.
+    seen: dict[str, Any] = json.loads(json.dumps({"calls": calls, "proc": _proc_facts(pid)}).replace(str(tmp), "SIDE"))
+    programs = _filters(pid)
+    seen["filters"], seen["pid"] = programs, pid
+    release.touch()
+    result = pool.result(request_id)
+    assert result["exit"] == 0 and result["stdout"] == "released\n", result
+    if mode == "none":  # the template confines the next child ahead once this job has ended
+        ready = _ready_child(pool, pid, seen["proc"]["status"]["Seccomp_filters"])
+        facts, settled = None, _proc_facts(ready)
+        while facts != settled:  # read until two readings agree: it may still be ending its setup
+            time.sleep(0.05)
+            facts, settled = settled, _proc_facts(ready)
+        seen["ready"] = json.loads(json.dumps(facts).replace(str(tmp), "SIDE"))
+        seen["ready_filters"], seen["ready_pid"] = _filters(ready), ready
+    return seen
+
+
+@pytest.fixture(scope="module")
+def kernel_abi() -> int:
+    done = subprocess.run([sys.executable, "-m", "pynox", "check", "--json"], capture_output=True, text=True,
+                          env={**own_commands_env(), "PYNOX_NATIVE": "1"}, timeout=120, check=False)
+    facts = json.loads(done.stdout)["facts"]
+    # The control: asked for it, the pool's children confine natively (and a pool that cannot load the
+    # extension refuses to start), so the two sides below are the two paths.
+    assert facts["confinement"] == "native", facts.get("confinement")
+    return int(facts["landlock_abi_kernel"])
+
+
+@pytest.fixture
+def observe(tmp_path: Path) -> Iterator[Any]:
+    def run(native: str, abi: int) -> dict[str, dict[str, Any]]:
+        env = {**os.environ, "PYNOX_NATIVE": native, "PYNOX_LANDLOCK_ABI": str(abi)}
+        side = tmp_path / f"native-{native}"
+        side.mkdir()
+        with pool_process("--workers=1", cwd=side, env=env) as pool:
+            return {mode: _observe(pool, side, mode) for mode in _CASES}
+    yield run
+
+
+def _can_read_filters() -> None:
+    """Reading seccomp programs back needs CAP_SYS_ADMIN and CAP_SYS_PTRACE, which root in a container
+    lacks (that leg proves the container's behaviour; the host's run proves this). strace is needed where
+    they are held: in CI its absence fails, never skips."""
+    status = Path("/proc/self/status").read_text()
+    effective = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+    if not effective & (1 << 21) or not effective & (1 << 19):
+        pytest.skip("reading a job's seccomp programs needs CAP_SYS_ADMIN and CAP_SYS_PTRACE")
+    if shutil.which("strace") is None:
+        if os.environ.get("CI"):
+            pytest.fail("strace reads each child's setup from outside: install it (CI must prove this)")
+        pytest.skip("strace reads each child's setup from outside")
+
+
+@pytest.mark.needs_root("reading a process's seccomp programs needs CAP_SYS_ADMIN and ptrace")
+@pytest.mark.parametrize("abi", range(1, 8))
+def test_native_and_python_paths_install_the_same_policy(observe: Any, kernel_abi: int, abi: int) -> None:
+    _can_read_filters()
+    native, python = observe("1", abi), observe("0", abi)
+    for mode in _CASES:
+        a, b = native[mode], python[mode]
+        # The main filter for this mode and the own-process filter (a container's or the host's own beside
+        # them); the own-process one holds each job's pid, masked where the two programs differ.
+        assert len(a["filters"]) >= 2 and len(a["filters"]) == len(b["filters"]), mode
+        for mine, theirs in zip(a["filters"], b["filters"], strict=True):
+            assert mine == theirs or _masked(mine, a["pid"]) == _masked(theirs, b["pid"]), mode
+        assert a["proc"] == b["proc"], mode
+        assert a["calls"] == b["calls"], (mode, a["calls"], b["calls"])
+        # The display channel is among the job's descriptors (by number: the facts went through JSON), on both sides.
+        assert "10" in a["proc"]["descriptors"], a["proc"]["descriptors"]
+        if mode == "session":
+            continue
+        added = [call for call in a["calls"] if call.startswith("landlock_add_rule(")]
+        # Each rule's descriptor named a path: the runtime's, the grants and the job's own /proc entries.
+        assert added and all("<" in call for call in added), added
+        assert any("/proc/PID/status" in call for call in added), added
+    # A session's child catches the pool's interrupt signal, unblocked; a plain job's ignores it.
+    for side in (native, python):
+        session, plain = side["session"]["proc"]["status"], side["none"]["proc"]["status"]
+        assert int(session["SigCgt"], 16) & _INTERRUPT_BIT and not int(session["SigBlk"], 16) & _INTERRUPT_BIT
+        assert int(plain["SigIgn"], 16) & _INTERRUPT_BIT and not int(plain["SigCgt"], 16) & _INTERRUPT_BIT
+    # The child prepared ahead: the same facts (its outputs, report and display channel are /dev/null), and
+    # the same programs.
+    a, b = native["none"], python["none"]
+    assert a["ready"] == b["ready"], {key: (a["ready"][key], b["ready"][key]) for key in a["ready"]
+                                      if a["ready"][key] != b["ready"][key]}
+    assert a["ready"]["descriptors"]["10"][0] == "/dev/null", a["ready"]["descriptors"]
+    for mine, theirs in zip(a["ready_filters"], b["ready_filters"], strict=True):
+        assert mine == theirs or _masked(mine, a["ready_pid"]) == _masked(theirs, b["ready_pid"])
+    # The modes differ where they should: the same path does not simply install one thing everywhere.
+    assert native["none"]["filters"][0] != native["all"]["filters"][0] != native["hosts"]["filters"][0]
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "native"])
+def test_a_pool_refuses_a_pynox_native_it_does_not_know(value: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "pynox", "pool"], input="", capture_output=True, text=True,
+                          env={**own_commands_env(), "PYNOX_NATIVE": value}, timeout=120, check=False)
+    first = json.loads(done.stdout.splitlines()[0])
+    assert first["event"] == "error" and first["error"]["type"] == "ConfigError", first
+    assert first["error"]["message"] == (f"$PYNOX_NATIVE must be 0 (the Python steps) or 1 (the native call), "
+                                         f"got {value!r}"), first
+    assert done.returncode != 0

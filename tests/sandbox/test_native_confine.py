@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
 from tests.pool.pool_driver import (
     DEADLINE,
     READY_CHILD,
@@ -113,7 +114,7 @@ def _masked(program: bytes, pid: int) -> bytes:
 
 def _normalised(line: str, pid: int) -> str:
     line = re.sub(r"\b\d+<([^>]*)>", r"<\1>", line)  # a descriptor by what it names, not its number
-    line = line.replace(f"/proc/{pid}/", "/proc/PID/")
+    line = line.replace(procfs.path(pid) + "/", procfs.path("PID") + "/")
     # The own-process program, as strace prints it, holds the pid (and -pid) among its constants.
     line = re.sub(rf"\b0x({pid:x}|{(-pid) & 0xFFFFFFFF:x})\b", "PID", line)
     line = re.sub(r"0x[0-9a-f]{6,}", "ADDR", line)
@@ -121,23 +122,20 @@ def _normalised(line: str, pid: int) -> str:
 
 
 def _proc_facts(pid: int) -> dict[str, Any]:
-    root = Path(f"/proc/{pid}")
-    status = dict(line.split(":", 1) for line in (root / "status").read_text().splitlines() if ":" in line)
+    status = procfs.status(pid)
     descriptors = {}
-    for entry in (root / "fd").iterdir():
-        target = os.readlink(entry)
-        flags = next(line for line in (root / "fdinfo" / entry.name).read_text().splitlines()
-                     if line.startswith("flags:"))
-        descriptors[int(entry.name)] = (re.sub(r":\[\d+\]", "", target), flags.split()[1])
-    stat = (root / "stat").read_text().rsplit(")", 1)[1].split()
+    for fd, target in procfs.fd_targets(pid).items():
+        flags = next(line for line in procfs.read(pid, f"fdinfo/{fd}").splitlines() if line.startswith("flags:"))
+        descriptors[fd] = (re.sub(r":\[\d+\]", "", target), flags.split()[1])
+    stat = procfs.stat(pid).fields
     return {
-        "status": {name: status[name].strip() for name in _STATUS},
-        "limits": (root / "limits").read_text(),
+        "status": {name: status[name] for name in _STATUS},
+        "limits": procfs.read(pid, "limits"),
         "descriptors": dict(sorted(descriptors.items())),
-        "cwd": os.readlink(root / "cwd"),
+        "cwd": os.readlink(procfs.path(pid, "cwd")),
         "leads_its_session": int(stat[3]) == pid and int(stat[2]) == pid,  # session id, process group id
-        "oom_score_adj": (root / "oom_score_adj").read_text(),
-        "comm": (root / "comm").read_text(),
+        "oom_score_adj": procfs.read(pid, "oom_score_adj"),
+        "comm": procfs.read(pid, "comm"),
     }
 
 
@@ -167,10 +165,7 @@ class _Trace:
 
 
 def _tracer(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("TracerPid:"):
-            return int(line.split()[1])
-    return 0
+    return int(procfs.status(pid).get("TracerPid", "0"))
 
 
 def _ready_child(pool: PoolProcess, job: int, filters: str) -> int:
@@ -182,8 +177,8 @@ def _ready_child(pool: PoolProcess, job: int, filters: str) -> int:
         for pid in descendants(pool.pid, table):
             if pid != job and table[pid][3] == READY_CHILD:
                 try:
-                    status = Path(f"/proc/{pid}/status").read_text()
-                    held = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
+                    status = procfs.read(pid, "status")
+                    held = list(procfs.fd_targets(pid).values())
                 except OSError:
                     continue
                 if f"Seccomp_filters:\t{filters}\n" in status and not any("seccomp" in fd for fd in held):
@@ -261,8 +256,7 @@ def _can_read_filters() -> None:
     """Reading seccomp programs back needs CAP_SYS_ADMIN and CAP_SYS_PTRACE, which root in a container
     lacks (that leg proves the container's behaviour; the host's run proves this). strace is needed where
     they are held: in CI its absence fails, never skips."""
-    status = Path("/proc/self/status").read_text()
-    effective = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+    effective = int(procfs.status("self")["CapEff"], 16)
     if not effective & (1 << 21) or not effective & (1 << 19):
         pytest.skip("reading a job's seccomp programs needs CAP_SYS_ADMIN and CAP_SYS_PTRACE")
     if shutil.which("strace") is None:
@@ -292,7 +286,7 @@ def test_native_and_python_paths_install_the_same_policy(observe: Any, kernel_ab
         added = [call for call in a["calls"] if call.startswith("landlock_add_rule(")]
         # Each rule's descriptor named a path: the runtime's, the grants and the job's own /proc entries.
         assert added and all("<" in call for call in added), added
-        assert any("/proc/PID/status" in call for call in added), added
+        assert any(procfs.path("PID", "status") in call for call in added), added
     # A session's child catches the pool's interrupt signal, unblocked; a plain job's ignores it.
     for side in (native, python):
         session, plain = side["session"]["proc"]["status"], side["none"]["proc"]["status"]

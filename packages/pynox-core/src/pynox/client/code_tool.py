@@ -395,10 +395,8 @@ class CodeTool:
 
     def save(self) -> SavedSession | None:
         """The tool's session's state (see :meth:`pynox.Session.save`), or None while it holds no process."""
-        from .pool import Session
-
         session = self._session
-        if not isinstance(session, Session) or not session.alive:
+        if not _is_session(session) or not session.alive:
             return None
         return session.save()
 

@@ -8,7 +8,6 @@ checkpoint. The control is the same resumption without ``save_session``: the var
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from pynox import Pool
 from pynox_langchain import PynoxEval, create_codeact_graph
+from tests.harness.fixtures import session_key_config
 
 from .scripted_langgraph import ScriptedChatModel
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _config(tmp_path: Path) -> Path:
-    (tmp_path / "state.key").write_bytes(os.urandom(32))
-    path = tmp_path / "pynox.toml"
-    path.write_text('[pool]\nsession_key_file = "state.key"\n')
-    return path
 
 
 def _observed(graph: object, thread: str, question: str) -> str:
@@ -38,7 +31,7 @@ def _observed(graph: object, thread: str, question: str) -> str:
 
 @pytest.mark.parametrize("save_session", [True, False])
 def test_a_thread_resumed_on_a_new_pool_gets_its_variables_back(tmp_path: Path, save_session: bool) -> None:
-    config = _config(tmp_path)
+    config = session_key_config(tmp_path)
     saver = InMemorySaver()
     first: list[BaseMessage] = [AIMessage("```python\nbasket = {'lamp': 25.0, 'shade': 12.0}\nprint(len(basket))\n```"),
              AIMessage("Two items.")]
@@ -66,7 +59,7 @@ def test_threads_keep_their_own_variables_in_one_graph(tmp_path: Path) -> None:
     replies: list[BaseMessage] = [AIMessage("```python\nwho = 'first'\n```"), AIMessage("ok"),
                AIMessage("```python\nwho = 'second'\n```"), AIMessage("ok"),
                AIMessage("```python\nprint(who)\n```"), AIMessage("done")]
-    with Pool(workers=1, config=_config(tmp_path)) as pool:
+    with Pool(workers=1, config=session_key_config(tmp_path)) as pool:
         evaluate = PynoxEval(pool)
         graph = create_codeact_graph(ScriptedChatModel(responses=replies), [], evaluate,
                                      save_session=True).compile(checkpointer=InMemorySaver())

@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pynox import Pool, RequestError, SavedSession, SessionStateError
+from tests.harness.fixtures import session_key_config
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("state")
-    (directory / "state.key").write_bytes(os.urandom(32))
-    path = directory / "pynox.toml"
-    path.write_text('[pool]\nsession_key_file = "state.key"\nmax_session_state = "256KiB"\n')
-    return path
+    return session_key_config(tmp_path_factory.mktemp("state"), 'max_session_state = "256KiB"\n')
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,3 +42,13 @@ def packages_config(prefix: str) -> Any:
                            allowed=["tinypkg", "tinydep"])
 
     return config
+
+
+def session_key_config(directory: Path, pool_keys: str = "") -> Path:
+    """A pynox.toml in ``directory`` naming a random 32-byte ``session_key_file`` beside it (and ``pool_keys``, more
+    ``[pool]`` lines): two pools started with it share the key saved sessions are signed with, as a pool
+    restarted with its key file would."""
+    (directory / "state.key").write_bytes(os.urandom(32))
+    path = directory / "pynox.toml"
+    path.write_text(f'[pool]\nsession_key_file = "state.key"\n{pool_keys}')
+    return path

@@ -119,6 +119,12 @@ def descendants(root: int, table: dict[int, tuple[int, str, int, str]] | None = 
     """Live (non-zombie) descendants of ``root``: pid -> depth below root (1 = child). What a zygote forked
     counts at the zygote's own depth (a session's template is a template, its child a session's child)."""
     table = table if table is not None else proc_table()
+    return {pid: depth for pid, depth in pool_depths(root, table).items() if table[pid][1] != "Z"}
+
+
+def pool_depths(root: int, table: dict[int, tuple[int, str, int, str]]) -> dict[int, int]:
+    """Every process below ``root``, zombies included: pid -> depth below root, what a zygote forked counted at
+    the zygote's own depth (the zygote itself is among them)."""
     found = walk(root, {pid: entry[0] for pid, entry in table.items()})
 
     def depth(pid: int) -> int:
@@ -128,7 +134,7 @@ def descendants(root: int, table: dict[int, tuple[int, str, int, str]] | None = 
             parent = found[parent][1]
         return below
 
-    return {pid: depth(pid) for pid in found if table[pid][1] != "Z"}
+    return {pid: depth(pid) for pid in found}
 
 
 # The process a pool forks sessions' templates from: no template itself, never a job's parent.

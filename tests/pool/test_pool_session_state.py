@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness.fixtures import session_key_config
+
 from .pool_driver import PoolProcess, new_id, pool_process, refused
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,11 +39,7 @@ def _ok(result: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def key_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A config with a key file, so that two pools share the key (as a pool restarted with it would)."""
-    directory = tmp_path_factory.mktemp("state-key")
-    (directory / "state.key").write_bytes(os.urandom(32))
-    config = directory / "pynox.toml"
-    config.write_text('[pool]\nsession_key_file = "state.key"\nmax_session_state = "64KiB"\n')
-    return config
+    return session_key_config(tmp_path_factory.mktemp("state-key"), 'max_session_state = "64KiB"\n')
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.harness import procfs
-from tests.pool.pool_driver import ZYGOTE, PoolProcess, proc_table, rss_kb, walk
+from tests.pool.pool_driver import ZYGOTE, PoolProcess, pool_depths, proc_table, rss_kb
 
 from .mix import Expect, Job, Plan, Scenario, host_reply
 
@@ -252,16 +252,8 @@ def below(root: int) -> dict[int, tuple[int, str, str]]:
     is left out and what it forked counts at its depth (a session's template is a template), as
     :func:`tests.pool.pool_driver.descendants` counts them."""
     table = proc_table()
-    found = walk(root, {pid: entry[0] for pid, entry in table.items()})
-
-    def depth(pid: int) -> int:
-        levels, parent = found[pid]
-        while parent in found:
-            levels -= table[parent][3] == ZYGOTE
-            parent = found[parent][1]
-        return levels
-
-    return {pid: (depth(pid), table[pid][1], table[pid][3]) for pid in found if table[pid][3] != ZYGOTE}
+    return {pid: (depth, table[pid][1], table[pid][3]) for pid, depth in pool_depths(root, table).items()
+            if table[pid][3] != ZYGOTE}
 
 
 @dataclass(frozen=True)

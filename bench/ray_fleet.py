@@ -29,34 +29,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report leaves this m
 
 import ray
 from ray.cluster_utils import Cluster
+from ray_overhead import rate  # type: ignore[import-not-found]  # run from bench/
 
 import pynox
 from pynox_ray import RayPool
 
 CODES = {"print(1)": "print(1)", "50 ms wait": "import time\ntime.sleep(0.05)"}
-
-
-def throughput(pool: pynox.Pool, code: str, jobs: int, threads: int = 8) -> float:
-    for _ in range(4):
-        pool.run(code)
-    left = iter(range(jobs))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if next(left, None) is None:
-                    return
-            result = pool.run(code)
-            assert result.ok, result.text
-
-    start = time.perf_counter()
-    running = [threading.Thread(target=worker) for _ in range(threads)]
-    for thread in running:
-        thread.start()
-    for thread in running:
-        thread.join()
-    return jobs / (time.perf_counter() - start)
 
 
 def host_call_p50(pool: pynox.Pool, runs: int = 60) -> float:
@@ -112,7 +90,7 @@ def main() -> None:
                 samples: dict[str, list[float]] = {pool: [] for pool in pools}
                 for _ in range(options.rounds):
                     for pool_name, pool in pools.items():
-                        samples[pool_name].append(throughput(pool, code, options.jobs))
+                        samples[pool_name].append(rate(pool, code, options.jobs))
                 rates = {pool: round(statistics.median(values), 1) for pool, values in samples.items()}
                 rates["ray 1 node / local"] = round(rates["ray, 1 node"] / rates["local"], 2)
                 figures[f"jobs/s, {name}"] = rates

@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterable
 
 import msgspec
 
@@ -330,17 +331,22 @@ class _Children:
             self._deferred = None
 
 
+def _readable(sock: socket.socket, pidfds: Iterable[int]) -> list[int]:
+    """Wait until the server's socket has a frame or a child behind one of ``pidfds`` ended; which are ready."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll()]
+
+
 def _serve(sock: socket.socket, runtime: Runtime) -> None:
     """Serve the server's frames and reap children, whichever comes first, until the server closes the socket."""
     children = _Children(sock, runtime)
     try:
         while True:
             watched = {child.pidfd: child for child in children.by_serial.values()}
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
-            for fd in watched:
-                poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll():
+            for fd in _readable(sock, watched):
                 if fd in watched:
                     children.reap(watched[fd])
                     continue
@@ -377,11 +383,7 @@ def _serve_zygote(sock: socket.socket, runtime: Runtime, init: Init, ready: Read
     templates: dict[int, int] = {}  # pidfd -> pid of each template forked and not yet reaped
     try:
         while True:
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
-            for fd in templates:
-                poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll():
+            for fd in _readable(sock, templates):
                 if fd in templates:
                     os.waitpid(templates.pop(fd), 0)
                     os.close(fd)

@@ -154,3 +154,18 @@ def test_the_largest_state_and_its_skipped_names_fit_one_protocol_line(pool: Poo
     assert all(len(item["name"]) <= 100 for item in saved["skipped"])
     restored = _ok(pool.run(session=new_id("large"), restore=saved["state"]))
     assert restored["step"] == 1
+
+
+def test_no_grant_may_hold_the_session_key_file(keyed: PoolProcess, pool: PoolProcess, key_config: Path) -> None:
+    """A job that read the key could sign a state that another client's session then restores, with that
+    client's grants: no grant of any kind may hold it."""
+    key = key_config.parent / "state.key"
+    read_key = f"print(len(open({str(key)!r}, 'rb').read()))"
+    for field, path in (("allow_read", key.parent), ("allow_read", key), ("allow_write", key.parent),
+                        ("package_dirs", key.parent)):
+        why = refused(keyed.run(read_key, **{field: [str(path)]}))
+        assert "session_key_file" in why and "may never read it" in why, why
+        why = refused(keyed.run(read_key, session=new_id("key"), **{field: [str(path)]}))
+        assert "session_key_file" in why, why
+    # Control: a pool that keeps no key there grants the directory, and the job reads the file.
+    assert _ok(pool.run(read_key, allow_read=[str(key.parent)]))["stdout"] == "32\n"

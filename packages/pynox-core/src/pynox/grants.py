@@ -84,13 +84,14 @@ class Grants:
     @classmethod
     def of(cls, request: Request, *, cwd: str, runtime_paths: Sequence[str] = (), writable: Iterable[str] = (),
            ceiling: tuple[Sequence[str], Sequence[str]] | None = None, defaults: Defaults = DEFAULTS,
-           pool_files: Mapping[str, str] | None = None) -> Grants:
+           pool_files: Mapping[str, str] | None = None, pool_secrets: Mapping[str, str] | None = None) -> Grants:
         """The grants of a request already :func:`bounded` by its config; raises :class:`RequestError`
         saying what is wrong.
 
         ``runtime_paths``: where the interpreter and its packages live (no write grant may overlap them).
         ``pool_files``: the pool's own files (its metrics socket), by what they are: no write grant may hold
-        one, or a job could remove or replace it.
+        one, or a job could remove or replace it. ``pool_secrets``: the pool's files no job may even read (the key
+        saved sessions are signed with), by what they are: no grant at all may hold one.
         ``writable``: where jobs of this pool have been allowed to write: no grant may go through a symlink
         there (nor beneath this request's own write grants, nor the ceiling's). ``ceiling``: the
         [pool.limits] roots (readable, writable) the resolved paths must lie beneath, judged on the very
@@ -109,6 +110,13 @@ class Grants:
         allow_write = tuple(found.path for found in write)
         for path in allow_write:
             refuse_write_grant(path, runtime_paths, pool_files)
+        for field, paths in (("allow_read", read), ("allow_write", write), ("package_dirs", packages),
+                             ("script", scripts)):
+            for found in paths:
+                for what, secret in (pool_secrets or {}).items():
+                    if beneath(secret, found.path):
+                        raise RequestError(f"{field}: {found.path} holds the pool's {what} {secret}; a job may "
+                                           "never read it")
         _refuse_planted_links({"allow_read": read, "allow_write": write, "package_dirs": packages,
                                "script": scripts},
                               [*allow_write, *(ceiling[1] if ceiling is not None else ()), *writable])

@@ -24,10 +24,11 @@ def to_job(request: Request, *, cwd: str, runtime_paths: Sequence[str], hint_sty
            defaults: Defaults = DEFAULTS, writable: Iterable[str] = (),
            ceiling: tuple[Sequence[str], Sequence[str]] | None = None, uid: int | None = None,
            gid: int | None = None, session: bool = False,
-           pool_files: Mapping[str, str] | None = None) -> tuple[JobSpec, int]:
+           pool_files: Mapping[str, str] | None = None,
+           pool_secrets: Mapping[str, str] | None = None) -> tuple[JobSpec, int]:
     """The job a :func:`~pynox.grants.bounded` request runs as, and its output cap (see :meth:`Grants.of`)."""
     grants = Grants.of(request, cwd=cwd, runtime_paths=runtime_paths, writable=writable, ceiling=ceiling,
-                       defaults=defaults, pool_files=pool_files)
+                       defaults=defaults, pool_files=pool_files, pool_secrets=pool_secrets)
     # Where no cgroup counts what a job writes into a tmpfs, each file it writes is bounded by its memory.
     return grants.job(request, cwd=cwd, hint_style=hint_style, uid=uid, gid=gid, session=session,
                       defaults=defaults, files_at_memory=not memory_counted()), grants.max_output

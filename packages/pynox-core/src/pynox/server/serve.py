@@ -290,6 +290,9 @@ class Server:
         self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
+        # A job that read the key could sign a state another client's session then restores (session_state.py).
+        self._pool_secrets = ({"session_key_file": os.path.realpath(options.session_key_file)}
+                              if options.session_key_file else {})
         # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
         self.scratch = ScratchRoot(options.scratch_dir, run_as=options.config.pool.run_as,
                                    others=options.config.runs_as_others(),
@@ -618,7 +621,7 @@ class Server:
         spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
                                   writable=self._written, ceiling=config.ceiling,
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
-                                  pool_files=self._pool_files)
+                                  pool_files=self._pool_files, pool_secrets=self._pool_secrets)
         self.scratch.refuse_overlap(spec)
         if self.installer.problem() is None:  # its hints then name the packages grant
             spec = msgspec.structs.replace(spec, installs_packages=True)

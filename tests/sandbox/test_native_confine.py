@@ -74,7 +74,8 @@ _CASES: dict[str, dict[str, Any]] = {**_NETWORKS, "session": {"session": "native
 _INTERRUPT_BIT = 1 << (signal.SIGRTMIN + 2 - 1)  # wire/signals.py's INTERRUPT_SIGNAL, in /proc's masks
 _JOB = """
 import os, time
-open({pid!r}, 'w').write(str(os.getpid()))
+open({pid!r} + '.new', 'w').write(str(os.getpid()))
+os.replace({pid!r} + '.new', {pid!r})  # seen only once closed: not among the job's descriptors
 while not os.path.exists({release!r}):
     time.sleep(0.005)
 print('released')

@@ -37,7 +37,7 @@ def run_on(template: Template, request: Request, *, cwd: str, hint_style: Litera
         spec = installer.place(msgspec.structs.replace(spec, installs_packages=True))
     elif spec.packages:
         raise RequestError(f"packages: {installer.problem()}")
-    outcome = template.run(spec, max_output=max_output)
+    outcome = template.run(spec, max_output=max_output).freeze(spec, spec.timeout)
     return to_result(request.id, outcome, spec, max_output=max_output, python=template.ready.python,
                      preloaded=template.ready.preloaded, landlock_abi=template.ready.landlock_abi, mode=mode)
 

@@ -195,7 +195,7 @@ class _Worker(threading.Thread):
                 return self._worker_error(job, queue_us, f"no template could be started for this job: "
                                                          f"{self.start_problem}")
             try:
-                outcome = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job),
+                gathered = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job),
                                        streamer=Streamer(job.id, None, self.server.output.write)
                                        if job.spec.stream else None)
             except RequestError as exc:  # a grant changed between acceptance and start: nothing ran
@@ -205,10 +205,9 @@ class _Worker(threading.Thread):
                 if not exc.started and attempt == 0:
                     continue
                 return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)
-            if job.flight.cancelled:  # killed for a cancel: that, not the kill, is what happened to it
-                outcome.cancelled = job.flight.cancelled
-                outcome.conclude(job.spec, job.spec.timeout)
-            return to_result(job.id, outcome, job.spec, max_output=job.max_output,
+            # Killed for a cancel: that, not the kill, is what happened to it.
+            gathered.cancelled = job.flight.cancelled
+            return to_result(job.id, gathered.freeze(job.spec, job.spec.timeout), job.spec, max_output=job.max_output,
                              python=template.ready.python, preloaded=template.ready.preloaded,
                              landlock_abi=template.ready.landlock_abi, mode="pool", queue_us=queue_us)
         raise AssertionError("unreachable")  # pragma: no cover - the loop always returns

@@ -40,7 +40,7 @@ from .ended import EndedSessions
 from .flights import CLIENT_CANCELLED, Flight, Flights
 from .hostcalls import CallRegistry
 from .interrupts import StepInterrupt
-from .outcome import Outcome, to_session_result
+from .outcome import Gathering, Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
 from .streaming import Streamer
@@ -284,7 +284,7 @@ class Session(threading.Thread):
         queue_us = (time.monotonic_ns() - step.accepted_ns) // 1000
         try:
             try:
-                outcome = self._run_step(step)
+                gathered = self._run_step(step)
             finally:
                 step.interrupt.over()  # no interrupt of this step reaches the process from now on
         except _NotRun:
@@ -316,14 +316,13 @@ class Session(threading.Thread):
                                                    f"({type(exc).__name__}); the session was stopped", queue_us))
             return True
         if step.flight.cancelled:  # its process was killed (the pool's shutdown): the session ends with it
-            outcome.cancelled, outcome.ended = step.flight.cancelled, True
-            outcome.conclude(self.spec, step.timeout)
-        elif step.interrupt.killed and not outcome.timed_out:  # its interrupt's grace passed: killed
-            outcome.cancelled = CLIENT_CANCELLED if step.interrupt.before_its_process else (
+            gathered.cancelled, gathered.ended = step.flight.cancelled, True
+        elif step.interrupt.killed and not gathered.timed_out:  # its interrupt's grace passed: killed
+            gathered.cancelled = CLIENT_CANCELLED if step.interrupt.before_its_process else (
                 f"{CLIENT_CANCELLED}; it did not end within {format_duration(self.registry.interrupt_grace)} of "
                 "its KeyboardInterrupt")
-            outcome.ended = True
-            outcome.conclude(self.spec, step.timeout)
+            gathered.ended = True
+        outcome = gathered.freeze(self.spec, step.timeout)
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
                            python=self._ready_python(), preloaded=self._preloaded(),
@@ -343,7 +342,7 @@ class Session(threading.Thread):
         self._answer(step, result)
         return ended
 
-    def _run_step(self, step: Step) -> Outcome:
+    def _run_step(self, step: Step) -> Gathering:
         calls: CallSink | None = None
         if self.spec.functions:
             calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox,  # noqa: E731
@@ -360,7 +359,7 @@ class Session(threading.Thread):
                                             timeout=step.timeout, return_value=step.return_value,
                                             images=step.max_output, stream=step.stream)
             if step.flight.cancelled:  # cancelled while its process started: it never runs
-                return Outcome(ended=True)
+                return Gathering(ended=True)
             self.life.running()
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels,
                                       streamer=self._streamer(step))
@@ -371,7 +370,7 @@ class Session(threading.Thread):
             # A cancel between this step's start and here killed the idle process itself: the step is
             # answered as cancelled (by _serve), not as a process that ended on its own while it waited.
             if step.flight.cancelled:
-                return Outcome(ended=True)
+                return Gathering(ended=True)
             raise _EndedWhileIdle(_how(ended))
         if not step.interrupt.sent(template.child):
             raise _NotRun

@@ -65,7 +65,7 @@ from .capture import Capture
 from .figures import matplotlib_setup
 from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
-from .outcome import Outcome
+from .outcome import Gathering
 from .prepared import Key, PreparedChild, PreparedChildren
 from .report import JobWord, read_report
 from .steward import StewardLife, StewardPhase, StewardThread
@@ -127,7 +127,7 @@ def _key(confinement: Confinement, granted: list[int]) -> Key | None:
     return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
 
 
-def _explain_refused_connect(outcome: Outcome, spec: JobSpec, hosts: AllowList) -> None:
+def _explain_refused_connect(outcome: Gathering, spec: JobSpec, hosts: AllowList) -> None:
     """A job that failed on a connect the pool refused is told which entry would have allowed it: only the
     pool knows the address (the job's error says only "Operation not permitted"). Only for an error the job's
     own report took for a socket's (its hint says so), after a refusal in this job or step."""
@@ -196,7 +196,7 @@ class _Serving:
 
     sel: selectors.BaseSelector
     capture: Capture
-    outcome: Outcome
+    outcome: Gathering
     job_calls: JobCalls | None
     session: bool
     deadline: int  # monotonic ns
@@ -340,8 +340,8 @@ class Template:
             self.cgroups = None
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
-            session: SessionChannels | None = None, streamer: Streamer | None = None) -> Outcome:
-        """Run one job (or a session's first step) to its end.
+            session: SessionChannels | None = None, streamer: Streamer | None = None) -> Gathering:
+        """Run one job (or a session's first step) to its end: what the pool gathered of it (see collect).
 
         Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails, and
         :class:`RequestError` (nothing ran) if a granted path changed since the job was resolved. With
@@ -404,7 +404,7 @@ class Template:
             for sock in extra:
                 sock.close()
             close_all([payload, *reads])
-            return Outcome(handed_over=False)
+            return Gathering(handed_over=False)
         try:
             if self.cgroups is not None and self.cgroups.memory is not None:
                 self.cgroups.memory.start(confinement.memory)
@@ -483,8 +483,9 @@ class Template:
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
                 calls: CallSink | None, outbox: Outbox | None, session: bool,
                 claim: int | None = None, return_value: bool | None = None,
-                streamer: Streamer | None = None) -> Outcome:
-        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude.
+                streamer: Streamer | None = None) -> Gathering:
+        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline: what the pool
+        gathered of it, which its caller freezes into its outcome once it knows whether a cancel killed it.
 
         ``claim``: the job's claim (see payload.py), for a job or a session's first step; the pool takes the
         job's word on a setup failure only if no child claimed it, since the code runs only after the claim.
@@ -493,7 +494,7 @@ class Template:
         and drops, whatever the job still reads or writes; a job's child is then killed (_finish)
         unless it has ended. ``return_value``: the step asked for its trailing value (default: the spec's);
         ``streamer``: the request streams, and its events are sent before this returns."""
-        outcome = Outcome()
+        outcome = Gathering()
         hosts = self._steward.hosts if self._steward is not None else None  # the steward is closed by _finish
         if hosts is not None:
             hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
@@ -536,8 +537,8 @@ class Template:
             if streamer is not None:
                 streamer.finish()  # the job is over (or frozen): its events are all out before its result
         self._take_word(outcome, serving.read_word(), claim)
-        outcome.conclude(spec, timeout)
         if hosts is not None:
+            # Before the verdict: an error the verdict replaces (a kill, a timeout) is never a connect's.
             _explain_refused_connect(outcome, spec, hosts)
         return outcome
 
@@ -545,7 +546,7 @@ class Template:
         """Between two steps of a session: how its child ended, if it did meanwhile (killed from outside,
         say). Consumes the template's Ended frame, which is waiting on the socket."""
         if self.child.state is ChildState.RUNNING and self.has_word():
-            self._receive(Outcome())
+            self._receive(Gathering())
         return self.child.ended
 
     def has_word(self) -> bool:
@@ -717,7 +718,7 @@ class Template:
         while self.child.state is not ChildState.ENDED:
             if not readable(self.sock.fileno(), deadline - time.monotonic()):
                 return  # its peak memory stays unknown; the next job settles its end
-            self._receive(Outcome())
+            self._receive(Gathering())
 
     def after_result(self) -> None:
         """Once a result has left: collect its child's end, and the child the template now prepares, while
@@ -783,7 +784,7 @@ class Template:
 
     def _receive_between_jobs(self) -> None:
         try:
-            self._receive(Outcome())
+            self._receive(Gathering())
         except PoolWorkerError as exc:  # the template died after the last job: this one was not sent
             raise PoolWorkerError(str(exc), started=False) from None
 
@@ -852,7 +853,7 @@ class Template:
                 return
         self._watch_writes(serving)
 
-    def _receive(self, outcome: Outcome) -> bool:
+    def _receive(self, outcome: Gathering) -> bool:
         """Handle one frame from the template; True once the child has ended."""
         try:
             frame, fds = recv_frame(self.sock)
@@ -910,7 +911,7 @@ class Template:
         self._steward = None
 
     @staticmethod
-    def _take_word(outcome: Outcome, word: JobWord | None, claim: int | None) -> None:
+    def _take_word(outcome: Gathering, word: JobWord | None, claim: int | None) -> None:
         """Take the job's word (report.py) where the pool's own knowledge agrees with it."""
         if outcome.timed_out or word is None:
             return  # the exit status stands alone

@@ -57,7 +57,7 @@ class Outcome:
     ended: bool = False
     # The code called sys.exit().
     exited: bool = False
-    # repr() of the code's trailing expression (see JobSpec.return_value).
+    # repr() of the code's trailing expression (see Payload.return_value).
     return_value: str | None = None
     # It reached a process (False: cancelled while on its way to one, so nothing of it ran).
     handed_over: bool = True
@@ -135,13 +135,13 @@ class Gathering:
         if self.timed_out or self.signal == signal.SIGXCPU:
             return TIMEOUT_EXIT, ErrorInfo(type="TimeoutError",
                                            message=f"the code did not finish within {format_duration(timeout)}",
-                                           hint=hints.timeout_hint(timeout, spec.hint_style))
+                                           hint=hints.timeout_hint(timeout, spec.confinement.hint_style))
         if self.memory_exceeded:
             return 1, ErrorInfo(  # as for the MemoryError a job's own allocation raises
                 type="MemoryError",
-                message=f"the job reached its memory limit of {format_size(spec.memory)}, as the kernel counts "
-                        "it (tmpfs pages and kernel buffers included), and the kernel killed it",
-                hint=hints.memory_hint(spec.memory, spec.hint_style))
+                message=f"the job reached its memory limit of {format_size(spec.confinement.memory)}, as the "
+                        "kernel counts it (tmpfs pages and kernel buffers included), and the kernel killed it",
+                hint=hints.memory_hint(spec.confinement.memory, spec.confinement.hint_style))
         if self.setup_error is not None:
             return SETUP_FAILED_EXIT, ErrorInfo(type="SandboxSetupError", message=self.setup_error)
         if self.signal is not None:
@@ -163,7 +163,8 @@ def _signal_hint(number: int, spec: JobSpec) -> str:
         return ("Native code crashed (segmentation fault), often a bad ctypes call or an extension module "
                 "fed invalid data.")
     if number == signal.SIGKILL:
-        return hints.memory_hint(spec.memory, spec.hint_style) + " (killed without warning: memory is the usual cause)"
+        return (hints.memory_hint(spec.confinement.memory, spec.confinement.hint_style)
+                + " (killed without warning: memory is the usual cause)")
     if number == signal.SIGABRT:
         return "The process aborted (os.abort() or a failed assertion in native code)."
     return "The process was ended by a signal."
@@ -184,6 +185,7 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
             python: str, preloaded: list[str], landlock_abi: int, mode: str, queue_us: int) -> AnyResult:
     """The protocol result of ``outcome``, of the result type ``kind``; built field by field, so the type
     checker holds every field to the protocol's."""
+    confinement = spec.confinement
     return kind(
         id=request_id, exit=outcome.exit, stdout=_text(outcome.stdout), stderr=_text(outcome.stderr),
         error=outcome.error, stdout_truncated=outcome.stdout_truncated,
@@ -191,11 +193,11 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
         duration_us=outcome.duration_us, queue_us=queue_us,
         runtime=ResultRuntime(name="pynox", python=python, mode=mode, preloaded_modules=preloaded),
         policy=ResultPolicy(
-            allow_read=spec.allow_read, allow_write=spec.allow_write,
-            network=_NETWORK[spec.network], subprocesses="deny",
-            timeout_ms=round(spec.timeout * 1000), memory_bytes=spec.memory, max_output=max_output,
-            max_file_size=spec.max_file_size, backend=BACKEND, landlock_abi=landlock_abi,
-            hosts=spec.allow_hosts if spec.network == "hosts" else msgspec.UNSET,
+            allow_read=confinement.allow_read, allow_write=confinement.allow_write,
+            network=_NETWORK[confinement.network], subprocesses="deny",
+            timeout_ms=round(confinement.timeout * 1000), memory_bytes=confinement.memory, max_output=max_output,
+            max_file_size=confinement.max_file_size, backend=BACKEND, landlock_abi=landlock_abi,
+            hosts=spec.payload.allow_hosts if confinement.network == "hosts" else msgspec.UNSET,
         ),
         usage=Usage(cpu_ms=round(outcome.cpu_us / 1000, 3), max_rss_kb=outcome.max_rss_kb,
                     memory_peak_kb=outcome.memory_peak_kb, host_calls=outcome.host_calls,
@@ -204,7 +206,7 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
                     shmem_kb=outcome.shmem_kb or msgspec.UNSET, socket_kb=outcome.socket_kb or msgspec.UNSET),
         # Bounded where the report is read (report.py), like every value from the job. Unset fields stay
         # off the line: a trailing value only when asked for, figures only when there were some.
-        return_value=outcome.return_value if spec.return_value else msgspec.UNSET,
+        return_value=outcome.return_value if spec.payload.return_value else msgspec.UNSET,
         images=list(outcome.images) if outcome.images else msgspec.UNSET,
         images_dropped=outcome.images_dropped if outcome.images_dropped else msgspec.UNSET,
         outputs=list(outcome.outputs) if outcome.outputs else msgspec.UNSET,

@@ -344,8 +344,8 @@ class Session(threading.Thread):
 
     def _run_step(self, step: Step) -> Gathering:
         calls: CallSink | None = None
-        if self.spec.functions:
-            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox,  # noqa: E731
+        if self.spec.payload.functions:
+            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.payload.functions, outbox,  # noqa: E731
                                                             pip_dir=self.spec.pip_dir)
         if self.life.state is SessionState.OPENING:
             # The packages its first request names, installed on this session's thread (RequestError if not).
@@ -354,10 +354,12 @@ class Session(threading.Thread):
                 self._template = self.registry.spare.take()
             if not step.interrupt.sent(self._template.child):
                 raise _NotRun  # the session stays as it was: opening, its process not started
-            self._channels = SessionChannels.create(bool(self.spec.functions))
-            first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
-                                            timeout=step.timeout, return_value=step.return_value,
-                                            images=step.max_output, stream=step.stream)
+            self._channels = SessionChannels.create(bool(self.spec.payload.functions))
+            first = msgspec.structs.replace(
+                self.spec, confinement=msgspec.structs.replace(self.spec.confinement, timeout=step.timeout),
+                payload=msgspec.structs.replace(self.spec.payload, code=step.code, name=step.name, args=step.args,
+                                                return_value=step.return_value, images=step.max_output,
+                                                stream=step.stream))
             if step.flight.cancelled:  # cancelled while its process started: it never runs
                 return Gathering(ended=True)
             self.life.running()
@@ -461,7 +463,9 @@ class Session(threading.Thread):
 
     def _step_spec(self, step: Step) -> JobSpec:
         """The session's policy with this step's own timeout: the result's policy states what was enforced."""
-        return msgspec.structs.replace(self.spec, timeout=step.timeout, return_value=step.return_value)
+        return msgspec.structs.replace(
+            self.spec, confinement=msgspec.structs.replace(self.spec.confinement, timeout=step.timeout),
+            payload=msgspec.structs.replace(self.spec.payload, return_value=step.return_value))
 
     def _ready_python(self) -> str:
         return self._template.ready.python if self._template else self.registry.python

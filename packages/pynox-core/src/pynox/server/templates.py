@@ -137,7 +137,8 @@ def _explain_refused_connect(outcome: Gathering, spec: JobSpec, hosts: AllowList
         return
     address, port = hosts.refused[-1]
     shown = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-    hint = hints.hosts_hint(shown, hosts.entry_for(address, port), spec.allow_hosts, spec.hint_style)
+    hint = hints.hosts_hint(shown, hosts.entry_for(address, port), spec.payload.allow_hosts,
+                            spec.confinement.hint_style)
     outcome.error = msgspec.structs.replace(error, hint=hint)
 
 
@@ -348,20 +349,21 @@ class Template:
         ``session``, the call returns when the first step is over and the child stays alive for the next ones.
         """
         self._settle()
-        if spec.functions and session is not None and session.job_channel is None:
+        if spec.payload.functions and session is not None and session.job_channel is None:
             raise PoolWorkerError("a session with host functions has no channel for them", started=False)
         if self.child.state is ChildState.IDLE:  # nobody took it ahead (a session's first step, pynox run, check)
             self.child.take()
         hosts = None
-        if spec.network == "hosts":
+        if spec.confinement.network == "hosts":
             # Each listed name is resolved once, now, by the pool; the job is told these addresses and may
             # connect to these only (see pynox.hosts). Before the job's clock starts: it has no say in this.
-            entries = parse_hosts(spec.allow_hosts)
-            pinned = resolve(entries, min(_RESOLVE_WITHIN, spec.timeout))
-            spec = msgspec.structs.replace(spec, pinned=pinned)
+            entries = parse_hosts(spec.payload.allow_hosts)
+            pinned = resolve(entries, min(_RESOLVE_WITHIN, spec.confinement.timeout))
+            spec = msgspec.structs.replace(spec, payload=msgspec.structs.replace(spec.payload, pinned=pinned))
             hosts = AllowList(entries, pinned)
-        bounds = cgroups.available()
-        confinement = spec.confinement(cgroups.MAX_JOB_TASKS if bounds.pids is not None else None)
+        confinement = spec.confinement
+        if cgroups.available().pids is not None:  # its template's pids cgroup bounds its threads
+            confinement = msgspec.structs.replace(confinement, max_tasks=cgroups.MAX_JOB_TASKS)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
         reads, writes = granted[:len(confinement.allow_read)], granted[len(confinement.allow_read):]
@@ -371,7 +373,7 @@ class Template:
             close_all(granted)
             raise
         try:
-            payload = write_payload(spec.payload())
+            payload = write_payload(spec.payload)
         except BaseException:
             close_all(granted)
             raise
@@ -381,7 +383,7 @@ class Template:
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], DISPLAY: pipes[3][1], PAYLOAD: payload,
                CLAIM: claim}
         outbox = session.outbox if session is not None else None
-        if spec.functions:
+        if spec.payload.functions:
             job_end: socket.socket | None
             if session is None:
                 channel, job_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -435,7 +437,7 @@ class Template:
                 sock.close()
             close_all([payload, *reads])
         try:
-            return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
+            return self.collect([r for r, _ in pipes], spec, spec.confinement.timeout, max_output, start,
                                 calls=calls, outbox=outbox, session=session is not None, claim=claim,
                                 streamer=streamer)
         except PoolWorkerError as exc:
@@ -499,7 +501,8 @@ class Template:
         if hosts is not None:
             hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
         capture = Capture(reads, outcome, max_output,
-                          return_value=spec.return_value if return_value is None else return_value, streamer=streamer)
+                          return_value=spec.payload.return_value if return_value is None else return_value,
+                          streamer=streamer)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:
             outbox.resume()  # it was frozen since its last step: its time to read its answers starts now
@@ -509,7 +512,8 @@ class Template:
             with selectors.PollSelector() as sel:
                 serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9),
                                    max_output, claimed=claim is not None,
-                                   holds_in_kernel=bool(spec.allow_write) or spec.network != "none")
+                                   holds_in_kernel=bool(spec.confinement.allow_write)
+                                   or spec.confinement.network != "none")
                 try:
                     self._loop(serving)
                     capture.drain_display()

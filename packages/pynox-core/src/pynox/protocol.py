@@ -263,6 +263,10 @@ class Result(msgspec.Struct, omit_defaults=False):
     # Only for a job that asked for a scratch directory: the files it left there, each with its content
     # (base64; null for one left out over the result's bounds), before the directory was removed.
     files: list[ScratchFile] | msgspec.UnsetType = msgspec.UNSET
+    # Only when stderr holds the traceback Python printed for the error that ended the code: where it begins
+    # (an index into stderr, in characters), chained tracebacks included. What comes before it is what the
+    # code wrote itself; the error sums up the rest.
+    traceback_at: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionResult(Result):

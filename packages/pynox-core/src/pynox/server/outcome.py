@@ -23,7 +23,7 @@ from ..units import format_duration, format_size
 from ..wire.exits import CANCELLED_EXIT, SETUP_FAILED_EXIT, TIMEOUT_EXIT, WORKER_ERROR_EXIT
 from ..wire.spec import ErrorInfo, JobSpec
 
-__all__ = ["Gathering", "Outcome", "to_result", "to_session_result"]
+__all__ = ["Gathering", "Outcome", "to_result", "to_session_result", "traceback_at"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,37 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+# How Python joins the tracebacks of a chain (an exception raised while handling another).
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+
+
+def traceback_at(stderr: str, error: ErrorInfo | None) -> int | None:
+    """Where in ``stderr`` (characters) the traceback the job printed for ``error`` begins, chained ones
+    included; None if the error has no traceback or stderr does not hold it (cut by max_output, say).
+
+    Found here, once, where the result is made, so that no client parses stderr for it (the result's
+    ``traceback_at``)."""
+    if error is None or error.traceback is None:
+        return None
+    lines = stderr.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == _TRACEBACK]
+    if not starts:  # a SyntaxError's report has no stack: it starts at its file and line
+        mark = f'  File "{error.file}", line '
+        starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
+    if not starts:
+        return None
+    start = starts[-1]
+    while start >= 3 and lines[start - 3] == "\n" and lines[start - 2].rstrip("\n") in _CHAINED \
+            and lines[start - 1] == "\n":
+        earlier = [i for i in starts if i < start - 3]
+        if not earlier:
+            break
+        start = earlier[-1]
+    return sum(len(line) for line in lines[:start])
+
+
 AnyResult = TypeVar("AnyResult", bound=Result)
 
 
@@ -186,8 +217,10 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
     """The protocol result of ``outcome``, of the result type ``kind``; built field by field, so the type
     checker holds every field to the protocol's."""
     confinement = spec.confinement
+    stderr = _text(outcome.stderr)
+    at = traceback_at(stderr, outcome.error)
     return kind(
-        id=request_id, exit=outcome.exit, stdout=_text(outcome.stdout), stderr=_text(outcome.stderr),
+        id=request_id, exit=outcome.exit, stdout=_text(outcome.stdout), stderr=stderr,
         error=outcome.error, stdout_truncated=outcome.stdout_truncated,
         stderr_truncated=outcome.stderr_truncated, duration_ms=outcome.duration_us // 1000,
         duration_us=outcome.duration_us, queue_us=queue_us,
@@ -210,6 +243,7 @@ def _result(kind: type[AnyResult], request_id: RequestId, outcome: Outcome, spec
         images=list(outcome.images) if outcome.images else msgspec.UNSET,
         images_dropped=outcome.images_dropped if outcome.images_dropped else msgspec.UNSET,
         outputs=list(outcome.outputs) if outcome.outputs else msgspec.UNSET,
+        traceback_at=at if at is not None else msgspec.UNSET,
     )
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "refusal",
     "reply_call_id",
     "request_id_from_head",
+    "session_refusal",
 ]
 
 MAX_LINE = 1 << 20  # bytes, without the newline
@@ -598,6 +599,14 @@ def refusal(request_id: RequestId, message: str) -> Result:
     """The result of a request refused before anything ran."""
     return Result(id=request_id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
                   refused=True)
+
+
+def session_refusal(request_id: RequestId, message: str, *, session: str, session_ended: bool) -> SessionResult:
+    """The result of a session request refused before anything ran: which session it was for, and whether the
+    pool holds none under that name (``session_ended``: a refused first request, whose client must forget
+    the name)."""
+    return SessionResult(id=request_id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
+                         refused=True, session=session, session_ended=session_ended)
 
 
 class LineError(Exception):

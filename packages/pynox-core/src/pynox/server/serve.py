@@ -53,7 +53,6 @@ from ..protocol import (
     Request,
     RequestId,
     Result,
-    SessionResult,
     StartError,
     StartErrorEvent,
     encode,
@@ -61,6 +60,7 @@ from ..protocol import (
     refusal,
     reply_call_id,
     request_id_from_head,
+    session_refusal,
 )
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
@@ -761,8 +761,8 @@ class Server:
         # that name (a session that goes on), or none (a refused first request: its client must forget the
         # name, and bring the permissions again with the next one).
         existing = self.sessions.get(session)
-        result = SessionResult(**msgspec.structs.asdict(refusal(request_id, message)), session=session,
-                               session_ended=existing is None or existing.closing)
+        result = session_refusal(request_id, message, session=session,
+                                 session_ended=existing is None or existing.closing)
         self.finish(result, session=session, step=None)
 
 

@@ -43,6 +43,7 @@ from .interrupts import StepInterrupt
 from .outcome import Gathering, Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
+from .spare import SpareLife
 from .streaming import Streamer
 from .templates import CallSink, SessionChannels, Template
 from .zygote import SessionTemplates
@@ -119,61 +120,40 @@ class _SpareTemplate:
     """One template started ahead for the next new session, by a thread that lives as long as the pool (a
     template dies with the thread that started it). It has served nothing: each session still gets a template
     of its own. Started once the pool's first session asks for a template; if starting one fails, sessions
-    start their own, as before, and say why."""
+    start their own, as before, and say why. Its states and moves are :class:`~.spare.SpareLife`'s."""
 
     def __init__(self, new_template: Callable[[], Template]) -> None:
         self._new_template = new_template
-        self._ready = threading.Condition()
-        self._spare: Template | None = None
-        self._started = self._closed = False
+        self.life: SpareLife[Template] = SpareLife()
 
     def take(self) -> Template:
         """The waiting template, or (none ready yet) one started now on the caller's thread."""
-        with self._ready:
-            spare, self._spare = self._spare, None
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
-            self._ready.notify_all()
+        spare, first = self.life.take()
+        if first:
+            threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
         if spare is not None and (spare.broken or spare.process.poll() is not None):  # it died while it waited
             spare.close()
             spare = None
         return spare if spare is not None else self._new_template()
 
     def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            spare, self._spare = self._spare, None
-            self._ready.notify_all()
+        spare = self.life.close()
         if spare is not None:
             spare.close()
 
     def _keep_one_ready(self) -> None:
         try:
-            self._start_spares()
+            while self.life.wanted():
+                template = self._new_template()
+                if not self.life.started(template):  # the pool closed while it started
+                    template.close()
+                    break
         except Exception as exc:  # the session asking next starts its own and reports the problem
+            self.life.failed()
             _log.warning("could not start a template ahead for the next session (%s: %s); sessions start their "
                          "own", type(exc).__name__, exc)
         # This thread must outlive the templates it started, which sessions hold: it waits for the pool's end.
-        with self._ready:
-            while not self._closed:
-                self._ready.wait()
-
-    def _start_spares(self) -> None:
-        while True:
-            with self._ready:
-                while self._spare is not None and not self._closed:
-                    self._ready.wait()
-                if self._closed:
-                    return
-            template = self._new_template()
-            with self._ready:
-                closed = self._closed
-                if not closed:
-                    self._spare = template
-            if closed:  # the pool closed while it started
-                template.close()
-                return
+        self.life.wait_closed()
 
 
 class Session(threading.Thread):

@@ -62,7 +62,7 @@ def serve(preload: list[str]) -> None:
     reset_environment()
     # The confinement the pool gives this request, from the pool's own code: the floor confines exactly it.
     spec, _ = to_job(Request(code="print(1)"), cwd=os.getcwd(), runtime_paths=runtime.read_paths)
-    confinement = spec.confinement()
+    confinement = spec.confinement
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
 
     def fork_ahead() -> tuple[int, socket.socket]:

@@ -765,8 +765,10 @@ def test_apply_then_to_job_enforces_the_filled_in_limits(tree: Tree) -> None:
     config = tree.ceiling('timeout = "2s"\nmemory = "128m"\nmax_output = "4k"\nmax_file_size = "1m"\n')
     spec, max_output = to_job(config.apply(run(allow_read=["srv/data"]), str(tree.root)),
                               cwd=str(tree.root), runtime_paths=[])
-    assert (spec.timeout, spec.memory, spec.max_file_size, max_output) == (2.0, 128 << 20, 1 << 20, 4 << 10)
-    assert spec.allow_read == [str(tree.data)]
+    confinement = spec.confinement
+    assert (confinement.timeout, confinement.memory, confinement.max_file_size, max_output) == (2.0, 128 << 20, 1 << 20,
+                                                                                                4 << 10)
+    assert confinement.allow_read == [str(tree.data)]
 
 
 def test_the_ceiling_is_checked_at_apply_time_not_only_at_load(tree: Tree) -> None:

@@ -248,8 +248,10 @@ def test_protocol_json_lines_parse(block: Block) -> None:
 _TRIMMABLE = {"runtime", "policy", "usage"}
 # What a result has only sometimes: a value when the request asks for it, images when the code drew some,
 # refused in a refusal, files for a job with a scratch directory, outputs when it displayed some (or its value
-# has a bundle), a session step's execution_count when it ran.
-_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files", "outputs", "execution_count"}
+# has a bundle), a session step's execution_count when it ran, traceback_at when stderr holds the error's
+# traceback.
+_ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files", "outputs", "execution_count",
+                   "traceback_at"}
 # And a session step's: why its session was reopened, whether a cancel interrupted it; a save's state.
 _ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted", "state", "skipped"}
 

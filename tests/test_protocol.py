@@ -24,6 +24,7 @@ from pynox.protocol import (
     parse_line,
     refusal,
     request_id_from_head,
+    session_refusal,
 )
 
 pytestmark = pytest.mark.pure
@@ -361,3 +362,12 @@ def test_open_needs_a_session() -> None:
         parse_line(b'{"id": 1, "code": "x", "open": true}')
     assert parse_line(b'{"id": 1, "session": "s", "code": "x", "open": true}') == Request(
         id=1, session="s", code="x", open=True)
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_session_refusal_is_a_refusal_that_names_its_session(ended: bool) -> None:
+    """Every field of a plain refusal, and the session's: which one, and whether the pool holds it."""
+    plain = json.loads(encode(refusal("r", "no")))
+    line = json.loads(encode(session_refusal("r", "no", session="notes", session_ended=ended)))
+    assert {name: line[name] for name in plain} == plain and plain["refused"] is True
+    assert (line["session"], line["session_ended"], line["step"]) == ("notes", ended, None)

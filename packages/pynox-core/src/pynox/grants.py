@@ -42,7 +42,7 @@ from .paths import beneath, kernel_mounts, overlapping
 from .protocol import Request
 from .requirements import Requirement, check_packages, requirements
 from .units import format_duration, format_size, parse_duration, parse_size
-from .wire.spec import MAX_GRANTS, JobSpec, NetworkMode
+from .wire.spec import MAX_GRANTS, MAX_OPEN_FILES, Confinement, JobSpec, NetworkMode, Payload
 
 if TYPE_CHECKING:
     from .config import Config, Limits
@@ -153,19 +153,23 @@ class Grants:
         """The job that runs ``request``'s code with these grants. ``files_at_memory``: no cgroup counts what
         the job writes into a tmpfs, so each file it writes is bounded by its memory when no file size is set
         (the pool knows; see :func:`pynox.server.jobs.to_job`)."""
+        functions = list(self.functions)
+        network = network_mode(self.network, self.hosts)
         return JobSpec(
-            code=request.code, script=self.script, name=request.name or request.script or defaults.name,
-            args=list(self.args), cwd=cwd, env=dict(self.env),
-            # The script itself must be readable, and only it: its directory is not granted.
-            allow_read=[*self.allow_read, *self.package_dirs, *([self.script] if self.script else [])],
-            allow_write=list(self.allow_write), network=network_mode(self.network, self.hosts),
-            allow_hosts=one_port_each(self.hosts), timeout=self.timeout,
-            memory=self.memory,
-            max_file_size=self.memory if self.max_file_size is None and files_at_memory else self.max_file_size,
-            package_dirs=list(self.package_dirs), functions=list(self.functions),
-            uid=uid, gid=gid, hint_style=hint_style, session=session, return_value=bool(request.return_value),
-            images=self.max_output, stream=bool(request.stream),
-            host_globals=request.host_globals if self.functions else None,
+            confinement=Confinement(
+                cwd=cwd,
+                # The script itself must be readable, and only it: its directory is not granted.
+                allow_read=[*self.allow_read, *self.package_dirs, *([self.script] if self.script else [])],
+                allow_write=list(self.allow_write), network=network, timeout=self.timeout, memory=self.memory,
+                max_file_size=self.memory if self.max_file_size is None and files_at_memory else self.max_file_size,
+                package_dirs=list(self.package_dirs), host_channel=bool(functions),
+                max_open_files=MAX_OPEN_FILES, uid=uid, gid=gid, session=session, hint_style=hint_style),
+            payload=Payload(
+                code=request.code, script=self.script, name=request.name or request.script or defaults.name,
+                args=list(self.args), env=dict(self.env), functions=functions,
+                return_value=bool(request.return_value), images=self.max_output, stream=bool(request.stream),
+                host_globals=request.host_globals if self.functions else None,
+                allow_hosts=one_port_each(self.hosts)),
             packages=[str(requirement) for requirement in self.packages],
         )
 

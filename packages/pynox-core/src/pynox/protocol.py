@@ -59,6 +59,7 @@ __all__ = [
     "refusal",
     "reply_call_id",
     "request_id_from_head",
+    "session_refusal",
 ]
 
 MAX_LINE = 1 << 20  # bytes, without the newline
@@ -263,6 +264,10 @@ class Result(msgspec.Struct, omit_defaults=False):
     # Only for a job that asked for a scratch directory: the files it left there, each with its content
     # (base64; null for one left out over the result's bounds), before the directory was removed.
     files: list[ScratchFile] | msgspec.UnsetType = msgspec.UNSET
+    # Only when stderr holds the traceback Python printed for the error that ended the code: where it begins
+    # (an index into stderr, in characters), chained tracebacks included. What comes before it is what the
+    # code wrote itself; the error sums up the rest.
+    traceback_at: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionResult(Result):
@@ -594,6 +599,14 @@ def refusal(request_id: RequestId, message: str) -> Result:
     """The result of a request refused before anything ran."""
     return Result(id=request_id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
                   refused=True)
+
+
+def session_refusal(request_id: RequestId, message: str, *, session: str, session_ended: bool) -> SessionResult:
+    """The result of a session request refused before anything ran: which session it was for, and whether the
+    pool holds none under that name (``session_ended``: a refused first request, whose client must forget
+    the name)."""
+    return SessionResult(id=request_id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError", message=message),
+                         refused=True, session=session, session_ended=session_ended)
 
 
 class LineError(Exception):

@@ -180,6 +180,9 @@ class Result:
     # A cancel interrupted this session step (KeyboardInterrupt) and it ended within the pool's grace: the
     # session and its variables live on.
     interrupted: bool = False
+    # Where in ``stderr`` the traceback Python printed for ``error`` begins (``text`` shows what is before
+    # it); None when stderr holds none.
+    traceback_at: int | None = None
 
     @classmethod
     def from_wire(cls, wire: WireResult) -> Result:
@@ -206,6 +209,7 @@ class Result:
             outputs=tuple(Output.from_wire(o) for o in wire.outputs) if isinstance(wire.outputs, list) else (),
             execution_count=session.execution_count if session and isinstance(session.execution_count, int)
             else None,
+            traceback_at=wire.traceback_at if isinstance(wire.traceback_at, int) else None,
         )
 
     @property
@@ -276,8 +280,8 @@ class Result:
         traceback of the exception that ended it, or the last line an exit status already shows; the
         last characters of it when it is long."""
         text = self.stderr
-        if self.error is not None and self.error.get("traceback") is not None:
-            text = _before_traceback(text, self.error)
+        if self.traceback_at is not None:  # the pool found it (the protocol's traceback_at)
+            text = text[:self.traceback_at]
         elif self.error is None and self.exit != 0:
             text = text.rstrip("\n").rpartition("\n")[0]  # error_text quotes its last line
         text = text.strip("\n")
@@ -324,31 +328,6 @@ class Result:
 
 
 _STDERR_SHOWN = 4000  # characters of stderr in ``text``: the last ones, where the trouble usually is
-_TRACEBACK = "Traceback (most recent call last):"
-# How Python joins the tracebacks of a chain (an exception raised while handling another).
-_CHAINED = ("During handling of the above exception, another exception occurred:",
-            "The above exception was the direct cause of the following exception:")
-
-
-def _before_traceback(stderr: str, error: Mapping[str, Any]) -> str:
-    """``stderr`` up to the traceback Python printed for ``error`` at its end, chained ones included."""
-    lines = stderr.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == _TRACEBACK]
-    if not starts:  # a SyntaxError's report has no stack: it starts at its file and line
-        mark = f'  File "{error.get("file")}", line '
-        starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
-    if not starts:
-        return stderr
-    start = starts[-1]
-    while start >= 3 and lines[start - 3] == "\n" and lines[start - 2].rstrip("\n") in _CHAINED \
-            and lines[start - 1] == "\n":
-        earlier = [i for i in starts if i < start - 3]
-        if not earlier:
-            break
-        start = earlier[-1]
-    return "".join(lines[:start])
-
-
 def _failing_line(error: Mapping[str, Any]) -> list[str]:
     """The source line that failed, under the error line (a SyntaxError's with a caret at its column)."""
     frames = [frame for frame in error.get("traceback") or () if frame.get("source")]

@@ -15,7 +15,7 @@ import os
 
 from ..policy.grants import close_all
 from .display import DisplayReader, Shown
-from .outcome import Outcome
+from .outcome import Gathering
 from .streaming import Streamer
 
 __all__ = ["MAX_REPORT", "Capture"]
@@ -27,7 +27,7 @@ MAX_REPORT = 1 << 20
 class Capture:
     """The pool's read ends of one job's (or one session step's) pipes: stdout, stderr, report, display."""
 
-    def __init__(self, reads: list[int], outcome: Outcome, max_output: int, *, return_value: bool = False,
+    def __init__(self, reads: list[int], outcome: Gathering, max_output: int, *, return_value: bool = False,
                  streamer: Streamer | None = None) -> None:
         self.stdout, self.stderr, self.report_fd, self.display_fd = reads
         self.display = DisplayReader(max_output, return_value=return_value)

@@ -40,13 +40,13 @@ from ..protocol import (
     LineError,
     Reply,
     RequestId,
-    SessionResult,
     StartError,
     StartErrorEvent,
     encode,
     parse_line,
     refusal,
     reply_call_id,
+    session_refusal,
 )
 from .io import LineReader, Output, TooLong
 from .tenants import Peer, Tenant, Tenants, peer_of
@@ -386,11 +386,9 @@ class Listener:
 
             problem = connection.tenant.admit(message, pool_session, alive)
             if problem is not None:
-                answer = refusal(message.id, problem)
-                if message.session is not None:
-                    opening = bool(message.open or message.grant_fields())
-                    answer = SessionResult(**msgspec.structs.asdict(answer), session=message.session,
-                                           session_ended=opening)
+                answer = refusal(message.id, problem) if message.session is None else session_refusal(
+                    message.id, problem, session=message.session,
+                    session_ended=bool(message.open or message.grant_fields()))
                 connection.send(encode(answer))
                 return
             router.count(connection, inside_id)

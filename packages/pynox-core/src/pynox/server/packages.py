@@ -357,7 +357,9 @@ class Installer:
 
 def with_environment(spec: JobSpec, env: str) -> JobSpec:
     """``spec`` with the environment its packages are installed in: readable, and on its ``sys.path``."""
-    return msgspec.structs.replace(spec, package_dirs=[*spec.package_dirs, env], allow_read=[*spec.allow_read, env])
+    confinement = msgspec.structs.replace(spec.confinement, package_dirs=[*spec.confinement.package_dirs, env],
+                                          allow_read=[*spec.confinement.allow_read, env])
+    return msgspec.structs.replace(spec, confinement=confinement)
 
 
 _NOT_FOUND = re.compile(r"Because (\S+) was not found|No matching distribution found for (\S+)|"

@@ -34,10 +34,11 @@ def run_on(template: Template, request: Request, *, cwd: str, hint_style: Litera
     spec, max_output = to_job(request, cwd=cwd, runtime_paths=[*template.ready.read_paths, installer.root],
                               hint_style=hint_style)
     if installer.problem() is None:
-        spec = installer.place(msgspec.structs.replace(spec, installs_packages=True))
+        spec = installer.place(msgspec.structs.replace(
+            spec, confinement=msgspec.structs.replace(spec.confinement, installs_packages=True)))
     elif spec.packages:
         raise RequestError(f"packages: {installer.problem()}")
-    outcome = template.run(spec, max_output=max_output)
+    outcome = template.run(spec, max_output=max_output).freeze(spec, spec.confinement.timeout)
     return to_result(request.id, outcome, spec, max_output=max_output, python=template.ready.python,
                      preloaded=template.ready.preloaded, landlock_abi=template.ready.landlock_abi, mode=mode)
 

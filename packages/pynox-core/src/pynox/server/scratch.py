@@ -305,8 +305,9 @@ class ScratchRoot:
         """RequestError if a grant of ``spec`` lies in the root, or is a write grant that holds it: every scratch
         directory is its owner's. A read grant that holds it (``/``, the temporary directory) is the client's
         choice to let the job read everything beneath, as it reads everything else there."""
-        for field, paths in (("allow_read", spec.allow_read), ("allow_write", spec.allow_write),
-                             ("package_dirs", spec.package_dirs)):
+        confinement = spec.confinement
+        for field, paths in (("allow_read", confinement.allow_read), ("allow_write", confinement.allow_write),
+                             ("package_dirs", confinement.package_dirs)):
             for path in paths:
                 if beneath(path, self.path) or (field == "allow_write" and beneath(self.path, path)):
                     raise RequestError(f"{field}: {path} overlaps the pool's scratch directories ({self.path}); "
@@ -315,20 +316,24 @@ class ScratchRoot:
 
     def grant(self, spec: JobSpec) -> JobSpec:
         """``spec`` with a new scratch directory: its cwd, a write grant of its own, and ``$PYNOX_SCRATCH``."""
-        if len(spec.allow_read) + len(spec.allow_write) >= MAX_GRANTS:
+        if len(spec.confinement.allow_read) + len(spec.confinement.allow_write) >= MAX_GRANTS:
             raise RequestError(f"at most {MAX_GRANTS} granted paths per job, the scratch directory among them")
         name = secrets.token_hex(12)
         os.mkdir(name, 0o700, dir_fd=self._fd)
         # The user the job runs as owns it: its tenant's or profile's (in the spec), else the pool's run_as.
-        owner = (spec.uid, spec.gid if spec.gid is not None else spec.uid) if spec.uid is not None else self._run_as
+        confined = spec.confinement
+        owner = (confined.uid, confined.gid if confined.gid is not None else confined.uid) \
+            if confined.uid is not None else self._run_as
         if owner is not None:
             os.chown(name, *owner, dir_fd=self._fd, follow_symlinks=False)
         fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
         path = os.path.join(self.path, name)
         with self._lock:
             self._dirs[path] = _Directory(fd, max_file=self._max_file, max_total=self._max_total, owner=owner)
-        return msgspec.structs.replace(spec, cwd=path, allow_write=[*spec.allow_write, path],
-                                       env={**spec.env, VARIABLE: path}, scratch=path)
+        confinement = msgspec.structs.replace(spec.confinement, cwd=path,
+                                              allow_write=[*spec.confinement.allow_write, path])
+        payload = msgspec.structs.replace(spec.payload, env={**spec.payload.env, VARIABLE: path})
+        return msgspec.structs.replace(spec, confinement=confinement, payload=payload, scratch=path)
 
     def directory(self, path: str | None) -> _Directory | None:
         with self._lock:

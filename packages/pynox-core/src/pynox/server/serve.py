@@ -53,7 +53,6 @@ from ..protocol import (
     Request,
     RequestId,
     Result,
-    SessionResult,
     StartError,
     StartErrorEvent,
     encode,
@@ -61,6 +60,7 @@ from ..protocol import (
     refusal,
     reply_call_id,
     request_id_from_head,
+    session_refusal,
 )
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
@@ -195,9 +195,9 @@ class _Worker(threading.Thread):
                 return self._worker_error(job, queue_us, f"no template could be started for this job: "
                                                          f"{self.start_problem}")
             try:
-                outcome = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job),
+                gathered = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job),
                                        streamer=Streamer(job.id, None, self.server.output.write)
-                                       if job.spec.stream else None)
+                                       if job.spec.payload.stream else None)
             except RequestError as exc:  # a grant changed between acceptance and start: nothing ran
                 return refusal(job.id, str(exc))
             except PoolWorkerError as exc:
@@ -205,18 +205,18 @@ class _Worker(threading.Thread):
                 if not exc.started and attempt == 0:
                     continue
                 return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)
-            if job.flight.cancelled:  # killed for a cancel: that, not the kill, is what happened to it
-                outcome.cancelled = job.flight.cancelled
-                outcome.conclude(job.spec, job.spec.timeout)
-            return to_result(job.id, outcome, job.spec, max_output=job.max_output,
-                             python=template.ready.python, preloaded=template.ready.preloaded,
-                             landlock_abi=template.ready.landlock_abi, mode="pool", queue_us=queue_us)
+            # Killed for a cancel: that, not the kill, is what happened to it.
+            gathered.cancelled = job.flight.cancelled
+            return to_result(job.id, gathered.freeze(job.spec, job.spec.confinement.timeout), job.spec,
+                             max_output=job.max_output, python=template.ready.python,
+                             preloaded=template.ready.preloaded, landlock_abi=template.ready.landlock_abi,
+                             mode="pool", queue_us=queue_us)
         raise AssertionError("unreachable")  # pragma: no cover - the loop always returns
 
     def _calls_for(self, job: _Job) -> CallSink | None:
-        if not job.spec.functions:
+        if not job.spec.payload.functions:
             return None
-        return lambda outbox: self.server.calls.open(job.id, job.spec.functions, outbox)
+        return lambda outbox: self.server.calls.open(job.id, job.spec.payload.functions, outbox)
 
     def _healthy_template(self) -> Template | None:
         template = self.template
@@ -624,7 +624,8 @@ class Server:
                                   pool_files=self._pool_files, pool_secrets=self._pool_secrets)
         self.scratch.refuse_overlap(spec)
         if self.installer.problem() is None:  # its hints then name the packages grant
-            spec = msgspec.structs.replace(spec, installs_packages=True)
+            spec = msgspec.structs.replace(
+                spec, confinement=msgspec.structs.replace(spec.confinement, installs_packages=True))
         elif spec.packages or request.pip_install:
             raise RequestError(f"{'packages' if spec.packages else 'pip_install'}: {self.installer.problem()}")
         if request.pip_install:
@@ -634,11 +635,13 @@ class Server:
             # A directory of its own, granted read-only now: what `%pip install` adds beneath it later is
             # readable (Landlock rules cover a directory's later content), and the job still writes nothing.
             directory = self.installer.session_dir()
-            spec = msgspec.structs.replace(spec, pip_dir=directory, package_dirs=[*spec.package_dirs, directory],
-                                           allow_read=[*spec.allow_read, directory],
-                                           functions=[*spec.functions, PIP_FUNCTION])
+            confinement = msgspec.structs.replace(
+                spec.confinement, package_dirs=[*spec.confinement.package_dirs, directory],
+                allow_read=[*spec.confinement.allow_read, directory], host_channel=True)
+            payload = msgspec.structs.replace(spec.payload, functions=[*spec.payload.functions, PIP_FUNCTION])
+            spec = msgspec.structs.replace(spec, confinement=confinement, payload=payload, pip_dir=directory)
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
-        self._written.update(spec.allow_write)
+        self._written.update(spec.confinement.allow_write)
         return spec, max_output
 
     def _accept(self, request: Request) -> _Job:
@@ -685,7 +688,7 @@ class Server:
         if request.save:
             if existing is None or not live:
                 raise RequestError(f"save: there is no open session named {quoted(name)}")
-            self._save(request, name, existing.spec.timeout)
+            self._save(request, name, existing.spec.confinement.timeout)
             return
         if request.restore is not None:
             if live:
@@ -711,7 +714,7 @@ class Server:
         step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
                                max_output=request.max_output)
         bounded(step_request, self.options.config, self.cwd)
-        timeout = parse_request_duration(request.timeout, spec.timeout)
+        timeout = parse_request_duration(request.timeout, spec.confinement.timeout)
         step_max_output = parse_request_size(request.max_output, max_output)
         # Like any request, a step's file name is agent.py unless it says otherwise.
         step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
@@ -758,8 +761,8 @@ class Server:
         # that name (a session that goes on), or none (a refused first request: its client must forget the
         # name, and bring the permissions again with the next one).
         existing = self.sessions.get(session)
-        result = SessionResult(**msgspec.structs.asdict(refusal(request_id, message)), session=session,
-                               session_ended=existing is None or existing.closing)
+        result = session_refusal(request_id, message, session=session,
+                                 session_ended=existing is None or existing.closing)
         self.finish(result, session=session, step=None)
 
 

@@ -40,9 +40,10 @@ from .ended import EndedSessions
 from .flights import CLIENT_CANCELLED, Flight, Flights
 from .hostcalls import CallRegistry
 from .interrupts import StepInterrupt
-from .outcome import Outcome, to_session_result
+from .outcome import Gathering, Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
+from .spare import SpareLife
 from .streaming import Streamer
 from .templates import CallSink, SessionChannels, Template
 from .zygote import SessionTemplates
@@ -119,61 +120,40 @@ class _SpareTemplate:
     """One template started ahead for the next new session, by a thread that lives as long as the pool (a
     template dies with the thread that started it). It has served nothing: each session still gets a template
     of its own. Started once the pool's first session asks for a template; if starting one fails, sessions
-    start their own, as before, and say why."""
+    start their own, as before, and say why. Its states and moves are :class:`~.spare.SpareLife`'s."""
 
     def __init__(self, new_template: Callable[[], Template]) -> None:
         self._new_template = new_template
-        self._ready = threading.Condition()
-        self._spare: Template | None = None
-        self._started = self._closed = False
+        self.life: SpareLife[Template] = SpareLife()
 
     def take(self) -> Template:
         """The waiting template, or (none ready yet) one started now on the caller's thread."""
-        with self._ready:
-            spare, self._spare = self._spare, None
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
-            self._ready.notify_all()
+        spare, first = self.life.take()
+        if first:
+            threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
         if spare is not None and (spare.broken or spare.process.poll() is not None):  # it died while it waited
             spare.close()
             spare = None
         return spare if spare is not None else self._new_template()
 
     def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            spare, self._spare = self._spare, None
-            self._ready.notify_all()
+        spare = self.life.close()
         if spare is not None:
             spare.close()
 
     def _keep_one_ready(self) -> None:
         try:
-            self._start_spares()
+            while self.life.wanted():
+                template = self._new_template()
+                if not self.life.started(template):  # the pool closed while it started
+                    template.close()
+                    break
         except Exception as exc:  # the session asking next starts its own and reports the problem
+            self.life.failed()
             _log.warning("could not start a template ahead for the next session (%s: %s); sessions start their "
                          "own", type(exc).__name__, exc)
         # This thread must outlive the templates it started, which sessions hold: it waits for the pool's end.
-        with self._ready:
-            while not self._closed:
-                self._ready.wait()
-
-    def _start_spares(self) -> None:
-        while True:
-            with self._ready:
-                while self._spare is not None and not self._closed:
-                    self._ready.wait()
-                if self._closed:
-                    return
-            template = self._new_template()
-            with self._ready:
-                closed = self._closed
-                if not closed:
-                    self._spare = template
-            if closed:  # the pool closed while it started
-                template.close()
-                return
+        self.life.wait_closed()
 
 
 class Session(threading.Thread):
@@ -284,7 +264,7 @@ class Session(threading.Thread):
         queue_us = (time.monotonic_ns() - step.accepted_ns) // 1000
         try:
             try:
-                outcome = self._run_step(step)
+                gathered = self._run_step(step)
             finally:
                 step.interrupt.over()  # no interrupt of this step reaches the process from now on
         except _NotRun:
@@ -316,14 +296,13 @@ class Session(threading.Thread):
                                                    f"({type(exc).__name__}); the session was stopped", queue_us))
             return True
         if step.flight.cancelled:  # its process was killed (the pool's shutdown): the session ends with it
-            outcome.cancelled, outcome.ended = step.flight.cancelled, True
-            outcome.conclude(self.spec, step.timeout)
-        elif step.interrupt.killed and not outcome.timed_out:  # its interrupt's grace passed: killed
-            outcome.cancelled = CLIENT_CANCELLED if step.interrupt.before_its_process else (
+            gathered.cancelled, gathered.ended = step.flight.cancelled, True
+        elif step.interrupt.killed and not gathered.timed_out:  # its interrupt's grace passed: killed
+            gathered.cancelled = CLIENT_CANCELLED if step.interrupt.before_its_process else (
                 f"{CLIENT_CANCELLED}; it did not end within {format_duration(self.registry.interrupt_grace)} of "
                 "its KeyboardInterrupt")
-            outcome.ended = True
-            outcome.conclude(self.spec, step.timeout)
+            gathered.ended = True
+        outcome = gathered.freeze(self.spec, step.timeout)
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
                            python=self._ready_python(), preloaded=self._preloaded(),
@@ -343,10 +322,10 @@ class Session(threading.Thread):
         self._answer(step, result)
         return ended
 
-    def _run_step(self, step: Step) -> Outcome:
+    def _run_step(self, step: Step) -> Gathering:
         calls: CallSink | None = None
-        if self.spec.functions:
-            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.functions, outbox,  # noqa: E731
+        if self.spec.payload.functions:
+            calls = lambda outbox: self.registry.calls.open(step.id, self.spec.payload.functions, outbox,  # noqa: E731
                                                             pip_dir=self.spec.pip_dir)
         if self.life.state is SessionState.OPENING:
             # The packages its first request names, installed on this session's thread (RequestError if not).
@@ -355,12 +334,14 @@ class Session(threading.Thread):
                 self._template = self.registry.spare.take()
             if not step.interrupt.sent(self._template.child):
                 raise _NotRun  # the session stays as it was: opening, its process not started
-            self._channels = SessionChannels.create(bool(self.spec.functions))
-            first = msgspec.structs.replace(self.spec, code=step.code, name=step.name, args=step.args,
-                                            timeout=step.timeout, return_value=step.return_value,
-                                            images=step.max_output, stream=step.stream)
+            self._channels = SessionChannels.create(bool(self.spec.payload.functions))
+            first = msgspec.structs.replace(
+                self.spec, confinement=msgspec.structs.replace(self.spec.confinement, timeout=step.timeout),
+                payload=msgspec.structs.replace(self.spec.payload, code=step.code, name=step.name, args=step.args,
+                                                return_value=step.return_value, images=step.max_output,
+                                                stream=step.stream))
             if step.flight.cancelled:  # cancelled while its process started: it never runs
-                return Outcome(ended=True)
+                return Gathering(ended=True)
             self.life.running()
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels,
                                       streamer=self._streamer(step))
@@ -371,7 +352,7 @@ class Session(threading.Thread):
             # A cancel between this step's start and here killed the idle process itself: the step is
             # answered as cancelled (by _serve), not as a process that ended on its own while it waited.
             if step.flight.cancelled:
-                return Outcome(ended=True)
+                return Gathering(ended=True)
             raise _EndedWhileIdle(_how(ended))
         if not step.interrupt.sent(template.child):
             raise _NotRun
@@ -462,7 +443,9 @@ class Session(threading.Thread):
 
     def _step_spec(self, step: Step) -> JobSpec:
         """The session's policy with this step's own timeout: the result's policy states what was enforced."""
-        return msgspec.structs.replace(self.spec, timeout=step.timeout, return_value=step.return_value)
+        return msgspec.structs.replace(
+            self.spec, confinement=msgspec.structs.replace(self.spec.confinement, timeout=step.timeout),
+            payload=msgspec.structs.replace(self.spec.payload, return_value=step.return_value))
 
     def _ready_python(self) -> str:
         return self._template.ready.python if self._template else self.registry.python

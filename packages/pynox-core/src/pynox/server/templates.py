@@ -65,7 +65,7 @@ from .capture import Capture
 from .figures import matplotlib_setup
 from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
-from .outcome import Outcome
+from .outcome import Gathering
 from .prepared import Key, PreparedChild, PreparedChildren
 from .report import JobWord, read_report
 from .steward import StewardLife, StewardPhase, StewardThread
@@ -127,7 +127,7 @@ def _key(confinement: Confinement, granted: list[int]) -> Key | None:
     return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
 
 
-def _explain_refused_connect(outcome: Outcome, spec: JobSpec, hosts: AllowList) -> None:
+def _explain_refused_connect(outcome: Gathering, spec: JobSpec, hosts: AllowList) -> None:
     """A job that failed on a connect the pool refused is told which entry would have allowed it: only the
     pool knows the address (the job's error says only "Operation not permitted"). Only for an error the job's
     own report took for a socket's (its hint says so), after a refusal in this job or step."""
@@ -137,7 +137,8 @@ def _explain_refused_connect(outcome: Outcome, spec: JobSpec, hosts: AllowList) 
         return
     address, port = hosts.refused[-1]
     shown = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-    hint = hints.hosts_hint(shown, hosts.entry_for(address, port), spec.allow_hosts, spec.hint_style)
+    hint = hints.hosts_hint(shown, hosts.entry_for(address, port), spec.payload.allow_hosts,
+                            spec.confinement.hint_style)
     outcome.error = msgspec.structs.replace(error, hint=hint)
 
 
@@ -196,7 +197,7 @@ class _Serving:
 
     sel: selectors.BaseSelector
     capture: Capture
-    outcome: Outcome
+    outcome: Gathering
     job_calls: JobCalls | None
     session: bool
     deadline: int  # monotonic ns
@@ -340,28 +341,29 @@ class Template:
             self.cgroups = None
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
-            session: SessionChannels | None = None, streamer: Streamer | None = None) -> Outcome:
-        """Run one job (or a session's first step) to its end.
+            session: SessionChannels | None = None, streamer: Streamer | None = None) -> Gathering:
+        """Run one job (or a session's first step) to its end: what the pool gathered of it (see collect).
 
         Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails, and
         :class:`RequestError` (nothing ran) if a granted path changed since the job was resolved. With
         ``session``, the call returns when the first step is over and the child stays alive for the next ones.
         """
         self._settle()
-        if spec.functions and session is not None and session.job_channel is None:
+        if spec.payload.functions and session is not None and session.job_channel is None:
             raise PoolWorkerError("a session with host functions has no channel for them", started=False)
         if self.child.state is ChildState.IDLE:  # nobody took it ahead (a session's first step, pynox run, check)
             self.child.take()
         hosts = None
-        if spec.network == "hosts":
+        if spec.confinement.network == "hosts":
             # Each listed name is resolved once, now, by the pool; the job is told these addresses and may
             # connect to these only (see pynox.hosts). Before the job's clock starts: it has no say in this.
-            entries = parse_hosts(spec.allow_hosts)
-            pinned = resolve(entries, min(_RESOLVE_WITHIN, spec.timeout))
-            spec = msgspec.structs.replace(spec, pinned=pinned)
+            entries = parse_hosts(spec.payload.allow_hosts)
+            pinned = resolve(entries, min(_RESOLVE_WITHIN, spec.confinement.timeout))
+            spec = msgspec.structs.replace(spec, payload=msgspec.structs.replace(spec.payload, pinned=pinned))
             hosts = AllowList(entries, pinned)
-        bounds = cgroups.available()
-        confinement = spec.confinement(cgroups.MAX_JOB_TASKS if bounds.pids is not None else None)
+        confinement = spec.confinement
+        if cgroups.available().pids is not None:  # its template's pids cgroup bounds its threads
+            confinement = msgspec.structs.replace(confinement, max_tasks=cgroups.MAX_JOB_TASKS)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
         reads, writes = granted[:len(confinement.allow_read)], granted[len(confinement.allow_read):]
@@ -371,7 +373,7 @@ class Template:
             close_all(granted)
             raise
         try:
-            payload = write_payload(spec.payload())
+            payload = write_payload(spec.payload)
         except BaseException:
             close_all(granted)
             raise
@@ -381,7 +383,7 @@ class Template:
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], DISPLAY: pipes[3][1], PAYLOAD: payload,
                CLAIM: claim}
         outbox = session.outbox if session is not None else None
-        if spec.functions:
+        if spec.payload.functions:
             job_end: socket.socket | None
             if session is None:
                 channel, job_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -404,7 +406,7 @@ class Template:
             for sock in extra:
                 sock.close()
             close_all([payload, *reads])
-            return Outcome(handed_over=False)
+            return Gathering(handed_over=False)
         try:
             if self.cgroups is not None and self.cgroups.memory is not None:
                 self.cgroups.memory.start(confinement.memory)
@@ -435,7 +437,7 @@ class Template:
                 sock.close()
             close_all([payload, *reads])
         try:
-            return self.collect([r for r, _ in pipes], spec, spec.timeout, max_output, start,
+            return self.collect([r for r, _ in pipes], spec, spec.confinement.timeout, max_output, start,
                                 calls=calls, outbox=outbox, session=session is not None, claim=claim,
                                 streamer=streamer)
         except PoolWorkerError as exc:
@@ -483,8 +485,9 @@ class Template:
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
                 calls: CallSink | None, outbox: Outbox | None, session: bool,
                 claim: int | None = None, return_value: bool | None = None,
-                streamer: Streamer | None = None) -> Outcome:
-        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline, then conclude.
+                streamer: Streamer | None = None) -> Gathering:
+        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline: what the pool
+        gathered of it, which its caller freezes into its outcome once it knows whether a cancel killed it.
 
         ``claim``: the job's claim (see payload.py), for a job or a session's first step; the pool takes the
         job's word on a setup failure only if no child claimed it, since the code runs only after the claim.
@@ -493,12 +496,13 @@ class Template:
         and drops, whatever the job still reads or writes; a job's child is then killed (_finish)
         unless it has ended. ``return_value``: the step asked for its trailing value (default: the spec's);
         ``streamer``: the request streams, and its events are sent before this returns."""
-        outcome = Outcome()
+        outcome = Gathering()
         hosts = self._steward.hosts if self._steward is not None else None  # the steward is closed by _finish
         if hosts is not None:
             hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
         capture = Capture(reads, outcome, max_output,
-                          return_value=spec.return_value if return_value is None else return_value, streamer=streamer)
+                          return_value=spec.payload.return_value if return_value is None else return_value,
+                          streamer=streamer)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:
             outbox.resume()  # it was frozen since its last step: its time to read its answers starts now
@@ -508,7 +512,8 @@ class Template:
             with selectors.PollSelector() as sel:
                 serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9),
                                    max_output, claimed=claim is not None,
-                                   holds_in_kernel=bool(spec.allow_write) or spec.network != "none")
+                                   holds_in_kernel=bool(spec.confinement.allow_write)
+                                   or spec.confinement.network != "none")
                 try:
                     self._loop(serving)
                     capture.drain_display()
@@ -536,8 +541,8 @@ class Template:
             if streamer is not None:
                 streamer.finish()  # the job is over (or frozen): its events are all out before its result
         self._take_word(outcome, serving.read_word(), claim)
-        outcome.conclude(spec, timeout)
         if hosts is not None:
+            # Before the verdict: an error the verdict replaces (a kill, a timeout) is never a connect's.
             _explain_refused_connect(outcome, spec, hosts)
         return outcome
 
@@ -545,7 +550,7 @@ class Template:
         """Between two steps of a session: how its child ended, if it did meanwhile (killed from outside,
         say). Consumes the template's Ended frame, which is waiting on the socket."""
         if self.child.state is ChildState.RUNNING and self.has_word():
-            self._receive(Outcome())
+            self._receive(Gathering())
         return self.child.ended
 
     def has_word(self) -> bool:
@@ -717,7 +722,7 @@ class Template:
         while self.child.state is not ChildState.ENDED:
             if not readable(self.sock.fileno(), deadline - time.monotonic()):
                 return  # its peak memory stays unknown; the next job settles its end
-            self._receive(Outcome())
+            self._receive(Gathering())
 
     def after_result(self) -> None:
         """Once a result has left: collect its child's end, and the child the template now prepares, while
@@ -783,7 +788,7 @@ class Template:
 
     def _receive_between_jobs(self) -> None:
         try:
-            self._receive(Outcome())
+            self._receive(Gathering())
         except PoolWorkerError as exc:  # the template died after the last job: this one was not sent
             raise PoolWorkerError(str(exc), started=False) from None
 
@@ -852,7 +857,7 @@ class Template:
                 return
         self._watch_writes(serving)
 
-    def _receive(self, outcome: Outcome) -> bool:
+    def _receive(self, outcome: Gathering) -> bool:
         """Handle one frame from the template; True once the child has ended."""
         try:
             frame, fds = recv_frame(self.sock)
@@ -910,7 +915,7 @@ class Template:
         self._steward = None
 
     @staticmethod
-    def _take_word(outcome: Outcome, word: JobWord | None, claim: int | None) -> None:
+    def _take_word(outcome: Gathering, word: JobWord | None, claim: int | None) -> None:
         """Take the job's word (report.py) where the pool's own knowledge agrees with it."""
         if outcome.timed_out or word is None:
             return  # the exit status stands alone

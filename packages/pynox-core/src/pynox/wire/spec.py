@@ -2,7 +2,8 @@
 
 The server turns a protocol request (relative paths, units, profile, ceiling)
 into a :class:`JobSpec`: absolute paths, seconds and bytes, nothing left to
-interpret. It travels in two halves that never meet in the template:
+interpret. It holds the two halves it travels in, made once as the request is
+resolved, which never meet in the template:
 
 * :class:`Confinement`, what the template needs to confine a child: grants,
   limits, identity. The template keeps it (and may confine the next child
@@ -21,9 +22,11 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["MAX_GRANTS", "Bounds", "Confinement", "ErrorInfo", "Frame", "JobSpec", "NetworkMode", "Payload", "Report",
-           "StepSpec"]
+__all__ = ["MAX_GRANTS", "MAX_OPEN_FILES", "Confinement", "ErrorInfo", "Frame", "JobSpec", "NetworkMode", "Payload",
+           "Report", "StepSpec"]
 
+# Descriptors a job may hold open at once (its RLIMIT_NOFILE).
+MAX_OPEN_FILES = 1024
 # Granted paths per job (reads, writes, package directories, the script): each travels as a descriptor.
 MAX_GRANTS = 128
 # What a job's sockets may reach: nothing, the hosts of its allow_hosts (the pool connects each socket to a
@@ -31,9 +34,13 @@ MAX_GRANTS = 128
 NetworkMode = Literal["none", "hosts", "all"]
 
 
-class Bounds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Where a job runs, what it may touch and what it may use: written once, for the job as resolved and
-    for the confinement made from it (the template confines by these, so they are a job's only in both)."""
+class Confinement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything that shapes a child's confinement, and nothing else: where it runs, what it may touch and
+    what it may use (the result's policy reports these), and how it is confined.
+
+    Two jobs with equal confinements whose granted paths name the same files can share a child
+    confined ahead of time. ``allow_read`` and ``allow_write`` travel with one descriptor each, opened
+    by the server when the job starts: the rules are built from those, never by name in the template."""
 
     cwd: str
     allow_read: list[str]
@@ -42,77 +49,15 @@ class Bounds(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeout: float
     memory: int
     max_file_size: int | None
-
-
-class JobSpec(Bounds, frozen=True, forbid_unknown_fields=True):
-    code: str | None
-    script: str | None
-    name: str
-    args: list[str]
-    env: dict[str, str]
-    package_dirs: list[str] = []
-    functions: list[str] = []
-    max_open_files: int = 1024
-    uid: int | None = None
-    gid: int | None = None
-    # A session child serves steps on its control channel until it is closed.
-    session: bool = False
-    # How hints name a grant: keyword arguments ("api") or command-line flags ("cli").
-    hint_style: Literal["api", "cli"] = "api"
-    # Report repr() of a trailing expression statement (the request's return_value).
-    return_value: bool = False
-    # Bytes of PNG the job's figures may come back as, in all (its max_output); 0: none. Its display
-    # outputs are bounded by the same number.
-    images: int = 0
-    # Output as it happens (the request's stream): stdout is line-buffered, so the pool sees each line as
-    # it is written.
-    stream: bool = False
-    # The host functions as globals of __main__ too: called, or awaited (see protocol.Request).
-    host_globals: Literal["call", "await"] | None = None
-    # With network "hosts": the allow_hosts entries, one port each, as the result's policy lists them; and
-    # what each listed name resolved to when the job started (filled in by the pool; see pynox.hosts).
-    allow_hosts: list[str] = []
-    pinned: dict[str, list[str]] = {}
-    # The pool's scratch directory of this session or job (also its cwd and a write grant), or None; the pool
-    # alone reads it: it reaches the confinement only as cwd and grant, the payload as $PYNOX_SCRATCH.
-    scratch: str | None = None
-    # The packages the pool installs before the job starts (the pool adds their environment to package_dirs;
-    # see pynox.server.packages), and whether its pool installs any: a hint then names the grant.
-    packages: list[str] = []
-    installs_packages: bool = False
-    # A session opened with pip_install: the directory its `%pip install` lines install into (granted
-    # read-only, on sys.path); the pool's, never sent to the template or the job.
-    pip_dir: str | None = None
-
-    def confinement(self, max_tasks: int | None = None) -> Confinement:
-        return Confinement(
-            cwd=self.cwd, allow_read=self.allow_read, allow_write=self.allow_write, network=self.network,
-            timeout=self.timeout, memory=self.memory, max_file_size=self.max_file_size,
-            package_dirs=self.package_dirs, host_channel=bool(self.functions), max_open_files=self.max_open_files,
-            uid=self.uid, gid=self.gid, session=self.session, hint_style=self.hint_style, max_tasks=max_tasks,
-            installs_packages=self.installs_packages)
-
-    def payload(self) -> Payload:
-        return Payload(code=self.code, script=self.script, name=self.name, args=self.args, env=self.env,
-                       functions=self.functions, return_value=self.return_value, images=self.images,
-                       stream=self.stream, host_globals=self.host_globals,
-                       pinned=self.pinned if self.network == "hosts" else None, allow_hosts=self.allow_hosts)
-
-
-class Confinement(Bounds, frozen=True, forbid_unknown_fields=True):
-    """Everything that shapes a child's confinement, and nothing else: its :class:`Bounds`, and these.
-
-    Two jobs with equal confinements whose granted paths name the same files can share a child
-    confined ahead of time. ``allow_read`` and ``allow_write`` travel with one descriptor each, opened
-    by the server when the job starts: the rules are built from those, never by name in the template."""
-
     package_dirs: list[str]
     # The job has a host-call channel (descriptor 4); which functions it may call is in its payload.
     host_channel: bool
     max_open_files: int
     uid: int | None
     gid: int | None
+    # A session child serves steps on its control channel until it is closed.
     session: bool
+    # How hints name a grant: keyword arguments ("api") or command-line flags ("cli").
     hint_style: Literal["api", "cli"]
     # Threads the job may run, bounded by its template's pids cgroup; None where nothing bounds them.
     max_tasks: int | None = None
@@ -129,13 +74,38 @@ class Payload(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     args: list[str]
     env: dict[str, str]
     functions: list[str]
+    # Report repr() of a trailing expression statement (the request's return_value).
     return_value: bool = False
+    # Bytes of PNG the job's figures may come back as, in all (its max_output); 0: none. Its display
+    # outputs are bounded by the same number.
     images: int = 0
+    # Output as it happens (the request's stream): stdout is line-buffered, so the pool sees each line as
+    # it is written.
     stream: bool = False
+    # The host functions as globals of __main__ too: called, or awaited (see protocol.Request).
     host_globals: Literal["call", "await"] | None = None
-    # With network "hosts": the names the job's resolver answers, and their addresses (see job/resolver.py).
+    # With network "hosts": the names the job's resolver answers, and their addresses (see job/resolver.py),
+    # resolved by the pool as the job starts (server/templates.py); None otherwise.
     pinned: dict[str, list[str]] | None = None
+    # With network "hosts": the allow_hosts entries, one port each, as the result's policy lists them.
     allow_hosts: list[str] = []
+
+
+class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A job as the pool resolved it: its two halves, made once where the request is resolved
+    (:meth:`pynox.grants.Grants.job`), and what of it is the pool's alone and travels in neither."""
+
+    confinement: Confinement
+    payload: Payload
+    # The pool's scratch directory of this session or job (also its cwd and a write grant), or None; the pool
+    # alone reads it: it reaches the confinement only as cwd and grant, the payload as $PYNOX_SCRATCH.
+    scratch: str | None = None
+    # The packages the pool installs before the job starts (the pool adds their environment to package_dirs;
+    # see pynox.server.packages); whether its pool installs any is the confinement's installs_packages.
+    packages: list[str] = []
+    # A session opened with pip_install: the directory its `%pip install` lines install into (granted
+    # read-only, on sys.path); the pool's, never sent to the template or the job.
+    pip_dir: str | None = None
 
 
 class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

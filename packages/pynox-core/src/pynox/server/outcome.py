@@ -46,6 +46,8 @@ class Outcome:
     # and whether the kernel killed the job for reaching its limit there.
     memory_peak_kb: int | None = None
     memory_exceeded: bool = False
+    # Killed for memory, not at its own limit but at its tenant's memory_budget: (tenant, budget in bytes).
+    budget: tuple[str, int] | None = None
     shmem_kb: int = 0  # what the job added to its cgroup and left in shared memory and TCP buffers
     socket_kb: int = 0
     host_calls: int = 0
@@ -83,6 +85,17 @@ class Outcome:
             self.error = ErrorInfo(type="TimeoutError",
                                    message=f"the code did not finish within {format_duration(timeout)}",
                                    hint=hints.timeout_hint(timeout, spec.hint_style))
+        elif self.memory_exceeded and self.budget is not None:
+            tenant, budget = self.budget
+            self.exit = 1  # a MemoryError, as for its own limit, but not of its own making
+            self.error = ErrorInfo(type="MemoryError",
+                                   message=f"the tenant {tenant!r} reached its memory budget of "
+                                           f"{format_size(budget)} (its jobs and sessions together), and the "
+                                           f"kernel killed this job to stay within it; the job's own memory limit "
+                                           f"of {format_size(spec.memory)} was not reached",
+                                   hint=f"Not this code's own limit: other jobs and sessions of the same tenant held "
+                                        f"the memory. Retry once they finish, close idle sessions, or ask the "
+                                        f"operator for a larger memory_budget of tenant {tenant!r}.")
         elif self.memory_exceeded:
             self.exit = 1  # as for the MemoryError a job's own allocation raises
             self.error = ErrorInfo(type="MemoryError",

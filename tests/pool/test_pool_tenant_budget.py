@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
 from tests.harness.scrape import metrics_text
 
 from .listen_client import ListenClient
@@ -127,6 +129,15 @@ def test_a_tenants_jobs_together_meet_its_budget_and_another_tenants_do_not(tmp_
         mine.send(id="own", code=OWN_OVER, args=[str(shm)], allow_write=[str(shm)], memory="256m", timeout="60s")
         own = mine.result("own", DEADLINE * 3)
         assert own["error"]["type"] == "MemoryError" and OWN_MESSAGE in own["error"]["message"], own
+        # A session of the tenant runs beneath its cgroup too (its process, seen from outside); the other tenant,
+        # with no budget, opens one as before.
+        mine.send(id="nb", session="nb", open=True, code="import os\nprint(os.getpid())")
+        session_pid = int(mine.result("nb")["stdout"])
+        memory_path = next(line for line in procfs.read(session_pid, "cgroup").splitlines() if ":memory:" in line)
+        assert f"/pynox-{pool.pid}-" in memory_path and "/tenant-0-ops/template-" in memory_path, memory_path
+        theirs = _as_other(path, [{"id": "nb", "session": "nb", "open": True, "code": "import os\nprint(os.getpid())",
+                                   "timeout": "60s"}])
+        assert theirs["nb"]["exit"] == 0
         mine.send(id="stats", stats=True)
         assert mine.result("stats")["budget_kills"] == {"ops": len(killed)}
         text = metrics_text(metrics, DEADLINE)
@@ -219,3 +230,35 @@ def test_a_killed_pools_tenant_cgroups_are_swept_by_the_next_start(tmp_path: Pat
         assert client.result(2)["stdout"] == "2\n"  # and it still runs its tenant's jobs in them
         client.close()
         _stop(live)
+
+
+def _without_cgroups(config: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """``pynox pool`` (or ``check``) in a mount namespace of its own where no cgroup filesystem is mounted, as on
+    a host or container without them; stdin empty, so a pool that starts ends at once."""
+    unshare = shutil.which("unshare") or pytest.skip("no unshare(1) here")
+    return subprocess.run([unshare, "--mount", "sh", "-c", 'umount -R -l /sys/fs/cgroup && exec "$@"', "sh",
+                           sys.executable, "-m", "pynox", command, f"--config={config}"], input="",
+                          capture_output=True, text=True, timeout=DEADLINE * 3)
+
+
+def test_a_budget_where_no_cgroup_can_be_made_is_refused_never_run_without(tmp_path: Path) -> None:
+    """Where the pool can make no cgroup, a config with a tenant budget is refused, naming the tenant and the
+    key, by the pool and by ``pynox check --config``; the control: the same config without the budget starts
+    there (its per-job bounds said not in force)."""
+    config = tmp_path / "pynox.toml"
+    config.write_text("[tenants.ops]\nuids = [0]\nmax_jobs = 2\n")
+    started = _without_cgroups(config, "pool")
+    assert started.returncode == 0, started.stderr
+    ready = json.loads(started.stdout.splitlines()[0])
+    assert ready["event"] == "ready" and any("memory counts" in line for line in ready["bounds_not_in_force"]), ready
+    config.write_text('[tenants.ops]\nuids = [0]\nmax_jobs = 2\nmemory_budget = "2g"\n')
+    refused = _without_cgroups(config, "pool")
+    assert refused.returncode == 125, (refused.stdout, refused.stderr)
+    error = json.loads(refused.stdout.splitlines()[0])["error"]
+    assert error["type"] == "KernelSupportError", error
+    assert error["message"].startswith("[tenants.ops] memory_budget: the tenant's cgroup cannot be made on this host "
+                                       "(no memory cgroup: "), error
+    assert "does not run its jobs without it" in error["message"]
+    checked = _without_cgroups(config, "check")
+    assert checked.returncode != 0, (checked.stdout, checked.stderr)
+    assert "[tenants.ops] memory_budget: the tenant's cgroup cannot be made" in checked.stderr, checked.stderr

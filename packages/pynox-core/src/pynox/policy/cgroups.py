@@ -420,9 +420,9 @@ class TenantGroup:
             c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)[:64]
         self._bounds = bounds
         if memory is not None and bounds.memory is None:
-            raise OSError(errno.ENOTSUP, f"no memory cgroup can be made here ({bounds.memory_reason})")
+            raise OSError(errno.ENOTSUP, f"no memory cgroup: {bounds.memory_reason}")
         if cpu_weight is not None and bounds.cpu is None:
-            raise OSError(errno.ENOTSUP, f"no cpu cgroup can be made here ({bounds.cpu_reason})")
+            raise OSError(errno.ENOTSUP, f"no cpu cgroup: {bounds.cpu_reason}")
         if memory is not None and bounds.memory is not None and bounds.memory.version == 1:
             # v1 applies a parent's limit to its children only with use_hierarchy (always so on v2).
             with open(os.path.join(bounds.memory.base, "memory.use_hierarchy")) as flag:

@@ -93,15 +93,15 @@ def _stop(pool: PoolProcess) -> None:
 
 
 def _tenant_dirs(pid: int) -> list[str]:
-    """The cgroups of the tenants of the pool ``pid`` (``tenant-*`` beneath its own), in every hierarchy."""
+    """The cgroups of the tenants of the pool ``pid`` (``tenant-*`` beneath its own), in every hierarchy (v1's
+    one per controller, or v2's one)."""
     found = []
-    for hierarchy in ("memory", "cpu", "pids"):
-        for root, dirs, _ in os.walk(f"/sys/fs/cgroup/{hierarchy}"):
-            if os.path.basename(root).startswith(f"pynox-{pid}-"):
-                found += [os.path.join(root, name) for name in dirs if name.startswith("tenant-")]
-                dirs.clear()
-            elif root.count("/") > 8:
-                dirs.clear()
+    for root, dirs, _ in os.walk("/sys/fs/cgroup"):
+        if os.path.basename(root).startswith(f"pynox-{pid}-"):
+            found += [os.path.join(root, name) for name in dirs if name.startswith("tenant-")]
+            dirs.clear()
+        elif root.count("/") > 12:
+            dirs.clear()
     return found
 
 

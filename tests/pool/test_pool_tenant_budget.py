@@ -36,7 +36,7 @@ CLIENT = str(Path(__file__).with_name("listen_client.py"))
 OTHER_UID = 64999  # no user needed: the kernel reports the uid a process runs as, named or not
 
 # Two of these are 400 MiB: over a 384 MiB budget together, each under its own 256 MiB limit alone.
-HOLD = "import time\nb = b'x' * (200 << 20)\ntime.sleep(4)\nprint(len(b) >> 20)\n"
+HOLD = "import time\nb = b'x' * (200 << 20)\ntime.sleep(6)\nprint(len(b) >> 20)\n"
 # Pages of a tmpfs, which only the cgroup counts (RLIMIT_DATA would stop a bytes object of 300 MiB first).
 OWN_OVER = ("import sys\nfor n in range(6):\n    with open(f'{sys.argv[1]}/{n}', 'wb') as f:\n"
             "        f.write(b'x' * (50 << 20))\n")

@@ -885,3 +885,45 @@ def test_a_session_key_file_a_job_could_read_is_refused(tree: Tree) -> None:
     assert config.pool.session_key_file == str(outside) and config.pool.max_session_state == 100 << 10
     with pytest.raises(ConfigError, match="max_session_state: must be between 1 byte and 720k"):
         load_config(tree.config('[pool]\nmax_session_state = "1m"\n'))
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize(("body", "fragment"), [
+    ('memory_budget = "16m"', r"memory_budget: 16m is below the 32m one Python job needs"),
+    ('memory_budget = "100m"', r"memory_budget: 100m is below the 256m one of its jobs may take \(\[pool.limits\] "
+                               r"memory\)"),
+    ('memory_budget = "lots"', r"memory_budget: "),
+    ('memory_budget = true', r"memory_budget: "),
+    ("cpu_weight = 0", r"cpu_weight: must be from 1 to 10000"),
+    ("cpu_weight = 10001", r"cpu_weight: must be from 1 to 10000"),
+    ('cpu_weight = "high"', r"cpu_weight: expected a weight from 1 to 10000"),
+    ("cpu_weight = 1.5", r"cpu_weight: expected a weight"),
+])
+def test_a_tenant_budget_is_checked_against_the_operators_own_limits(tmp_path: Path, body: str,
+                                                                    fragment: str) -> None:
+    """A budget below what one of the tenant's jobs may take (the ceiling's memory, a profile's it may name)
+    would kill a single job at the budget instead of its own limit: refused, naming file, table and key."""
+    path = tmp_path / "pynox.toml"
+    path.write_text(f'[pool.limits]\nmemory = "256m"\n\n[profiles.big]\nmemory = "192m"\n\n'
+                    f"[tenants.ci]\nuids = [1001]\n{body}\n")
+    with pytest.raises(ConfigError, match=rf"{path}: \[tenants.ci\] {fragment}"):
+        load_config(path)
+
+
+@pytest.mark.pure
+def test_a_tenant_budget_at_or_above_its_jobs_limits_loads(tmp_path: Path) -> None:
+    path = tmp_path / "pynox.toml"
+    path.write_text('[pool.limits]\nmemory = "256m"\n\n[profiles.big]\nmemory = "512m"\n\n[profiles.small]\n'
+                    'memory = "64m"\n\n[tenants.ci]\nuids = [1001]\nmemory_budget = "300m"\nprofiles = ["small"]\n'
+                    "cpu_weight = 50\n\n[tenants.ops]\nuids = [0]\n")
+    ci, ops = load_config(path).tenants
+    assert (ci.memory_budget, ci.cpu_weight, ci.has_budget) == (300 << 20, 50, True)
+    assert (ops.memory_budget, ops.cpu_weight, ops.has_budget) == (None, None, False)
+    # No ceiling on memory: the default a job gets when it names none (1g) is the bound.
+    path.write_text('[tenants.ci]\nuids = [1001]\nmemory_budget = "512m"\n')
+    with pytest.raises(ConfigError, match=r"below the 1g one of its jobs may take \(the default memory\)"):
+        load_config(path)
+    path.write_text('[profiles.big]\nmemory = "2g"\n\n[tenants.ci]\nuids = [1001]\nmemory_budget = "1g"\n')
+    with pytest.raises(ConfigError, match=r"memory_budget: 1g is below the 2g one of its jobs may take "
+                                          r"\(\[profiles.big\] memory\)"):
+        load_config(path)

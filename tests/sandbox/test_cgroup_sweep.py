@@ -71,7 +71,12 @@ def test_a_dead_pools_cgroups_under_another_parent_are_swept(tmp_path: Path, bas
             for name in (f"pynox-{me}-{ticks + 1}-deadbeef", f"pynox-{me}-{ticks}-cafef00d"):
                 os.mkdir(os.path.join(other, name))
                 os.mkdir(os.path.join(other, name, "w0"))
-                made[:0] = [os.path.join(other, name, "w0"), os.path.join(other, name)]
+                # A tenant's cgroup with a template's beneath it: a level deeper (see cgroups.TenantGroup).
+                os.mkdir(os.path.join(other, name, "tenant-0-ci"))
+                os.mkdir(os.path.join(other, name, "tenant-0-ci", "template-1"))
+                made[:0] = [os.path.join(other, name, "tenant-0-ci", "template-1"),
+                            os.path.join(other, name, "tenant-0-ci"), os.path.join(other, name, "w0"),
+                            os.path.join(other, name)]
         with pool_process("--workers=1", cwd=tmp_path) as pool:
             assert pool.run("print(1)")["exit"] == 0
             for other in [path for path in made if os.path.basename(path).startswith("other-parent-")]:

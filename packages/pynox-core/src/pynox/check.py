@@ -34,6 +34,8 @@ from .protocol import Request, Result
 from .server.packages import Installer
 from .server.runner import run_on
 from .server.templates import Template
+from .server.tenants import budget_group
+from .units import format_size
 from .wire.exits import TIMEOUT_EXIT
 
 __all__ = ["CheckReport", "Probe", "run_check"]
@@ -651,6 +653,16 @@ def check_config(path: str, profile: str | None = None) -> list[str]:
                  f"{'[pool.limits]' if config.limits is not None else 'none'}; a job needs at least "
                  f"{floor / (1 << 20):.1f} MiB of memory")
     lines += [f"warning: {warning}" for warning in config.warnings]
+    for index, tenant in enumerate(config.tenants):
+        if not tenant.has_budget:
+            continue
+        try:  # made as the pool would make it, then removed: a host that cannot is named now
+            budget_group(index, tenant).close()
+        except KernelSupportError as exc:
+            raise ConfigError(f"{file}: {exc}") from None
+        shares = [f"memory_budget {format_size(tenant.memory_budget)}" if tenant.memory_budget else "",
+                  f"cpu_weight {tenant.cpu_weight}" if tenant.cpu_weight else ""]
+        lines.append(f"tenant {tenant.name!r}: a cgroup of its own, " + ", ".join(filter(None, shares)))
     installs, problem = Installer(settings.installs,
                                   ceiling=config.limits.packages if config.limits else ()).check()
     if problem is not None:

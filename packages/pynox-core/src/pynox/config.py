@@ -63,7 +63,10 @@ _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idl
               "scratch_max_total", "strict_session_reopen", "interrupt_grace", "queue_timeout", "max_queued", "listen",
               "session_key_file", "max_session_state", "limits", *_INSTALL_KEYS)
 # [tenants.NAME]: who a listening pool's peer is (by SO_PEERCRED) and what that tenant may have (see server/tenants.py).
-_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "run_as")
+_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "run_as", "memory_budget",
+                "cpu_weight")
+# [tenants.NAME] cpu_weight: cgroup v2's cpu.weight range (systemd's CPUWeight=); 100 is a template's own.
+_MAX_CPU_WEIGHT = 10_000
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
                "max_file_size", "packages")
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to setresuid, so it is not a usable id
@@ -159,6 +162,15 @@ class TenantSettings:
     max_jobs: int | None = None  # jobs and session steps in flight (queued or running) at once, over its connections
     max_sessions: int | None = None  # sessions open at once, over its connections
     run_as: tuple[int, int] | None = None  # (uid, gid) its jobs run under, instead of [pool] run_as
+    # A cgroup of its own holding its jobs' and sessions' (see policy/cgroups.py TenantGroup): the memory they
+    # may hold together, in bytes, and its CPU weight against the pool's other tenants and templates.
+    memory_budget: int | None = None
+    cpu_weight: int | None = None
+
+    @property
+    def has_budget(self) -> bool:
+        """Whether its jobs and sessions run under a cgroup of the tenant's own."""
+        return self.memory_budget is not None or self.cpu_weight is not None
 
     def matches(self, uid: int, gid: int) -> bool:
         return uid in self.uids or gid in self.gids
@@ -422,7 +434,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     tenants_raw = raw.get("tenants", {})
     if not isinstance(tenants_raw, dict):
         raise ConfigError(f"{file}: tenants must be tables [tenants.NAME], got {_type_name(tenants_raw)}")
-    tenants = tuple(_tenant(_Table(file, f"tenants.{name}", body), name, profiles)
+    tenants = tuple(_tenant(_Table(file, f"tenants.{name}", body), name, profiles, limits)
                     for name, body in tenants_raw.items())
     _refuse_readable_key(file, pool.session_key_file, limits, profiles)
     return Config(path=file, pool=pool, limits=limits, profiles=MappingProxyType(profiles),
@@ -558,7 +570,7 @@ def _listen(table: _Table, base: str) -> str | None:
         raise table.error(str(exc), "listen") from None
 
 
-def _tenant(table: _Table, name: str, profiles: Mapping[str, Request]) -> TenantSettings:
+def _tenant(table: _Table, name: str, profiles: Mapping[str, Request], limits: Limits | None) -> TenantSettings:
     table.refuse_unknown(_TENANT_KEYS)
     import grp  # only for a file with tenants: names are resolved once, here
     import pwd
@@ -589,7 +601,41 @@ def _tenant(table: _Table, name: str, profiles: Mapping[str, Request]) -> Tenant
     return TenantSettings(name=name, uids=frozenset(uids), gids=frozenset(gids),
                           profiles=tuple(allowed) if allowed is not None else None,
                           max_jobs=table.positive_int("max_jobs"), max_sessions=table.positive_int("max_sessions"),
-                          run_as=_run_as(table))
+                          run_as=_run_as(table), memory_budget=_memory_budget(table, allowed, profiles, limits),
+                          cpu_weight=_cpu_weight(table))
+
+
+def _memory_budget(table: _Table, allowed: list[str] | None, profiles: Mapping[str, Request],
+                   limits: Limits | None) -> int | None:
+    """What a tenant's jobs and sessions may hold together. Never below what one of its jobs may take under the
+    operator's own settings (the ceiling's memory; without one, the default's and each profile's): a single job
+    would meet the tenant's budget before its own limit, and be killed instead of raising MemoryError."""
+    budget = table.units("memory_budget", parse_size)
+    if budget is None:
+        return None
+    if budget < LEAST_MEMORY:
+        raise table.error(f"{format_size(budget)} is below the {format_size(LEAST_MEMORY)} one Python job needs to "
+                          "start", "memory_budget")
+    if limits is not None and limits.memory is not None:  # a request may ask up to it, whatever its profile
+        one = [("[pool.limits] memory", limits.memory)]
+    else:
+        one = [("the default memory", DEFAULTS.memory)]
+        one += [(f"[profiles.{name}] memory", memory) for name in (allowed if allowed is not None else profiles)
+                if (memory := _size_or_none(profiles[name].memory)) is not None]
+    where, largest = max(one, key=lambda pair: pair[1])
+    if budget < largest:
+        raise table.error(f"{format_size(budget)} is below the {format_size(largest)} one of its jobs may take "
+                          f"({where}): a single job would reach the tenant's budget before its own limit; raise "
+                          "the budget or lower that memory", "memory_budget")
+    return budget
+
+
+def _cpu_weight(table: _Table) -> int | None:
+    value = table.get("cpu_weight", int, f"a weight from 1 to {_MAX_CPU_WEIGHT}")
+    if value is not None and not 1 <= value <= _MAX_CPU_WEIGHT:
+        raise table.error(f"must be from 1 to {_MAX_CPU_WEIGHT} (100: the share of one template's jobs), got "
+                          f"{value}", "cpu_weight")
+    return value
 
 
 # A unix socket's path must fit in sockaddr_un's sun_path (108 bytes, with its NUL).

@@ -470,6 +470,9 @@ class StatsEvent(msgspec.Struct, kw_only=True):
     # Latency of every result that was not refused: its run (duration_us) and its wait for a worker (queue_us).
     duration_seconds: Histogram = msgspec.field(default_factory=Histogram)
     queue_seconds: Histogram = msgspec.field(default_factory=Histogram)
+    # Jobs and session steps the kernel killed because their tenant's jobs and sessions together reached its
+    # memory_budget (not their own memory limit), by tenant; a tenant with none is not named.
+    budget_kills: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class JobLogLine(msgspec.Struct, kw_only=True):

@@ -71,10 +71,11 @@ import functools
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_JOB_TASKS", "Bounds", "Hierarchy", "MemoryCounter", "TemplateGroup", "available", "detect",
-           "memory_counted", "remove"]
+__all__ = ["MAX_JOB_TASKS", "Bounds", "Hierarchy", "MemoryCounter", "TemplateGroup", "TenantGroup", "available",
+           "detect", "memory_counted", "remove"]
 
 MAX_JOB_TASKS = 256  # threads of one job, its main thread included
 _REMOVE_WAIT = 2.0  # seconds a cgroup may take to empty after its processes were killed
@@ -89,6 +90,8 @@ _SWEEP_MAX_DEPTH = 8
 _SWEEP_MAX_DIRS = 20_000
 _CPU_PERIOD = 100_000  # µs: the kernel's default CFS period
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
+# How near its limit a v1 cgroup's peak is when the limit stopped it: the kernel charges in batches of 64 pages.
+_LIMIT_SLACK = 1 << 20
 
 
 def _start_ticks(pid: int | str) -> int | None:
@@ -182,15 +185,25 @@ def remove(path: str, wait: float = 0.0) -> bool:
 
 
 def remove_pool(hierarchy: Hierarchy) -> None:
-    """At the pool's end: remove every cgroup it made (their processes are gone or going)."""
-    pool = hierarchy.pool_directory()
-    try:
-        names = [entry.path for entry in os.scandir(pool) if entry.is_dir()]
-    except FileNotFoundError:
-        return
-    for path in names:
-        remove(path, _REMOVE_WAIT)
-    remove(pool, _REMOVE_WAIT)
+    """At the pool's end: remove every cgroup it made (their processes are gone or going), its tenants' with
+    the templates' beneath them."""
+    _remove_tree(hierarchy.pool_directory(), _REMOVE_WAIT, _REMOVE_WAIT)
+
+
+def _remove_tree(path: str, wait: float, inner_wait: float = 0.0,
+                 keep: Callable[[os.DirEntry[str]], bool] = lambda _: False) -> int:
+    """Remove the cgroups beneath ``path``, deepest first (each given ``inner_wait`` to empty), then ``path``
+    (given ``wait``): a pool's holds its templates' and its tenants' (which hold templates' of their own).
+    ``keep``: a directory left alone, with what is above it. Returns how many directories are left (rmdir
+    refuses a cgroup that holds a process)."""
+    left = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            if entry.is_dir(follow_symlinks=False):
+                left += 1 if keep(entry) else _remove_tree(entry.path, inner_wait, inner_wait, keep)
+    if left or not remove(path, wait):
+        return left + 1
+    return 0
 
 
 def _write(path: str, text: str) -> None:
@@ -252,6 +265,7 @@ class MemoryCounter:
         now = self._read("limit").strip()
         self._limit_set = int(now) if now.isdigit() else 1 << 62
         self._held = 0
+        self._hits = 0
         self.settle()
 
     def _open(self, what: str, path: str, written: bool) -> None:
@@ -262,6 +276,26 @@ class MemoryCounter:
 
     def _kill_count(self) -> int:
         return _fields(self._read("events", 4096)).get(b"oom_kill", 0)
+
+    def _limit_hits(self) -> int:
+        """v2: how often the kernel's OOM killer ran for this cgroup's own limit ("oom" of memory.events; an
+        ancestor's limit, a tenant's budget, counts there, not here). v1 has no such count (memory.failcnt
+        stays 0 on recent kernels): 0, and :meth:`reached_own_limit` reads the peak instead."""
+        return _fields(self._read("events", 4096)).get(b"oom", 0) if self.version == 2 else 0
+
+    def mark(self) -> None:
+        """A job or a session's step starts: whether it meets its own limit is counted from here."""
+        self._hits = self._limit_hits()
+
+    def reached_own_limit(self) -> bool:
+        """Whether the job met its own limit since :meth:`mark` (read for a job the kernel killed for memory:
+        if not, a limit above its own, its tenant's budget, was reached). v1: its peak since its start came
+        within :data:`_LIMIT_SLACK` of its limit (without a peak, it is taken to have)."""
+        if self.version == 2:
+            return self._limit_hits() > self._hits
+        if "peak" not in self._fds:
+            return True
+        return int(self._read("peak")) >= self._limit_set - _LIMIT_SLACK
 
     def settle(self) -> None:
         """Between jobs, off their path (``memory.stat`` costs ~100 us to read): what the cgroup holds that
@@ -295,6 +329,7 @@ class MemoryCounter:
             if swap is not None:
                 os.pwrite(swap, text, 0)
             self._limit_set = limit
+        self.mark()
         tcp = self._fds.get("tcp_limit")
         if tcp is not None:  # v1: the job's TCP buffers, a budget of their own as large as its memory
             os.pwrite(tcp, str(int(self._read("tcp_usage")) + max(memory, _SETUP_MEMORY)).encode(), 0)
@@ -342,14 +377,18 @@ class TemplateGroup:
     paths: list[str] = field(default_factory=list)
     memory: MemoryCounter | None = None
 
+    tenant: TenantGroup | None = None
+
     @classmethod
-    def confine(cls, bounds: Bounds, pid: int, name: str, job_cpu: float = 0.0) -> TemplateGroup:
-        """Put process ``pid`` (a template, before it forks anything) in new cgroups of its own; with
-        ``job_cpu``, under a quota of that many CPUs where a cpu controller is."""
-        group = cls()
+    def confine(cls, bounds: Bounds, pid: int, name: str, job_cpu: float = 0.0,
+                tenant: TenantGroup | None = None) -> TemplateGroup:
+        """Put process ``pid`` (a template, before it forks anything, or between two jobs) in new cgroups of
+        its own; with ``job_cpu``, under a quota of that many CPUs where a cpu controller is; with ``tenant``,
+        beneath that tenant's cgroups (its budget), else beneath the pool's."""
+        group = cls(tenant=tenant)
         try:
             for hierarchy in bounds.hierarchies():
-                path = _made(hierarchy, pid, name, job_cpu)
+                path = _made(hierarchy, pid, name, job_cpu, tenant)
                 group.paths.append(path)
                 if hierarchy is bounds.memory:
                     group.memory = MemoryCounter(path, hierarchy.version)
@@ -365,9 +404,92 @@ class TemplateGroup:
             remove(path, wait)
 
 
-def _made(hierarchy: Hierarchy, pid: int, name: str, job_cpu: float = 0.0) -> str:
+class TenantGroup:
+    """One tenant's cgroups, one per hierarchy beneath the pool's (``tenant-<n>-<name>``): the cgroups of the
+    templates serving its jobs and sessions are made beneath them, so the kernel holds them together to the
+    tenant's ``memory_budget`` (``memory.max``; v1 ``memory.limit_in_bytes``) and shares the CPU among tenants
+    by its ``cpu_weight`` (``cpu.weight``; v1 ``cpu.shares``, 1024 for 100). A job that reaches the budget is
+    killed by the kernel's OOM killer as for its own limit; the pool tells the two apart by which cgroup met
+    its limit (see :meth:`MemoryCounter.reached_own_limit` and :meth:`budget_hits`)."""
+
+    def __init__(self, bounds: Bounds, index: int, name: str, memory: int | None, cpu_weight: int | None) -> None:
+        self.name = name
+        self.memory = memory
+        self.cpu_weight = cpu_weight
+        self.directory = "tenant-" + str(index) + "-" + "".join(
+            c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)[:64]
+        self._bounds = bounds
+        if memory is not None and bounds.memory is None:
+            raise OSError(errno.ENOTSUP, f"no memory cgroup: {bounds.memory_reason}")
+        if cpu_weight is not None and bounds.cpu is None:
+            raise OSError(errno.ENOTSUP, f"no cpu cgroup: {bounds.cpu_reason}")
+        if memory is not None and bounds.memory is not None and bounds.memory.version == 1:
+            # v1 applies a parent's limit to its children only with use_hierarchy (always so on v2).
+            with open(os.path.join(bounds.memory.base, "memory.use_hierarchy")) as flag:
+                if flag.read().strip() != "1":
+                    raise OSError(errno.ENOTSUP, f"{bounds.memory.base}/memory.use_hierarchy is 0, so a tenant's "
+                                                 "limit would not hold its templates' cgroups")
+        for hierarchy in bounds.hierarchies():
+            self.make(hierarchy)
+
+    def make(self, hierarchy: Hierarchy) -> str:
+        """The tenant's cgroup in ``hierarchy``, with its limits (made again if a sweep removed it while empty)."""
+        path = os.path.join(hierarchy.make_pool_directory(), self.directory)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        if hierarchy.version == 2:
+            _write(os.path.join(path, "cgroup.subtree_control"), " ".join(f"+{c}" for c in hierarchy.controllers))
+        if "memory" in hierarchy.controllers and self.memory is not None:
+            if hierarchy.version == 2:
+                _write(os.path.join(path, "memory.max"), str(self.memory))
+                with contextlib.suppress(FileNotFoundError):
+                    _write(os.path.join(path, "memory.swap.max"), "0")
+            else:  # memory+swap may never be below memory: the larger of the two first
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(self.memory))
+                _write(os.path.join(path, "memory.limit_in_bytes"), str(self.memory))
+                with contextlib.suppress(FileNotFoundError):
+                    _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(self.memory))
+        if "cpu" in hierarchy.controllers and self.cpu_weight is not None:
+            if hierarchy.version == 2:
+                _write(os.path.join(path, "cpu.weight"), str(self.cpu_weight))
+            else:
+                _write(os.path.join(path, "cpu.shares"), str(max(self.cpu_weight * 1024 // 100, 2)))
+        return path
+
+    def budget_hits(self) -> int:
+        """v2: how often the kernel's OOM killer ran for the tenant's budget ("oom" of memory.events.local). v1,
+        which counts no such thing: 1 once the tenant's peak came within :data:`_LIMIT_SLACK` of its budget, else
+        0 (so a job killed at no limit of its own, while the tenant never reached its budget, is not blamed on
+        it). 0 where the tenant has no memory budget."""
+        hierarchy = self._bounds.memory
+        if self.memory is None or hierarchy is None:
+            return 0
+        path = os.path.join(hierarchy.pool_directory(), self.directory)
+        try:
+            if hierarchy.version == 2:
+                with open(os.path.join(path, "memory.events.local"), "rb") as events:
+                    return _fields(events.read()).get(b"oom", 0)
+            with open(os.path.join(path, "memory.max_usage_in_bytes"), "rb") as peak:
+                return int(int(peak.read()) >= self.memory - _LIMIT_SLACK)
+        except (OSError, ValueError):
+            return 0
+
+    def budget_mark(self) -> int:
+        """What :meth:`budget_hits` is compared with for a job starting now: the count on v2; 0 on v1."""
+        hierarchy = self._bounds.memory
+        return self.budget_hits() if hierarchy is not None and hierarchy.version == 2 else 0
+
+    def close(self) -> None:
+        """At the pool's end, once its templates are gone (what is left is removed with the pool's cgroup)."""
+        for hierarchy in self._bounds.hierarchies():
+            _remove_tree(os.path.join(hierarchy.pool_directory(), self.directory), _REMOVE_WAIT, _REMOVE_WAIT)
+
+
+def _made(hierarchy: Hierarchy, pid: int, name: str, job_cpu: float = 0.0, tenant: TenantGroup | None = None) -> str:
     for attempt in range(_CONFINE_TRIES):
-        path = os.path.join(hierarchy.make_pool_directory(), name)
+        parent = hierarchy.make_pool_directory() if tenant is None else tenant.make(hierarchy)
+        path = os.path.join(parent, name)
         try:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path)
@@ -509,13 +631,9 @@ def _sweep(base: str) -> None:
         dead = _dead(entry.name)
         if not dead and _young(entry):
             continue
-        left = 0
-        with contextlib.suppress(OSError):
-            for leaf in os.scandir(entry.path):
-                if leaf.is_dir() and ((not dead and _young(leaf)) or not remove(leaf.path)):
-                    left += 1  # a live pool's: it holds a process, or is about to
-        if not left:
-            remove(entry.path, _SWEEP_WAIT)  # a child just removed may keep it busy for a moment
+        # A live pool's cgroup holds a process, or is young and about to (a tenant's with its templates' too);
+        # a child just removed may keep its parent busy for a moment.
+        _remove_tree(entry.path, _SWEEP_WAIT, keep=(lambda _: False) if dead else _young)
 
 
 def _mount_root(base: str) -> str | None:
@@ -553,11 +671,7 @@ def _sweep_elsewhere(base: str) -> None:
 
 
 def _remove_dead_pool(path: str) -> None:
-    with contextlib.suppress(OSError):
-        for leaf in os.scandir(path):
-            if leaf.is_dir(follow_symlinks=False):
-                remove(leaf.path)
-    remove(path, _SWEEP_WAIT)
+    _remove_tree(path, _SWEEP_WAIT)
 
 
 def _dead(name: str) -> bool:

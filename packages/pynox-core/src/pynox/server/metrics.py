@@ -116,6 +116,11 @@ def render(stats: StatsEvent) -> bytes:
     text.metric("pynox_sessions_closed_total", "counter", "Sessions ended, for any reason.", stats.sessions_closed)
     text.metric("pynox_sessions_expired_total", "counter", "Sessions closed for being idle past session_idle.",
                 stats.sessions_expired)
+    if stats.budget_kills:  # a family appears with its first sample (a pool without budgets never shows it)
+        text.family("pynox_tenant_budget_kills_total", "counter", "Jobs and session steps killed because their "
+                    "tenant's jobs and sessions together reached its memory_budget, by tenant.")
+    for tenant, count in sorted(stats.budget_kills.items()):
+        text.sample("pynox_tenant_budget_kills_total", count, tenant=tenant)
     text.histogram("pynox_job_duration_seconds", "How long each job ran (refusals excluded).",
                    stats.duration_seconds)
     text.histogram("pynox_queue_wait_seconds", "How long each job waited for a worker (refusals excluded).",

@@ -93,7 +93,9 @@ class Gathering:
     memory_peak_kb: int | None = None
     # Whether the kernel killed the job for reaching its memory limit in the template's memory cgroup.
     memory_exceeded: bool = False
-    shmem_kb: int = 0
+    # Killed for memory, not at its own limit but at its tenant's memory_budget: (tenant, budget in bytes).
+    budget: tuple[str, int] | None = None
+    shmem_kb: int = 0  # what the job added to its cgroup and left in shared memory and TCP buffers
     socket_kb: int = 0
     host_calls: int = 0
     stdout_bytes: int = 0
@@ -136,6 +138,16 @@ class Gathering:
             return TIMEOUT_EXIT, ErrorInfo(type="TimeoutError",
                                            message=f"the code did not finish within {format_duration(timeout)}",
                                            hint=hints.timeout_hint(timeout, spec.confinement.hint_style))
+        if self.memory_exceeded and self.budget is not None:
+            tenant, budget = self.budget
+            return 1, ErrorInfo(  # a MemoryError, as for its own limit, but not of its own making
+                type="MemoryError",
+                message=f"the tenant {tenant!r} reached its memory budget of {format_size(budget)} (its jobs and "
+                        f"sessions together), and the kernel killed this job to stay within it; the job's own "
+                        f"memory limit of {format_size(spec.confinement.memory)} was not reached",
+                hint=f"Not this code's own limit: other jobs and sessions of the same tenant held the memory. Retry "
+                     f"once they finish, close idle sessions, or ask the operator for a larger memory_budget of "
+                     f"tenant {tenant!r}.")
         if self.memory_exceeded:
             return 1, ErrorInfo(  # as for the MemoryError a job's own allocation raises
                 type="MemoryError",

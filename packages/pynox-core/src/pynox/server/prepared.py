@@ -105,6 +105,16 @@ class PreparedChildren:
                 del self._keys[next(iter(self._keys))]
         return job
 
+    def forget(self) -> list[PreparedChild]:
+        """The template moved to other cgroups (see Template._enter): no child it prepared before may take a
+        job, nor one on its way (its job's key is forgotten). Returns the children to discard (released now)."""
+        self._keys.clear()
+        waiting = self.waiting
+        if waiting is None:
+            return []
+        self.release(waiting)
+        return [waiting]
+
     def announced(self) -> None:
         """An Ended frame said the template is preparing a child."""
         self.due = True

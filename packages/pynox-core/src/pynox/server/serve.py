@@ -88,7 +88,7 @@ from .spans import spans_from_environment
 from .stats import Gauges, Stats, log_line
 from .streaming import Streamer
 from .templates import CallSink, Template
-from .tenants import Tenants
+from .tenants import Tenants, budget_group
 from .trace import Traces, valid_traceparent
 from .zygote import ForkedProcess
 
@@ -107,6 +107,7 @@ class _Job:
     accepted_ns: int  # when the pool read its line: its wait is counted from here
     flight: Flight
     queue_deadline_ns: int | None = None  # refused if no worker took it by then (see admission.py)
+    tenant: cgroups.TenantGroup | None = None  # its tenant's cgroups, when the tenant has a budget
 
 
 class _Worker(threading.Thread):
@@ -197,7 +198,7 @@ class _Worker(threading.Thread):
             try:
                 gathered = template.run(job.spec, max_output=job.max_output, calls=self._calls_for(job),
                                        streamer=Streamer(job.id, None, self.server.output.write)
-                                       if job.spec.payload.stream else None)
+                                       if job.spec.payload.stream else None, tenant=job.tenant)
             except RequestError as exc:  # a grant changed between acceptance and start: nothing ran
                 return refusal(job.id, str(exc))
             except PoolWorkerError as exc:
@@ -207,6 +208,8 @@ class _Worker(threading.Thread):
                 return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)
             # Killed for a cancel: that, not the kill, is what happened to it.
             gathered.cancelled = job.flight.cancelled
+            if gathered.cancelled is None and gathered.budget is not None:
+                self.server.stats.record_budget_kill(gathered.budget[0])
             return to_result(job.id, gathered.freeze(job.spec, job.spec.confinement.timeout), job.spec,
                              max_output=job.max_output, python=template.ready.python,
                              preloaded=template.ready.preloaded, landlock_abi=template.ready.landlock_abi,
@@ -288,6 +291,9 @@ class Server:
         self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
         # The user a request's jobs run as, when its tenant says (see listen.py), over a profile's and [pool] run_as.
         self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
+        # The cgroups of each tenant with a memory_budget or cpu_weight (see policy/cgroups.py TenantGroup), made
+        # as the pool starts: where none can be made, the pool does not start (never without the budget).
+        self.budgets: dict[str, cgroups.TenantGroup] = {}
         # Where a job may never write (see grants.Grants.of).
         self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
         # A job that read the key could sign a state another client's session then restores (session_state.py).
@@ -357,7 +363,17 @@ class Server:
             self._log(f"pynox pool: {'warning: ' if warning else ''}{message}\n".encode())
 
     # -- startup -----------------------------------------------------------------------------------------
+    def make_budgets(self) -> None:
+        """Each tenant's cgroups, for those with a budget; KernelSupportError if this host cannot make them."""
+        for index, tenant in enumerate(self.options.config.tenants):
+            if tenant.has_budget:
+                self.budgets[tenant.name] = budget_group(index, tenant)
+
+    def budget_of(self, request_id: RequestId | None) -> cgroups.TenantGroup | None:
+        return self.budgets.get(self.tenant_of(request_id) or "") if self.budgets else None
+
     def start(self) -> list[_Worker]:
+        self.make_budgets()
         workers = self.workers = [_Worker(i, self) for i in range(self.options.workers)]
         for worker in workers:
             worker.start()
@@ -404,6 +420,7 @@ class Server:
             landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch,
             place=self.installer.place, interrupt_grace=self.options.interrupt_grace)
         self.sessions.count = self.stats.record_session
+        self.sessions.budget_kill = self.stats.record_budget_kill
         self.output.write(encode(self.ready_info))
         return workers
 
@@ -651,7 +668,7 @@ class Server:
         arrived = self._arrived_ns
         wait = queue_timeout(request, self.options.config, self.options.queue_timeout)
         job = _Job(request.id, spec, max_output, arrived, Flight(request.id),
-                   None if wait is None else arrived + int(wait * 1e9))
+                   None if wait is None else arrived + int(wait * 1e9), self.budget_of(request.id))
 
         def answer_cancelled() -> None:
             self.admission.leave(job)
@@ -721,7 +738,7 @@ class Server:
                     args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
                     accepted_ns=self._arrived_ns, return_value=bool(request.return_value),
                     stream=bool(request.stream),
-                    flight=Flight(request.id))
+                    flight=Flight(request.id), tenant=self.budget_of(request.id))
         # A scratch directory is made only for a session that is really opened.
         self.sessions.submit(name, step, lambda: (self.scratch.grant(spec) if request.scratch else spec, max_output))
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..errors import PynoxError, RequestError
+from ..policy.cgroups import TenantGroup
 from ..protocol import Closed, Request, RequestId, SessionResult, encode
 from ..units import format_duration
 from ..wire.descriptors import STEP
@@ -70,6 +71,8 @@ class Step:
     interrupt: StepInterrupt = field(default_factory=lambda: StepInterrupt(0.0))  # set as it is queued
     # The pool's own steps (a save, see session_state.py): their result made into the request's answer.
     answer: Callable[[SessionResult], SessionResult] | None = None
+    # The cgroups of the tenant whose session this is, when it has a budget: its process runs beneath them.
+    tenant: TenantGroup | None = None
 
 
 class _NotRun(Exception):
@@ -303,6 +306,8 @@ class Session(threading.Thread):
                 "its KeyboardInterrupt")
             gathered.ended = True
         outcome = gathered.freeze(self.spec, step.timeout)
+        if gathered.cancelled is None and gathered.budget is not None:  # killed at its tenant's budget
+            self.registry.budget_kill(gathered.budget[0])
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
                            python=self._ready_python(), preloaded=self._preloaded(),
@@ -344,7 +349,7 @@ class Session(threading.Thread):
                 return Gathering(ended=True)
             self.life.running()
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels,
-                                      streamer=self._streamer(step))
+                                      streamer=self._streamer(step), tenant=step.tenant)
         template, channels = self._template, self._channels
         assert template is not None and channels is not None
         ended = template.ended_while_idle()
@@ -487,6 +492,8 @@ class SessionRegistry:
         self._sessions: dict[str, Session] = {}
         # Told "opened", "closed" (every end) and "expired" (closed for being idle): the stats' session counters.
         self.count: Callable[[str], None] = lambda _: None
+        # Told the tenant of a step its tenant's memory_budget killed (the stats' budget_kills).
+        self.budget_kill: Callable[[str], None] = lambda _: None
         # Each session's template is forked from the pool's zygote (see zygote.py), one waiting ahead.
         self.templates = SessionTemplates(new_template)
         self.spare = _SpareTemplate(self.templates.new_template)

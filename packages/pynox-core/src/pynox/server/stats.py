@@ -118,6 +118,7 @@ class Stats:
         self._host_calls = 0
         self._delegated_cpu_ms = 0.0
         self._sessions: Counter[str] = Counter()  # opened, closed, expired
+        self._budget_kills: Counter[str] = Counter()  # by tenant: killed by its memory_budget (the pool's verdict)
 
     def record(self, result: Result) -> None:
         with self._lock:
@@ -148,6 +149,10 @@ class Stats:
     def record_session(self, what: str) -> None:
         with self._lock:
             self._sessions[what] += 1
+
+    def record_budget_kill(self, tenant: str) -> None:
+        with self._lock:
+            self._budget_kills[tenant] += 1
 
     def record_template_restart(self) -> None:
         with self._lock:
@@ -188,6 +193,7 @@ class Stats:
                 sessions_expired=self._sessions["expired"],
                 duration_seconds=self._durations.snapshot(),
                 queue_seconds=self._waits.snapshot(),
+                budget_kills=dict(self._budget_kills),
             )
 
 

@@ -249,6 +249,8 @@ class Template:
         self.sock = parent
         self.broken = False
         self.cgroups: cgroups.TemplateGroup | None = None
+        self._job_cpu = job_cpu
+        self._budget_hits = 0  # its tenant's budget hits when the job or step began (see TenantGroup)
         self.child = life if life is not None else ChildLife()
         # The child's delegated metadata calls (see steward.py): from the socket its listener arrives on,
         # with the job's write grants and its uid and gid, to the steward answering them.
@@ -341,14 +343,17 @@ class Template:
             self.cgroups = None
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
-            session: SessionChannels | None = None, streamer: Streamer | None = None) -> Gathering:
-        """Run one job (or a session's first step) to its end: what the pool gathered of it (see collect).
+            session: SessionChannels | None = None, streamer: Streamer | None = None,
+            tenant: cgroups.TenantGroup | None = None) -> Gathering:
+        """Run one job (or a session's first step) to its end: what the pool gathered of it (see collect); with
+        ``tenant``, in that tenant's cgroups.
 
         Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails, and
         :class:`RequestError` (nothing ran) if a granted path changed since the job was resolved. With
         ``session``, the call returns when the first step is over and the child stays alive for the next ones.
         """
         self._settle()
+        self._enter(tenant)
         if spec.payload.functions and session is not None and session.job_channel is None:
             raise PoolWorkerError("a session with host functions has no channel for them", started=False)
         if self.child.state is ChildState.IDLE:  # nobody took it ahead (a session's first step, pynox run, check)
@@ -410,6 +415,7 @@ class Template:
         try:
             if self.cgroups is not None and self.cgroups.memory is not None:
                 self.cgroups.memory.start(confinement.memory)
+                self._mark_budget()
             if not self._hand_to_prepared(key, own, writes, confinement, hosts):
                 metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 extra.append(job_metadata)
@@ -446,6 +452,35 @@ class Template:
             raise
         finally:
             os.close(claim)
+
+    def _enter(self, tenant: cgroups.TenantGroup | None) -> None:
+        """Serve the next job in ``tenant``'s cgroups (None: the pool's own). A template serves jobs of every
+        tenant: between two jobs of different tenants it moves into a cgroup of its own beneath the next one's
+        (its pages already charged stay where they are; what its next child allocates is the tenant's), and the
+        children it prepared ahead, forked where it was, are given up."""
+        current = self.cgroups.tenant if self.cgroups is not None else None
+        if current is tenant:
+            return
+        if self.cgroups is None:  # the pool refuses a tenant budget where no cgroup can be made (never without)
+            raise PoolWorkerError(f"the tenant {tenant.name if tenant else ''!r} has a budget, and this template "
+                                  "has no cgroup to hold its jobs", started=False)
+        try:
+            moved = cgroups.TemplateGroup.confine(cgroups.available(), self.process.pid,
+                                                  f"template-{self.process.pid}", self._job_cpu, tenant)
+        except OSError as exc:
+            self.broken = True
+            where = f"tenant {tenant.name!r}'s cgroups" if tenant is not None else "the pool's cgroups"
+            raise PoolWorkerError(f"could not move the template into {where}: {exc}", started=False) from None
+        left, self.cgroups = self.cgroups, moved
+        for prepared in self.prepared.forget():
+            self._discard(prepared)
+        left.close()  # removed if empty (a child given up may still be exiting: removed with the pool's)
+        self._settle_memory()
+
+    def _mark_budget(self) -> None:
+        tenant = self.cgroups.tenant if self.cgroups is not None else None
+        if tenant is not None:
+            self._budget_hits = tenant.budget_mark()
 
     def _hand_to_prepared(self, key: Key | None, own: dict[int, int], writes: list[int],
                           confinement: Confinement, hosts: AllowList | None) -> bool:
@@ -563,6 +598,11 @@ class Template:
     def continue_child(self) -> None:
         """A session's next step is being sent: its child, frozen since its last step (see collect), runs
         again, under this step's deadline."""
+        if self.cgroups is not None and self.cgroups.memory is not None:
+            # Which limit a kill of this step met is counted from here (unread, a kill says its own limit's).
+            with contextlib.suppress(OSError):
+                self.cgroups.memory.mark()
+                self._mark_budget()
         self.child.signal(signal.SIGCONT)
 
     # -- the loop ------------------------------------------------------------------------------------------
@@ -712,6 +752,12 @@ class Template:
                 if serving.holds_in_kernel:
                     outcome.shmem_kb, outcome.socket_kb = self.cgroups.memory.held_in_kernel()
                 outcome.memory_exceeded = outcome.signal == signal.SIGKILL and self.cgroups.memory.killed()
+                tenant = self.cgroups.tenant
+                # Killed for memory without meeting its own limit, while its tenant met its budget: the budget's.
+                if outcome.memory_exceeded and tenant is not None and tenant.memory is not None \
+                        and not self.cgroups.memory.reached_own_limit() \
+                        and tenant.budget_hits() > self._budget_hits:
+                    outcome.budget = (tenant.name, tenant.memory)
             except OSError as exc:
                 self.broken = True
                 raise PoolWorkerError(f"cannot read the template's memory cgroup: {exc}") from None

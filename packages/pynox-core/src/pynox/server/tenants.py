@@ -8,6 +8,10 @@ Per tenant, over all its connections: the profiles its requests may name (every 
 first request must name one of them), the most jobs and session steps in flight (queued or running), and the
 most sessions open. A request beyond a bound is refused at once, with the bound named, never queued: one
 tenant filling the pool cannot push another's wait past its own ``max_jobs`` share.
+
+A tenant with ``memory_budget`` or ``cpu_weight`` has cgroups of its own (:func:`budget_group`), beneath which
+the templates serving its jobs and sessions run: the kernel holds them together to the budget and shares the
+CPU among tenants by weight; where such cgroups cannot be made, the pool does not start.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import TenantSettings
-from ..errors import quoted
+from ..errors import KernelSupportError, quoted
+from ..policy import cgroups
 from ..protocol import Request
 
-__all__ = ["Peer", "Tenant", "Tenants", "peer_of"]
+__all__ = ["Peer", "Tenant", "Tenants", "budget_group", "peer_of"]
 
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -104,3 +109,18 @@ class Tenants:
 
     def all(self) -> list[Tenant]:
         return list(self._tenants)
+
+
+def budget_group(index: int, tenant: TenantSettings) -> cgroups.TenantGroup:
+    """The cgroups of a tenant with a budget (``index``: its place in the config, which names them);
+    KernelSupportError, naming the tenant and the reason, where they cannot be made: the pool and
+    ``pynox check --config`` refuse such a config rather than run the tenant's jobs without its budget."""
+    keys = " and ".join(key for key, value in (("memory_budget", tenant.memory_budget),
+                                                ("cpu_weight", tenant.cpu_weight)) if value is not None)
+    try:
+        return cgroups.TenantGroup(cgroups.available(), index, tenant.name, tenant.memory_budget, tenant.cpu_weight)
+    except OSError as exc:
+        raise KernelSupportError(f"[tenants.{tenant.name}] {keys}: the tenant's cgroup cannot be made on this host "
+                                 f"({exc.strerror or exc}); the pool does not run its jobs without it (remove the "
+                                 "key, or run the pool where it may make cgroups: as root, or in a delegated "
+                                 "cgroup)") from None

@@ -1,0 +1,282 @@
+"""A listening pool's tenants with a budget: ``memory_budget`` holds a tenant's jobs together (a cgroup of the
+tenant's own above its templates'), and ``cpu_weight`` shares the CPU among tenants; seen from outside the pool.
+
+Two peers: root (the test, in process) and a uid no user has (``OTHER_UID``), whose client runs as a separate
+process under that uid (``listen_client.py``), so the pool sees two tenants. Each case has its control: the
+other tenant's jobs of the same size, a job at its own limit, the same load without the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import procfs
+from tests.harness.scrape import metrics_text
+
+from .listen_client import ListenClient
+from .pool_driver import DEADLINE, PoolProcess, pool_process
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.needs_root("tenants by uid need a root test process, and "
+                                                               "their cgroups a pool that may make them")]
+
+CLIENT = str(Path(__file__).with_name("listen_client.py"))
+OTHER_UID = 64999  # no user needed: the kernel reports the uid a process runs as, named or not
+
+# Two of these are 400 MiB: over a 384 MiB budget together, each under its own 256 MiB limit alone.
+HOLD = "import time\nb = b'x' * (200 << 20)\ntime.sleep(6)\nprint(len(b) >> 20)\n"
+# Pages of a tmpfs, which only the cgroup counts (RLIMIT_DATA would stop a bytes object of 300 MiB first).
+OWN_OVER = ("import sys\nfor n in range(6):\n    with open(f'{sys.argv[1]}/{n}', 'wb') as f:\n"
+            "        f.write(b'x' * (50 << 20))\n")
+BUDGET_MESSAGE = "reached its memory budget of 384m"
+OWN_MESSAGE = "the job reached its memory limit of 256m"
+
+
+def _busy(seconds: float) -> str:
+    return f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def _as_other(path: Path, lines: list[dict[str, Any]], seconds: float = 60.0) -> dict[Any, dict[str, Any]]:
+    """Run ``listen_client.py`` as OTHER_UID: it sends ``lines``; returns the answers by id."""
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or pytest.skip("no system python3")
+    done = subprocess.run([python, "-c", Path(CLIENT).read_text(), str(path), str(seconds)], user=OTHER_UID,
+                          group=OTHER_UID, extra_groups=[], capture_output=True, text=True, timeout=seconds + 30,
+                          input="".join(json.dumps(line) + "\n" for line in lines), cwd="/")
+    assert done.returncode == 0, done.stderr
+    messages = [json.loads(line) for line in done.stdout.splitlines()]
+    assert messages[0]["event"] == "ready", messages[0]
+    return {message.get("id"): message for message in messages[1:]}
+
+
+@pytest.fixture(scope="module")
+def budgets(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Skip where this host lets no pool make a tenant's cgroups (a container with a read-only cgroupfs), as the
+    pool's own ``check --config`` says; that the pool then refuses such a config is proven below regardless."""
+    config = tmp_path_factory.mktemp("probe") / "pynox.toml"
+    config.write_text('[tenants.ops]\nuids = [0]\nmemory_budget = "1g"\ncpu_weight = 100\n')
+    checked = subprocess.run([sys.executable, "-m", "pynox", "check", f"--config={config}"], capture_output=True,
+                             text=True, timeout=DEADLINE * 3)
+    if checked.returncode != 0 and "cannot be made on this host" in checked.stderr:
+        pytest.skip(checked.stderr.strip().splitlines()[-1])
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    # A directory anyone may pass through: the other uid reaches the socket; who is served is the pool's word.
+    path = Path(tempfile.mkdtemp(prefix="pynox-budget-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _config(tmp_path: Path, ops: str, other: str = "", writable: Path | None = None) -> Path:
+    config = tmp_path / "pynox.toml"
+    grant = f'allow_write = ["{writable}"]\n' if writable is not None else ""
+    config.write_text(f'[pool.limits]\nmemory = "256m"\n{grant}\n[tenants.ops]\nusers = ["root"]\n{ops}\n'
+                      f"[tenants.other]\nuids = [{OTHER_UID}]\n{other}\n")
+    return config
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs here")
+    path = Path(tempfile.mkdtemp(prefix="pynox-budget-", dir="/dev/shm"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop(pool: PoolProcess) -> None:
+    pool.proc.send_signal(signal.SIGTERM)
+    assert pool.wait_exit() == 0
+    pool.finish()
+
+
+def _tenant_dirs(pid: int) -> list[str]:
+    """The cgroups of the tenants of the pool ``pid`` (``tenant-*`` beneath its own), in every hierarchy (v1's
+    one per controller, or v2's one)."""
+    found = []
+    for root, dirs, _ in os.walk("/sys/fs/cgroup"):
+        if os.path.basename(root).startswith(f"pynox-{pid}-"):
+            found += [os.path.join(root, name) for name in dirs if name.startswith("tenant-")]
+            dirs.clear()
+        elif root.count("/") > 12:
+            dirs.clear()
+    return found
+
+
+@pytest.mark.usefixtures("budgets")
+def test_a_tenants_jobs_together_meet_its_budget_and_another_tenants_do_not(tmp_path: Path, run_dir: Path,
+                                                                           shm: Path) -> None:
+    path, metrics = run_dir / "pool.sock", run_dir / "metrics.sock"
+    config = _config(tmp_path, 'memory_budget = "384m"\n', writable=shm)
+    with pool_process("--workers=4", f"--listen=unix:{path}", f"--config={config}", f"--metrics-socket={metrics}",
+                      cwd=tmp_path, check_exit=False) as pool:
+        mine = ListenClient(str(path))
+        mine.wait_for(lambda m: True)
+        for job in ("a", "b"):
+            mine.send(id=job, code=HOLD, memory="256m", timeout="60s")
+        results = [mine.result(job, DEADLINE * 3) for job in ("a", "b")]
+        killed = [r for r in results if r["exit"] != 0]
+        assert killed, results  # both could not hold 400 MiB under 384 MiB
+        for result in killed:
+            assert result["error"]["type"] == "MemoryError"
+            assert BUDGET_MESSAGE in result["error"]["message"] and "'ops'" in result["error"]["message"], result
+            assert "own memory limit of 256m was not reached" in result["error"]["message"]
+        # The control: the other tenant's two jobs of the same size, at once, run to their end.
+        theirs = _as_other(path, [{"id": job, "code": HOLD, "memory": "256m", "timeout": "60s"} for job in "ab"])
+        assert [theirs[job]["stdout"] for job in "ab"] == ["200\n", "200\n"], theirs
+        # A job over its own limit in the budgeted tenant is told of its own limit, not of the budget.
+        mine.send(id="own", code=OWN_OVER, args=[str(shm)], allow_write=[str(shm)], memory="256m", timeout="60s")
+        own = mine.result("own", DEADLINE * 3)
+        assert own["error"]["type"] == "MemoryError" and OWN_MESSAGE in own["error"]["message"], own
+        # A session of the tenant runs beneath its cgroup too (its process, seen from outside); the other tenant,
+        # with no budget, opens one as before.
+        mine.send(id="nb", session="nb", open=True, code="import os\nprint(os.getpid())")
+        session_pid = int(mine.result("nb")["stdout"])
+        memory_path = next(line for line in procfs.read(session_pid, "cgroup").splitlines() if ":memory:" in line)
+        assert f"/pynox-{pool.pid}-" in memory_path and "/tenant-0-ops/template-" in memory_path, memory_path
+        theirs = _as_other(path, [{"id": "nb", "session": "nb", "open": True, "code": "import os\nprint(os.getpid())",
+                                   "timeout": "60s"}])
+        assert theirs["nb"]["exit"] == 0
+        mine.send(id="stats", stats=True)
+        assert mine.result("stats")["budget_kills"] == {"ops": len(killed)}
+        text = metrics_text(metrics, DEADLINE)
+        assert f'pynox_tenant_budget_kills_total{{tenant="ops"}} {len(killed)}' in text
+        assert 'tenant="other"} ' not in text.split("pynox_tenant_budget_kills_total", 2)[-1].split("# HELP")[0]
+        made = _tenant_dirs(pool.pid)
+        assert any(name.endswith("tenant-0-ops") for name in made), made
+        mine.close()
+        _stop(pool)
+    assert _tenant_dirs(pool.pid) == []  # removed at the stop, with the pool's
+
+
+def _rates(path: Path, client: ListenClient, *, jobs: int) -> tuple[float, float]:
+    """The other tenant keeps ``jobs`` busy jobs running; once they all run, root runs one: the CPU each job got
+    per second it ran (the pool's own usage.cpu_ms over duration_ms), root's and the other's mean."""
+    answers: dict[Any, dict[str, Any]] = {}
+    other = threading.Thread(target=lambda: answers.update(_as_other(path, [
+        {"id": n, "code": _busy(8), "timeout": "60s"} for n in range(jobs)], 90)))
+    other.start()
+    end = time.monotonic() + DEADLINE
+    while True:  # the pool's own gauge: every job of the other tenant has a worker
+        client.send(id="busy", stats=True)
+        busy = client.result("busy")["busy_workers"]
+        client.messages.clear()
+        if busy >= jobs:
+            break
+        assert time.monotonic() < end, f"only {busy} of {jobs} jobs started"
+        time.sleep(0.1)
+    client.send(id="mine", code=_busy(5), timeout="60s")
+    mine = client.result("mine", 60)
+    other.join(120)
+    assert mine["exit"] == 0 and all(answers[n]["exit"] == 0 for n in range(jobs)), (mine, answers)
+
+    def rate(result: dict[str, Any]) -> float:
+        return float(result["usage"]["cpu_ms"]) / max(result["duration_ms"], 1)
+
+    return rate(mine), sum(rate(answers[n]) for n in range(jobs)) / jobs
+
+
+@pytest.mark.usefixtures("budgets")
+@pytest.mark.parametrize("weighted", [True, False], ids=["weights", "control-no-weights"])
+def test_a_tenant_saturating_the_cpu_leaves_another_its_share(tmp_path: Path, run_dir: Path, weighted: bool) -> None:
+    """Eight busy jobs of one tenant, one of another: with equal weights each tenant has half of what the pool
+    gets, so root's job runs several times faster than each of the eight (about 5 times over their whole run,
+    however loaded the machine: a ratio of CPU rates, not a time). The control, without weights: every job is a
+    template's equal, and root's job gets what each of the eight gets (a ratio near 1)."""
+    path = run_dir / "pool.sock"
+    weights = "cpu_weight = 100\n" if weighted else ""
+    config = _config(tmp_path, weights, weights)
+    with pool_process("--workers=9", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        mine, theirs = _rates(path, client, jobs=8)
+        client.close()
+        _stop(pool)
+    ratio = mine / theirs
+    if weighted:
+        assert ratio > 3.0, f"root's job ran at {mine:.3f} CPU, each of the other's at {theirs:.3f}"
+    else:
+        assert ratio < 2.0, f"without weights root's job ran at {mine:.3f} CPU, each of the other's at {theirs:.3f}"
+
+
+@pytest.mark.usefixtures("budgets")
+def test_a_killed_pools_tenant_cgroups_are_swept_by_the_next_start(tmp_path: Path, run_dir: Path) -> None:
+    """A pool killed with SIGKILL leaves its tenants' cgroups, with its templates' beneath them (a level deeper
+    than its own templates'): the next pool's start removes them all. A live pool's are untouched (the control)."""
+    config = _config(tmp_path, "cpu_weight = 100\n", 'memory_budget = "1g"\n')
+    with pool_process("--workers=1", f"--listen=unix:{run_dir / 'live.sock'}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as live:
+        client = ListenClient(str(run_dir / "live.sock"))
+        client.wait_for(lambda m: True)
+        client.send(id=1, code="print(1)")
+        assert client.result(1)["exit"] == 0
+        killed = PoolProcess("--workers=1", f"--listen=unix:{run_dir / 'killed.sock'}", f"--config={config}",
+                             cwd=tmp_path)
+        other = ListenClient(str(run_dir / "killed.sock"))
+        other.wait_for(lambda m: True)
+        other.send(id=1, code="print(1)")
+        assert other.result(1)["exit"] == 0
+        left = _tenant_dirs(killed.pid)
+        held = [os.path.join(d, name) for d in left for name in os.listdir(d) if name.startswith("template-")]
+        assert held, left  # the job's template went beneath its tenant's cgroup
+        killed.kill()
+        other.close()
+        assert all(os.path.isdir(path) for path in left)  # left behind, seconds old
+        with pool_process("--workers=1", cwd=tmp_path) as replacement:
+            assert replacement.run("print(1)")["exit"] == 0
+            assert not any(os.path.exists(path) for path in left), [p for p in left if os.path.exists(p)]
+            assert _tenant_dirs(live.pid), "the live pool's tenant cgroups were swept"
+        client.send(id=2, code="print(2)")
+        assert client.result(2)["stdout"] == "2\n"  # and it still runs its tenant's jobs in them
+        client.close()
+        _stop(live)
+
+
+def _without_cgroups(config: Path, command: str) -> subprocess.CompletedProcess[str]:
+    """``pynox pool`` (or ``check``) in a mount namespace of its own where no cgroup filesystem is mounted, as on
+    a host or container without them; stdin empty, so a pool that starts ends at once."""
+    unshare = shutil.which("unshare") or pytest.skip("no unshare(1) here")
+    if subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace may be made here (no CAP_SYS_ADMIN)")
+    return subprocess.run([unshare, "--mount", "sh", "-c", 'umount -R -l /sys/fs/cgroup && exec "$@"', "sh",
+                           sys.executable, "-m", "pynox", command, f"--config={config}"], input="",
+                          capture_output=True, text=True, timeout=DEADLINE * 3)
+
+
+def test_a_budget_where_no_cgroup_can_be_made_is_refused_never_run_without(tmp_path: Path) -> None:
+    """Where the pool can make no cgroup, a config with a tenant budget is refused, naming the tenant and the
+    key, by the pool and by ``pynox check --config``; the control: the same config without the budget starts
+    there (its per-job bounds said not in force)."""
+    config = tmp_path / "pynox.toml"
+    config.write_text("[tenants.ops]\nuids = [0]\nmax_jobs = 2\n")
+    started = _without_cgroups(config, "pool")
+    assert started.returncode == 0, started.stderr
+    ready = json.loads(started.stdout.splitlines()[0])
+    assert ready["event"] == "ready" and any("memory counts" in line for line in ready["bounds_not_in_force"]), ready
+    config.write_text('[tenants.ops]\nuids = [0]\nmax_jobs = 2\nmemory_budget = "2g"\n')
+    refused = _without_cgroups(config, "pool")
+    assert refused.returncode == 125, (refused.stdout, refused.stderr)
+    error = json.loads(refused.stdout.splitlines()[0])["error"]
+    assert error["type"] == "KernelSupportError", error
+    assert error["message"].startswith("[tenants.ops] memory_budget: the tenant's cgroup cannot be made on this host "
+                                       "(no memory cgroup: "), error
+    assert "does not run its jobs without it" in error["message"]
+    checked = _without_cgroups(config, "check")
+    assert checked.returncode != 0, (checked.stdout, checked.stderr)
+    assert "[tenants.ops] memory_budget: the tenant's cgroup cannot be made" in checked.stderr, checked.stderr

@@ -19,6 +19,11 @@ One fleet, one contract: every node's pool reports its Landlock ABI, backend and
 (its ready event). ``contract="refuse"`` refuses to start a fleet whose nodes differ, and takes no work on
 a node that joins with another contract; ``contract="lowest"`` starts every node's pool at the lowest ABI
 of the fleet (the operator's cap, ``PYNOX_LANDLOCK_ABI``), and a node that joins at that cap.
+
+A named fleet outlives its caller: its actors are named and detached, in a namespace of Ray's, and each keeps
+the fleet's plan. A caller that attaches (``attach=True``) finds them by name, takes each node's pipe over
+(:meth:`NodePool.attach`) and goes on as the creator would have: it follows the cluster, and its host functions
+answer its runs. Closing lets go of the pipes and leaves the pools serving; :func:`remove_fleet` ends them.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ _log = logging.getLogger(__name__)
 _NODE_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 _START_TIMEOUT = 300.0  # preloading large libraries on a cold node
 _CLOSE_MARGIN = 30.0  # seconds past a close's own timeout before a node's actor is killed unanswered
+_ACTOR_PREFIX = "pynox-"
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,54 @@ class FleetPlan:
     contract: Contract
     watch: float  # seconds between reads of the cluster's node table
     on_size: Callable[[int], None]  # told the fleet's workers when nodes join or leave
+    name: str | None = None  # a named fleet's actors are detached, named "pynox-<name>-..." in ``namespace``
+    namespace: str | None = None
+    record: dict[str, Any] | None = None  # a named fleet's plan, kept by each of its actors
+    attach: bool = False  # take over the named fleet's actors rather than place new ones
+
+
+def fleet_actors(name: str, namespace: str) -> list[str]:
+    """The names of the live actors of the fleet ``name`` in ``namespace``."""
+    prefix = f"{_ACTOR_PREFIX}{name}-"
+    return sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                  if entry["namespace"] == namespace and entry["name"].startswith(prefix))
+
+
+def fleet_record(name: str, namespace: str) -> dict[str, Any] | None:
+    """The plan a named fleet's creator made, as its first live actor keeps it; None when none is left."""
+    for actor_name in fleet_actors(name, namespace):
+        try:
+            record: Any = ray.get(ray.get_actor(actor_name, namespace=namespace).record.remote(),
+                                             timeout=_START_TIMEOUT)
+        except (ray.exceptions.RayError, ValueError):
+            continue  # died meanwhile: ask the next
+        return dict(record)
+    return None
+
+
+def remove_fleet(name: str, namespace: str, timeout: float) -> None:
+    """End every node pool of the named fleet (each drains what it accepted) and its actor."""
+    actors = []
+    for actor_name in fleet_actors(name, namespace):
+        try:
+            actors.append(ray.get_actor(actor_name, namespace=namespace))
+        except ValueError:
+            continue  # gone meanwhile
+    end_actors(actors, timeout)
+
+
+def end_actors(actors: list[Any], timeout: float) -> None:
+    """Stop each actor's pool (it drains what it accepted), all at once, then the actor."""
+    closing: list[tuple[Any, Any]] = [(actor, actor.close.remote(timeout)) for actor in actors]
+    for actor, done in closing:
+        try:
+            ray.get(done, timeout=timeout + _CLOSE_MARGIN)
+        except ray.exceptions.RayError:
+            pass  # lost meanwhile, or stuck: killed below either way
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass  # already gone
 
 
 def alive_nodes(plan: FleetPlan) -> list[dict[str, Any]]:
@@ -113,6 +167,7 @@ class RayFleet:
         self.plan = plan
         self.ready: concurrent.futures.Future[bytes] = concurrent.futures.Future()
         self.dead = False
+        self.taken = False  # another caller attached to this named fleet: this caller's hold is over for good
         self.hung: str | None = None
         self.last_heard = time.monotonic()
         self._on_line = on_line
@@ -144,19 +199,48 @@ class RayFleet:
         return alive if plan.nodes is None else alive[:plan.nodes]
 
     def _place(self, node_id: str) -> Node:
-        name = f"pynox-{self.plan.prefix}-{node_id[:12]}-{next(self._placed)}"
+        plan = self.plan
+        # A named fleet's callers each place with a prefix of their own, so two never pick the same name.
+        name = (f"{_ACTOR_PREFIX}{plan.name}-{node_id[:12]}-{plan.prefix}{next(self._placed)}" if plan.name
+                else f"{_ACTOR_PREFIX}{plan.prefix}-{node_id[:12]}-{next(self._placed)}")
+        # A named fleet's actors outlive this process (detached), in its namespace; others end with it.
+        lifetime: dict[str, Any] = {"lifetime": "detached", "namespace": plan.namespace} if plan.name else {}
         # Hard affinity: this node's pool, or none (a soft one would put two pools on one node). No CPU
         # reserved: the actor idles; the pool's workers are the operator's to size.
         actor = ray.remote(NodePool).options(
-            name=name, num_cpus=0, max_restarts=0,
+            name=name, num_cpus=0, max_restarts=0, **lifetime,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(self.plan.options, self.plan.cwd)
+        ).remote(plan.options, plan.cwd, plan.record)
+        return self._add_node(node_id, actor, name)
+
+    def _add_node(self, node_id: str, actor: Any, name: str, epoch: int = 0) -> Node:
         node = Node(node_id=node_id, actor=actor, actor_name=name, capacity=3 * self.plan.workers,
-                    joined=time.monotonic())
+                    joined=time.monotonic(), epoch=epoch)
         with self._lock:
             self.nodes.all.append(node)
             self._sends[id(node)] = itertools.count()
         return node
+
+    def _take_over(self) -> tuple[list[Node], dict[int, bytes]]:
+        """A named fleet's live node pools, each pipe taken over from the caller before: the nodes and their
+        pools' ready events. An actor whose node is gone is passed over (the watch places a new pool there)."""
+        plan = self.plan
+        assert plan.name is not None and plan.namespace is not None
+        placed: list[Node] = []
+        firsts: dict[int, bytes] = {}
+        for actor_name in fleet_actors(plan.name, plan.namespace):
+            try:
+                actor = ray.get_actor(actor_name, namespace=plan.namespace)
+                node_id = str(ray.get(actor.node_id.remote(), timeout=_START_TIMEOUT))
+                epoch, first, cap, _ = ray.get(actor.attach.remote(), timeout=_START_TIMEOUT)
+            except (ray.exceptions.RayError, ValueError, PoolError) as exc:
+                _log.warning("pynox-ray: passed over %s of the fleet %r: %s", actor_name, plan.name, exc)
+                continue
+            node = self._add_node(node_id, actor, actor_name, epoch)
+            self._abi_cap = cap if cap is not None else self._abi_cap
+            placed.append(node)
+            firsts[id(node)] = bytes(first)
+        return placed, firsts
 
     def _boot(self, node: Node, cap: int | None) -> bytes | None:
         """Start ``node``'s pool; its first line, or None if the node was lost meanwhile."""
@@ -169,12 +253,15 @@ class RayFleet:
     def _start(self) -> None:
         """The fleet's first pools, all ready, their contract checked: then the fleet's ready event."""
         try:
-            chosen = self._chosen()
-            if not chosen:
-                self._start_error("PoolError", "the Ray cluster has no alive node this pool may use")
-                return
-            placed = [self._place(node_id) for node_id in chosen]
-            firsts = {id(node): line for node in placed if (line := self._boot(node, None)) is not None}
+            if self.plan.attach:
+                placed, firsts = self._take_over()
+            else:
+                chosen = self._chosen()
+                if not chosen:
+                    self._start_error("PoolError", "the Ray cluster has no alive node this pool may use")
+                    return
+                placed = [self._place(node_id) for node_id in chosen]
+                firsts = {id(node): line for node in placed if (line := self._boot(node, None)) is not None}
             ready: dict[int, ReadyEvent] = {}
             for node in placed:
                 line = firsts.get(id(node))
@@ -300,7 +387,7 @@ class RayFleet:
     def _send(self, node: Node, line: bytes) -> None:
         with self._lock:
             number = next(self._sends[id(node)])
-        node.actor.send.remote(number, [line])  # a dead actor drops it; its stream's end answers for it
+        node.actor.send.remote(number, [line], node.epoch)  # a dead actor drops it; its stream's end answers for it
 
     def _route(self, message: Request, line: bytes) -> None:
         if not self.ready.done():
@@ -407,7 +494,12 @@ class RayFleet:
         error: BaseException = PoolError("its pool exited")
         try:
             for ref in node.actor.lines.options(num_returns="streaming").remote():
-                for raw in ray.get(ref):
+                batch = ray.get(ref)
+                if not batch:  # the pipe was let go, or taken over by another caller
+                    if not self._stop.is_set():
+                        self._taken_over()
+                    return
+                for raw in batch:
                     self.last_heard = time.monotonic()
                     self._arrived(node, raw)
         except _NODE_LOST as exc:
@@ -507,6 +599,17 @@ class RayFleet:
             self._serve()
         self._announce()
 
+    def _taken_over(self) -> None:
+        """Another caller attached to this named fleet: it is theirs now, and this caller's runs end here."""
+        with self._lock:
+            if self.dead:
+                return
+            self.dead = self.taken = True
+            self.hung = (f"another caller attached to the RayPool {self.plan.name!r}: its runs in flight here "
+                         "have nobody to answer them")
+        self._stop.set()
+        self._on_exit(self)
+
     def _stop_pool(self, node: Node) -> None:
         try:
             ray.get(node.actor.close.remote(5.0), timeout=5.0 + _CLOSE_MARGIN)
@@ -556,21 +659,21 @@ class RayFleet:
         return self.hung or self.nodes.none_left()
 
     def close(self, timeout: float) -> None:
-        """Stop every node's pool (each drains what it accepted) and its actor."""
+        """Stop every node's pool (each drains what it accepted) and its actor; a named fleet's serve on."""
         self._stop.set()
         self.dead = True
+        if self.plan.name is not None:
+            if ray.is_initialized():
+                for node in self.nodes.all:
+                    if node.lost is None:
+                        node.actor.release.remote(node.epoch)
+            self._on_exit(self)
+            return
         if ray.is_initialized():
-            closing = [(node, node.actor.close.remote(timeout)) for node in self.nodes.all if node.lost is None]
-            for node, done in closing:
-                try:
-                    ray.get(done, timeout=timeout + _CLOSE_MARGIN)
-                except ray.exceptions.RayError:
-                    pass  # lost meanwhile, or stuck: killed below either way
-                try:
-                    ray.kill(node.actor, no_restart=True)
-                except Exception:
-                    pass  # already gone
-                with self._lock:
+            serving = [node for node in self.nodes.all if node.lost is None]
+            end_actors([node.actor for node in serving], timeout)
+            with self._lock:
+                for node in serving:
                     node.lost = node.lost or "closed"
         self._on_exit(self)
 

@@ -33,6 +33,7 @@ class Node:
     joined: float = 0.0  # time.monotonic() when the caller placed its pool
     started: float | None = None  # ... and when that pool was ready
     stats: dict[str, Any] | None = field(default=None)  # its pool's counters, at the last stats
+    epoch: int = 0  # this caller's hold on the actor's pipe (a named fleet's new caller takes it over)
 
     def describe(self) -> str:
         return f"node {self.node_id[:12]} ({self.actor_name})"

@@ -32,6 +32,7 @@ import collections
 import concurrent.futures
 import itertools
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -61,7 +62,7 @@ from pynox.transport import (
     lost_wire,
 )
 
-from .node import NodePool, PoolOptions
+from .node import LET_GO, NodePool, PoolOptions
 from .placement import Node, Nodes
 from .stats import summed
 
@@ -70,12 +71,10 @@ __all__ = ["Contract", "FleetPlan", "RayFleet", "describe_node"]
 Contract = Literal["refuse", "lowest"]
 _Id = str | int | float  # a request id, as the protocol allows it
 _log = logging.getLogger(__name__)
-# What tells the caller a node's actor is gone, with whatever it was running: it died (killed, out of
-# memory, its node removed), it is unreachable, or the object it streamed went with its node.
-_NODE_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 _START_TIMEOUT = 300.0  # preloading large libraries on a cold node
 _CLOSE_MARGIN = 30.0  # seconds past a close's own timeout before a node's actor is killed unanswered
 _ACTOR_PREFIX = "pynox-"
+_CONNECT_TIMEOUT = 30.0  # seconds to open the connection to a node's actor
 
 
 @dataclass(frozen=True)
@@ -183,7 +182,6 @@ class RayFleet:
         self._call_ids = itertools.count(1)
         self._waiting: collections.deque[tuple[Request, bytes]] = collections.deque()
         self._asks: dict[str, _StatsAsk] = {}
-        self._sends: dict[int, itertools.count[int]] = {}
         self._abi_cap: int | None = None
         self._contract: tuple[int, str, tuple[str, ...]] | None = None
         self._placed = itertools.count(1)
@@ -213,13 +211,29 @@ class RayFleet:
         ).remote(plan.options, plan.cwd, plan.record)
         return self._add_node(node_id, actor, name)
 
-    def _add_node(self, node_id: str, actor: Any, name: str, epoch: int = 0) -> Node:
+    def _add_node(self, node_id: str, actor: Any, name: str) -> Node:
         node = Node(node_id=node_id, actor=actor, actor_name=name, capacity=3 * self.plan.workers,
-                    joined=time.monotonic(), epoch=epoch)
+                    joined=time.monotonic())
         with self._lock:
             self.nodes.all.append(node)
-            self._sends[id(node)] = itertools.count()
         return node
+
+    def _link(self, node: Node, attached: tuple[Any, ...] | None = None) -> bool:
+        """Take ``node``'s pipe (its actor's ``attach``, unless ``attached`` is what it returned) and open its
+        connection; False, the node lost, if either fails."""
+        try:
+            if attached is None:
+                attached = tuple(ray.get(node.actor.attach.remote(), timeout=_START_TIMEOUT))
+            node.epoch, address, token = attached[0], attached[4], attached[5]
+            pipe = socket.create_connection(tuple(address), timeout=_CONNECT_TIMEOUT)
+            pipe.settimeout(None)
+            pipe.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a line is a message: send it now
+            pipe.sendall(bytes(token) + b"\n")
+        except (ray.exceptions.RayError, PoolError, OSError) as exc:
+            self._lose(node, exc)
+            return False
+        node.pipe = pipe
+        return True
 
     def _take_over(self) -> tuple[list[Node], dict[int, bytes]]:
         """A named fleet's live node pools, each pipe taken over from the caller before: the nodes and their
@@ -232,14 +246,17 @@ class RayFleet:
             try:
                 actor = ray.get_actor(actor_name, namespace=plan.namespace)
                 node_id = str(ray.get(actor.node_id.remote(), timeout=_START_TIMEOUT))
-                epoch, first, cap, _ = ray.get(actor.attach.remote(), timeout=_START_TIMEOUT)
+                attached = tuple(ray.get(actor.attach.remote(), timeout=_START_TIMEOUT))
             except (ray.exceptions.RayError, ValueError, PoolError) as exc:
                 _log.warning("pynox-ray: passed over %s of the fleet %r: %s", actor_name, plan.name, exc)
                 continue
-            node = self._add_node(node_id, actor, actor_name, epoch)
+            node = self._add_node(node_id, actor, actor_name)
+            if not self._link(node, attached):
+                continue
+            cap = attached[2]
             self._abi_cap = cap if cap is not None else self._abi_cap
             placed.append(node)
-            firsts[id(node)] = bytes(first)
+            firsts[id(node)] = bytes(attached[1])
         return placed, firsts
 
     def _boot(self, node: Node, cap: int | None) -> bytes | None:
@@ -313,10 +330,10 @@ class RayFleet:
                               "Landlock ABI")
             return False
         self._contract = next(iter(contracts.values()))
+        linked = [node for node in placed if id(node) in ready and (node.pipe is not None or self._link(node))]
         with self._lock:
-            for node in placed:
-                if id(node) in ready:
-                    self._serve_node(node, firsts[id(node)])
+            for node in linked:
+                self._serve_node(node, firsts[id(node)])
         return True
 
     def _serve_node(self, node: Node, line: bytes) -> None:
@@ -355,6 +372,8 @@ class RayFleet:
                    else None if _contract_of(event) == self._contract
                    else f"it confines jobs otherwise ({_say(_contract_of(event))}) than the fleet "
                         f"({_say(self._contract)})")
+        if refused is None and not self._link(node):
+            return
         with self._lock:
             if refused is not None:
                 node.refused = refused
@@ -385,9 +404,14 @@ class RayFleet:
         self._route(msgspec.json.decode(line, type=Request), line)
 
     def _send(self, node: Node, line: bytes) -> None:
-        with self._lock:
-            number = next(self._sends[id(node)])
-        node.actor.send.remote(number, [line], node.epoch)  # a dead actor drops it; its stream's end answers for it
+        pipe = node.pipe
+        if pipe is None:
+            return
+        try:
+            with node.writing:  # a line whole, never interleaved with another thread's
+                pipe.sendall(line)
+        except OSError:
+            pass  # the connection is gone: its reader answers for the node's runs
 
     def _route(self, message: Request, line: bytes) -> None:
         if not self.ready.done():
@@ -490,24 +514,29 @@ class RayFleet:
 
     # -- lines up --------------------------------------------------------------------------------------
     def _read(self, node: Node) -> None:
-        """The node's answers, for the pool's life; then the node is lost."""
+        """The node's answers, for the pool's life (or this caller's hold on it); then the node is lost."""
         error: BaseException = PoolError("its pool exited")
+        assert node.pipe is not None
         try:
-            for ref in node.actor.lines.options(num_returns="streaming").remote():
-                batch = ray.get(ref)
-                if not batch:  # the pipe was let go, or taken over by another caller
-                    if not self._stop.is_set():
-                        self._taken_over()
-                    return
-                for raw in batch:
+            with node.pipe.makefile("rb") as lines:
+                for raw in lines:
+                    if raw == LET_GO:  # another caller took the pipe over
+                        if not self._stop.is_set():
+                            self._taken_over()
+                        return
                     self.last_heard = time.monotonic()
                     self._arrived(node, raw)
-        except _NODE_LOST as exc:
+        except OSError as exc:
             error = exc
+        finally:
+            _hang_up(node)
+        if self._stop.is_set():
+            return
+        try:  # why the connection ended: the actor's death says more than its end of file
+            ray.get(node.actor.node_id.remote(), timeout=_CLOSE_MARGIN)
         except ray.exceptions.RayError as exc:
             error = exc
-        if not self._stop.is_set():
-            self._lose(node, error)
+        self._lose(node, error)
 
     def _arrived(self, node: Node, raw: bytes) -> None:
         try:
@@ -579,6 +608,7 @@ class RayFleet:
             for key in [key for key, call in self._calls.items() if call[0] is node]:
                 del self._calls[key]
             asks = [key for key, ask in self._asks.items() if ask.waiting.pop(id(node), None) is not None]
+        _hang_up(node)
         if not self._stop.is_set():
             _log.warning("pynox-ray: gave up %s: %s", node.describe(), reason)
         try:
@@ -662,11 +692,9 @@ class RayFleet:
         """Stop every node's pool (each drains what it accepted) and its actor; a named fleet's serve on."""
         self._stop.set()
         self.dead = True
-        if self.plan.name is not None:
-            if ray.is_initialized():
-                for node in self.nodes.all:
-                    if node.lost is None:
-                        node.actor.release.remote(node.epoch)
+        if self.plan.name is not None:  # this caller lets go: its connections end, the pools serve on
+            for node in self.nodes.all:
+                _hang_up(node)
             self._on_exit(self)
             return
         if ray.is_initialized():
@@ -675,7 +703,20 @@ class RayFleet:
             with self._lock:
                 for node in serving:
                     node.lost = node.lost or "closed"
+        for node in self.nodes.all:
+            _hang_up(node)
         self._on_exit(self)
+
+
+def _hang_up(node: Node) -> None:
+    """End this caller's connection to ``node`` (its reader sees the end)."""
+    pipe = node.pipe
+    if pipe is not None:
+        try:
+            pipe.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed by the other side
+        pipe.close()
 
 
 def describe_node(node: Node) -> dict[str, Any]:

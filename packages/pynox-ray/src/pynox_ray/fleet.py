@@ -225,15 +225,25 @@ class RayFleet:
             if attached is None:
                 attached = tuple(ray.get(node.actor.attach.remote(), timeout=_START_TIMEOUT))
             node.epoch, address, token = attached[0], attached[4], attached[5]
-            pipe = socket.create_connection(tuple(address), timeout=_CONNECT_TIMEOUT)
-            pipe.settimeout(None)
-            pipe.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a line is a message: send it now
-            pipe.sendall(bytes(token) + b"\n")
+            node.pipe = socket.create_connection(tuple(address), timeout=_CONNECT_TIMEOUT)
+            node.pipe.settimeout(None)
+            node.pipe.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a line is a message: send it now
+            node.pipe.sendall(bytes(token) + b"\n")
         except (ray.exceptions.RayError, PoolError, OSError) as exc:
-            self._lose(node, exc)
+            self._lose(node, exc)  # and closes the connection, if it was opened
             return False
-        node.pipe = pipe
+        threading.Thread(target=self._watch_actor, args=(node, node.epoch), name="pynox-ray-actor",
+                         daemon=True).start()
         return True
+
+    def _watch_actor(self, node: Node, epoch: int) -> None:
+        """The node is lost when its actor dies, even if its connection cannot tell (a node cut off sends no
+        end of file): one call per node, which the actor answers only when its pool ends or is taken over."""
+        try:
+            ray.get(node.actor.until_ended.remote(epoch))
+        except ray.exceptions.RayError as exc:
+            if not self._stop.is_set():
+                self._lose(node, exc)
 
     def _take_over(self) -> tuple[list[Node], dict[int, bytes]]:
         """A named fleet's live node pools, each pipe taken over from the caller before: the nodes and their
@@ -310,7 +320,7 @@ class RayFleet:
             self._abi_cap = cap
             for node in placed:
                 if id(node) in ready and ready[id(node)].landlock_abi != cap:
-                    self._stop_pool(node)
+                    self._stop_pool(node, restart=True)
                     line = self._boot(node, cap)
                     if line is None:
                         ready.pop(id(node))
@@ -640,9 +650,9 @@ class RayFleet:
         self._stop.set()
         self._on_exit(self)
 
-    def _stop_pool(self, node: Node) -> None:
+    def _stop_pool(self, node: Node, restart: bool = False) -> None:
         try:
-            ray.get(node.actor.close.remote(5.0), timeout=5.0 + _CLOSE_MARGIN)
+            ray.get(node.actor.close.remote(5.0, restart), timeout=5.0 + _CLOSE_MARGIN)
         except ray.exceptions.RayError:
             pass  # lost meanwhile: nothing of it serves either way
 

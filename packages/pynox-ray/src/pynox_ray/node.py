@@ -72,6 +72,7 @@ class NodePool:
         self._holder: asyncio.StreamWriter | None = None  # the connection of the caller that holds the pipe
         self._stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
         self._tasks: list[asyncio.Future[None]] = []  # its readers of the pool's output, held while they run
+        self._ended = asyncio.Event()  # set when its pool is closed for good (not for a restart at an ABI cap)
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
@@ -178,12 +179,25 @@ class NodePool:
         """The plan of the named fleet this pool belongs to, as its creator made it (None: not named)."""
         return self._record
 
+    async def until_ended(self, epoch: int) -> None:
+        """Returns when the pool is closed or another caller holds the pipe; raises in the caller (RayActorError)
+        if the actor dies first, which is how a caller learns of a death its connection cannot show (a node
+        cut off the network sends no end of file)."""
+        while not self._ended.is_set() and epoch == self._epoch:
+            try:
+                await asyncio.wait_for(self._ended.wait(), 5.0)
+            except TimeoutError:
+                pass
+
     async def log_tail(self) -> list[str]:
         """The last lines the node's pool wrote to stderr (its log)."""
         return list(self._stderr)
 
-    async def close(self, timeout: float) -> None:
-        """EOF: the pool drains what it accepted and exits; killed past ``timeout``."""
+    async def close(self, timeout: float, restart: bool = False) -> None:
+        """EOF: the pool drains what it accepted and exits; killed past ``timeout``. ``restart``: another start
+        follows (the fleet's ABI cap), so a caller's :meth:`until_ended` goes on."""
+        if not restart:
+            self._ended.set()
         process, self._process = self._process, None
         if process is None:
             return

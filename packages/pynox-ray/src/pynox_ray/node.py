@@ -1,11 +1,11 @@
 """The actor that owns one node's ``pynox pool`` process and carries its JSON Lines, nothing more.
 
 The caller's :class:`pynox.Pool` speaks the protocol; this actor is the pipe. Ray places it and calls its few
-methods (start, attach, stats of its own, close); the protocol's lines themselves travel on one TCP connection
+methods (start, attach, close, and the few below); the protocol's lines themselves travel on one TCP connection
 between the caller and the actor, the caller's lines down to the pool's stdin and the pool's lines up, in order,
 as they would on a local pool's pipes. A Ray call per line cost more CPU than the job it carried (``print(1)``:
-2.3 ms in the actor and 1.5 ms in the caller, against 1.7 ms in the pool); a line on a socket costs tens of
-microseconds. A host call is one line up and its reply one line down: one round trip.
+2.3 ms in the actor and 1.9 ms in the caller, against 1.7 ms in the pool); with the socket, 0.25 ms and 0.45 ms
+(docs/scale-out.md, Figures). A host call is one line up and its reply one line down: one round trip.
 
 The connection is the caller's alone: :meth:`NodePool.attach` (a Ray call, so only a Ray client of the cluster
 can make it) returns the address and a fresh random token, and the listener takes exactly one connection that

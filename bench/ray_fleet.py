@@ -7,6 +7,8 @@ Starts a three-node Ray cluster on this machine (``ray.cluster_utils.Cluster``, 
 * jobs per second of ``print(1)`` and of a job that waits 50 ms: local ``Pool``, ``RayPool(nodes=1)``,
   ``RayPool(nodes=3)``, the three measured round by round (``--rounds``) so they see the same load;
 * one host call per job, p50 latency, local against one node;
+* where the time of a ``print(1)`` job goes: CPU milliseconds per job of the caller, of the node's actor and of
+  the pool process, local against one node (from ``/proc``; the pool's templates and jobs are not counted);
 * a fourth node added under a running ``RayPool``: seconds until its pool serves, and until a job ran there.
 
     python bench/ray_fleet.py [--jobs 150] [--rounds 3] [--json results.json]
@@ -45,6 +47,33 @@ def host_call_p50(pool: pynox.Pool, runs: int = 60) -> float:
         assert pool.run(code, functions=functions).ok
         times.append(time.perf_counter() - start)
     return round(statistics.median(times) * 1000, 2)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as file:
+        return int(file.read().rsplit(")", 1)[1].split()[1])
+
+
+def cpu_per_job(pool: pynox.Pool, jobs: int) -> dict[str, float]:
+    """CPU ms per ``print(1)`` job of this process, the node's actor (a RayPool's) and the pool process."""
+    if isinstance(pool, RayPool):
+        pool_pid = int(pool.stats()["nodes"][0]["pool"]["pid"])
+        processes = {"actor": _parent(pool_pid), "pool": pool_pid}  # the actor started the pool
+    else:
+        processes = {"pool": int(pool.stats()["pid"])}
+    before = {name: _cpu_seconds(pid) for name, pid in processes.items()}
+    times = os.times()
+    rate(pool, "print(1)", jobs)
+    after = os.times()
+    used = {name: _cpu_seconds(pid) - before[name] for name, pid in processes.items()}
+    used["caller"] = after.user + after.system - times.user - times.system
+    return {name: round(seconds * 1000 / jobs, 2) for name, seconds in sorted(used.items())}
 
 
 def joined(cluster: Cluster, pool: RayPool) -> dict[str, float]:
@@ -95,6 +124,8 @@ def main() -> None:
                 rates["ray 1 node / local"] = round(rates["ray, 1 node"] / rates["local"], 2)
                 figures[f"jobs/s, {name}"] = rates
             figures["one host call, p50 ms"] = {"local": host_call_p50(local), "ray, 1 node": host_call_p50(one)}
+            figures["CPU ms per print(1) job"] = {"local": cpu_per_job(local, options.jobs * 2),
+                                                  "ray, 1 node": cpu_per_job(one, options.jobs * 2)}
         with RayPool(workers=1) as following:
             figures["a node that joins"] = joined(cluster, following)
     finally:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -363,6 +365,28 @@ def test_the_network_grant_is_refused_unless_the_operator_allows_it(cluster: obj
         listed = pool.run(code, allow_hosts=[f"{host}:{port}"], allow_write=[str(out)], timeout="20s")
         assert listed.exit == 0 and listed.stdout.startswith("answered 4"), listed.text
         assert marker.read_text() == "ran"
+
+
+def test_a_connection_without_its_callers_token_runs_nothing(ray_pool: RayPool, out: Path) -> None:
+    """The lines travel on a TCP connection to each node's actor: another connection to that port (any process
+    on the network, or a job given it) that does not present the caller's token is closed unread, and the job
+    it sends never runs. The control is the same job through the pool's own connection."""
+    ray_pool.run("print(1)")
+    fleet = ray_pool._fleet  # the address is the product's own; the test only borrows it
+    assert fleet is not None
+    address = fleet.nodes.serving()[0].pipe.getpeername()  # type: ignore[union-attr]
+    marker = out / "intruder-ran"
+    code = f"open({str(marker)!r}, 'w').write('ran')"
+    line = json.dumps({"id": "intruder", "code": code, "allow_write": [str(out)]}).encode() + b"\n"
+    for hello in (b"\n", b"0" * 64 + b"\n", line):
+        with socket.create_connection(address, timeout=10) as intruder:
+            intruder.sendall(hello + line)
+            assert intruder.recv(1) == b"", "the actor answered a connection without the token"
+    time.sleep(1)
+    assert not marker.exists()
+    assert ray_pool.run(code, allow_write=[str(out)]).ok  # the control: the job writes when it runs
+    assert marker.read_text() == "ran"
+    marker.unlink()
 
 
 def test_a_tool_describes_the_paths_the_node_grants(cluster: object, tmp_path: Path) -> None:

@@ -19,6 +19,11 @@ One fleet, one contract: every node's pool reports its Landlock ABI, backend and
 (its ready event). ``contract="refuse"`` refuses to start a fleet whose nodes differ, and takes no work on
 a node that joins with another contract; ``contract="lowest"`` starts every node's pool at the lowest ABI
 of the fleet (the operator's cap, ``PYNOX_LANDLOCK_ABI``), and a node that joins at that cap.
+
+A named fleet outlives its caller: its actors are named and detached, in a namespace of Ray's, and each keeps
+the fleet's plan. A caller that attaches (``attach=True``) finds them by name, takes each node's pipe over
+(:meth:`NodePool.attach`) and goes on as the creator would have: it follows the cluster, and its host functions
+answer its runs. Closing lets go of the pipes and leaves the pools serving; :func:`remove_fleet` ends them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import collections
 import concurrent.futures
 import itertools
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -56,7 +62,7 @@ from pynox.transport import (
     lost_wire,
 )
 
-from .node import NodePool, PoolOptions
+from .node import LET_GO, NodePool, PoolOptions
 from .placement import Node, Nodes
 from .stats import summed
 
@@ -65,11 +71,10 @@ __all__ = ["Contract", "FleetPlan", "RayFleet", "describe_node"]
 Contract = Literal["refuse", "lowest"]
 _Id = str | int | float  # a request id, as the protocol allows it
 _log = logging.getLogger(__name__)
-# What tells the caller a node's actor is gone, with whatever it was running: it died (killed, out of
-# memory, its node removed), it is unreachable, or the object it streamed went with its node.
-_NODE_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
 _START_TIMEOUT = 300.0  # preloading large libraries on a cold node
 _CLOSE_MARGIN = 30.0  # seconds past a close's own timeout before a node's actor is killed unanswered
+_ACTOR_PREFIX = "pynox-"
+_CONNECT_TIMEOUT = 30.0  # seconds to open the connection to a node's actor
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,54 @@ class FleetPlan:
     contract: Contract
     watch: float  # seconds between reads of the cluster's node table
     on_size: Callable[[int], None]  # told the fleet's workers when nodes join or leave
+    name: str | None = None  # a named fleet's actors are detached, named "pynox-<name>-..." in ``namespace``
+    namespace: str | None = None
+    record: dict[str, Any] | None = None  # a named fleet's plan, kept by each of its actors
+    attach: bool = False  # take over the named fleet's actors rather than place new ones
+
+
+def fleet_actors(name: str, namespace: str) -> list[str]:
+    """The names of the live actors of the fleet ``name`` in ``namespace``."""
+    prefix = f"{_ACTOR_PREFIX}{name}-"
+    return sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                  if entry["namespace"] == namespace and entry["name"].startswith(prefix))
+
+
+def fleet_record(name: str, namespace: str) -> dict[str, Any] | None:
+    """The plan a named fleet's creator made, as its first live actor keeps it; None when none is left."""
+    for actor_name in fleet_actors(name, namespace):
+        try:
+            record: Any = ray.get(ray.get_actor(actor_name, namespace=namespace).record.remote(),
+                                             timeout=_START_TIMEOUT)
+        except (ray.exceptions.RayError, ValueError):
+            continue  # died meanwhile: ask the next
+        return dict(record)
+    return None
+
+
+def remove_fleet(name: str, namespace: str, timeout: float) -> None:
+    """End every node pool of the named fleet (each drains what it accepted) and its actor."""
+    actors = []
+    for actor_name in fleet_actors(name, namespace):
+        try:
+            actors.append(ray.get_actor(actor_name, namespace=namespace))
+        except ValueError:
+            continue  # gone meanwhile
+    end_actors(actors, timeout)
+
+
+def end_actors(actors: list[Any], timeout: float) -> None:
+    """Stop each actor's pool (it drains what it accepted), all at once, then the actor."""
+    closing: list[tuple[Any, Any]] = [(actor, actor.close.remote(timeout)) for actor in actors]
+    for actor, done in closing:
+        try:
+            ray.get(done, timeout=timeout + _CLOSE_MARGIN)
+        except ray.exceptions.RayError:
+            pass  # lost meanwhile, or stuck: killed below either way
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass  # already gone
 
 
 def alive_nodes(plan: FleetPlan) -> list[dict[str, Any]]:
@@ -113,6 +166,7 @@ class RayFleet:
         self.plan = plan
         self.ready: concurrent.futures.Future[bytes] = concurrent.futures.Future()
         self.dead = False
+        self.taken = False  # another caller attached to this named fleet: this caller's hold is over for good
         self.hung: str | None = None
         self.last_heard = time.monotonic()
         self._on_line = on_line
@@ -128,7 +182,6 @@ class RayFleet:
         self._call_ids = itertools.count(1)
         self._waiting: collections.deque[tuple[Request, bytes]] = collections.deque()
         self._asks: dict[str, _StatsAsk] = {}
-        self._sends: dict[int, itertools.count[int]] = {}
         self._abi_cap: int | None = None
         self._contract: tuple[int, str, tuple[str, ...]] | None = None
         self._placed = itertools.count(1)
@@ -144,19 +197,77 @@ class RayFleet:
         return alive if plan.nodes is None else alive[:plan.nodes]
 
     def _place(self, node_id: str) -> Node:
-        name = f"pynox-{self.plan.prefix}-{node_id[:12]}-{next(self._placed)}"
+        plan = self.plan
+        # A named fleet's callers each place with a prefix of their own, so two never pick the same name.
+        name = (f"{_ACTOR_PREFIX}{plan.name}-{node_id[:12]}-{plan.prefix}{next(self._placed)}" if plan.name
+                else f"{_ACTOR_PREFIX}{plan.prefix}-{node_id[:12]}-{next(self._placed)}")
+        # A named fleet's actors outlive this process (detached), in its namespace; others end with it.
+        lifetime: dict[str, Any] = {"lifetime": "detached", "namespace": plan.namespace} if plan.name else {}
         # Hard affinity: this node's pool, or none (a soft one would put two pools on one node). No CPU
         # reserved: the actor idles; the pool's workers are the operator's to size.
         actor = ray.remote(NodePool).options(
-            name=name, num_cpus=0, max_restarts=0,
+            name=name, num_cpus=0, max_restarts=0, **lifetime,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(self.plan.options, self.plan.cwd)
+        ).remote(plan.options, plan.cwd, plan.record)
+        return self._add_node(node_id, actor, name)
+
+    def _add_node(self, node_id: str, actor: Any, name: str) -> Node:
         node = Node(node_id=node_id, actor=actor, actor_name=name, capacity=3 * self.plan.workers,
                     joined=time.monotonic())
         with self._lock:
             self.nodes.all.append(node)
-            self._sends[id(node)] = itertools.count()
         return node
+
+    def _link(self, node: Node, attached: tuple[Any, ...] | None = None) -> bool:
+        """Take ``node``'s pipe (its actor's ``attach``, unless ``attached`` is what it returned) and open its
+        connection; False, the node lost, if either fails."""
+        try:
+            if attached is None:
+                attached = tuple(ray.get(node.actor.attach.remote(), timeout=_START_TIMEOUT))
+            node.epoch, address, token = attached[0], attached[4], attached[5]
+            node.pipe = socket.create_connection(tuple(address), timeout=_CONNECT_TIMEOUT)
+            node.pipe.settimeout(None)
+            node.pipe.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a line is a message: send it now
+            node.pipe.sendall(bytes(token) + b"\n")
+        except (ray.exceptions.RayError, PoolError, OSError) as exc:
+            self._lose(node, exc)  # and closes the connection, if it was opened
+            return False
+        threading.Thread(target=self._watch_actor, args=(node, node.epoch), name="pynox-ray-actor",
+                         daemon=True).start()
+        return True
+
+    def _watch_actor(self, node: Node, epoch: int) -> None:
+        """The node is lost when its actor dies, even if its connection cannot tell (a node cut off sends no
+        end of file): one call per node, which the actor answers only when its pool ends or is taken over."""
+        try:
+            ray.get(node.actor.until_ended.remote(epoch))
+        except ray.exceptions.RayError as exc:
+            if not self._stop.is_set():
+                self._lose(node, exc)
+
+    def _take_over(self) -> tuple[list[Node], dict[int, bytes]]:
+        """A named fleet's live node pools, each pipe taken over from the caller before: the nodes and their
+        pools' ready events. An actor whose node is gone is passed over (the watch places a new pool there)."""
+        plan = self.plan
+        assert plan.name is not None and plan.namespace is not None
+        placed: list[Node] = []
+        firsts: dict[int, bytes] = {}
+        for actor_name in fleet_actors(plan.name, plan.namespace):
+            try:
+                actor = ray.get_actor(actor_name, namespace=plan.namespace)
+                node_id = str(ray.get(actor.node_id.remote(), timeout=_START_TIMEOUT))
+                attached = tuple(ray.get(actor.attach.remote(), timeout=_START_TIMEOUT))
+            except (ray.exceptions.RayError, ValueError, PoolError) as exc:
+                _log.warning("pynox-ray: passed over %s of the fleet %r: %s", actor_name, plan.name, exc)
+                continue
+            node = self._add_node(node_id, actor, actor_name)
+            if not self._link(node, attached):
+                continue
+            cap = attached[2]
+            self._abi_cap = cap if cap is not None else self._abi_cap
+            placed.append(node)
+            firsts[id(node)] = bytes(attached[1])
+        return placed, firsts
 
     def _boot(self, node: Node, cap: int | None) -> bytes | None:
         """Start ``node``'s pool; its first line, or None if the node was lost meanwhile."""
@@ -169,12 +280,15 @@ class RayFleet:
     def _start(self) -> None:
         """The fleet's first pools, all ready, their contract checked: then the fleet's ready event."""
         try:
-            chosen = self._chosen()
-            if not chosen:
-                self._start_error("PoolError", "the Ray cluster has no alive node this pool may use")
-                return
-            placed = [self._place(node_id) for node_id in chosen]
-            firsts = {id(node): line for node in placed if (line := self._boot(node, None)) is not None}
+            if self.plan.attach:
+                placed, firsts = self._take_over()
+            else:
+                chosen = self._chosen()
+                if not chosen:
+                    self._start_error("PoolError", "the Ray cluster has no alive node this pool may use")
+                    return
+                placed = [self._place(node_id) for node_id in chosen]
+                firsts = {id(node): line for node in placed if (line := self._boot(node, None)) is not None}
             ready: dict[int, ReadyEvent] = {}
             for node in placed:
                 line = firsts.get(id(node))
@@ -206,7 +320,7 @@ class RayFleet:
             self._abi_cap = cap
             for node in placed:
                 if id(node) in ready and ready[id(node)].landlock_abi != cap:
-                    self._stop_pool(node)
+                    self._stop_pool(node, restart=True)
                     line = self._boot(node, cap)
                     if line is None:
                         ready.pop(id(node))
@@ -226,10 +340,10 @@ class RayFleet:
                               "Landlock ABI")
             return False
         self._contract = next(iter(contracts.values()))
+        linked = [node for node in placed if id(node) in ready and (node.pipe is not None or self._link(node))]
         with self._lock:
-            for node in placed:
-                if id(node) in ready:
-                    self._serve_node(node, firsts[id(node)])
+            for node in linked:
+                self._serve_node(node, firsts[id(node)])
         return True
 
     def _serve_node(self, node: Node, line: bytes) -> None:
@@ -268,6 +382,8 @@ class RayFleet:
                    else None if _contract_of(event) == self._contract
                    else f"it confines jobs otherwise ({_say(_contract_of(event))}) than the fleet "
                         f"({_say(self._contract)})")
+        if refused is None and not self._link(node):
+            return
         with self._lock:
             if refused is not None:
                 node.refused = refused
@@ -298,9 +414,14 @@ class RayFleet:
         self._route(msgspec.json.decode(line, type=Request), line)
 
     def _send(self, node: Node, line: bytes) -> None:
-        with self._lock:
-            number = next(self._sends[id(node)])
-        node.actor.send.remote(number, [line])  # a dead actor drops it; its stream's end answers for it
+        pipe = node.pipe
+        if pipe is None:
+            return
+        try:
+            with node.writing:  # a line whole, never interleaved with another thread's
+                pipe.sendall(line)
+        except OSError:
+            pass  # the connection is gone: its reader answers for the node's runs
 
     def _route(self, message: Request, line: bytes) -> None:
         if not self.ready.done():
@@ -403,19 +524,29 @@ class RayFleet:
 
     # -- lines up --------------------------------------------------------------------------------------
     def _read(self, node: Node) -> None:
-        """The node's answers, for the pool's life; then the node is lost."""
+        """The node's answers, for the pool's life (or this caller's hold on it); then the node is lost."""
         error: BaseException = PoolError("its pool exited")
+        assert node.pipe is not None
         try:
-            for ref in node.actor.lines.options(num_returns="streaming").remote():
-                for raw in ray.get(ref):
+            with node.pipe.makefile("rb") as lines:
+                for raw in lines:
+                    if raw == LET_GO:  # another caller took the pipe over
+                        if not self._stop.is_set():
+                            self._taken_over()
+                        return
                     self.last_heard = time.monotonic()
                     self._arrived(node, raw)
-        except _NODE_LOST as exc:
+        except OSError as exc:
             error = exc
+        finally:
+            _hang_up(node)
+        if self._stop.is_set():
+            return
+        try:  # why the connection ended: the actor's death says more than its end of file
+            ray.get(node.actor.node_id.remote(), timeout=_CLOSE_MARGIN)
         except ray.exceptions.RayError as exc:
             error = exc
-        if not self._stop.is_set():
-            self._lose(node, error)
+        self._lose(node, error)
 
     def _arrived(self, node: Node, raw: bytes) -> None:
         try:
@@ -487,6 +618,7 @@ class RayFleet:
             for key in [key for key, call in self._calls.items() if call[0] is node]:
                 del self._calls[key]
             asks = [key for key, ask in self._asks.items() if ask.waiting.pop(id(node), None) is not None]
+        _hang_up(node)
         if not self._stop.is_set():
             _log.warning("pynox-ray: gave up %s: %s", node.describe(), reason)
         try:
@@ -507,9 +639,20 @@ class RayFleet:
             self._serve()
         self._announce()
 
-    def _stop_pool(self, node: Node) -> None:
+    def _taken_over(self) -> None:
+        """Another caller attached to this named fleet: it is theirs now, and this caller's runs end here."""
+        with self._lock:
+            if self.dead:
+                return
+            self.dead = self.taken = True
+            self.hung = (f"another caller attached to the RayPool {self.plan.name!r}: its runs in flight here "
+                         "have nobody to answer them")
+        self._stop.set()
+        self._on_exit(self)
+
+    def _stop_pool(self, node: Node, restart: bool = False) -> None:
         try:
-            ray.get(node.actor.close.remote(5.0), timeout=5.0 + _CLOSE_MARGIN)
+            ray.get(node.actor.close.remote(5.0, restart), timeout=5.0 + _CLOSE_MARGIN)
         except ray.exceptions.RayError:
             pass  # lost meanwhile: nothing of it serves either way
 
@@ -556,23 +699,34 @@ class RayFleet:
         return self.hung or self.nodes.none_left()
 
     def close(self, timeout: float) -> None:
-        """Stop every node's pool (each drains what it accepted) and its actor."""
+        """Stop every node's pool (each drains what it accepted) and its actor; a named fleet's serve on."""
         self._stop.set()
         self.dead = True
+        if self.plan.name is not None:  # this caller lets go: its connections end, the pools serve on
+            for node in self.nodes.all:
+                _hang_up(node)
+            self._on_exit(self)
+            return
         if ray.is_initialized():
-            closing = [(node, node.actor.close.remote(timeout)) for node in self.nodes.all if node.lost is None]
-            for node, done in closing:
-                try:
-                    ray.get(done, timeout=timeout + _CLOSE_MARGIN)
-                except ray.exceptions.RayError:
-                    pass  # lost meanwhile, or stuck: killed below either way
-                try:
-                    ray.kill(node.actor, no_restart=True)
-                except Exception:
-                    pass  # already gone
-                with self._lock:
+            serving = [node for node in self.nodes.all if node.lost is None]
+            end_actors([node.actor for node in serving], timeout)
+            with self._lock:
+                for node in serving:
                     node.lost = node.lost or "closed"
+        for node in self.nodes.all:
+            _hang_up(node)
         self._on_exit(self)
+
+
+def _hang_up(node: Node) -> None:
+    """End this caller's connection to ``node`` (its reader sees the end)."""
+    pipe = node.pipe
+    if pipe is not None:
+        try:
+            pipe.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed by the other side
+        pipe.close()
 
 
 def describe_node(node: Node) -> dict[str, Any]:

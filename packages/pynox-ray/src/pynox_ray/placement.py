@@ -9,6 +9,8 @@ the fewest sessions and stays there while that node lives. A lost node takes not
 from __future__ import annotations
 
 import itertools
+import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,9 @@ class Node:
     joined: float = 0.0  # time.monotonic() when the caller placed its pool
     started: float | None = None  # ... and when that pool was ready
     stats: dict[str, Any] | None = field(default=None)  # its pool's counters, at the last stats
+    epoch: int = 0  # this caller's hold on the actor's pipe (a named fleet's new caller takes it over)
+    pipe: socket.socket | None = None  # this caller's connection to the actor, which carries the lines
+    writing: threading.Lock = field(default_factory=threading.Lock)
 
     def describe(self) -> str:
         return f"node {self.node_id[:12]} ({self.actor_name})"

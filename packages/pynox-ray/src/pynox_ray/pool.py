@@ -9,6 +9,9 @@ nodes join and leave), the fleet's one contract, the network rule, and the per-n
 Each node runs one ``pynox pool``, owned by a :class:`~pynox_ray.node.NodePool` actor placed on that node
 (hard node affinity, no CPU of Ray's reserved: the pool's workers are what the operator sets), started when
 the pool is first used. Host calls cross to the caller once each way and run in the caller's process.
+
+A named pool (``name=``) outlives its caller: its actors are detached, and ``RayPool.attach(name)`` in another
+process takes the fleet over; ``remove()`` ends it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
@@ -26,7 +30,7 @@ import pynox
 from pynox import ConfigError, Grants, PoolError, RequestError, Session
 from pynox.transport import Answer, HostErrors, Transport
 
-from .fleet import Contract, FleetPlan, RayFleet, describe_node
+from .fleet import Contract, FleetPlan, RayFleet, describe_node, fleet_actors, fleet_record, remove_fleet
 from .stats import summed as _summed  # noqa: F401  # the tests of the sum read it here, where it always was
 
 __all__ = ["RayPool", "RaySession"]
@@ -38,6 +42,8 @@ _log = logging.getLogger(__name__)
 # pynox.Pool's own default, read from its signature rather than repeated here.
 _DEFAULT_WORKERS: int = inspect.signature(pynox.Pool).parameters["workers"].default
 _WATCH = 1.0  # seconds between reads of the cluster's node table: a joined node takes work within this and its start
+NAMESPACE = "pynox"  # the Ray namespace of a named pool's actors, unless the caller names another
+_NAME = re.compile(r"[A-Za-z0-9_.]{1,64}")  # no "-": a name is the prefix of its actors' names ("pynox-<name>-...")
 
 
 def _names(value: object, what: str) -> list[str]:
@@ -66,6 +72,12 @@ def _chosen_nodes(nodes: int | Sequence[str] | None) -> int | tuple[str, ...] | 
         raise ConfigError(f"nodes must name alive Ray nodes, each once; not alive or repeated: "
                           f"{', '.join(map(str, unknown)) or 'none given'} (alive: {', '.join(alive)})")
     return tuple(chosen)
+
+
+def _check_name(name: object, namespace: object) -> None:
+    for value, what in ((name, "name"), (namespace, "namespace")):
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise ConfigError(f"{what} must be 1 to 64 letters, digits, '_' or '.', got {value!r}")
 
 
 def _filter(value: object, what: str, kind: tuple[type, ...], example: str) -> dict[str, Any]:
@@ -98,6 +110,10 @@ class RayPool(pynox.Pool):
     code for anyone who connects unless the operator set up Ray's authentication or a firewall; a job given
     the network could run code there, outside its sandbox. Turn it on only for such a cluster (or for hosts
     that are none of the cluster's).
+
+    ``name``: a pool that outlives this process. Its node pools start now, their actors named and detached
+    in Ray's ``namespace``; :meth:`close` lets go of them and leaves them serving, :meth:`attach` (in this
+    process or another) takes them over, and :meth:`remove` ends them.
     """
 
     def __init__(self, workers: int = _DEFAULT_WORKERS, *, nodes: int | Sequence[str] | None = None,
@@ -107,7 +123,7 @@ class RayPool(pynox.Pool):
                  host_errors: HostErrors = "safe", cwd: PathLike | None = None,
                  network_grants: bool = False, resources: Mapping[str, float] | None = None,
                  labels: Mapping[str, str] | None = None, contract: Contract = "refuse",
-                 watch: float = _WATCH) -> None:
+                 watch: float = _WATCH, name: str | None = None, namespace: str = NAMESPACE) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise ConfigError(f"workers must be an integer, got {workers!r}")
         if not isinstance(network_grants, bool):
@@ -116,27 +132,69 @@ class RayPool(pynox.Pool):
             raise ConfigError(f"contract must be 'refuse' or 'lowest', got {contract!r}")
         if isinstance(watch, bool) or not isinstance(watch, int | float) or watch < 0:
             raise ConfigError(f"watch must be a number of seconds (0: off), got {watch!r}")
-        self.network_grants = network_grants
-        self.cwd_on_nodes = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
-        config_path = os.path.join(self.cwd_on_nodes, os.fspath(config)) if config is not None else None
+        if name is not None:
+            _check_name(name, namespace)
+        cwd_on_nodes = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
+        config_path = os.path.join(cwd_on_nodes, os.fspath(config)) if config is not None else None
         options = {"workers": workers, "preload": _names(preload, "preload"),
                    "package_dirs": _names(package_dirs, "package_dirs"), "config": config_path,
                    "binary": os.fspath(binary) if binary is not None else None, "log": log,
                    "max_sessions": max_sessions, "session_idle": session_idle}
-        resource_filter = _filter(resources, "resources", (int, float), "{'pynox': 1}")
-        label_filter = _filter(labels, "labels", (str,), "{'pool': 'pynox'}")
+        record = {"workers": workers, "options": options, "cwd": cwd_on_nodes, "config_path": config_path,
+                  "resources": _filter(resources, "resources", (int, float), "{'pynox': 1}"),
+                  "labels": _filter(labels, "labels", (str,), "{'pool': 'pynox'}"), "contract": contract,
+                  "watch": float(watch), "network_grants": network_grants}
         if not ray.is_initialized():
             ray.init(log_to_driver=False)
+        record["nodes"] = _chosen_nodes(nodes)
+        if name is not None and fleet_actors(name, namespace):
+            raise ConfigError(f"a RayPool named {name!r} already runs in Ray namespace {namespace!r}: attach to it "
+                              "(RayPool.attach) or remove it first")
+        self._set_up(record, host_errors, name, namespace, attach=False)
+
+    @classmethod
+    def attach(cls, name: str, *, namespace: str = NAMESPACE, host_errors: HostErrors = "safe") -> RayPool:
+        """The named pool ``name``, made by this process or another (which may have exited), taken over by this
+        process: its runs go to the same node pools, with this process's host functions. Its options are its
+        creator's. A caller that still held it is let go: its runs in flight end with ``PoolError``."""
+        _check_name(name, namespace)
+        if not ray.is_initialized():
+            ray.init(log_to_driver=False)
+        record = fleet_record(name, namespace)
+        if record is None:
+            raise PoolError(f"no RayPool named {name!r} runs in Ray namespace {namespace!r}")
+        pool = cls.__new__(cls)
+        pool._set_up(record, host_errors, name, namespace, attach=True)
+        return pool
+
+    def _set_up(self, record: dict[str, Any], host_errors: HostErrors, name: str | None, namespace: str, *,
+                attach: bool) -> None:
+        self.name, self.namespace = name, namespace
+        self.network_grants: bool = record["network_grants"]
+        self.cwd_on_nodes: str = record["cwd"]
+        workers: int = record["workers"]
         self._fleet: RayFleet | None = None
-        self._plan = FleetPlan(options=options, cwd=self.cwd_on_nodes, workers=workers,
-                               prefix=uuid.uuid4().hex[:8], nodes=_chosen_nodes(nodes), resources=resource_filter,
-                               labels=label_filter, contract=contract, watch=float(watch), on_size=self._resize)
+        self._plan = FleetPlan(options=record["options"], cwd=self.cwd_on_nodes, workers=workers,
+                               prefix=uuid.uuid4().hex[:8], nodes=record["nodes"], resources=record["resources"],
+                               labels=record["labels"], contract=record["contract"], watch=record["watch"],
+                               on_size=self._resize, name=name, namespace=namespace if name else None,
+                               record=record if name else None, attach=attach)
         super().__init__(workers, host_errors=host_errors, transport=self._open_fleet)
         self.cwd = self.cwd_on_nodes
-        self.config_path = config_path
+        self.config_path = record["config_path"]
+        if name is not None:  # its pools exist when this returns: a caller may hand the name on and exit
+            try:
+                self._ensure_process()
+            except BaseException:
+                self.close(timeout=5)
+                if not attach:
+                    remove_fleet(name, namespace, timeout=5)
+                raise
 
     def _open_fleet(self, on_line: Callable[[Answer], None], on_bad_line: Callable[[bytes, str], None],
                     on_exit: Callable[[Any], None]) -> Transport:
+        if self._fleet is not None and self._fleet.taken:  # taking it back would take it from the other caller
+            raise PoolError(self._fleet.hung or "another caller attached to this RayPool")
         self._fleet = RayFleet(self._plan, on_line, on_bad_line, on_exit)
         return self._fleet
 
@@ -161,6 +219,14 @@ class RayPool(pynox.Pool):
         # Asked here or by the profile: refused now, not at the model's first call.
         self._admit({"allow_network": code_tool.grants.network, "allow_hosts": code_tool.grants.hosts}, None)
         return run_python
+
+    def remove(self, timeout: float = 60.0) -> None:
+        """End a named pool: this caller lets go (its runs in flight finish), then every node's pool drains what
+        it accepted and exits, and the actors end. Whoever attached to it afterwards finds nothing."""
+        if self.name is None:
+            raise ConfigError("remove() ends a named RayPool; this one has no name, and close() ends it")
+        self.close(timeout)
+        remove_fleet(self.name, self.namespace, timeout)
 
     @property
     def _session_type(self) -> type[Session]:

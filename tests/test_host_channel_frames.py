@@ -7,7 +7,9 @@ tests/pool/test_pool_host_functions.py and tests/faults/test_host_channel.py.
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 from collections.abc import Iterator
 
 import msgspec
@@ -18,6 +20,7 @@ from pynox.protocol import LineError, Reply, ReplyBody, parse_line
 from pynox.server.hostcalls import _call_decoder
 from pynox.wire.frames import HEADER
 from pynox.wire.host_channel import MAX_ANSWER, HostAnswer, HostCall, encode_frame, tag_size
+from tests.harness import procfs
 
 pytestmark = pytest.mark.pure
 
@@ -79,6 +82,16 @@ def test_an_answer_announced_too_large_is_refused_before_it_is_read(
     pool.sendall(HEADER.pack(MAX_ANSWER + 1))
     with pytest.raises(OSError, match=f"answer of {MAX_ANSWER + 1} bytes is too large"):
         pynox_host._receive(job)
+
+
+def test_warming_the_call_path_leaves_no_module_and_no_descriptor() -> None:
+    """The template runs it before any job exists: a job without host functions must not find pynox_host,
+    and the template proves afterwards that it holds only its expected descriptors."""
+    before = procfs.fds(os.getpid())
+    pynox_host.warm_up()
+    pynox_host.warm_up(calls=2)
+    assert procfs.fds(os.getpid()) == before
+    assert "pynox_host" not in sys.modules and "pynox_host.aio" not in sys.modules
 
 
 # -- the pool's reply path: a reply line decoded once, with every rule of the general path ---------------------

@@ -1,17 +1,23 @@
-"""What one host call adds to a job, interleaved with plain jobs, beside a plain unix-socket round trip.
+"""What host calls add to a job, in the same run as plain jobs, beside a plain unix-socket round trip.
 
 A host call travels job → pool → client → pool → job: two round trips between processes, through the
 pool's worker (which reads the call) and its intake (which reads the client's reply and writes the answer).
-Each round runs, on each pool, a ``print(1)`` job and a job that makes one host call and prints its answer,
-alternately, so both see the same machine load; the call's cost is the difference of their medians. The
-CPU per job is what the pool's processes were charged (the pool process, its templates, and the children
-they reaped, from /proc), over blocks of one kind of job, so it holds under load as latency does not.
-The baseline is one round trip over a unix socketpair between two processes, 20 ms apart and back to back.
+Three kinds of job run on each pool: ``print(1)`` (plain), a job that makes one host call and prints its
+answer (call), and one that makes ten calls in a row (calls10). Each round runs, on each pool, a short
+block of each kind in turn, so that all see the same machine load; the first job of a block is not timed
+(the child prepared ahead of it was confined for the other kind, and is replaced: see
+server/prepared.py), so every timed job starts in a child prepared for it, as a stream of like jobs does.
+A call's cost is the difference of medians: ``call_adds_p50_ms`` (call - plain, the first call of a fresh
+child and the channel's set-up) and ``per_call_adds_p50_ms`` ((calls10 - plain) / 10). The CPU per job is
+what the pool's processes were charged (the pool process, its templates, and the children they reaped,
+from /proc), over blocks of one kind of job, so it holds under load as latency does not. The baseline is
+one round trip over a unix socketpair between two processes, 10 ms apart and back to back.
 
-``--compare CHECKOUT`` runs another checkout's pool (a ``git worktree`` of the previous main, say) in the
-same rounds.
+``--compare CHECKOUT`` runs another checkout's pool (a ``git worktree`` of the previous main, say, with its
+native extension built: ``pip install -e packages/pynox-core`` there, or a copy of this checkout's
+``_confine*.so``, as ``PYNOX_NATIVE=1`` needs it) in the same rounds.
 
-    python bench/host_calls.py [--runs 400] [--compare CHECKOUT] [--json out.json]
+    python bench/host_calls.py [--runs 400] [--block 5] [--compare CHECKOUT] [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -28,6 +35,8 @@ from latency import PoolDriver, check_ok, summary  # type: ignore[import-not-fou
 
 PLAIN = {"code": "print(1)"}
 CALL = {"code": "from pynox_host import f\nprint(f(1))", "functions": ["f"]}
+CALLS10 = {"code": "from pynox_host import f\nfor n in range(9):\n    f(n)\nprint(f(1))", "functions": ["f"]}
+KINDS = {"plain": PLAIN, "call": CALL, "calls10": CALLS10}
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -101,44 +110,53 @@ def _job(pool: PoolDriver, message: dict[str, Any]) -> float:
     return took
 
 
-def measure(pools: dict[str, PoolDriver], runs: int, pause: float) -> dict[str, Any]:
-    samples: dict[str, dict[str, list[float]]] = {name: {"plain": [], "call": []} for name in pools}
-    for pool in pools.values():  # warm both paths (and the prepared children) first
-        for _ in range(10):
-            _job(pool, PLAIN)
-            _job(pool, CALL)
-    for _ in range(runs):
+def measure(pools: dict[str, PoolDriver], runs: int, pause: float, block: int) -> dict[str, Any]:
+    """``runs`` timed jobs of each kind on each pool, in rounds of one block per kind and pool (the first
+    job of a block untimed), ``pause`` seconds before each job."""
+    samples: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in KINDS} for name in pools}
+    for pool in pools.values():  # warm every path (and the prepared children) first
+        for _ in range(5):
+            for message in KINDS.values():
+                _job(pool, message)
+    for _ in range(-(-runs // (block - 1))):
         for name, pool in pools.items():
-            for kind, message in (("plain", PLAIN), ("call", CALL)):
-                if pause:
-                    time.sleep(pause)
-                samples[name][kind].append(_job(pool, message))
+            for kind, message in KINDS.items():
+                for index in range(block):
+                    if pause:
+                        time.sleep(pause)
+                    took = _job(pool, message)
+                    if index:
+                        samples[name][kind].append(took)
     figures: dict[str, Any] = {}
     for name, kinds in samples.items():
-        plain, call = summary(kinds["plain"]), summary(kinds["call"])
-        figures[name] = {"plain": plain, "call": call,
-                         "call_adds_p50_ms": round(call["p50_ms"] - plain["p50_ms"], 3)}
+        plain, call, calls10 = (summary(kinds[kind][:runs]) for kind in KINDS)
+        figures[name] = {"plain": plain, "call": call, "calls10": calls10,
+                         "call_adds_p50_ms": round(call["p50_ms"] - plain["p50_ms"], 3),
+                         "per_call_adds_p50_ms": round((calls10["p50_ms"] - plain["p50_ms"]) / 10, 3)}
     return figures
 
 
 def cpu_per_job(pools: dict[str, PoolDriver], blocks: int, size: int) -> dict[str, Any]:
     """CPU ms per job of each kind, over ``blocks`` interleaved blocks of ``size`` jobs each, back to back."""
-    ticks: dict[str, dict[str, list[float]]] = {name: {"plain": [], "call": []} for name in pools}
+    ticks: dict[str, dict[str, list[float]]] = {name: {kind: [] for kind in KINDS} for name in pools}
     for _ in range(blocks):
         for name, pool in pools.items():
-            for kind, message in (("plain", PLAIN), ("call", CALL)):
+            for kind, message in KINDS.items():
                 before = pool_cpu(pool.proc.pid)
                 for _ in range(size):
                     _job(pool, message)
                 ticks[name][kind].append((pool_cpu(pool.proc.pid) - before) * 1000 / _TICK / size)
     return {name: {kind: round(statistics.median(values), 2) for kind, values in kinds.items()}
-            | {"call_adds_ms": round(statistics.median(kinds["call"]) - statistics.median(kinds["plain"]), 2)}
+            | {"call_adds_ms": round(statistics.median(kinds["call"]) - statistics.median(kinds["plain"]), 2),
+               "per_call_adds_ms": round((statistics.median(kinds["calls10"]) - statistics.median(kinds["plain"]))
+                                         / 10, 3)}
             for name, kinds in ticks.items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--block", type=int, default=5, help="jobs of one kind in a row (the first untimed)")
     parser.add_argument("--compare", metavar="CHECKOUT")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -147,12 +165,14 @@ def main() -> int:
         pools[os.path.basename(args.compare.rstrip("/"))] = PoolDriver("--workers=1", source=args.compare)
     results: dict[str, Any] = {
         "load before": os.getloadavg(),
+        "uptime before": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
         "unix socket round trip, 10 ms apart": socket_round_trip(args.runs, 0.01),
         "unix socket round trip, back to back": socket_round_trip(args.runs, 0.0),
-        "jobs 10 ms apart": measure(pools, args.runs, 0.01),
-        "jobs back to back": measure(pools, args.runs, 0.0),
+        "jobs 10 ms apart": measure(pools, args.runs, 0.01, max(args.block, 2)),
+        "jobs back to back": measure(pools, args.runs, 0.0, max(args.block, 2)),
         "cpu ms per job (pool, templates, jobs)": cpu_per_job(pools, blocks=max(args.runs // 50, 3), size=50),
         "load after": os.getloadavg(),
+        "uptime after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }
     for pool in pools.values():
         pool.close()

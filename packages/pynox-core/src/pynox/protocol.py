@@ -542,37 +542,59 @@ Answer = (SessionResult | CallEvent | StatsEvent | Closed | CancelAnswer | Files
           | StreamEvent | DisplayEvent)
 
 
+class _Kind(msgspec.Struct):
+    """What tells one answer line from another: its ``event``, whether it is ``closed``, and which of the
+    other answers' own fields it has (kept as raw bytes: the rest of the line is skipped, not built)."""
+
+    event: Any = None
+    closed: Any = None
+    exit: msgspec.Raw = msgspec.Raw()
+    cancelled: msgspec.Raw = msgspec.Raw()
+    files: msgspec.Raw = msgspec.Raw()
+    uploaded: msgspec.Raw = msgspec.Raw()
+    downloaded: msgspec.Raw = msgspec.Raw()
+
+
+_kind_decoder = msgspec.json.Decoder(_Kind)
+_event_decoders: dict[str, msgspec.json.Decoder[Any]] = {
+    "call": msgspec.json.Decoder(CallEvent), "stats": msgspec.json.Decoder(StatsEvent),
+    "stream": msgspec.json.Decoder(StreamEvent), "display_data": msgspec.json.Decoder(DisplayEvent)}
+_closed_decoder = msgspec.json.Decoder(Closed)
+_cancel_decoder = msgspec.json.Decoder(CancelAnswer)
+_files_decoder = msgspec.json.Decoder(FilesListed)
+_uploaded_decoder = msgspec.json.Decoder(Uploaded)
+_downloaded_decoder = msgspec.json.Decoder(Downloaded)
+_result_decoder = msgspec.json.Decoder(SessionResult)
+
+
 def decode_answer(line: bytes) -> Answer:
     """One line the pool wrote after its ready event, as the client reads it: a host-function call, the
     stats event, output as it happens (stream, display_data), a closed session, or a result
-    (a session step's carries its session fields). Raises
+    (a session step's carries its session fields). One path for every line: its kind is read first
+    (:class:`_Kind`), then the line is decoded once, straight into that kind's struct. Raises
     ``msgspec.DecodeError`` (or ``ValidationError``) for a line that is none of these."""
-    raw = msgspec.json.decode(line)
-    if not isinstance(raw, dict):
-        raise msgspec.ValidationError(f"expected an object, got {type(raw).__name__}")
-    kind = raw.get("event")
-    if kind == "call":
-        return msgspec.convert(raw, CallEvent)
-    if kind == "stats":
-        return msgspec.convert(raw, StatsEvent)
-    if kind == "stream":
-        return msgspec.convert(raw, StreamEvent)
-    if kind == "display_data":
-        return msgspec.convert(raw, DisplayEvent)
-    if kind is not None:
-        raise msgspec.ValidationError(f"unknown event {kind!r}")
-    if raw.get("closed") is True and "exit" not in raw:
-        return msgspec.convert(raw, Closed)
-    if "cancelled" in raw and "exit" not in raw:
-        return msgspec.convert(raw, CancelAnswer)
-    if "exit" not in raw:
-        if "files" in raw:
-            return msgspec.convert(raw, FilesListed)
-        if "uploaded" in raw:
-            return msgspec.convert(raw, Uploaded)
-        if "downloaded" in raw:
-            return msgspec.convert(raw, Downloaded)
-    return msgspec.convert(raw, SessionResult)
+    return _decoder_for(_kind_decoder.decode(line)).decode(line)  # type: ignore[no-any-return]
+
+
+def _decoder_for(kind: _Kind) -> msgspec.json.Decoder[Any]:
+    if kind.event is not None:
+        decoder = _event_decoders.get(kind.event) if isinstance(kind.event, str) else None
+        if decoder is None:
+            raise msgspec.ValidationError(f"unknown event {kind.event!r}")
+        return decoder
+    if kind.exit:  # a result: whatever else it carries
+        return _result_decoder
+    if kind.closed is True:
+        return _closed_decoder
+    if kind.cancelled:
+        return _cancel_decoder
+    if kind.files:
+        return _files_decoder
+    if kind.uploaded:
+        return _uploaded_decoder
+    if kind.downloaded:
+        return _downloaded_decoder
+    return _result_decoder
 
 
 _REQUEST_HEAD = re.compile(rb'\s*\{\s*"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,18})\s*[,}]')
@@ -632,6 +654,9 @@ def parse_line(line: bytes) -> Request | Reply:
     """Parse one line (without its newline). Raises :class:`LineError` with a message for the client."""
     if len(line) > MAX_LINE:
         raise LineError(None, f"line of {len(line)} bytes exceeds the {MAX_LINE}-byte limit; it was discarded")
+    reply = _parse_reply(line) if _REPLY_START.match(line) else None
+    if reply is not None:
+        return reply
     try:
         raw = msgspec.json.decode(line)
     except msgspec.DecodeError as exc:
@@ -648,12 +673,7 @@ def parse_line(line: bytes) -> Request | Reply:
     try:
         if "reply" in raw:
             reply = msgspec.convert(raw, Reply)
-            body = reply.reply
-            if body.result is not msgspec.UNSET and body.error is not msgspec.UNSET:
-                raise LineError(None, f"reply to call {reply.reply.call_id}: give result or error, not both")
-            if body.result is msgspec.UNSET and body.error is msgspec.UNSET:
-                raise LineError(None, f"reply to call {reply.reply.call_id}: give a result or an error; the call "
-                                      "is still waiting for one")
+            _check_reply(reply)
             return reply
         request = msgspec.convert(raw, Request)
     except msgspec.ValidationError as exc:
@@ -665,6 +685,48 @@ def parse_line(line: bytes) -> Request | Reply:
 
 
 _KEY = re.compile(rb'"\s*:')
+_REPLY_START = re.compile(rb'\s*\{\s*"reply"\s*:')
+_reply_decoder = msgspec.json.Decoder(Reply)
+
+
+def _parse_reply(line: bytes) -> Reply | None:
+    """A reply line (one whose first key is ``reply``: no request has that key) decoded once, straight into
+    :class:`Reply`, with the same duplicate-key rule as every line; None when it is not a valid reply, for
+    :func:`parse_line`'s general path to say why in its own words."""
+    try:
+        reply = _reply_decoder.decode(line)
+    except Exception:  # whatever it is, the general path reads it again and names the rule it broke
+        return None
+    body = reply.reply
+    keys = 2 + (body.result is not msgspec.UNSET) + (body.error is not msgspec.UNSET)  # reply, call_id
+    if keys + _count_keys(body.result) != len(_KEY.findall(line)):
+        duplicate = _exact_duplicate_key(line)
+        if duplicate is not None:
+            raise LineError(None, f"duplicate key {quoted(duplicate)}: every key may appear once")
+    _check_reply(reply)
+    return reply
+
+
+def _check_reply(reply: Reply) -> None:
+    body = reply.reply
+    if body.result is not msgspec.UNSET and body.error is not msgspec.UNSET:
+        raise LineError(None, f"reply to call {body.call_id}: give result or error, not both")
+    if body.result is msgspec.UNSET and body.error is msgspec.UNSET:
+        raise LineError(None, f"reply to call {body.call_id}: give a result or an error; the call "
+                              "is still waiting for one")
+
+
+def _count_keys(value: Any) -> int:
+    """Keys of every object in ``value``, at any depth."""
+    keys, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            keys += len(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return keys
 
 
 def _duplicate_key(line: bytes, raw: Any) -> str | None:
@@ -673,16 +735,13 @@ def _duplicate_key(line: bytes, raw: Any) -> str | None:
     Every key is a string followed by a colon, so a line holds at least as many of those as it has
     keys; when the decoded value counts as many, no key was merged away and the line is let through
     without a second parse (the usual case). Otherwise the line is parsed again, keeping pairs."""
-    keys, pending = 0, [raw]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, dict):
-            keys += len(value)
-            pending.extend(value.values())
-        elif isinstance(value, list):
-            pending.extend(value)
-    if keys == len(_KEY.findall(line)):
+    if _count_keys(raw) == len(_KEY.findall(line)):
         return None
+    return _exact_duplicate_key(line)
+
+
+def _exact_duplicate_key(line: bytes) -> str | None:
+    """The first key that appears twice in one object of ``line``, found by a parse that keeps pairs."""
     found: list[str] = []
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:

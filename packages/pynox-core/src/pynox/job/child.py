@@ -28,7 +28,7 @@ from ..wire.payload import read_payload, write_payload_to
 from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
 
 # session_state: loaded with the template, so a session's save and restore steps find it in memory.
-from . import display, session_state  # noqa: F401
+from . import display, pynox_host, session_state  # noqa: F401
 from .execute import execute, new_main, serve_session
 from .native_setup import confine_steps
 from .report import finish
@@ -39,8 +39,10 @@ __all__ = ["prepare_template", "run_job", "run_prepared"]
 
 def prepare_template() -> None:
     """In the template, once the operator's modules are preloaded and before any job exists: build what every
-    job would otherwise build for itself from them (IPython's display formatter, see display.prepare)."""
+    job would otherwise build for itself from them (IPython's display formatter, see display.prepare), and
+    warm the host functions' call path (see pynox_host.warm_up)."""
     display.prepare()
+    pynox_host.warm_up()
 
 
 def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int],
@@ -75,7 +77,7 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     if failure is not None:
         _no_listener(setup.at(CONTROL))
     else:
-        _warm_up()
+        _warm_up(confinement.host_channel)
     _await_job(setup)
     payload = _ready_or_fail(setup, failure or run_steps(setup, READ))
     _run(confinement, new_main(confinement, payload), payload)
@@ -139,9 +141,9 @@ def _await_job(setup: Setup) -> None:
         os._exit(SETUP_FAILED_EXIT)
 
 
-def _warm_up() -> None:
+def _warm_up(host_channel: bool) -> None:
     """Touch, before the job exists, what every job touches: reading its payload, compiling, running,
-    printing, reporting.
+    printing, reporting; and, for a job with host functions, the call path (``host_channel``).
 
     The child shares the template's memory copy-on-write; the first write to each page costs a fault
     (microseconds each, hundreds of them). Taking them now, while the child waits, keeps them off the
@@ -155,6 +157,8 @@ def _warm_up() -> None:
         write_payload_to(writing, Payload(code="", script=None, name="", args=[], env={}, functions=[]))
         os.close(writing)
         read_payload(reading)
+        if host_channel:
+            pynox_host.warm_up(calls=2)
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs
         pass
 

@@ -1,8 +1,10 @@
 """``pynox_host`` inside a confined job: the declared host functions, and nothing else.
 
-Each function sends one call frame on the job's channel descriptor, tagged with
-a number of the job's own, and blocks until the pool answers that tag with the
-host's result or error. Calls from several threads overlap: at most
+Each function sends one call frame (a :class:`~pynox.wire.host_channel.HostCall`,
+encoded once) on the job's channel descriptor, tagged with a number of the job's
+own, and blocks until the pool answers that tag with the host's result or error
+(a :class:`~pynox.wire.host_channel.HostAnswer`, decoded once, straight into it).
+Calls from several threads overlap: at most
 :data:`MAX_IN_FLIGHT` wait for the host at once (a further caller waits its
 turn here). One waiting caller at a time reads the channel and hands each
 answer to its caller; when its own arrives, it passes the reading on to a
@@ -27,11 +29,15 @@ from typing import Any
 
 import msgspec
 
-from ..wire.frames import HEADER, pack, recv_exact
-from ..wire.host_channel import MAX_ANSWER, MAX_IN_FLIGHT, MAX_PAYLOAD
+from ..wire.frames import HEADER, recv_exact
+from ..wire.host_channel import MAX_ANSWER, MAX_IN_FLIGHT, MAX_PAYLOAD, HostAnswer, HostCall, encode_frame, tag_size
 from ..wire.host_values import NotPlainJSON, check_plain_json
 
-__all__ = ["install_host_module"]
+__all__ = ["install_host_module", "warm_up"]
+
+# Calls of warm_up: enough for CPython's specializing interpreter to have quickened the path (it does so
+# after a few runs of a function) and for msgspec to have built its encoder's and decoder's plans.
+_WARM_CALLS = 16
 
 
 class HostError(Exception):
@@ -69,7 +75,7 @@ class _Waiting:
 
     def __init__(self) -> None:
         self.wake = threading.Event()
-        self.answer: dict[str, Any] | None = None
+        self.answer: HostAnswer | None = None
         self.finished = False
 
 
@@ -87,26 +93,26 @@ class _Channel:
         self._broken: str | None = None
 
     def call(self, function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        tag = next(self._tags)  # drawn first, so that the frame is encoded once (a tag left unused is harmless)
         try:
-            check_plain_json(list(args), "args")
+            check_plain_json(args, "args")
             check_plain_json(kwargs, "kwargs")
-            payload = msgspec.json.encode({"function": function, "args": args, "kwargs": kwargs})
+            frame = encode_frame(HostCall(tag=tag, function=function, args=list(args), kwargs=kwargs))
         except (NotPlainJSON, TypeError, msgspec.EncodeError) as exc:
             raise HostError(f"{function}(): arguments must be plain JSON values: {exc}") from None
-        if len(payload) > MAX_PAYLOAD:
-            raise HostError(f"{function}(): arguments of {len(payload)} bytes exceed the 1 MB limit; "
+        size = len(frame) - HEADER.size - tag_size(tag)  # the arguments' object, as the limit measures it
+        if size > MAX_PAYLOAD:
+            raise HostError(f"{function}(): arguments of {size} bytes exceed the 1 MB limit; "
                             "pass less data or write it to a granted file")
         with self._turns:
             waiting = _Waiting()
             with self._lock:
                 if self._broken is not None:
                     raise HostError(f"{function}(): the host channel failed: {self._broken}")
-                tag = next(self._tags)
                 self._waiting[tag] = waiting
-            frame = b'{"tag":' + str(tag).encode() + b"," + payload[1:]
             try:
                 with self._send_lock:
-                    self.sock.sendall(pack(frame))
+                    self.sock.sendall(frame)
             except OSError as exc:
                 with self._lock:
                     self._waiting.pop(tag, None)
@@ -120,9 +126,9 @@ class _Channel:
         answer = waiting.answer
         if answer is None:
             raise HostError(f"{function}(): the host channel failed: {self._broken}")
-        if "error" in answer:
-            raise HostError(str(answer["error"]))
-        return answer.get("result")
+        if answer.error is not msgspec.UNSET:
+            raise HostError(answer.error)
+        return None if answer.result is msgspec.UNSET else answer.result
 
     def _await(self, waiting: _Waiting) -> None:
         """Until ``waiting`` is finished: read the channel if nobody does, else wait to be woken."""
@@ -155,14 +161,40 @@ class _Channel:
                         following.wake.set()
             return
 
-    def _deliver(self, answer: dict[str, Any]) -> None:
-        tag = answer.get("tag")
+    def _deliver(self, answer: HostAnswer) -> None:
         with self._lock:
-            waiting = self._waiting.pop(tag, None) if isinstance(tag, int) else None
+            waiting = self._waiting.pop(answer.tag, None)
             if waiting is not None:
                 waiting.answer = answer
                 waiting.finished = True
                 waiting.wake.set()
+
+
+def warm_up(calls: int = _WARM_CALLS) -> None:
+    """Run the call path ``calls`` times over a socketpair of this process, its answers written ahead of
+    the calls (one thread, nothing blocks), and leave nothing behind: no module, no descriptor.
+
+    In the template before any job exists (``job.child.prepare_template``), this makes a job's first call
+    as warm as its later ones: what that call used to build for itself (msgspec's plans for the frames'
+    types, the interpreter's specialized code, threading's locks and events) is built once, and every
+    child inherits it. A child prepared ahead for a job with host functions runs it again for two calls (an
+    answer and an error), to take the copy-on-write faults of that path before its job arrives
+    (``job.child._warm_up``)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        channel = _Channel(ours)
+        for tag in range(1, calls + 1):
+            answer = HostAnswer(tag=tag, result=[tag, 0.5, "x", None, {"k": True}]) if tag % 2 else \
+                HostAnswer(tag=tag, error="x")
+            theirs.sendall(encode_frame(answer))
+            try:
+                channel.call("warm_up", (tag, "x", 0.5, None, [True]), {"k": {"n": tag}})
+            except HostError:
+                pass
+            theirs.recv(1 << 16)  # the call's frame, a few dozen bytes
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def _bind(call: Any, name: str) -> Any:
@@ -185,17 +217,19 @@ def _bind_async(call: Any, name: str) -> Any:
     return host_function
 
 
-def _receive(sock: socket.socket) -> dict[str, Any]:
+_decoder = msgspec.json.Decoder(HostAnswer)
+
+
+def _receive(sock: socket.socket) -> HostAnswer:
     try:
         header = recv_exact(sock, HEADER.size, closed="the pool closed the channel")
         (size,) = HEADER.unpack(header)
         if size > MAX_ANSWER:
             raise OSError(f"answer of {size} bytes is too large")
-        answer = msgspec.json.decode(recv_exact(sock, size, closed="the pool closed the channel"))
+        return _decoder.decode(recv_exact(sock, size, closed="the pool closed the channel"))
     except EOFError as exc:
         raise OSError(str(exc)) from None
-    if not isinstance(answer, dict):
-        raise OSError("malformed answer")
-    return answer
+    except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError is a DecodeError
+        raise OSError(f"malformed answer: {exc}") from None
 
 

@@ -3,7 +3,9 @@
 The job sends a call frame on its channel; the pool checks it (declared name,
 size, count), gives it a pool-wide ``call_id``, writes a ``call`` event for the
 client and remembers where the answer goes. The client's ``reply`` line comes
-back through intake and is written to the job's channel. A call still pending
+back through intake (decoded once, straight into its struct: ``protocol.parse_line``)
+and its value is encoded once, into the answer's frame for the job's channel. Both
+frames are typed (``wire/host_channel.py``). A call still pending
 when its job (or session step) ends is dropped, and answered in the job with an
 error (a session's background thread gets a ``HostError`` at the next step); a
 reply to it is then a ``RequestError``. Once
@@ -34,8 +36,8 @@ from typing import Any
 import msgspec
 
 from ..protocol import CallEvent, RequestId, encode
-from ..wire.frames import FrameBuffer, pack
-from ..wire.host_channel import MAX_IN_FLIGHT, MAX_PAYLOAD, PIP_FUNCTION
+from ..wire.frames import HEADER, FrameBuffer
+from ..wire.host_channel import MAX_IN_FLIGHT, MAX_PAYLOAD, PIP_FUNCTION, HostAnswer, HostCall, encode_frame
 from ..wire.host_values import NotPlainJSON, check_plain_json
 
 __all__ = ["MAX_CALLS", "MAX_IN_FLIGHT", "MAX_IN_FLIGHT_BYTES", "CallRegistry", "JobCalls", "Outbox",
@@ -63,14 +65,7 @@ class ProtocolViolation(Exception):
     """The job sent something no honest ``pynox_host`` would: it is killed and its result says why."""
 
 
-class _CallFrame(msgspec.Struct, forbid_unknown_fields=True):
-    function: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    tag: int = 0  # the job's own number for the call, echoed in its answer (calls from threads overlap)
-
-
-_call_decoder = msgspec.json.Decoder(_CallFrame)
+_call_decoder = msgspec.json.Decoder(HostCall)
 
 
 @dataclass
@@ -116,7 +111,7 @@ class CallRegistry:
             self.closed = reason
             pending, self._pending = self._pending, {}
         for call_id, waiting in pending.items():
-            waiting.job.answer(waiting.job.answered(call_id), {"error": reason})
+            waiting.job.answer(waiting.job.answered(call_id), reason)
 
     def fail(self, call_id: int, reason: str) -> bool:
         """Answer a pending call with an error of the pool's own (its reply could not be read)."""
@@ -124,7 +119,7 @@ class CallRegistry:
             pending = self._pending.pop(call_id, None)
         if pending is None:
             return False
-        pending.job.answer(pending.job.answered(call_id), {"error": reason})
+        pending.job.answer(pending.job.answered(call_id), reason)
         return True
 
     def reply(self, call_id: int, result: Any, error: str | None) -> str | None:
@@ -134,17 +129,20 @@ class CallRegistry:
         if pending is None:
             return f"reply to call {call_id}: no such call is pending (unknown, already answered, or its job ended)"
         tag = pending.job.answered(call_id)
-        key, value = ("error", error) if error is not None else ("result", result)
-        try:
-            encoded = msgspec.json.encode(value)
+        key = "error" if error is not None else "result"
+        try:  # the one encoding of the value: straight into the job's frame
+            frame = encode_frame(HostAnswer(tag=tag, error=error) if error is not None else
+                                 HostAnswer(tag=tag, result=result))
         except (TypeError, msgspec.EncodeError):  # pragma: no cover - a decoded JSON value always encodes
-            pending.job.answer(tag, {"error": "the host's result is not JSON"})
+            pending.job.answer(tag, "the host's result is not JSON")
             return None
-        # The limit is on the value itself, as it is on the job's arguments (1 MB each way).
-        if len(encoded) > MAX_PAYLOAD:
-            pending.job.answer(tag, {"error": f"the host's {key} of {len(encoded)} bytes exceeds the 1 MB limit"})
+        # The limit is on the value itself, as it is on the job's arguments (1 MB each way): the frame less
+        # its header and its `{"tag":N,"key":...}` around the value.
+        size = len(frame) - HEADER.size - len(f'{{"tag":{tag},"{key}":}}')
+        if size > MAX_PAYLOAD:
+            pending.job.answer(tag, f"the host's {key} of {size} bytes exceeds the 1 MB limit")
         else:
-            pending.job.send(b'{"tag":' + str(tag).encode() + b',"' + key.encode() + b'":' + encoded + b"}")
+            pending.job.send(frame)
         return None
 
 
@@ -176,7 +174,7 @@ class Outbox:
         # Replies are queued by intake, while the worker may sleep until the deadline.
         self.wakeup = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
-    def put(self, frame: bytes) -> None:
+    def put(self, frame: bytes | bytearray) -> None:
         """Send one answer frame, or as much of it as the socket takes now, and keep the rest; never blocks."""
         with self._lock:
             if self.violation is not None or self._closed:
@@ -322,16 +320,16 @@ class JobCalls:
                                         f"{type(exc).__name__}: {exc}") from None
             self._call(call, len(frame))
 
-    def _call(self, call: _CallFrame, size: int) -> None:
+    def _call(self, call: HostCall, size: int) -> None:
         if call.function == PIP_FUNCTION and self.pip_dir is not None and self.registry.pip is not None:
             self.calls += 1
             if self.calls > MAX_CALLS:
-                self.answer(call.tag, {"error": f"this task reached its limit of {MAX_CALLS} host calls"})
+                self.answer(call.tag, f"this task reached its limit of {MAX_CALLS} host calls")
                 return
             with self._lock:
                 busy, self._pip_running = self._pip_running, True
             if busy:  # one at a time per step: a job cannot pile up the pool's threads
-                self.answer(call.tag, {"error": "%pip install: another install of this step is still running"})
+                self.answer(call.tag, "%pip install: another install of this step is still running")
                 return
             # Answered by the pool itself, never the client; off the thread that reads the job (and keeps
             # its deadline). The wait counts against the step's timeout, as any host call's does.
@@ -339,22 +337,22 @@ class JobCalls:
             return
         if call.function not in self.functions:
             # Forged: pynox_host only has declared names. The client never sees this call.
-            self.answer(call.tag, {"error": f"no host function named {call.function!r} was declared for this task"})
+            self.answer(call.tag, f"no host function named {call.function!r} was declared for this task")
             return
         self.calls += 1
         if self.calls > MAX_CALLS:
-            self.answer(call.tag, {"error": f"this task reached its limit of {MAX_CALLS} host calls"})
+            self.answer(call.tag, f"this task reached its limit of {MAX_CALLS} host calls")
             return
         with self._lock:
             waiting, waiting_bytes = len(self._outstanding), sum(size for size, _ in self._outstanding.values())
         if waiting >= MAX_IN_FLIGHT or waiting_bytes + size > MAX_IN_FLIGHT_BYTES:
-            self.answer(call.tag, {"error": f"this task already has {waiting} host calls ({waiting_bytes} bytes) "
-                                            f"waiting for the host; at most {MAX_IN_FLIGHT} calls and "
-                                            f"{MAX_IN_FLIGHT_BYTES} bytes may wait at once"})
+            self.answer(call.tag, f"this task already has {waiting} host calls ({waiting_bytes} bytes) waiting "
+                                  f"for the host; at most {MAX_IN_FLIGHT} calls and {MAX_IN_FLIGHT_BYTES} bytes "
+                                  "may wait at once")
             return
         call_id = self.registry._register(self)
         if call_id is None:  # the pool no longer reads replies: waiting would only run into the timeout
-            self.answer(call.tag, {"error": self.registry.closed})
+            self.answer(call.tag, self.registry.closed or "the pool no longer reads replies")
             return
         with self._lock:
             self._outstanding[call_id] = (size, call.tag)
@@ -363,13 +361,13 @@ class JobCalls:
         self.registry._emit(encode(CallEvent(id=self.request_id, call_id=call_id, function=call.function,
                                              args=call.args, kwargs=call.kwargs)))
 
-    def _pip(self, call: _CallFrame) -> None:
+    def _pip(self, call: HostCall) -> None:
         assert self.pip_dir is not None and self.registry.pip is not None
         words = call.args[0].split() if len(call.args) == 1 and isinstance(call.args[0], str) else []
         try:
-            self.answer(call.tag, {"result": self.registry.pip(self.pip_dir, words)})
+            self.send(encode_frame(HostAnswer(tag=call.tag, result=self.registry.pip(self.pip_dir, words))))
         except Exception as exc:  # its message is for the model: why not, and what to do
-            self.answer(call.tag, {"error": str(exc)})
+            self.answer(call.tag, str(exc))
         finally:
             with self._lock:
                 self._pip_running = False
@@ -380,16 +378,17 @@ class JobCalls:
             _, tag = self._outstanding.pop(call_id, (0, 0))
         return tag
 
-    def answer(self, tag: int, message: dict[str, Any]) -> None:
-        self.send(msgspec.json.encode({"tag": tag, **message}))
+    def answer(self, tag: int, error: str) -> None:
+        """Answer the call ``tag`` with an error of the pool's own."""
+        self.send(encode_frame(HostAnswer(tag=tag, error=error)))
 
-    def send(self, payload: bytes) -> None:
-        """Queue one answer for the job; never blocks. Once its job (or step) is over, its answers are
+    def send(self, frame: bytearray) -> None:
+        """Queue one answer frame for the job; never blocks. Once its job (or step) is over, its answers are
         dropped, as its pending calls are."""
         with self._lock:
             if self._closed:
                 return
-        self.outbox.put(pack(payload))
+        self.outbox.put(frame)
 
     def close(self) -> None:
         """The job (or the session step) ended: calls it left unanswered are dropped, and each is answered
@@ -400,6 +399,6 @@ class JobCalls:
             outstanding, self._outstanding = self._outstanding, {}
         self.registry.drop(set(outstanding))
         for _, tag in outstanding.values():
-            self.answer(tag, {"error": _STEP_ENDED})
+            self.answer(tag, _STEP_ENDED)
         with self._lock:
             self._closed = True

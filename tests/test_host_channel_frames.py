@@ -1,0 +1,125 @@
+"""The host channel's frames, both ways typed: what the job sends, what the pool answers, and how each side
+reads the other's frame once, straight into its struct, with a clear error for what it cannot read.
+
+Pure: no pool is started. The same frames through a real pool, and forged ones, are in
+tests/pool/test_pool_host_functions.py and tests/faults/test_host_channel.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from pynox.job import pynox_host
+from pynox.protocol import LineError, Reply, ReplyBody, parse_line
+from pynox.server.hostcalls import _call_decoder
+from pynox.wire.frames import HEADER
+from pynox.wire.host_channel import MAX_ANSWER, HostAnswer, HostCall, encode_frame, tag_size
+from tests.harness import procfs
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.fixture
+def channel() -> Iterator[tuple[socket.socket, socket.socket]]:
+    job, pool = socket.socketpair()
+    with job, pool:
+        yield job, pool
+
+
+@pytest.mark.parametrize("tag", [1, 9, 10, 123_456_789])
+def test_a_call_frame_is_its_tag_then_exactly_the_arguments_object(tag: int) -> None:
+    frame = encode_frame(HostCall(tag=tag, function="f", args=[1, "x", None], kwargs={"k": [True]}))
+    (size,) = HEADER.unpack_from(frame)
+    body = bytes(frame[HEADER.size:])
+    assert size == len(body)
+    arguments = msgspec.json.encode({"function": "f", "args": [1, "x", None], "kwargs": {"k": [True]}})
+    # What the 1 MB limit measures, on both sides: the frame less its tag.
+    assert body == b'{"tag":' + str(tag).encode() + b"," + arguments[1:]
+    assert len(body) - tag_size(tag) == len(arguments)
+    assert _call_decoder.decode(body) == HostCall(tag=tag, function="f", args=[1, "x", None], kwargs={"k": [True]})
+
+
+@pytest.mark.parametrize(("answer", "wire"), [
+    (HostAnswer(tag=3, result=None), b'{"tag":3,"result":null}'),
+    (HostAnswer(tag=3, result={"a": [1, 2.5]}), b'{"tag":3,"result":{"a":[1,2.5]}}'),
+    (HostAnswer(tag=3, error="no"), b'{"tag":3,"error":"no"}'),
+])
+def test_an_answer_frame_round_trips(answer: HostAnswer, wire: bytes,
+                                     channel: tuple[socket.socket, socket.socket]) -> None:
+    job, pool = channel
+    frame = encode_frame(answer)
+    assert bytes(frame) == HEADER.pack(len(wire)) + wire
+    pool.sendall(frame)
+    assert pynox_host._receive(job) == answer
+
+
+@pytest.mark.parametrize(("frame", "message"), [
+    (b"not json", "malformed answer"),
+    (b"[1, 2]", "malformed answer"),
+    (b'{"result": 1}', "malformed answer"),  # no tag: nobody it could be for
+    (b'{"tag": "1", "result": 1}', "malformed answer"),
+    (b'{"tag": 1, "error": 5}', "malformed answer"),
+    (b'{"tag": 1, "result": 1, "extra": 2}', "malformed answer"),
+    (b'{"tag": 1, "result": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "malformed answer"),
+])
+def test_an_answer_the_job_cannot_read_breaks_the_channel_with_a_clear_error(
+        frame: bytes, message: str, channel: tuple[socket.socket, socket.socket]) -> None:
+    job, pool = channel
+    pool.sendall(HEADER.pack(len(frame)) + frame)
+    with pytest.raises(OSError, match=message):
+        pynox_host._receive(job)
+
+
+def test_an_answer_announced_too_large_is_refused_before_it_is_read(
+        channel: tuple[socket.socket, socket.socket]) -> None:
+    job, pool = channel
+    pool.sendall(HEADER.pack(MAX_ANSWER + 1))
+    with pytest.raises(OSError, match=f"answer of {MAX_ANSWER + 1} bytes is too large"):
+        pynox_host._receive(job)
+
+
+def test_warming_the_call_path_leaves_no_module_and_no_descriptor() -> None:
+    """The template runs it before any job exists: a job without host functions must not find pynox_host,
+    and the template proves afterwards that it holds only its expected descriptors."""
+    before = procfs.fds(os.getpid())
+    pynox_host.warm_up()
+    pynox_host.warm_up(calls=2)
+    assert procfs.fds(os.getpid()) == before
+    assert "pynox_host" not in sys.modules and "pynox_host.aio" not in sys.modules
+
+
+# -- the pool's reply path: a reply line decoded once, with every rule of the general path ---------------------
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    (b'{"reply": {"call_id": 3, "result": {"a": 1, "b": [1, {"c": 2}]}}}',
+     ReplyBody(call_id=3, result={"a": 1, "b": [1, {"c": 2}]})),
+    (b' { "reply" : {"call_id": 1, "error": null}}', ReplyBody(call_id=1, error=None)),
+    (b'{"reply": {"call_id": 3, "result": "\\":"}}', ReplyBody(call_id=3, result='":')),  # a colon in a string
+])
+def test_a_reply_line_is_read(line: bytes, expected: ReplyBody) -> None:
+    assert parse_line(line) == Reply(reply=expected)
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (b'{"reply": {"call_id": 3, "result": {"a": 1, "a": 2}}}', "duplicate key 'a'"),
+    (b'{"reply": {"call_id": 3, "result": [{"a": {"b": 1}, "a": {"b": 1}}]}}', "duplicate key 'a'"),
+    (b'{"reply": {"call_id": 3, "call_id": 4, "result": 1}}', "duplicate key 'call_id'"),
+    (b'{"reply": {"call_id": 3, "result": 1, "result": 2}}', "duplicate key 'result'"),
+    (b'{"reply": {"call_id": 3, "result": 1}, "reply": {"call_id": 3, "result": 1}}', "duplicate key 'reply'"),
+    (b'{"reply": {"call_id": 3, "result": 1, "error": "x"}}', "give result or error, not both"),
+    (b'{"reply": {"call_id": 3}}', "give a result or an error"),
+    (b'{"reply": {"call_id": 3, "x": 1}}', "unknown field `x`"),
+    (b'{"reply": {"call_id": 3, "result": 1}} x', "not valid JSON"),
+    (b'{"reply": {"call_id": 3, "result": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "nested too deeply"),
+])
+def test_a_bad_reply_line_is_refused_saying_why(line: bytes, message: str) -> None:
+    with pytest.raises(LineError, match=message):
+        parse_line(line)
+

@@ -15,8 +15,10 @@ from pynox_ray.stats import summed as _summed
 pytestmark = pytest.mark.pure
 
 
-def _node(durations_us: list[int], busy: int, draining: bool) -> dict[str, object]:
+def _node(durations_us: list[int], busy: int, draining: bool, budget_kills: tuple[str, ...] = ()) -> dict[str, object]:
     stats = Stats(2, version="0.1.0")
+    for tenant in budget_kills:
+        stats.record_budget_kill(tenant)
     for us in durations_us:
         stats.record(Result(id=1, exit=0, duration_us=us, duration_ms=us // 1000, queue_us=100))
     gauges = Gauges(busy_workers=busy, queued=1, queue_capacity=6, in_flight=busy + 1, sessions_active=0,
@@ -35,3 +37,11 @@ def test_two_nodes_add_up() -> None:
     assert duration["counts"][0] == 2 and duration["counts"][-1] == 3
     assert duration["sum"] == pytest.approx(0.706)
     assert _summed([])["duration_seconds"]["count"] == 0 and _summed([])["draining"] is False
+
+
+def test_counts_by_a_key_add_up_key_by_key() -> None:
+    """Errors by type and budget kills by tenant: each key's counts added, a key one node lacks kept."""
+    one = _node([1_000], busy=0, draining=False, budget_kills=("ops", "ops", "web"))
+    two = _node([1_000], busy=0, draining=False, budget_kills=("ops",))
+    assert _summed([one, two])["budget_kills"] == {"ops": 3, "web": 1}
+    assert _summed([])["budget_kills"] == {}

@@ -12,11 +12,16 @@ __all__ = ["summed"]
 _PER_NODE = ("id", "event", "pid", "version")
 
 
+# Counts by a key (an error's type, a tenant's name): added key by key.
+_BY_KEY = ("errors", "budget_kills")
+
+
 def summed(counters: list[dict[str, Any]]) -> dict[str, Any]:
-    """Node pools' stats events as one: every count and gauge added, errors by type merged, histograms added
-    bucket by bucket, the longest uptime, draining if any node drains."""
+    """Node pools' stats events as one: every count and gauge added, errors by type and budget kills by tenant
+    merged, histograms added bucket by bucket, the longest uptime, draining if any node drains."""
     totals: dict[str, Any] = {name: 0 for name in STATS_FIELDS if name not in _PER_NODE}
-    totals["errors"] = {}
+    for name in _BY_KEY:
+        totals[name] = {}
     totals["draining"] = False
     for name in ("duration_seconds", "queue_seconds"):
         totals[name] = {"le": [], "counts": [], "count": 0, "sum": 0.0}
@@ -24,9 +29,9 @@ def summed(counters: list[dict[str, Any]]) -> dict[str, Any]:
         for name, value in one.items():
             if name in _PER_NODE:
                 continue
-            if name == "errors":
-                for error, count in value.items():
-                    totals["errors"][error] = totals["errors"].get(error, 0) + count
+            if name in _BY_KEY:
+                for key, count in value.items():
+                    totals[name][key] = totals[name].get(key, 0) + count
             elif name == "uptime_ms":
                 totals[name] = max(totals[name], value)
             elif isinstance(value, bool):

@@ -23,7 +23,8 @@ Each baseline's ratio to the pool case it stands beside is reported under ``rati
 per second and memory with 1, 10 and 100 concurrent sessions; and the p50 as the code and its output grow
 (1 KB, 100 KB, 1 MB).
 
-    python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT [--only-compare]]
+    python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT [--only-compare]
+                            [--compare-workers N] [--compare-config FILE]]
                             [--scaling]
 
 ``--compare`` names another checkout of this repository (for example a ``git worktree`` of the
@@ -149,14 +150,16 @@ def check_ok(reply: dict[str, Any]) -> None:
     assert reply["exit"] == 0, reply
 
 
-def compare(other: str, runs: int) -> dict[str, dict[str, float]]:
+def compare(other: str, runs: int, workers: int = 2, config: str | None = None) -> dict[str, dict[str, float]]:
     """``print(1)`` on this checkout's pool and on ``other``'s, interleaved in rounds of 20 requests, with the
     CPU each pool spent per job: all its processes (the pool, its templates and every child they reaped),
     from /proc, over the same rounds (bench/host_calls.py's ``pool_cpu``)."""
     from host_calls import pool_cpu  # type: ignore[import-not-found]  # run from bench/
 
-    pools = {"this": PoolDriver("--workers=2"), "other": PoolDriver("--workers=2", source=other)}
-    modes = {"back to back": 0.0, "20 ms apart": 0.02}
+    # A config for this checkout's pool only: the other's may not know its keys.
+    pools = {"this": PoolDriver(f"--workers={workers}", *([f"--config={config}"] if config else [])),
+             "other": PoolDriver(f"--workers={workers}", source=other)}
+    modes = {"back to back": 0.0, "10 ms apart": 0.01, "20 ms apart": 0.02}
     samples: dict[str, list[float]] = {f"{name} {mode}": [] for name in pools for mode in modes}
     ticks: dict[str, int] = dict.fromkeys(samples, 0)
     jobs: dict[str, int] = dict.fromkeys(samples, 0)
@@ -186,10 +189,13 @@ def main() -> int:
     parser.add_argument("--compare", metavar="CHECKOUT", help="another checkout to measure print(1) against")
     parser.add_argument("--scaling", action="store_true", help="also measure the scaling tables (minutes)")
     parser.add_argument("--only-compare", action="store_true", help="with --compare: only the compared cases")
+    parser.add_argument("--compare-workers", type=int, default=2, help="with --compare: workers of each pool")
+    parser.add_argument("--compare-config", metavar="FILE",
+                        help="with --compare: a pynox.toml for this checkout's pool")
     args = parser.parse_args()
     runs, results = args.runs, {}
     if args.compare:
-        results.update(compare(args.compare, runs))
+        results.update(compare(args.compare, runs, args.compare_workers, args.compare_config))
         if args.only_compare:
             results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                   "load_average_after": [round(load, 2) for load in os.getloadavg()]}

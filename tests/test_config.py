@@ -215,6 +215,11 @@ BAD = [
     ("[pool]\ninterrupt_grace = \"1x\"\n", ["[pool] interrupt_grace", "not a duration"]),
     ("[pool]\ninterrupt_grace = 0\n", ["[pool] interrupt_grace", "more than 0"]),
     ("[pool]\nstrict_session_reopen = \"yes\"\n", ["[pool] strict_session_reopen", "true or false"]),
+    ("[pool]\nprepared_children = 9\n", ["[pool] prepared_children", "between 0 (none) and 8", "9"]),
+    ("[pool]\nprepared_children = -1\n", ["[pool] prepared_children", "between 0 (none) and 8"]),
+    ("[pool]\nprepared_children = \"2\"\n", ["[pool] prepared_children", "a whole number", "a string"]),
+    ("[pool]\nprepared_children = true\n", ["[pool] prepared_children", "a boolean"]),
+    ("[pool]\nprepared_children = 1.5\n", ["[pool] prepared_children", "a float"]),
     ("[pool]\nlog = \"text\"\n", ["[pool] log", "json"]),
     ("[pool]\nlog = true\n", ["[pool] log", "a boolean"]),
     ("[pool]\nrun_as = \"no-such-user-of-pynox\"\n", ["[pool] run_as", "no such user"]),
@@ -306,6 +311,12 @@ def test_interrupt_grace_and_strict_session_reopen(tree: Tree) -> None:
     assert (PoolSettings().interrupt_grace, PoolSettings().strict_session_reopen) == (1.0, False)
     pool = tree.load('[pool]\ninterrupt_grace = "250ms"\nstrict_session_reopen = true\n').pool
     assert (pool.interrupt_grace, pool.strict_session_reopen) == (0.25, True)
+
+
+def test_prepared_children(tree: Tree) -> None:
+    assert PoolSettings().prepared_children == 2
+    assert tree.load("[pool]\nprepared_children = 0\n").pool.prepared_children == 0  # none ahead
+    assert tree.load("[pool]\nprepared_children = 8\n").pool.prepared_children == 8
 
 
 def test_limit_units_are_parsed_once_to_numbers(tree: Tree) -> None:

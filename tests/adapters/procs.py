@@ -11,7 +11,7 @@ import os
 import time
 
 from tests.harness import procfs
-from tests.pool.pool_driver import ZYGOTE, walk
+from tests.pool.pool_driver import PREPARED_PER_WORKER, READY_CHILD, ZYGOTE, walk
 
 DEADLINE = 10.0  # a closed session or pool is gone well within this
 
@@ -79,14 +79,14 @@ def running_pools() -> frozenset[int]:
 
 def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
                   deadline: float = DEADLINE) -> dict[int, tuple[int, int, str]]:
-    """Wait until the pools below us are idle: at most ``templates`` templates serving something, each with at
-    most one child.
+    """Wait until the pools below us are idle: at most ``templates`` templates serving something, each with one
+    child, or with no more than :data:`PREPARED_PER_WORKER` children all confined ahead ("pynox-ready").
 
-    An idle template keeps one child forked and confined ahead of the next job; a second child is a job
-    still running. A session has a template of its own, so a session still open shows as one template
-    too many. Once a pool has had a session, one more template waits, childless, for the next session:
-    it is allowed here (one per pool), and the pool's close ends it (see :func:`wait_for_none`). Returns
-    what is left.
+    An idle template keeps children forked and confined ahead of the next job; beside them, a child of
+    another name is a job still running. A session has a template of its own, so a session still open
+    shows as one template too many. Once a pool has had a session, one more template waits, childless,
+    for the next session: it is allowed here (one per pool), and the pool's close ends it (see
+    :func:`wait_for_none`). Returns what is left.
     """
     end = time.monotonic() + deadline
     while True:
@@ -96,8 +96,10 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
         deeper = [pid for pid, (depth, _parent, _command) in left.items() if depth > 3]
         serving = [pid for pid in template_pids if pid in children]
         pools = {parent for depth, parent, _command in left.values() if depth == 2}
+        ready = [parent for pid, (depth, parent, _command) in left.items() if depth == 3 and _comm(pid) == READY_CHILD]
         if (len(serving) <= templates and len(template_pids) <= templates + len(pools) and not deeper
-                and all(children.count(t) <= 1 for t in template_pids)):
+                and all(children.count(t) <= 1 or children.count(t) == ready.count(t) <= PREPARED_PER_WORKER
+                        for t in template_pids)):
             return left
         if time.monotonic() > end:
             raise AssertionError(f"still running {deadline}s after the agent finished: {left}")

@@ -177,13 +177,29 @@ def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path
         assert (work / "two").exists(), sorted(p.name for p in (tmp_path / "work-old").iterdir())
 
 
+def _no_child_prepared_beside(pool: PoolProcess, spared: list[int], seconds: float) -> None:
+    """For ``seconds``: never a job's own child and a prepared child (other than ``spared``) at once."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        table = proc_table()
+        below = descendants(pool.pid, table)
+        running = [pid for pid, depth in below.items() if depth == 2 and table[pid][3] == "pynox-job"]
+        prepared = [pid for pid, depth in below.items()
+                    if depth == 2 and table[pid][3] == "pynox-ready" and pid not in spared]
+        assert not (running and prepared), (running, prepared)
+        time.sleep(0.01)
+
+
 def test_no_child_is_prepared_while_a_job_runs(tmp_path: Path) -> None:
-    """A prepared child killed just before a job: the job gets a child of its own, and no prepared child lives
-    beside it (one would take the job's CPU and one of its threads, see policy/cgroups.py): one the template
-    prepared as the job arrived is killed, and the next is prepared only after the job."""
+    """One child prepared ahead (``prepared_children = 1``), killed just before a job: the job gets a child of
+    its own, and no prepared child lives beside it (one would take the job's CPU and one of its threads, see
+    policy/cgroups.py): one the template prepared as the job arrived is killed, and the next is prepared only
+    after the job."""
     out = tmp_path / "out"
     out.mkdir()
-    with pool_process("--workers=1", cwd=tmp_path) as pool:
+    config = tmp_path / "pynox.toml"
+    config.write_text("[pool]\nprepared_children = 1\n")
+    with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
         for _ in range(5):
             assert pool.run("print(1)", allow_write=[str(out)])["error"] is None
             end = time.monotonic() + 10
@@ -193,13 +209,29 @@ def test_no_child_is_prepared_while_a_job_runs(tmp_path: Path) -> None:
             _kill(ready)
             job = pool.submit(code="import time\ntime.sleep(0.8)", allow_write=[str(out)])
             time.sleep(0.2)  # a child prepared as the job arrived is killed by then
-            end = time.monotonic() + 0.4
-            while time.monotonic() < end:
-                table = proc_table()
-                below = descendants(pool.pid, table)
-                running = [pid for pid, depth in below.items() if depth == 2 and table[pid][3] == "pynox-job"]
-                prepared = [pid for pid, depth in below.items()
-                            if depth == 2 and table[pid][3] == "pynox-ready" and pid not in ready]
-                assert not (running and prepared), (running, prepared)
-                time.sleep(0.01)
+            _no_child_prepared_beside(pool, ready, 0.4)
             assert pool.result(job)["error"] is None
+
+
+def test_k_children_are_prepared_and_none_beside_a_job_forked_for_another_key(tmp_path: Path) -> None:
+    """The default keeps two children prepared ahead. A job of another key (another write grant) is forked a
+    child of its own: the two are killed, and none is prepared while that job runs (a child handed its job
+    is not forked for it: the others prepared with it wait on beside it, see docs/performance.md)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for _ in range(3):
+            for out in (one, two):
+                assert pool.run("print(1)", allow_write=[str(out)])["error"] is None
+                end = time.monotonic() + 10
+                while len(ready := _below(pool, 2, ("pynox-ready",))) < 2:  # the control: two are prepared
+                    assert time.monotonic() < end, f"not two children prepared: {ready}"
+                    time.sleep(0.005)
+                time.sleep(0.05)
+                assert len(_below(pool, 2, ("pynox-ready",))) == 2  # and no more
+                other = two if out is one else one
+                job = pool.submit(code="import time\ntime.sleep(0.8)", allow_write=[str(other)])
+                time.sleep(0.2)  # the two of the other key are killed by then
+                _no_child_prepared_beside(pool, [], 0.4)
+                assert pool.result(job)["error"] is None

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.pool.pool_driver import (
+    PREPARED_PER_WORKER,
     PoolProcess,
     descendants,
     jobs_of,
@@ -118,16 +119,17 @@ def test_a_prepared_child_killed_from_outside_costs_no_job(tmp_path: Path) -> No
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         assert pool.run("print(1)")["stdout"] == "1\n"
         templates = pool.templates()
-        # The template prepares the next child once it has reaped the job, which is after the answer.
+        # The template prepares the next children once it has reaped the job, which is after the answer.
         end = time.monotonic() + 10
         while True:
             table = proc_table()
             ready = [pid for pid in descendants(pool.pid, table) if table[pid][3] == "pynox-ready"]
-            if ready or time.monotonic() > end:
+            if len(ready) >= PREPARED_PER_WORKER or time.monotonic() > end:
                 break
             time.sleep(0.02)
-        assert len(ready) == 1, table
-        os.kill(ready[0], signal.SIGKILL)
+        assert len(ready) == PREPARED_PER_WORKER, table
+        for pid in ready:  # every one of them: the next job finds none of those it was prepared with alive
+            os.kill(pid, signal.SIGKILL)
         assert wait_gone(ready, 5) == []
         results = [pool.run(f"print({i})") for i in range(3)]  # the same policy it was prepared for
         assert [r["stdout"] for r in results] == ["0\n", "1\n", "2\n"], results

@@ -141,8 +141,11 @@ def pool_depths(root: int, table: dict[int, tuple[int, str, int, str]]) -> dict[
 ZYGOTE = "pynox-zygote"
 
 
-# A template forks and confines a child ahead of its next job ("pynox-ready"); it is not a job yet.
+# A template forks and confines children ahead of its next job ("pynox-ready"); they are not jobs yet. A
+# pool's default keeps two of them per worker ([pool] prepared_children, docs/configuration.md): the most a
+# worker's template has at once, one of them perhaps running a job handed to it.
 READY_CHILD = "pynox-ready"
+PREPARED_PER_WORKER = 2
 # What a child names itself once it runs a job or a session. Until then it carries the template's name (it
 # may become a prepared child); and a template that is starting may run a helper of its own below the pool
 # (ctypes looking for a library runs ldconfig), at the same depth as jobs.

@@ -26,7 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.pool.pool_driver import PoolProcess, descendants, leftover_guard, pool_process, proc_table
+from tests.pool.pool_driver import (
+    PREPARED_PER_WORKER,
+    PoolProcess,
+    descendants,
+    leftover_guard,
+    pool_process,
+    proc_table,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -325,8 +332,10 @@ def test_a_package_directory_replaced_on_the_host_is_the_new_one(tmp_path: Path)
         packages.rename(tmp_path / "site.old")  # a deploy moves the old release aside
         packages.mkdir()
         (packages / "second.py").write_text("NAME = 'second'\n")
-        # The child prepared before the move still has the old rule: it serves one more job at most.
-        pool.run("pass")
+        # The children prepared before the move still have the old rule: each serves one more job at most (a
+        # waiting child cannot be withdrawn without risking the job the server may be handing it).
+        for _ in range(PREPARED_PER_WORKER):
+            pool.run("pass")
         _wait_prepared(pool)
         result = pool.run("import second; print(second.NAME)")
         assert result["stdout"] == "second\n", result

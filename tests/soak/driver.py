@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.harness import procfs
-from tests.pool.pool_driver import ZYGOTE, PoolProcess, pool_depths, proc_table, rss_kb
+from tests.pool.pool_driver import PREPARED_PER_WORKER, ZYGOTE, PoolProcess, pool_depths, proc_table, rss_kb
 
 from .mix import Expect, Job, Plan, Scenario, host_reply
 
@@ -283,12 +283,14 @@ def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Sn
         strays = {pid: info for pid, info in processes.items()
                   if info[1] == "Z" or info[0] > 2 or (info[0] == 2 and info[2] != "pynox-ready")}
         if (len(templates) == workers and len(waiting) <= 1 and not strays
-                and len(processes) <= 2 * workers + len(waiting)):
-            # A template that has just forked its prepared child still holds the child's end of their
-            # socket pair for a moment: idle means its descriptors hold still too.
+                and len(processes) <= (1 + PREPARED_PER_WORKER) * workers + len(waiting)):
+            # A template that has just forked a prepared child still holds the child's end of their socket
+            # pair for a moment, and the pool takes the child's pidfd and control socket from the template's
+            # frame a moment later: idle means their descriptors hold still too.
             template_fds = {pid: fd_kinds(pid) for pid in templates}
+            pool_fds = fd_kinds(pool.pid)
             time.sleep(0.05)
-            if template_fds == {pid: fd_kinds(pid) for pid in templates}:
+            if template_fds == {pid: fd_kinds(pid) for pid in templates} and pool_fds == fd_kinds(pool.pid):
                 break
         if time.monotonic() > end:
             raise AssertionError(f"the pool did not become idle within {deadline}s: below it {processes}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pool.pool_driver import pool_process
+from tests.pool.pool_driver import PREPARED_PER_WORKER, pool_process
 
 from .driver import idle_snapshot
 
@@ -52,9 +52,9 @@ def test_sessions_however_they_end_leave_no_descriptor_in_the_pool(tmp_path: Pat
             time.sleep(0.2)
         after, held = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
         assert after == before, f"descriptors before {before}, after {after}"
-        # The pidfd of the last plain job, kept until the template reaps it, and the pool's handle on the
+        # The pidfds of the children prepared ahead of the worker's next job, and the pool's handle on the
         # session template waiting for the next session (forked from the zygote: a pidfd, see zygote.py).
-        assert held <= 2
+        assert held <= PREPARED_PER_WORKER + 1
 
 
 def test_a_template_killed_mid_job_leaves_no_descriptor_in_the_pool(tmp_path: Path) -> None:
@@ -78,4 +78,4 @@ def test_a_template_killed_mid_job_leaves_no_descriptor_in_the_pool(tmp_path: Pa
             assert pool.run("print('replaced')")["stdout"] == "replaced\n"
         after, held = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
         assert after == before, f"descriptors before {before}, after {after}"
-        assert held <= 1
+        assert held <= PREPARED_PER_WORKER  # the children prepared ahead of the next job

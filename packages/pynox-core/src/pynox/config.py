@@ -59,9 +59,9 @@ _PERMISSION_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts",
 _INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout", "max_install_size", "max_installs",
                  "allow_sdist", "uv")
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
-              "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "scratch_dir", "scratch_max_file",
-              "scratch_max_total", "strict_session_reopen", "interrupt_grace", "queue_timeout", "max_queued", "listen",
-              "session_key_file", "max_session_state", "limits", *_INSTALL_KEYS)
+              "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "prepared_children", "scratch_dir",
+              "scratch_max_file", "scratch_max_total", "strict_session_reopen", "interrupt_grace", "queue_timeout",
+              "max_queued", "listen", "session_key_file", "max_session_state", "limits", *_INSTALL_KEYS)
 # [tenants.NAME]: who a listening pool's peer is (by SO_PEERCRED) and what that tenant may have (see server/tenants.py).
 _TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "run_as", "memory_budget",
                 "cpu_weight")
@@ -137,6 +137,10 @@ class PoolSettings:
     # CPUs' worth of time each job may use at once, all its threads together (a cgroup's CPU quota, see
     # policy/cgroups.py); 0: no quota. One by default: a job's native threads cannot take every core.
     job_cpu: float = 1.0
+    # Children each worker's template keeps confined ahead of the next job (see server/prepared.py): a job
+    # whose confinement and grants are those of the last one is handed to one of them instead of a fork. Each
+    # costs the memory of a confined, idle child (docs/performance.md gives the figure); 0: none.
+    prepared_children: int = 2
     # How long a job may wait for a worker before it is refused (a profile's or a request's own wins); None: no
     # deadline. And how many jobs may wait at once before a new one is refused at once (see server/admission.py);
     # None: the operator set no bound, so intake stops reading at DEFAULT_MAX_QUEUED waiting jobs instead (the
@@ -479,6 +483,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         strict_session_reopen=bool(strict),
         interrupt_grace=PoolSettings.interrupt_grace if grace is None else grace,
         job_cpu=_job_cpu(table),
+        prepared_children=_prepared_children(table),
         queue_timeout=table.units("queue_timeout", parse_duration),
         max_queued=max_queued,
         listen=_listen(table, base),
@@ -548,6 +553,21 @@ def _job_cpu(table: _Table) -> float:
     if isinstance(value, bool) or not (value == 0 or 0.01 <= value <= _MAX_JOB_CPU):
         raise table.error(f"must be 0 (no quota) or between 0.01 and {_MAX_JOB_CPU:g} CPUs, got {value!r}", "job_cpu")
     return float(value)
+
+
+# Each waiting child is a process that holds memory and takes a pid from its worker's job budget (see
+# policy/cgroups.py): a few hide a fork's cost behind back-to-back jobs, and more buy nothing.
+_MAX_PREPARED_CHILDREN = 8
+
+
+def _prepared_children(table: _Table) -> int:
+    value = table.get("prepared_children", int, "a whole number")
+    if value is None:
+        return PoolSettings.prepared_children
+    if not 0 <= value <= _MAX_PREPARED_CHILDREN:
+        raise table.error(f"must be between 0 (none) and {_MAX_PREPARED_CHILDREN}, got {value!r}",
+                          "prepared_children")
+    return value
 
 
 def listen_address(value: str, base: str) -> str:
@@ -861,6 +881,7 @@ class PoolOptions:
     strict_session_reopen: bool = PoolSettings.strict_session_reopen
     interrupt_grace: float = PoolSettings.interrupt_grace  # seconds
     job_cpu: float = PoolSettings.job_cpu  # see PoolSettings.job_cpu
+    prepared_children: int = PoolSettings.prepared_children  # see PoolSettings.prepared_children
     queue_timeout: float | None = None  # [pool] queue_timeout (see PoolSettings)
     max_queued: int | None = PoolSettings.max_queued
     listen: str | None = None  # --listen, else [pool] listen: serve connections there instead of stdin/stdout
@@ -905,6 +926,7 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         interrupt_grace=(parse_duration(args.interrupt_grace, "--interrupt-grace") if args.interrupt_grace
                          else settings.interrupt_grace),
         job_cpu=settings.job_cpu,
+        prepared_children=settings.prepared_children,
         queue_timeout=settings.queue_timeout,
         max_queued=settings.max_queued,
         listen=_listen_option(args, settings),

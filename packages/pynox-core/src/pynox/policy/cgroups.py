@@ -6,8 +6,10 @@ can hold about 20,000 of them, two such jobs the whole machine.
 ``RLIMIT_NPROC`` would bound them, but the kernel never applies it to uid 0,
 and a pool run as root runs its jobs as uid 0 unless ``run_as`` says
 otherwise. So a template's ``pids.max`` is the template itself plus
-:data:`MAX_JOB_TASKS`: a template serves one job at a time, and the child it
-prepares ahead only exists between jobs. A job that reaches the bound gets
+:data:`MAX_JOB_TASKS`: a template serves one job at a time. The children it
+keeps prepared ahead (``[pool] prepared_children``) are in the same cgroup:
+beside a job handed to one of them, the others each take one of its threads
+(a job's bound is tighter by them, never looser). A job that reaches the bound gets
 ``EAGAIN`` from ``clone``, which Python reports as ``RuntimeError: can't
 start new thread`` (with a hint, see ``hints.py``).
 
@@ -18,7 +20,7 @@ and the kernel's own allocations for it count against no rlimit (with
 them all, as the kernel charges them: anonymous and shared memory, tmpfs
 pages, page tables, kernel stacks, pipe buffers. Before each job the pool sets
 the template's cgroup limit to what the cgroup holds that cannot be reclaimed
-(the template, the child prepared ahead, tmpfs pages earlier jobs left in
+(the template, the children prepared ahead, tmpfs pages earlier jobs left in
 their grants) plus the job's ``memory``: page cache is left out, since the
 kernel reclaims it for the job, and would otherwise grow the limit job after
 job. A job over its limit is killed by the kernel's OOM killer, which picks the
@@ -42,7 +44,7 @@ CPU. A job's threads can keep every core busy for its whole timeout (native
 code releases the GIL). Where a ``cpu`` controller can be had, a template's
 cgroup gets a quota (``cpu.max`` on v2, ``cpu.cfs_quota_us`` over
 ``cpu.cfs_period_us`` on v1) of ``[pool] job_cpu`` CPUs, one by default, for
-the job and the child prepared ahead together (which runs nothing).
+the job and the children prepared ahead together (which run nothing once confined).
 
 A job cannot leave its cgroup or change its limits: Landlock gives it no access
 to the cgroup files. Both cgroup versions work, each controller where it is:

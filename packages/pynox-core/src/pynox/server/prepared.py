@@ -2,23 +2,27 @@
 
 ::
 
-    (forked for job n) ──Ended(prepares)──▶ due ──Prepared(job n)──▶ WAITING ──take (same key)──▶ HANDED
-                                                      │ job n's key unknown   │ another key, a newer   │ dying, or
-                                                      ▼                       │ one arrived            │ the hand-
-                                                   RELEASED ◀─────────────────┴────────────────────────┘ over failed
-                                                      │ Ended
-                                                      ▼                       WAITING ──Ended──▶ GONE
-                                                    GONE                      (died while it waited)
+    (forked for job n) ──Ended(prepares k)──▶ k due ──Prepared(job n)──▶ WAITING ──take (same key)──▶ HANDED
+                                                         │ job n's key unknown  │ another key, or one │ dying, or
+                                                         ▼                      │ of more than K      │ the hand-
+                                                      RELEASED ◀────────────────┴─────────────────────┘ over failed
+                                                         │ Ended
+                                                         ▼                      WAITING ──Ended──▶ GONE
+                                                       GONE                     (died while it waited)
 
-After a job's child is forked the template confines one more child from that
-job's grants, and says so: the job's ``Ended`` frame says one is ``due``, its
-``Prepared`` frame brings it. ``WAITING``: at most one waits, for a job with
-the same key (confinement, the grants' files, the working directory), and
-the next such job is handed to it instead of a fork; from then it is the
-worker's :class:`~pynox.server.lifecycle.ChildLife`. ``RELEASED``: given up
-(discarded, or found dying when its job came); the template still reports
-its end, which is then expected and passed over. A serial that is neither,
-in an ``Ended`` frame, is the template's error (:meth:`ended` says so).
+Whenever the template reaps a child that was not given up, it confines
+children from the latest job's grants until ``K`` of them live (``[pool]
+prepared_children``; one handed a job counts until it ends), and says so:
+the ``Ended`` frame says how many are ``due``, a ``Prepared`` frame brings
+each. ``WAITING``: at most ``K`` wait, for a job with the same key
+(confinement, the grants' files, the working directory), and the next such
+job is handed to one of them instead of a fork; from then it is the
+worker's :class:`~pynox.server.lifecycle.ChildLife`, and the others wait on
+while the template replaces it. ``RELEASED``: given up (discarded, or found
+dying when its job came); the template still reports its end, which is then
+expected and passed over, and replaces none given up. A serial that is
+neither, in an ``Ended`` frame, is the template's error (:meth:`ended` says
+so).
 
 Only the server's worker thread moves these states, so no lock is held. The
 table keeps the decisions; :class:`~pynox.server.templates.Template` does the
@@ -87,11 +91,13 @@ class PreparedChild:
 
 
 class PreparedChildren:
-    """One template's prepared children: the one waiting, those given up, and the keys of recent jobs."""
+    """One template's prepared children: those waiting (at most ``limit``), those given up, the keys of recent
+    jobs, and how many the template announced and has not brought yet."""
 
-    def __init__(self) -> None:
-        self.waiting: PreparedChild | None = None
-        self.due = False  # the template said it is preparing one: its frame comes in the time of a fork
+    def __init__(self, limit: int = 1) -> None:
+        self.limit = limit  # [pool] prepared_children: the most that wait at once
+        self.waiting: list[PreparedChild] = []  # oldest first
+        self.due = 0  # announced in Ended frames, not arrived yet: each frame comes in the time of a fork
         self._released: dict[int, PreparedChild] = {}
         self._keys: dict[int, Key] = {}
         self._jobs = itertools.count(1)
@@ -109,56 +115,62 @@ class PreparedChildren:
         """The template moved to other cgroups (see Template._enter): no child it prepared before may take a
         job, nor one on its way (its job's key is forgotten). Returns the children to discard (released now)."""
         self._keys.clear()
-        waiting = self.waiting
-        if waiting is None:
-            return []
-        self.release(waiting)
-        return [waiting]
+        discard = list(self.waiting)
+        for child in discard:
+            self.release(child)
+        return discard
 
-    def announced(self) -> None:
-        """An Ended frame said the template is preparing a child."""
-        self.due = True
+    def announced(self, count: int) -> None:
+        """An Ended frame said the template is preparing ``count`` children now."""
+        self.due += count
 
     def arrived(self, serial: int, job: int, pid: int, pidfd: int, control: socket.socket) -> list[PreparedChild]:
-        """A Prepared frame for ``job``: it waits for the next job, unless that job's key was forgotten.
-        Returns the children to discard (released now): the one that waited before it, or itself."""
-        self.due = False
+        """A Prepared frame for ``job``: it waits for a job of its key, unless that key was forgotten. Those
+        waiting for another key (an older job's: the template prepares for the latest) are given up, and the
+        oldest beyond ``limit``. Returns the children to discard (released now), itself among them if so."""
+        self.due = max(self.due - 1, 0)
         child = PreparedChild(serial, pid, pidfd, control, self._keys.get(job))
-        discard = [self.waiting] if self.waiting is not None else []
-        self.waiting = child
+        discard = [other for other in self.waiting if other.key != child.key]
+        self.waiting.append(child)
         if child.key is None:
             discard.append(child)
+        kept = [other for other in self.waiting if other not in discard]
+        discard += kept[:max(len(kept) - self.limit, 0)]
         for given_up in discard:
             self.release(given_up)
         return discard
 
-    def take(self, key: Key | None) -> tuple[PreparedChild | None, PreparedChild | None]:
-        """The waiting child, for a job of ``key``: ``(child, None)`` if it matches (it is now handed the
-        job, or to be released if it is dying), ``(None, child)`` if it does not (released now: to discard),
-        ``(None, None)`` if none waits."""
-        child, self.waiting = self.waiting, None
+    def take(self, key: Key | None) -> tuple[PreparedChild | None, list[PreparedChild]]:
+        """A waiting child for a job of ``key``, and those given up (released now: to discard). The child that
+        matches is now handed the job (or to be released if it is dying; take again then); others of the same
+        key wait on. Those of another key are given up; all of them if none matches (the job is forked)."""
+        child = next((other for other in self.waiting if key is not None and other.key == key), None)
+        discard = [other for other in self.waiting if other is not child and other.key != key]
         if child is None:
-            return None, None
-        if child.key is None or child.key != key:
-            self.release(child)
-            return None, child
+            discard = list(self.waiting)
+        for given_up in discard:
+            self.release(given_up)
+        if child is None:
+            return None, discard
+        self.waiting.remove(child)
         child.move(PreparedState.HANDED)
-        return child, None
+        return child, discard
 
     def release(self, child: PreparedChild) -> None:
         """Give ``child`` up (and close the server's ends): its end, which the template reports, is passed over.
         A child handed a job that never reached it (it was dying) is released too."""
         child.move(PreparedState.RELEASED)
-        if self.waiting is child:
-            self.waiting = None
+        if child in self.waiting:
+            self.waiting.remove(child)
         self._released[child.serial] = child
         child.close()
 
     def ended(self, serial: int) -> bool:
         """The template reaped ``serial``: True if it was a prepared child the server knew of (it died while
         it waited, or it had been given up); False if it is none of them."""
-        if self.waiting is not None and self.waiting.serial == serial:
-            child, self.waiting = self.waiting, None
+        child = next((other for other in self.waiting if other.serial == serial), None)
+        if child is not None:
+            self.waiting.remove(child)
             child.move(PreparedState.GONE)
             child.close()
             return True
@@ -169,6 +181,6 @@ class PreparedChildren:
         return True
 
     def close(self) -> None:
-        if self.waiting is not None:
-            self.waiting.close()
-            self.waiting = None
+        for child in self.waiting:
+            child.close()
+        self.waiting.clear()

@@ -97,6 +97,7 @@ __all__ = ["serve"]
 _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
+_PREPARED_EVERY = 0.01  # seconds between two reads of a template's prepared children while no job comes
 
 
 @dataclass
@@ -134,7 +135,7 @@ class _Worker(threading.Thread):
             return
         self.started_event.set()
         try:
-            while (job := self.server.jobs.get()) is not None:
+            while (job := self._next_job()) is not None:
                 # Taken before its flight starts: a cancel from then on is kept until the job is sent.
                 self.child.take()
                 self.server.admission.taken(job)  # past its queue deadline, it is refused now and never starts
@@ -159,6 +160,17 @@ class _Worker(threading.Thread):
         finally:
             if self.template is not None:
                 self.template.close()
+
+    def _next_job(self) -> _Job | None:
+        """The next job, as soon as it comes; while none does, the frames of the children the template is
+        preparing are read every few milliseconds, so that an idle pool holds every child it prepared (with
+        one waiting, a job never waits for the others: they arrive while it runs)."""
+        while self.template is not None and self.template.preparing:
+            try:
+                return self.server.jobs.get(timeout=_PREPARED_EVERY)
+            except queue.Empty:
+                self.template.read_prepared()
+        return self.server.jobs.get()
 
     def _after_job(self) -> None:
         """Its result left: the next job finds the life IDLE. A job never sent is dropped; a broken
@@ -324,7 +336,7 @@ class Server:
             try:
                 return Template(self.options.preload, self.options.package_dirs, stderr=self._template_stderr,
                                 landlock_abi=self.options.landlock_abi, life=life, job_cpu=self.options.job_cpu,
-                                zygote=zygote, spawn=spawn)
+                                zygote=zygote, spawn=spawn, prepared_children=self.options.prepared_children)
             except PoolWorkerError as exc:
                 if not exc.transient or attempt == _START_ATTEMPTS - 1:
                     raise

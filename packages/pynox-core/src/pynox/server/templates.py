@@ -90,7 +90,6 @@ _END_WAIT = 0.25
 _CONTINUE_EVERY = 10_000_000  # ns between two SIGCONTs to a child whose exit status is awaited
 # Hardware tuning the host may need for BLAS on this processor (see the env notes); not secrets.
 _PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-# Jobs whose grants a template may still prepare a child from: the last two sent (one running, one ahead).
 CallSink = Callable[[Outbox], JobCalls]
 Handler = Callable[["_Serving"], None]
 
@@ -231,13 +230,15 @@ class Template:
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
                  landlock_abi: int | None = None, life: ChildLife | None = None,
                  job_cpu: float = PoolSettings.job_cpu, zygote: bool = False,
-                 spawn: Callable[[], tuple[ForkedProcess, socket.socket]] | None = None) -> None:
+                 spawn: Callable[[], tuple[ForkedProcess, socket.socket]] | None = None,
+                 prepared_children: int = PoolSettings.prepared_children) -> None:
         """``landlock_abi``: the highest ABI its jobs use (None: ``$PYNOX_LANDLOCK_ABI``, else the kernel's).
         ``job_cpu``: the CPUs' worth of time its jobs may use at once (0: no quota; see policy/cgroups.py).
         ``life``: the life of the child serving its jobs, when it outlives this template (a worker's, kept
         across the templates it replaces, so that a cancel of a job on its way is never lost).
         ``zygote``: it forks templates, never a job's child (see zygote.py). ``spawn``: fork this template from
-        a zygote (the process and the socket to it) rather than start one by exec."""
+        a zygote (the process and the socket to it) rather than start one by exec. ``prepared_children``: how
+        many children it keeps confined ahead of the next job (see prepared.py); 0: none."""
         if landlock_abi is None:
             landlock_abi = landlock_abi_from_environment()
         native = native_from_environment()
@@ -259,7 +260,8 @@ class Template:
         self._steward_thread: StewardThread | None = None
         # The children the template confines ahead of the next job (see prepared.py), and the serial of
         # the child serving the current job, whose Ended frame is its own.
-        self.prepared = PreparedChildren()
+        self.prepared = PreparedChildren(prepared_children)
+        self._due_by = 0.0  # when the template's announced children must have arrived (see preparing)
         self._child_serial: int | None = None
         bounds = cgroups.available()
         try:
@@ -273,7 +275,8 @@ class Template:
             figures = _matplotlib()
             send_frame(parent, Init(preload=preload, package_dirs=package_dirs,
                                     job_env=figures[0] if figures else {}, data_dirs=[figures[1]] if figures else [],
-                                    landlock_abi=landlock_abi, zygote=zygote, native=native))
+                                    landlock_abi=landlock_abi, zygote=zygote, native=native,
+                                    prepared=prepared_children))
             parent.settimeout(_START_TIMEOUT)
             frame, _ = recv_frame(parent)
             parent.settimeout(None)
@@ -484,25 +487,31 @@ class Template:
 
     def _hand_to_prepared(self, key: Key | None, own: dict[int, int], writes: list[int],
                           confinement: Confinement, hosts: AllowList | None) -> bool:
-        """Give the job to the child prepared ahead, if its confinement and grants are the job's; a child
-        that does not match is discarded. False: the job goes to the template, to fork a child of its own."""
-        prepared, mismatched = self.prepared.take(key)
-        if mismatched is not None:
-            self._discard(mismatched)
-        if prepared is None:
-            return False
-        # A killed process keeps its sockets open while its memory is torn down (milliseconds): a job handed
-        # to a child being killed, or to the child of a template being killed, would begin, then die. To the
-        # template instead, it is never read, so it is taken back and retried (see run).
-        if _dying(prepared.pid) or _dying(self.process.pid):
-            self.prepared.release(prepared)
-            return False
-        try:
-            send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(
-                confinement.host_channel)])
-        except OSError:  # it died while it waited (killed from outside): the template reports its end
-            self.prepared.release(prepared)
-            return False
+        """Give the job to a child prepared ahead whose confinement and grants are the job's, the next one
+        if one is dying; children that do not match are discarded. False: the job goes to the template, to
+        fork a child of its own."""
+        while True:
+            prepared, mismatched = self.prepared.take(key)
+            for given_up in mismatched:
+                self._discard(given_up)
+            if prepared is None:
+                return False
+            # A killed process keeps its sockets open while its memory is torn down (milliseconds): a job handed
+            # to a child being killed, or to the child of a template being killed, would begin, then die. To the
+            # template instead, it is never read, so it is taken back and retried (see run).
+            if _dying(self.process.pid):
+                self.prepared.release(prepared)
+                return False
+            if _dying(prepared.pid):
+                self.prepared.release(prepared)  # the template reports its end, and replaces it
+                continue
+            try:
+                send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(
+                    confinement.host_channel)])
+            except OSError:  # it died while it waited (killed from outside): the template reports its end
+                self.prepared.release(prepared)
+                continue
+            break
         self._child_serial = prepared.serial
         self.child.started(prepared.pidfd, prepared.pid)
         # Its listener is waiting on the control socket, sent when it was confined.
@@ -771,9 +780,9 @@ class Template:
             self._receive(Gathering())
 
     def after_result(self) -> None:
-        """Once a result has left: collect its child's end, and the child the template now prepares, while
-        the agent reads the result, rather than on the next job's path. A template that fails here is
-        marked broken and replaced before the next job."""
+        """Once a result has left: collect its child's end, and the child the template now prepares if none
+        waits, while the agent reads the result, rather than on the next job's path. A template that fails
+        here is marked broken and replaced before the next job."""
         if self.broken:
             return
         try:
@@ -820,17 +829,39 @@ class Template:
         self._settle_prepared()
 
     def _settle_prepared(self) -> None:
-        """Before the next job: read what the template said meanwhile about prepared children (one it is
-        preparing now, whose frame is due in the time of a fork; one that died while it waited)."""
+        """Before the next job: read what the template said meanwhile about prepared children (those it is
+        preparing now, whose frames are due in the time of a fork; one that died while it waited). While none
+        waits, the next job waits for the first that is due; once one waits, the rest come during that job."""
         deadline = time.monotonic() + _KILL_GRACE
         while True:
-            wait = max(deadline - time.monotonic(), 0) if self.prepared.due else 0
+            due = self.prepared.due and not self.prepared.waiting
+            wait = max(deadline - time.monotonic(), 0) if due else 0
             if not readable(self.sock.fileno(), wait):
-                if self.prepared.due:
+                if due:
                     self.broken = True
                     raise PoolWorkerError("the template did not prepare its next child in time", started=False)
                 return
             self._receive_between_jobs()
+
+    @property
+    def preparing(self) -> bool:
+        """Whether the template said it is preparing children whose frames have not been read yet (for at
+        most the grace a template has to send them: past it, the next job's settling judges it)."""
+        return not self.broken and bool(self.prepared.due) and time.monotonic() < self._due_by
+
+    def read_prepared(self) -> None:
+        """Between jobs, while no job waits (the worker's loop, see serve.py): read what the template sent
+        meanwhile, so that an idle pool holds every child it prepared. Never waits."""
+        if self.broken:
+            return
+        try:
+            while readable(self.sock.fileno(), 0):
+                self._receive_between_jobs()
+        except PoolWorkerError:
+            self.broken = True
+        except Exception:  # a bug here must cost this template, never the worker thread
+            _log.exception("the pool failed while reading its template's prepared children")
+            self.broken = True
 
     def _receive_between_jobs(self) -> None:
         try:
@@ -920,14 +951,15 @@ class Template:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Prepared) and len(fds) == 2:
-            # At most one waits: the newer one is for the latest job; one whose job was forgotten waits for none.
+            # At most K wait, for the latest job's key; one whose job was forgotten waits for none.
             for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],
                                                   socket.socket(fileno=fds[1])):
                 self._discard(given_up)
             return False
         if isinstance(frame, Ended):
             if frame.prepares:
-                self.prepared.announced()
+                self.prepared.announced(frame.prepares)
+                self._due_by = time.monotonic() + _KILL_GRACE
             if frame.serial == self._child_serial:
                 self._child_serial = None
                 self.child.reaped(frame)

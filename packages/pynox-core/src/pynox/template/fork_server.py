@@ -9,11 +9,12 @@ jobs one at a time: fork, hand the child's pidfd to the server, reap, report.
 A job arrives as a :class:`~pynox.wire.frames.Fork` frame with descriptors:
 the job's own (the payload among them, which the template never reads) and
 one per granted path, opened by the server when the job started. After a job,
-the template confines a child ahead for the next one with the same
-confinement and the same grant descriptors, and hands the server its pidfd
-and control socket: the server gives it the next job itself (the template is
-not on that job's path) only if that job's confinement is identical and its
-grants name the very same files, and otherwise has the template discard it.
+the template keeps children confined ahead (``[pool] prepared_children``, see
+``_Children``) with the latest job's confinement and the same grant
+descriptors, and hands the server the pidfd and control socket of each: the
+server gives a later job to one itself (the template is not on that job's
+path) only if that job's confinement is identical and its grants name the
+very same files, and otherwise has the template discard it.
 
 Run as ``python -I -c ... <socket fd> <server pid>`` by :mod:`pynox.server.templates`.
 """
@@ -98,7 +99,7 @@ def main() -> None:
         set_process_name("pynox-zygote")
         _serve_zygote(sock, runtime, init, ready)
     else:
-        _serve(sock, runtime)
+        _serve(sock, runtime, init.prepared)
 
 
 # A supervisor's stop signals reach more than the pool: Ctrl-C and supervisord's stopasgroup its process group,
@@ -194,31 +195,49 @@ def _is_open(fd: int) -> bool:
     return True
 
 
+class _Lineage:
+    """A job's confinement and the descriptors of its grants, which children are prepared from while it is the
+    latest job forked here. The descriptors are kept while it is the latest or one of its children lives:
+    they keep the granted inodes alive, so the identity the server matches a prepared child by cannot be
+    taken by another file."""
+
+    def __init__(self, job: int, confinement: Confinement, grants: list[int]) -> None:
+        self.job, self.confinement, self.grants = job, confinement, grants
+        self.living = 0  # its children not reaped yet
+
+    def close(self) -> None:
+        close_all(self.grants)
+        self.grants = []
+
+
 class _Child:
-    """A child this template forked and has not reaped yet, and what it holds for it.
+    """A child this template forked and has not reaped yet, and the lineage it comes of (None for a session's
+    child: nothing is prepared from a session's grants)."""
 
-    ``grants``: the descriptors of its job's grants, kept while it lives if another child may be prepared
-    from them (the confinement is then kept too): they keep the granted inodes alive, so the identity
-    the server matches a prepared child by cannot be taken by another file."""
-
-    def __init__(self, serial: int, pid: int, job: int, confinement: Confinement | None, grants: list[int], *,
-                 prepared: bool) -> None:
-        self.serial, self.pid, self.job = serial, pid, job
-        self.confinement, self.grants = confinement, grants
+    def __init__(self, serial: int, pid: int, lineage: _Lineage | None, *, prepared: bool) -> None:
+        self.serial, self.pid, self.lineage = serial, pid, lineage
         self.prepared = prepared  # confined ahead of its job, rather than forked for one
         self.pidfd = os.pidfd_open(pid)
         self.discarded = False
+        if lineage is not None:
+            lineage.living += 1
 
 
 class _Children:
-    """Every child of this template, by serial; each is announced once and reported ended once."""
+    """Every child of this template, by serial; each is announced once and reported ended once.
 
-    def __init__(self, sock: socket.socket, runtime: Runtime) -> None:
-        self.sock, self.runtime = sock, runtime
+    ``limit`` children (``[pool] prepared_children``) are kept prepared from the latest job's lineage: after
+    every reap of a child the server did not give up, as many are forked as are missing, unless a child
+    forked for its job runs (on two cores the preparation would take the CPU the job and the server need;
+    that job's own end tops them up). A child prepared here and handed a job by the server counts until it
+    ends: this template does not know it has a job, and its end is what prepares its replacement. A child
+    given up is not replaced: one whose job the server no longer knows would otherwise be prepared again."""
+
+    def __init__(self, sock: socket.socket, runtime: Runtime, limit: int) -> None:
+        self.sock, self.runtime, self.limit = sock, runtime, limit
         self.by_serial: dict[int, _Child] = {}
         self._serials = itertools.count(1)
-        # A child to prepare again once the job now running has ended (see reap).
-        self._deferred: _Child | None = None
+        self.latest: _Lineage | None = None
 
     def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
         """Fork the job's child; announce it with its pidfd."""
@@ -242,35 +261,45 @@ class _Children:
                 os._exit(SETUP_FAILED_EXIT)
         close_all(own_fds)  # the child has them; the payload among them was never read here
         # A session's child is the only one its template forks; any other job's grants may be prepared from.
+        lineage = None
         if confinement.session:
             close_all(grants)
-        child = self._add(pid, job, None if confinement.session else confinement,
-                          [] if confinement.session else grants, prepared=False)
+        else:
+            lineage = _Lineage(job, confinement, grants)
+        self._succeed(lineage)
+        child = self._add(pid, lineage, prepared=False)
         send_frame(self.sock, Started(serial=child.serial, pid=pid), [child.pidfd])
 
-    def prepare(self, job: int, confinement: Confinement, grants: list[int]) -> None:
-        """Fork a child that confines itself now for a job like ``job``; the server gets its pidfd and its
-        control socket, and hands it the next job itself if that job's confinement and grants match."""
+    def _succeed(self, lineage: _Lineage | None) -> None:
+        """``lineage`` is the latest now: the one before keeps its grants only while a child of it lives."""
+        before, self.latest = self.latest, lineage
+        if before is not None and before.living == 0:
+            before.close()
+
+    def prepare(self, lineage: _Lineage) -> None:
+        """Fork a child that confines itself now for a job like ``lineage``'s; the server gets its pidfd and its
+        control socket, and hands it a later job itself if that job's confinement and grants match."""
         _refresh(self.runtime)
         control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        call = (native_call(confinement, self.runtime, grants, [child_end.fileno()], (CONTROL,), prepared=True)
+        call = (native_call(lineage.confinement, self.runtime, lineage.grants, [child_end.fileno()], (CONTROL,),
+                            prepared=True)
                 if self.runtime.native is not None else None)
         pid = os.fork()
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
-                run_prepared(confinement, self.runtime, child_end.fileno(), grants, call)
+                run_prepared(lineage.confinement, self.runtime, child_end.fileno(), lineage.grants, call)
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         child_end.close()
-        child = self._add(pid, job, confinement, grants, prepared=True)
+        child = self._add(pid, lineage, prepared=True)
         try:
-            send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=job), [child.pidfd, control.fileno()])
+            send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=lineage.job),
+                       [child.pidfd, control.fileno()])
         finally:
             control.close()
 
-    def _add(self, pid: int, job: int, confinement: Confinement | None, grants: list[int], *,
-             prepared: bool) -> _Child:
-        child = _Child(next(self._serials), pid, job, confinement, grants, prepared=prepared)
+    def _add(self, pid: int, lineage: _Lineage | None, *, prepared: bool) -> _Child:
+        child = _Child(next(self._serials), pid, lineage, prepared=prepared)
         self.by_serial[child.serial] = child
         return child
 
@@ -286,36 +315,32 @@ class _Children:
         except ProcessLookupError:
             pass  # exiting already: its end is reported all the same
 
+    def _missing(self) -> int:
+        """How many children to prepare now from the latest lineage (see the class's docstring)."""
+        latest = self.latest
+        if latest is None or any(not other.prepared for other in self.by_serial.values()):
+            return 0
+        living = sum(1 for other in self.by_serial.values()
+                     if other.lineage is latest and other.prepared and not other.discarded)
+        return max(self.limit - living, 0)
+
     def reap(self, child: _Child) -> None:
-        """Report how ``child`` ended; then confine the next child ahead from its grants, unless it was a
-        session's or the server discarded it."""
+        """Report how ``child`` ended, and how many children are prepared now; then prepare them."""
         _, status, usage = os.wait4(child.pid, 0)
         os.close(child.pidfd)
         del self.by_serial[child.serial]
-        prepares = child.confinement is not None and not child.discarded
-        send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=prepares,
+        lineage = child.lineage
+        if lineage is not None:
+            lineage.living -= 1
+            if lineage.living == 0 and lineage is not self.latest:
+                lineage.close()
+        missing = 0 if child.discarded else self._missing()
+        send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=missing,
                                     cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
-        # After a job, never while one runs: on two cores the preparation would take the CPU the job and the
-        # server need, and its pids would come out of the job's thread budget (policy/cgroups.py). A prepared
-        # child that died while a job runs (the job went to a child of its own) is prepared again after it.
-        job_running = any(not other.prepared for other in self.by_serial.values())
-        if prepares and job_running:
-            if self._deferred is not None:
-                close_all(self._deferred.grants)
-            self._deferred = child
-            return
-        if prepares:
-            assert child.confinement is not None
+        for _ in range(missing):
+            assert self.latest is not None
             # The next job most likely has the same confinement (one tool, one profile).
-            self.prepare(child.job, child.confinement, child.grants)
-        else:
-            close_all(child.grants)
-        deferred, self._deferred = self._deferred, None
-        if deferred is not None and (prepares or job_running):  # one prepared from a later job replaces it
-            close_all(deferred.grants)
-        elif deferred is not None:
-            assert deferred.confinement is not None
-            self.prepare(deferred.job, deferred.confinement, deferred.grants)
+            self.prepare(self.latest)
 
     def kill_all(self) -> None:
         for child in list(self.by_serial.values()):
@@ -324,11 +349,13 @@ class _Children:
                 os.waitpid(child.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
-            close_all([child.pidfd, *child.grants])
+            os.close(child.pidfd)
+            if child.lineage is not None:
+                child.lineage.close()
         self.by_serial.clear()
-        if self._deferred is not None:
-            close_all(self._deferred.grants)
-            self._deferred = None
+        if self.latest is not None:
+            self.latest.close()
+            self.latest = None
 
 
 def _readable(sock: socket.socket, pidfds: Iterable[int]) -> list[int]:
@@ -340,9 +367,10 @@ def _readable(sock: socket.socket, pidfds: Iterable[int]) -> list[int]:
     return [fd for fd, _ in poller.poll()]
 
 
-def _serve(sock: socket.socket, runtime: Runtime) -> None:
-    """Serve the server's frames and reap children, whichever comes first, until the server closes the socket."""
-    children = _Children(sock, runtime)
+def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
+    """Serve the server's frames and reap children, whichever comes first, until the server closes the socket.
+    ``prepared``: how many children to keep confined ahead of the next job."""
+    children = _Children(sock, runtime, prepared)
     try:
         while True:
             watched = {child.pidfd: child for child in children.by_serial.values()}
@@ -445,7 +473,7 @@ def _become_template(zygote_sock: socket.socket, fd: int, pidfds: list[int], zyg
         return
     send_frame(sock, msgspec.structs.replace(ready, pid=os.getpid()))
     # Its children check that it is their parent (job/setup.py): this process's pid, not the zygote's.
-    _serve(sock, dataclasses.replace(runtime, pid=os.getpid()))
+    _serve(sock, dataclasses.replace(runtime, pid=os.getpid()), given.prepared)
 
 
 def _open_descriptors() -> set[int]:

@@ -53,6 +53,9 @@ class Init(msgspec.Struct, tag=True):
     # Children confine in one native call (True), through the Python steps (False), or natively when the
     # extension loads (None): config.native_from_environment.
     native: bool | None = None
+    # How many children to keep confined ahead of the next job ([pool] prepared_children; see
+    # server/prepared.py): 0, none.
+    prepared: int = 1
 
 
 class Ready(msgspec.Struct, tag=True):
@@ -104,14 +107,14 @@ class Prepared(msgspec.Struct, tag=True):
 
 
 class Ended(msgspec.Struct, tag=True):
-    """Template -> server: child ``serial`` was reaped. ``prepares``: a child for the same confinement and
-    grants is being forked now (its Prepared frame follows)."""
+    """Template -> server: child ``serial`` was reaped. ``prepares``: how many children for the latest job's
+    confinement and grants are being forked now (their Prepared frames follow)."""
 
     serial: int
     status: int
     cpu_us: int
     max_rss_kb: int
-    prepares: bool = False
+    prepares: int = 0
 
 
 class Spawn(msgspec.Struct, tag=True):

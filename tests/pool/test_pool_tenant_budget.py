@@ -394,3 +394,37 @@ def test_a_budget_kill_is_told_as_the_budgets_after_the_job_filled_its_page_cach
         assert mine.result("stats")["budget_kills"] == {"ops": len(killed)}
         mine.close()
         _stop(pool)
+
+
+@pytest.mark.usefixtures("budgets")
+def test_a_live_pools_tenant_cgroup_swept_while_empty_holds_its_budget_again(tmp_path: Path, run_dir: Path) -> None:
+    """A live pool's tenant cgroup that no template is in (its one template moved to the other tenant's jobs),
+    older than a sweep spares, is removed by another pool's start; the tenant's next job makes it again, with the
+    budget (its limit read from cgroupfs), and runs beneath it."""
+    path = run_dir / "pool.sock"
+    config = _config(tmp_path, 'memory_budget = "1g"\n')
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        mine = ListenClient(str(path))
+        mine.wait_for(lambda m: True)
+        mine.send(id=1, code="print(1)")
+        assert mine.result(1, DEADLINE * 3)["exit"] == 0
+        assert _as_other(path, [{"id": 2, "code": "print(2)", "timeout": "60s"}])[2]["exit"] == 0
+        memory = [d for d in _tenant_dirs(pool.pid) if d.startswith(MEMORY_ROOT + "/")]
+        assert len(memory) == 1, memory
+        time.sleep(11)  # older than the sweep's 10 s
+        with pool_process("--workers=1", cwd=tmp_path) as sweeper:
+            assert sweeper.run("print(3)")["exit"] == 0
+        assert not os.path.exists(memory[0]), "the empty tenant cgroup was not swept: the case is not made"
+        where = _Where(pool.pid)
+        where.start()
+        mine.send(id=4, code=WHERE)
+        result = mine.result(4, DEADLINE * 3)
+        where.stop.set()
+        where.join()
+        assert result["exit"] == 0, result
+        assert any("/tenant-0-ops/" in p for p in where.seen.get(int(result["stdout"]), ())), where.seen
+        assert Path(memory[0], "memory.limit_in_bytes" if MEMORY_ROOT.endswith("/memory") else "memory.max"
+                    ).read_text().strip() == str(1 << 30)
+        mine.close()
+        _stop(pool)

@@ -51,6 +51,25 @@ def test_the_verdict_is_the_pools_and_taken_once(pool_saw: dict[str, object], ex
     assert (outcome.exit, outcome.error.type if outcome.error else None) == (exit, error_type)
 
 
+# A budget kill is counted (budget_kills) only where the result says it: a verdict that outranks it is told instead.
+@pytest.mark.parametrize(("pool_saw", "counted", "error_type"), [
+    ({}, "ops", "MemoryError"),
+    ({"timed_out": True}, None, "TimeoutError"),
+    ({"signal": signal.SIGXCPU}, None, "TimeoutError"),
+    ({"protocol_violation": "it stopped reading"}, None, "PoolWorkerError"),
+    ({"cancelled": "the client cancelled the job"}, None, "CancelledError"),
+])
+def test_a_budget_kill_is_counted_only_when_the_verdict_says_it(pool_saw: dict[str, object], counted: str | None,
+                                                                 error_type: str) -> None:
+    gathered = Gathering(signal=signal.SIGKILL, memory_exceeded=True, budget=("ops", 384 << 20))
+    for name, value in pool_saw.items():
+        setattr(gathered, name, value)
+    error = gathered.freeze(SPEC, 1.0).error
+    assert gathered.budget_killed == counted
+    assert error is not None and error.type == error_type
+    assert ("memory budget" in error.message) == (counted is not None), error.message
+
+
 def test_a_cancel_before_the_job_reached_a_process_says_nothing_of_it_ran() -> None:
     outcome = Gathering(handed_over=False, cancelled="the client cancelled the job").freeze(SPEC, 1.0)
     assert outcome.error is not None and outcome.error.message.endswith("nothing of it ran")

@@ -127,6 +127,15 @@ class Gathering:
             images=tuple(self.images), images_dropped=self.images_dropped, outputs=tuple(self.outputs),
         )
 
+    @property
+    def budget_killed(self) -> str | None:
+        """The tenant whose memory_budget the verdict names (what the stats' budget_kills count, so that the count
+        and the result agree), or None: not killed at a budget, or a verdict that outranks it (a cancel, a
+        protocol violation, a timeout) says what happened instead."""
+        if self.cancelled or self.protocol_violation is not None or self.timed_out or self.signal == signal.SIGXCPU:
+            return None
+        return self.budget[0] if self.memory_exceeded and self.budget is not None else None
+
     def _verdict(self, spec: JobSpec, timeout: float) -> tuple[int, ErrorInfo | None]:
         if self.cancelled:
             how = "its process was killed" if self.handed_over else "before it reached a process; nothing of it ran"
@@ -138,7 +147,7 @@ class Gathering:
             return TIMEOUT_EXIT, ErrorInfo(type="TimeoutError",
                                            message=f"the code did not finish within {format_duration(timeout)}",
                                            hint=hints.timeout_hint(timeout, spec.confinement.hint_style))
-        if self.memory_exceeded and self.budget is not None:
+        if self.budget_killed is not None and self.budget is not None:
             tenant, budget = self.budget
             return 1, ErrorInfo(  # a MemoryError, as for its own limit, but not of its own making
                 type="MemoryError",

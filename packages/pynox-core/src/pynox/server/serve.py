@@ -220,8 +220,8 @@ class _Worker(threading.Thread):
                 return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)
             # Killed for a cancel: that, not the kill, is what happened to it.
             gathered.cancelled = job.flight.cancelled
-            if gathered.cancelled is None and gathered.budget is not None:
-                self.server.stats.record_budget_kill(gathered.budget[0])
+            if (budget_killed := gathered.budget_killed) is not None:
+                self.server.stats.record_budget_kill(budget_killed)
             return to_result(job.id, gathered.freeze(job.spec, job.spec.confinement.timeout), job.spec,
                              max_output=job.max_output, python=template.ready.python,
                              preloaded=template.ready.preloaded, landlock_abi=template.ready.landlock_abi,

@@ -306,8 +306,8 @@ class Session(threading.Thread):
                 "its KeyboardInterrupt")
             gathered.ended = True
         outcome = gathered.freeze(self.spec, step.timeout)
-        if gathered.cancelled is None and gathered.budget is not None:  # killed at its tenant's budget
-            self.registry.budget_kill(gathered.budget[0])
+        if (budget_killed := gathered.budget_killed) is not None:  # killed at its tenant's budget, as told
+            self.registry.budget_kill(budget_killed)
         ended = outcome.ended or outcome.timed_out
         result = to_session_result(step.id, outcome, self._step_spec(step), max_output=step.max_output,
                            python=self._ready_python(), preloaded=self._preloaded(),

@@ -428,3 +428,30 @@ def test_a_live_pools_tenant_cgroup_swept_while_empty_holds_its_budget_again(tmp
                     ).read_text().strip() == str(1 << 30)
         mine.close()
         _stop(pool)
+
+
+@pytest.mark.usefixtures("budgets")
+def test_a_request_asking_for_more_memory_than_its_tenants_budget_is_refused(tmp_path: Path, run_dir: Path) -> None:
+    """Without a memory ceiling a request may ask for any limit; under a budget below it, the budget would kill the
+    job before its own limit, so the request is refused before anything runs, saying why. The control: the
+    other tenant, with no budget, runs the same request."""
+    path = run_dir / "pool.sock"
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[tenants.ops]\nusers = ["root"]\nmemory_budget = "1g"\n\n'
+                      f'[tenants.other]\nuids = [{OTHER_UID}]\n')
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        mine = ListenClient(str(path))
+        mine.wait_for(lambda m: True)
+        mine.send(id="big", code="print('ran')", memory="4g")
+        refused = mine.result("big", DEADLINE * 3)
+        assert refused["error"]["type"] == "RequestError" and not refused.get("stdout"), refused
+        assert refused["error"]["message"] == ("memory: this request's limit of 4g is above the memory_budget of "
+                                               "tenant 'ops' (1g), which all its jobs and sessions share; ask for "
+                                               "at most 1g"), refused
+        mine.send(id="fits", code="print('ran')", memory="1g")
+        assert mine.result("fits", DEADLINE * 3)["stdout"] == "ran\n"
+        theirs = _as_other(path, [{"id": "big", "code": "print('ran')", "memory": "1g"}])
+        assert theirs["big"]["stdout"] == "ran\n", theirs
+        mine.close()
+        _stop(pool)

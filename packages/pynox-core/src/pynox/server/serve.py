@@ -62,7 +62,7 @@ from ..protocol import (
     request_id_from_head,
     session_refusal,
 )
-from ..units import format_duration
+from ..units import format_duration, format_size
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
 from ..wire.host_channel import PIP_FUNCTION
@@ -652,6 +652,12 @@ class Server:
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
                                   pool_files=self._pool_files, pool_secrets=self._pool_secrets)
         self.scratch.refuse_overlap(spec)
+        budget = self.budget_of(request.id)
+        if budget is not None and budget.memory is not None and spec.confinement.memory > budget.memory:
+            # Its own limit could never be reached: the budget would kill it first, and report that.
+            raise RequestError(f"memory: this request's limit of {format_size(spec.confinement.memory)} is above "
+                               f"the memory_budget of tenant {budget.name!r} ({format_size(budget.memory)}), which "
+                               f"all its jobs and sessions share; ask for at most {format_size(budget.memory)}")
         if self.installer.problem() is None:  # its hints then name the packages grant
             spec = msgspec.structs.replace(
                 spec, confinement=msgspec.structs.replace(spec.confinement, installs_packages=True))

@@ -11,7 +11,7 @@ import os
 import time
 
 from tests.harness import procfs
-from tests.pool.pool_driver import ZYGOTE, walk
+from tests.pool.pool_driver import READY_CHILD, ZYGOTE, walk
 
 DEADLINE = 10.0  # a closed session or pool is gone well within this
 
@@ -84,9 +84,9 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
 
     An idle template keeps one child forked and confined ahead of the next job; a second child is a job
     still running. A session has a template of its own, so a session still open shows as one template
-    too many. Once a pool has had a session, one more template waits, childless, for the next session:
-    it is allowed here (one per pool), and the pool's close ends it (see :func:`wait_for_none`). Returns
-    what is left.
+    too many. Once a pool has had a session, one more template waits for the next session, childless or
+    with a child confined ahead for it: it is allowed here (one per pool), and the pool's close ends it
+    (see :func:`wait_for_none`). Returns what is left.
     """
     end = time.monotonic() + deadline
     while True:
@@ -94,7 +94,7 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
         template_pids = [pid for pid, (depth, _parent, _command) in left.items() if depth == 2]
         children = [parent for depth, parent, _command in left.values() if depth == 3]
         deeper = [pid for pid, (depth, _parent, _command) in left.items() if depth > 3]
-        serving = [pid for pid in template_pids if pid in children]
+        serving = [pid for pid in template_pids if pid in children and not _waiting_for_a_session(pid, left)]
         pools = {parent for depth, parent, _command in left.values() if depth == 2}
         if (len(serving) <= templates and len(template_pids) <= templates + len(pools) and not deeper
                 and all(children.count(t) <= 1 for t in template_pids)):
@@ -102,6 +102,16 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
         if time.monotonic() > end:
             raise AssertionError(f"still running {deadline}s after the agent finished: {left}")
         time.sleep(0.05)
+
+
+def _waiting_for_a_session(template: int, left: dict[int, tuple[int, int, str]]) -> bool:
+    """A template the zygote forked whose children are all prepared ahead: the one waiting for the next session."""
+    try:
+        forked = _comm(procfs.stat(template).ppid) == ZYGOTE
+    except OSError:
+        return False
+    own = [pid for pid, (depth, parent, _command) in left.items() if depth == 3 and parent == template]
+    return forked and all(_comm(pid) == READY_CHILD for pid in own)
 
 
 def wait_for_none(ignore: frozenset[int] = frozenset(), deadline: float = DEADLINE) -> None:

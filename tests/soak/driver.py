@@ -269,21 +269,25 @@ def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Sn
     """Wait until the pool is idle (only its templates and their prepared children left), then measure it.
 
     Idle is what makes two snapshots comparable: no job, no session, no session template, no zombie. Once
-    the pool has had a session, one template more waits, childless, for the next session; it is replaced
-    with each new session, so the snapshot measures the workers' templates only (the pool's descriptors
-    and threads still count the one waiting).
+    the pool has had a session, one template more waits for the next session, with a child prepared for it
+    once a session's first step was answered; it is replaced with each new session, so the snapshot measures
+    the workers' templates only (the pool's descriptors and threads still count the one waiting).
     """
     end = time.monotonic() + deadline
     while True:
         processes = below(pool.pid)
-        parents = {table_entry[0] for table_entry in proc_table().values()}
+        table = proc_table()
+        parents = {table_entry[0] for table_entry in table.values()}
         alive = [pid for pid, (depth, state, _) in processes.items() if depth == 1 and state != "Z"]
-        templates = sorted(pid for pid in alive if pid in parents)
-        waiting = [pid for pid in alive if pid not in parents]
+        # The template waiting for the next session is the zygote's (workers' templates are the pool's); it may
+        # hold a child prepared for that session.
+        forked = {pid for pid in alive if pid in table and table.get(table[pid][0], (0, "", 0, ""))[3] == ZYGOTE}
+        templates = sorted(pid for pid in alive if pid in parents and pid not in forked)
+        waiting = [pid for pid in alive if pid not in parents or pid in forked]
         strays = {pid: info for pid, info in processes.items()
                   if info[1] == "Z" or info[0] > 2 or (info[0] == 2 and info[2] != "pynox-ready")}
         if (len(templates) == workers and len(waiting) <= 1 and not strays
-                and len(processes) <= 2 * workers + len(waiting)):
+                and len(processes) <= 2 * (workers + len(waiting))):
             # A template that has just forked its prepared child still holds the child's end of their
             # socket pair for a moment: idle means its descriptors hold still too.
             template_fds = {pid: fd_kinds(pid) for pid in templates}

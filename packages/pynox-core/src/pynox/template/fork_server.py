@@ -48,6 +48,7 @@ from ..wire.frames import (
     Ended,
     Fork,
     Init,
+    Prepare,
     Prepared,
     Ready,
     Spawn,
@@ -292,7 +293,8 @@ class _Children:
         _, status, usage = os.wait4(child.pid, 0)
         os.close(child.pidfd)
         del self.by_serial[child.serial]
-        prepares = child.confinement is not None and not child.discarded
+        # A session's child is prepared once, for the one session its template serves (see server/sessions.py).
+        prepares = child.confinement is not None and not child.confinement.session and not child.discarded
         send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=prepares,
                                     cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
         # After a job, never while one runs: on two cores the preparation would take the CPU the job and the
@@ -360,6 +362,12 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
                 elif isinstance(frame, Spawn):  # a zygote's frame: a template never forks templates
                     close_all(fds)
                     return
+                elif isinstance(frame, Prepare):
+                    # Only a session's template, before its session: nothing of a job has reached it yet.
+                    if not frame.confinement.session or children.by_serial:
+                        close_all(fds)
+                        return  # the server broke the template's protocol: it ends, and is replaced
+                    children.prepare(frame.job, frame.confinement, fds)
                 else:
                     close_all(fds)
                     children.discard(frame.serial)

@@ -29,7 +29,8 @@ import msgspec
 from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepared", "Ready",
+    "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepare", "Prepared",
+    "Ready",
     "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
     "send_frame", "template_decoder",
 ]
@@ -76,6 +77,15 @@ class TemplateFailed(msgspec.Struct, tag=True):
 class Fork(msgspec.Struct, tag=True):
     """Server -> template: fork a child for this job (its descriptors attached, then its grants). ``job``
     numbers the server's jobs on this template; a child prepared from this job's grants carries it."""
+
+    job: int
+    confinement: Confinement
+
+
+class Prepare(msgspec.Struct, tag=True):
+    """Server -> a session's template before its session exists, with one descriptor per granted path: confine a
+    child ahead with this confinement (a session's), as if for job ``job``; its Prepared frame follows. The
+    confinement is one a session was given before (one tool, one profile), never anything a job said."""
 
     job: int
     confinement: Confinement
@@ -130,7 +140,7 @@ class HandOver(msgspec.Struct, tag=True):
 
 _decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Spawned)
 init_decoder = msgspec.json.Decoder(Init)
-template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn)
+template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare)
 
 
 def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tuple[int, ...] = ()) -> None:

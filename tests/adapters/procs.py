@@ -11,7 +11,7 @@ import os
 import time
 
 from tests.harness import procfs
-from tests.pool.pool_driver import READY_CHILD, ZYGOTE, walk
+from tests.pool.pool_driver import READY_CHILD, ZYGOTE, prepared_for_a_session, walk
 
 DEADLINE = 10.0  # a closed session or pool is gone well within this
 
@@ -105,13 +105,9 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
 
 
 def _waiting_for_a_session(template: int, left: dict[int, tuple[int, int, str]]) -> bool:
-    """A template the zygote forked whose children are all prepared ahead: the one waiting for the next session."""
-    try:
-        forked = _comm(procfs.stat(template).ppid) == ZYGOTE
-    except OSError:
-        return False
+    """A template whose only child was confined ahead for a session: the one waiting for the next session."""
     own = [pid for pid, (depth, parent, _command) in left.items() if depth == 3 and parent == template]
-    return forked and all(_comm(pid) == READY_CHILD for pid in own)
+    return len(own) == 1 and _comm(own[0]) == READY_CHILD and prepared_for_a_session(own[0])
 
 
 def wait_for_none(ignore: frozenset[int] = frozenset(), deadline: float = DEADLINE) -> None:

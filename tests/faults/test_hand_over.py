@@ -25,7 +25,14 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procfs
-from tests.pool.pool_driver import PoolProcess, descendants, leftover_guard, pool_process, proc_table
+from tests.pool.pool_driver import (
+    PoolProcess,
+    descendants,
+    leftover_guard,
+    pool_process,
+    prepared_for_a_session,
+    proc_table,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,10 +45,8 @@ def _below(pool: PoolProcess, depth: int, names: tuple[str, ...]) -> list[int]:
 
 
 def _prepared_for_a_session(pool: PoolProcess) -> list[int]:
-    """Children prepared ahead by a template the zygote forked (the one waiting for the next session), not by a
-    worker's template (the pool's own child)."""
-    table = proc_table()
-    return [pid for pid in _below(pool, 2, ("pynox-ready",)) if table.get(table[pid][0], (0,))[0] != pool.pid]
+    """Children prepared ahead for a session (by the template waiting for the next one), not for a job."""
+    return [pid for pid in _below(pool, 2, ("pynox-ready",)) if prepared_for_a_session(pid)]
 
 
 def _kill(pids: list[int]) -> None:

@@ -14,6 +14,7 @@ from .pool_driver import (
     descendants,
     new_id,
     pool_process,
+    prepared_for_a_session,
     proc_table,
     refused,
     wait_gone,
@@ -269,7 +270,7 @@ def _prepared_ahead(pool: PoolProcess, plain: set[int]) -> list[tuple[int, int]]
     waiting for the next session, and the child it confined for it (which the pool's tree leaves out)."""
     table = proc_table()
     return [(table[pid][0], pid) for pid, depth in descendants(pool.pid, table).items()
-            if depth == 2 and pid not in plain and table[pid][3] == READY_CHILD]
+            if depth == 2 and pid not in plain and table[pid][3] == READY_CHILD and prepared_for_a_session(pid)]
 
 
 def test_closing_a_session_ends_its_processes(tmp_path: Path) -> None:

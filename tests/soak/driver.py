@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.harness import procfs
-from tests.pool.pool_driver import ZYGOTE, PoolProcess, pool_depths, proc_table, rss_kb
+from tests.pool.pool_driver import ZYGOTE, PoolProcess, pool_depths, prepared_for_a_session, proc_table, rss_kb
 
 from .mix import Expect, Job, Plan, Scenario, host_reply
 
@@ -279,11 +279,10 @@ def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Sn
         table = proc_table()
         parents = {table_entry[0] for table_entry in table.values()}
         alive = [pid for pid, (depth, state, _) in processes.items() if depth == 1 and state != "Z"]
-        # The template waiting for the next session is the zygote's (workers' templates are the pool's); it may
-        # hold a child prepared for that session.
-        forked = {pid for pid in alive if pid in table and table.get(table[pid][0], (0, "", 0, ""))[3] == ZYGOTE}
-        templates = sorted(pid for pid in alive if pid in parents and pid not in forked)
-        waiting = [pid for pid in alive if pid not in parents or pid in forked]
+        # The template waiting for the next session: childless, or holding a child confined for that session.
+        for_a_session = {table[pid][0] for pid in table if prepared_for_a_session(pid)}
+        templates = sorted(pid for pid in alive if pid in parents and pid not in for_a_session)
+        waiting = [pid for pid in alive if pid not in parents or pid in for_a_session]
         strays = {pid: info for pid, info in processes.items()
                   if info[1] == "Z" or info[0] > 2 or (info[0] == 2 and info[2] != "pynox-ready")}
         if (len(templates) == workers and len(waiting) <= 1 and not strays

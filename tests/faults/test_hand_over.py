@@ -171,6 +171,13 @@ def test_a_spare_template_killed_while_it_waits_costs_the_next_session_nothing(t
         time.sleep(0.5)
         first = pool.run("print('B1')", session="B")
         assert first["error"] is None and first["stdout"] == "B1\n", first
+        # Nothing is owed for the dead spare: a new one is made, with a child confined for the next session.
+        end = time.monotonic() + 10
+        while not (waiting := _prepared_for_a_session(pool)):
+            assert time.monotonic() < end, pool.tree()
+            time.sleep(0.02)
+        third = pool.run("import os\nprint(os.getpid())", session="C")
+        assert third["error"] is None and int(third["stdout"]) == waiting[0], third
 
 
 def test_a_child_prepared_for_the_next_session_killed_while_it_waits_costs_that_session_nothing(

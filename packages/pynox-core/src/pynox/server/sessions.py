@@ -154,6 +154,9 @@ class _SpareTemplate:
                 threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
             self._ready.notify_all()
         if spare is not None and (spare.broken or spare.process.poll() is not None):  # it died while it waited
+            with self._ready:  # nothing is owed for it: the next one is started now
+                self._owed = [owed for owed in self._owed if owed is not spare]
+                self._ready.notify_all()
             spare.close()
             spare = None
         return spare if spare is not None else self._new_template()
@@ -187,6 +190,11 @@ class _SpareTemplate:
             while not self._closed:
                 self._ready.wait()
 
+    def _forget_wanted(self, wanted: JobSpec) -> None:
+        with self._ready:
+            if self._wanted is wanted:  # not a newer one, which is tried
+                self._wanted = None
+
     def _to_prepare(self) -> bool:
         wanted, prepared = self._wanted, self._prepared_for
         return wanted is not None and (prepared is None or wanted.confinement() != prepared.confinement())
@@ -211,10 +219,11 @@ class _SpareTemplate:
                         _log.warning("a template waiting for the next session failed (%s)", exc)
                         template.close()
                         template = None
+                        self._forget_wanted(wanted)  # prepared again once another session's first step is answered
                         continue
                     self._prepared_for = wanted if prepared else None
                     if not prepared:  # a grant is gone: no child waits; tried again when another session comes
-                        self._wanted = None
+                        self._forget_wanted(wanted)
             finally:
                 with self._ready:
                     self._preparing = False

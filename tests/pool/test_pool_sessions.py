@@ -471,3 +471,29 @@ def test_a_session_opens_with_open_true_or_with_its_grants(pool: PoolProcess) ->
     for session in (name, other):
         pool.run(session=session, close=True)
     refused(pool.run("print(1)", open=True), "open needs the session")
+
+
+def test_the_child_waiting_for_the_next_session_is_confined_again_as_the_latest_session_was(tmp_path: Path) -> None:
+    """Two sessions open at once, confined otherwise (B has a read grant): A is answered first, and the template
+    waiting for the next session confines a child as A was; B is answered later, and the same template confines
+    a child as B was in its place (the first one discarded). The next session confined as B is handed it."""
+    granted = tmp_path / "granted"
+    granted.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        plain = set(pool.tree())
+        slow = pool.submit(code="import time\ntime.sleep(4)", session="B", allow_read=[str(granted)])
+        _ok(pool.run("x = 1", session="A"))
+        deadline = time.monotonic() + 30
+        while not (first := _prepared_ahead(pool, plain)):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        assert pool.result(slow)["error"] is None
+        while not (again := [pair for pair in _prepared_ahead(pool, plain) if pair != first[0]]):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        assert again[0][0] == first[0][0], (first, again)  # the same template, which lives on
+        assert wait_gone([first[0][1]], 5) == []
+        step = pool.run("import os\nprint(os.getpid())", session="C", allow_read=[str(granted)])
+        assert step["stdout"] == f"{again[0][1]}\n", (step, again)
+        for name in ("A", "B", "C"):
+            pool.run(session=name, close=True)

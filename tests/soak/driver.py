@@ -265,7 +265,7 @@ class Snapshot:
     pool_threads: int
 
 
-def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Snapshot:
+def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0, *, spare_prepared: bool = False) -> Snapshot:
     """Wait until the pool is idle (only its templates and their prepared children left), then measure it.
 
     Idle is what makes two snapshots comparable: no job, no session, no session template, no zombie. Once
@@ -280,13 +280,16 @@ def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Sn
         parents = {table_entry[0] for table_entry in table.values()}
         alive = [pid for pid, (depth, state, _) in processes.items() if depth == 1 and state != "Z"]
         # The template waiting for the next session: childless, or holding a child confined for that session.
-        for_a_session = {table[pid][0] for pid in table if prepared_for_a_session(pid)}
+        for_a_session = {table[pid][0] for pid in processes if pid in table and prepared_for_a_session(pid)}
         templates = sorted(pid for pid in alive if pid in parents and pid not in for_a_session)
         waiting = [pid for pid in alive if pid not in parents or pid in for_a_session]
         strays = {pid: info for pid, info in processes.items()
                   if info[1] == "Z" or info[0] > 2 or (info[0] == 2 and info[2] != "pynox-ready")}
+        # With ``spare_prepared`` (the pool has had a session whose confinement another can share), idle also
+        # means the template waiting for the next session holds the child it confines for it: the pool then
+        # holds that child's control socket and pidfd in every snapshot.
         if (len(templates) == workers and len(waiting) <= 1 and not strays
-                and len(processes) <= 2 * (workers + len(waiting))):
+                and len(processes) <= 2 * (workers + len(waiting)) and (not spare_prepared or for_a_session)):
             # A template that has just forked its prepared child still holds the child's end of their
             # socket pair for a moment: idle means its descriptors hold still too.
             template_fds = {pid: fd_kinds(pid) for pid in templates}

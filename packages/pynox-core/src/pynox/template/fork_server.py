@@ -363,8 +363,9 @@ def _serve(sock: socket.socket, runtime: Runtime) -> None:
                     close_all(fds)
                     return
                 elif isinstance(frame, Prepare):
-                    # Only a session's template, before its session: nothing of a job has reached it yet.
-                    if not frame.confinement.session or children.by_serial:
+                    # Only a session's template, before its session: it has forked no job's child (a child it
+                    # prepared before may wait: the server has it discarded once the new one is announced).
+                    if not frame.confinement.session or not all(c.prepared for c in children.by_serial.values()):
                         close_all(fds)
                         return  # the server broke the template's protocol: it ends, and is replaced
                     children.prepare(frame.job, frame.confinement, fds)

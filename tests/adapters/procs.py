@@ -11,7 +11,7 @@ import os
 import time
 
 from tests.harness import procfs
-from tests.pool.pool_driver import PREPARED_PER_WORKER, READY_CHILD, ZYGOTE, walk
+from tests.pool.pool_driver import PREPARED_PER_WORKER, READY_CHILD, ZYGOTE, prepared_for_a_session, walk
 
 DEADLINE = 10.0  # a closed session or pool is gone well within this
 
@@ -84,9 +84,9 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
 
     An idle template keeps children forked and confined ahead of the next job; beside them, a child of
     another name is a job still running. A session has a template of its own, so a session still open
-    shows as one template too many. Once a pool has had a session, one more template waits, childless,
-    for the next session: it is allowed here (one per pool), and the pool's close ends it (see
-    :func:`wait_for_none`). Returns what is left.
+    shows as one template too many. Once a pool has had a session, one more template waits for the next
+    session, childless or with a child confined ahead for it: it is allowed here (one per pool), and the
+    pool's close ends it (see :func:`wait_for_none`). Returns what is left.
     """
     end = time.monotonic() + deadline
     while True:
@@ -94,7 +94,7 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
         template_pids = [pid for pid, (depth, _parent, _command) in left.items() if depth == 2]
         children = [parent for depth, parent, _command in left.values() if depth == 3]
         deeper = [pid for pid, (depth, _parent, _command) in left.items() if depth > 3]
-        serving = [pid for pid in template_pids if pid in children]
+        serving = [pid for pid in template_pids if pid in children and not _waiting_for_a_session(pid, left)]
         pools = {parent for depth, parent, _command in left.values() if depth == 2}
         ready = [parent for pid, (depth, parent, _command) in left.items() if depth == 3 and _comm(pid) == READY_CHILD]
         if (len(serving) <= templates and len(template_pids) <= templates + len(pools) and not deeper
@@ -104,6 +104,12 @@ def wait_for_idle(templates: int, ignore: frozenset[int] = frozenset(),
         if time.monotonic() > end:
             raise AssertionError(f"still running {deadline}s after the agent finished: {left}")
         time.sleep(0.05)
+
+
+def _waiting_for_a_session(template: int, left: dict[int, tuple[int, int, str]]) -> bool:
+    """A template whose only child was confined ahead for a session: the one waiting for the next session."""
+    own = [pid for pid, (depth, parent, _command) in left.items() if depth == 3 and parent == template]
+    return len(own) == 1 and _comm(own[0]) == READY_CHILD and prepared_for_a_session(own[0])
 
 
 def wait_for_none(ignore: frozenset[int] = frozenset(), deadline: float = DEADLINE) -> None:

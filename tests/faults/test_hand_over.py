@@ -25,7 +25,14 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procfs
-from tests.pool.pool_driver import PoolProcess, descendants, leftover_guard, pool_process, proc_table
+from tests.pool.pool_driver import (
+    PoolProcess,
+    descendants,
+    leftover_guard,
+    pool_process,
+    prepared_for_a_session,
+    proc_table,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,6 +42,11 @@ _subreaper = pytest.fixture(scope="module", autouse=True, name="_subreaper")(lef
 def _below(pool: PoolProcess, depth: int, names: tuple[str, ...]) -> list[int]:
     table = proc_table()
     return [pid for pid, d in descendants(pool.pid, table).items() if d == depth and table[pid][3] in names]
+
+
+def _prepared_for_a_session(pool: PoolProcess) -> list[int]:
+    """Children prepared ahead for a session (by the template waiting for the next one), not for a job."""
+    return [pid for pid in _below(pool, 2, ("pynox-ready",)) if prepared_for_a_session(pid)]
 
 
 def _kill(pids: list[int]) -> None:
@@ -151,13 +163,42 @@ def test_a_spare_template_killed_while_it_waits_costs_the_next_session_nothing(t
         assert pool.run("x = 1", session="A")["error"] is None
         time.sleep(1.5)
         table = proc_table()
-        busy = {table[pid][0] for pid, d in descendants(pool.pid, table).items() if d == 2}
+        busy = {table[pid][0] for pid, d in descendants(pool.pid, table).items()
+                if d == 2 and table[pid][3] != "pynox-ready"}  # the spare may hold a child prepared for B
         spare = [pid for pid in _below(pool, 1, ("pynox-template",)) if pid not in workers | busy]
         assert len(spare) == 1, spare
         _kill(spare)
         time.sleep(0.5)
         first = pool.run("print('B1')", session="B")
         assert first["error"] is None and first["stdout"] == "B1\n", first
+        # Nothing is owed for the dead spare: a new one is made, with a child confined for the next session.
+        end = time.monotonic() + 10
+        while not (waiting := _prepared_for_a_session(pool)):
+            assert time.monotonic() < end, pool.tree()
+            time.sleep(0.02)
+        third = pool.run("import os\nprint(os.getpid())", session="C")
+        assert third["error"] is None and int(third["stdout"]) == waiting[0], third
+
+
+def test_a_child_prepared_for_the_next_session_killed_while_it_waits_costs_that_session_nothing(
+        tmp_path: Path) -> None:
+    """The spare's child confined ahead for the next session is killed while it waits: the next session is not
+    handed it (it is dying, or its end was read), its template forks it a child of its own, and the session
+    then lives on as any other (its template has nothing left to say between steps: an end it did not read
+    would be taken for its own child's)."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        assert pool.run("x = 1", session="A")["error"] is None
+        end = time.monotonic() + 10
+        while not (waiting := _prepared_for_a_session(pool)):
+            assert time.monotonic() < end, pool.tree()
+            time.sleep(0.02)
+        assert len(waiting) == 1, (waiting, pool.tree())
+        _kill(waiting)
+        first = pool.run("import os\nprint(os.getpid())", session="B")
+        assert first["error"] is None and int(first["stdout"]) != waiting[0], first
+        time.sleep(1.5)  # the idle reaper looks at the session: its process lives
+        second = pool.run("print('B2')", session="B")
+        assert second["error"] is None and second["stdout"] == "B2\n" and second["step"] == 2, second
 
 
 def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path) -> None:

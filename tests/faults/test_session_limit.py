@@ -24,8 +24,9 @@ def _refused(result: dict[str, Any], name: str) -> None:
 
 
 def _session_templates(pool: PoolProcess, workers: list[int]) -> int:
-    """Templates serving a session: with a child. The one started ahead for the next session has none."""
-    parents = {ppid for ppid, *_ in proc_table().values()}
+    """Templates serving a session: with a session's child. The one started ahead for the next session has
+    none (at most a child prepared for it, which serves nothing yet)."""
+    parents = {ppid for ppid, _state, _start, name in proc_table().values() if name == "pynox-session"}
     return len({pid for pid in pool.templates() if pid in parents} - set(workers))
 
 

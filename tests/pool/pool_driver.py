@@ -146,6 +146,22 @@ ZYGOTE = "pynox-zygote"
 # worker's template has at once, one of them perhaps running a job handed to it.
 READY_CHILD = "pynox-ready"
 PREPARED_PER_WORKER = 2
+# The signal a session's step is interrupted by (the product's wire/signals.py): a session's child takes it
+# once confined, a job's child leaves it ignored, as the template does.
+SESSION_INTERRUPT = signal.SIGRTMIN + 2
+
+
+def prepared_for_a_session(pid: int) -> bool:
+    """Whether a child prepared ahead ("pynox-ready") was confined for a session, not for a job: it catches the
+    session interrupt (``SigCgt`` of its status). The template waiting for the next session holds one; a
+    worker's template holds one for its next job."""
+    try:
+        caught = int(procfs.status(pid).get("SigCgt", "0"), 16)
+    except (OSError, ValueError):
+        return False
+    return bool(caught & (1 << (SESSION_INTERRUPT - 1)))
+
+
 # What a child names itself once it runs a job or a session. Until then it carries the template's name (it
 # may become a prepared child); and a template that is starting may run a helper of its own below the pool
 # (ctypes looking for a library runs ldconfig), at the same depth as jobs.

@@ -8,9 +8,17 @@ from typing import Any
 
 import pytest
 
-from tests.harness import procfs
-
-from .pool_driver import PoolProcess, new_id, pool_process, proc_table, refused, wait_gone
+from .pool_driver import (
+    READY_CHILD,
+    PoolProcess,
+    descendants,
+    new_id,
+    pool_process,
+    prepared_for_a_session,
+    proc_table,
+    refused,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -248,26 +256,21 @@ def test_close_takes_only_the_session(pool: PoolProcess) -> None:
 
 
 def _processes_of_the_session(pool: PoolProcess, plain: set[int]) -> list[int]:
-    """The one session's child (new since ``plain``) and the template it was forked from."""
+    """The one session's child (new since ``plain``) and the template it was forked from (not a child the
+    template waiting for the next session is forking, which carries the template's name until it is named)."""
     tree, table = pool.tree(), proc_table()
-    children = [pid for pid, depth in tree.items() if depth == 2 and pid not in plain]
+    children = [pid for pid, depth in tree.items()
+                if depth == 2 and pid not in plain and table[pid][3] == "pynox-session"]
     assert len(children) == 1, tree
     return [table[children[0]][0], children[0]]
 
 
-def _spare_templates(pool: PoolProcess, plain: set[int]) -> list[int]:
-    """Templates started since ``plain`` that have no child: started ahead for the next session."""
-    tree, table = pool.tree(), proc_table()
-    parents = {table[pid][0] for pid in tree if pid in table}
-    return [pid for pid, depth in tree.items() if depth == 1 and pid not in plain and pid not in parents]
-
-
-def _serving(template: int) -> bool:
-    """Whether a template has started and waits for work: blocked in its loop's poll(), not in its start."""
-    try:
-        return "poll" in procfs.read(template, "wchan")
-    except OSError:
-        return False
+def _prepared_ahead(pool: PoolProcess, plain: set[int]) -> list[tuple[int, int]]:
+    """(template, child) for each child prepared ahead below a template started since ``plain``: the template
+    waiting for the next session, and the child it confined for it (which the pool's tree leaves out)."""
+    table = proc_table()
+    return [(table[pid][0], pid) for pid, depth in descendants(pool.pid, table).items()
+            if depth == 2 and pid not in plain and table[pid][3] == READY_CHILD and prepared_for_a_session(pid)]
 
 
 def test_closing_a_session_ends_its_processes(tmp_path: Path) -> None:
@@ -282,26 +285,68 @@ def test_closing_a_session_ends_its_processes(tmp_path: Path) -> None:
         assert pool.stats()["sessions_active"] == 0
 
 
-def test_a_new_session_starts_from_a_template_started_ahead_that_served_nothing(tmp_path: Path) -> None:
+def test_a_new_session_is_handed_a_child_prepared_ahead_by_a_template_that_served_nothing(tmp_path: Path) -> None:
     """After a pool's first session, one fresh template waits for the next (a template takes ~150 ms to
-    start): the next session's first step forks from it. It never served a job before; once taken,
-    another is started for the session after."""
+    start), with a child forked and confined ahead with the first session's confinement: the next session
+    confined the same way is handed that child, so its first step pays neither a fork nor a confinement.
+    Neither served anything before; once taken, another pair is made for the session after."""
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         plain = set(pool.tree())
         first = _session()
         _ok(pool.run("x = 1", session=first))
         deadline = time.monotonic() + 30
-        while not (spares := [pid for pid in _spare_templates(pool, plain) if _serving(pid)]):
+        while not (ready := _prepared_ahead(pool, plain)):
             assert time.monotonic() < deadline, pool.tree()
             time.sleep(0.02)
-        assert len(spares) == 1, pool.tree()
-        assert [pid for pid, (ppid, *_) in proc_table().items() if ppid == spares[0]] == []  # nothing ran there
+        assert len(ready) == 1, pool.tree()
+        spare, waiting = ready[0]
+        assert [pid for pid, (ppid, *_) in proc_table().items() if ppid == spare] == [waiting]  # nothing else ran there
         second = _session()
-        _ok(pool.run("y = 2", session=second))
-        # The second session's child was forked by the template that waited.
-        assert len([pid for pid, (ppid, *_) in proc_table().items() if ppid == spares[0]]) == 1, pool.tree()
+        pid = pool.run("import os\nprint(os.getpid())", session=second)
+        assert pid["stdout"] == f"{waiting}\n", (pid, pool.tree())  # the child that waited runs the second session
+        assert proc_table()[waiting][3] == "pynox-session"
         fresh = pool.run("print('x' in dir())", session=second)
         assert fresh["stdout"] == "False\n", fresh  # a session of its own: nothing of the first one
+        while not (again := [pair for pair in _prepared_ahead(pool, plain) if pair[0] != spare]):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        assert len(again) == 1 and again[0][1] != waiting, pool.tree()  # the next pair is new
+        for name in (first, second):
+            pool.run(session=name, close=True)
+
+
+def test_a_session_confined_otherwise_is_not_handed_the_child_prepared_ahead(tmp_path: Path) -> None:
+    """The child waiting for the next session was confined with the last session's grants: a session whose
+    grants differ (a read grant more here) never gets it. It is discarded and the session's own child is
+    forked, and the grant is the session's own (a control read of the granted file, which the session
+    before could not read)."""
+    secret = tmp_path / "granted"
+    secret.mkdir()
+    (secret / "file.txt").write_text("only for the second session")
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        plain = set(pool.tree())
+        first = _session()
+        denied = pool.run(f"print(open({str(secret / 'file.txt')!r}).read())", session=first)
+        assert denied["error"]["type"] == "PermissionError", denied  # not granted: the policy denies it
+        deadline = time.monotonic() + 30
+        while not (ready := _prepared_ahead(pool, plain)):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        spare, waiting = ready[0]
+        second = _session()
+        granted = pool.run(f"import os\nprint(os.getpid(), open({str(secret / 'file.txt')!r}).read())",
+                           session=second, allow_read=[str(secret)])
+        assert granted["error"] is None, granted
+        pid, text = granted["stdout"].split(" ", 1)
+        assert text == "only for the second session\n"
+        assert int(pid) != waiting  # a child of its own, forked for it by the same template
+        assert proc_table()[int(pid)][0] == spare
+        assert wait_gone([waiting], 5) == []  # the child confined otherwise was discarded
+        # Its end was read before the session's own child was forked: between steps, the template has nothing
+        # to say but that child's end, so the idle reaper (once a second) does not take the session for ended.
+        time.sleep(1.5)
+        later = pool.run("print('still here')", session=second)
+        assert later["stdout"] == "still here\n" and later["step"] == 2, later
         for name in (first, second):
             pool.run(session=name, close=True)
 
@@ -426,3 +471,29 @@ def test_a_session_opens_with_open_true_or_with_its_grants(pool: PoolProcess) ->
     for session in (name, other):
         pool.run(session=session, close=True)
     refused(pool.run("print(1)", open=True), "open needs the session")
+
+
+def test_the_child_waiting_for_the_next_session_is_confined_again_as_the_latest_session_was(tmp_path: Path) -> None:
+    """Two sessions open at once, confined otherwise (B has a read grant): A is answered first, and the template
+    waiting for the next session confines a child as A was; B is answered later, and the same template confines
+    a child as B was in its place (the first one discarded). The next session confined as B is handed it."""
+    granted = tmp_path / "granted"
+    granted.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        plain = set(pool.tree())
+        slow = pool.submit(code="import time\ntime.sleep(4)", session="B", allow_read=[str(granted)])
+        _ok(pool.run("x = 1", session="A"))
+        deadline = time.monotonic() + 30
+        while not (first := _prepared_ahead(pool, plain)):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        assert pool.result(slow)["error"] is None
+        while not (again := [pair for pair in _prepared_ahead(pool, plain) if pair != first[0]]):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        assert again[0][0] == first[0][0], (first, again)  # the same template, which lives on
+        assert wait_gone([first[0][1]], 5) == []
+        step = pool.run("import os\nprint(os.getpid())", session="C", allow_read=[str(granted)])
+        assert step["stdout"] == f"{again[0][1]}\n", (step, again)
+        for name in ("A", "B", "C"):
+            pool.run(session=name, close=True)

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.harness import procfs
-from tests.pool.pool_driver import PREPARED_PER_WORKER, ZYGOTE, PoolProcess, pool_depths, proc_table, rss_kb
+from tests.pool.pool_driver import (
+    PREPARED_PER_WORKER,
+    ZYGOTE,
+    PoolProcess,
+    pool_depths,
+    prepared_for_a_session,
+    proc_table,
+    rss_kb,
+)
 
 from .mix import Expect, Job, Plan, Scenario, host_reply
 
@@ -265,25 +273,32 @@ class Snapshot:
     pool_threads: int
 
 
-def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0) -> Snapshot:
+def idle_snapshot(pool: PoolProcess, workers: int, deadline: float = 20.0, *, spare_prepared: bool = False) -> Snapshot:
     """Wait until the pool is idle (only its templates and their prepared children left), then measure it.
 
     Idle is what makes two snapshots comparable: no job, no session, no session template, no zombie. Once
-    the pool has had a session, one template more waits, childless, for the next session; it is replaced
-    with each new session, so the snapshot measures the workers' templates only (the pool's descriptors
-    and threads still count the one waiting).
+    the pool has had a session, one template more waits for the next session, with a child prepared for it
+    once a session's first step was answered; it is replaced with each new session, so the snapshot measures
+    the workers' templates only (the pool's descriptors and threads still count the one waiting).
     """
     end = time.monotonic() + deadline
     while True:
         processes = below(pool.pid)
-        parents = {table_entry[0] for table_entry in proc_table().values()}
+        table = proc_table()
+        parents = {table_entry[0] for table_entry in table.values()}
         alive = [pid for pid, (depth, state, _) in processes.items() if depth == 1 and state != "Z"]
-        templates = sorted(pid for pid in alive if pid in parents)
-        waiting = [pid for pid in alive if pid not in parents]
+        # The template waiting for the next session: childless, or holding a child confined for that session.
+        for_a_session = {table[pid][0] for pid in processes if pid in table and prepared_for_a_session(pid)}
+        templates = sorted(pid for pid in alive if pid in parents and pid not in for_a_session)
+        waiting = [pid for pid in alive if pid not in parents or pid in for_a_session]
         strays = {pid: info for pid, info in processes.items()
                   if info[1] == "Z" or info[0] > 2 or (info[0] == 2 and info[2] != "pynox-ready")}
+        # With ``spare_prepared`` (the pool has had a session whose confinement another can share), idle also
+        # means the template waiting for the next session holds the child it confines for it: the pool then
+        # holds that child's control socket and pidfd in every snapshot.
         if (len(templates) == workers and len(waiting) <= 1 and not strays
-                and len(processes) <= (1 + PREPARED_PER_WORKER) * workers + len(waiting)):
+                and len(processes) <= (1 + PREPARED_PER_WORKER) * workers + 2 * len(waiting)
+                and (not spare_prepared or for_a_session)):
             # A template that has just forked a prepared child still holds the child's end of their socket
             # pair for a moment, and the pool takes the child's pidfd and control socket from the template's
             # frame a moment later: idle means their descriptors hold still too.

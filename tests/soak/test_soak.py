@@ -62,9 +62,10 @@ def _compare_idle(warm: Snapshot, after: Snapshot) -> dict[str, Any]:
     assert all(abs(value) <= RSS_DRIFT for value in drift.values()), figures
     # A worker holds the pidfds of the children prepared ahead of its next job (the pool's default number at
     # most; a job's is released before the worker idles); and once the pool has had a session, its handle on
-    # the session template waiting for the next session (forked from the zygote, see zygote.py): one more.
+    # the session template waiting for the next session (forked from the zygote, see zygote.py) and on the
+    # child that template confined for it: two more.
     warm_fds, after_fds = Counter(warm.pool_fds), Counter(after.pool_fds)
-    bound = WORKERS * PREPARED_PER_WORKER + 1
+    bound = WORKERS * PREPARED_PER_WORKER + 2
     assert after_fds[PIDFD] <= bound and warm_fds[PIDFD] <= bound, (warm_fds, after_fds)
     del warm_fds[PIDFD], after_fds[PIDFD]
     assert after_fds == warm_fds, f"the pool's descriptors changed: {warm.pool_fds} -> {after.pool_fds}"
@@ -84,11 +85,11 @@ def soak(workdir: Path, results: int, seed: int) -> dict[str, Any]:
     with pool_process(f"--workers={WORKERS}", "--log=json", cwd=workdir) as pool:
         driver = Driver(pool, WORKERS, tally)
         driver.run(warm_plan)
-        warm = idle_snapshot(pool, WORKERS)
+        warm = idle_snapshot(pool, WORKERS, spare_prepared=True)
         run_started = time.monotonic()
         driver.run(plan)
         run_seconds = time.monotonic() - run_started
-        after = idle_snapshot(pool, WORKERS)
+        after = idle_snapshot(pool, WORKERS, spare_prepared=True)
         stats = pool.stats()
 
         where = f"(seed {seed})"

@@ -53,12 +53,7 @@ def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: 
     setup = Setup(confinement, runtime, grants, fds, sent_with_job(confinement.host_channel, confinement.session),
                   prepared=False, native_call=native_call)
     payload = _ready_or_fail(setup, run_steps(setup, confine_steps(setup)) or run_steps(setup, READ))
-    main = new_main(confinement, payload)
-    if confinement.session:  # the first step came with the job itself
-        serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
-                                                  return_value=payload.return_value, images=payload.images,
-                                                  stream=payload.stream))
-    _run(confinement, main, payload)
+    _run_or_serve(confinement, new_main(confinement, payload), payload)
 
 
 def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int],
@@ -70,7 +65,9 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     its grants name the same files as ``grants``; the job's own descriptors (outputs, report, payload)
     arrive on ``control``. Confinement happened before the job existed, so its cost is off the job's
     critical path, and the payload is read only now: nothing of any earlier job was ever in this process
-    beyond what the template holds. A setup failure is reported to the job it receives.
+    beyond what the template holds. A setup failure is reported to the job it receives. A session's child is
+    prepared the same way (by the template waiting for the next session, see server/sessions.py): its first
+    step is the job it is handed, with the session's control channel, which takes the hand-over socket's place.
     """
     setup = Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True, native_call=native_call)
     failure = run_steps(setup, confine_steps(setup))
@@ -80,7 +77,16 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
         _warm_up(confinement.host_channel)
     _await_job(setup)
     payload = _ready_or_fail(setup, failure or run_steps(setup, READ))
-    _run(confinement, new_main(confinement, payload), payload)
+    _run_or_serve(confinement, new_main(confinement, payload), payload)
+
+
+def _run_or_serve(confinement: Confinement, main: types.ModuleType, payload: Payload) -> NoReturn:
+    """Run the job; a session's child runs its first step (which came as the job), then serves the next ones."""
+    if confinement.session:
+        serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
+                                                  return_value=payload.return_value, images=payload.images,
+                                                  stream=payload.stream))
+    _run(confinement, main, payload)
 
 
 def _ready_or_fail(setup: Setup, failure: str | None) -> Payload:
@@ -129,10 +135,10 @@ def _await_job(setup: Setup) -> None:
     except (EOFError, OSError, ValueError):
         os._exit(SETUP_FAILED_EXIT)  # discarded: no job will come
     try:
-        set_process_name("pynox-job")
+        set_process_name("pynox-session" if setup.confinement.session else "pynox-job")
     except OSError:
         pass  # a name is for operators; the job runs all the same
-    expected = handed_to_prepared(setup.confinement.host_channel)
+    expected = handed_to_prepared(setup.confinement.host_channel, setup.confinement.session)
     if len(fds) != len(expected):
         os._exit(SETUP_FAILED_EXIT)  # the server broke its own protocol: run nothing rather than guess
     try:

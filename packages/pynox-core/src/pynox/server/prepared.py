@@ -165,6 +165,11 @@ class PreparedChildren:
         self._released[child.serial] = child
         child.close()
 
+    @property
+    def released(self) -> bool:
+        """Whether a child given up has not been reported ended yet."""
+        return bool(self._released)
+
     def ended(self, serial: int) -> bool:
         """The template reaped ``serial``: True if it was a prepared child the server knew of (it died while
         it waited, or it had been given up); False if it is none of them."""

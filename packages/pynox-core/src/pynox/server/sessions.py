@@ -44,7 +44,6 @@ from .interrupts import StepInterrupt
 from .outcome import Gathering, Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
-from .spare import SpareLife
 from .streaming import Streamer
 from .templates import CallSink, SessionChannels, Template
 from .zygote import SessionTemplates
@@ -123,40 +122,122 @@ class _SpareTemplate:
     """One template started ahead for the next new session, by a thread that lives as long as the pool (a
     template dies with the thread that started it). It has served nothing: each session still gets a template
     of its own. Started once the pool's first session asks for a template; if starting one fails, sessions
-    start their own, as before, and say why. Its states and moves are :class:`~.spare.SpareLife`'s."""
+    start their own, as before, and say why.
+
+    Once a session's first step has been answered, the spare also holds a child confined ahead with that
+    step's confinement (``Template.prepare_session``: forked and confined as a job's prepared child is, waiting
+    for its job), so the next session whose first request is confined the same way, with grants naming the same
+    files, is handed it: its first step pays neither a fork nor a confinement. A session confined otherwise
+    (another profile, a scratch directory of its own) has that child discarded and its own forked, as before.
+    A spare taken is replaced once the taker's first step has been answered (:meth:`answered`), not while that
+    step runs: on two cores, forking and confining the next one would take the time the step needs."""
 
     def __init__(self, new_template: Callable[[], Template]) -> None:
         self._new_template = new_template
-        self.life: SpareLife[Template] = SpareLife()
+        self._ready = threading.Condition()
+        self._spare: Template | None = None
+        self._started = self._closed = False
+        self._preparing = False  # the spare is out of reach while a child is prepared in it (a fork's time)
+        self._owed: list[Template] = []  # spares taken whose session's first step has not been answered yet
+        # What the next session is likely confined with: the last first step's bounds and grants (no payload),
+        # and the one the spare's waiting child was prepared with.
+        self._wanted: JobSpec | None = None
+        self._prepared_for: JobSpec | None = None
 
     def take(self) -> Template:
         """The waiting template, or (none ready yet) one started now on the caller's thread."""
-        spare, first = self.life.take()
-        if first:
-            threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
+        with self._ready:
+            while self._preparing and not self._closed:
+                self._ready.wait()
+            spare, self._spare = self._spare, None
+            if spare is not None:
+                self._owed.append(spare)
+            if not self._started:
+                self._started = True
+                threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
+            self._ready.notify_all()
         if spare is not None and (spare.broken or spare.process.poll() is not None):  # it died while it waited
+            with self._ready:  # nothing is owed for it: the next one is started now
+                self._owed = [owed for owed in self._owed if owed is not spare]
+                self._ready.notify_all()
             spare.close()
             spare = None
         return spare if spare is not None else self._new_template()
 
+    def answered(self, taken: Template | None, first: JobSpec | None = None) -> None:
+        """A session's first step was answered (or the session ended before one was): the spare it took, if
+        ``taken`` is one, is replaced now, and ``first`` (its first request as resolved, None if it cannot be
+        shared: a scratch or pip directory of its own) is what the next one is prepared for."""
+        with self._ready:
+            self._owed = [owed for owed in self._owed if owed is not taken]
+            if first is not None:
+                self._wanted = msgspec.structs.replace(first, payload=msgspec.structs.replace(
+                    first.payload, code=None, script=None, args=[], env={}, name=""))
+            self._ready.notify_all()
+
     def close(self) -> None:
-        spare = self.life.close()
+        with self._ready:
+            self._closed = True
+            spare, self._spare = self._spare, None
+            self._ready.notify_all()
         if spare is not None:
             spare.close()
 
     def _keep_one_ready(self) -> None:
         try:
-            while self.life.wanted():
-                template = self._new_template()
-                if not self.life.started(template):  # the pool closed while it started
-                    template.close()
-                    break
+            self._start_spares()
         except Exception as exc:  # the session asking next starts its own and reports the problem
-            self.life.failed()
             _log.warning("could not start a template ahead for the next session (%s: %s); sessions start their "
                          "own", type(exc).__name__, exc)
         # This thread must outlive the templates it started, which sessions hold: it waits for the pool's end.
-        self.life.wait_closed()
+        with self._ready:
+            while not self._closed:
+                self._ready.wait()
+
+    def _forget_wanted(self, wanted: JobSpec) -> None:
+        with self._ready:
+            if self._wanted is wanted:  # not a newer one, which is tried
+                self._wanted = None
+
+    def _to_prepare(self) -> bool:
+        wanted, prepared = self._wanted, self._prepared_for
+        return wanted is not None and (prepared is None or wanted.confinement != prepared.confinement)
+
+    def _start_spares(self) -> None:
+        while True:
+            with self._ready:
+                while not self._closed and (self._owed or (self._spare is not None and not self._to_prepare())):
+                    self._ready.wait()
+                if self._closed:
+                    return
+                template, wanted = self._spare, self._wanted
+                self._preparing = template is not None
+            try:
+                if template is None:
+                    template = self._new_template()
+                    self._prepared_for = None
+                if wanted is not None:
+                    try:
+                        prepared = template.prepare_session(wanted)
+                    except PynoxError as exc:  # this template failed: the next one is started in its place
+                        _log.warning("a template waiting for the next session failed (%s)", exc)
+                        template.close()
+                        template = None
+                        self._forget_wanted(wanted)  # prepared again once another session's first step is answered
+                        continue
+                    self._prepared_for = wanted if prepared else None
+                    if not prepared:  # a grant is gone: no child waits; tried again when another session comes
+                        self._forget_wanted(wanted)
+            finally:
+                with self._ready:
+                    self._preparing = False
+                    closed = self._closed
+                    if not closed:
+                        self._spare = template
+                    self._ready.notify_all()
+            if closed and template is not None:  # the pool closed while it started
+                template.close()
+                return
 
 
 class Session(threading.Thread):
@@ -174,6 +255,8 @@ class Session(threading.Thread):
         self.reopened: str | None = None  # why the pool ended the session held under this name before
         self._template: Template | None = None
         self._channels: SessionChannels | None = None
+        self._first: JobSpec | None = None  # its first step as sent (what the next session's child is prepared for)
+        self._took: Template | None = None  # the template it took for its process
 
     @property
     def closing(self) -> bool:
@@ -209,14 +292,23 @@ class Session(threading.Thread):
                     self.registry.forget(self)
                     self._answer(item, self._refused(item, stopped))
                     return
-                if self._serve(item):
+                first = self.steps == 0
+                ended = self._serve(item)
+                if first and self.steps == 1:  # answered: the spare it took is replaced now, off its path
+                    self.registry.spare.answered(self._took, self._first if self._shareable() else None)
+                if ended:
                     return  # later requests under this name start afresh; steps queued here are refused
         finally:
+            self.registry.spare.answered(self._took)  # no first step answered: its spare is replaced all the same
             self._stop_process()
             self._drain_after_end()
             self._remove_scratch()
             if self.life.state is not SessionState.CLOSED:
                 self.life.closed()
+
+    def _shareable(self) -> bool:
+        """Whether another session could be confined as this one is: not with a directory of its own."""
+        return self.spec.scratch is None and self.spec.pip_dir is None
 
     def _remove_scratch(self) -> None:
         if self.registry.scratch is not None:
@@ -336,7 +428,7 @@ class Session(threading.Thread):
             # The packages its first request names, installed on this session's thread (RequestError if not).
             self.spec = self.registry.place(self.spec)
             if self._template is None:
-                self._template = self.registry.spare.take()
+                self._template = self._took = self.registry.spare.take()
             if not step.interrupt.sent(self._template.child):
                 raise _NotRun  # the session stays as it was: opening, its process not started
             self._channels = SessionChannels.create(bool(self.spec.payload.functions))
@@ -345,6 +437,7 @@ class Session(threading.Thread):
                 payload=msgspec.structs.replace(self.spec.payload, code=step.code, name=step.name, args=step.args,
                                                 return_value=step.return_value, images=step.max_output,
                                                 stream=step.stream))
+            self._first = first
             if step.flight.cancelled:  # cancelled while its process started: it never runs
                 return Gathering(ended=True)
             self.life.running()

@@ -29,7 +29,7 @@ import pynox
 
 from .. import hints
 from ..config import PoolSettings, landlock_abi_from_environment, native_from_environment
-from ..errors import KernelSupportError, PoolWorkerError
+from ..errors import KernelSupportError, PoolWorkerError, RequestError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
 from ..policy.grants import close_all, identity, open_grants, refuse_kernel_filesystems
@@ -52,6 +52,7 @@ from ..wire.frames import (
     Fork,
     HandOver,
     Init,
+    Prepare,
     Prepared,
     Ready,
     Started,
@@ -124,6 +125,14 @@ def _key(confinement: Confinement, granted: list[int]) -> Key | None:
     except OSError:
         return None
     return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
+
+
+def _confinement(spec: JobSpec) -> Confinement:
+    """What a child for ``spec`` is confined with: its threads bounded where the pids cgroup bounds them."""
+    confinement = spec.confinement
+    if cgroups.available().pids is not None:  # its template's pids cgroup bounds its threads
+        confinement = msgspec.structs.replace(confinement, max_tasks=cgroups.MAX_JOB_TASKS)
+    return confinement
 
 
 def _explain_refused_connect(outcome: Gathering, spec: JobSpec, hosts: AllowList) -> None:
@@ -369,9 +378,7 @@ class Template:
             pinned = resolve(entries, min(_RESOLVE_WITHIN, spec.confinement.timeout))
             spec = msgspec.structs.replace(spec, payload=msgspec.structs.replace(spec.payload, pinned=pinned))
             hosts = AllowList(entries, pinned)
-        confinement = spec.confinement
-        if cgroups.available().pids is not None:  # its template's pids cgroup bounds its threads
-            confinement = msgspec.structs.replace(confinement, max_tasks=cgroups.MAX_JOB_TASKS)
+        confinement = _confinement(spec)
         # The grants bind now, when the job starts (RequestError if a path changed since it was resolved).
         granted = open_grants([*confinement.allow_read, *confinement.allow_write])
         reads, writes = granted[:len(confinement.allow_read)], granted[len(confinement.allow_read):]
@@ -404,7 +411,8 @@ class Template:
         if session is not None:
             extra.append(session.job_control)
             own[CONTROL] = session.job_control.fileno()
-        key = _key(confinement, granted) if session is None else None
+        # A session's first step may be handed to the child prepared ahead for it (see prepare_session).
+        key = _key(confinement, granted) if session is None or self.prepared.waiting is not None else None
         start = time.monotonic_ns()
         if not self.child.sent():  # cancelled while it was on its way: it never reaches a process
             for fd in [*writes, claim, *(end for pipe in pipes for end in pipe)]:
@@ -420,6 +428,8 @@ class Template:
                 self.cgroups.memory.start(confinement.memory)
                 self._mark_budget()
             if not self._hand_to_prepared(key, own, writes, confinement, hosts):
+                if session is not None:
+                    self._await_released()
                 metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 extra.append(job_metadata)
                 own[METADATA] = job_metadata.fileno()
@@ -507,7 +517,7 @@ class Template:
                 continue
             try:
                 send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(
-                    confinement.host_channel)])
+                    confinement.host_channel, confinement.session)])
             except OSError:  # it died while it waited (killed from outside): the template reports its end
                 self.prepared.release(prepared)
                 continue
@@ -517,6 +527,45 @@ class Template:
         # Its listener is waiting on the control socket, sent when it was confined.
         self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement), hosts=hosts)
         return True
+
+    def prepare_session(self, spec: JobSpec) -> bool:
+        """Before this template serves a session: confine a child ahead with ``spec``'s confinement (a session's
+        first request's, as resolved), which the session's first step is handed if its own confinement is the
+        same and its grants name the same files (as a job is handed a child prepared from the job before).
+
+        False if it cannot be prepared (a granted path is gone now): the session's child is then forked for its
+        first step, as before. Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails."""
+        confinement = _confinement(spec)
+        try:
+            granted = open_grants([*confinement.allow_read, *confinement.allow_write])
+        except (RequestError, OSError):
+            return False
+        try:
+            key = _key(confinement, granted)
+            if key is None:
+                return False
+            send_frame(self.sock, Prepare(job=self.prepared.job(key), confinement=confinement), granted)
+            self.prepared.announced(1)
+            self._settle_prepared()  # its Prepared frame comes in the time of a fork
+            self._await_released()  # the child it replaces, if one waited
+        except OSError as exc:
+            self.broken = True
+            raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
+        finally:
+            close_all(granted)  # the template holds its own copies while the child waits
+        self._settle_memory()  # as after a job: the child waiting is the template's, not its session's
+        return bool(self.prepared.waiting)
+
+    def _await_released(self) -> None:
+        """A session's template, before it forks the session's child: read the end of each prepared child given
+        up (discarded, or found dying), so that between the session's steps the template has nothing left to
+        say but its child's end (see has_word)."""
+        deadline = time.monotonic() + _KILL_GRACE
+        while self.prepared.released:
+            if not readable(self.sock.fileno(), max(deadline - time.monotonic(), 0)):
+                self.broken = True
+                raise PoolWorkerError("the template did not reap a discarded child in time", started=False)
+            self._receive_between_jobs()
 
     def _discard(self, prepared: PreparedChild) -> None:
         """Have the template kill a prepared child given up (released), which will get no job (and prepare

@@ -49,6 +49,7 @@ from ..wire.frames import (
     Ended,
     Fork,
     Init,
+    Prepare,
     Prepared,
     Ready,
     Spawn,
@@ -388,6 +389,15 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
                 elif isinstance(frame, Spawn):  # a zygote's frame: a template never forks templates
                     close_all(fds)
                     return
+                elif isinstance(frame, Prepare):
+                    # Only a session's template, before its session: it has forked no job's child (a child it
+                    # prepared before may wait: the server has it discarded once the new one is announced).
+                    if not frame.confinement.session or not all(c.prepared for c in children.by_serial.values()):
+                        close_all(fds)
+                        return  # the server broke the template's protocol: it ends, and is replaced
+                    # Of a lineage of its own, never the latest: nothing more is prepared from a session's
+                    # grants, which are closed when this child ends.
+                    children.prepare(_Lineage(frame.job, frame.confinement, fds))
                 else:
                     close_all(fds)
                     children.discard(frame.serial)

@@ -36,7 +36,9 @@ def sent_with_job(host_channel: bool, session: bool) -> tuple[int, ...]:
         (CONTROL,) if session else ())
 
 
-def handed_to_prepared(host_channel: bool) -> tuple[int, ...]:
+def handed_to_prepared(host_channel: bool, session: bool = False) -> tuple[int, ...]:
     """The same for a job handed to a prepared child: no metadata socket, as the child sent its listener
-    on its control socket when it was confined."""
-    return (STDOUT, STDERR, REPORT, DISPLAY, PAYLOAD, CLAIM) + ((CHANNEL,) if host_channel else ())
+    on its control socket when it was confined; a session's first step brings the session's control
+    channel, which takes the hand-over socket's number."""
+    return (STDOUT, STDERR, REPORT, DISPLAY, PAYLOAD, CLAIM) + ((CHANNEL,) if host_channel else ()) + (
+        (CONTROL,) if session else ())

@@ -29,7 +29,8 @@ import msgspec
 from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepared", "Ready",
+    "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepare", "Prepared",
+    "Ready",
     "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
     "send_frame", "template_decoder",
 ]
@@ -84,6 +85,15 @@ class Fork(msgspec.Struct, tag=True):
     confinement: Confinement
 
 
+class Prepare(msgspec.Struct, tag=True):
+    """Server -> a session's template before its session exists, with one descriptor per granted path: confine a
+    child ahead with this confinement (a session's), as if for job ``job``; its Prepared frame follows. The
+    confinement is one a session was given before (one tool, one profile), never anything a job said."""
+
+    job: int
+    confinement: Confinement
+
+
 class Discard(msgspec.Struct, tag=True):
     """Server -> template: the prepared child ``serial`` will get no job; kill it, prepare no other from it."""
 
@@ -133,7 +143,7 @@ class HandOver(msgspec.Struct, tag=True):
 
 _decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Spawned)
 init_decoder = msgspec.json.Decoder(Init)
-template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn)
+template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare)
 
 
 def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tuple[int, ...] = ()) -> None:

@@ -276,3 +276,25 @@ def test_k_children_are_prepared_and_none_beside_a_job_forked_for_another_key(tm
                 time.sleep(0.2)  # the two of the other key are killed by then
                 _no_child_prepared_beside(pool, [], 0.4)
                 assert pool.result(job)["error"] is None
+
+
+@pytest.mark.parametrize("prepared", [0, 2])
+def test_a_template_that_prepares_no_child_keeps_no_grant_of_the_last_job(tmp_path: Path, prepared: int) -> None:
+    """The review's finding on prepared children: with ``prepared_children = 0`` the template kept the last
+    job's grant descriptors open until the next job (a directory the host could not unmount, a deleted
+    file's space not freed), though it prepares nothing from them. Control: with 2 it keeps them, since its
+    prepared children are confined with them."""
+    granted = tmp_path / "granted"
+    granted.mkdir()
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[pool]\nprepared_children = {prepared}\n")
+    with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
+        assert pool.run("print(1)", allow_read=[str(granted)])["stdout"] == "1\n"
+        (template,) = pool.templates()
+        end = time.monotonic() + 5
+        while True:  # the template closes what it keeps once it has reaped the job, after the answer
+            held = [target for target in procfs.fd_targets(template).values() if target == str(granted)]
+            if (not held if prepared == 0 else bool(held)) or time.monotonic() > end:
+                break
+            time.sleep(0.02)
+        assert bool(held) == (prepared > 0), held

@@ -90,3 +90,34 @@ def test_a_job_that_breaks_the_protocol_at_once_is_killed_at_once(tmp_path: Path
             assert result["error"]["type"] == "PoolWorkerError" and "killed" in result["error"]["message"], result
         assert time.monotonic() - started < 30, "a job that broke the protocol lived on"
         assert pool.run("print('next')")["stdout"] == "next\n"
+
+
+@pytest.mark.parametrize("names", [("search", "secret"), ("secret", "search")])
+def test_a_call_frame_with_a_duplicated_function_key_reaches_the_client_only_as_the_name_checked(
+        tmp_path: Path, names: tuple[str, str]) -> None:
+    """The review of typed frames: a forged frame naming a declared function and, under the same key again, an
+    undeclared one is one call of the name the pool checked (the last), never the other. Control: the
+    declared name alone, last, is called."""
+    first, last = names
+    frame = b'{"tag":1,"function":"' + first.encode() + b'","function":"' + last.encode() + b'","args":[],"kwargs":{}}'
+    code = (_FRAMES + f"payload = {frame!r}\nchannel.sendall(struct.pack('!I', len(payload)) + payload)\n"
+            "size = struct.unpack('!I', channel.recv(4, socket.MSG_WAITALL))[0]\n"
+            "print(json.loads(channel.recv(size, socket.MSG_WAITALL)))\n")
+    called: list[str] = []
+
+    def search() -> str:
+        called.append("search")
+        return "found"
+
+    def secret() -> str:
+        called.append("secret")
+        return "leaked"
+
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        request_id = pool.submit({"search": search, "secret": secret}, code=code, functions=["search"])
+        result = pool.result(request_id)
+        assert [call["function"] for call in pool.calls(request_id)] == (["search"] if last == "search" else [])
+    assert called == (["search"] if last == "search" else []), called
+    expected = ("{'tag': 1, 'result': 'found'}" if last == "search" else
+                "{'tag': 1, 'error': \"no host function named 'secret' was declared for this task\"}")
+    assert result["stdout"] == expected + "\n", result

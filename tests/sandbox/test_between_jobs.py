@@ -332,8 +332,8 @@ def test_a_package_directory_replaced_on_the_host_is_the_new_one(tmp_path: Path)
         packages.rename(tmp_path / "site.old")  # a deploy moves the old release aside
         packages.mkdir()
         (packages / "second.py").write_text("NAME = 'second'\n")
-        # The children prepared before the move still have the old rule: each serves one more job at most (a
-        # waiting child cannot be withdrawn without risking the job the server may be handing it).
+        # The children prepared before the move still have the old rule: none of them takes a job (their key
+        # names the old directory; see the test below, which checks the very next jobs).
         for _ in range(PREPARED_PER_WORKER):
             pool.run("pass")
         _wait_prepared(pool)
@@ -341,3 +341,25 @@ def test_a_package_directory_replaced_on_the_host_is_the_new_one(tmp_path: Path)
         assert result["stdout"] == "second\n", result
         old = pool.run(_write(tmp_path / "site.old" / "first.py"))
         assert old["stdout"].startswith("denied"), old
+
+
+def test_no_job_after_a_package_directory_is_replaced_gets_the_old_rules(tmp_path: Path) -> None:
+    """The review's finding on prepared children: a deploy that moves a package directory aside must not leave
+    the old release readable, nor the new one unreadable, to the jobs that come next. Children prepared before
+    the move hold the old rule; a job whose package directories name other files than when its child was
+    prepared from an earlier job's is forked afresh. Control: the old release is readable before the move."""
+    packages = tmp_path / "site"
+    packages.mkdir()
+    (packages / "first.py").write_text("NAME = 'first'\n")
+    read_old = (f"try:\n    print(open({str(tmp_path / 'site.old' / 'first.py')!r}).read().strip())\n"
+                f"except OSError as exc:\n    print('denied', exc.errno)\n")
+    read_now = read_old.replace("site.old", "site")
+    with pool_process("--workers=1", f"--package-dir={packages}", cwd=tmp_path) as pool:
+        assert pool.run(read_now)["stdout"] == "NAME = 'first'\n"  # the control: granted, it is readable
+        _wait_prepared(pool)
+        packages.rename(tmp_path / "site.old")  # a deploy moves the old release aside
+        packages.mkdir()
+        (packages / "second.py").write_text("NAME = 'second'\n")
+        for _ in range(PREPARED_PER_WORKER + 1):
+            result = pool.run("import second; print(second.NAME)\n" + read_old)
+            assert result["stdout"] == "second\ndenied 13\n", result

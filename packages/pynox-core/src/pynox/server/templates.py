@@ -116,15 +116,27 @@ def _dying(pid: int) -> bool:
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
 
 
-def _key(confinement: Confinement, granted: list[int]) -> Key | None:
+def _key(confinement: Confinement, granted: list[int], package_dirs: list[str]) -> Key | None:
     """What a prepared child must have been confined with to take this job: the same confinement, grants
-    naming the same files, and the same working directory (a child prepared in it keeps it, even renamed).
-    None if the directory is gone: the job's own child will say so."""
+    naming the same files, the same working directory (a child prepared in it keeps it, even renamed), and
+    the pool's package directories naming the same directories as when it was prepared (the template reopens
+    a replaced one before each child it forks: one prepared before would keep the old release readable and
+    the new one unreadable). None if the working directory is gone: the job's own child will say so."""
     try:
         cwd = os.stat(confinement.cwd)
     except OSError:
         return None
-    return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
+    return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino),
+                                              *map(_path_identity, package_dirs))
+
+
+def _path_identity(path: str) -> tuple[int, int]:
+    """The file a path names now, (-1, -1) if none: a directory that comes back is another identity."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return -1, -1
+    return info.st_dev, info.st_ino
 
 
 def _confinement(spec: JobSpec) -> Confinement:
@@ -270,6 +282,7 @@ class Template:
         # The children the template confines ahead of the next job (see prepared.py), and the serial of
         # the child serving the current job, whose Ended frame is its own.
         self.prepared = PreparedChildren(prepared_children)
+        self._package_dirs = list(package_dirs)  # their identities are in a prepared child's key
         self._due_by = 0.0  # when the template's announced children must have arrived (see preparing)
         self._child_serial: int | None = None
         bounds = cgroups.available()
@@ -412,7 +425,7 @@ class Template:
             extra.append(session.job_control)
             own[CONTROL] = session.job_control.fileno()
         # A session's first step may be handed to the child prepared ahead for it (see prepare_session).
-        key = _key(confinement, granted) if session is None or self.prepared.waiting is not None else None
+        key = _key(confinement, granted, self._package_dirs) if session is None or self.prepared.waiting else None
         start = time.monotonic_ns()
         if not self.child.sent():  # cancelled while it was on its way: it never reaches a process
             for fd in [*writes, claim, *(end for pipe in pipes for end in pipe)]:
@@ -541,7 +554,7 @@ class Template:
         except (RequestError, OSError):
             return False
         try:
-            key = _key(confinement, granted)
+            key = _key(confinement, granted, self._package_dirs)
             if key is None:
                 return False
             send_frame(self.sock, Prepare(job=self.prepared.job(key), confinement=confinement), granted)

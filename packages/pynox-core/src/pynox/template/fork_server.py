@@ -261,9 +261,10 @@ class _Children:
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         close_all(own_fds)  # the child has them; the payload among them was never read here
-        # A session's child is the only one its template forks; any other job's grants may be prepared from.
+        # A session's child is the only one its template forks; any other job's grants may be prepared from,
+        # unless none is prepared here (prepared_children = 0): then nothing keeps them past the fork.
         lineage = None
-        if confinement.session:
+        if confinement.session or self.limit == 0:
             close_all(grants)
         else:
             lineage = _Lineage(job, confinement, grants)

@@ -26,6 +26,7 @@ import pytest
 
 from tests.harness import procfs
 from tests.pool.pool_driver import (
+    PREPARED_PER_WORKER,
     PoolProcess,
     descendants,
     leftover_guard,
@@ -130,8 +131,11 @@ def test_descriptors_and_processes_stay_flat_over_hundreds_of_jobs(tmp_path: Pat
             assert result["error"] is None and result["stdout"] == "1\n", result
             if i % 25 == 0:
                 counts.append(len(procfs.fds(pool.pid)))
-                assert len(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) <= 2
-        assert max(counts) - min(counts) <= 2, counts
+                # The children prepared ahead, and the last job's child while its end is not reaped yet.
+                assert len(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) <= PREPARED_PER_WORKER + 1
+        # Each child waiting for a job is a pidfd and a control socket in the pool: between none and all of them
+        # waiting at the moment of a count, no more than that.
+        assert max(counts) - min(counts) <= 2 * PREPARED_PER_WORKER, counts
 
 
 @pytest.mark.parametrize("how", ["cancel", "timeout"])

@@ -559,7 +559,7 @@ class Template:
                 return False
             send_frame(self.sock, Prepare(job=self.prepared.job(key), confinement=confinement), granted)
             self.prepared.announced(1)
-            self._settle_prepared()  # its Prepared frame comes in the time of a fork
+            self._await_prepared()  # its Prepared frame comes in the time of a fork
             self._await_released()  # the child it replaces, if one waited
         except OSError as exc:
             self.broken = True
@@ -568,6 +568,16 @@ class Template:
             close_all(granted)  # the template holds its own copies while the child waits
         self._settle_memory()  # as after a job: the child waiting is the template's, not its session's
         return bool(self.prepared.waiting)
+
+    def _await_prepared(self) -> None:
+        """A template waiting for the next session: read until the child it was asked to prepare has arrived,
+        even while an older one waits (its arrival gives up that one, whose end _await_released then reads)."""
+        deadline = time.monotonic() + _KILL_GRACE
+        while self.prepared.due:
+            if not readable(self.sock.fileno(), max(deadline - time.monotonic(), 0)):
+                self.broken = True
+                raise PoolWorkerError("the template did not prepare the next session's child in time", started=False)
+            self._receive_between_jobs()
 
     def _await_released(self) -> None:
         """A session's template, before it forks the session's child: read the end of each prepared child given

@@ -140,6 +140,14 @@ class PreparedChildren:
             self.release(given_up)
         return discard
 
+    def give_up_other_keys(self, key: Key | None) -> list[PreparedChild]:
+        """Before a job of ``key`` starts: the waiting children that cannot take it, given up now (released: to
+        discard), so they are gone before the job's memory is measured from (see Template.run)."""
+        discard = [other for other in self.waiting if key is None or other.key != key]
+        for given_up in discard:
+            self.release(given_up)
+        return discard
+
     def take(self, key: Key | None) -> tuple[PreparedChild | None, list[PreparedChild]]:
         """A waiting child for a job of ``key``, and those given up (released now: to discard). The child that
         matches is now handed the job (or to be released if it is dying; take again then); others of the same

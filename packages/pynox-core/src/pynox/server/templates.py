@@ -437,6 +437,13 @@ class Template:
             close_all([payload, *reads])
             return Gathering(handed_over=False)
         try:
+            # The children that cannot take this job end before its memory is measured from: counted in the
+            # template's cgroup at its start and freed during it, they would be room beyond its limit.
+            given_up = self.prepared.give_up_other_keys(key)
+            for child in given_up:
+                self._discard(child)
+            if given_up:
+                self._await_released()
             if self.cgroups is not None and self.cgroups.memory is not None:
                 self.cgroups.memory.start(confinement.memory)
                 self._mark_budget()

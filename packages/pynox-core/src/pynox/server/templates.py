@@ -579,22 +579,22 @@ class Template:
     def _await_prepared(self) -> None:
         """A template waiting for the next session: read until the child it was asked to prepare has arrived,
         even while an older one waits (its arrival gives up that one, whose end _await_released then reads)."""
-        deadline = time.monotonic() + _KILL_GRACE
-        while self.prepared.due:
-            if not readable(self.sock.fileno(), max(deadline - time.monotonic(), 0)):
-                self.broken = True
-                raise PoolWorkerError("the template did not prepare the next session's child in time", started=False)
-            self._receive_between_jobs()
+        self._read_while(lambda: bool(self.prepared.due), "prepare the next session's child")
 
     def _await_released(self) -> None:
-        """A session's template, before it forks the session's child: read the end of each prepared child given
-        up (discarded, or found dying), so that between the session's steps the template has nothing left to
-        say but its child's end (see has_word)."""
+        """Read the end of each prepared child given up (discarded, or found dying): before a job's memory is
+        measured from, and before a session's child is forked, so that between the session's steps the template
+        has nothing left to say but its child's end (see has_word)."""
+        self._read_while(lambda: bool(self.prepared.released), "reap a discarded child")
+
+    def _read_while(self, pending: Callable[[], bool], what: str) -> None:
+        """Read the template's frames between jobs while ``pending()``, for at most the grace it has to send them;
+        past it the template is broken ("the template did not <what> in time")."""
         deadline = time.monotonic() + _KILL_GRACE
-        while self.prepared.released:
+        while pending():
             if not readable(self.sock.fileno(), max(deadline - time.monotonic(), 0)):
                 self.broken = True
-                raise PoolWorkerError("the template did not reap a discarded child in time", started=False)
+                raise PoolWorkerError(f"the template did not {what} in time", started=False)
             self._receive_between_jobs()
 
     def _discard(self, prepared: PreparedChild) -> None:

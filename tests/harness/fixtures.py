@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,20 @@ def shared_pool(*, workers: int = 2, scope: Any = "module", **options: Any) -> A
             yield shared
 
     return pool
+
+
+def passable_run_dir(prefix: str) -> Any:
+    """A fixture named ``run_dir``: a directory anyone may pass through (pytest's own are root's only), for a
+    listening pool's socket another user reaches; who is served is the pool's decision. Removed after the test."""
+
+    @pytest.fixture(name="run_dir")
+    def run_dir() -> Iterator[Path]:
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        path.chmod(0o755)
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
+
+    return run_dir
 
 
 def packages_config(prefix: str) -> Any:

@@ -17,7 +17,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.harness import procfs
+from tests.harness.fixtures import passable_run_dir
 from tests.harness.scrape import metrics_text
 
 from .listen_client import ListenClient
@@ -66,14 +66,7 @@ def _stop(pool: PoolProcess) -> None:
     pool.finish()
 
 
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    # A directory anyone may pass through (pytest's own are root's only): the other user reaches the socket, and
-    # who is served is the pool's decision.
-    path = Path(tempfile.mkdtemp(prefix="pynox-listen-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+run_dir = passable_run_dir("pynox-listen-")
 
 
 @pytest.fixture

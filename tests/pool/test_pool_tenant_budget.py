@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.harness import procfs
+from tests.harness.fixtures import passable_run_dir
 from tests.harness.scrape import metrics_text
 
 from .listen_client import ListenClient
@@ -73,13 +74,7 @@ def budgets(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert checked.returncode == 0, checked.stderr
 
 
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    # A directory anyone may pass through: the other uid reaches the socket; who is served is the pool's word.
-    path = Path(tempfile.mkdtemp(prefix="pynox-budget-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+run_dir = passable_run_dir("pynox-budget-")
 
 
 def _config(tmp_path: Path, ops: str, other: str = "", writable: Path | None = None) -> Path:

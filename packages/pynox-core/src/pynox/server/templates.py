@@ -69,6 +69,7 @@ from .lifecycle import ChildLife, ChildState
 from .outcome import Gathering
 from .prepared import Key, PreparedChild, PreparedChildren
 from .report import JobWord, read_report
+from .serving import ServingLife
 from .steward import StewardLife, StewardPhase, StewardThread
 from .streaming import Streamer
 from .usage import live_usage, proc_text
@@ -82,6 +83,7 @@ _log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 16
 # After SIGKILL the kernel tears the process down; a template that does not report by then is broken.
 _KILL_GRACE = 5.0
+_GRACE_NS = int(_KILL_GRACE * 1e9)
 _STEWARD_LETS_GO = 5.0  # seconds for a delegated call being answered to finish (each has a bounded cost)
 _RESOLVE_WITHIN = 5.0  # seconds for the names of a job's allow_hosts, all together (pynox.hosts.resolve)
 _START_TIMEOUT = 300.0  # preloading pandas on a cold disk takes seconds, not minutes
@@ -220,10 +222,8 @@ class _Serving:
     outcome: Gathering
     job_calls: JobCalls | None
     session: bool
-    deadline: int  # monotonic ns
+    life: ServingLife  # its deadline, its kills and what they were for (see serving.py)
     max_output: int
-    kill_deadline: int | None = None  # set at the kill: the template must report the end by then
-    child_dead: bool = False  # seen through its pidfd: the template may be slow to say so (stopped, busy)
     watching_pidfd: bool = False
     # The job's word from its report (see report.py), read once its pipes have closed; None if it wrote none
     # the pool can take.
@@ -633,8 +633,9 @@ class Template:
             # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
             with selectors.PollSelector() as sel:
-                serving = _Serving(sel, capture, outcome, job_calls, session, start + int(timeout * 1e9),
-                                   max_output, claimed=claim is not None,
+                serving = _Serving(sel, capture, outcome, job_calls, session,
+                                   ServingLife(start + int(timeout * 1e9), _GRACE_NS), max_output,
+                                   claimed=claim is not None,
                                    holds_in_kernel=bool(spec.confinement.allow_write)
                                    or spec.confinement.network != "none")
                 try:
@@ -673,7 +674,7 @@ class Template:
         """Between two steps of a session: how its child ended, if it did meanwhile (killed from outside,
         say). Consumes the template's Ended frame, which is waiting on the socket."""
         if self.child.state is ChildState.RUNNING and self.has_word():
-            self._receive(Gathering())
+            self._receive()
         return self.child.ended
 
     def has_word(self) -> bool:
@@ -719,38 +720,39 @@ class Template:
             if self.child.alive:
                 self.child.kill()
             raise
+        # What its kills were for, as its verdict reads them (outcome.py): the table's word, taken once.
+        serving.outcome.timed_out, serving.outcome.protocol_violation = serving.life.timed_out, serving.life.violation
 
     def _enforce(self, serving: _Serving) -> int:
         """The deadline and the kills, checked between two waits; how long (ns) the next wait may be."""
         self._start_steward(serving.sel)
-        outcome, job_calls = serving.outcome, serving.job_calls
+        life, job_calls = serving.life, serving.job_calls
         now = time.monotonic_ns()
         stall: int | None = None
-        if job_calls is not None and not outcome.protocol_violation:
+        if job_calls is not None and not life.violation:
             violation = job_calls.violation or job_calls.outbox.judge(now)
             if violation is not None:
-                outcome.protocol_violation = violation  # it stopped reading its answers
+                life.violated(violation)  # it stopped reading its answers
                 self.child.kill()
             else:
                 stall = job_calls.outbox.stall_deadline()
-        if serving.session and not serving.capture.open and not outcome.protocol_violation and \
+        if serving.session and not serving.capture.open and not life.violation and \
                 self._broken_step_report(serving):
             # A step's process lives on, so no exit status will speak for it: a report the pool cannot take
             # leaves the step without an outcome. The session is ended now, as a broken channel is, rather
             # than kept waiting until its deadline for an end that is not coming.
-            outcome.protocol_violation = "its session step wrote a report the pool could not take"
+            life.violated("its session step wrote a report the pool could not take")
             self.child.kill()
-        if serving.kill_deadline is None and now >= serving.deadline:
-            outcome.timed_out = True
-            serving.kill_deadline = now + int(_KILL_GRACE * 1e9)
+        if life.due(now):
+            life.time_out(now)
             self.child.kill()
-        if serving.kill_deadline is not None and now >= serving.kill_deadline:
+        if life.grace_over(now):
             self.broken = True
             raise PoolWorkerError("the template did not reap a killed job in time")
-        if serving.kill_deadline is not None and not serving.watching_pidfd and self.child.pidfd is not None:
+        if life.timed_out and not serving.watching_pidfd and self.child.pidfd is not None:
             serving.sel.register(self.child.pidfd, selectors.EVENT_READ, self._on_pidfd)
             serving.watching_pidfd = True
-        wait = (serving.kill_deadline if serving.kill_deadline is not None else serving.deadline) - now
+        wait = life.wake() - now
         if stall is not None:
             wait = min(wait, stall - now)
         streamer = serving.capture.streamer
@@ -775,10 +777,9 @@ class Template:
         _finish), so nothing it might still do after its report happens. Only a missing or broken
         report, a kill, a child not yet killable (its pidfd still on its way), or a session step that
         ended its process needs the status the template reports."""
-        if self.child.state is ChildState.ENDED or serving.child_dead:
+        if self.child.state is ChildState.ENDED or serving.life.dead:
             return False
-        outcome = serving.outcome
-        if outcome.timed_out or outcome.protocol_violation is not None:
+        if serving.life.condemned:
             return True
         if self.child.pidfd is None:
             # Its pidfd (the template's Started frame) must be read before the result leaves: a job's
@@ -794,7 +795,7 @@ class Template:
     def _broken_step_report(self, serving: _Serving) -> bool:
         """A step's pipes closed, its process still runs, and its report is none the pool can take: missing
         or not of a step's shapes (a setup failure only on a first step, whose claim the pool holds)."""
-        if self.child.state is ChildState.ENDED or serving.child_dead:
+        if self.child.state is ChildState.ENDED or serving.life.dead:
             return False
         word = serving.read_word()
         if word is None and (self.child.pid is None or _dying(self.child.pid)):
@@ -817,7 +818,7 @@ class Template:
             # does is killed now. The template reaps it while the result travels; nothing the job still
             # asks is answered (a delegated call it makes now fails, as it dies), and the pool holds no
             # listener or grant of it while idle.
-            child.answered(serving.deadline)
+            child.answered(serving.life.deadline)
             self._close_metadata()
         ended = child.ended
         if ended is not None:
@@ -856,7 +857,7 @@ class Template:
         while self.child.state is not ChildState.ENDED:
             if not readable(self.sock.fileno(), deadline - time.monotonic()):
                 return  # its peak memory stays unknown; the next job settles its end
-            self._receive(Gathering())
+            self._receive()
 
     def after_result(self) -> None:
         """Once a result has left: collect its child's end, and the child the template now prepares if none
@@ -891,17 +892,17 @@ class Template:
             self._settle_prepared()
             return
         assert child.deadline is not None
-        deadline, kill_deadline = child.deadline, None
+        clock = ServingLife(child.deadline, _GRACE_NS)  # its job's clock goes on (see serving.py)
         while child.state is ChildState.ANSWERED:
             now = time.monotonic_ns()
-            if kill_deadline is None and now >= deadline:
+            if clock.due(now):
                 # Killed when it was answered; its time is up all the same: once more, then the template's grace.
+                clock.time_out(now)
                 child.kill()
-                kill_deadline = now + int(_KILL_GRACE * 1e9)
-            if kill_deadline is not None and now >= kill_deadline:
+            if clock.grace_over(now):
                 self.broken = True
                 raise PoolWorkerError("the template did not reap a finished job in time", started=False)
-            ready = readable(self.sock.fileno(), ((kill_deadline or deadline) - now) / 1e9)
+            ready = readable(self.sock.fileno(), (clock.wake() - now) / 1e9)
             if ready:
                 self._receive_between_jobs()
         child.release()
@@ -944,7 +945,7 @@ class Template:
 
     def _receive_between_jobs(self) -> None:
         try:
-            self._receive(Gathering())
+            self._receive()
         except PoolWorkerError as exc:  # the template died after the last job: this one was not sent
             raise PoolWorkerError(str(exc), started=False) from None
 
@@ -957,10 +958,10 @@ class Template:
     def _on_pidfd(self, serving: _Serving) -> None:
         assert self.child.pidfd is not None
         serving.sel.unregister(self.child.pidfd)  # the killed child is dead: its result is due now
-        serving.child_dead = True
+        serving.life.died()
 
     def _on_template(self, serving: _Serving) -> None:
-        if self._receive(serving.outcome):
+        if self._receive(serving.life):
             serving.sel.unregister(self.sock)
 
     def _on_listener(self, serving: _Serving) -> None:
@@ -1006,15 +1007,17 @@ class Template:
             try:
                 job_calls.readable(chunk)
             except ProtocolViolation as exc:
-                job_calls.violation = serving.outcome.protocol_violation = str(exc)
+                job_calls.violation = str(exc)
+                serving.life.violated(job_calls.violation)
                 serving.sel.unregister(job_calls.channel)
                 serving.channel_events = 0
                 self.child.kill()
                 return
         self._watch_writes(serving)
 
-    def _receive(self, outcome: Gathering) -> bool:
-        """Handle one frame from the template; True once the child has ended."""
+    def _receive(self, serving: ServingLife | None = None) -> bool:
+        """Handle one frame from the template (``serving``: the life of the job being served, if one is); True
+        once the child has ended."""
         try:
             frame, fds = recv_frame(self.sock)
         except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:
@@ -1026,7 +1029,7 @@ class Template:
                 os.close(extra)
             self._child_serial = frame.serial
             self.child.started(fds[0], frame.pid)
-            if outcome.protocol_violation is not None or outcome.timed_out:
+            if serving is not None and serving.condemned:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Prepared) and len(fds) == 2:

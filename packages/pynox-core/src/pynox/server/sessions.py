@@ -44,6 +44,7 @@ from .interrupts import StepInterrupt
 from .outcome import Gathering, Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
+from .spare import SpareLife
 from .streaming import Streamer
 from .templates import CallSink, SessionChannels, Template
 from .zygote import SessionTemplates
@@ -130,36 +131,22 @@ class _SpareTemplate:
     files, is handed it: its first step pays neither a fork nor a confinement. A session confined otherwise
     (another profile, a scratch directory of its own) has that child discarded and its own forked, as before.
     A spare taken is replaced once the taker's first step has been answered (:meth:`answered`), not while that
-    step runs: on two cores, forking and confining the next one would take the time the step needs."""
+    step runs: on two cores, forking and confining the next one would take the time the step needs.
+
+    Its states and their moves are spare.py's table (:class:`SpareLife`); this class does what they call for:
+    starting, preparing, checking and closing templates."""
 
     def __init__(self, new_template: Callable[[], Template]) -> None:
         self._new_template = new_template
-        self._ready = threading.Condition()
-        self._spare: Template | None = None
-        self._started = self._closed = False
-        self._preparing = False  # the spare is out of reach while a child is prepared in it (a fork's time)
-        self._owed: list[Template] = []  # spares taken whose session's first step has not been answered yet
-        # What the next session is likely confined with: the last first step's bounds and grants (no payload),
-        # and the one the spare's waiting child was prepared with.
-        self._wanted: JobSpec | None = None
-        self._prepared_for: JobSpec | None = None
+        self.life: SpareLife[Template] = SpareLife()
 
     def take(self) -> Template:
         """The waiting template, or (none ready yet) one started now on the caller's thread."""
-        with self._ready:
-            while self._preparing and not self._closed:
-                self._ready.wait()
-            spare, self._spare = self._spare, None
-            if spare is not None:
-                self._owed.append(spare)
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
-            self._ready.notify_all()
+        spare, first = self.life.take()
+        if first:
+            threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
         if spare is not None and (spare.broken or spare.process.poll() is not None):  # it died while it waited
-            with self._ready:  # nothing is owed for it: the next one is started now
-                self._owed = [owed for owed in self._owed if owed is not spare]
-                self._ready.notify_all()
+            self.life.found_dead(spare)  # nothing is owed for it: the next one is started now
             spare.close()
             spare = None
         return spare if spare is not None else self._new_template()
@@ -167,19 +154,13 @@ class _SpareTemplate:
     def answered(self, taken: Template | None, first: JobSpec | None = None) -> None:
         """A session's first step was answered (or the session ended before one was): the spare it took, if
         ``taken`` is one, is replaced now, and ``first`` (its first request as resolved, None if it cannot be
-        shared: a scratch or pip directory of its own) is what the next one is prepared for."""
-        with self._ready:
-            self._owed = [owed for owed in self._owed if owed is not taken]
-            if first is not None:
-                self._wanted = msgspec.structs.replace(first, payload=msgspec.structs.replace(
-                    first.payload, code=None, script=None, args=[], env={}, name=""))
-            self._ready.notify_all()
+        shared: a scratch or pip directory of its own) is what the next one is prepared for (its bounds and
+        grants: no payload)."""
+        self.life.answered(taken, None if first is None else msgspec.structs.replace(
+            first, payload=msgspec.structs.replace(first.payload, code=None, script=None, args=[], env={}, name="")))
 
     def close(self) -> None:
-        with self._ready:
-            self._closed = True
-            spare, self._spare = self._spare, None
-            self._ready.notify_all()
+        spare = self.life.close()
         if spare is not None:
             spare.close()
 
@@ -189,53 +170,36 @@ class _SpareTemplate:
         except Exception as exc:  # the session asking next starts its own and reports the problem
             _log.warning("could not start a template ahead for the next session (%s: %s); sessions start their "
                          "own", type(exc).__name__, exc)
+            try:
+                held = self.life.failed()
+            except PynoxError:  # a bug of the table's own: logged, and the thread still waits for the pool's end
+                _log.exception("the pool lost track of its spare template")
+            else:
+                if held is not None:  # the template it was preparing a child in: in no known state now
+                    held.close()
         # This thread must outlive the templates it started, which sessions hold: it waits for the pool's end.
-        with self._ready:
-            while not self._closed:
-                self._ready.wait()
-
-    def _forget_wanted(self, wanted: JobSpec) -> None:
-        with self._ready:
-            if self._wanted is wanted:  # not a newer one, which is tried
-                self._wanted = None
-
-    def _to_prepare(self) -> bool:
-        wanted, prepared = self._wanted, self._prepared_for
-        return wanted is not None and (prepared is None or wanted.confinement != prepared.confinement)
+        self.life.wait_closed()
 
     def _start_spares(self) -> None:
-        while True:
-            with self._ready:
-                while not self._closed and (self._owed or (self._spare is not None and not self._to_prepare())):
-                    self._ready.wait()
-                if self._closed:
-                    return
-                template, wanted = self._spare, self._wanted
-                self._preparing = template is not None
-            try:
-                if template is None:
-                    template = self._new_template()
-                    self._prepared_for = None
-                if wanted is not None:
-                    try:
-                        prepared = template.prepare_session(wanted)
-                    except PynoxError as exc:  # this template failed: the next one is started in its place
-                        _log.warning("a template waiting for the next session failed (%s)", exc)
+        while (work := self.life.work()) is not None:
+            template, wanted = work
+            own = template is None  # started here: the table holds it only once it is ready
+            if template is None:
+                template = self._new_template()
+            prepared = False
+            if wanted is not None:
+                try:
+                    prepared = template.prepare_session(wanted)
+                except PynoxError as exc:  # this template failed: the next one is started in its place
+                    _log.warning("a template waiting for the next session failed (%s)", exc)
+                    template.close()
+                    self.life.lost(wanted)  # prepared again once another session's first step is answered
+                    continue
+                except BaseException:
+                    if own:
                         template.close()
-                        template = None
-                        self._forget_wanted(wanted)  # prepared again once another session's first step is answered
-                        continue
-                    self._prepared_for = wanted if prepared else None
-                    if not prepared:  # a grant is gone: no child waits; tried again when another session comes
-                        self._forget_wanted(wanted)
-            finally:
-                with self._ready:
-                    self._preparing = False
-                    closed = self._closed
-                    if not closed:
-                        self._spare = template
-                    self._ready.notify_all()
-            if closed and template is not None:  # the pool closed while it started
+                    raise
+            if not self.life.ready(template, wanted, prepared):  # the pool closed while it started
                 template.close()
                 return
 

@@ -108,8 +108,10 @@ def test_forged_large_frames_are_capped_in_bytes(tmp_path: Path) -> None:
     flood = _FORGE + (f"payload = ('{{\"function\":\"f\",\"args\":[' + {big!r} + '],\"kwargs\":{{}}}}').encode()\n"
                       "for _ in range(40):\n    forge(payload)\nimport time\ntime.sleep(0.5)")
     with pool_process("--workers=1", cwd=tmp_path) as pool:
-        request_id = pool.submit(code=flood, functions=["f"])  # nobody answers its calls
-        pool.result(request_id, timeout=30)
+        # Nobody answers its calls, so its writes block until its deadline: 10 s, with room for a loaded machine
+        # to kill and report it (at the default 30 s deadline the wait of 30 s lost that race under load).
+        request_id = pool.submit(code=flood, functions=["f"], timeout="10s")
+        pool.result(request_id, timeout=60)
         events = pool.calls(request_id)
         _innocent_job_is_answered_at_once(pool)
     assert 1 <= len(events) <= 2, f"the host received {len(events)} large calls of one job"

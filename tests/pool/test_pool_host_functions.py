@@ -298,7 +298,10 @@ def test_a_call_still_waiting_when_its_step_ends_fails_in_the_job(pool: PoolProc
         "import threading\nfrom pynox_host import slow, HostError\noutcome = []\n"
         "def call():\n    try:\n        outcome.append(repr(slow()))\n"
         "    except HostError as exc:\n        outcome.append(f'HostError: {exc}')\n"
-        "caller = threading.Thread(target=call)\ncaller.start()\n"))
+        # The step gives the thread a moment to send its call before the step ends (it never returns: nobody
+        # answers). Ending at once, the step could stop the process before the thread's call left it, and the
+        # call event never came (seen once at load 15).
+        "caller = threading.Thread(target=call)\ncaller.start()\ncaller.join(2.0)\n"))
     call = _call_of(pool, first_id)
     assert pool.result(first_id)["exit"] == 0
     second = pool.run("caller.join(10)\nprint(caller.is_alive(), outcome)", session=session)

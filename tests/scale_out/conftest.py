@@ -52,7 +52,10 @@ def cluster() -> Iterator[object]:
     # The test process is the subreaper of all it starts: Ray's daemons (GCS, raylets, their agents) are
     # re-parented to it, and must be gone before the next suite counts its own processes.
     before = set(descendants(os.getpid()))
-    started = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # Ray reports what workers record to each node's metrics agent every second (10 s by default), so
+    # test_ray_metrics waits little; no dashboard, which no test reads.
+    started = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "_system_config": {"metrics_report_interval_ms": 1000}})
     try:
         started.add_node(num_cpus=1)
         ray.init(address=started.address, log_to_driver=False)

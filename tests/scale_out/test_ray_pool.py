@@ -134,9 +134,13 @@ def test_host_functions_on_a_remote_node_run_in_the_callers_process(cluster: obj
         await asyncio.sleep(0)
         return locate(tag)
 
-    # Eight calls at once (the pool's most), so a loaded machine's round trips do not add up to the timeout.
+    # Eight calls at once (the pool's most), so a loaded machine's round trips do not add up to the timeout; then
+    # the 1,001st from the main thread. Not the 1,001st inside the map: its traceback passes through
+    # Future.result, whose line depends on whether that future had finished when the main thread reached it
+    # (_base.py 449 or 456), so the job's own stderr differed between two runs of the same pool under load.
     many = ("from concurrent.futures import ThreadPoolExecutor\nfrom pynox_host import locate\n"
-            "with ThreadPoolExecutor(8) as calls:\n    list(calls.map(lambda i: locate('many'), range(1001)))")
+            "with ThreadPoolExecutor(8) as calls:\n    list(calls.map(lambda i: locate('many'), range(1000)))\n"
+            "locate('the 1001st')")
     with RayPool(workers=1, nodes=[node_ids[1]]) as remote:
         result = remote.run("from pynox_host import locate\nprint(locate('sync'))", functions={"locate": locate})
         assert result.stdout == "1\n" and result.usage is not None and result.usage.host_calls == 1
@@ -150,10 +154,11 @@ def test_host_functions_on_a_remote_node_run_in_the_callers_process(cluster: obj
         # The 1,000-call limit is the node pool's own: the 1,001st call fails there, as it does locally.
         where.clear()
         limited = remote.run(many, functions={"locate": locate}, timeout="90s")
-    assert len(where) == 1000
+    assert len(where) == 1000 and {tag for _, tag in where} == {"many"}
     where.clear()
     assert _described(limited) == _described(local_pool.run(many, functions={"locate": locate}, timeout="90s"))
     assert limited.error is not None and limited.error["type"] == "HostError", limited.text
+    assert limited.error["line"] == 5 and limited.stderr.count("File ") == 1, limited.stderr  # the main thread's
 
 
 def test_sessions_keep_their_state_on_one_node(ray_pool: RayPool, node_ids: list[str]) -> None:

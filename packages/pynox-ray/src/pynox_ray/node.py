@@ -18,6 +18,11 @@ caller's :meth:`NodePool.attach` starts a new epoch, and the connection of the c
 an empty line (which no pool output ever is), so a caller still holding it learns it was taken over rather
 than that the pool died. What the pool writes while nobody holds the pipe has nobody to go to, and is dropped.
 
+The actor also exports its pool's counters and gauges through Ray's metrics (``metrics.py``): every
+``_METRICS_EVERY`` seconds it asks its pool for a stats event, under a request id of its own whose answer it
+keeps (it never reaches the caller), and it records every other stats event that passes up the pipe too (a
+caller's ``RayPool.stats()``). Intake answers a stats line at once, whatever waits in its queue.
+
 The actor runs an event loop (its methods are ``async``): the connection, the pool's output and its calls
 interleave on it.
 """
@@ -31,10 +36,13 @@ import os
 import secrets
 from typing import Any
 
+import msgspec
 import ray
 
 import pynox
-from pynox.transport import pool_argv
+from pynox.transport import StatsEvent, decode_answer, pool_argv
+
+from .metrics import NodeMetrics
 
 __all__ = ["LET_GO", "NodePool", "PoolOptions"]
 
@@ -44,6 +52,8 @@ _STDERR_LINES = 50
 _ABI_VARIABLE = "PYNOX_LANDLOCK_ABI"  # the operator's Landlock ABI cap, which the node's pool reads
 _LINE_LIMIT = 4 << 20  # above the pool's own 1 MiB request line and its capped answers
 _HELLO_TIMEOUT = 30.0  # seconds for a connection to present its token
+_METRICS_EVERY = 5.0  # seconds between the stats events exported to Ray's metrics (Ray reports every 10 s)
+_STATS_MARK = b'"event":"stats"'  # in every stats event's line; a line that has it otherwise is decoded to tell
 
 
 class NodePool:
@@ -73,6 +83,9 @@ class NodePool:
         self._stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
         self._tasks: list[asyncio.Future[None]] = []  # its readers of the pool's output, held while they run
         self._ended = asyncio.Event()  # set when its pool is closed for good (not for a restart at an ABI cap)
+        # Its own stats requests' ids: random, so no caller's request id is one of them.
+        self._stats_prefix = f"pynox-ray-metrics-{secrets.token_hex(8)}-"
+        self._metrics: NodeMetrics | None = None
 
     def node_id(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
@@ -101,7 +114,12 @@ class NodePool:
             raise pynox.PoolError(f"the pool on node {self.node_id()} exited before it was ready: exit status "
                                   f"{self._process.returncode}" + (f"; it said: {tail}" if tail else ""))
         self._first = first
+        if self._metrics is None:
+            context = ray.get_runtime_context()
+            self._metrics = NodeMetrics(self.node_id(), str(context.get_actor_name() or context.get_actor_id()))
+        self._metrics.restart()
         self._tasks.append(asyncio.ensure_future(self._read(self._process, self._process.stdout)))
+        self._tasks.append(asyncio.ensure_future(self._ask_stats(self._process)))
         if self._server is None:
             host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
             self._server = await asyncio.start_server(self._serve_caller, host=host, port=0, limit=_LINE_LIMIT)
@@ -111,6 +129,8 @@ class NodePool:
         """The pool's lines, up the connection of whoever holds the pipe; when the pool ends, that connection."""
         try:
             while line := await stdout.readline():
+                if _STATS_MARK in line and self._exported(line):
+                    continue  # the actor's own stats request: answered to it, not to the caller
                 holder = self._holder
                 if holder is None or holder.is_closing():
                     continue  # nobody holds the pipe: the answer has nobody to go to
@@ -124,6 +144,33 @@ class NodePool:
         finally:
             if self._process is process or self._process is None:  # not a pool stopped for a restart
                 self._hang_up(None)
+
+    def _exported(self, line: bytes) -> bool:
+        """Record a stats event in Ray's metrics; True if it answers the actor's own request."""
+        try:
+            message = decode_answer(line)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return False  # the caller's to judge
+        if not isinstance(message, StatsEvent):
+            return False
+        if self._metrics is not None:
+            self._metrics.record(msgspec.to_builtins(message))
+        return isinstance(message.id, str) and message.id.startswith(self._stats_prefix)
+
+    async def _ask_stats(self, process: asyncio.subprocess.Process) -> None:
+        """Ask the pool for its stats every ``_METRICS_EVERY`` seconds while it runs and reads its input."""
+        asked = 0
+        while process is self._process and process.returncode is None:
+            stdin = process.stdin
+            if stdin is None or stdin.is_closing():
+                return
+            asked += 1
+            try:
+                stdin.write(msgspec.json.encode({"id": f"{self._stats_prefix}{asked}", "stats": True}) + b"\n")
+                await stdin.drain()
+            except (ConnectionError, OSError):
+                return  # the pool is gone or no longer reads
+            await asyncio.sleep(_METRICS_EVERY)
 
     def _hang_up(self, last: bytes | None) -> None:
         holder, self._holder = self._holder, None

@@ -68,7 +68,7 @@ from ..wire.frames import Ready
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import ErrorInfo, JobSpec
 from .admission import Admission, Waiting, queue_timeout, saturated
-from .flights import Cancel, Flight, Flights
+from .flights import Flight, Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
@@ -620,25 +620,11 @@ class Server:
             self._refuse(job.id, str(exc))
 
     def _cancel(self, request_id: RequestId, target: RequestId) -> None:
-        """End every queued or running job with id ``target``; each still gets its one result, as cancelled."""
-        ended = [(flight, how) for flight in self.flights.find(target)
-                 if (how := flight.cancel()) is not Cancel.FINISHED]
-        if not ended:
-            self._refuse(request_id, f"cancel: no queued or running job has the id {quoted(target)}; it may "
-                                     "have finished already")
-            return
-        self.output.write(encode(CancelAnswer(id=request_id, cancelled=target)))
-        for flight, how in ended:
-            if how is Cancel.QUEUED:
-                flight.answer_cancelled()
-
-    def cancel_quietly(self, target: RequestId) -> None:
-        """End ``target``'s queued or running jobs with no answer to the cancel itself (a listening pool's dropped
-        connection: nobody reads it); each job still gets its one result. Not under the intake lock: a connection
-        is dropped from wherever its outbox overflowed, a line's handling included."""
-        for flight in self.flights.find(target):
-            if flight.cancel() is Cancel.QUEUED:
-                flight.answer_cancelled()
+        answer = encode(CancelAnswer(id=request_id, cancelled=target))
+        try:
+            self.flights.cancel(target, lambda: self.output.write(answer))
+        except RequestError as exc:
+            self._refuse(request_id, str(exc))
 
     def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
         config = self.options.config

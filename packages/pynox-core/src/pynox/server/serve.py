@@ -31,7 +31,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
@@ -62,17 +61,17 @@ from ..protocol import (
     request_id_from_head,
     session_refusal,
 )
-from ..units import format_duration, format_size
+from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
-from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import ErrorInfo, JobSpec
-from .admission import Admission, Waiting, queue_timeout, saturated
+from .admission import Admission, Waiting, saturated
 from .flights import Flight, Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
-from .jobs import to_job
+from .jobs import Job as _Job  # the worker's name for it
+from .jobs import Resolver
 from .jsonlog import log_records_as_json, relay_as_json
 from .labels import Labels
 from .lifecycle import ChildLife, ChildState
@@ -98,17 +97,6 @@ _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
 _PREPARED_EVERY = 0.01  # seconds between two reads of a template's prepared children while no job comes
-
-
-@dataclass
-class _Job:
-    id: str | int | float | None
-    spec: JobSpec
-    max_output: int
-    accepted_ns: int  # when the pool read its line: its wait is counted from here
-    flight: Flight
-    queue_deadline_ns: int | None = None  # refused if no worker took it by then (see admission.py)
-    tenant: cgroups.TenantGroup | None = None  # its tenant's cgroups, when the tenant has a budget
 
 
 class _Worker(threading.Thread):
@@ -274,10 +262,8 @@ class Server:
                                    refuse=options.max_queued is not None or options.listen is not None)
         self._arrived_ns = 0  # when intake read the line it handles now
         self.workers: list[_Worker] = []  # once started
-        self.cwd = os.getcwd()
         self.ready_info: ReadyEvent | None = None
         self.ready: Ready  # the first template's, once started
-        self.read_paths: list[str] = []
         # How the pool ends (see shutdown.py). The intake lock is held while a line is accepted: once the
         # drain holds it, every later line sees the stage and is refused, and nothing more is queued.
         self.shutdown = Shutdown(options.drain_timeout, on_drain=self._start_drain, on_stop=self._stop)
@@ -289,8 +275,6 @@ class Server:
         self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes intake when the drain is over
         # Requests accepted and not yet answered, for {"cancel": ID}.
         self.flights = Flights()
-        # Every directory or file a job of this pool has been allowed to write (see grants.Grants.of).
-        self._written: set[str] = set()
         self.calls = CallRegistry(output.write, self.stats.record_host_call)
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
         # What a template writes on stderr (a preload that prints, a crash): as JSON lines too, with --log=json.
@@ -306,11 +290,6 @@ class Server:
         # The cgroups of each tenant with a memory_budget or cpu_weight (see policy/cgroups.py TenantGroup), made
         # as the pool starts: where none can be made, the pool does not start (never without the budget).
         self.budgets: dict[str, cgroups.TenantGroup] = {}
-        # Where a job may never write (see grants.Grants.of).
-        self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
-        # A job that read the key could sign a state another client's session then restores (session_state.py).
-        self._pool_secrets = ({"session_key_file": os.path.realpath(options.session_key_file)}
-                              if options.session_key_file else {})
         # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
         self.scratch = ScratchRoot(options.scratch_dir, run_as=options.config.pool.run_as,
                                    others=options.config.runs_as_others(),
@@ -320,6 +299,9 @@ class Server:
         self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
                                    allowed=limits.packages if limits else None)
         self.calls.pip = self.installer.pip
+        # What the pool adds to a request's grants, for a job or a session's first step (see jobs.py).
+        self.resolver = Resolver(options, self.installer, self.scratch, self.budget_of,
+                                 lambda request_id: self.run_as_of(request_id))
         # OpenTelemetry spans, when OTEL_TRACES_EXPORTER asks for them (see spans.py); else None, and no cost.
         self.spans = spans_from_environment(lambda why: self.log_event("config_warning", why))
         # Signs the states sessions save and checks those given back (see session_state.py).
@@ -409,13 +391,13 @@ class Server:
             for _ in workers:
                 self.jobs.put(None)
             raise
-        self.read_paths = ready.read_paths
+        self.resolver.read_paths = ready.read_paths
         self.ready_info = ReadyEvent(
             workers=self.options.workers,
             python=ready.python,
             preloaded_modules=ready.preloaded,
             package_dirs=self.options.package_dirs,
-            runtime_paths=self.read_paths,
+            runtime_paths=ready.read_paths,
             config=self.options.config.path,
             profiles=sorted(self.options.config.profiles),
             landlock_abi=ready.landlock_abi,
@@ -626,53 +608,8 @@ class Server:
         except RequestError as exc:
             self._refuse(request_id, str(exc))
 
-    def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
-        config = self.options.config
-        # The paths are judged against the ceiling by to_job, on the resolution it grants.
-        run_as = config.run_as(request.profile, self.run_as_of(request.id))
-        request = bounded(request, config, self.cwd, check_paths=False)
-        # No job may write where the pool keeps the environments it installs.
-        runtime_paths = [*self.read_paths, self.installer.root]
-        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
-                                  writable=self._written, ceiling=config.ceiling,
-                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
-                                  pool_files=self._pool_files, pool_secrets=self._pool_secrets)
-        self.scratch.refuse_overlap(spec)
-        budget = self.budget_of(request.id)
-        if budget is not None and budget.memory is not None and spec.confinement.memory > budget.memory:
-            # Its own limit could never be reached: the budget would kill it first, and report that.
-            raise RequestError(f"memory: this request's limit of {format_size(spec.confinement.memory)} is above "
-                               f"the memory_budget of tenant {budget.name!r} ({format_size(budget.memory)}), which "
-                               f"all its jobs and sessions share; ask for at most {format_size(budget.memory)}")
-        if self.installer.problem() is None:  # its hints then name the packages grant
-            spec = msgspec.structs.replace(
-                spec, confinement=msgspec.structs.replace(spec.confinement, installs_packages=True))
-        elif spec.packages or request.pip_install:
-            raise RequestError(f"{'packages' if spec.packages else 'pip_install'}: {self.installer.problem()}")
-        if request.pip_install:
-            if not session:
-                raise RequestError("pip_install: only a session takes it (its steps' `%pip install` lines); a job "
-                                   "names its packages")
-            # A directory of its own, granted read-only now: what `%pip install` adds beneath it later is
-            # readable (Landlock rules cover a directory's later content), and the job still writes nothing.
-            directory = self.installer.session_dir()
-            confinement = msgspec.structs.replace(
-                spec.confinement, package_dirs=[*spec.confinement.package_dirs, directory],
-                allow_read=[*spec.confinement.allow_read, directory], host_channel=True)
-            payload = msgspec.structs.replace(spec.payload, functions=[*spec.payload.functions, PIP_FUNCTION])
-            spec = msgspec.structs.replace(spec, confinement=confinement, payload=payload, pip_dir=directory)
-        # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
-        self._written.update(spec.confinement.allow_write)
-        return spec, max_output
-
     def _accept(self, request: Request) -> _Job:
-        spec, max_output = self._resolve(request)
-        if request.scratch:
-            spec = self.scratch.grant(spec)
-        arrived = self._arrived_ns
-        wait = queue_timeout(request, self.options.config, self.options.queue_timeout)
-        job = _Job(request.id, spec, max_output, arrived, Flight(request.id),
-                   None if wait is None else arrived + int(wait * 1e9), self.budget_of(request.id))
+        job = self.resolver.job(request, self._arrived_ns)
 
         def answer_cancelled() -> None:
             self.admission.leave(job)
@@ -730,11 +667,11 @@ class Server:
             spec, max_output = existing.spec, existing.max_output
         else:
             self._may_open(request, name)
-            spec, max_output = self._resolve(request, session=True)
+            spec, max_output = self.resolver.resolve(request, session=True)
         # A step's own timeout and output cap are still bounded by the ceiling.
         step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
                                max_output=request.max_output)
-        bounded(step_request, self.options.config, self.cwd)
+        bounded(step_request, self.options.config, self.resolver.cwd)
         timeout = parse_request_duration(request.timeout, spec.confinement.timeout)
         step_max_output = parse_request_size(request.max_output, max_output)
         # Like any request, a step's file name is agent.py unless it says otherwise.
@@ -749,7 +686,8 @@ class Server:
     def _save(self, request: Request, name: str, timeout: float) -> None:
         """A save is a step of the session running the pool's own code; its result becomes the save's answer."""
         step_timeout = parse_request_duration(request.timeout, timeout)
-        bounded(Request(id=request.id, code="", timeout=request.timeout), self.options.config, self.cwd)
+        bounded(Request(id=request.id, code="", timeout=request.timeout), self.options.config,
+                self.resolver.cwd)
         step = Step(id=request.id, code=SAVE_CODE, name="session-save.py", args=[], timeout=step_timeout,
                     max_output=self.states.save_output, accepted_ns=time.monotonic_ns(), flight=Flight(request.id),
                     answer=self.states.saved)

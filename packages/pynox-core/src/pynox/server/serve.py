@@ -20,7 +20,6 @@ socket (:mod:`.metrics`).
 from __future__ import annotations
 
 import argparse
-import base64
 import logging
 import os
 import queue
@@ -37,9 +36,7 @@ import msgspec
 
 from .. import __version__, hints
 from ..config import DEFAULT_MAX_QUEUED, PoolOptions, pool_options
-from ..defaults import DEFAULTS
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
-from ..grants import bounded, parse_request_duration, parse_request_size
 from ..policy import BACKEND, cgroups
 from ..protocol import (
     IMPORTABLE_LISTED,
@@ -59,14 +56,13 @@ from ..protocol import (
     refusal,
     reply_call_id,
     request_id_from_head,
-    session_refusal,
 )
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
 from ..wire.spec import ErrorInfo, JobSpec
 from .admission import Admission, Waiting, saturated
-from .flights import Flight, Flights
+from .flights import Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
 from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
@@ -80,8 +76,8 @@ from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .packages import Installer
 from .scratch import ScratchRoot
-from .session_state import RESTORE_CODE, SAVE_CODE, StateKeeper
-from .sessions import FileRequest, SessionRegistry, Step
+from .session_state import StateKeeper
+from .sessions import SessionRegistry, SessionRequests
 from .shutdown import Shutdown, Stage
 from .spans import spans_from_environment
 from .stats import Gauges, Stats, log_line
@@ -414,6 +410,7 @@ class Server:
             landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch,
             place=self.installer.place, interrupt_grace=self.options.interrupt_grace)
         self.sessions.count = self.stats.record_session
+        self.session_requests = SessionRequests(self.sessions, self.resolver, self.states)
         self.sessions.budget_kill = self.stats.record_budget_kill
         self.output.write(encode(self.ready_info))
         return workers
@@ -554,19 +551,13 @@ class Server:
                 return
             if not (message.stats or message.cancel is not None or message.close):  # answered by a result
                 self.traces.add(message.id, message.traceparent)
-        if message.session is not None and message.queue_timeout is not None:
-            self._refuse(message.id, "queue_timeout applies to jobs; a session's steps wait for the step before "
-                                     "them, in the session's own process", session=message.session)
-            return
-        if self.shutdown.refusing() and not (message.session is not None and message.close):
-            self._refuse(message.id, self.shutdown.why(), session=message.session)
+        draining = self.shutdown.why() if self.shutdown.refusing() else None
+        if message.session is None and draining is not None:
+            self._refuse(message.id, draining)
             return
         try:
-            if message.session is not None and message.file_request():
-                self.sessions.submit_files(message.session, FileRequest(message))
-                return
             if message.session is not None:
-                self._session_request(message, message.session)
+                self.session_requests.take(message, self._arrived_ns, draining)
                 return
             job = self._accept(message)
             self.admission.admit(job)
@@ -632,97 +623,11 @@ class Server:
                          preloaded=ready.preloaded, landlock_abi=ready.landlock_abi, mode="pool",
                          queue_us=(time.monotonic_ns() - job.accepted_ns) // 1000)
 
-    def _session_request(self, request: Request, name: str) -> None:
-        if not name or len(name) > 256:
-            raise RequestError("session: a name of 1 to 256 characters is required")
-        if request.close:
-            if not self.sessions.close(name, request.id):
-                raise RequestError(f"close: there is no open session named {quoted(name)}")
-            return
-        if request.script is not None:
-            raise RequestError("sessions take inline code, not script")
-        existing = self.sessions.get(name)
-        live = existing is not None and not existing.closing
-        if request.save:
-            if existing is None or not live:
-                raise RequestError(f"save: there is no open session named {quoted(name)}")
-            self._save(request, name, existing.spec.confinement.timeout)
-            return
-        if request.restore is not None:
-            if live:
-                raise RequestError(f"restore: session {quoted(name)} is already open; a restore opens a new "
-                                   "session (close this one first, or restore under another name)")
-            state = self.states.opened(request.restore)  # refused here, before anything runs
-            request = msgspec.structs.replace(request, restore=None, code=RESTORE_CODE, name="session-restore.py",
-                                              args=[base64.b64encode(state).decode()], return_value=None,
-                                              stream=None)
-        if request.open and live:
-            raise RequestError(f"open: session {quoted(name)} is already open; its later steps carry no open")
-        if existing is not None and live:
-            fields = request.grant_fields()
-            if fields:
-                raise RequestError(f"session {name!r} already exists and its permissions are fixed by its first "
-                                   f"request; a later step may carry only code, name, args, timeout, "
-                                   f"max_output and return_value, not {', '.join(fields)}")
-            spec, max_output = existing.spec, existing.max_output
-        else:
-            self._may_open(request, name)
-            spec, max_output = self.resolver.resolve(request, session=True)
-        # A step's own timeout and output cap are still bounded by the ceiling.
-        step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
-                               max_output=request.max_output)
-        bounded(step_request, self.options.config, self.resolver.cwd)
-        timeout = parse_request_duration(request.timeout, spec.confinement.timeout)
-        step_max_output = parse_request_size(request.max_output, max_output)
-        # Like any request, a step's file name is agent.py unless it says otherwise.
-        step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
-                    args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
-                    accepted_ns=self._arrived_ns, return_value=bool(request.return_value),
-                    stream=bool(request.stream),
-                    flight=Flight(request.id), tenant=self.budget_of(request.id))
-        # A scratch directory is made only for a session that is really opened.
-        self.sessions.submit(name, step, lambda: (self.scratch.grant(spec) if request.scratch else spec, max_output))
-
-    def _save(self, request: Request, name: str, timeout: float) -> None:
-        """A save is a step of the session running the pool's own code; its result becomes the save's answer."""
-        step_timeout = parse_request_duration(request.timeout, timeout)
-        bounded(Request(id=request.id, code="", timeout=request.timeout), self.options.config,
-                self.resolver.cwd)
-        step = Step(id=request.id, code=SAVE_CODE, name="session-save.py", args=[], timeout=step_timeout,
-                    max_output=self.states.save_output, accepted_ns=time.monotonic_ns(), flight=Flight(request.id),
-                    answer=self.states.saved)
-        self.sessions.submit(name, step, None)
-
-    def _may_open(self, request: Request, name: str) -> None:
-        """A request to a name the pool holds no session under opens one with the permissions it brings,
-        code only included (the protocol's rule), unless it says it is a later step (``"open": false``: a
-        client that holds the session and will not have it reopened with other grants), or the operator
-        turned on ``strict_session_reopen`` and the pool ended a session under that name."""
-        if request.open is False:
-            why = self.sessions.ended.why(name)
-            raise RequestError(f"there is no open session named {quoted(name)} "
-                               f"({why if why is not None else 'it ended, or this pool never opened it'}), and "
-                               '"open": false says this step must not open one: it did not run. Send the '
-                               "session's first request again, with its grants and limits")
-        if self.options.strict_session_reopen and not (request.open or request.grant_fields()):
-            why = self.sessions.ended.why(name)
-            if why is not None:
-                raise RequestError(f"the session named {quoted(name)} ended ({why}), and this pool does not "
-                                   "reopen it for a step that carries only code (strict_session_reopen): it did "
-                                   'not run. Send the session\'s first request again, with its grants and limits, '
-                                   'or "open": true for the defaults')
-
     def _refuse(self, request_id: str | int | float | None, message: str, *, session: str | None = None) -> None:
         if session is None:
             self.finish(refusal(request_id, message), session=None, step=None)
             return
-        # A refused session request still says which session it was for, and whether the pool holds one under
-        # that name (a session that goes on), or none (a refused first request: its client must forget the
-        # name, and bring the permissions again with the next one).
-        existing = self.sessions.get(session)
-        result = session_refusal(request_id, message, session=session,
-                                 session_ended=existing is None or existing.closing)
-        self.finish(result, session=session, step=None)
+        self.finish(self.session_requests.refusal(request_id, message, session), session=session, step=None)
 
 
 def death_cause(template: Template) -> str:

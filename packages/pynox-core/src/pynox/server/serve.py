@@ -60,8 +60,8 @@ from ..protocol import (
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
-from ..wire.spec import ErrorInfo, JobSpec
-from .admission import Admission, Waiting, saturated
+from ..wire.spec import ErrorInfo
+from .admission import Admission
 from .flights import Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
@@ -250,12 +250,6 @@ class Server:
         self.output = output
         self._log = log
         self.stats = Stats(options.workers, version=__version__)
-        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
-        self.jobs: queue.Queue[_Job | None] = queue.Queue()
-        # A bound the operator set, or many clients on a socket (one that floods must not stall the others):
-        # refused beyond it. One client on stdin and stdout with no bound set: slowed, as the protocol says.
-        self.admission = Admission(options.max_queued or DEFAULT_MAX_QUEUED, options.workers, self._queue_expired,
-                                   refuse=options.max_queued is not None or options.listen is not None)
         self._arrived_ns = 0  # when intake read the line it handles now
         self.workers: list[_Worker] = []  # once started
         self.ready_info: ReadyEvent | None = None
@@ -295,6 +289,14 @@ class Server:
         self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
                                    allowed=limits.packages if limits else None)
         self.calls.pip = self.installer.pip
+        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        # A bound the operator set, or many clients on a socket (one that floods must not stall the others):
+        # refused beyond it. One client on stdin and stdout with no bound set: slowed, as the protocol says.
+        self.admission = Admission(options.max_queued or DEFAULT_MAX_QUEUED, options.workers, self._finish_job,
+                                   flights=self.flights, queue=self.jobs.put, install=self.installer.submit,
+                                   cancelled=self._cancelled_while_queued,
+                                   refuse=options.max_queued is not None or options.listen is not None)
         # What the pool adds to a request's grants, for a job or a session's first step (see jobs.py).
         self.resolver = Resolver(options, self.installer, self.scratch, self.budget_of,
                                  lambda request_id: self.run_as_of(request_id))
@@ -559,38 +561,9 @@ class Server:
             if message.session is not None:
                 self.session_requests.take(message, self._arrived_ns, draining)
                 return
-            job = self._accept(message)
-            self.admission.admit(job)
+            self.admission.enter(self.resolver.job(message, self._arrived_ns))
         except RequestError as exc:
             self._refuse(message.id, str(exc), session=message.session)
-            return
-        self.flights.add(job.flight)
-        self._queue(job)
-
-    def _queue(self, job: _Job) -> None:
-        """Queue ``job`` for a worker; one that names packages waits for them first, off intake's thread (an
-        installed set is queued at once). The wait is the job's queue time (``queue_us``)."""
-        if not job.spec.packages:
-            self.jobs.put(job)
-            return
-
-        def placed(spec: JobSpec | None, why: str | None) -> None:
-            if spec is not None:
-                job.spec = spec
-                self.jobs.put(job)
-                return
-            # Nothing ran: answered as refused, unless a cancel answered it while it waited.
-            self.admission.leave(job)
-            if job.flight.start(lambda: False) and job.flight.answer():
-                self.finish(refusal(job.id, why or "packages: the install failed"), session=None, step=None)
-            self.flights.remove(job.flight)
-
-        try:
-            self.installer.submit(job.spec, placed)
-        except RequestError as exc:  # this pool installs nothing, or too many jobs wait for installs
-            self.admission.leave(job)
-            self.flights.remove(job.flight)
-            self._refuse(job.id, str(exc))
 
     def _cancel(self, request_id: RequestId, target: RequestId) -> None:
         answer = encode(CancelAnswer(id=request_id, cancelled=target))
@@ -599,20 +572,7 @@ class Server:
         except RequestError as exc:
             self._refuse(request_id, str(exc))
 
-    def _accept(self, request: Request) -> _Job:
-        job = self.resolver.job(request, self._arrived_ns)
-
-        def answer_cancelled() -> None:
-            self.admission.leave(job)
-            self.finish(self._cancelled_while_queued(job), session=None, step=None)
-
-        job.flight.answer_cancelled = answer_cancelled
-        return job
-
-    def _queue_expired(self, job: Waiting, waited: float, limit: float) -> None:
-        """A job's queue deadline passed before a worker took it: refused (see admission.py)."""
-        result = refusal(job.flight.id, saturated(waited, limit))
-        result.queue_us = int(waited * 1e6)
+    def _finish_job(self, result: Result) -> None:
         self.finish(result, session=None, step=None)
 
     def _cancelled_while_queued(self, job: _Job) -> Result:

@@ -32,11 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-import msgspec
-
 from .. import __version__, hints
 from ..config import DEFAULT_MAX_QUEUED, PoolOptions, pool_options
-from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
+from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
 from ..policy import BACKEND, cgroups
 from ..protocol import (
     IMPORTABLE_LISTED,
@@ -54,8 +52,6 @@ from ..protocol import (
     encode,
     parse_line,
     refusal,
-    reply_call_id,
-    request_id_from_head,
 )
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
@@ -65,7 +61,7 @@ from .admission import Admission
 from .flights import Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
-from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
+from .io import LineReader, Output, TooLong, stdio, too_long, watch_for_client_death
 from .jobs import Job as _Job  # the worker's name for it
 from .jobs import Resolver
 from .jsonlog import log_records_as_json, relay_as_json
@@ -84,7 +80,7 @@ from .stats import Gauges, Stats, log_line
 from .streaming import Streamer
 from .templates import CallSink, Template
 from .tenants import Tenants, budget_group
-from .trace import Traces, valid_traceparent
+from .trace import Traces
 from .zygote import ForkedProcess
 
 __all__ = ["serve"]
@@ -510,26 +506,18 @@ class Server:
                                      "nothing ran")
 
     def _handle_line(self, line: bytes | TooLong) -> None:
-        if isinstance(line, TooLong):
-            call_id = reply_call_id(line.head)
-            if call_id is not None and self.calls.fail(
-                    call_id, f"the host's reply of {line.size} bytes exceeds the pool's 1 MiB line limit"):
-                self._refuse(None, f"reply to call {call_id}: line of {line.size} bytes exceeds the 1 MiB "
-                                   "limit; the job's call fails with HostError")
-                return
-            self._refuse(request_id_from_head(line.head),
-                         f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
+        """Route one line to the module that decides it; what it answers leaves through finish or output."""
+        if isinstance(line, TooLong):  # intake: a reply fails its call, a request is refused
+            request_id, why = too_long(line, self.calls.fail)
+            self._refuse(request_id, why)
             return
         try:
             message = parse_line(line)
         except LineError as exc:
             self._refuse(exc.request_id, str(exc))
             return
-        if isinstance(message, Reply):
-            body = message.reply
-            problem = self.calls.reply(body.call_id, None if body.result is msgspec.UNSET else body.result,
-                                       None if body.error is msgspec.UNSET else body.error)
-            if problem is not None:
+        if isinstance(message, Reply):  # the host's answer to a job's call
+            if (problem := self.calls.answer(message.reply)) is not None:
                 self._refuse(None, problem)
             return
         if message.stats:
@@ -545,23 +533,15 @@ class Server:
                                 opens=bool(message.open or message.grant_fields()))
             if self.spans is not None:
                 self.spans.arrived(message.id, message.traceparent, self._arrived_ns)
-        if message.traceparent is not None:
-            if not valid_traceparent(message.traceparent):
-                self._refuse(message.id, f"traceparent: {quoted(message.traceparent[:80])} is not a W3C trace context "
-                                         '("00-" 32 hex digits "-" 16 hex digits "-" 2 hex digits)',
-                             session=message.session)
-                return
-            if not (message.stats or message.cancel is not None or message.close):  # answered by a result
-                self.traces.add(message.id, message.traceparent)
-        draining = self.shutdown.why() if self.shutdown.refusing() else None
-        if message.session is None and draining is not None:
-            self._refuse(message.id, draining)
-            return
         try:
-            if message.session is not None:
+            self.traces.arrived(message)
+            draining = self.shutdown.why() if self.shutdown.refusing() else None
+            if message.session is not None:  # a session's step, save, restore, files or close
                 self.session_requests.take(message, self._arrived_ns, draining)
-                return
-            self.admission.enter(self.resolver.job(message, self._arrived_ns))
+            elif draining is not None:
+                self._refuse(message.id, draining)
+            else:  # a job: resolved, then admitted
+                self.admission.enter(self.resolver.job(message, self._arrived_ns))
         except RequestError as exc:
             self._refuse(message.id, str(exc), session=message.session)
 

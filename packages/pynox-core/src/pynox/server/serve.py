@@ -1,9 +1,13 @@
 """``pynox pool``: JSON Lines in, one confined child per request, results out in completion order.
 
-The server parses and validates every line, applies the config's profiles and
-ceiling, schedules jobs onto worker threads (one warm template each), relays
-results with their counters and log lines. It never forks job code itself: it
-has threads and open descriptors that a job must never inherit.
+The server routes every line to the module that decides it (``Server._handle_line``:
+an over-long line to :mod:`.io`, a host's reply to :mod:`.hostcalls`, a cancel to
+:mod:`.flights`, a session's request to :mod:`.sessions`, a job to :mod:`.jobs`
+then :mod:`.admission`), and owns the loops: intake's, the worker threads' (one
+warm template each) and the drain's. Results leave through ``Server.finish``, with
+their counters and log lines. It never forks job code itself: it has threads and
+open descriptors that a job must never inherit. The walk of one line through the
+server is drawn in docs/architecture.md ("One line, through the server").
 
 Flow control: intake reads every line as it arrives and never waits for a
 worker, so a stats, cancel or host-call reply written behind the jobs waiting

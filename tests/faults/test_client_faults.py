@@ -9,11 +9,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.clients import end_client
+from tests.harness.clients import owning_client, wait_for_jobs
 from tests.pool import pool_driver as driver
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,26 +106,14 @@ time.sleep(120)
 
 @pytest.mark.parametrize("state", ["busy", "blocked"])
 def test_when_the_client_dies_the_pool_and_every_child_exit_within_a_second(tmp_path: Path, state: str) -> None:
-    client = subprocess.Popen([sys.executable, "-c", _CLIENT, state, *driver.POOL, "--workers=2"],
-                              stdout=subprocess.PIPE, cwd=tmp_path)
-    driver.mark_live(client.pid)
-    try:
-        assert client.stdout is not None
-        hello = json.loads(client.stdout.readline())
-        assert hello["ready"]["event"] == "ready"
-        pool_pid = hello["pool"]
-        end = time.monotonic() + 15
-        while len(driver.jobs_of(pool_pid)) < 3:  # the long job, the host job, the session step
-            assert time.monotonic() < end, f"the jobs never started: {driver.descendants(pool_pid)}"
-            time.sleep(0.02)
+    with owning_client(_CLIENT, state, *driver.POOL, "--workers=2", cwd=tmp_path) as (client, pool_pid):
+        wait_for_jobs(pool_pid, 3, 15, "the long job, the host job and the session step")
         if state == "blocked":
             time.sleep(1)  # the big results fill the pipe the client does not read
         family = [pool_pid, *driver.descendants(pool_pid)]
         os.kill(client.pid, signal.SIGKILL)
         client.wait(10)
         assert driver.wait_gone(family, 1.0) == [], "the pool or its processes outlived their client by over a second"
-    finally:
-        end_client(client)
     driver.assert_no_leftovers()
 
 

@@ -1,11 +1,42 @@
-"""A client process a test starts beside a pool (a program that owns a pool, then is killed): ended and
+"""A client process a test starts beside a pool (a program that owns a pool, then is killed): started, ended and
 unmarked in one place, however its test ended."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-from tests.pool.pool_driver import unmark_live
+from tests.pool.pool_driver import descendants, jobs_of, mark_live, unmark_live
+
+
+@contextmanager
+def owning_client(script: str, *args: str, cwd: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """Run ``script`` (``python -c``) with ``args``: a client that starts its own pool and prints one line,
+    ``{"pool": PID, "ready": EVENT}``. Yields the client and its pool's pid once the pool is ready; the client is
+    ended however the test ends (:func:`end_client`)."""
+    client = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, cwd=cwd)
+    mark_live(client.pid)
+    try:
+        assert client.stdout is not None
+        hello = json.loads(client.stdout.readline())
+        assert hello["ready"]["event"] == "ready"
+        yield client, hello["pool"]
+    finally:
+        end_client(client)
+
+
+def wait_for_jobs(pool_pid: int, count: int, within: float, what: str) -> None:
+    """Until ``count`` jobs run below the pool ``pool_pid``; fails, naming ``what`` never started, after
+    ``within`` seconds."""
+    end = time.monotonic() + within
+    while len(jobs_of(pool_pid)) < count:
+        assert time.monotonic() < end, f"{what} never started: {descendants(pool_pid)}"
+        time.sleep(0.02)
 
 
 def end_client(client: subprocess.Popen[bytes]) -> None:

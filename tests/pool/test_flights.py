@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pynox.errors import PoolError
-from pynox.server.flights import CLIENT_CANCELLED, Cancel, Flight, FlightState
+from pynox.errors import PoolError, RequestError
+from pynox.server.flights import CLIENT_CANCELLED, Cancel, Flight, Flights, FlightState
 
 pytestmark = pytest.mark.pure
 
@@ -120,3 +120,39 @@ def test_an_interrupt_of_a_step_that_is_over_changes_nothing() -> None:
     flight.start(lambda: True, lambda: False)
     assert flight.cancel() is Cancel.FINISHED
     assert flight.state is FlightState.RUNNING
+
+
+def test_a_cancel_of_an_id_acknowledges_once_then_answers_its_queued_flights() -> None:
+    """``{"cancel": ID}`` ends every flight with that id: the cancel's answer first, then the result of each one it
+    answered while queued; a running one is killed (its worker answers it)."""
+    told: list[str] = []
+    flights = Flights()
+    queued = Flight("a")
+    queued.answer_cancelled = lambda: told.append("queued answered")
+    running, kills = _running()
+    other = Flight("b")
+    for flight in (queued, running, other):
+        flights.add(flight)
+    flights.cancel("a", lambda: told.append("cancel answered"))
+    assert told == ["cancel answered", "queued answered"]
+    assert queued.state is FlightState.ANSWERED and running.state is FlightState.KILLED and kills == [1]
+    assert other.state is FlightState.QUEUED  # another id is none of its business
+
+
+def test_a_cancel_that_ends_nothing_is_refused_and_answers_nothing() -> None:
+    """No flight with the id, or only ones whose result is out: the cancel is refused (RequestError), and neither
+    it nor any flight is answered. The control: the same flight, still queued, is cancelled."""
+    told: list[str] = []
+    flights = Flights()
+    with pytest.raises(RequestError, match="no queued or running job has the id 'a'"):
+        flights.cancel("a", lambda: told.append("cancel answered"))
+    done = Flight("a")
+    flights.add(done)
+    assert done.start(lambda: True) and done.answer()
+    with pytest.raises(RequestError):
+        flights.cancel("a", lambda: told.append("cancel answered"))
+    assert told == []
+    queued = Flight("a")
+    flights.add(queued)
+    flights.cancel("a", lambda: told.append("cancel answered"))
+    assert told == ["cancel answered"] and queued.state is FlightState.ANSWERED

@@ -6,8 +6,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procfs
-from tests.harness.clients import end_client
+from tests.harness.clients import owning_client, wait_for_jobs
 
 from . import pool_driver as driver
 
@@ -263,18 +261,8 @@ time.sleep(120)
 
 
 def test_when_the_client_dies_the_pool_and_all_its_processes_exit(tmp_path: Path) -> None:
-    client = subprocess.Popen([sys.executable, "-c", _CLIENT, *driver.POOL, "--workers=2"], stdout=subprocess.PIPE,
-                              cwd=tmp_path)
-    driver.mark_live(client.pid)
-    try:
-        assert client.stdout is not None
-        hello = json.loads(client.stdout.readline())
-        assert hello["ready"]["event"] == "ready"
-        pool_pid = hello["pool"]
-        end = time.monotonic() + 10
-        while len(driver.jobs_of(pool_pid)) < 2:
-            assert time.monotonic() < end, "the job and the session step never started"
-            time.sleep(0.02)
+    with owning_client(_CLIENT, *driver.POOL, "--workers=2", cwd=tmp_path) as (client, pool_pid):
+        wait_for_jobs(pool_pid, 2, 10, "the job and the session step")
         # The pool, its three templates (two workers, one session), the job and the session's child,
         # and any child prepared ahead of its job.
         family = [pool_pid, *driver.descendants(pool_pid)]
@@ -282,8 +270,6 @@ def test_when_the_client_dies_the_pool_and_all_its_processes_exit(tmp_path: Path
         os.kill(client.pid, signal.SIGKILL)
         client.wait(10)
         assert driver.wait_gone(family, 3) == [], "the pool or its processes outlived their client"
-    finally:
-        end_client(client)
     driver.assert_no_leftovers()
 
 

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,22 @@ def _stop(pool: PoolProcess) -> None:
     pool.finish()
 
 
+@contextmanager
+def _listening(tmp_path: Path, path: Path, config: Path, *options: str) -> Iterator[tuple[PoolProcess, ListenClient]]:
+    """A pool listening on ``path`` under ``config`` (``options``: its other flags), and a client of the budgeted
+    tenant (root, "ops") once the pool is ready. The client is closed however the test ends; when it ends well,
+    the pool is then stopped by SIGTERM, and must exit 0."""
+    with pool_process(*options, f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        mine = ListenClient(str(path))
+        try:
+            mine.wait_for(lambda m: True)
+            yield pool, mine
+        finally:
+            mine.close()
+        _stop(pool)
+
+
 def _tenant_dirs(pid: int) -> list[str]:
     """The cgroups of the tenants of the pool ``pid`` (``tenant-*`` beneath its own), in every hierarchy (v1's
     one per controller, or v2's one)."""
@@ -118,10 +135,7 @@ def test_a_tenants_jobs_together_meet_its_budget_and_another_tenants_do_not(tmp_
                                                                            shm: Path) -> None:
     path, metrics = run_dir / "pool.sock", run_dir / "metrics.sock"
     config = _config(tmp_path, 'memory_budget = "384m"\n', writable=shm)
-    with pool_process("--workers=4", f"--listen=unix:{path}", f"--config={config}", f"--metrics-socket={metrics}",
-                      cwd=tmp_path, check_exit=False) as pool:
-        mine = ListenClient(str(path))
-        mine.wait_for(lambda m: True)
+    with _listening(tmp_path, path, config, "--workers=4", f"--metrics-socket={metrics}") as (pool, mine):
         for job in ("a", "b"):
             mine.send(id=job, code=HOLD, memory="256m", timeout="60s")
         results = [mine.result(job, DEADLINE * 3) for job in ("a", "b")]
@@ -154,8 +168,6 @@ def test_a_tenants_jobs_together_meet_its_budget_and_another_tenants_do_not(tmp_
         assert 'tenant="other"} ' not in text.split("pynox_tenant_budget_kills_total", 2)[-1].split("# HELP")[0]
         made = _tenant_dirs(pool.pid)
         assert any(name.endswith("tenant-0-ops") for name in made), made
-        mine.close()
-        _stop(pool)
     assert _tenant_dirs(pool.pid) == []  # removed at the stop, with the pool's
 
 
@@ -196,13 +208,8 @@ def test_a_tenant_saturating_the_cpu_leaves_another_its_share(tmp_path: Path, ru
     path = run_dir / "pool.sock"
     weights = "cpu_weight = 100\n" if weighted else ""
     config = _config(tmp_path, weights, weights)
-    with pool_process("--workers=9", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
-                      check_exit=False) as pool:
-        client = ListenClient(str(path))
-        client.wait_for(lambda m: True)
+    with _listening(tmp_path, path, config, "--workers=9") as (_, client):
         mine, theirs = _rates(path, client, jobs=8)
-        client.close()
-        _stop(pool)
     ratio = mine / theirs
     if weighted:
         assert ratio > 3.0, f"root's job ran at {mine:.3f} CPU, each of the other's at {theirs:.3f}"
@@ -311,10 +318,7 @@ def test_one_template_serving_two_tenants_in_turns_runs_each_job_in_its_tenants_
     cgroups than one per tenant."""
     path = run_dir / "pool.sock"
     config = _config(tmp_path, 'memory_budget = "1g"\ncpu_weight = 50\n')
-    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
-                      check_exit=False) as pool:
-        mine = ListenClient(str(path))
-        mine.wait_for(lambda m: True)
+    with _listening(tmp_path, path, config, "--workers=1") as (pool, mine):
         where = _Where(pool.pid)
         where.start()
         seen = []
@@ -338,8 +342,6 @@ def test_one_template_serving_two_tenants_in_turns_runs_each_job_in_its_tenants_
                 if f"/pynox-{pool.pid}-" in root + "/" and os.path.basename(root).startswith("template-")]
         parents = [os.path.dirname(root) for root in left]
         assert len(parents) == len(set(parents)) <= 2, left
-        mine.close()
-        _stop(pool)
 
 
 # Holds 160 MiB for 8 s: the other job's 220 MiB with it exceed the 384 MiB budget, each under its own 256 MiB.
@@ -376,25 +378,19 @@ def test_a_budget_kill_is_told_as_the_budgets_after_the_job_filled_its_page_cach
         os.close(dropped)
     config = _config(tmp_path, 'memory_budget = "384m"\n')
     config.write_text(config.read_text().replace("[pool.limits]\n", f'[pool.limits]\nallow_read = ["{tmp_path}"]\n'))
-    with pool_process("--workers=2", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
-                      check_exit=False) as pool:
-        mine = ListenClient(str(path))
-        try:  # closed even when the case known to fail (strict xfail) fails, as it does on cgroup v1
-            mine.wait_for(lambda m: True)
-            mine.send(id="big", code=_big(read_first), args=[str(data)], allow_read=[str(tmp_path)],
-                      memory="256m", timeout="60s")
-            time.sleep(2.0)  # its file read (page cache up to its own limit, while its tenant is far from the budget)
-            mine.send(id="small", code=SMALL, memory="256m", timeout="60s")
-            results = {job: mine.result(job, DEADLINE * 4) for job in ("small", "big")}
-            killed = [r for r in results.values() if r["exit"] != 0]
-            assert killed, results
-            for result in killed:
-                assert "reached its memory budget of 384m" in result["error"]["message"], result
-            mine.send(id="stats", stats=True)
-            assert mine.result("stats")["budget_kills"] == {"ops": len(killed)}
-        finally:
-            mine.close()
-        _stop(pool)
+    # The client is closed even when the case known to fail (strict xfail) fails, as it does on cgroup v1.
+    with _listening(tmp_path, path, config, "--workers=2") as (_, mine):
+        mine.send(id="big", code=_big(read_first), args=[str(data)], allow_read=[str(tmp_path)],
+                  memory="256m", timeout="60s")
+        time.sleep(2.0)  # its file read (page cache up to its own limit, while its tenant is far from the budget)
+        mine.send(id="small", code=SMALL, memory="256m", timeout="60s")
+        results = {job: mine.result(job, DEADLINE * 4) for job in ("small", "big")}
+        killed = [r for r in results.values() if r["exit"] != 0]
+        assert killed, results
+        for result in killed:
+            assert "reached its memory budget of 384m" in result["error"]["message"], result
+        mine.send(id="stats", stats=True)
+        assert mine.result("stats")["budget_kills"] == {"ops": len(killed)}
 
 
 @pytest.mark.usefixtures("budgets")
@@ -404,10 +400,7 @@ def test_a_live_pools_tenant_cgroup_swept_while_empty_holds_its_budget_again(tmp
     budget (its limit read from cgroupfs), and runs beneath it."""
     path = run_dir / "pool.sock"
     config = _config(tmp_path, 'memory_budget = "1g"\n')
-    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
-                      check_exit=False) as pool:
-        mine = ListenClient(str(path))
-        mine.wait_for(lambda m: True)
+    with _listening(tmp_path, path, config, "--workers=1") as (pool, mine):
         mine.send(id=1, code="print(1)")
         assert mine.result(1, DEADLINE * 3)["exit"] == 0
         assert _as_other(path, [{"id": 2, "code": "print(2)", "timeout": "60s"}])[2]["exit"] == 0
@@ -427,8 +420,6 @@ def test_a_live_pools_tenant_cgroup_swept_while_empty_holds_its_budget_again(tmp
         assert any("/tenant-0-ops/" in p for p in where.seen.get(int(result["stdout"]), ())), where.seen
         assert Path(memory[0], "memory.limit_in_bytes" if MEMORY_ROOT.endswith("/memory") else "memory.max"
                     ).read_text().strip() == str(1 << 30)
-        mine.close()
-        _stop(pool)
 
 
 @pytest.mark.usefixtures("budgets")
@@ -440,10 +431,7 @@ def test_a_request_asking_for_more_memory_than_its_tenants_budget_is_refused(tmp
     config = tmp_path / "pynox.toml"
     config.write_text(f'[tenants.ops]\nusers = ["root"]\nmemory_budget = "1g"\n\n'
                       f'[tenants.other]\nuids = [{OTHER_UID}]\n')
-    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
-                      check_exit=False) as pool:
-        mine = ListenClient(str(path))
-        mine.wait_for(lambda m: True)
+    with _listening(tmp_path, path, config, "--workers=1") as (_, mine):
         mine.send(id="big", code="print('ran')", memory="4g")
         refused = mine.result("big", DEADLINE * 3)
         assert refused["error"]["type"] == "RequestError" and not refused.get("stdout"), refused
@@ -454,5 +442,3 @@ def test_a_request_asking_for_more_memory_than_its_tenants_budget_is_refused(tmp
         assert mine.result("fits", DEADLINE * 3)["stdout"] == "ran\n"
         theirs = _as_other(path, [{"id": "big", "code": "print('ran')", "memory": "1g"}])
         assert theirs["big"]["stdout"] == "ran\n", theirs
-        mine.close()
-        _stop(pool)

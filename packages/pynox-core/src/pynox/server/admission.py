@@ -20,6 +20,11 @@ deadline refuses it the same way (:meth:`Admission.taken`), so a job never
 starts after its deadline. Exactly one result leaves: the refusal is the
 flight's move QUEUED -> ANSWERED (:meth:`~.flights.Flight.expire`), which a
 worker's start, a cancel or the deadline win once.
+
+A job accepted enters here (:meth:`Admission.enter`): counted, found by a
+cancel from then on (answered as cancelled while it waits), and queued for a
+worker once the packages it names are in place (their install is part of its
+wait; a failed install answers it as refused).
 """
 
 from __future__ import annotations
@@ -29,16 +34,23 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import Config
 from ..errors import RequestError
 from ..grants import requested_units
-from ..protocol import Request
+from ..protocol import Request, Result, refusal
 from ..units import format_duration, parse_duration
-from .flights import Flight
+from ..wire.spec import JobSpec
+from .flights import Flight, Flights
 
-__all__ = ["Admission", "Waiting", "queue_timeout", "saturated"]
+if TYPE_CHECKING:
+    from .jobs import Job
+
+__all__ = ["Admission", "Install", "Waiting", "queue_timeout", "saturated"]
+
+# Installs a spec's packages, then calls back with the spec placed in their environment, or None and why not.
+Install = Callable[[JobSpec, Callable[[JobSpec | None, str | None], None]], None]
 
 
 class Waiting(Protocol):
@@ -57,17 +69,24 @@ class Waiting(Protocol):
 class Admission:
     """Counts the jobs waiting for a worker and refuses them past their queue deadline.
 
-    ``expired(job, waited_s, limit_s)`` answers a job whose deadline passed (its flight already moved to
-    ANSWERED here); it is called from the watcher thread or from the worker that took the job late.
+    ``answer(result)`` sends a job's one result when it is answered here: refused past its deadline (its flight
+    already moved to ANSWERED, from the watcher thread or from the worker that took the job late), cancelled
+    while it waited, or refused for its packages. ``queue`` hands a job to the workers; ``install`` places the
+    packages a job names (see packages.py); ``cancelled(job)`` is the result of a job cancelled before it started.
     """
 
-    def __init__(self, capacity: int, workers: int, expired: Callable[[Waiting, float, float], None], *,
+    def __init__(self, capacity: int, workers: int, answer: Callable[[Result], None], *, flights: Flights,
+                 queue: Callable[[Job], None], install: Install, cancelled: Callable[[Job], Result],
                  refuse: bool = True) -> None:
         """``refuse``: beyond ``capacity`` a job is refused at once; else :meth:`admit` waits for room."""
         self.capacity = capacity
         self.refuse = refuse
         self._workers = workers
-        self._expired = expired
+        self._answer = answer
+        self._flights = flights
+        self._queue = queue
+        self._install = install
+        self._cancelled = cancelled
         self._lock = threading.Condition()
         self._waiting: set[int] = set()  # id() of each job admitted and not yet taken, expired or cancelled
         self._deadlines: list[tuple[int, int, Waiting]] = []  # a heap by deadline
@@ -98,6 +117,40 @@ class Admission:
                     self._thread = threading.Thread(target=self._watch, name="pynox-queue-deadlines", daemon=True)
                     self._thread.start()
                 self._lock.notify()
+
+    def enter(self, job: Job) -> None:
+        """``job`` was accepted: counted as waiting (RequestError when it is refused: nothing ran), found by a
+        cancel from now on, and queued for a worker; one that names packages waits for them first, off intake's
+        thread (an installed set is queued at once). The wait is the job's queue time (``queue_us``)."""
+
+        def answer_cancelled() -> None:
+            self.leave(job)
+            self._answer(self._cancelled(job))
+
+        job.flight.answer_cancelled = answer_cancelled
+        self.admit(job)
+        self._flights.add(job.flight)
+        if not job.spec.packages:
+            self._queue(job)
+            return
+
+        def placed(spec: JobSpec | None, why: str | None) -> None:
+            if spec is not None:
+                job.spec = spec
+                self._queue(job)
+                return
+            # Nothing ran: answered as refused, unless a cancel answered it while it waited.
+            self.leave(job)
+            if job.flight.start(lambda: False) and job.flight.answer():
+                self._answer(refusal(job.id, why or "packages: the install failed"))
+            self._flights.remove(job.flight)
+
+        try:
+            self._install(job.spec, placed)
+        except RequestError:  # this pool installs nothing, or too many jobs wait for installs
+            self.leave(job)
+            self._flights.remove(job.flight)
+            raise
 
     def leave(self, job: Waiting) -> None:
         """``job`` no longer waits (a worker took it, or a cancel answered it)."""
@@ -136,7 +189,9 @@ class Admission:
         if not job.flight.expire():
             return  # a worker started it, or it was answered (cancelled) meanwhile: nothing to do
         waited = (time.monotonic_ns() - job.accepted_ns) / 1e9
-        self._expired(job, waited, (deadline - job.accepted_ns) / 1e9)
+        result = refusal(job.flight.id, saturated(waited, (deadline - job.accepted_ns) / 1e9))
+        result.queue_us = int(waited * 1e6)
+        self._answer(result)
 
 
 def saturated(waited: float, limit: float) -> str:

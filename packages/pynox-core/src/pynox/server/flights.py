@@ -37,7 +37,7 @@ import enum
 import threading
 from collections.abc import Callable
 
-from ..errors import PoolError
+from ..errors import PoolError, RequestError, quoted
 from ..protocol import RequestId
 
 __all__ = ["CLIENT_CANCELLED", "Cancel", "Flight", "FlightState", "Flights"]
@@ -205,3 +205,24 @@ class Flights:
     def all(self) -> list[Flight]:
         with self._lock:
             return [flight for flights in self._by_id.values() for flight in flights]
+
+    def cancel(self, target: RequestId, acknowledge: Callable[[], None]) -> None:
+        """The client's ``{"cancel": target}``: every queued or running flight with that id ends, and each still
+        gets its one result, as cancelled. ``acknowledge`` answers the cancel itself, before the results of the
+        flights it answered while queued. RequestError (the cancel is refused) when none was queued or running."""
+        ended = [(flight, how) for flight in self.find(target) if (how := flight.cancel()) is not Cancel.FINISHED]
+        if not ended:
+            raise RequestError(f"cancel: no queued or running job has the id {quoted(target)}; it may have "
+                               "finished already")
+        acknowledge()
+        for flight, how in ended:
+            if how is Cancel.QUEUED:
+                flight.answer_cancelled()
+
+    def cancel_quietly(self, target: RequestId) -> None:
+        """End ``target``'s queued or running flights with no answer to a cancel (a listening pool's dropped
+        connection: nobody reads it); each still gets its one result. Not under the intake lock: a connection
+        is dropped from wherever its outbox overflowed, a line's handling included."""
+        for flight in self.find(target):
+            if flight.cancel() is Cancel.QUEUED:
+                flight.answer_cancelled()

@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from ..protocol import CallEvent, RequestId, encode
+from ..protocol import CallEvent, ReplyBody, RequestId, encode
 from ..wire.frames import HEADER, FrameBuffer
 from ..wire.host_channel import MAX_IN_FLIGHT, MAX_PAYLOAD, PIP_FUNCTION, HostAnswer, HostCall, encode_frame
 from ..wire.host_values import NotPlainJSON, check_plain_json
@@ -121,6 +121,12 @@ class CallRegistry:
             return False
         pending.job.answer(pending.job.answered(call_id), reason)
         return True
+
+    def answer(self, reply: ReplyBody) -> str | None:
+        """The client's reply line (exactly one of its result and error set); an error message for the client
+        if there is nothing to answer."""
+        return self.reply(reply.call_id, None if reply.result is msgspec.UNSET else reply.result,
+                          None if reply.error is msgspec.UNSET else reply.error)
 
     def reply(self, call_id: int, result: Any, error: str | None) -> str | None:
         """Deliver a client reply; returns an error message for the client if there is nothing to answer."""

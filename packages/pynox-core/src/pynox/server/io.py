@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..protocol import MAX_LINE
+from ..protocol import MAX_LINE, RequestId, reply_call_id, request_id_from_head
 
-__all__ = ["LineReader", "Output", "TooLong", "watch_for_client_death"]
+__all__ = ["LineReader", "Output", "TooLong", "too_long", "watch_for_client_death"]
 
 _CHUNK = 1 << 16
 
@@ -32,6 +32,18 @@ _HEAD = 256  # bytes of an over-long line kept, so that the pool can still say w
 class TooLong:
     size: int
     head: bytes = b""
+
+
+def too_long(line: TooLong, fail_call: Callable[[int, str], bool]) -> tuple[RequestId, str]:
+    """The refusal of a line discarded for its length: the id it answers to, and why. A host's reply whose call
+    is pending fails that call (``fail_call``: False when none is) and the refusal names the call; any other
+    line is refused under the request id its first bytes show, if they show one."""
+    call_id = reply_call_id(line.head)
+    if call_id is not None and fail_call(
+            call_id, f"the host's reply of {line.size} bytes exceeds the pool's 1 MiB line limit"):
+        return None, (f"reply to call {call_id}: line of {line.size} bytes exceeds the 1 MiB limit; the job's call "
+                      "fails with HostError")
+    return request_id_from_head(line.head), f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded"
 
 
 class LineReader:

@@ -3,21 +3,38 @@
 The rules of a request (paths, units, the ceiling) are shared with a tool made
 in the host application, which checks them when it is made; what only the pool
 knows (the runtime it grants, whether a cgroup counts a job's memory) is
-added here, on the server's side.
+added here, on the server's side: :func:`to_job` for one job outside a pool,
+:class:`Resolver` for a pool's requests (its profiles and ceiling, the user
+its jobs run as, the paths earlier jobs wrote, the tenant's memory budget, the
+packages grant), whether they run as jobs or open sessions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
+import msgspec
+
+from ..config import PoolOptions
 from ..defaults import DEFAULTS, Defaults
-from ..grants import Grants
-from ..policy.cgroups import memory_counted
-from ..protocol import Request
+from ..errors import RequestError
+from ..grants import Grants, bounded
+from ..policy.cgroups import TenantGroup, memory_counted
+from ..protocol import Request, RequestId
+from ..units import format_size
+from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import JobSpec
+from .admission import queue_timeout
+from .flights import Flight
 
-__all__ = ["to_job"]
+if TYPE_CHECKING:
+    from .packages import Installer
+    from .scratch import ScratchRoot
+
+__all__ = ["Job", "Resolver", "to_job"]
 
 
 def to_job(request: Request, *, cwd: str, runtime_paths: Sequence[str], hint_style: Literal["api", "cli"] = "api",
@@ -32,3 +49,92 @@ def to_job(request: Request, *, cwd: str, runtime_paths: Sequence[str], hint_sty
     # Where no cgroup counts what a job writes into a tmpfs, each file it writes is bounded by its memory.
     return grants.job(request, cwd=cwd, hint_style=hint_style, uid=uid, gid=gid, session=session,
                       defaults=defaults, files_at_memory=not memory_counted()), grants.max_output
+
+
+@dataclass
+class Job:
+    """A request accepted to run as a job, on its way to a worker."""
+
+    id: RequestId | None
+    spec: JobSpec
+    max_output: int
+    accepted_ns: int  # when the pool read its line: its wait is counted from here
+    flight: Flight
+    queue_deadline_ns: int | None = None  # refused if no worker took it by then (see admission.py)
+    tenant: TenantGroup | None = None  # its tenant's cgroups, when the tenant has a budget
+
+
+class Resolver:
+    """A pool's requests as the jobs (and sessions' first steps) they run as: :meth:`resolve` is every
+    decision the pool adds to the shared rules, and raises RequestError (nothing ran) for a request it refuses.
+
+    ``budget_of``: the cgroups of the tenant a request id belongs to, when it has a budget; ``run_as_of``: the
+    user its tenant says its jobs run as (both set by a listening pool, see listen.py)."""
+
+    def __init__(self, options: PoolOptions, installer: Installer, scratch: ScratchRoot,
+                 budget_of: Callable[[RequestId | None], TenantGroup | None],
+                 run_as_of: Callable[[RequestId | None], tuple[int, int] | None]) -> None:
+        self.options = options
+        self.cwd = os.getcwd()
+        self.read_paths: list[str] = []  # the runtime's, once the first template has reported them
+        self.installer = installer
+        self.scratch = scratch
+        self.budget_of = budget_of
+        self._run_as_of = run_as_of
+        # Every directory or file a job of this pool has been allowed to write (see grants.Grants.of).
+        self._written: set[str] = set()
+        # Where a job may never write (see grants.Grants.of).
+        self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
+        # A job that read the key could sign a state another client's session then restores (session_state.py).
+        self._pool_secrets = ({"session_key_file": os.path.realpath(options.session_key_file)}
+                              if options.session_key_file else {})
+
+    def resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
+        """The job ``request`` runs as (a session's, with ``session``), and its output cap."""
+        config = self.options.config
+        # The paths are judged against the ceiling by to_job, on the resolution it grants.
+        run_as = config.run_as(request.profile, self._run_as_of(request.id))
+        request = bounded(request, config, self.cwd, check_paths=False)
+        # No job may write where the pool keeps the environments it installs.
+        runtime_paths = [*self.read_paths, self.installer.root]
+        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
+                                  writable=self._written, ceiling=config.ceiling,
+                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
+                                  pool_files=self._pool_files, pool_secrets=self._pool_secrets)
+        self.scratch.refuse_overlap(spec)
+        budget = self.budget_of(request.id)
+        if budget is not None and budget.memory is not None and spec.confinement.memory > budget.memory:
+            # Its own limit could never be reached: the budget would kill it first, and report that.
+            raise RequestError(f"memory: this request's limit of {format_size(spec.confinement.memory)} is above "
+                               f"the memory_budget of tenant {budget.name!r} ({format_size(budget.memory)}), which "
+                               f"all its jobs and sessions share; ask for at most {format_size(budget.memory)}")
+        if self.installer.problem() is None:  # its hints then name the packages grant
+            spec = msgspec.structs.replace(
+                spec, confinement=msgspec.structs.replace(spec.confinement, installs_packages=True))
+        elif spec.packages or request.pip_install:
+            raise RequestError(f"{'packages' if spec.packages else 'pip_install'}: {self.installer.problem()}")
+        if request.pip_install:
+            if not session:
+                raise RequestError("pip_install: only a session takes it (its steps' `%pip install` lines); a job "
+                                   "names its packages")
+            # A directory of its own, granted read-only now: what `%pip install` adds beneath it later is
+            # readable (Landlock rules cover a directory's later content), and the job still writes nothing.
+            directory = self.installer.session_dir()
+            confinement = msgspec.structs.replace(
+                spec.confinement, package_dirs=[*spec.confinement.package_dirs, directory],
+                allow_read=[*spec.confinement.allow_read, directory], host_channel=True)
+            payload = msgspec.structs.replace(spec.payload, functions=[*spec.payload.functions, PIP_FUNCTION])
+            spec = msgspec.structs.replace(spec, confinement=confinement, payload=payload, pip_dir=directory)
+        # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
+        self._written.update(spec.confinement.allow_write)
+        return spec, max_output
+
+    def job(self, request: Request, arrived_ns: int) -> Job:
+        """``request``, read at ``arrived_ns``, as a job: resolved, its scratch directory made if it asks for one,
+        its queue deadline set (its own, its profile's, the pool's)."""
+        spec, max_output = self.resolve(request)
+        if request.scratch:
+            spec = self.scratch.grant(spec)
+        wait = queue_timeout(request, self.options.config, self.options.queue_timeout)
+        return Job(request.id, spec, max_output, arrived_ns, Flight(request.id),
+                   None if wait is None else arrived_ns + int(wait * 1e9), self.budget_of(request.id))

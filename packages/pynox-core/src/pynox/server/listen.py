@@ -253,7 +253,7 @@ class Router(Output):
         # Ended quietly: no answer to a client that is gone, and no refusal counted for a job that finished in
         # the meantime (its result was on its way as the connection closed).
         for pool_id in ids:
-            server.cancel_quietly(pool_id)
+            server.flights.cancel_quietly(pool_id)
         for session in connection.sessions:
             server.sessions.close(session, connection.inside("pynox-dropped"))
 

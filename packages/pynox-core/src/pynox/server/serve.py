@@ -1,9 +1,13 @@
 """``pynox pool``: JSON Lines in, one confined child per request, results out in completion order.
 
-The server parses and validates every line, applies the config's profiles and
-ceiling, schedules jobs onto worker threads (one warm template each), relays
-results with their counters and log lines. It never forks job code itself: it
-has threads and open descriptors that a job must never inherit.
+The server routes every line to the module that decides it (``Server._handle_line``:
+an over-long line to :mod:`.io`, a host's reply to :mod:`.hostcalls`, a cancel to
+:mod:`.flights`, a session's request to :mod:`.sessions`, a job to :mod:`.jobs`
+then :mod:`.admission`), and owns the loops: intake's, the worker threads' (one
+warm template each) and the drain's. Results leave through ``Server.finish``, with
+their counters and log lines. It never forks job code itself: it has threads and
+open descriptors that a job must never inherit. The walk of one line through the
+server is drawn in docs/architecture.md ("One line, through the server").
 
 Flow control: intake reads every line as it arrives and never waits for a
 worker, so a stats, cancel or host-call reply written behind the jobs waiting
@@ -20,7 +24,6 @@ socket (:mod:`.metrics`).
 from __future__ import annotations
 
 import argparse
-import base64
 import logging
 import os
 import queue
@@ -31,16 +34,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
-
-import msgspec
 
 from .. import __version__, hints
 from ..config import DEFAULT_MAX_QUEUED, PoolOptions, pool_options
-from ..defaults import DEFAULTS
-from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError, quoted
-from ..grants import bounded, parse_request_duration, parse_request_size
+from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
 from ..policy import BACKEND, cgroups
 from ..protocol import (
     IMPORTABLE_LISTED,
@@ -58,21 +56,18 @@ from ..protocol import (
     encode,
     parse_line,
     refusal,
-    reply_call_id,
-    request_id_from_head,
-    session_refusal,
 )
-from ..units import format_duration, format_size
+from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
-from ..wire.host_channel import PIP_FUNCTION
-from ..wire.spec import ErrorInfo, JobSpec
-from .admission import Admission, Waiting, queue_timeout, saturated
-from .flights import Cancel, Flight, Flights
+from ..wire.spec import ErrorInfo
+from .admission import Admission
+from .flights import Flights
 from .hostcalls import CallRegistry
 from .init import serve_as_init
-from .io import LineReader, Output, TooLong, stdio, watch_for_client_death
-from .jobs import to_job
+from .io import LineReader, Output, TooLong, stdio, too_long, watch_for_client_death
+from .jobs import Job as _Job  # the worker's name for it
+from .jobs import Resolver
 from .jsonlog import log_records_as_json, relay_as_json
 from .labels import Labels
 from .lifecycle import ChildLife, ChildState
@@ -81,15 +76,15 @@ from .metrics import MetricsSocket
 from .outcome import Outcome, to_result
 from .packages import Installer
 from .scratch import ScratchRoot
-from .session_state import RESTORE_CODE, SAVE_CODE, StateKeeper
-from .sessions import FileRequest, SessionRegistry, Step
+from .session_state import StateKeeper
+from .sessions import SessionRegistry, SessionRequests
 from .shutdown import Shutdown, Stage
 from .spans import spans_from_environment
 from .stats import Gauges, Stats, log_line
 from .streaming import Streamer
 from .templates import CallSink, Template
 from .tenants import Tenants, budget_group
-from .trace import Traces, valid_traceparent
+from .trace import Traces
 from .zygote import ForkedProcess
 
 __all__ = ["serve"]
@@ -98,17 +93,6 @@ _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
 _PREPARED_EVERY = 0.01  # seconds between two reads of a template's prepared children while no job comes
-
-
-@dataclass
-class _Job:
-    id: str | int | float | None
-    spec: JobSpec
-    max_output: int
-    accepted_ns: int  # when the pool read its line: its wait is counted from here
-    flight: Flight
-    queue_deadline_ns: int | None = None  # refused if no worker took it by then (see admission.py)
-    tenant: cgroups.TenantGroup | None = None  # its tenant's cgroups, when the tenant has a budget
 
 
 class _Worker(threading.Thread):
@@ -266,18 +250,10 @@ class Server:
         self.output = output
         self._log = log
         self.stats = Stats(options.workers, version=__version__)
-        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
-        self.jobs: queue.Queue[_Job | None] = queue.Queue()
-        # A bound the operator set, or many clients on a socket (one that floods must not stall the others):
-        # refused beyond it. One client on stdin and stdout with no bound set: slowed, as the protocol says.
-        self.admission = Admission(options.max_queued or DEFAULT_MAX_QUEUED, options.workers, self._queue_expired,
-                                   refuse=options.max_queued is not None or options.listen is not None)
         self._arrived_ns = 0  # when intake read the line it handles now
         self.workers: list[_Worker] = []  # once started
-        self.cwd = os.getcwd()
         self.ready_info: ReadyEvent | None = None
         self.ready: Ready  # the first template's, once started
-        self.read_paths: list[str] = []
         # How the pool ends (see shutdown.py). The intake lock is held while a line is accepted: once the
         # drain holds it, every later line sees the stage and is refused, and nothing more is queued.
         self.shutdown = Shutdown(options.drain_timeout, on_drain=self._start_drain, on_stop=self._stop)
@@ -289,8 +265,6 @@ class Server:
         self.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes intake when the drain is over
         # Requests accepted and not yet answered, for {"cancel": ID}.
         self.flights = Flights()
-        # Every directory or file a job of this pool has been allowed to write (see grants.Grants.of).
-        self._written: set[str] = set()
         self.calls = CallRegistry(output.write, self.stats.record_host_call)
         self.sessions: SessionRegistry  # created once the first template has reported the runtime
         # What a template writes on stderr (a preload that prints, a crash): as JSON lines too, with --log=json.
@@ -306,11 +280,6 @@ class Server:
         # The cgroups of each tenant with a memory_budget or cpu_weight (see policy/cgroups.py TenantGroup), made
         # as the pool starts: where none can be made, the pool does not start (never without the budget).
         self.budgets: dict[str, cgroups.TenantGroup] = {}
-        # Where a job may never write (see grants.Grants.of).
-        self._pool_files = {"metrics socket": options.metrics_socket} if options.metrics_socket else {}
-        # A job that read the key could sign a state another client's session then restores (session_state.py).
-        self._pool_secrets = ({"session_key_file": os.path.realpath(options.session_key_file)}
-                              if options.session_key_file else {})
         # Scratch directories of sessions and jobs that ask for one (see scratch.py); removed at exit.
         self.scratch = ScratchRoot(options.scratch_dir, run_as=options.config.pool.run_as,
                                    others=options.config.runs_as_others(),
@@ -320,6 +289,17 @@ class Server:
         self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
                                    allowed=limits.packages if limits else None)
         self.calls.pip = self.installer.pip
+        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        # A bound the operator set, or many clients on a socket (one that floods must not stall the others):
+        # refused beyond it. One client on stdin and stdout with no bound set: slowed, as the protocol says.
+        self.admission = Admission(options.max_queued or DEFAULT_MAX_QUEUED, options.workers, self._finish_job,
+                                   flights=self.flights, queue=self.jobs.put, install=self.installer.submit,
+                                   cancelled=self._cancelled_while_queued,
+                                   refuse=options.max_queued is not None or options.listen is not None)
+        # What the pool adds to a request's grants, for a job or a session's first step (see jobs.py).
+        self.resolver = Resolver(options, self.installer, self.scratch, self.budget_of,
+                                 lambda request_id: self.run_as_of(request_id))
         # OpenTelemetry spans, when OTEL_TRACES_EXPORTER asks for them (see spans.py); else None, and no cost.
         self.spans = spans_from_environment(lambda why: self.log_event("config_warning", why))
         # Signs the states sessions save and checks those given back (see session_state.py).
@@ -409,13 +389,13 @@ class Server:
             for _ in workers:
                 self.jobs.put(None)
             raise
-        self.read_paths = ready.read_paths
+        self.resolver.read_paths = ready.read_paths
         self.ready_info = ReadyEvent(
             workers=self.options.workers,
             python=ready.python,
             preloaded_modules=ready.preloaded,
             package_dirs=self.options.package_dirs,
-            runtime_paths=self.read_paths,
+            runtime_paths=ready.read_paths,
             config=self.options.config.path,
             profiles=sorted(self.options.config.profiles),
             landlock_abi=ready.landlock_abi,
@@ -432,6 +412,7 @@ class Server:
             landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch,
             place=self.installer.place, interrupt_grace=self.options.interrupt_grace)
         self.sessions.count = self.stats.record_session
+        self.session_requests = SessionRequests(self.sessions, self.resolver, self.states)
         self.sessions.budget_kill = self.stats.record_budget_kill
         self.output.write(encode(self.ready_info))
         return workers
@@ -529,26 +510,18 @@ class Server:
                                      "nothing ran")
 
     def _handle_line(self, line: bytes | TooLong) -> None:
-        if isinstance(line, TooLong):
-            call_id = reply_call_id(line.head)
-            if call_id is not None and self.calls.fail(
-                    call_id, f"the host's reply of {line.size} bytes exceeds the pool's 1 MiB line limit"):
-                self._refuse(None, f"reply to call {call_id}: line of {line.size} bytes exceeds the 1 MiB "
-                                   "limit; the job's call fails with HostError")
-                return
-            self._refuse(request_id_from_head(line.head),
-                         f"line of {line.size} bytes exceeds the 1 MiB limit; it was discarded")
+        """Route one line to the module that decides it; what it answers leaves through finish or output."""
+        if isinstance(line, TooLong):  # intake: a reply fails its call, a request is refused
+            request_id, why = too_long(line, self.calls.fail)
+            self._refuse(request_id, why)
             return
         try:
             message = parse_line(line)
         except LineError as exc:
             self._refuse(exc.request_id, str(exc))
             return
-        if isinstance(message, Reply):
-            body = message.reply
-            problem = self.calls.reply(body.call_id, None if body.result is msgspec.UNSET else body.result,
-                                       None if body.error is msgspec.UNSET else body.error)
-            if problem is not None:
+        if isinstance(message, Reply):  # the host's answer to a job's call
+            if (problem := self.calls.answer(message.reply)) is not None:
                 self._refuse(None, problem)
             return
         if message.stats:
@@ -564,141 +537,26 @@ class Server:
                                 opens=bool(message.open or message.grant_fields()))
             if self.spans is not None:
                 self.spans.arrived(message.id, message.traceparent, self._arrived_ns)
-        if message.traceparent is not None:
-            if not valid_traceparent(message.traceparent):
-                self._refuse(message.id, f"traceparent: {quoted(message.traceparent[:80])} is not a W3C trace context "
-                                         '("00-" 32 hex digits "-" 16 hex digits "-" 2 hex digits)',
-                             session=message.session)
-                return
-            if not (message.stats or message.cancel is not None or message.close):  # answered by a result
-                self.traces.add(message.id, message.traceparent)
-        if message.session is not None and message.queue_timeout is not None:
-            self._refuse(message.id, "queue_timeout applies to jobs; a session's steps wait for the step before "
-                                     "them, in the session's own process", session=message.session)
-            return
-        if self.shutdown.refusing() and not (message.session is not None and message.close):
-            self._refuse(message.id, self.shutdown.why(), session=message.session)
-            return
         try:
-            if message.session is not None and message.file_request():
-                self.sessions.submit_files(message.session, FileRequest(message))
-                return
-            if message.session is not None:
-                self._session_request(message, message.session)
-                return
-            job = self._accept(message)
-            self.admission.admit(job)
+            self.traces.arrived(message)
+            draining = self.shutdown.why() if self.shutdown.refusing() else None
+            if message.session is not None:  # a session's step, save, restore, files or close
+                self.session_requests.take(message, self._arrived_ns, draining)
+            elif draining is not None:
+                self._refuse(message.id, draining)
+            else:  # a job: resolved, then admitted
+                self.admission.enter(self.resolver.job(message, self._arrived_ns))
         except RequestError as exc:
             self._refuse(message.id, str(exc), session=message.session)
-            return
-        self.flights.add(job.flight)
-        self._queue(job)
-
-    def _queue(self, job: _Job) -> None:
-        """Queue ``job`` for a worker; one that names packages waits for them first, off intake's thread (an
-        installed set is queued at once). The wait is the job's queue time (``queue_us``)."""
-        if not job.spec.packages:
-            self.jobs.put(job)
-            return
-
-        def placed(spec: JobSpec | None, why: str | None) -> None:
-            if spec is not None:
-                job.spec = spec
-                self.jobs.put(job)
-                return
-            # Nothing ran: answered as refused, unless a cancel answered it while it waited.
-            self.admission.leave(job)
-            if job.flight.start(lambda: False) and job.flight.answer():
-                self.finish(refusal(job.id, why or "packages: the install failed"), session=None, step=None)
-            self.flights.remove(job.flight)
-
-        try:
-            self.installer.submit(job.spec, placed)
-        except RequestError as exc:  # this pool installs nothing, or too many jobs wait for installs
-            self.admission.leave(job)
-            self.flights.remove(job.flight)
-            self._refuse(job.id, str(exc))
 
     def _cancel(self, request_id: RequestId, target: RequestId) -> None:
-        """End every queued or running job with id ``target``; each still gets its one result, as cancelled."""
-        ended = [(flight, how) for flight in self.flights.find(target)
-                 if (how := flight.cancel()) is not Cancel.FINISHED]
-        if not ended:
-            self._refuse(request_id, f"cancel: no queued or running job has the id {quoted(target)}; it may "
-                                     "have finished already")
-            return
-        self.output.write(encode(CancelAnswer(id=request_id, cancelled=target)))
-        for flight, how in ended:
-            if how is Cancel.QUEUED:
-                flight.answer_cancelled()
+        answer = encode(CancelAnswer(id=request_id, cancelled=target))
+        try:
+            self.flights.cancel(target, lambda: self.output.write(answer))
+        except RequestError as exc:
+            self._refuse(request_id, str(exc))
 
-    def cancel_quietly(self, target: RequestId) -> None:
-        """End ``target``'s queued or running jobs with no answer to the cancel itself (a listening pool's dropped
-        connection: nobody reads it); each job still gets its one result. Not under the intake lock: a connection
-        is dropped from wherever its outbox overflowed, a line's handling included."""
-        for flight in self.flights.find(target):
-            if flight.cancel() is Cancel.QUEUED:
-                flight.answer_cancelled()
-
-    def _resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
-        config = self.options.config
-        # The paths are judged against the ceiling by to_job, on the resolution it grants.
-        run_as = config.run_as(request.profile, self.run_as_of(request.id))
-        request = bounded(request, config, self.cwd, check_paths=False)
-        # No job may write where the pool keeps the environments it installs.
-        runtime_paths = [*self.read_paths, self.installer.root]
-        spec, max_output = to_job(request, cwd=self.cwd, runtime_paths=runtime_paths, session=session,
-                                  writable=self._written, ceiling=config.ceiling,
-                                  uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
-                                  pool_files=self._pool_files, pool_secrets=self._pool_secrets)
-        self.scratch.refuse_overlap(spec)
-        budget = self.budget_of(request.id)
-        if budget is not None and budget.memory is not None and spec.confinement.memory > budget.memory:
-            # Its own limit could never be reached: the budget would kill it first, and report that.
-            raise RequestError(f"memory: this request's limit of {format_size(spec.confinement.memory)} is above "
-                               f"the memory_budget of tenant {budget.name!r} ({format_size(budget.memory)}), which "
-                               f"all its jobs and sessions share; ask for at most {format_size(budget.memory)}")
-        if self.installer.problem() is None:  # its hints then name the packages grant
-            spec = msgspec.structs.replace(
-                spec, confinement=msgspec.structs.replace(spec.confinement, installs_packages=True))
-        elif spec.packages or request.pip_install:
-            raise RequestError(f"{'packages' if spec.packages else 'pip_install'}: {self.installer.problem()}")
-        if request.pip_install:
-            if not session:
-                raise RequestError("pip_install: only a session takes it (its steps' `%pip install` lines); a job "
-                                   "names its packages")
-            # A directory of its own, granted read-only now: what `%pip install` adds beneath it later is
-            # readable (Landlock rules cover a directory's later content), and the job still writes nothing.
-            directory = self.installer.session_dir()
-            confinement = msgspec.structs.replace(
-                spec.confinement, package_dirs=[*spec.confinement.package_dirs, directory],
-                allow_read=[*spec.confinement.allow_read, directory], host_channel=True)
-            payload = msgspec.structs.replace(spec.payload, functions=[*spec.payload.functions, PIP_FUNCTION])
-            spec = msgspec.structs.replace(spec, confinement=confinement, payload=payload, pip_dir=directory)
-        # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
-        self._written.update(spec.confinement.allow_write)
-        return spec, max_output
-
-    def _accept(self, request: Request) -> _Job:
-        spec, max_output = self._resolve(request)
-        if request.scratch:
-            spec = self.scratch.grant(spec)
-        arrived = self._arrived_ns
-        wait = queue_timeout(request, self.options.config, self.options.queue_timeout)
-        job = _Job(request.id, spec, max_output, arrived, Flight(request.id),
-                   None if wait is None else arrived + int(wait * 1e9), self.budget_of(request.id))
-
-        def answer_cancelled() -> None:
-            self.admission.leave(job)
-            self.finish(self._cancelled_while_queued(job), session=None, step=None)
-
-        job.flight.answer_cancelled = answer_cancelled
-        return job
-
-    def _queue_expired(self, job: Waiting, waited: float, limit: float) -> None:
-        """A job's queue deadline passed before a worker took it: refused (see admission.py)."""
-        result = refusal(job.flight.id, saturated(waited, limit))
-        result.queue_us = int(waited * 1e6)
+    def _finish_job(self, result: Result) -> None:
         self.finish(result, session=None, step=None)
 
     def _cancelled_while_queued(self, job: _Job) -> Result:
@@ -709,96 +567,11 @@ class Server:
                          preloaded=ready.preloaded, landlock_abi=ready.landlock_abi, mode="pool",
                          queue_us=(time.monotonic_ns() - job.accepted_ns) // 1000)
 
-    def _session_request(self, request: Request, name: str) -> None:
-        if not name or len(name) > 256:
-            raise RequestError("session: a name of 1 to 256 characters is required")
-        if request.close:
-            if not self.sessions.close(name, request.id):
-                raise RequestError(f"close: there is no open session named {quoted(name)}")
-            return
-        if request.script is not None:
-            raise RequestError("sessions take inline code, not script")
-        existing = self.sessions.get(name)
-        live = existing is not None and not existing.closing
-        if request.save:
-            if existing is None or not live:
-                raise RequestError(f"save: there is no open session named {quoted(name)}")
-            self._save(request, name, existing.spec.confinement.timeout)
-            return
-        if request.restore is not None:
-            if live:
-                raise RequestError(f"restore: session {quoted(name)} is already open; a restore opens a new "
-                                   "session (close this one first, or restore under another name)")
-            state = self.states.opened(request.restore)  # refused here, before anything runs
-            request = msgspec.structs.replace(request, restore=None, code=RESTORE_CODE, name="session-restore.py",
-                                              args=[base64.b64encode(state).decode()], return_value=None,
-                                              stream=None)
-        if request.open and live:
-            raise RequestError(f"open: session {quoted(name)} is already open; its later steps carry no open")
-        if existing is not None and live:
-            fields = request.grant_fields()
-            if fields:
-                raise RequestError(f"session {name!r} already exists and its permissions are fixed by its first "
-                                   f"request; a later step may carry only code, name, args, timeout, "
-                                   f"max_output and return_value, not {', '.join(fields)}")
-            spec, max_output = existing.spec, existing.max_output
-        else:
-            self._may_open(request, name)
-            spec, max_output = self._resolve(request, session=True)
-        # A step's own timeout and output cap are still bounded by the ceiling.
-        step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
-                               max_output=request.max_output)
-        bounded(step_request, self.options.config, self.cwd)
-        timeout = parse_request_duration(request.timeout, spec.confinement.timeout)
-        step_max_output = parse_request_size(request.max_output, max_output)
-        # Like any request, a step's file name is agent.py unless it says otherwise.
-        step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
-                    args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
-                    accepted_ns=self._arrived_ns, return_value=bool(request.return_value),
-                    stream=bool(request.stream),
-                    flight=Flight(request.id), tenant=self.budget_of(request.id))
-        # A scratch directory is made only for a session that is really opened.
-        self.sessions.submit(name, step, lambda: (self.scratch.grant(spec) if request.scratch else spec, max_output))
-
-    def _save(self, request: Request, name: str, timeout: float) -> None:
-        """A save is a step of the session running the pool's own code; its result becomes the save's answer."""
-        step_timeout = parse_request_duration(request.timeout, timeout)
-        bounded(Request(id=request.id, code="", timeout=request.timeout), self.options.config, self.cwd)
-        step = Step(id=request.id, code=SAVE_CODE, name="session-save.py", args=[], timeout=step_timeout,
-                    max_output=self.states.save_output, accepted_ns=time.monotonic_ns(), flight=Flight(request.id),
-                    answer=self.states.saved)
-        self.sessions.submit(name, step, None)
-
-    def _may_open(self, request: Request, name: str) -> None:
-        """A request to a name the pool holds no session under opens one with the permissions it brings,
-        code only included (the protocol's rule), unless it says it is a later step (``"open": false``: a
-        client that holds the session and will not have it reopened with other grants), or the operator
-        turned on ``strict_session_reopen`` and the pool ended a session under that name."""
-        if request.open is False:
-            why = self.sessions.ended.why(name)
-            raise RequestError(f"there is no open session named {quoted(name)} "
-                               f"({why if why is not None else 'it ended, or this pool never opened it'}), and "
-                               '"open": false says this step must not open one: it did not run. Send the '
-                               "session's first request again, with its grants and limits")
-        if self.options.strict_session_reopen and not (request.open or request.grant_fields()):
-            why = self.sessions.ended.why(name)
-            if why is not None:
-                raise RequestError(f"the session named {quoted(name)} ended ({why}), and this pool does not "
-                                   "reopen it for a step that carries only code (strict_session_reopen): it did "
-                                   'not run. Send the session\'s first request again, with its grants and limits, '
-                                   'or "open": true for the defaults')
-
     def _refuse(self, request_id: str | int | float | None, message: str, *, session: str | None = None) -> None:
         if session is None:
             self.finish(refusal(request_id, message), session=None, step=None)
             return
-        # A refused session request still says which session it was for, and whether the pool holds one under
-        # that name (a session that goes on), or none (a refused first request: its client must forget the
-        # name, and bring the permissions again with the next one).
-        existing = self.sessions.get(session)
-        result = session_refusal(request_id, message, session=session,
-                                 session_ended=existing is None or existing.closing)
-        self.finish(result, session=session, step=None)
+        self.finish(self.session_requests.refusal(request_id, message, session), session=session, step=None)
 
 
 def death_cause(template: Template) -> str:

@@ -18,6 +18,7 @@ step that reopens one.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import queue
@@ -29,9 +30,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ..errors import PynoxError, RequestError
+from ..defaults import DEFAULTS
+from ..errors import PynoxError, RequestError, quoted
+from ..grants import bounded, parse_request_duration, parse_request_size
 from ..policy.cgroups import TenantGroup
-from ..protocol import Closed, Request, RequestId, SessionResult, encode
+from ..protocol import Closed, Request, RequestId, SessionResult, encode, session_refusal
 from ..units import format_duration
 from ..wire.descriptors import STEP
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
@@ -41,15 +44,17 @@ from .ended import EndedSessions
 from .flights import CLIENT_CANCELLED, Flight, Flights
 from .hostcalls import CallRegistry
 from .interrupts import StepInterrupt
+from .jobs import Resolver
 from .outcome import Gathering, Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
+from .session_state import RESTORE_CODE, SAVE_CODE, StateKeeper
 from .spare import SpareLife
 from .streaming import Streamer
 from .templates import CallSink, SessionChannels, Template
 from .zygote import SessionTemplates
 
-__all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "Step"]
+__all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "SessionRequests", "Step"]
 
 _log = logging.getLogger(__name__)
 
@@ -655,3 +660,120 @@ class SessionRegistry:
                         if idle_too_long:
                             self.count("expired")
                         session.items.put(_Close(None, why))
+
+
+class SessionRequests:
+    """A request that names a session, taken or refused: a step (the first one opening the session with the
+    permissions it brings, resolved as a job's are, see jobs.py), a save or a restore (see session_state.py),
+    files in or out, a close. What a later step may carry, when a name is opened again, and what a refusal
+    tells the client of the session are decided here; :class:`SessionRegistry` queues what is taken."""
+
+    def __init__(self, registry: SessionRegistry, resolver: Resolver, states: StateKeeper) -> None:
+        self.registry = registry
+        self.resolver = resolver
+        self.states = states
+
+    def take(self, request: Request, arrived_ns: int, draining: str | None) -> None:
+        """Queue what ``request`` (read at ``arrived_ns``) asks of its session; RequestError when it is refused
+        (nothing ran). ``draining``: why the pool takes no new work, once it has begun to end (a close is still
+        taken)."""
+        name = request.session
+        assert name is not None  # routed here for its session
+        if request.queue_timeout is not None:
+            raise RequestError("queue_timeout applies to jobs; a session's steps wait for the step before them, in "
+                               "the session's own process")
+        if draining is not None and not request.close:
+            raise RequestError(draining)
+        if request.file_request():
+            self.registry.submit_files(name, FileRequest(request))
+            return
+        self._request(request, name, arrived_ns)
+
+    def refusal(self, request_id: RequestId, message: str, session: str) -> SessionResult:
+        """A refused session request still says which session it was for, and whether the pool holds one under
+        that name (a session that goes on), or none (a refused first request: its client must forget the name,
+        and bring the permissions again with the next one)."""
+        existing = self.registry.get(session)
+        return session_refusal(request_id, message, session=session,
+                               session_ended=existing is None or existing.closing)
+
+    def _request(self, request: Request, name: str, arrived_ns: int) -> None:
+        if not name or len(name) > 256:
+            raise RequestError("session: a name of 1 to 256 characters is required")
+        if request.close:
+            if not self.registry.close(name, request.id):
+                raise RequestError(f"close: there is no open session named {quoted(name)}")
+            return
+        if request.script is not None:
+            raise RequestError("sessions take inline code, not script")
+        existing = self.registry.get(name)
+        live = existing is not None and not existing.closing
+        if request.save:
+            if existing is None or not live:
+                raise RequestError(f"save: there is no open session named {quoted(name)}")
+            self._save(request, name, existing.spec.confinement.timeout)
+            return
+        if request.restore is not None:
+            if live:
+                raise RequestError(f"restore: session {quoted(name)} is already open; a restore opens a new "
+                                   "session (close this one first, or restore under another name)")
+            state = self.states.opened(request.restore)  # refused here, before anything runs
+            request = msgspec.structs.replace(request, restore=None, code=RESTORE_CODE, name="session-restore.py",
+                                              args=[base64.b64encode(state).decode()], return_value=None,
+                                              stream=None)
+        if request.open and live:
+            raise RequestError(f"open: session {quoted(name)} is already open; its later steps carry no open")
+        if existing is not None and live:
+            fields = request.grant_fields()
+            if fields:
+                raise RequestError(f"session {name!r} already exists and its permissions are fixed by its first "
+                                   f"request; a later step may carry only code, name, args, timeout, "
+                                   f"max_output and return_value, not {', '.join(fields)}")
+            spec, max_output = existing.spec, existing.max_output
+        else:
+            self._may_open(request, name)
+            spec, max_output = self.resolver.resolve(request, session=True)
+        # A step's own timeout and output cap are still bounded by the ceiling.
+        step_request = Request(id=request.id, code=request.code, timeout=request.timeout,
+                               max_output=request.max_output)
+        bounded(step_request, self.resolver.options.config, self.resolver.cwd)
+        timeout = parse_request_duration(request.timeout, spec.confinement.timeout)
+        step_max_output = parse_request_size(request.max_output, max_output)
+        # Like any request, a step's file name is agent.py unless it says otherwise.
+        step = Step(id=request.id, code=request.code or "", name=request.name or DEFAULTS.name,
+                    args=list(request.args or ()), timeout=timeout, max_output=step_max_output,
+                    accepted_ns=arrived_ns, return_value=bool(request.return_value),
+                    stream=bool(request.stream),
+                    flight=Flight(request.id), tenant=self.resolver.budget_of(request.id))
+        # A scratch directory is made only for a session that is really opened.
+        scratch = self.resolver.scratch
+        self.registry.submit(name, step, lambda: (scratch.grant(spec) if request.scratch else spec, max_output))
+
+    def _save(self, request: Request, name: str, timeout: float) -> None:
+        """A save is a step of the session running the pool's own code; its result becomes the save's answer."""
+        step_timeout = parse_request_duration(request.timeout, timeout)
+        bounded(Request(id=request.id, code="", timeout=request.timeout), self.resolver.options.config,
+                self.resolver.cwd)
+        step = Step(id=request.id, code=SAVE_CODE, name="session-save.py", args=[], timeout=step_timeout,
+                    max_output=self.states.save_output, accepted_ns=time.monotonic_ns(), flight=Flight(request.id),
+                    answer=self.states.saved)
+        self.registry.submit(name, step, None)
+
+    def _may_open(self, request: Request, name: str) -> None:
+        """A request to a name the pool holds no session under opens one with the permissions it brings,
+        code only included (the protocol's rule), unless it says it is a later step (``"open": false``: a
+        client that holds the session and will not have it reopened with other grants), or the operator
+        turned on ``strict_session_reopen`` and the pool ended a session under that name."""
+        if request.open is False:
+            why = self.registry.ended.why(name)
+            raise RequestError(f"there is no open session named {quoted(name)} "
+                               f"({why if why is not None else 'it ended, or this pool never opened it'}), and "
+                               '"open": false says this step must not open one: it did not run. Send the '
+                               "session's first request again, with its grants and limits")
+        if self.resolver.options.strict_session_reopen and not (request.open or request.grant_fields()):
+            why = self.registry.ended.why(name)
+            if why is not None:
+                raise RequestError(f"the session named {quoted(name)} ended ({why}), and this pool does not "
+                                   "reopen it for a step that carries only code (strict_session_reopen): it did "
+                                   'not run. Send the session\'s first request again, with its grants and limits, '
+                                   'or "open": true for the defaults')

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import threading
 
-from ..protocol import RequestId
+from ..errors import RequestError, quoted
+from ..protocol import Request, RequestId
 
 __all__ = ["Traces", "valid_traceparent"]
 
@@ -35,6 +36,18 @@ class Traces:
 
     def __bool__(self) -> bool:
         return bool(self._by_id)
+
+    def arrived(self, request: Request) -> None:
+        """Keep ``request``'s trace context, if it carries one, until its result; RequestError (refused, nothing
+        ran) if it is not a W3C trace context."""
+        traceparent = request.traceparent
+        if traceparent is None:
+            return
+        if not valid_traceparent(traceparent):
+            raise RequestError(f"traceparent: {quoted(traceparent[:80])} is not a W3C trace context "
+                               '("00-" 32 hex digits "-" 16 hex digits "-" 2 hex digits)')
+        if not (request.stats or request.cancel is not None or request.close):  # answered by a result
+            self.add(request.id, traceparent)
 
     def add(self, request_id: RequestId, traceparent: str) -> None:
         with self._lock:

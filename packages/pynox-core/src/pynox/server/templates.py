@@ -871,10 +871,10 @@ class Template:
                     outcome.shmem_kb, outcome.socket_kb = self.cgroups.memory.held_in_kernel()
                 outcome.memory_exceeded = outcome.signal == signal.SIGKILL and self.cgroups.memory.killed()
                 tenant = self.cgroups.tenant
-                # Killed for memory without meeting its own limit, while its tenant met its budget: the budget's.
+                # Killed for memory while its tenant met its budget, without meeting its own limit: the budget's.
                 if outcome.memory_exceeded and tenant is not None and tenant.memory is not None \
-                        and not self.cgroups.memory.reached_own_limit() \
-                        and tenant.budget_hits() > self._budget_hits:
+                        and (budget := tenant.budget_hits() - self._budget_hits) > 0 \
+                        and not self.cgroups.memory.reached_own_limit(above=budget):
                     outcome.budget = (tenant.name, tenant.memory)
             except OSError as exc:
                 self.broken = True

@@ -96,7 +96,7 @@ def test_a_prepared_child_killed_after_it_was_handed_the_job_costs_that_job_noth
             for pid in ready:
                 os.kill(pid, signal.SIGSTOP)
             job = pool.submit(code=_marker_job(out, i), allow_write=[str(out)])
-            time.sleep(0.3)
+            time.sleep(0.3)  # the hand-over (a stopped child only receives it)
             # The control: the job was handed to a stopped child (nothing else runs below the template, its
             # marker is not there); a job forked a child of its own would prove nothing.
             assert set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) == set(ready), pool.tree()
@@ -106,7 +106,7 @@ def test_a_prepared_child_killed_after_it_was_handed_the_job_costs_that_job_noth
             assert result["error"] is None and result["stdout"] == f"{i}\n", result
             assert (out / f"j{i}").exists()
             pid = int(pool.run("import os\nprint(os.getpid())", allow_write=[str(out)])["stdout"])
-            assert pid not in ready  # the control: the next job of the key still runs, on a child prepared anew
+            assert pid not in ready  # and the pool serves on: the next job of the key runs on a child prepared anew
 
 
 def test_a_template_killed_before_the_next_job_costs_that_job_nothing(tmp_path: Path) -> None:

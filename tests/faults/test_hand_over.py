@@ -79,6 +79,36 @@ def test_a_prepared_child_killed_before_the_next_job_costs_that_job_nothing(tmp_
         assert seen == {"ok": 60}, seen
 
 
+def test_a_prepared_child_killed_after_it_was_handed_the_job_costs_that_job_nothing(tmp_path: Path) -> None:
+    """No look at /proc before the hand-over can see a kill that lands after it (nor one the kernel has taken
+    off the pending signals and not yet marked exiting, as under load, which is how the test above once lost
+    a job). The children prepared ahead are stopped, so the one handed the job cannot claim it, then killed:
+    the job ran nowhere, so it runs once on a fresh child (it was answered SIGKILL before the fix)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for i in range(3):
+            assert pool.run("print(0)", allow_write=[str(out)])["error"] is None
+            end = time.monotonic() + 10
+            while len(ready := _below(pool, 2, ("pynox-ready",))) < PREPARED_PER_WORKER:
+                assert time.monotonic() < end, f"not {PREPARED_PER_WORKER} children prepared: {ready}"
+                time.sleep(0.005)
+            for pid in ready:
+                os.kill(pid, signal.SIGSTOP)
+            job = pool.submit(code=_marker_job(out, i), allow_write=[str(out)])
+            time.sleep(0.3)  # the hand-over (a stopped child only receives it)
+            # The control: the job was handed to a stopped child (nothing else runs below the template, its
+            # marker is not there); a job forked a child of its own would prove nothing.
+            assert set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) == set(ready), pool.tree()
+            assert not (out / f"j{i}").exists()
+            _kill(ready)
+            result = pool.result(job)
+            assert result["error"] is None and result["stdout"] == f"{i}\n", result
+            assert (out / f"j{i}").exists()
+            pid = int(pool.run("import os\nprint(os.getpid())", allow_write=[str(out)])["stdout"])
+            assert pid not in ready  # and the pool serves on: the next job of the key runs on a child prepared anew
+
+
 def test_a_template_killed_before_the_next_job_costs_that_job_nothing(tmp_path: Path) -> None:
     """The template dies before the job is sent; handed to its prepared child, the job began and died with
     it (sometimes after writing its marker) and was not retried. Sent to the dying template, it is."""

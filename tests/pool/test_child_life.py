@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+
 import pytest
 
 from pynox.errors import PoolWorkerError
@@ -27,6 +31,26 @@ def test_a_cancel_kept_across_a_replaced_template() -> None:
     life.abandon()  # the dead template is closed; the job, still taken, keeps its cancel
     assert life.state is ChildState.TAKEN
     assert life.sent() is False
+
+
+def test_a_cancel_is_remembered_for_the_job_taken_last() -> None:
+    """A job whose prepared child died before it claimed the job is sent again, unless a cancel reached it: the
+    death may be the cancel's kill (Template.run reads ``cancelled``)."""
+    life = ChildLife()
+    life.take()
+    assert life.cancelled is False
+    assert life.cancel() is True  # kept while taken
+    assert life.cancelled is True
+    assert life.sent() is False
+    life.take()  # the next job: nothing cancelled it
+    assert life.cancelled is False
+    assert life.sent() is True
+    with subprocess.Popen(["sleep", "30"]) as child:
+        life.started(os.pidfd_open(child.pid), child.pid)
+        assert life.cancel() is True  # running: killed
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    assert life.cancelled is True
+    life.abandon()  # closes its pidfd
 
 
 def test_nothing_to_cancel_once_the_job_is_over() -> None:

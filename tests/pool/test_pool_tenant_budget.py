@@ -357,9 +357,7 @@ def _big(read_first: bool) -> str:
 
 
 @pytest.mark.usefixtures("budgets")
-@pytest.mark.parametrize("read_first", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="v1: reached_own_limit reads the job's peak, which page cache raised to its limit"))],
-                         ids=["control", "page-cache-first"])
+@pytest.mark.parametrize("read_first", [False, True], ids=["control", "page-cache-first"])
 def test_a_budget_kill_is_told_as_the_budgets_after_the_job_filled_its_page_cache(tmp_path: Path, run_dir: Path,
                                                                                   read_first: bool) -> None:
     """Two jobs of the budgeted tenant together over its budget, each under its own limit: the one killed is told

@@ -72,6 +72,7 @@ import errno
 import functools
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,6 +95,35 @@ _CPU_PERIOD = 100_000  # µs: the kernel's default CFS period
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
 # How near its limit a v1 cgroup's peak is when the limit stopped it: the kernel charges in batches of 64 pages.
 _LIMIT_SLACK = 1 << 20
+
+
+def _watch_ooms(path: str) -> int | None:
+    """v1: an eventfd the kernel counts up each time the OOM killer runs for the limit of the cgroup at ``path``
+    or of one above it (cgroup.event_control on memory.oom_control: the kernel notifies the cgroup whose limit
+    was met and every cgroup beneath it). Page cache reclaimed at a limit is no OOM, so it counts nothing.
+    None where no event can be registered (the older rule, the peak, is then used)."""
+    try:
+        events = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        control = os.open(os.path.join(path, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _write(os.path.join(path, "cgroup.event_control"), f"{events} {control}")
+        finally:
+            os.close(control)  # the registration holds the cgroup, not this file
+    except OSError:
+        os.close(events)
+        return None
+    return events
+
+
+def _drain(events: int) -> int:
+    """What an eventfd counted since it was last read (non-blocking: 0 if nothing)."""
+    try:
+        return os.eventfd_read(events)
+    except BlockingIOError:
+        return 0
 
 
 def _start_ticks(pid: int | str) -> int | None:
@@ -239,6 +269,7 @@ class MemoryCounter:
     def __init__(self, path: str, version: int) -> None:
         self.version = version
         self._fds: dict[str, int] = {}
+        self._oom_events: int | None = None
         try:
             for what, v1, v2, written in self._FILES:
                 self._open(what, os.path.join(path, v2 if version == 2 else v1), written)
@@ -268,6 +299,9 @@ class MemoryCounter:
         self._limit_set = int(now) if now.isdigit() else 1 << 62
         self._held = 0
         self._hits = 0
+        # v1: the OOMs of this cgroup's limit and its ancestors' (see _watch_ooms), counted as read.
+        self._oom_events = _watch_ooms(path) if version == 1 else None
+        self._ooms = 0
         self.settle()
 
     def _open(self, what: str, path: str, written: bool) -> None:
@@ -282,19 +316,29 @@ class MemoryCounter:
     def _limit_hits(self) -> int:
         """v2: how often the kernel's OOM killer ran for this cgroup's own limit ("oom" of memory.events; an
         ancestor's limit, a tenant's budget, counts there, not here). v1 has no such count (memory.failcnt
-        stays 0 on recent kernels): 0, and :meth:`reached_own_limit` reads the peak instead."""
-        return _fields(self._read("events", 4096)).get(b"oom", 0) if self.version == 2 else 0
+        stays 0 on recent kernels): how often it ran for this cgroup's limit or an ancestor's (its OOM
+        events); 0 where they cannot be had, and :meth:`reached_own_limit` reads the peak instead."""
+        if self.version == 2:
+            return _fields(self._read("events", 4096)).get(b"oom", 0)
+        if self._oom_events is not None:
+            self._ooms += _drain(self._oom_events)
+        return self._ooms
 
     def mark(self) -> None:
         """A job or a session's step starts: whether it meets its own limit is counted from here."""
         self._hits = self._limit_hits()
 
-    def reached_own_limit(self) -> bool:
+    def reached_own_limit(self, above: int = 0) -> bool:
         """Whether the job met its own limit since :meth:`mark` (read for a job the kernel killed for memory:
-        if not, a limit above its own, its tenant's budget, was reached). v1: its peak since its start came
-        within :data:`_LIMIT_SLACK` of its limit (without a peak, it is taken to have)."""
+        if not, a limit above its own, its tenant's budget, was reached). ``above``: how often the OOM killer
+        ran for the limits above this cgroup's meanwhile (the tenant's budget). v1 counts those here too: the
+        job met its own if its cgroup had more. Without its OOM events, v1 takes its peak since its start:
+        within :data:`_LIMIT_SLACK` of its limit (without a peak, it is taken to have), though page cache the
+        kernel reclaimed at the limit, no OOM, raises it there too."""
         if self.version == 2:
             return self._limit_hits() > self._hits
+        if self._oom_events is not None:
+            return self._limit_hits() - self._hits > above
         if "peak" not in self._fds:
             return True
         return int(self._read("peak")) >= self._limit_set - _LIMIT_SLACK
@@ -370,6 +414,9 @@ class MemoryCounter:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._oom_events is not None:
+            os.close(self._oom_events)
+            self._oom_events = None
 
 
 @dataclass
@@ -421,6 +468,11 @@ class TenantGroup:
         self.directory = "tenant-" + str(index) + "-" + "".join(
             c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)[:64]
         self._bounds = bounds
+        # v1: the OOMs of the budget (see _watch_ooms), registered on the cgroup made last; read by every worker
+        # of the tenant, so counted under a lock. A count only ever grows: each job compares it with its mark.
+        self._oom_events: int | None = None
+        self._ooms = 0
+        self._lock = threading.Lock()
         if memory is not None and bounds.memory is None:
             raise OSError(errno.ENOTSUP, f"no memory cgroup: {bounds.memory_reason}")
         if cpu_weight is not None and bounds.cpu is None:
@@ -437,8 +489,10 @@ class TenantGroup:
     def make(self, hierarchy: Hierarchy) -> str:
         """The tenant's cgroup in ``hierarchy``, with its limits (made again if a sweep removed it while empty)."""
         path = os.path.join(hierarchy.make_pool_directory(), self.directory)
+        made = False
         with contextlib.suppress(FileExistsError):
             os.mkdir(path)
+            made = True
         if hierarchy.version == 2:
             _write(os.path.join(path, "cgroup.subtree_control"), " ".join(f"+{c}" for c in hierarchy.controllers))
         if "memory" in hierarchy.controllers and self.memory is not None:
@@ -452,6 +506,13 @@ class TenantGroup:
                 _write(os.path.join(path, "memory.limit_in_bytes"), str(self.memory))
                 with contextlib.suppress(FileNotFoundError):
                     _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(self.memory))
+                with self._lock:
+                    if made or self._oom_events is None:  # a cgroup made again (swept while empty) is watched anew
+                        if self._oom_events is not None:
+                            # What it counted is kept (removed with its cgroup, it may count that once: no job ran).
+                            self._ooms += _drain(self._oom_events)
+                            os.close(self._oom_events)
+                        self._oom_events = _watch_ooms(path)
         if "cpu" in hierarchy.controllers and self.cpu_weight is not None:
             if hierarchy.version == 2:
                 _write(os.path.join(path, "cpu.weight"), str(self.cpu_weight))
@@ -461,12 +522,17 @@ class TenantGroup:
 
     def budget_hits(self) -> int:
         """v2: how often the kernel's OOM killer ran for the tenant's budget ("oom" of memory.events.local). v1,
-        which counts no such thing: 1 once the tenant's peak came within :data:`_LIMIT_SLACK` of its budget, else
-        0 (so a job killed at no limit of its own, while the tenant never reached its budget, is not blamed on
-        it). 0 where the tenant has no memory budget."""
+        which counts no such thing in a file: how often it ran for the budget (or a limit above it) by the
+        tenant cgroup's OOM events (see _watch_ooms); without them, 1 once the tenant's peak came within
+        :data:`_LIMIT_SLACK` of its budget, else 0 (so a job killed at no limit of its own, while the tenant
+        never reached its budget, is not blamed on it). 0 where the tenant has no memory budget."""
         hierarchy = self._bounds.memory
         if self.memory is None or hierarchy is None:
             return 0
+        with self._lock:
+            if self._oom_events is not None:
+                self._ooms += _drain(self._oom_events)
+                return self._ooms
         path = os.path.join(hierarchy.pool_directory(), self.directory)
         try:
             if hierarchy.version == 2:
@@ -478,12 +544,18 @@ class TenantGroup:
             return 0
 
     def budget_mark(self) -> int:
-        """What :meth:`budget_hits` is compared with for a job starting now: the count on v2; 0 on v1."""
+        """What :meth:`budget_hits` is compared with for a job starting now: the count, on v2 and where v1's OOM
+        events are watched; else 0 (v1's peak)."""
         hierarchy = self._bounds.memory
-        return self.budget_hits() if hierarchy is not None and hierarchy.version == 2 else 0
+        watched = hierarchy is not None and (hierarchy.version == 2 or self._oom_events is not None)
+        return self.budget_hits() if watched else 0
 
     def close(self) -> None:
         """At the pool's end, once its templates are gone (what is left is removed with the pool's cgroup)."""
+        with self._lock:
+            if self._oom_events is not None:
+                os.close(self._oom_events)
+                self._oom_events = None
         for hierarchy in self._bounds.hierarchies():
             _remove_tree(os.path.join(hierarchy.pool_directory(), self.directory), _REMOVE_WAIT, _REMOVE_WAIT)
 

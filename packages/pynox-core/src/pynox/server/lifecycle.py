@@ -81,6 +81,9 @@ class ChildLife:
         self._lock = threading.Lock()  # the pidfd and the kept cancel, between the worker and a cancel
         # Cancelled before its pidfd arrived: TAKEN, never sent; SENT, killed as soon as its pidfd arrives.
         self._condemned = False
+        # A cancel reached the job taken last (its process killed, or condemned): a child that died before it
+        # claimed its job was not lost to the job, and is not replaced by a fresh one (see Template.run).
+        self.cancelled = False
 
     def _move(self, state: ChildState) -> None:
         if state not in _MOVES[self.state]:
@@ -91,6 +94,7 @@ class ChildLife:
         """A job is on its way: from now a cancel is kept until the job is sent (or dropped)."""
         with self._lock:
             self._move(ChildState.TAKEN)
+            self.cancelled = False
 
     def sent(self) -> bool:
         """TAKEN -> SENT, the job goes to the template now; or, if it was cancelled since it was taken,
@@ -169,10 +173,11 @@ class ChildLife:
         sent: the cancel is kept), False if its job was already over (answered, ended, or none)."""
         with self._lock:
             if self.state in (ChildState.TAKEN, ChildState.SENT) and self.pidfd is None:
-                self._condemned = True
+                self._condemned = self.cancelled = True
                 return True
             if self.state is not ChildState.RUNNING:
                 return False
+            self.cancelled = True
         self.kill()
         return True
 

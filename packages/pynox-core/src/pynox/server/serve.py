@@ -198,7 +198,8 @@ class _Worker(threading.Thread):
             except RequestError as exc:  # a grant changed between acceptance and start: nothing ran
                 return refusal(job.id, str(exc))
             except PoolWorkerError as exc:
-                # A job that never reached the template is safe to retry once on a fresh one.
+                # A job that never began is safe to retry once: it never reached the template (a fresh one
+                # takes it), or the prepared child handed it died before it claimed it (the template forks it one).
                 if not exc.started and attempt == 0:
                     continue
                 return self._worker_error(job, queue_us, str(exc), (time.monotonic_ns() - began) // 1000)

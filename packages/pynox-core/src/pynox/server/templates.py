@@ -285,6 +285,9 @@ class Template:
         self._package_dirs = list(package_dirs)  # their identities are in a prepared child's key
         self._due_by = 0.0  # when the template's announced children must have arrived (see preparing)
         self._child_serial: int | None = None
+        # A job handed to a prepared child that died before it claimed the job ran nowhere: its worker sends it
+        # again, and this template forks it a child of its own (see run).
+        self._fork_next = False
         bounds = cgroups.available()
         try:
             if bounds.hierarchies():  # before the template can fork anything: every job it forks is bounded
@@ -376,6 +379,10 @@ class Template:
         Raises :class:`PoolWorkerError` (and marks itself broken) if the template fails, and
         :class:`RequestError` (nothing ran) if a granted path changed since the job was resolved. With
         ``session``, the call returns when the first step is over and the child stays alive for the next ones.
+
+        A job handed to a child prepared ahead that dies before it claims the job (killed from outside, even
+        after any look at /proc could see it: see _hand_to_prepared) never began: ``PoolWorkerError`` with
+        ``started=False``, which its worker retries once, on a child this template then forks for it.
         """
         self._settle()
         self._enter(tenant)
@@ -439,7 +446,9 @@ class Template:
         try:
             # The children that cannot take this job end before its memory is measured from: counted in the
             # template's cgroup at its start and freed during it, they would be room beyond its limit.
-            given_up = self.prepared.give_up_other_keys(key)
+            # The job a prepared child died with goes to a child forked for it: none prepared may take it.
+            hand, self._fork_next = not self._fork_next, False
+            given_up = self.prepared.give_up_other_keys(key if hand else None)
             for child in given_up:
                 self._discard(child)
             if given_up:
@@ -447,7 +456,8 @@ class Template:
             if self.cgroups is not None and self.cgroups.memory is not None:
                 self.cgroups.memory.start(confinement.memory)
                 self._mark_budget()
-            if not self._hand_to_prepared(key, own, writes, confinement, hosts):
+            handed = hand and self._hand_to_prepared(key, own, writes, confinement, hosts)
+            if not handed:
                 if session is not None:
                     self._await_released()
                 metadata, job_metadata = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -476,15 +486,32 @@ class Template:
                 sock.close()
             close_all([payload, *reads])
         try:
-            return self.collect([r for r, _ in pipes], spec, spec.confinement.timeout, max_output, start,
-                                calls=calls, outbox=outbox, session=session is not None, claim=claim,
-                                streamer=streamer)
-        except PoolWorkerError as exc:
-            if exc.started and take_back(claim):  # no child claimed the job: it never began
-                raise PoolWorkerError(str(exc), started=False) from None
-            raise
+            try:
+                outcome = self.collect([r for r, _ in pipes], spec, spec.confinement.timeout, max_output, start,
+                                       calls=calls, outbox=outbox, session=session is not None, claim=claim,
+                                       streamer=streamer)
+            except PoolWorkerError as exc:
+                if exc.started and take_back(claim):  # no child claimed the job: it never began
+                    raise PoolWorkerError(str(exc), started=False) from None
+                raise
+            # A session's first step is not sent again: its channels went to the child that died (it is answered
+            # as that child ended).
+            if handed and session is None and self._lost_before_claimed(outcome, claim):
+                self._fork_next = True
+                raise PoolWorkerError("the child prepared for this job died before it began it", started=False)
+            return outcome
         finally:
             os.close(claim)
+
+    def _lost_before_claimed(self, outcome: Gathering, claim: int) -> bool:
+        """Whether a job handed to a prepared child ended with nothing of it run, and through no verdict on it:
+        the child never claimed the job (the pool takes the claim back now, so it never will), and the pool did
+        not end it (its deadline, a cancel, a broken protocol) nor the kernel for its memory. Its setup's own
+        failure is not this: it was reported, and the claim taken back then (see _take_word)."""
+        if outcome.timed_out or outcome.protocol_violation is not None or outcome.memory_exceeded \
+                or self.child.cancelled:
+            return False
+        return take_back(claim)
 
     def _enter(self, tenant: cgroups.TenantGroup | None) -> None:
         """Serve the next job in ``tenant``'s cgroups (None: the pool's own). A template serves jobs of every
@@ -528,7 +555,10 @@ class Template:
                 return False
             # A killed process keeps its sockets open while its memory is torn down (milliseconds): a job handed
             # to a child being killed, or to the child of a template being killed, would begin, then die. To the
-            # template instead, it is never read, so it is taken back and retried (see run).
+            # template instead, it is never read, so it is taken back and retried (see run). This look is only
+            # the cheap way round: a kill it cannot see (one landing after it, or one the kernel took off the
+            # pending signals before it marks the task exiting, a window a loaded machine widens) leaves the
+            # job unclaimed, and run sends it again to a child forked for it.
             if _dying(self.process.pid):
                 self.prepared.release(prepared)
                 return False
@@ -842,10 +872,10 @@ class Template:
                     outcome.shmem_kb, outcome.socket_kb = self.cgroups.memory.held_in_kernel()
                 outcome.memory_exceeded = outcome.signal == signal.SIGKILL and self.cgroups.memory.killed()
                 tenant = self.cgroups.tenant
-                # Killed for memory without meeting its own limit, while its tenant met its budget: the budget's.
+                # Killed for memory while its tenant met its budget, without meeting its own limit: the budget's.
                 if outcome.memory_exceeded and tenant is not None and tenant.memory is not None \
-                        and not self.cgroups.memory.reached_own_limit() \
-                        and tenant.budget_hits() > self._budget_hits:
+                        and (budget := tenant.budget_hits() - self._budget_hits) > 0 \
+                        and not self.cgroups.memory.reached_own_limit(above=budget):
                     outcome.budget = (tenant.name, tenant.memory)
             except OSError as exc:
                 self.broken = True

@@ -423,6 +423,11 @@ class StewardLife:
         self._listener = listener
         self._move(StewardPhase.ARRIVED if listener is not None else StewardPhase.UNSENT)
 
+    @property
+    def listener(self) -> int | None:
+        """ARRIVED: the listener, which the worker watches until the job's first call (see StewardThread)."""
+        return self._listener
+
     def serve(self) -> Steward:
         """ARRIVED -> SERVING: from now on its calls are answered; the caller waits on its listener."""
         self._move(StewardPhase.SERVING)
@@ -455,9 +460,11 @@ class StewardLife:
 
 class StewardThread:
     """Answers the delegated calls of the job its template serves, on a thread of its own (see the module's
-    docstring): started once per template, so a job pays no thread start. :meth:`serve` hands it a job's
-    steward; :meth:`release` takes it back, and returns once the thread no longer touches it (a call being
-    answered is finished first: its cost is bounded), so that the steward may then be closed."""
+    docstring): started once per template, at its first job that delegates a call, so a job pays no thread
+    start. :meth:`serve` hands it a job's steward at that job's first call (until then the worker's loop
+    watches the listener: a job that delegates nothing costs no wake-up of this thread); :meth:`release` takes
+    it back, and returns once the thread no longer touches it (a call being answered is finished first: its
+    cost is bounded), so that the steward may then be closed."""
 
     def __init__(self, name: str) -> None:
         self._wake_read, self._wake_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -479,8 +486,11 @@ class StewardThread:
         self._wake()
 
     def release(self, timeout: float) -> bool:
-        """Stop answering; True once the thread let go of the steward (False: not within ``timeout``)."""
+        """Stop answering; True once the thread let go of the steward (False: not within ``timeout``). A thread
+        that holds none (the job delegated no call) is neither woken nor waited for."""
         with self._lock:
+            if self._life is None and self._idle.is_set():
+                return True
             self._life = None
         self._wake()
         return self._idle.wait(timeout)

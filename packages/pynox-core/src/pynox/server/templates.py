@@ -236,6 +236,7 @@ class _Serving:
     # What the loop watches the host-call channel for: EVENT_READ, with EVENT_WRITE while answers wait for
     # it to take them (see Outbox); 0 once it is no longer watched.
     channel_events: int = 0
+    watching_listener: bool = False  # the steward's listener, until the job's first delegated call
 
     def read_word(self) -> JobWord | None:
         if not self.word_read:
@@ -722,7 +723,7 @@ class Template:
 
     def _enforce(self, serving: _Serving) -> int:
         """The deadline and the kills, checked between two waits; how long (ns) the next wait may be."""
-        self._start_steward(serving.sel)
+        self._watch_listener(serving)
         outcome, job_calls = serving.outcome, serving.job_calls
         now = time.monotonic_ns()
         stall: int | None = None
@@ -1050,8 +1051,25 @@ class Template:
         self.broken = True
         raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
 
-    def _start_steward(self, sel: selectors.BaseSelector) -> None:
-        """Answer the child's metadata calls once its listener is here."""
+    def _watch_listener(self, serving: _Serving) -> None:
+        """Once the child's listener is here, watch it for the job's first delegated call (most jobs make none:
+        the steward thread is then neither woken to serve it nor waited for as it lets go)."""
+        steward = self._steward
+        if steward is None or steward.phase is not StewardPhase.ARRIVED or serving.watching_listener:
+            return
+        assert steward.listener is not None
+        serving.sel.register(steward.listener, selectors.EVENT_READ, self._on_delegated_call)
+        serving.watching_listener = True
+
+    def _on_delegated_call(self, serving: _Serving) -> None:
+        """The job's first delegated call (or its listener hung up): the steward thread answers from now on."""
+        assert self._steward is not None and self._steward.listener is not None
+        serving.sel.unregister(self._steward.listener)
+        serving.watching_listener = False
+        self._start_steward()
+
+    def _start_steward(self) -> None:
+        """Answer the child's metadata calls on the steward thread."""
         if self._steward is None or self._steward.phase is not StewardPhase.ARRIVED:
             return
         self._steward.serve()

@@ -103,6 +103,8 @@ class RuntimeRules:
     def __init__(self, wanted: list[tuple[str, int]]) -> None:
         self._wanted = wanted
         self._opened = [self._open(path, rights) for path, rights in wanted]
+        self._current: tuple[tuple[int, int], ...] | None = None  # what current() gives until a rule changes
+        self.generation = 0  # counts the refreshes that reopened a rule: a call laid out before is stale
 
     @staticmethod
     def _open(path: str, rights: int) -> tuple[int, int, tuple[int, int]] | None:
@@ -114,7 +116,9 @@ class RuntimeRules:
 
     def current(self) -> tuple[tuple[int, int], ...]:
         """(O_PATH descriptor, rights) of every path that exists."""
-        return tuple((fd, rights) for fd, rights, _ in filter(None, self._opened))
+        if self._current is None:
+            self._current = tuple((fd, rights) for fd, rights, _ in filter(None, self._opened))
+        return self._current
 
     def refresh(self) -> None:
         for index, (path, rights) in enumerate(self._wanted):
@@ -128,6 +132,8 @@ class RuntimeRules:
                 if opened is not None:
                     os.close(opened[0])
                 self._opened[index] = self._open(path, rights)
+                self._current = None
+                self.generation += 1
 
 
 def private_data_bytes() -> int:

@@ -165,8 +165,14 @@ def _explain_refused_connect(outcome: Gathering, spec: JobSpec, hosts: AllowList
 def _job_ids(confinement: Confinement) -> tuple[int, int]:
     """The uid and gid the job runs as (see policy.confine): the operator's, or the pool's own."""
     if confinement.uid is None:
-        return os.geteuid(), os.getegid()
+        return _own_ids()
     return confinement.uid, confinement.gid if confinement.gid is not None else confinement.uid
+
+
+@functools.cache
+def _own_ids() -> tuple[int, int]:
+    """The pool's effective uid and gid, asked once (the pool never changes them): two system calls a job fewer."""
+    return os.geteuid(), os.getegid()
 
 
 @functools.cache
@@ -1031,9 +1037,10 @@ class Template:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Prepared) and len(fds) == 2:
-            # At most K wait, for the latest job's key; one whose job was forgotten waits for none.
+            # At most K wait, for the latest job's key; one whose job was forgotten waits for none. Its control
+            # socket is the template's socketpair: named so, rather than asked of the kernel (two getsockopt).
             for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],
-                                                  socket.socket(fileno=fds[1])):
+                                                  socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fds[1])):
                 self._discard(given_up)
             return False
         if isinstance(frame, Ended):

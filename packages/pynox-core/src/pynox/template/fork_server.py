@@ -206,9 +206,10 @@ class _Lineage:
     def __init__(self, job: int, confinement: Confinement, grants: list[int]) -> None:
         self.job, self.confinement, self.grants = job, confinement, grants
         self.living = 0  # its children not reaped yet
-        # The native call of the last child prepared from it, and what it was laid out for: the next one is
-        # the same call while the runtime's rules and the child's end of its control socket are the same.
-        self.call: tuple[tuple[int, int, int], NativeCall] | None = None
+        # The native calls of children prepared from it, by what each was laid out for (the number of the child's
+        # end of its control socket, which alternates between two as pidfds come and go, and the generations of
+        # the runtime's rules): the next child's is the same call while these are the same.
+        self.calls: dict[tuple[int, int, int], NativeCall] = {}
 
     def close(self) -> None:
         close_all(self.grants)
@@ -290,10 +291,12 @@ class _Children:
         call = None
         if self.runtime.native is not None:
             laid_out = (child_end.fileno(), self.runtime.rules.generation, self.runtime.network_rules.generation)
-            if lineage.call is None or lineage.call[0] != laid_out:
-                lineage.call = laid_out, native_call(lineage.confinement, self.runtime, lineage.grants,
-                                                     [child_end.fileno()], (CONTROL,), prepared=True)
-            call = lineage.call[1]
+            call = lineage.calls.get(laid_out)
+            if call is None:
+                if len(lineage.calls) >= 4:  # a rule reopened: the calls laid out before are stale
+                    lineage.calls.clear()
+                call = lineage.calls[laid_out] = native_call(lineage.confinement, self.runtime, lineage.grants,
+                                                             [child_end.fileno()], (CONTROL,), prepared=True)
         pid = os.fork()
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template

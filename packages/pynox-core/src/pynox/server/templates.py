@@ -57,6 +57,7 @@ from ..wire.frames import (
     Ready,
     Started,
     TemplateFailed,
+    Unprepared,
     recv_frame,
     send_frame,
 )
@@ -1042,6 +1043,9 @@ class Template:
             for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],
                                                   socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fds[1])):
                 self._discard(given_up)
+            return False
+        if isinstance(frame, Unprepared):
+            self.prepared.unannounced(frame.count)
             return False
         if isinstance(frame, Ended):
             if frame.prepares:

@@ -57,6 +57,7 @@ from ..wire.frames import (
     Spawned,
     Started,
     TemplateFailed,
+    Unprepared,
     init_decoder,
     recv_raw,
     send_frame,
@@ -283,9 +284,11 @@ class _Children:
         if before is not None and before.living == 0:
             before.close()
 
-    def prepare(self, lineage: _Lineage) -> None:
+    def prepare(self, lineage: _Lineage) -> bool:
         """Fork a child that confines itself now for a job like ``lineage``'s; the server gets its pidfd and its
-        control socket, and hands it a later job itself if that job's confinement and grants match."""
+        control socket, and hands it a later job itself if that job's confinement and grants match. False if
+        the fork failed (EAGAIN: the pids cgroup is full, a job's threads filling it now; ENOMEM): none is
+        prepared, and a later job forks its own child."""
         _refresh(self.runtime, lineage.confinement)
         control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         call = None
@@ -297,7 +300,12 @@ class _Children:
                     lineage.calls.clear()
                 call = lineage.calls[laid_out] = native_call(lineage.confinement, self.runtime, lineage.grants,
                                                              [child_end.fileno()], (CONTROL,), prepared=True)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:
+            control.close()
+            child_end.close()
+            return False
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
                 run_prepared(lineage.confinement, self.runtime, child_end.fileno(), lineage.grants, call)
@@ -310,6 +318,7 @@ class _Children:
                        [child.pidfd, control.fileno()])
         finally:
             control.close()
+        return True
 
     def _add(self, pid: int, lineage: _Lineage | None, *, prepared: bool) -> _Child:
         child = _Child(next(self._serials), pid, lineage, prepared=prepared)
@@ -350,10 +359,12 @@ class _Children:
         missing = 0 if child.discarded else self._missing()
         send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=missing,
                                     cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
-        for _ in range(missing):
+        for forked in range(missing):
             assert self.latest is not None
             # The next job most likely has the same confinement (one tool, one profile).
-            self.prepare(self.latest)
+            if not self.prepare(self.latest):  # the server is told not to wait for the rest; the next reap retries
+                send_frame(self.sock, Unprepared(count=missing - forked))
+                break
 
     def kill_all(self) -> None:
         for child in list(self.by_serial.values()):
@@ -409,7 +420,10 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
                         return  # the server broke the template's protocol: it ends, and is replaced
                     # Of a lineage of its own, never the latest: nothing more is prepared from a session's
                     # grants, which are closed when this child ends.
-                    children.prepare(_Lineage(frame.job, frame.confinement, fds))
+                    lineage = _Lineage(frame.job, frame.confinement, fds)
+                    if not children.prepare(lineage):  # the session's first step forks its own child
+                        lineage.close()
+                        send_frame(sock, Unprepared(count=1))
                 else:
                     close_all(fds)
                     children.discard(frame.serial)

@@ -54,7 +54,9 @@ deadline: a call's cost is the pool's, but its arguments are the job's, and no
 work the job can make bigger may stand between a deadline and its kill. Each
 template has a :class:`StewardThread`, which answers the delegated calls (and
 watches the blocking connects) of the job it serves while the worker thread
-only watches the clock and kills. Every call has a bounded cost: a path of at
+only watches the clock and kills. Until the job's first delegated call the worker's loop watches the
+listener itself (a readable listener takes no work the job chooses) and hands it over at that call: most
+jobs make none, and then cost no wake-up of the thread. Every call has a bounded cost: a path of at
 most ``PATH_MAX`` bytes, a ``sockaddr_storage``, fixed-size ``/proc`` files, a
 walk over the job's write grants; none reads anything whose size the job
 chooses (``sysinfo`` writes without reading ``maps``, see :mod:`.own_view`).

@@ -15,6 +15,7 @@ checked from the host (marker files, the pool's descriptors and processes):
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import random
 import resource
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from pynox.policy import cgroups
 from tests.harness import procfs
 from tests.pool.pool_driver import (
     PREPARED_PER_WORKER,
@@ -332,3 +334,38 @@ def test_a_template_that_prepares_no_child_keeps_no_grant_of_the_last_job(tmp_pa
                 break
             time.sleep(0.02)
         assert bool(held) == (prepared > 0), held
+
+
+@pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation")
+def test_a_template_that_cannot_fork_a_child_ahead_serves_on(tmp_path: Path) -> None:
+    """A fork that fails in the template while it prepares a child ahead (its pids cgroup full at that moment,
+    a job's threads filling it) costs no job, and not the template: the next job takes a child still waiting,
+    or forks its own. Before the fix, the template died with a traceback at the first such fork, and was
+    replaced. Made from outside: the template's pids.max set below what its cgroup holds."""
+    limit = cgroups.available().pids
+    if limit is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must prove this: {cgroups.available().pids_reason}", pytrace=False)
+        pytest.skip(cgroups.available().pids_reason)
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for i in range(3):  # children prepared ahead are waiting now
+            assert pool.run(f"print({i})")["stdout"] == f"{i}\n"
+        (template,) = pool.templates()
+        (bound_file,) = Path(limit.base).glob(f"pynox-{pool.pid}-*/template-{template}/pids.max")
+        bound = bound_file.read_text()
+        current = int((bound_file.parent / "pids.current").read_text())
+        bound_file.write_text(f"{current - 1}\n")
+        try:
+            # The first two are handed to the children waiting, each of whose replacement fails to fork; the
+            # third forks its own (two are gone, so one fits), and of the two prepared after it one fails.
+            for i in range(3):
+                result = pool.run(f"print({i})")
+                assert result["exit"] == 0 and result["stdout"] == f"{i}\n", result
+        finally:
+            with contextlib.suppress(FileNotFoundError):  # gone with a template that died
+                bound_file.write_text(bound)
+        for i in range(3):
+            result = pool.run(f"print({i})")
+            assert result["exit"] == 0 and result["stdout"] == f"{i}\n", result
+        assert pool.templates() == [template]  # it served every job: it never died
+        assert pool.stats()["template_restarts"] == 0

@@ -657,6 +657,9 @@ def parse_line(line: bytes) -> Request | Reply:
     reply = _parse_reply(line) if _REPLY_START.match(line) else None
     if reply is not None:
         return reply
+    request = _parse_request(line)
+    if request is not None:
+        return request
     try:
         raw = msgspec.json.decode(line)
     except msgspec.DecodeError as exc:
@@ -705,6 +708,29 @@ def _parse_reply(line: bytes) -> Reply | None:
             raise LineError(None, f"duplicate key {quoted(duplicate)}: every key may appear once")
     _check_reply(reply)
     return reply
+
+
+_request_decoder = msgspec.json.Decoder(Request)
+
+
+def _parse_request(line: bytes) -> Request | None:
+    """A valid request decoded once, straight into :class:`Request` (the usual line), with the same duplicate-key
+    rule and shape checks as every line; None when it is not one, for :func:`parse_line`'s general path to read
+    again and say why in its own words (a request id recovered, the rule it broke named)."""
+    try:
+        request = _request_decoder.decode(line)
+    except Exception:  # whatever it is, the general path reads it again
+        return None
+    # Each field given counts one key, and env its own (a null field counts none, nor do the keys of a nested
+    # object: the count is then short, and the exact parse decides).
+    given = msgspec.structs.astuple(request)
+    keys = len(given) - given.count(None) + (len(request.env) if request.env else 0)
+    if keys != len(_KEY.findall(line)):
+        duplicate = _exact_duplicate_key(line)
+        if duplicate is not None:
+            raise LineError(request.id, f"duplicate key {quoted(duplicate)}: every key may appear once")
+    _check_shape(request)
+    return request
 
 
 def _check_reply(reply: Reply) -> None:

@@ -9,6 +9,7 @@ and the caller then never runs the code (fail closed).
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 
 from ..wire.descriptors import CONTROL, METADATA, OUTPUTS, RULESET, STAGING
@@ -16,7 +17,17 @@ from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.spec import Confinement, NetworkMode
 from . import landlock, seccomp
 from .limits import apply_limits, wanted_limits
-from .native import APPLY_POLICY, ARRANGE, BUILD_RULESET, NativeCall, NativeFailure, NativePlan, load_error, plan
+from .native import (
+    APPLY_POLICY,
+    ARRANGE,
+    BUILD_RULESET,
+    NativeCall,
+    NativeFailure,
+    NativePlan,
+    load_error,
+    path_identities,
+    plan,
+)
 from .own_process import OwnProcessFilter
 from .privileges import drop_bounding_set, drop_privileges, set_parent_death_signal, switch_user
 from .runtime import DEVICE_READ, DEVICE_WRITE, NETWORK_FILES, OWN_PROC_DIRECTORIES, OWN_PROC_ENTRIES, runtime_paths
@@ -90,6 +101,9 @@ def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ..
                    private_data_bytes(), os.getpid(), plan(own_process) if native is not False else None)
 
 
+_IDENTITY = struct.Struct("=QQ")  # (st_dev, st_ino), as _confine.identities packs them
+
+
 class RuntimeRules:
     """The runtime's Landlock rules, opened once in the template and reopened when a path changes.
 
@@ -103,6 +117,15 @@ class RuntimeRules:
     def __init__(self, wanted: list[tuple[str, int]]) -> None:
         self._wanted = wanted
         self._opened = [self._open(path, rights) for path, rights in wanted]
+        self._current: tuple[tuple[int, int], ...] | None = None  # what current() gives until a rule changes
+        self.generation = 0  # counts the refreshes that reopened a rule: a call laid out before is stale
+        # Each path's identity as its rule holds it, packed as path_identities gives a path's now: when the two
+        # are equal, no rule is stale (one native call and one comparison before every fork).
+        self._paths = tuple(os.fsencode(path) for path, _ in wanted)
+        self._held = self._pack()
+
+    def _pack(self) -> bytes:
+        return b"".join(_IDENTITY.pack(*(opened[2] if opened is not None else (0, 0))) for opened in self._opened)
 
     @staticmethod
     def _open(path: str, rights: int) -> tuple[int, int, tuple[int, int]] | None:
@@ -114,9 +137,14 @@ class RuntimeRules:
 
     def current(self) -> tuple[tuple[int, int], ...]:
         """(O_PATH descriptor, rights) of every path that exists."""
-        return tuple((fd, rights) for fd, rights, _ in filter(None, self._opened))
+        if self._current is None:
+            self._current = tuple((fd, rights) for fd, rights, _ in filter(None, self._opened))
+        return self._current
 
     def refresh(self) -> None:
+        now = path_identities(self._paths)
+        if now is not None and now == self._held:
+            return
         for index, (path, rights) in enumerate(self._wanted):
             try:
                 info = os.stat(path)
@@ -128,6 +156,9 @@ class RuntimeRules:
                 if opened is not None:
                     os.close(opened[0])
                 self._opened[index] = self._open(path, rights)
+                self._current = None
+                self.generation += 1
+                self._held = self._pack()
 
 
 def private_data_bytes() -> int:

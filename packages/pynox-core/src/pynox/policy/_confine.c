@@ -473,9 +473,43 @@ out:
     return result;
 }
 
+/* identities(paths): the (st_dev, st_ino) of each path of a tuple of bytes, by stat(2) as os.stat gives them
+ * (symlinks followed), packed as two native uint64 each, (0, 0) for a path that cannot be stat'ed. The template
+ * compares them with its runtime rules' in one bytes comparison before every fork (policy.RuntimeRules.refresh):
+ * one object, where a stat_result per path (~30) was objects written after every fork (copy-on-write faults). */
+static PyObject *identities(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *paths;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &paths))
+        return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(paths);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, count * 2 * (Py_ssize_t)sizeof(uint64_t));
+    if (packed == NULL)
+        return NULL;
+    uint64_t *cells = (uint64_t *)PyBytes_AS_STRING(packed);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *path = PyTuple_GET_ITEM(paths, i);
+        if (!PyBytes_Check(path)) {
+            Py_DECREF(packed);
+            PyErr_SetString(PyExc_TypeError, "identities: every path must be bytes");
+            return NULL;
+        }
+        struct stat info;
+        if (stat(PyBytes_AS_STRING(path), &info) == 0) {
+            cells[2 * i] = (uint64_t)info.st_dev;
+            cells[2 * i + 1] = (uint64_t)info.st_ino;
+        } else {
+            cells[2 * i] = cells[2 * i + 1] = 0;
+        }
+    }
+    return packed;
+}
+
 static PyMethodDef methods[] = {
     {"confine", confine, METH_VARARGS,
      "Confine the calling (single-threaded, just forked) child: see pynox.policy.native."},
+    {"identities", identities, METH_VARARGS,
+     "The (st_dev, st_ino) of each path, packed as native uint64 pairs ((0, 0): none): see RuntimeRules."},
     {NULL, NULL, 0, NULL},
 };
 

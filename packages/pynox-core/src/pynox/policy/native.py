@@ -24,7 +24,7 @@ from .own_process import OwnProcessFilter
 from .privileges import SECUREBITS
 
 __all__ = ["APPLY_POLICY", "ARRANGE", "BUILD_RULESET", "TAKE_INTERRUPTS", "NativeCall", "NativeFailure", "NativePlan",
-           "load_error", "plan"]
+           "load_error", "path_identities", "plan"]
 
 _confine: ModuleType | None
 _load_error: str | None
@@ -33,6 +33,15 @@ try:
     _load_error = None
 except ImportError as exc:  # no compiler where the package was built, or a foreign build
     _confine, _load_error = None, str(exc)
+
+
+def path_identities(paths: tuple[bytes, ...]) -> bytes | None:
+    """The (st_dev, st_ino) of each path packed as native uint64 pairs ((0, 0) for a path that cannot be
+    stat'ed), in one native call; None where the extension did not load."""
+    if _confine is None:
+        return None
+    identities: bytes = _confine.identities(paths)
+    return identities
 
 
 def load_error() -> str | None:

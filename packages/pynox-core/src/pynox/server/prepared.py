@@ -124,6 +124,10 @@ class PreparedChildren:
         """An Ended frame said the template is preparing ``count`` children now."""
         self.due += count
 
+    def unannounced(self, count: int) -> None:
+        """An Unprepared frame said ``count`` of the children announced could not be forked: none comes for them."""
+        self.due = max(self.due - count, 0)
+
     def arrived(self, serial: int, job: int, pid: int, pidfd: int, control: socket.socket) -> list[PreparedChild]:
         """A Prepared frame for ``job``: it waits for a job of its key, unless that key was forgotten. Those
         waiting for another key (an older job's: the template prepares for the latest) are given up, and the

@@ -140,7 +140,6 @@ class _Worker(threading.Thread):
                 self._after_job()
                 self.server.scratch.remove(job.spec.scratch)
                 self.server.flights.remove(job.flight)
-                self.server.jobs.task_done()
         finally:
             if self.template is not None:
                 self.template.close()
@@ -290,8 +289,9 @@ class Server:
         self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
                                    allowed=limits.packages if limits else None)
         self.calls.pip = self.installer.pip
-        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
-        self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py). A SimpleQueue (one
+        # lock in C, where Queue takes a condition and its waiter lock in Python): nobody joins it.
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         # A bound the operator set, or many clients on a socket (one that floods must not stall the others):
         # refused beyond it. One client on stdin and stdout with no bound set: slowed, as the protocol says.
         self.admission = Admission(options.max_queued or DEFAULT_MAX_QUEUED, options.workers, self._finish_job,

@@ -54,7 +54,9 @@ deadline: a call's cost is the pool's, but its arguments are the job's, and no
 work the job can make bigger may stand between a deadline and its kill. Each
 template has a :class:`StewardThread`, which answers the delegated calls (and
 watches the blocking connects) of the job it serves while the worker thread
-only watches the clock and kills. Every call has a bounded cost: a path of at
+only watches the clock and kills. Until the job's first delegated call the worker's loop watches the
+listener itself (a readable listener takes no work the job chooses) and hands it over at that call: most
+jobs make none, and then cost no wake-up of the thread. Every call has a bounded cost: a path of at
 most ``PATH_MAX`` bytes, a ``sockaddr_storage``, fixed-size ``/proc`` files, a
 walk over the job's write grants; none reads anything whose size the job
 chooses (``sysinfo`` writes without reading ``maps``, see :mod:`.own_view`).
@@ -423,6 +425,11 @@ class StewardLife:
         self._listener = listener
         self._move(StewardPhase.ARRIVED if listener is not None else StewardPhase.UNSENT)
 
+    @property
+    def listener(self) -> int | None:
+        """ARRIVED: the listener, which the worker watches until the job's first call (see StewardThread)."""
+        return self._listener
+
     def serve(self) -> Steward:
         """ARRIVED -> SERVING: from now on its calls are answered; the caller waits on its listener."""
         self._move(StewardPhase.SERVING)
@@ -455,9 +462,11 @@ class StewardLife:
 
 class StewardThread:
     """Answers the delegated calls of the job its template serves, on a thread of its own (see the module's
-    docstring): started once per template, so a job pays no thread start. :meth:`serve` hands it a job's
-    steward; :meth:`release` takes it back, and returns once the thread no longer touches it (a call being
-    answered is finished first: its cost is bounded), so that the steward may then be closed."""
+    docstring): started once per template, at its first job that delegates a call, so a job pays no thread
+    start. :meth:`serve` hands it a job's steward at that job's first call (until then the worker's loop
+    watches the listener: a job that delegates nothing costs no wake-up of this thread); :meth:`release` takes
+    it back, and returns once the thread no longer touches it (a call being answered is finished first: its
+    cost is bounded), so that the steward may then be closed."""
 
     def __init__(self, name: str) -> None:
         self._wake_read, self._wake_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -479,8 +488,11 @@ class StewardThread:
         self._wake()
 
     def release(self, timeout: float) -> bool:
-        """Stop answering; True once the thread let go of the steward (False: not within ``timeout``)."""
+        """Stop answering; True once the thread let go of the steward (False: not within ``timeout``). A thread
+        that holds none (the job delegated no call) is neither woken nor waited for."""
         with self._lock:
+            if self._life is None and self._idle.is_set():
+                return True
             self._life = None
         self._wake()
         return self._idle.wait(timeout)

@@ -57,6 +57,7 @@ from ..wire.frames import (
     Ready,
     Started,
     TemplateFailed,
+    Unprepared,
     recv_frame,
     send_frame,
 )
@@ -167,8 +168,14 @@ def _explain_refused_connect(outcome: Gathering, spec: JobSpec, hosts: AllowList
 def _job_ids(confinement: Confinement) -> tuple[int, int]:
     """The uid and gid the job runs as (see policy.confine): the operator's, or the pool's own."""
     if confinement.uid is None:
-        return os.geteuid(), os.getegid()
+        return _own_ids()
     return confinement.uid, confinement.gid if confinement.gid is not None else confinement.uid
+
+
+@functools.cache
+def _own_ids() -> tuple[int, int]:
+    """The pool's effective uid and gid, asked once (the pool never changes them): two system calls a job fewer."""
+    return os.geteuid(), os.getegid()
 
 
 @functools.cache
@@ -236,6 +243,7 @@ class _Serving:
     # What the loop watches the host-call channel for: EVENT_READ, with EVENT_WRITE while answers wait for
     # it to take them (see Outbox); 0 once it is no longer watched.
     channel_events: int = 0
+    watching_listener: bool = False  # the steward's listener, until the job's first delegated call
 
     def read_word(self) -> JobWord | None:
         if not self.word_read:
@@ -755,7 +763,7 @@ class Template:
 
     def _enforce(self, serving: _Serving) -> int:
         """The deadline and the kills, checked between two waits; how long (ns) the next wait may be."""
-        self._start_steward(serving.sel)
+        self._watch_listener(serving)
         life, job_calls = serving.life, serving.job_calls
         now = time.monotonic_ns()
         stall: int | None = None
@@ -1063,10 +1071,14 @@ class Template:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Prepared) and len(fds) == 2:
-            # At most K wait, for the latest job's key; one whose job was forgotten waits for none.
+            # At most K wait, for the latest job's key; one whose job was forgotten waits for none. Its control
+            # socket is the template's socketpair: named so, rather than asked of the kernel (two getsockopt).
             for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],
-                                                  socket.socket(fileno=fds[1])):
+                                                  socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fds[1])):
                 self._discard(given_up)
+            return False
+        if isinstance(frame, Unprepared):
+            self.prepared.unannounced(frame.count)
             return False
         if isinstance(frame, Ended):
             if frame.prepares:
@@ -1083,8 +1095,25 @@ class Template:
         self.broken = True
         raise PoolWorkerError(f"the template sent an unexpected {type(frame).__name__} frame")
 
-    def _start_steward(self, sel: selectors.BaseSelector) -> None:
-        """Answer the child's metadata calls once its listener is here."""
+    def _watch_listener(self, serving: _Serving) -> None:
+        """Once the child's listener is here, watch it for the job's first delegated call (most jobs make none:
+        the steward thread is then neither woken to serve it nor waited for as it lets go)."""
+        steward = self._steward
+        if steward is None or steward.phase is not StewardPhase.ARRIVED or serving.watching_listener:
+            return
+        assert steward.listener is not None
+        serving.sel.register(steward.listener, selectors.EVENT_READ, self._on_delegated_call)
+        serving.watching_listener = True
+
+    def _on_delegated_call(self, serving: _Serving) -> None:
+        """The job's first delegated call (or its listener hung up): the steward thread answers from now on."""
+        assert self._steward is not None and self._steward.listener is not None
+        serving.sel.unregister(self._steward.listener)
+        serving.watching_listener = False
+        self._start_steward()
+
+    def _start_steward(self) -> None:
+        """Answer the child's metadata calls on the steward thread."""
         if self._steward is None or self._steward.phase is not StewardPhase.ARRIVED:
             return
         self._steward.serve()

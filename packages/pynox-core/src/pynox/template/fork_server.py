@@ -42,6 +42,7 @@ from ..errors import KernelSupportError
 from ..job.child import prepare_template, run_job, run_prepared
 from ..policy import Runtime, native_call, prepare_runtime, reset_environment
 from ..policy.grants import close_all
+from ..policy.native import NativeCall
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from ..wire.descriptors import CONTROL, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
@@ -56,6 +57,7 @@ from ..wire.frames import (
     Spawned,
     Started,
     TemplateFailed,
+    Unprepared,
     init_decoder,
     recv_raw,
     send_frame,
@@ -205,6 +207,10 @@ class _Lineage:
     def __init__(self, job: int, confinement: Confinement, grants: list[int]) -> None:
         self.job, self.confinement, self.grants = job, confinement, grants
         self.living = 0  # its children not reaped yet
+        # The native calls of children prepared from it, by what each was laid out for (the number of the child's
+        # end of its control socket, which alternates between two as pidfds come and go, and the generations of
+        # the runtime's rules): the next child's is the same call while these are the same.
+        self.calls: dict[tuple[int, int, int], NativeCall] = {}
 
     def close(self) -> None:
         close_all(self.grants)
@@ -249,7 +255,7 @@ class _Children:
         for other in self.by_serial.values():
             if other.prepared:
                 self.discard(other.serial)
-        _refresh(self.runtime)
+        _refresh(self.runtime, confinement)
         # The child's native call, laid out here: every object a child touches is a copy-on-write fault.
         call = (native_call(confinement, self.runtime, grants, own_fds,
                             sent_with_job(confinement.host_channel, confinement.session), prepared=False)
@@ -278,15 +284,28 @@ class _Children:
         if before is not None and before.living == 0:
             before.close()
 
-    def prepare(self, lineage: _Lineage) -> None:
+    def prepare(self, lineage: _Lineage) -> bool:
         """Fork a child that confines itself now for a job like ``lineage``'s; the server gets its pidfd and its
-        control socket, and hands it a later job itself if that job's confinement and grants match."""
-        _refresh(self.runtime)
+        control socket, and hands it a later job itself if that job's confinement and grants match. False if
+        the fork failed (EAGAIN: the pids cgroup is full, a job's threads filling it now; ENOMEM): none is
+        prepared, and a later job forks its own child."""
+        _refresh(self.runtime, lineage.confinement)
         control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        call = (native_call(lineage.confinement, self.runtime, lineage.grants, [child_end.fileno()], (CONTROL,),
-                            prepared=True)
-                if self.runtime.native is not None else None)
-        pid = os.fork()
+        call = None
+        if self.runtime.native is not None:
+            laid_out = (child_end.fileno(), self.runtime.rules.generation, self.runtime.network_rules.generation)
+            call = lineage.calls.get(laid_out)
+            if call is None:
+                if len(lineage.calls) >= 4:  # a rule reopened: the calls laid out before are stale
+                    lineage.calls.clear()
+                call = lineage.calls[laid_out] = native_call(lineage.confinement, self.runtime, lineage.grants,
+                                                             [child_end.fileno()], (CONTROL,), prepared=True)
+        try:
+            pid = os.fork()
+        except OSError:
+            control.close()
+            child_end.close()
+            return False
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
                 run_prepared(lineage.confinement, self.runtime, child_end.fileno(), lineage.grants, call)
@@ -299,6 +318,7 @@ class _Children:
                        [child.pidfd, control.fileno()])
         finally:
             control.close()
+        return True
 
     def _add(self, pid: int, lineage: _Lineage | None, *, prepared: bool) -> _Child:
         child = _Child(next(self._serials), pid, lineage, prepared=prepared)
@@ -339,10 +359,12 @@ class _Children:
         missing = 0 if child.discarded else self._missing()
         send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=missing,
                                     cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
-        for _ in range(missing):
+        for forked in range(missing):
             assert self.latest is not None
             # The next job most likely has the same confinement (one tool, one profile).
-            self.prepare(self.latest)
+            if not self.prepare(self.latest):  # the server is told not to wait for the rest; the next reap retries
+                send_frame(self.sock, Unprepared(count=missing - forked))
+                break
 
     def kill_all(self) -> None:
         for child in list(self.by_serial.values()):
@@ -398,7 +420,10 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
                         return  # the server broke the template's protocol: it ends, and is replaced
                     # Of a lineage of its own, never the latest: nothing more is prepared from a session's
                     # grants, which are closed when this child ends.
-                    children.prepare(_Lineage(frame.job, frame.confinement, fds))
+                    lineage = _Lineage(frame.job, frame.confinement, fds)
+                    if not children.prepare(lineage):  # the session's first step forks its own child
+                        lineage.close()
+                        send_frame(sock, Unprepared(count=1))
                 else:
                     close_all(fds)
                     children.discard(frame.serial)
@@ -496,10 +521,12 @@ def _open_descriptors() -> set[int]:
     return {fd for fd in listed if _is_open(fd)}
 
 
-def _refresh(runtime: Runtime) -> None:
-    """Reopen runtime rules whose path names another file now (see RuntimeRules), before a fork."""
+def _refresh(runtime: Runtime, confinement: Confinement) -> None:
+    """Reopen runtime rules whose path names another file now (see RuntimeRules), before a fork: the network's
+    name files only for a child that is given them (a child with no network is not: seven stat calls fewer)."""
     runtime.rules.refresh()
-    runtime.network_rules.refresh()
+    if confinement.network != "none":
+        runtime.network_rules.refresh()
 
 
 if __name__ == "__main__":

@@ -127,6 +127,14 @@ class Ended(msgspec.Struct, tag=True):
     prepares: int = 0
 
 
+class Unprepared(msgspec.Struct, tag=True):
+    """Template -> server: ``count`` of the children an Ended frame announced could not be forked (the template's
+    pids cgroup full at that moment, say a job's threads, or no memory): no Prepared frame comes for them, and
+    the next job is forked for itself if none waits."""
+
+    count: int
+
+
 class Spawn(msgspec.Struct, tag=True):
     """Server -> zygote, with the server's other end of a new socket: fork a template that serves on it."""
 
@@ -141,7 +149,7 @@ class HandOver(msgspec.Struct, tag=True):
     """Server -> prepared child, on its control socket: your job's own descriptors are attached."""
 
 
-_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Spawned)
+_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | Spawned)
 init_decoder = msgspec.json.Decoder(Init)
 template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare)
 
@@ -216,7 +224,8 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     return recv_exact(sock, size), list(fds)
 
 
-def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Spawned,
+def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared
+                                             | Spawned,
                                              list[int]]:
     payload, fds = recv_raw(sock)
     return _decoder.decode(payload), fds

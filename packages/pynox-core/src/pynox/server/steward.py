@@ -85,6 +85,7 @@ from ..policy.grants import close_all, open_at
 from ..policy.seccomp import syscall_number
 from .egress import CONNECT, Connector, descriptor_flags
 from .egress import Refused as _Refused
+from .fork_gate import FORKS, ForkWindow
 from .own_view import write_sysinfo
 from .waiting import readable
 
@@ -98,6 +99,7 @@ _RESPONSE = struct.Struct("=QqiI")
 _NOTIF_RECV = 0xC0502100
 _NOTIF_SEND = 0xC0182101
 _NOTIF_ID_VALID = 0x40082102
+_CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE: the kernel runs the call as the job made it
 _AT_FDCWD = -100
 _AT_SYMLINK_NOFOLLOW = 0x100
 _AT_EMPTY_PATH = 0x1000
@@ -181,6 +183,8 @@ class Steward:
         self._poll.register(listener, select.POLLIN)
         # With allow_hosts: the job's connects, made here (see egress.py); None: every connect is refused.
         self.connector = Connector(hosts, listener) if hosts is not None else None
+        # A session fork the pool asked for (see fork_gate.py); None: every fork is refused.
+        self.forks: ForkWindow | None = None
 
     def close(self) -> None:
         if self.connector is not None:
@@ -199,6 +203,13 @@ class Steward:
         if libc.ioctl(self.listener, _NOTIF_RECV, raw) != 0:
             return True  # ENOENT: the caller was interrupted meanwhile; EINTR: ours was
         notif_id, tid, _, nr, _, _, *args = _NOTIF.unpack(raw.raw)
+        if nr in FORKS:  # refused as the filter refused it, unless the pool armed a session fork
+            window = self.forks
+            if window is not None and window.admit(tid, nr, tuple(args), lambda: self._valid(notif_id)):
+                self._send(notif_id, 0, 0, _CONTINUE)
+            else:
+                self._send(notif_id, 0, -errno.EPERM, 0)
+            return True
         try:
             value = self._perform(notif_id, tid, nr, tuple(args))
             if value is None:  # a connect in progress: answered once it is made (connected)

@@ -88,13 +88,14 @@ if p == 0:  # P, the session's process
         r, w = os.pipe()
         c1 = os.fork()
         if c1 == 0:  # C1
+            born_of = os.getpid()
             try:
                 copy = os.fork()
             except OSError as exc:
                 os.write(w, json.dumps({"c1_fork": exc.errno}).encode())
                 os._exit(0)
             if copy == 0:  # the copy
-                born_of, until = os.getppid(), time.monotonic() + 10
+                until = time.monotonic() + 10
                 while os.getppid() == born_of and time.monotonic() < until:  # until C1 has exited: orphaned
                     time.sleep(0.01)
                 os.write(w, json.dumps({"copy": os.getpid(), "copy_parent": os.getppid(),

@@ -71,7 +71,7 @@ _NO_PROGRAMS = ("execve", "execveat")
 # Making a process (and clone without CLONE_THREAD, below): refused as well, but by the pool, not the
 # filter. The filter hands each to the steward (SECCOMP_RET_USER_NOTIF), which answers EPERM, the same
 # errno the filter gave, unless the pool armed it for the one fork of a session fork it asked for (see
-# pynox.server.steward.ForkWindow and docs/architecture.md, "Forking a session"): only a listener can let
+# pynox.server.fork_gate and docs/architecture.md, "Forking a session"): only a listener can let
 # one call through (SECCOMP_USER_NOTIF_FLAG_CONTINUE), a filter's answer is the same for every call.
 FORK_SYSCALLS = ("fork", "vfork")
 # Reaching other processes or the kernel's less-travelled paths.

@@ -67,6 +67,7 @@ from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import ErrorInfo, JobSpec
+from ..wire.state import FORK_CODE
 from .admission import Admission, Waiting, queue_timeout, saturated
 from .flights import Cancel, Flight, Flights
 from .hostcalls import CallRegistry
@@ -98,6 +99,7 @@ _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
 _PREPARED_EVERY = 0.01  # seconds between two reads of a template's prepared children while no job comes
+_FORK_OUTPUT = 64 << 10  # a fork step writes nothing of its own: room for a warning its process prints
 
 
 @dataclass
@@ -725,6 +727,11 @@ class Server:
                 raise RequestError(f"save: there is no open session named {quoted(name)}")
             self._save(request, name, existing.spec.confinement.timeout)
             return
+        if request.fork is not None:
+            if existing is None or not live:
+                raise RequestError(f"fork: there is no open session named {quoted(name)}")
+            self._fork(request, name, request.fork, existing.spec.confinement.timeout)
+            return
         if request.restore is not None:
             if live:
                 raise RequestError(f"restore: session {quoted(name)} is already open; a restore opens a new "
@@ -767,6 +774,16 @@ class Server:
         step = Step(id=request.id, code=SAVE_CODE, name="session-save.py", args=[], timeout=step_timeout,
                     max_output=self.states.save_output, accepted_ns=time.monotonic_ns(), flight=Flight(request.id),
                     answer=self.states.saved)
+        self.sessions.submit(name, step, None)
+
+    def _fork(self, request: Request, name: str, copy: str, timeout: float) -> None:
+        """A fork is a step of the session running the pool's own code, whose answer opens the copy (see
+        sessions.Session._serve_fork)."""
+        step_timeout = parse_request_duration(request.timeout, timeout)
+        bounded(Request(id=request.id, code="", timeout=request.timeout), self.options.config, self.cwd)
+        step = Step(id=request.id, code=FORK_CODE, name="session-fork.py", args=[], timeout=step_timeout,
+                    max_output=_FORK_OUTPUT,
+                    accepted_ns=time.monotonic_ns(), flight=Flight(request.id), fork=copy)
         self.sessions.submit(name, step, None)
 
     def _may_open(self, request: Request, name: str) -> None:

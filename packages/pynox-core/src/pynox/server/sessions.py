@@ -18,6 +18,7 @@ step that reopens one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -37,8 +38,10 @@ from ..wire.descriptors import STEP
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ended, send_frame
 from ..wire.spec import ErrorInfo, JobSpec, StepSpec
+from . import session_fork
 from .ended import EndedSessions
 from .flights import CLIENT_CANCELLED, Flight, Flights
+from .fork_gate import ForkWindow
 from .hostcalls import CallRegistry
 from .interrupts import StepInterrupt
 from .outcome import Gathering, Outcome, to_session_result
@@ -53,6 +56,7 @@ __all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "St
 _log = logging.getLogger(__name__)
 
 MAX_PENDING_STEPS = 8
+_COPY_WITHIN = 5.0  # seconds a fork's copy has to say its pid and stop, once the fork step is over
 
 
 @dataclass
@@ -72,6 +76,17 @@ class Step:
     answer: Callable[[SessionResult], SessionResult] | None = None
     # The cgroups of the tenant whose session this is, when it has a budget: its process runs beneath them.
     tenant: TenantGroup | None = None
+    # A session fork's step (see session_fork.py): the copy's name, under which it is opened.
+    fork: str | None = None
+
+
+@dataclass
+class _Forking:
+    """A fork step on its way: the copy's session (registered, not started), its channels, the gate's window."""
+
+    copy: Session
+    channels: SessionChannels
+    window: ForkWindow
 
 
 class _NotRun(Exception):
@@ -257,6 +272,7 @@ class Session(threading.Thread):
         self._channels: SessionChannels | None = None
         self._first: JobSpec | None = None  # its first step as sent (what the next session's child is prepared for)
         self._took: Template | None = None  # the template it took for its process
+        self._forking: _Forking | None = None
 
     @property
     def closing(self) -> bool:
@@ -293,7 +309,7 @@ class Session(threading.Thread):
                     self._answer(item, self._refused(item, stopped))
                     return
                 first = self.steps == 0
-                ended = self._serve(item)
+                ended = self._serve(item) if item.fork is None else self._serve_fork(item, item.fork)
                 if first and self.steps == 1:  # answered: the spare it took is replaced now, off its path
                     self.registry.spare.answered(self._took, self._first if self._shareable() else None)
                 if ended:
@@ -352,6 +368,71 @@ class Session(threading.Thread):
                                                                   "the step again to start a new session"))
             elif item.id is not None:
                 self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
+
+    def _serve_fork(self, step: Step, name: str) -> bool:
+        """A fork step: refused (the session goes on) unless it can fork and the copy fits; else run as a step
+        whose answer adopts the copy (see _forked). True if the session ended with it."""
+        template = self._template
+        pid = template.child.pid if template is not None and self.life.state is SessionState.IDLE else None
+        problem = session_fork.refusal(self.spec, pid)
+        copy = None
+        if problem is None:
+            try:
+                copy = self.registry.reserve(name, self.spec, self.max_output)
+            except RequestError as exc:
+                problem = str(exc)
+        if problem is not None or copy is None:
+            refused = SessionResult(id=step.id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError",
+                                                                                  message=problem or "fork"),
+                                    refused=True, session=self.session_name, step=None, session_ended=False)
+            self._answer(step, refused)
+            return False
+        assert template is not None and pid is not None
+        self._forking = _Forking(copy, SessionChannels.create(False), ForkWindow(pid, step.timeout))
+        step.answer = self._forked
+        try:
+            return self._serve(step)
+        finally:
+            forking, self._forking = self._forking, None
+            if forking is not None:  # not answered (the pool failed first): the copy is given up
+                self._give_up(forking, None)
+
+    def _forked(self, result: SessionResult) -> SessionResult:
+        """The fork step's answer: the copy adopted and its session opened, or an error saying why not."""
+        forking, self._forking = self._forking, None
+        assert forking is not None
+        forking.window.close()
+        template = self._template
+        if result.error is not None or result.session_ended or template is None:
+            self._give_up(forking, None)
+            return result if result.error is not None else msgspec.structs.replace(
+                result, error=ErrorInfo(type="PoolWorkerError", message="the session ended during its fork"))
+        pid = None
+        try:
+            pid = session_fork.await_copy(forking.channels.control, template.pid, _COPY_WITHIN)
+            adopted = Template.adopt(template, pid, template.steward_for_copy(), self.spec.confinement.memory)
+        except (ValueError, PynoxError) as exc:
+            self._give_up(forking, pid)
+            return msgspec.structs.replace(result, error=ErrorInfo(type="PoolWorkerError",
+                                                                   message=f"the session's fork failed: {exc}"))
+        copy = forking.copy
+        copy._template, copy._channels, copy.steps = adopted, forking.channels, self.steps
+        copy.life.running()
+        copy.life.step_done()
+        copy.start()
+        return msgspec.structs.replace(result, forked=copy.session_name)
+
+    def _give_up(self, forking: _Forking, pid: int | None) -> None:
+        """The copy is not opened: its process (if it said its pid) killed, its name released."""
+        forking.window.close()
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # checked a stopped child of the template: only it can reap it
+        forking.channels.close()
+        copy = forking.copy
+        self.registry.forget(copy)
+        copy.items.put(_Close(None))
+        copy.start()  # answers whatever was queued on it meanwhile, and closes
 
     def _serve(self, step: Step) -> bool:
         """Run one step; True if the session ended with it."""
@@ -459,6 +540,9 @@ class Session(threading.Thread):
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
         self.life.running()
+        forking = self._forking
+        if forking is not None:  # the steward lets this step's double fork through (see fork_gate.py)
+            template.arm_fork(forking.window)
         # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
         # behind included) runs under this step's deadline.
         template.continue_child()
@@ -466,8 +550,8 @@ class Session(threading.Thread):
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
                                                   return_value=step.return_value, images=step.max_output,
-                                                  stream=step.stream),
-                       [w for _, w in pipes])
+                                                  stream=step.stream, fork=forking is not None),
+                       [w for _, w in pipes] + ([forking.channels.job_control.fileno()] if forking else []))
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout
         except OSError:
@@ -475,6 +559,8 @@ class Session(threading.Thread):
         finally:
             for _, w in pipes:
                 os.close(w)
+            if forking is not None:
+                forking.channels.job_control.close()  # the copy has it, or no copy will be made
         return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
                                 calls=calls, outbox=channels.outbox, session=True, return_value=step.return_value,
                                 streamer=self._streamer(step))
@@ -632,6 +718,21 @@ class SessionRegistry:
             self.flights.add(step.flight)
             step.flight.answer_cancelled = lambda: session.answer_cancelled(step)
             session.items.put(step)
+
+    def reserve(self, name: str, spec: JobSpec, max_output: int) -> Session:
+        """Register a fork's copy under ``name`` (not started: the fork starts it, or releases it); RequestError
+        if the name is taken or the pool is at max_sessions: the copy is a session."""
+        with self.lock:
+            existing = self._sessions.get(name)
+            if existing is not None:
+                raise RequestError(f"fork: a session named {name!r} is already open; name the copy otherwise")
+            if len(self._sessions) >= self.max_sessions:
+                raise RequestError(f"fork: the pool already has {self.max_sessions} sessions (max_sessions), and "
+                                   "the copy would be one more; close one or wait until an idle one is closed")
+            copy = Session(name, spec, max_output, self)
+            self._sessions[name] = copy
+            self.count("opened")
+        return copy
 
     def submit_files(self, name: str, item: FileRequest) -> None:
         """Queue a file request behind the session's steps (they count together against the pending limit)."""

@@ -137,6 +137,47 @@ def test_closing_or_killing_one_side_leaves_the_other(tmp_path: Path) -> None:
         assert _ok(pool.run("print(x)", session=second))["stdout"] == "kept\n"
 
 
+def test_a_copy_that_skipped_its_own_filter_is_refused(tmp_path: Path) -> None:
+    """The original's code replaces the copy's own-process filter with nothing (it runs in the same process
+    before the fork): the copy could then name the original's pid. The pool counts its filters and refuses it,
+    kills it, and leaves nothing behind; the control is the same fork without the patch, which works."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="s"))
+        _fork(pool, "s")  # the control
+        template = procfs.stat(_pid(pool, "s")).ppid
+        _ok(pool.run("import pynox.policy.own_process as own\nown.OwnProcessFilter.install = lambda self, pid: None",
+                     session="s"))
+        copy = new_id("copy")
+        answer = pool.run(session="s", fork=copy)
+        assert answer["error"] is not None and "seccomp filters" in answer["error"]["message"], answer
+        assert not answer["session_ended"] and "forked" not in answer, answer
+        assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
+        refused(pool.run("print(x)", session=copy, open=False), "no open session")  # none under its name
+        deadline = time.monotonic() + 10
+        while len(_children(template)) > 2 and time.monotonic() < deadline:  # the original and the first copy
+            time.sleep(0.05)
+        assert len(_children(template)) == 2, {pid: procfs.stat(pid).state for pid in _children(template)}
+
+
+def test_a_copy_that_never_says_its_pid_is_killed(tmp_path: Path) -> None:
+    """The original's code makes the copy run on without a word (and without stopping): the pool gives up on
+    it and kills every child of the template it does not serve; the original goes on. (A copy that also kept
+    the step's pipes would hold the fork step open to its deadline: the original's code harming itself.)"""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        # It hands the step's pipes back (else the fork step would run to its deadline, the original's own doing).
+        _ok(pool.run("x = 1\nimport os, time, pynox.job.session_fork as fork\ndef mute(template):\n"
+                     "    for fd in (1, 2, 3, 10):\n        os.close(fd)\n    time.sleep(3600)\n"
+                     "fork._become_copy = mute", session="s"))
+        template = procfs.stat(_pid(pool, "s")).ppid
+        answer = pool.run(session="s", fork=new_id("copy"))
+        assert answer["error"] is not None and "did not say its pid" in answer["error"]["message"], answer
+        assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
+        deadline = time.monotonic() + 10
+        while len(_children(template)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_children(template)) == 1, {pid: procfs.stat(pid).state for pid in _children(template)}
+
+
 def test_a_session_with_a_scratch_directory_is_not_forked(tmp_path: Path) -> None:
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         _ok(pool.run("open('notes.txt', 'w').write('mine')", session="s", scratch=True))

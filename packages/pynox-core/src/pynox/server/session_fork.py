@@ -20,7 +20,7 @@ from ..wire.spec import JobSpec
 from ..wire.state import FORK_PID as PID
 from .fork_gate import process_facts
 
-__all__ = ["await_copy", "refusal"]
+__all__ = ["await_copy", "check_filters", "refusal"]
 
 _STOPPED_EVERY = 0.0005  # seconds between two looks at whether the copy has stopped itself
 
@@ -57,6 +57,18 @@ def _state(pid: int) -> str:
         return "?"
 
 
+def _filters(pid: int) -> int | None:
+    """How many seccomp filters the process has (``Seccomp_filters`` in its status; None if not shown)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Seccomp_filters:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def await_copy(control: socket.socket, template: int, within: float) -> int:
     """The copy's pid, once it said it on ``control`` and is checked from ``/proc``: a process, a child of
     ``template``, stopped. ``ValueError`` saying what is wrong otherwise (it never arrived, or is not that)."""
@@ -84,3 +96,12 @@ def await_copy(control: socket.socket, template: int, within: float) -> int:
             raise ValueError("the copy ended before it stopped")
         time.sleep(_STOPPED_EVERY)
     return pid
+
+
+def check_filters(pid: int, original: int) -> None:
+    """ValueError unless the copy ``pid`` has one seccomp filter more than ``original``: its own-process
+    filter (see job/session_fork.py; the count is all ``/proc`` shows)."""
+    before, after = _filters(original), _filters(pid)
+    if before is None or after != before + 1:
+        raise ValueError(f"the copy has {after} seccomp filters where the original has {before}: it did not "
+                         "stack its own-process filter (or this kernel does not show Seccomp_filters)")

@@ -410,6 +410,7 @@ class Session(threading.Thread):
         pid = None
         try:
             pid = session_fork.await_copy(forking.channels.control, template.pid, _COPY_WITHIN)
+            session_fork.check_filters(pid, forking.window.pid)
             adopted = Template.adopt(template, pid, template.steward_for_copy(), self.spec.confinement.memory)
         except (ValueError, PynoxError) as exc:
             self._give_up(forking, pid)
@@ -428,6 +429,10 @@ class Session(threading.Thread):
         if pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)  # checked a stopped child of the template: only it can reap it
+            if self._template is not None:
+                self._template.let_go(pid)
+        elif self._template is not None:  # the copy, if any, never said who it is: whatever else is there goes
+            self._template.sweep_strays()
         forking.channels.close()
         copy = forking.copy
         self.registry.forget(copy)

@@ -255,17 +255,22 @@ class _Family:
     def __init__(self, origin: Template) -> None:
         self.origin = origin  # the handle whose cgroups hold the template process
         self._lock = threading.Lock()
-        self._handles = 1
+        self._handles: list[Template] = [origin]
 
-    def join(self) -> None:
+    def join(self, handle: Template) -> None:
         with self._lock:
-            self._handles += 1
+            self._handles.append(handle)
 
-    def leave(self) -> bool:
+    def leave(self, handle: Template) -> bool:
         """True for the last handle."""
         with self._lock:
-            self._handles -= 1
-            return self._handles == 0
+            self._handles = [other for other in self._handles if other is not handle]
+            return not self._handles
+
+    def children(self) -> set[int]:
+        """The pids of the children its handles serve (the original's, and every copy's adopted)."""
+        with self._lock:
+            return {handle.child.pid for handle in self._handles if handle.child.pid is not None}
 
 
 class Template:
@@ -386,7 +391,7 @@ class Template:
         if original._family is None:
             original._family = _Family(original)
         copy._family = original._family
-        copy._family.join()
+        copy._family.join(copy)
         copy.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             bounds = cgroups.available()
@@ -418,7 +423,7 @@ class Template:
         """Stop the template: closing its socket ends it; a stuck one is killed. A handle shared with a
         session fork's copies (see adopt) ends its own child only, and the last one the process."""
         self.sock.close()
-        last = self._family is None or self._family.leave()
+        last = self._family is None or self._family.leave(self)
         if last:
             try:
                 self.process.wait(timeout=2)
@@ -765,6 +770,34 @@ class Template:
         if steward is None:
             raise PoolWorkerError("the session's delegated calls are not served: it cannot be forked")
         steward.forks = window
+
+    def sweep_strays(self) -> None:
+        """After a fork that failed before its copy was checked: every child of the template that none of its
+        handles serves (a copy that never said its pid, or said another) is killed and reaped."""
+        family = self._family.children() if self._family is not None else set()
+        if self.child.pid is not None:
+            family.add(self.child.pid)
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children") as listing:
+                children = {int(word) for word in listing.read().split()}
+        except (OSError, ValueError):
+            return
+        for stray in children - family:
+            with contextlib.suppress(OSError):
+                os.kill(stray, signal.SIGKILL)  # a child of the template: only it can reap it, so not reused
+            self.let_go(stray)
+
+    def let_go(self, pid: int) -> None:
+        """A fork's copy the pool gave up (killed): the template adopts it over a socket closed at once, so
+        that it reaps it rather than keep it a zombie as long as it serves."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.close()
+        try:
+            send_frame(self.sock, Adopt(pid=pid), [theirs.fileno()])
+        except OSError:
+            pass  # the template is gone: the copy went with it
+        finally:
+            theirs.close()
 
     def steward_for_copy(self) -> StewardLife:
         """The steward of a fork's copy of this session's child: the same listener, grants and gate."""

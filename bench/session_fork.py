@@ -1,6 +1,6 @@
 """The floor of a session fork (issue 48): what the kernel takes to copy a CPython process holding 100 MB.
 
-``Session.fork()`` is designed (docs/architecture.md, "Forking a session") but not built yet. Whatever the pool
+``Session.fork()`` is built (docs/architecture.md, "Forking a session"): ``pool_fork`` times it. Whatever the pool
 adds around it (the request, the steward's check, the copy's cgroup, its new channels), the copy itself is one
 ``fork()`` of the session's process and a ``SIGSTOP`` before the pool moves it: this measures exactly that, in a
 plain interpreter, so that the target stated for the fork rests on a figure of this machine:
@@ -16,7 +16,12 @@ plain interpreter, so that the target stated for the fork rests on a figure of t
 * ``double_fork_gated``: the same under the job's own seccomp filter, each fork let through by the pool's own
   ``Steward`` in an armed ``ForkWindow`` (server/fork_gate.py), timed from the arming.
 
-    python bench/session_fork.py [--mb 100] [--runs 200] [--json FILE]
+* ``pool_fork``: ``Session.fork()`` through a real pool (the Python client, the pool process, the fork step, the
+  copy checked, put in its cgroups and adopted, the answer), for a session holding ``--mb`` MB, from the call to
+  its return; each copy is closed before the next fork, off the clock. ``pool_fork_empty``: the same for a
+  session holding nothing, and ``pool_step``: a step (``pass``) of the same session, the baselines in the run.
+
+    python bench/session_fork.py [--mb 100] [--runs 200] [--pool-runs 40] [--json FILE]
 
 S polls for the stopped copy every 0.2 ms: the double-fork figures carry up to that much more.
 
@@ -145,6 +150,28 @@ def _case(mb: int, runs: int, write: bool) -> list[float]:
     return times
 
 
+def _pool(mb: int, runs: int) -> tuple[list[float], list[float]]:
+    """Times of ``Session.fork()`` and of a plain step, on a session holding ``mb`` MB."""
+    import time
+
+    from pynox import Pool
+
+    forks: list[float] = []
+    steps: list[float] = []
+    with Pool(workers=1, max_sessions=4) as pool, pool.session(memory=f"{mb + 256}m", timeout="60s") as session:
+        session.run(f"held = bytearray(b'x') * ({mb} << 20)\nobjects = [str(i) for i in range({100_000 if mb else 0})]"
+                    ).raise_for_error()
+        for _ in range(runs):
+            start = time.perf_counter_ns()
+            session.run("pass").raise_for_error()
+            steps.append((time.perf_counter_ns() - start) / 1e6)
+            start = time.perf_counter_ns()
+            copy = session.fork()
+            forks.append((time.perf_counter_ns() - start) / 1e6)
+            copy.close()
+    return forks, steps
+
+
 def _figures(times: list[float]) -> dict[str, float]:
     ordered = sorted(times)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
@@ -155,8 +182,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--pool-runs", type=int, default=40)
+    parser.add_argument("--pool-only", action="store_true", help="only the pool's figures")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.pool_only:
+        load = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+        forks, steps = _pool(args.mb, args.pool_runs)
+        empty, _ = _pool(0, args.pool_runs)
+        print(json.dumps({"mb": args.mb, "runs": args.pool_runs, "uptime": load, "pool_fork": _figures(forks),
+                          "pool_fork_empty": _figures(empty), "pool_step": _figures(steps)}, indent=1))
+        return
     load = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     report = {
         "mb": args.mb, "runs": args.runs, "cpus": os.cpu_count(), "uptime": load,
@@ -167,6 +203,9 @@ def main() -> None:
         "double_fork_gated": _figures(_double(args.mb, args.runs, gated=True)),
         "double_fork_gated_empty": _figures(_double(0, args.runs, gated=True)),
     }
+    forks, steps = _pool(args.mb, args.pool_runs)
+    report["pool_fork"], report["pool_step"] = _figures(forks), _figures(steps)
+    report["pool_fork_empty"] = _figures(_pool(0, args.pool_runs)[0])
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as file:

@@ -13,6 +13,7 @@ adopted by the template (``Template.adopt``).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 
@@ -20,7 +21,7 @@ from ..wire.spec import JobSpec
 from ..wire.state import FORK_PID as PID
 from .fork_gate import process_facts
 
-__all__ = ["await_copy", "check_filters", "refusal"]
+__all__ = ["await_copy", "check_filters", "kill_children", "refusal"]
 
 _STOPPED_EVERY = 0.0005  # seconds between two looks at whether the copy has stopped itself
 
@@ -47,6 +48,30 @@ def refusal(spec: JobSpec, pid: int | None) -> str | None:
         return (f"fork: the session left {tasks - 1} threads running; a fork copies only the calling thread, so "
                 "the copy could hang on a lock another one held: end them, or fork before starting them")
     return None
+
+
+def kill_children(pid: int) -> list[int]:
+    """Kill every child of the session's process ``pid`` (its fork step's C1, should the job's code have kept it
+    alive: the window is closed by then, so none is made meanwhile); the pids killed. Such a child is the
+    process's to reap, and the process is stopped: its pid names it until then."""
+    killed: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return killed
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                children = [int(word) for word in listing.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                continue
+            killed.append(child)
+    return killed
 
 
 def _state(pid: int) -> str:

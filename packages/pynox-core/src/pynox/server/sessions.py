@@ -402,6 +402,9 @@ class Session(threading.Thread):
         forking, self._forking = self._forking, None
         assert forking is not None
         forking.window.close()
+        # The double fork's middle process exits at once; one the job's code kept alive (it ran the fork step's
+        # code, which the session's earlier steps could have replaced) would be a process of its own making.
+        session_fork.kill_children(forking.window.pid)
         template = self._template
         if result.error is not None or result.session_ended or template is None:
             self._give_up(forking, None)

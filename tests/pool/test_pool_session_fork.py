@@ -178,21 +178,23 @@ def test_a_copy_that_never_says_its_pid_is_killed(tmp_path: Path) -> None:
         assert len(_children(template)) == 1, {pid: procfs.stat(pid).state for pid in _children(template)}
 
 
-def test_a_middle_process_kept_alive_by_the_jobs_code_is_killed(tmp_path: Path) -> None:
-    """The session's code replaces the fork step's code: its first fork (the one the gate lets through) makes
-    a child that neither forks nor exits, and the step returns at once. That child would be a process of the
-    job's own making: the pool kills it once the step is over, and the fork fails; the session goes on."""
+def test_only_the_pools_fork_goes_through_the_window(tmp_path: Path) -> None:
+    """The session's code replaces the fork step's code with a fork of its own (glibc's flags: a child of the
+    session's own process): the window admits only the pool's ``clone(CLONE_PARENT)``, so it is refused, the
+    fork fails, nothing is left, and the session goes on. Were such a child made, the pool would kill it as
+    the step ends (every child of the original)."""
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         _ok(pool.run("x = 1\nimport os, time, pynox.job.session_fork as fork\ndef stay():\n"
-                     "    if os.fork() == 0:\n        for fd in (1, 2, 3, 10):\n            os.close(fd)\n"
-                     "        time.sleep(3600)\n        os._exit(0)\n"
+                     "    if os.fork() == 0:\n        time.sleep(3600)\n        os._exit(0)\n"
                      "fork.fork = stay", session="s"))
         original = _pid(pool, "s")
+        template = procfs.stat(original).ppid
         answer = pool.run(session="s", fork=new_id("copy"))
-        assert answer["error"] is not None and "forked" not in answer, answer
+        assert answer["error"] is not None and answer["error"]["type"] == "PermissionError", answer
+        assert "forked" not in answer and not answer["session_ended"], answer
         assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
-        alive = [pid for pid in _children(original) if procfs.exists(pid) and procfs.stat(pid).state != "Z"]
-        assert alive == [], {pid: procfs.stat(pid).state for pid in _children(original)}
+        assert _children(original) == [], proc_table()
+        assert _children(template) == [original], proc_table()
 
 
 def test_a_session_with_a_scratch_directory_is_not_forked(tmp_path: Path) -> None:

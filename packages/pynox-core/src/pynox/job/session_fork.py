@@ -1,25 +1,29 @@
 """A session fork, inside the session's confined process: the pool's fork step (see server/sessions.py).
 
-The step double-forks (docs/architecture.md, "Forking a session"): this process forks C1, C1 forks the copy
-and exits at once, so the copy is orphaned to the session's template, a subreaper, and never a child of code
-the job controls. Each fork goes through only because the pool armed the steward's gate for these two
-(server/fork_gate.py); the job's own code, before or after, is refused as always. The copy leaves the step's
-pipes to the original, takes the control channel the step brought (at FORK_CONTROL) for its own, waits until
-the template is its parent, arms its parent-death signal, says its pid on that channel and stops itself: the
-pool checks all of it from ``/proc`` (it trusts none of what runs here), has the template adopt it, and
-continues it with its first step, which it serves as the original serves its own.
+The step forks once with ``clone(CLONE_PARENT | SIGCHLD)`` (docs/architecture.md, "Forking a session"): the copy
+is the session's template's child from its first instruction, never a child of code the job controls, and the
+page tables are copied once (the double fork first designed copied them twice and tore C1's copy down on the
+path). It goes through only because the pool armed the steward's gate for this one call (server/fork_gate.py);
+the job's own code, before or after, is refused as always. A raw clone skips glibc's fork bookkeeping, so the
+copy's thread control block keeps the original's tid: ``raise()`` and ``pthread_kill()`` would name the original,
+and the own-process filter the copy stacks refuses them (it may name only ``0``). The copy leaves the step's
+pipes to the original, takes the control channel the step brought (at FORK_CONTROL) for its own, arms its
+parent-death signal, stacks its own-process filter, leads a session of its own, says its pid on that channel
+and stops itself: the pool checks all of it from ``/proc`` (it trusts none of what runs here), has the template
+adopt it, and continues it with its first step, which it serves as the original serves its own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
-import time
 from typing import NoReturn
 
 from ..policy.own_process import OwnProcessFilter
 from ..policy.privileges import set_parent_death_signal
+from ..policy.seccomp import syscall_number
 from ..wire.descriptors import CONTROL, FORK_CONTROL, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.state import FORK_PID
@@ -27,25 +31,33 @@ from . import execute, interrupts
 
 __all__ = ["fork"]
 
-_ORPHANED_WITHIN = 2.0  # seconds C1 has to exit (it exits at once)
+# The GIL held across the call (PyDLL), as os.fork() holds it across fork().
+_libc = ctypes.PyDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.syscall.argtypes = [ctypes.c_long] * 6
+_python = ctypes.pythonapi
+_CLONE = syscall_number("clone")
+# CLONE_PARENT | SIGCHLD (server/fork_gate.py PARENT_FORK): the copy is the template's child, its caller's sibling.
+PARENT_FORK = 0x0000_8000 | 17
 
 
 def fork() -> None:
-    """Fork this session; in the original, return once C1 has ended (the copy is then on its own)."""
+    """Fork this session: one ``clone(CLONE_PARENT | SIGCHLD)``, whose child (the copy) is the template's, as
+    ``os.fork()`` makes a fork (the interpreter's before- and after-fork work on each side), and return in the
+    original."""
     template = os.getppid()
     sys.stdout.flush()
     sys.stderr.flush()
-    middle = os.fork()
-    if middle == 0:
-        try:  # C1: never returns
-            if os.fork() == 0:
-                _become_copy(template)
-        finally:
-            os._exit(0)
+    _python.PyOS_BeforeFork()
+    pid = _libc.syscall(_CLONE, PARENT_FORK, 0, 0, 0, 0)
+    if pid == 0:
+        _python.PyOS_AfterFork_Child()
+        _become_copy(template)
+    error = ctypes.get_errno()
+    _python.PyOS_AfterFork_Parent()
     os.close(FORK_CONTROL)
-    _, status = os.waitpid(middle, 0)
-    if status != 0:
-        raise RuntimeError(f"the session fork's middle process ended with status {status}")
+    if pid < 0:
+        raise OSError(error, f"the session fork's clone failed: {os.strerror(error)}")
 
 
 def _become_copy(template: int) -> NoReturn:
@@ -56,11 +68,6 @@ def _become_copy(template: int) -> NoReturn:
         os.close(devnull)
         os.dup2(FORK_CONTROL, CONTROL)
         os.close(FORK_CONTROL)
-        deadline = time.monotonic() + _ORPHANED_WITHIN
-        while os.getppid() != template:
-            if time.monotonic() > deadline:
-                os._exit(SETUP_FAILED_EXIT)
-            time.sleep(0.0002)
         set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != template:  # the template died before the signal was armed
             os._exit(SETUP_FAILED_EXIT)

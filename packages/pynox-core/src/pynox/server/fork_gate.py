@@ -6,9 +6,11 @@ them to the steward (``SECCOMP_RET_USER_NOTIF``, see policy/seccomp.py ``FORK_SY
 call through (``SECCOMP_USER_NOTIF_FLAG_CONTINUE``): that is what a session fork needs (docs/architecture.md,
 "Forking a session"), and why the decision is here, in the pool.
 
-A :class:`ForkWindow` is armed by the pool for one session fork, a double fork: the session's process forks
-C1, C1 forks the copy and exits, and the copy is orphaned to the session's template. It lets through, in this
-order and once each:
+A :class:`ForkWindow` armed by the pool for a session fork (``parent=True``) lets through exactly one call: a
+``clone(CLONE_PARENT | SIGCHLD)`` from the session's main thread with no stack of its own (job/session_fork.py),
+whose child is the session's template's. The first design, kept for its tests and the bench, is a double
+fork: the session's process forks C1, C1 forks the copy and exits, and the copy is orphaned to the session's
+template. Its window lets through, in this order and once each:
 
 1. a ``clone`` from the session's main thread (the notification's tid is the session's pid), and
 2. a ``clone`` from a process whose parent is the session's process (C1: a thread group's leader, so not
@@ -30,10 +32,13 @@ from collections.abc import Callable
 
 from ..policy.seccomp import syscall_number
 
-__all__ = ["FORKS", "GLIBC_FORK", "ForkWindow", "process_facts"]
+__all__ = ["FORKS", "GLIBC_FORK", "PARENT_FORK", "ForkWindow", "process_facts"]
 
 # CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD: what glibc's fork() passes to clone.
 GLIBC_FORK = 0x0100_0000 | 0x0020_0000 | 17
+# CLONE_PARENT | SIGCHLD: a fork whose child is its caller's sibling, the session's template's own child (the
+# pool's session fork, see job/session_fork.py).
+PARENT_FORK = 0x0000_8000 | 17
 _CLONE = syscall_number("clone")
 # The calls the filter hands to the steward for this gate (a number of -1: not on this architecture).
 FORKS = frozenset(number for number in (syscall_number("fork"), syscall_number("vfork"), _CLONE) if number >= 0)
@@ -59,9 +64,13 @@ class ForkWindow:
     """One session fork's window: which forks the steward lets through, until when. Armed on the session's
     thread, asked by the steward's, so every move is under one lock."""
 
-    def __init__(self, pid: int, within: float, *, facts: Callable[[int], tuple[int, int]] = process_facts) -> None:
-        """``pid``: the session's process. ``within``: seconds the window stays open."""
+    def __init__(self, pid: int, within: float, *, facts: Callable[[int], tuple[int, int]] = process_facts,
+                 parent: bool = False) -> None:
+        """``pid``: the session's process. ``within``: seconds the window stays open. ``parent``: one fork only,
+        ``clone(CLONE_PARENT | SIGCHLD)`` from the session's main thread with no stack of its own, whose child
+        is the template's (the pool's session fork); else the double fork above."""
         self.pid = pid
+        self._parent = parent
         self._deadline = time.monotonic() + within
         self._facts = facts
         self._lock = threading.Lock()
@@ -85,6 +94,11 @@ class ForkWindow:
         with self._lock:
             if self._closed or time.monotonic() > self._deadline:
                 return False
+            if self._parent:
+                allowed = nr == _CLONE and args[0] == PARENT_FORK and args[1] == 0 and tid == self.pid
+                if allowed:
+                    self._through, self._closed = 1, True
+                return allowed
             if nr != _CLONE or args[0] != GLIBC_FORK or args[1] != 0:  # flags, then the new stack
                 return False
             if self._through == 0:

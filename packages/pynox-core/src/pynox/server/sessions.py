@@ -388,7 +388,7 @@ class Session(threading.Thread):
             self._answer(step, refused)
             return False
         assert template is not None and pid is not None
-        self._forking = _Forking(copy, SessionChannels.create(False), ForkWindow(pid, step.timeout))
+        self._forking = _Forking(copy, SessionChannels.create(False), ForkWindow(pid, step.timeout, parent=True))
         step.answer = self._forked
         try:
             return self._serve(step)

@@ -86,6 +86,7 @@ def test_the_copy_counts_as_a_session_against_max_sessions(tmp_path: Path) -> No
         message = refused(pool.run(session="a", fork=new_id("copy")), "max_sessions")
         assert "copy would be one more" in message, message
         refused(pool.run(session=copy, fork=new_id("copy")), "max_sessions")
+        assert pool.stats()["sessions_active"] == 2
         # Refused, not ended: both go on.
         assert _ok(pool.run("print(x)", session="a"))["stdout"] == "1\n"
         assert _ok(pool.run("print(x)", session=copy))["stdout"] == "1\n"
@@ -195,6 +196,26 @@ def test_only_the_pools_fork_goes_through_the_window(tmp_path: Path) -> None:
         assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
         assert _children(original) == [], proc_table()
         assert _children(template) == [original], proc_table()
+
+
+def test_a_killed_template_ends_the_original_and_its_copies_and_the_pool_goes_on(tmp_path: Path) -> None:
+    """The family shares one template process: killed, it takes the original and every copy with it (their
+    parent-death signal), each session's next step says it ended, and the next request opens a new one."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="a"))
+        copy = _fork(pool, "a")
+        pids = [_pid(pool, "a"), _pid(pool, copy)]
+        template = procfs.stat(pids[0]).ppid
+        os.kill(template, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(procfs.exists(pid) and procfs.stat(pid).state != "Z" for pid in pids) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not any(procfs.exists(pid) and procfs.stat(pid).state != "Z" for pid in pids), proc_table()
+        for session in ("a", copy):
+            ended = pool.run("print(x)", session=session, open=False)
+            assert ended["session_ended"] and ended["error"] is not None, ended
+        assert _ok(pool.run("x = 2\nprint(x)", session="a", open=True))["stdout"] == "2\n"
 
 
 def test_a_session_with_a_scratch_directory_is_not_forked(tmp_path: Path) -> None:

@@ -68,3 +68,21 @@ def test_afork(pool: Pool) -> None:
                 return (await session.arun("x")).return_value, (await copy.arun("x")).return_value
 
     assert asyncio.run(main()) == ("5", "6")
+
+
+def test_a_session_with_host_functions_forks_with_a_channel_of_its_own(pool: Pool) -> None:
+    calls: list[tuple[str, int]] = []
+
+    def record(who: str, n: int) -> int:
+        calls.append((who, n))
+        return n * 10
+
+    with pool.session(functions={"record": record}, host_globals="call") as session:
+        session.run("from pynox_host import record\nseen = [record('root', 1)]").raise_for_error()
+        copy = session.fork()
+        with copy:
+            copy.run("seen.append(record('copy', 2))").raise_for_error()
+            session.run("seen.append(record('root', 3))").raise_for_error()
+            assert copy.run("seen").return_value == "[10, 20]"
+            assert session.run("seen").return_value == "[10, 30]"
+    assert calls == [("root", 1), ("copy", 2), ("root", 3)]

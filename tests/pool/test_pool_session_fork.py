@@ -166,7 +166,7 @@ def test_a_copy_that_never_says_its_pid_is_killed(tmp_path: Path) -> None:
     the step's pipes would hold the fork step open to its deadline: the original's code harming itself.)"""
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         # It hands the step's pipes back (else the fork step would run to its deadline, the original's own doing).
-        _ok(pool.run("x = 1\nimport os, time, pynox.job.session_fork as fork\ndef mute(template):\n"
+        _ok(pool.run("x = 1\nimport os, time, pynox.job.session_fork as fork\ndef mute(template, channel):\n"
                      "    for fd in (1, 2, 3, 10):\n        os.close(fd)\n    time.sleep(3600)\n"
                      "fork._become_copy = mute", session="s"))
         template = procfs.stat(_pid(pool, "s")).ppid

@@ -1049,7 +1049,7 @@ class Session(PoolSession):
         step. Tree-search agents branch a state this way: ``branches = [session.fork() for _ in range(3)]``.
 
         Raises :class:`pynox.RequestError` if the session has no process or the pool refuses the fork (no room
-        for one more session, a scratch directory, host functions, threads left running),
+        for one more session, a scratch directory, pip_install, threads left running),
         :class:`pynox.SessionStateError` if the fork itself failed."""
         return _forking.fork(self, timeout)
 

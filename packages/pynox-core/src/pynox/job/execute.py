@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import msgspec
 
-from ..wire.descriptors import CONTROL, FORK_CONTROL, REPORT, STEP
+from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, REPORT, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
 from ..wire.host_channel import PIP_FUNCTION
@@ -111,10 +111,11 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                 step = _step_decoder.decode(payload)
             except msgspec.DecodeError:
                 os._exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
-            if len(fds) != len(STEP) + step.fork:
+            if len(fds) != len(STEP) + step.fork * (1 + confinement.host_channel):
                 os._exit(SETUP_FAILED_EXIT)
-            # Received at the lowest free numbers: FORK_CONTROL may be one (the others are held open).
-            for target, fd in zip((*STEP, FORK_CONTROL), fds, strict=False):
+            # Received at the lowest free numbers: FORK_CONTROL or FORK_CHANNEL may be one (the others are held
+            # open), but only as the first of the two: it is moved before the second is put there.
+            for target, fd in zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False):
                 if fd != target:
                     os.dup2(fd, target)
                     os.close(fd)

@@ -24,7 +24,7 @@ from typing import NoReturn
 from ..policy.own_process import OwnProcessFilter
 from ..policy.privileges import set_parent_death_signal
 from ..policy.seccomp import syscall_number
-from ..wire.descriptors import CONTROL, FORK_CONTROL, STEP
+from ..wire.descriptors import CHANNEL, CONTROL, FORK_CHANNEL, FORK_CONTROL, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.state import FORK_PID
 from . import execute, interrupts
@@ -46,21 +46,28 @@ def fork() -> None:
     ``os.fork()`` makes a fork (the interpreter's before- and after-fork work on each side), and return in the
     original."""
     template = os.getppid()
+    assert execute.serving is not None
+    channel = execute.serving[0].host_channel  # the step brought the copy's host-call channel too
     sys.stdout.flush()
     sys.stderr.flush()
     _python.PyOS_BeforeFork()
     pid = _libc.syscall(_CLONE, PARENT_FORK, 0, 0, 0, 0)
     if pid == 0:
-        _python.PyOS_AfterFork_Child()
-        _become_copy(template)
+        try:  # the copy: never returns; should it raise, it must not go on as the original's step
+            _python.PyOS_AfterFork_Child()
+            _become_copy(template, channel)
+        finally:
+            os._exit(SETUP_FAILED_EXIT)
     error = ctypes.get_errno()
     _python.PyOS_AfterFork_Parent()
     os.close(FORK_CONTROL)
+    if channel:
+        os.close(FORK_CHANNEL)
     if pid < 0:
         raise OSError(error, f"the session fork's clone failed: {os.strerror(error)}")
 
 
-def _become_copy(template: int) -> NoReturn:
+def _become_copy(template: int, channel: bool) -> NoReturn:
     try:
         devnull = os.open("/dev/null", os.O_WRONLY)
         for fd in STEP:  # the step's pipes are the original's: its result must be the original's alone
@@ -68,6 +75,9 @@ def _become_copy(template: int) -> NoReturn:
         os.close(devnull)
         os.dup2(FORK_CONTROL, CONTROL)
         os.close(FORK_CONTROL)
+        if channel:  # pynox_host's socket is at CHANNEL: from now on it is the copy's own channel
+            os.dup2(FORK_CHANNEL, CHANNEL)
+            os.close(FORK_CHANNEL)
         set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != template:  # the template died before the signal was armed
             os._exit(SETUP_FAILED_EXIT)

@@ -37,9 +37,6 @@ def refusal(spec: JobSpec, pid: int | None) -> str | None:
     if spec.pip_dir is not None:
         return ("fork: a session opened with pip_install cannot be forked: the copy would share the original's "
                 "package directory")
-    if spec.payload.functions:
-        return ("fork: a session with host functions cannot be forked yet: the copy would share the original's "
-                "host-call channel")
     try:
         tasks = len(os.listdir(f"/proc/{pid}/task"))
     except OSError:

@@ -388,7 +388,8 @@ class Session(threading.Thread):
             self._answer(step, refused)
             return False
         assert template is not None and pid is not None
-        self._forking = _Forking(copy, SessionChannels.create(False), ForkWindow(pid, step.timeout, parent=True))
+        self._forking = _Forking(copy, SessionChannels.create(self.spec.confinement.host_channel),
+                                 ForkWindow(pid, step.timeout, parent=True))
         step.answer = self._forked
         try:
             return self._serve(step)
@@ -559,7 +560,7 @@ class Session(threading.Thread):
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
                                                   return_value=step.return_value, images=step.max_output,
                                                   stream=step.stream, fork=forking is not None),
-                       [w for _, w in pipes] + ([forking.channels.job_control.fileno()] if forking else []))
+                       [w for _, w in pipes] + (self._fork_ends(forking) if forking else []))
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout
         except OSError:
@@ -567,11 +568,19 @@ class Session(threading.Thread):
         finally:
             for _, w in pipes:
                 os.close(w)
-            if forking is not None:
-                forking.channels.job_control.close()  # the copy has it, or no copy will be made
+            if forking is not None:  # the copy has them, or no copy will be made
+                forking.channels.job_control.close()
+                if forking.channels.job_channel is not None:
+                    forking.channels.job_channel.close()
         return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
                                 calls=calls, outbox=channels.outbox, session=True, return_value=step.return_value,
                                 streamer=self._streamer(step))
+
+    @staticmethod
+    def _fork_ends(forking: _Forking) -> list[int]:
+        """The copy's ends of its own channels, as the fork step's frame brings them (job/execute.py)."""
+        channel = forking.channels.job_channel
+        return [forking.channels.job_control.fileno(), *([channel.fileno()] if channel is not None else [])]
 
     def _streamer(self, step: Step) -> Streamer | None:
         return Streamer(step.id, self.session_name, self.registry.emit) if step.stream else None

@@ -118,7 +118,8 @@ class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     images: int = 0
     stream: bool = False
     # A session fork's step (see job/session_fork.py): its frame brings one more descriptor, the copy's end
-    # of its own control channel, put at FORK_CONTROL.
+    # of its own control channel, put at FORK_CONTROL, and with host functions another, the copy's end of its
+    # own host-call channel, put at FORK_CHANNEL.
     fork: bool = False
 
 

@@ -375,15 +375,13 @@ class Session(threading.Thread):
         template = self._template
         pid = template.child.pid if template is not None and self.life.state is SessionState.IDLE else None
         problem = session_fork.refusal(self.spec, pid)
-        copy = None
-        if problem is None:
-            try:
-                copy = self.registry.reserve(name, self.spec, self.max_output)
-            except RequestError as exc:
-                problem = str(exc)
-        if problem is not None or copy is None:
+        try:
+            if problem is not None:
+                raise RequestError(problem)
+            copy = self.registry.reserve(name, self.spec, self.max_output)
+        except RequestError as exc:
             refused = SessionResult(id=step.id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError",
-                                                                                  message=problem or "fork"),
+                                                                                  message=str(exc)),
                                     refused=True, session=self.session_name, step=None, session_ended=False)
             self._answer(step, refused)
             return False
@@ -403,8 +401,8 @@ class Session(threading.Thread):
         forking, self._forking = self._forking, None
         assert forking is not None
         forking.window.close()
-        # The double fork's middle process exits at once; one the job's code kept alive (it ran the fork step's
-        # code, which the session's earlier steps could have replaced) would be a process of its own making.
+        # The window admits no fork whose child is the original's, so it has none; should one exist all the same
+        # (the fork step's code is the job's to replace), it would be a process of the job's own making.
         session_fork.kill_children(forking.window.pid)
         template = self._template
         if result.error is not None or result.session_ended or template is None:
@@ -435,7 +433,9 @@ class Session(threading.Thread):
                 os.kill(pid, signal.SIGKILL)  # checked a stopped child of the template: only it can reap it
             if self._template is not None:
                 self._template.let_go(pid)
-        elif self._template is not None:  # the copy, if any, never said who it is: whatever else is there goes
+        elif self._template is not None:
+            # The copy, if any, never said who it is: every child of the template no handle serves goes (a copy
+            # another session of the family is forking at this very moment among them: that fork then fails).
             self._template.sweep_strays()
         forking.channels.close()
         copy = forking.copy

@@ -252,8 +252,8 @@ _TRIMMABLE = {"runtime", "policy", "usage"}
 # traceback.
 _ONLY_SOMETIMES = {"return_value", "images", "images_dropped", "refused", "files", "outputs", "execution_count",
                    "traceback_at"}
-# And a session step's: why its session was reopened, whether a cancel interrupted it; a save's state.
-_ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted", "state", "skipped"}
+# And a session step's: why its session was reopened, whether a cancel interrupted it; a save's state; a fork's copy.
+_ONLY_SOMETIMES_IN_A_SESSION = {"session_reopened", "interrupted", "state", "skipped", "forked"}
 
 
 def _check_result(block: Block, value: dict[str, Any]) -> None:

@@ -433,3 +433,28 @@ def test_a_profiles_jobs_and_sessions_run_as_its_user(tmp_path: Path) -> None:
         assert (opened["exit"], opened["stdout"]) == (0, f"{nobody.pw_uid} {nobody.pw_gid}\n"), opened
         assert pool.run(code, session="nb")["stdout"] == f"{nobody.pw_uid} {nobody.pw_gid}\n"
         assert pool.finish() == 0
+
+
+def test_a_forks_copy_is_one_of_its_tenants_sessions(tmp_path: Path, run_dir: Path) -> None:
+    """Through a listening pool the copy is the connection's session (its name comes back without the
+    connection's tag) and counts against its tenant's max_sessions."""
+    from pynox import Pool, RequestError
+
+    config = tmp_path / "pynox.toml"
+    config.write_text('[tenants.ops]\nusers = ["root"]\nmax_sessions = 2\n')
+    if os.geteuid() != 0:
+        pytest.skip("the tenant names root")
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        with Pool(connect=f"unix:{path}") as client, client.session() as original:
+            original.run("x = 'root'").raise_for_error()
+            copy = original.fork()
+            copy.run("x = 'branch'").raise_for_error()
+            assert (original.run("x").return_value, copy.run("x").return_value) == ("'root'", "'branch'")
+            with pytest.raises(RequestError, match="tenant 'ops' has 2 sessions open, its max_sessions"):
+                original.fork()
+            copy.close()
+            again = original.fork()
+            assert again.run("x").return_value == "'root'"
+        _stop(pool)

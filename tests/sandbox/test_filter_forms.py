@@ -201,3 +201,22 @@ def test_the_interpreter_gives_the_actions_the_rules_name() -> None:
              "getpid on i386": ({_NR: 20, _ARCH: _AUDIT_ARCH_I386}, errno_action | errno.ENOSYS)}
     assert {name: hex(program.run(words)[0]) for name, (words, _) in calls.items()} == \
         {name: hex(action) for name, (_, action) in calls.items()}
+
+
+def test_only_a_sessions_filter_hands_its_forks_to_the_pool() -> None:
+    """A plain job's filter refuses fork, vfork and clone without CLONE_THREAD itself (EPERM), as before the fork
+    gate; a session's child's hands them to the steward (its gate, server/fork_gate.py). Threads are allowed in
+    both; every other call is answered alike."""
+    plain = Program(seccomp.compile_filter("none", 7, session=False).bpf)
+    session = Program(seccomp.compile_filter("none", 7).bpf)
+    allow, notify, eperm = 0x7FFF0000, 0x7FC00000, 0x00050000 | errno.EPERM
+    clone_thread = 0x00010000 | 0x00000100 | 0x00000800 | 0x00000400 | 0x00000200  # THREAD|VM|SIGHAND|FILES|FS
+    calls = {"fork": {_NR: 57}, "vfork": {_NR: 58}, "clone(SIGCHLD)": {_NR: 56, 16: 17},
+             "clone(CLONE_PARENT|SIGCHLD)": {_NR: 56, 16: 0x8000 | 17}, "clone(thread)": {_NR: 56, 16: clone_thread}}
+    actions = {name: (hex(plain.run({**words, _ARCH: _AUDIT_ARCH_X86_64})[0]),
+                      hex(session.run({**words, _ARCH: _AUDIT_ARCH_X86_64})[0])) for name, words in calls.items()}
+    assert actions == {"fork": (hex(eperm), hex(notify)), "vfork": (hex(eperm), hex(notify)),
+                       "clone(SIGCHLD)": (hex(eperm), hex(notify)),
+                       "clone(CLONE_PARENT|SIGCHLD)": (hex(eperm), hex(notify)),
+                       "clone(thread)": (hex(allow), hex(allow))}, actions
+    assert {words[_NR] for words in _differences(plain, session)} <= {56, 57, 58}

@@ -142,6 +142,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     # grants, without code): its variables are loaded inside the new process, under the grants it brings.
     save: bool | None = None
     restore: str | None = None
+    # A session fork (see server/session_fork.py): alone with id, session and timeout, the name of a new
+    # session opened as a copy of this one's live process (its variables, grants and limits).
+    fork: str | None = None
 
     # Output as it happens: stream and display_data events for this request before its result (a job, or
     # one session step).
@@ -286,6 +289,8 @@ class SessionResult(Result):
     # and the variables left out of it, each with the reason.
     state: str | msgspec.UnsetType = msgspec.UNSET
     skipped: list[Skipped] | msgspec.UnsetType = msgspec.UNSET
+    # Only in the answer to a fork that worked: the name of the copy, an open session of its own.
+    forked: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ScratchFile(msgspec.Struct, omit_defaults=True):
@@ -821,6 +826,18 @@ def _check_shape(request: Request) -> None:
             raise refuse("save needs the session whose state it saves")
         if extra:
             raise refuse(f"a save request takes only id, session and timeout, got {', '.join(extra)}")
+        return
+    if request.fork is not None:
+        extra = [f for f in request.__struct_fields__
+                 if f not in ("id", "session", "fork", "timeout") and getattr(request, f) is not None]
+        if request.session is None:
+            raise refuse("fork needs the session it copies")
+        if not request.fork or len(request.fork) > 256:
+            raise refuse("fork: the copy's name, of 1 to 256 characters, is required")
+        if request.fork == request.session:
+            raise refuse("fork: the copy needs a name of its own, not the session's")
+        if extra:
+            raise refuse(f"a fork request takes only id, session, fork and timeout, got {', '.join(extra)}")
         return
     if request.restore is not None:
         if request.session is None:

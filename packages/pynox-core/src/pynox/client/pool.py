@@ -72,6 +72,7 @@ from ..protocol import (
 )
 from ..units import format_duration, parse_duration
 from . import files as _files
+from . import forking as _forking
 from . import saved as _saved
 from .connect import Connection, connect_address
 from .files import FileInfo
@@ -1040,6 +1041,21 @@ class Session(PoolSession):
     async def asave(self, *, timeout: Units | None = None) -> SavedSession:
         """:meth:`save`, off the event loop."""
         return await asyncio.to_thread(self.save, timeout=timeout)
+
+    def fork(self, *, timeout: Units | None = None) -> Session:
+        """A new session whose process is a copy-on-write copy of this one's, as it is now: the same variables
+        (every object, picklable or not), grants and limits, counted by the pool as a session (``max_sessions``).
+        Each then goes its own way: a step, an end or a close of one is not the other's. Waits behind a running
+        step. Tree-search agents branch a state this way: ``branches = [session.fork() for _ in range(3)]``.
+
+        Raises :class:`pynox.RequestError` if the session has no process or the pool refuses the fork (no room
+        for one more session, a scratch directory, pip_install, threads left running),
+        :class:`pynox.SessionStateError` if the fork itself failed."""
+        return _forking.fork(self, timeout)
+
+    async def afork(self, *, timeout: Units | None = None) -> Session:
+        """:meth:`fork`, off the event loop."""
+        return await asyncio.to_thread(self.fork, timeout=timeout)
 
     def interrupt(self) -> bool:
         """Interrupt the step running now (``KeyboardInterrupt`` in its code), from any thread, as a

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SavedSession", "restore", "save"]
 
-_ANSWER_MARGIN = 30.0  # seconds past the step's own timeout before a save or restore gives up on the pool
+_ANSWER_MARGIN = 30.0  # seconds past the step's own timeout before a save, restore or fork gives up on the pool
+answer_margin = _ANSWER_MARGIN
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ def _state_error(result: SessionResult, what: str) -> SessionStateError:
 
 def _seconds(timeout: object) -> float:
     return parse_duration(timeout, "timeout") if isinstance(timeout, str | int | float) else 30.0
+
+
+seconds = _seconds  # the fork's request (forking.py) waits as a save's does
 
 
 def save(session: Session, timeout: Units | None) -> SavedSession:

@@ -27,8 +27,9 @@ from ..wire.frames import recv_raw
 from ..wire.payload import read_payload, write_payload_to
 from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
 
-# session_state: loaded with the template, so a session's save and restore steps find it in memory.
-from . import display, pynox_host, session_state  # noqa: F401
+# session_state, session_fork: loaded with the template, so a session's save, restore and fork steps find
+# them in memory.
+from . import display, pynox_host, session_fork, session_state  # noqa: F401
 from .execute import execute, new_main, serve_session
 from .native_setup import confine_steps
 from .report import finish

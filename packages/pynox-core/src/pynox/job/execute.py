@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import msgspec
 
-from ..wire.descriptors import CONTROL, REPORT, STEP
+from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, REPORT, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import recv_raw
 from ..wire.host_channel import PIP_FUNCTION
@@ -89,8 +89,15 @@ def execute(main: types.ModuleType, code: str | None, script: str | None, name: 
     return Report(exit=0, return_value=value, images=drawn)
 
 
-def serve_session(confinement: Confinement, main: types.ModuleType, first: StepSpec) -> NoReturn:
-    """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it."""
+# What a session fork's copy serves its steps with (see session_fork.py): set as the session starts.
+serving: tuple[Confinement, types.ModuleType] | None = None
+
+
+def serve_session(confinement: Confinement, main: types.ModuleType, first: StepSpec | None) -> NoReturn:
+    """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it.
+    ``first``: the step that came as the job (None: a fork's copy, which waits for its first step)."""
+    global serving
+    serving = (confinement, main)
     control = socket.socket(fileno=CONTROL)
     devnull = os.open("/dev/null", os.O_WRONLY)
     step: StepSpec | None = first
@@ -100,12 +107,18 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                 payload, fds = recv_raw(control)
             except (EOFError, OSError):
                 os._exit(0)
-            if len(fds) != len(STEP):
+            try:
+                step = _step_decoder.decode(payload)
+            except msgspec.DecodeError:
                 os._exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
-            step = _step_decoder.decode(payload)
-            for target, fd in zip(STEP, fds, strict=True):
-                os.dup2(fd, target)
-                os.close(fd)
+            if len(fds) != len(STEP) + step.fork * (1 + confinement.host_channel):
+                os._exit(SETUP_FAILED_EXIT)
+            # Received at the lowest free numbers: FORK_CONTROL or FORK_CHANNEL may be one (the others are held
+            # open), but only as the first of the two: it is moved before the second is put there.
+            for target, fd in zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False):
+                if fd != target:
+                    os.dup2(fd, target)
+                    os.close(fd)
         try:
             report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
                              return_value=step.return_value, images=step.images, interruptible=True,

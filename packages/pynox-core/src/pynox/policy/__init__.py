@@ -50,7 +50,8 @@ class Runtime:
     landlock_abi: int  # what jobs are confined with: the kernel's ABI, or the operator's cap below it
     landlock_abi_kernel: int
     read_paths: tuple[str, ...]
-    filters: dict[NetworkMode, seccomp.LoadableFilter]
+    # By network mode, and whether for a session's child (whose forks go to the steward: see compile_filter).
+    filters: dict[tuple[NetworkMode, bool], seccomp.LoadableFilter]
     # Stacked on the main filter, with the child's own pid written in (see own_process.py).
     own_process: OwnProcessFilter
     # Landlock rules of the runtime, always and with the network (all or hosts); see RuntimeRules.
@@ -87,8 +88,9 @@ def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ..
     if not seccomp.supported():
         raise KernelSupportError("this kernel has no seccomp filters: Pynox will not run code unconfined.")
     abi = kernel_abi if max_abi is None else min(kernel_abi, max_abi)
-    filters: dict[NetworkMode, seccomp.LoadableFilter] = {
-        mode: seccomp.LoadableFilter(seccomp.compile_filter(mode, abi)) for mode in seccomp.NETWORK_MODES}
+    filters: dict[tuple[NetworkMode, bool], seccomp.LoadableFilter] = {
+        (mode, session): seccomp.LoadableFilter(seccomp.compile_filter(mode, abi, session=session))
+        for mode in seccomp.NETWORK_MODES for session in (False, True)}
     read_paths = tuple(runtime_paths(package_dirs, data_dirs))
     rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
                          + [(p, landlock.fs_rights(abi)) for p in DEVICE_WRITE])
@@ -225,7 +227,7 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
     drop_privileges()
     landlock.restrict_self(ruleset)
     os.close(ruleset)
-    listener = runtime.filters[confinement.network].install()
+    listener = runtime.filters[(confinement.network, confinement.session)].install()
     runtime.own_process.install(os.getpid())
     return listener
 
@@ -263,7 +265,7 @@ def native_call(confinement: Confinement, runtime: Runtime, grants: list[int], s
         staging=STAGING, max_fd=MAX_FD,
         limits=wanted_limits(memory=confinement.memory, timeout=None if confinement.session else confinement.timeout,
                              max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files),
-        confinement=confinement, main_filter=runtime.filters[confinement.network].compiled.bpf,
+        confinement=confinement, main_filter=runtime.filters[(confinement.network, confinement.session)].compiled.bpf,
         handover=CONTROL if prepared else METADATA, keep_handover=prepared, failed=failed)
 
 

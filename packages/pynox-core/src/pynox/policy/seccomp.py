@@ -31,7 +31,7 @@ import pyseccomp
 from ..wire.spec import NetworkMode
 from ._libc import syscall
 
-__all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "NETWORK_MODES", "TRUNCATE_ABI", "CompiledFilter",
+__all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "FORK_SYSCALLS", "NETWORK_MODES", "TRUNCATE_ABI", "CompiledFilter",
            "LoadableFilter", "compile_filter", "install", "syscall_number"]
 
 NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "hosts", "all")
@@ -67,7 +67,14 @@ _SECCOMP_SET_MODE_FILTER = 1
 _SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 
 # Starting programs: a job is one Python process and stays one.
-_NO_PROGRAMS = ("execve", "execveat", "fork", "vfork")
+_NO_PROGRAMS = ("execve", "execveat")
+# Making a process (and clone without CLONE_THREAD, below): refused as well; a plain job's by the filter, a
+# session's child's by the pool (compile_filter's session). That filter hands each to the steward
+# (SECCOMP_RET_USER_NOTIF), which answers EPERM, the same errno the filter gave, unless the pool armed it for
+# the one fork of a session fork it asked for (see pynox.server.fork_gate and docs/architecture.md, "Forking a
+# session"): only a listener can let one call through (SECCOMP_USER_NOTIF_FLAG_CONTINUE), a filter's answer is
+# the same for every call.
+FORK_SYSCALLS = ("fork", "vfork")
 # Reaching other processes or the kernel's less-travelled paths.
 _ATTACK_SURFACE = (
     "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "kcmp", "pidfd_getfd",
@@ -287,11 +294,14 @@ def _as_tree(f: pyseccomp.SyscallFilter) -> None:
         pass
 
 
-def compile_filter(network: NetworkMode, landlock_abi: int, *, tree: bool = True) -> CompiledFilter:
+def compile_filter(network: NetworkMode, landlock_abi: int, *, tree: bool = True,
+                   session: bool = True) -> CompiledFilter:
     """The main filter for jobs with no network, the listed hosts, or all of it, confined with Landlock ABI
     ``landlock_abi`` (rules that make up for what an older ABI does not govern are added below it);
     ``tree=False``: as one linear list (the form an older libseccomp gives, compared with the tree by the
-    tests)."""
+    tests). ``session``: a session's child, whose forks go to the steward (its fork gate); a plain job's are
+    refused by the filter itself, as a session's are outside the gate's window: only a session is ever
+    forked, so no other job's fork needs a listener's answer."""
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # A syscall through a foreign ABI (int 0x80 on x86_64) would dodge the rules: refuse it.
     f.set_attr(pyseccomp.Attr.ACT_BADARCH, pyseccomp.ERRNO(errno.ENOSYS))
@@ -299,8 +309,10 @@ def compile_filter(network: NetworkMode, landlock_abi: int, *, tree: bool = True
         _as_tree(f)
     unknown = [name for name in DENIED_SYSCALLS if not _add_named(f, pyseccomp.ERRNO(errno.EPERM), name)]
     unknown += [name for name in DELEGATED_SYSCALLS if not _add_named(f, pyseccomp.NOTIFY, name)]
-    # clone without CLONE_THREAD is fork; threads keep working.
-    _deny(f, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, _CLONE_THREAD, 0))
+    forks = pyseccomp.NOTIFY if session else pyseccomp.ERRNO(errno.EPERM)
+    unknown += [name for name in FORK_SYSCALLS if not _add_named(f, forks, name)]
+    # clone without CLONE_THREAD is fork (a session's to the steward, as fork is); threads keep working.
+    _add(f, forks, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, _CLONE_THREAD, 0))
     # clone3 passes its flags in memory seccomp cannot read: ENOSYS makes glibc fall back to clone.
     _deny(f, "clone3", err=errno.ENOSYS)
     _socket_rules(f, network)

@@ -186,7 +186,7 @@ class Router(Output):
                 self._fallback.write(line)
             return  # the answer to a connection that is gone
         message["id"] = original
-        for key in ("session", "cancelled"):
+        for key in ("session", "cancelled", "forked"):
             value = message.get(key)
             if isinstance(value, str) and value.startswith(connection.tag):
                 inner = value.removeprefix(connection.tag)
@@ -384,7 +384,12 @@ class Listener:
                 existing = server.sessions.get(name)
                 return existing is not None and not existing.closing
 
-            problem = connection.tenant.admit(message, pool_session, alive)
+            pool_copy = connection.tag + message.fork if message.fork is not None else None
+            problem = connection.tenant.admit_copy(pool_copy, alive) if pool_copy is not None else None
+            if problem is None:
+                problem = connection.tenant.admit(message, pool_session, alive)
+                if problem is not None and pool_copy is not None:
+                    connection.tenant.session_closed(pool_copy)
             if problem is not None:
                 answer = refusal(message.id, problem) if message.session is None else session_refusal(
                     message.id, problem, session=message.session,
@@ -394,8 +399,11 @@ class Listener:
             router.count(connection, inside_id)
         if pool_session is not None:
             connection.sessions.add(pool_session)
+        if message.fork is not None:  # the copy is this connection's session, closed with it
+            connection.sessions.add(connection.tag + message.fork)
         inside = msgspec.structs.replace(
             message, id=inside_id, session=pool_session,
+            fork=connection.tag + message.fork if message.fork is not None else None,
             cancel=connection.inside(message.cancel) if message.cancel is not None else None)
         server.handle_line(encode(inside), arrived_ns)
 

@@ -19,6 +19,7 @@ step that reopens one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import queue
@@ -40,8 +41,11 @@ from ..wire.descriptors import STEP
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ended, send_frame
 from ..wire.spec import ErrorInfo, JobSpec, StepSpec
+from ..wire.state import FORK_CODE
+from . import session_fork
 from .ended import EndedSessions
 from .flights import CLIENT_CANCELLED, Flight, Flights
+from .fork_gate import ForkWindow
 from .hostcalls import CallRegistry
 from .interrupts import StepInterrupt
 from .jobs import Resolver
@@ -59,6 +63,8 @@ __all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "Se
 _log = logging.getLogger(__name__)
 
 MAX_PENDING_STEPS = 8
+_FORK_OUTPUT = 64 << 10  # a fork step writes nothing of its own: room for a warning its process prints
+_COPY_WITHIN = 5.0  # seconds a fork's copy has to say its pid and stop, once the fork step is over
 
 
 @dataclass
@@ -78,6 +84,17 @@ class Step:
     answer: Callable[[SessionResult], SessionResult] | None = None
     # The cgroups of the tenant whose session this is, when it has a budget: its process runs beneath them.
     tenant: TenantGroup | None = None
+    # A session fork's step (see session_fork.py): the copy's name, under which it is opened.
+    fork: str | None = None
+
+
+@dataclass
+class _Forking:
+    """A fork step on its way: the copy's session (registered, not started), its channels, the gate's window."""
+
+    copy: Session
+    channels: SessionChannels
+    window: ForkWindow
 
 
 class _NotRun(Exception):
@@ -226,6 +243,7 @@ class Session(threading.Thread):
         self._channels: SessionChannels | None = None
         self._first: JobSpec | None = None  # its first step as sent (what the next session's child is prepared for)
         self._took: Template | None = None  # the template it took for its process
+        self._forking: _Forking | None = None
 
     @property
     def closing(self) -> bool:
@@ -262,7 +280,7 @@ class Session(threading.Thread):
                     self._answer(item, self._refused(item, stopped))
                     return
                 first = self.steps == 0
-                ended = self._serve(item)
+                ended = self._serve(item) if item.fork is None else self._serve_fork(item, item.fork)
                 if first and self.steps == 1:  # answered: the spare it took is replaced now, off its path
                     self.registry.spare.answered(self._took, self._first if self._shareable() else None)
                 if ended:
@@ -321,6 +339,80 @@ class Session(threading.Thread):
                                                                   "the step again to start a new session"))
             elif item.id is not None:
                 self.registry.emit(encode(Closed(id=item.id, session=self.session_name)))
+
+    def _serve_fork(self, step: Step, name: str) -> bool:
+        """A fork step: refused (the session goes on) unless it can fork and the copy fits; else run as a step
+        whose answer adopts the copy (see _forked). True if the session ended with it."""
+        template = self._template
+        pid = template.child.pid if template is not None and self.life.state is SessionState.IDLE else None
+        problem = session_fork.refusal(self.spec, pid)
+        try:
+            if problem is not None:
+                raise RequestError(problem)
+            copy = self.registry.reserve(name, self.spec, self.max_output)
+        except RequestError as exc:
+            refused = SessionResult(id=step.id, exit=REFUSED_EXIT, error=ErrorInfo(type="RequestError",
+                                                                                  message=str(exc)),
+                                    refused=True, session=self.session_name, step=None, session_ended=False)
+            self._answer(step, refused)
+            return False
+        assert template is not None and pid is not None
+        self._forking = _Forking(copy, SessionChannels.create(self.spec.confinement.host_channel),
+                                 ForkWindow(pid, step.timeout, parent=True))
+        step.answer = self._forked
+        try:
+            return self._serve(step)
+        finally:
+            forking, self._forking = self._forking, None
+            if forking is not None:  # not answered (the pool failed first): the copy is given up
+                self._give_up(forking, None)
+
+    def _forked(self, result: SessionResult) -> SessionResult:
+        """The fork step's answer: the copy adopted and its session opened, or an error saying why not."""
+        forking, self._forking = self._forking, None
+        assert forking is not None
+        forking.window.close()
+        # The window admits no fork whose child is the original's, so it has none; should one exist all the same
+        # (the fork step's code is the job's to replace), it would be a process of the job's own making.
+        session_fork.kill_children(forking.window.pid)
+        template = self._template
+        if result.error is not None or result.session_ended or template is None:
+            self._give_up(forking, None)
+            return result if result.error is not None else msgspec.structs.replace(
+                result, error=ErrorInfo(type="PoolWorkerError", message="the session ended during its fork"))
+        pid = None
+        try:
+            pid = session_fork.await_copy(forking.channels.control, template.pid, _COPY_WITHIN)
+            session_fork.check_filters(pid, forking.window.pid)
+            adopted = Template.adopt(template, pid, template.steward_for_copy(), self.spec.confinement.memory)
+        except (ValueError, PynoxError) as exc:
+            self._give_up(forking, pid)
+            return msgspec.structs.replace(result, error=ErrorInfo(type="PoolWorkerError",
+                                                                   message=f"the session's fork failed: {exc}"))
+        copy = forking.copy
+        copy._template, copy._channels, copy.steps = adopted, forking.channels, self.steps
+        copy.life.running()
+        copy.life.step_done()
+        copy.start()
+        return msgspec.structs.replace(result, forked=copy.session_name)
+
+    def _give_up(self, forking: _Forking, pid: int | None) -> None:
+        """The copy is not opened: its process (if it said its pid) killed, its name released."""
+        forking.window.close()
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # checked a stopped child of the template: only it can reap it
+            if self._template is not None:
+                self._template.let_go(pid)
+        elif self._template is not None:
+            # The copy, if any, never said who it is: every child of the template no handle serves goes (a copy
+            # another session of the family is forking at this very moment among them: that fork then fails).
+            self._template.sweep_strays()
+        forking.channels.close()
+        copy = forking.copy
+        self.registry.forget(copy)
+        copy.items.put(_Close(None))
+        copy.start()  # answers whatever was queued on it meanwhile, and closes
 
     def _serve(self, step: Step) -> bool:
         """Run one step; True if the session ended with it."""
@@ -428,6 +520,9 @@ class Session(threading.Thread):
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
         self.life.running()
+        forking = self._forking
+        if forking is not None:  # the steward lets this step's double fork through (see fork_gate.py)
+            template.arm_fork(forking.window)
         # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
         # behind included) runs under this step's deadline.
         template.continue_child()
@@ -435,8 +530,8 @@ class Session(threading.Thread):
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
                                                   return_value=step.return_value, images=step.max_output,
-                                                  stream=step.stream),
-                       [w for _, w in pipes])
+                                                  stream=step.stream, fork=forking is not None),
+                       [w for _, w in pipes] + (self._fork_ends(forking) if forking else []))
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout
         except OSError:
@@ -444,9 +539,19 @@ class Session(threading.Thread):
         finally:
             for _, w in pipes:
                 os.close(w)
+            if forking is not None:  # the copy has them, or no copy will be made
+                forking.channels.job_control.close()
+                if forking.channels.job_channel is not None:
+                    forking.channels.job_channel.close()
         return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
                                 calls=calls, outbox=channels.outbox, session=True, return_value=step.return_value,
                                 streamer=self._streamer(step))
+
+    @staticmethod
+    def _fork_ends(forking: _Forking) -> list[int]:
+        """The copy's ends of its own channels, as the fork step's frame brings them (job/execute.py)."""
+        channel = forking.channels.job_channel
+        return [forking.channels.job_control.fileno(), *([channel.fileno()] if channel is not None else [])]
 
     def _streamer(self, step: Step) -> Streamer | None:
         return Streamer(step.id, self.session_name, self.registry.emit) if step.stream else None
@@ -602,6 +707,21 @@ class SessionRegistry:
             step.flight.answer_cancelled = lambda: session.answer_cancelled(step)
             session.items.put(step)
 
+    def reserve(self, name: str, spec: JobSpec, max_output: int) -> Session:
+        """Register a fork's copy under ``name`` (not started: the fork starts it, or releases it); RequestError
+        if the name is taken or the pool is at max_sessions: the copy is a session."""
+        with self.lock:
+            existing = self._sessions.get(name)
+            if existing is not None:
+                raise RequestError(f"fork: a session named {name!r} is already open; name the copy otherwise")
+            if len(self._sessions) >= self.max_sessions:
+                raise RequestError(f"fork: the pool already has {self.max_sessions} sessions (max_sessions), and "
+                                   "the copy would be one more; close one or wait until an idle one is closed")
+            copy = Session(name, spec, max_output, self)
+            self._sessions[name] = copy
+            self.count("opened")
+        return copy
+
     def submit_files(self, name: str, item: FileRequest) -> None:
         """Queue a file request behind the session's steps (they count together against the pending limit)."""
         with self.lock:
@@ -713,6 +833,11 @@ class SessionRequests:
                 raise RequestError(f"save: there is no open session named {quoted(name)}")
             self._save(request, name, existing.spec.confinement.timeout)
             return
+        if request.fork is not None:
+            if existing is None or not live:
+                raise RequestError(f"fork: there is no open session named {quoted(name)}")
+            self._fork(request, name, request.fork, existing.spec.confinement.timeout)
+            return
         if request.restore is not None:
             if live:
                 raise RequestError(f"restore: session {quoted(name)} is already open; a restore opens a new "
@@ -757,6 +882,16 @@ class SessionRequests:
         step = Step(id=request.id, code=SAVE_CODE, name="session-save.py", args=[], timeout=step_timeout,
                     max_output=self.states.save_output, accepted_ns=time.monotonic_ns(), flight=Flight(request.id),
                     answer=self.states.saved)
+        self.registry.submit(name, step, None)
+
+    def _fork(self, request: Request, name: str, copy: str, timeout: float) -> None:
+        """A fork is a step of the session running the pool's own code, whose answer opens the copy (see
+        Session._serve_fork)."""
+        step_timeout = parse_request_duration(request.timeout, timeout)
+        bounded(Request(id=request.id, code="", timeout=request.timeout), self.resolver.options.config,
+                self.resolver.cwd)
+        step = Step(id=request.id, code=FORK_CODE, name="session-fork.py", args=[], timeout=step_timeout,
+                    max_output=_FORK_OUTPUT, accepted_ns=time.monotonic_ns(), flight=Flight(request.id), fork=copy)
         self.registry.submit(name, step, None)
 
     def _may_open(self, request: Request, name: str) -> None:

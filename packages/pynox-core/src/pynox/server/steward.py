@@ -87,6 +87,7 @@ from ..policy.grants import close_all, open_at
 from ..policy.seccomp import syscall_number
 from .egress import CONNECT, Connector, descriptor_flags
 from .egress import Refused as _Refused
+from .fork_gate import FORKS, ForkWindow
 from .own_view import write_sysinfo
 from .waiting import readable
 
@@ -100,6 +101,7 @@ _RESPONSE = struct.Struct("=QqiI")
 _NOTIF_RECV = 0xC0502100
 _NOTIF_SEND = 0xC0182101
 _NOTIF_ID_VALID = 0x40082102
+_CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE: the kernel runs the call as the job made it
 _AT_FDCWD = -100
 _AT_SYMLINK_NOFOLLOW = 0x100
 _AT_EMPTY_PATH = 0x1000
@@ -175,7 +177,9 @@ class Steward:
     """Answers one job's delegated calls. Owns the listener and the write grants' descriptors it is given."""
 
     def __init__(self, listener: int, write_grants: list[int], uid: int, gid: int,
-                 hosts: AllowList | None = None) -> None:
+                 hosts: AllowList | None = None, family: list[ForkWindow | None] | None = None) -> None:
+        """``family``: the fork window the stewards of a session and of its fork's copies share (they serve one
+        listener, so any of them may receive the session's fork); None: one of its own."""
         self.listener = listener
         self._grants = write_grants
         self._uid, self._gid = uid, gid
@@ -183,6 +187,21 @@ class Steward:
         self._poll.register(listener, select.POLLIN)
         # With allow_hosts: the job's connects, made here (see egress.py); None: every connect is refused.
         self.connector = Connector(hosts, listener) if hosts is not None else None
+        # A session fork the pool asked for (see fork_gate.py); None: every fork is refused.
+        self.family: list[ForkWindow | None] = family if family is not None else [None]
+
+    @property
+    def forks(self) -> ForkWindow | None:
+        return self.family[0]
+
+    @forks.setter
+    def forks(self, window: ForkWindow | None) -> None:
+        self.family[0] = window
+
+    def duplicates(self) -> tuple[int, list[int]]:
+        """Copies of the listener and of the write grants' descriptors, for the steward of a fork's copy."""
+        listener = os.dup(self.listener)
+        return listener, [os.dup(fd) for fd in self._grants]
 
     def close(self) -> None:
         if self.connector is not None:
@@ -201,6 +220,13 @@ class Steward:
         if libc.ioctl(self.listener, _NOTIF_RECV, raw) != 0:
             return True  # ENOENT: the caller was interrupted meanwhile; EINTR: ours was
         notif_id, tid, _, nr, _, _, *args = _NOTIF.unpack(raw.raw)
+        if nr in FORKS:  # refused as the filter refused it, unless the pool armed a session fork
+            window = self.forks
+            if window is not None and window.admit(tid, nr, tuple(args), lambda: self._valid(notif_id)):
+                self._send(notif_id, 0, 0, _CONTINUE)
+            else:
+                self._send(notif_id, 0, -errno.EPERM, 0)
+            return True
         try:
             value = self._perform(notif_id, tid, nr, tuple(args))
             if value is None:  # a connect in progress: answered once it is made (connected)
@@ -395,8 +421,9 @@ class StewardLife:
     """One job's steward, from the socket its listener arrives on until it is closed (see the module's
     diagram). Owns the socket, the listener and the write grants' descriptors it is given."""
 
-    def __init__(self, sock: socket.socket, writes: list[int], uid: int, gid: int,
+    def __init__(self, sock: socket.socket | None, writes: list[int], uid: int, gid: int,
                  hosts: AllowList | None = None) -> None:
+        """``sock``: None only for a copy's (see for_copy)."""
         self.phase = StewardPhase.AWAITING
         self.hosts = hosts
         self.sock: socket.socket | None = sock  # AWAITING: where the listener arrives
@@ -404,6 +431,19 @@ class StewardLife:
         self._uid, self._gid = uid, gid
         self._listener: int | None = None  # ARRIVED: not yet served
         self.steward: Steward | None = None  # SERVING and GONE: it answers, and owns listener and grants
+        self._family: list[ForkWindow | None] | None = None
+
+    def for_copy(self) -> StewardLife:
+        """The steward of a session fork's copy, ARRIVED: the same listener (the copy inherited the filter),
+        grants and ids, and the same fork window. Only while this one serves."""
+        if self.steward is None or self.phase is not StewardPhase.SERVING:
+            raise PoolWorkerError("the session's delegated calls are not served: it cannot be forked")
+        listener, writes = self.steward.duplicates()
+        copy = StewardLife(None, writes, self._uid, self._gid, self.hosts)
+        copy._listener = listener
+        copy._family = self.steward.family
+        copy.phase = StewardPhase.ARRIVED
+        return copy
 
     def _check(self, phase: StewardPhase) -> None:
         if phase not in _MOVES[self.phase]:
@@ -434,7 +474,7 @@ class StewardLife:
         """ARRIVED -> SERVING: from now on its calls are answered; the caller waits on its listener."""
         self._move(StewardPhase.SERVING)
         assert self._listener is not None
-        self.steward = Steward(self._listener, self._writes, self._uid, self._gid, self.hosts)
+        self.steward = Steward(self._listener, self._writes, self._uid, self._gid, self.hosts, self._family)
         self._listener, self._writes = None, []
         return self.steward
 

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from ..wire.descriptors import (
     sent_with_job,
 )
 from ..wire.frames import (
+    Adopt,
     Discard,
     Ended,
     Fork,
@@ -65,6 +67,7 @@ from ..wire.payload import new_claim, take_back, write_payload
 from ..wire.spec import Confinement, JobSpec
 from .capture import Capture
 from .figures import matplotlib_setup
+from .fork_gate import ForkWindow
 from .hostcalls import JobCalls, Outbox, ProtocolViolation
 from .lifecycle import ChildLife, ChildState
 from .outcome import Gathering
@@ -253,8 +256,36 @@ class _Serving:
         return self.word
 
 
+class _Family:
+    """A session's template process shared with its fork's copies (each a :class:`Template` over a socket of
+    its own): the last handle to close stops the process and removes its cgroups."""
+
+    def __init__(self, origin: Template) -> None:
+        self.origin = origin  # the handle whose cgroups hold the template process
+        self._lock = threading.Lock()
+        self._handles: list[Template] = [origin]
+
+    def join(self, handle: Template) -> None:
+        with self._lock:
+            self._handles.append(handle)
+
+    def leave(self, handle: Template) -> bool:
+        """True for the last handle."""
+        with self._lock:
+            self._handles = [other for other in self._handles if other is not handle]
+            return not self._handles
+
+    def children(self) -> set[int]:
+        """The pids of the children its handles serve (the original's, and every copy's adopted)."""
+        with self._lock:
+            return {handle.child.pid for handle in self._handles if handle.child.pid is not None}
+
+
 class Template:
     """One warm template process, the socket to it, and the child it is serving."""
+
+    _family: _Family | None = None  # shared with a session fork's copies (see adopt)
+    _adopted = False  # a copy's handle: its cgroups are the copy's own
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
                  landlock_abi: int | None = None, life: ChildLife | None = None,
@@ -356,14 +387,60 @@ class Template:
     def pid(self) -> int:
         return self.process.pid
 
-    def close(self) -> None:
-        """Stop the template: closing its socket ends it; a stuck one is killed."""
-        self.sock.close()
+    @classmethod
+    def adopt(cls, original: Template, pid: int, steward: StewardLife, memory: int) -> Template:
+        """A handle on a session fork's copy, process ``pid`` (checked stopped, a child of ``original``'s
+        template): put in cgroups of its own with ``memory`` as its limit, adopted by the template (an Adopt
+        frame with a socket of the copy's own, on which the template reports it), its delegated calls answered by
+        ``steward``. The template process is shared: it stops with the last of its handles."""
+        copy = cls.__new__(cls)
+        copy.process, copy.ready, copy.broken = original.process, original.ready, False
+        copy._adopted, copy.cgroups, copy._job_cpu, copy._budget_hits = True, None, original._job_cpu, 0
+        copy.child, copy._steward, copy._steward_thread = ChildLife(), steward, None
+        copy.prepared, copy._package_dirs, copy._due_by = PreparedChildren(0), original._package_dirs, 0.0
+        copy._child_serial = None
+        if original._family is None:
+            original._family = _Family(original)
+        copy._family = original._family
+        copy._family.join(copy)
+        copy.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.process.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            bounds = cgroups.available()
+            if bounds.hierarchies():
+                tenant = original.cgroups.tenant if original.cgroups is not None else None
+                copy.cgroups = cgroups.TemplateGroup.confine(bounds, pid, f"fork-{pid}", original._job_cpu, tenant)
+                if copy.cgroups.memory is not None:
+                    copy.cgroups.memory.settle()  # pages it shares stay the original's: it starts from none
+                    copy.cgroups.memory.start(memory)
+            send_frame(original.sock, Adopt(pid=pid), [theirs.fileno()])
+            theirs.close()
+            copy.child.take()
+            copy.child.sent()
+            copy.sock.settimeout(_KILL_GRACE)
+            frame, fds = recv_frame(copy.sock)
+            copy.sock.settimeout(None)
+            if not isinstance(frame, Started) or len(fds) != 1 or frame.pid != pid:
+                close_all(fds)
+                raise PoolWorkerError(f"the template did not adopt the copy (it sent {type(frame).__name__})")
+            copy._child_serial = frame.serial
+            copy.child.started(fds[0], pid)
+        except (OSError, EOFError, ValueError, msgspec.DecodeError, PoolWorkerError) as exc:
+            theirs.close()
+            copy.close()
+            raise PoolWorkerError(f"the session's template did not adopt its fork's copy ({exc})") from None
+        return copy
+
+    def close(self) -> None:
+        """Stop the template: closing its socket ends it; a stuck one is killed. A handle shared with a
+        session fork's copies (see adopt) ends its own child only, and the last one the process."""
+        self.sock.close()
+        last = self._family is None or self._family.leave(self)
+        if last:
+            try:
+                self.process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         # A session's child is served until the session closes, and a broken template may leave its job's
         # pidfd behind: either way it is the pool's descriptor, and closing the template must release it.
         with contextlib.suppress(PoolWorkerError):
@@ -373,10 +450,14 @@ class Template:
             self._steward_thread = None
         self.child.abandon()
         self.prepared.close()
-        if self.cgroups is not None:
+        if self.cgroups is not None and (last or self._adopted):
             # Its children die with it (parent-death signal); what is still exiting is removed at exit.
             self.cgroups.close(wait=0.5)
             self.cgroups = None
+        origin = self._family.origin if self._family is not None else None
+        if last and origin is not None and origin.cgroups is not None:  # the template's, kept until now
+            origin.cgroups.close(wait=0.5)
+            origin.cgroups = None
 
     def run(self, spec: JobSpec, *, max_output: int, calls: CallSink | None = None,
             session: SessionChannels | None = None, streamer: Streamer | None = None,
@@ -721,6 +802,47 @@ class Template:
 
     def kill_child(self) -> None:
         self.child.kill()
+
+    def arm_fork(self, window: ForkWindow | None) -> None:
+        """The steward of this session's child lets ``window``'s forks through (None: no more)."""
+        steward = self._steward.steward if self._steward is not None else None
+        if steward is None:
+            raise PoolWorkerError("the session's delegated calls are not served: it cannot be forked")
+        steward.forks = window
+
+    def sweep_strays(self) -> None:
+        """After a fork that failed before its copy was checked: every child of the template that none of its
+        handles serves (a copy that never said its pid, or said another) is killed and reaped."""
+        family = self._family.children() if self._family is not None else set()
+        if self.child.pid is not None:
+            family.add(self.child.pid)
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children") as listing:
+                children = {int(word) for word in listing.read().split()}
+        except (OSError, ValueError):
+            return
+        for stray in children - family:
+            with contextlib.suppress(OSError):
+                os.kill(stray, signal.SIGKILL)  # a child of the template: only it can reap it, so not reused
+            self.let_go(stray)
+
+    def let_go(self, pid: int) -> None:
+        """A fork's copy the pool gave up (killed): the template adopts it over a socket closed at once, so
+        that it reaps it rather than keep it a zombie as long as it serves."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.close()
+        try:
+            send_frame(self.sock, Adopt(pid=pid), [theirs.fileno()])
+        except OSError:
+            pass  # the template is gone: the copy went with it
+        finally:
+            theirs.close()
+
+    def steward_for_copy(self) -> StewardLife:
+        """The steward of a fork's copy of this session's child: the same listener, grants and gate."""
+        if self._steward is None:
+            raise PoolWorkerError("the session's delegated calls are not served: its copy cannot be adopted")
+        return self._steward.for_copy()
 
     def continue_child(self) -> None:
         """A session's next step is being sent: its child, frozen since its last step (see collect), runs

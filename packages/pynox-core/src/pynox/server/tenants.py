@@ -83,6 +83,21 @@ class Tenant:
             self.in_flight += 1
         return None
 
+    def admit_copy(self, pool_name: str, alive: Callable[[str], bool]) -> str | None:
+        """Count a session fork's copy (``pool_name``) among the tenant's sessions; the refusal's reason if it
+        is one more than its max_sessions (then nothing is counted)."""
+        limits = self.settings
+        with self._lock:
+            if pool_name in self._sessions:
+                return None
+            if limits.max_sessions is not None and len(self._sessions) >= limits.max_sessions:
+                self._sessions = {name for name in self._sessions if alive(name)}
+            if limits.max_sessions is not None and len(self._sessions) >= limits.max_sessions:
+                return (f"tenant {quoted(self.name)} has {len(self._sessions)} sessions open, its max_sessions, and "
+                        "a fork's copy would be one more; close one first")
+            self._sessions.add(pool_name)
+        return None
+
     def answered(self, *, session: str | None = None, ended: bool = False) -> None:
         """A job or step of this tenant was answered; ``ended``: its session is over."""
         with self._lock:

@@ -41,12 +41,15 @@ import msgspec
 from ..errors import KernelSupportError
 from ..job.child import prepare_template, run_job, run_prepared
 from ..policy import Runtime, native_call, prepare_runtime, reset_environment
+from ..policy._libc import prctl
 from ..policy.grants import close_all
 from ..policy.native import NativeCall
 from ..policy.privileges import set_parent_death_signal, set_process_name
+from ..server.fork_gate import process_facts
 from ..wire.descriptors import CONTROL, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import (
+    Adopt,
     Ended,
     Fork,
     Init,
@@ -221,9 +224,11 @@ class _Child:
     """A child this template forked and has not reaped yet, and the lineage it comes of (None for a session's
     child: nothing is prepared from a session's grants)."""
 
-    def __init__(self, serial: int, pid: int, lineage: _Lineage | None, *, prepared: bool) -> None:
+    def __init__(self, serial: int, pid: int, lineage: _Lineage | None, *, prepared: bool,
+                 sock: socket.socket | None = None) -> None:
         self.serial, self.pid, self.lineage = serial, pid, lineage
         self.prepared = prepared  # confined ahead of its job, rather than forked for one
+        self.sock = sock  # a session fork's copy: the socket it is reported on (None: the server's own)
         self.pidfd = os.pidfd_open(pid)
         self.discarded = False
         if lineage is not None:
@@ -245,6 +250,48 @@ class _Children:
         self.by_serial: dict[int, _Child] = {}
         self._serials = itertools.count(1)
         self.latest: _Lineage | None = None
+        self.copies: list[socket.socket] = []  # the sockets of the session fork's copies adopted here
+
+    def adopt(self, pid: int, sock: socket.socket) -> None:
+        """A session fork's copy, orphaned to this template (a subreaper): announced and reported on ``sock``,
+        killed when it closes. Not adopted (``sock`` closed: the server sees its end at once) unless it is a
+        process whose parent is this template, and none of its children already."""
+        if any(child.pid == pid for child in self.by_serial.values()) or process_facts(pid) != (pid, os.getpid()):
+            sock.close()
+            return
+        try:
+            child = _Child(next(self._serials), pid, None, prepared=False, sock=sock)
+        except OSError:
+            sock.close()
+            return
+        self.by_serial[child.serial] = child
+        self.copies.append(sock)
+        try:
+            send_frame(sock, Started(serial=child.serial, pid=pid), [child.pidfd])
+        except OSError:
+            self.drop_copy(sock)
+
+    def drop_copy(self, sock: socket.socket) -> None:
+        """The server closed a copy's socket: the copy is killed (its end is reaped, and reported nowhere)."""
+        for child in self.by_serial.values():
+            if child.sock is sock:
+                child.discarded = True
+                try:
+                    signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.copies = [other for other in self.copies if other is not sock]
+        sock.close()
+
+    def drop_own(self) -> None:
+        """The server closed the template's socket while copies live: its own children are killed."""
+        for child in self.by_serial.values():
+            if child.sock is None:
+                child.discarded = True
+                try:
+                    signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
         """Fork the job's child; announce it with its pidfd."""
@@ -267,6 +314,8 @@ class _Children:
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         close_all(own_fds)  # the child has them; the payload among them was never read here
+        if confinement.session:  # a fork's copy is orphaned here, not to init (see adopt)
+            prctl(_PR_SET_CHILD_SUBREAPER, 1, what="PR_SET_CHILD_SUBREAPER")
         # A session's child is the only one its template forks; any other job's grants may be prepared from,
         # unless none is prepared here (prepared_children = 0): then nothing keeps them past the fork.
         lineage = None
@@ -356,9 +405,19 @@ class _Children:
             lineage.living -= 1
             if lineage.living == 0 and lineage is not self.latest:
                 lineage.close()
-        missing = 0 if child.discarded else self._missing()
-        send_frame(self.sock, Ended(serial=child.serial, status=status, prepares=missing,
-                                    cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss))
+        missing = 0 if child.discarded or child.sock is not None else self._missing()
+        ended = Ended(serial=child.serial, status=status, prepares=missing,
+                      cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6), max_rss_kb=usage.ru_maxrss)
+        if child.sock is not None:  # a copy: reported to its own session, unless the server let it go
+            if child.sock in self.copies:
+                try:
+                    send_frame(child.sock, ended)
+                except OSError:
+                    self.drop_copy(child.sock)
+            return
+        if self.sock.fileno() < 0:  # the server let go of its own children (copies live on)
+            return
+        send_frame(self.sock, ended)
         for forked in range(missing):
             assert self.latest is not None
             # The next job most likely has the same confinement (one tool, one profile).
@@ -367,6 +426,9 @@ class _Children:
                 break
 
     def kill_all(self) -> None:
+        for sock in self.copies:
+            sock.close()
+        self.copies = []
         for child in list(self.by_serial.values()):
             try:
                 signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
@@ -382,10 +444,11 @@ class _Children:
             self.latest = None
 
 
-def _readable(sock: socket.socket, pidfds: Iterable[int]) -> list[int]:
+def _readable(sock: socket.socket | None, pidfds: Iterable[int]) -> list[int]:
     """Wait until the server's socket has a frame or a child behind one of ``pidfds`` ended; which are ready."""
     poller = select.poll()
-    poller.register(sock, select.POLLIN)
+    if sock is not None:
+        poller.register(sock, select.POLLIN)
     for fd in pidfds:
         poller.register(fd, select.POLLIN)
     return [fd for fd, _ in poller.poll()]
@@ -395,19 +458,34 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
     """Serve the server's frames and reap children, whichever comes first, until the server closes the socket.
     ``prepared``: how many children to keep confined ahead of the next job."""
     children = _Children(sock, runtime, prepared)
+    own_open = True
     try:
-        while True:
+        while own_open or children.copies:
             watched = {child.pidfd: child for child in children.by_serial.values()}
-            for fd in _readable(sock, watched):
+            copies = {copy.fileno(): copy for copy in children.copies}
+            for fd in _readable(sock if own_open else None, [*watched, *copies]):
                 if fd in watched:
-                    children.reap(watched[fd])
+                    if watched[fd].pidfd == fd and watched[fd].serial in children.by_serial:
+                        children.reap(watched[fd])
+                    continue
+                if fd in copies:  # a copy's socket brings its own copies' Adopt frames, then its end
+                    if copies[fd] in children.copies:
+                        _serve_copy(children, copies[fd])
                     continue
                 try:
                     raw, fds = recv_raw(sock)
                 except EOFError:
-                    return
+                    own_open = False
+                    children.drop_own()  # a session's copies outlive the original (see adopt)
+                    sock.close()
+                    continue
                 frame = template_decoder.decode(raw)
-                if isinstance(frame, Fork):
+                if isinstance(frame, Adopt):
+                    if len(fds) != 1:
+                        close_all(fds)
+                        return
+                    children.adopt(frame.pid, socket.socket(fileno=fds[0]))
+                elif isinstance(frame, Fork):
                     children.fork_job(frame.job, frame.confinement, fds)
                 elif isinstance(frame, Spawn):  # a zygote's frame: a template never forks templates
                     close_all(fds)
@@ -431,6 +509,22 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
         return  # the server closed our socket: we are being stopped
     finally:
         children.kill_all()
+
+
+def _serve_copy(children: _Children, sock: socket.socket) -> None:
+    """A frame on a copy's socket: the Adopt of that copy's own fork's copy; anything else, or its end, lets
+    the copy go (the server closed its socket)."""
+    try:
+        raw, fds = recv_raw(sock)
+        frame = template_decoder.decode(raw)
+    except (EOFError, OSError, ValueError, msgspec.DecodeError):
+        children.drop_copy(sock)
+        return
+    if isinstance(frame, Adopt) and len(fds) == 1:
+        children.adopt(frame.pid, socket.socket(fileno=fds[0]))
+        return
+    close_all(fds)
+    children.drop_copy(sock)
 
 
 def _serve_zygote(sock: socket.socket, runtime: Runtime, init: Init, ready: Ready) -> None:
@@ -519,6 +613,9 @@ def _open_descriptors() -> set[int]:
     finally:
         os.close(listing)
     return {fd for fd in listed if _is_open(fd)}
+
+
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _refresh(runtime: Runtime, confinement: Confinement) -> None:

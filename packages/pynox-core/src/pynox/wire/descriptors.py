@@ -9,8 +9,8 @@ here once, for all three and for the session's steps.
 from __future__ import annotations
 
 __all__ = [
-    "CHANNEL", "CLAIM", "CONTROL", "DISPLAY", "METADATA", "OUTPUTS", "PAYLOAD", "REPORT", "RULESET", "STAGING",
-    "STDERR", "STDOUT", "STEP", "handed_to_prepared", "sent_with_job",
+    "CHANNEL", "CLAIM", "CONTROL", "DISPLAY", "FORK_CHANNEL", "FORK_CONTROL", "METADATA", "OUTPUTS", "PAYLOAD",
+    "REPORT", "RULESET", "STAGING", "STDERR", "STDOUT", "STEP", "handed_to_prepared", "sent_with_job",
 ]
 
 STDOUT, STDERR, REPORT = 1, 2, 3
@@ -23,6 +23,10 @@ METADATA = 9  # a socket to the pool, which takes the seccomp listener on it (se
 # Rich display: the MIME bundles of display() and of a trailing value, as length-prefixed frames (see
 # job/display.py, which writes them, and server/display.py, the one place that reads them).
 DISPLAY = 10
+# A session fork's step: the copy's end of its own control channel, until the copy puts it at CONTROL.
+FORK_CONTROL = 11
+# And, for a session with host functions, the copy's end of its own host-call channel, until it is put at CHANNEL.
+FORK_CHANNEL = 12
 STAGING = 16  # above every fixed number
 # A job's outputs, report and display channel: what each later step of a session brings, and what a prepared
 # child holds as /dev/null until its job's arrive (job/setup.py, and the native call's layout in policy/).

@@ -29,8 +29,8 @@ import msgspec
 from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepare", "Prepared",
-    "Ready",
+    "HEADER", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepare",
+    "Prepared", "Ready",
     "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
     "send_frame", "template_decoder",
 ]
@@ -100,6 +100,14 @@ class Discard(msgspec.Struct, tag=True):
     serial: int
 
 
+class Adopt(msgspec.Struct, tag=True):
+    """Server -> a session's template, with a socket of the copy's own: process ``pid``, a session fork's copy
+    orphaned to this template (its subreaper), is its child from now on; it is announced (Started) and
+    reported ended (Ended) on that socket, and killed when that socket closes."""
+
+    pid: int
+
+
 class Started(msgspec.Struct, tag=True):
     """Template -> server, with the child's pidfd: the job's child is forked."""
 
@@ -151,7 +159,7 @@ class HandOver(msgspec.Struct, tag=True):
 
 _decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | Spawned)
 init_decoder = msgspec.json.Decoder(Init)
-template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare)
+template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare | Adopt)
 
 
 def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tuple[int, ...] = ()) -> None:

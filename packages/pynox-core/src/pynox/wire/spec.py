@@ -117,6 +117,10 @@ class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     return_value: bool = False
     images: int = 0
     stream: bool = False
+    # A session fork's step (see job/session_fork.py): its frame brings one more descriptor, the copy's end
+    # of its own control channel, put at FORK_CONTROL, and with host functions another, the copy's end of its
+    # own host-call channel, put at FORK_CHANNEL.
+    fork: bool = False
 
 
 class Frame(msgspec.Struct, omit_defaults=False):

@@ -7,9 +7,11 @@ line on its stdout: :data:`MARK`, then a JSON :class:`JobState`. The pool reads 
 
 from __future__ import annotations
 
+import struct
+
 import msgspec
 
-__all__ = ["MARK", "RESTORE_CODE", "SAVE_CODE", "JobState", "Skipped"]
+__all__ = ["FORK_CODE", "FORK_PID", "MARK", "RESTORE_CODE", "SAVE_CODE", "JobState", "Skipped"]
 
 # Starts the line that carries the state: a control character no print() of a value starts a line with.
 MARK = "\x1epynox-state "
@@ -17,6 +19,9 @@ MARK = "\x1epynox-state "
 # The pool's own code for the save and restore steps; no name is bound in ``__main__`` by either.
 SAVE_CODE = "__import__('pynox.job.session_state', fromlist=['save']).save()\n"
 RESTORE_CODE = "__import__('pynox.job.session_state', fromlist=['restore']).restore()\n"
+# A session fork's step (job/session_fork.py), and what its copy writes on its own control channel: its pid.
+FORK_CODE = "__import__('pynox.job.session_fork', fromlist=['fork']).fork()\n"
+FORK_PID = struct.Struct("=i")
 
 
 class Skipped(msgspec.Struct, frozen=True):

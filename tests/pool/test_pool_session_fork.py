@@ -1,0 +1,247 @@
+"""A session fork through the real pool (issue 48, point 2): ``{"session": S, "fork": C}`` opens session C as a
+copy of S's live process (docs/architecture.md, "Forking a session").
+
+Each property is judged from outside: the processes in ``/proc`` (the copy is a process of its own, a child of
+the session's template, in a cgroup of its own), the pool's answers, the files a successful fork would write.
+The controls: the same code forks in a plain interpreter (tests/sandbox/test_session_no_fork.py's control, run
+here too), and a session's own step that is not the pool's fork step is refused as always.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import procfs
+from tests.sandbox.harness import run_unconfined
+from tests.sandbox.test_session_no_fork import _attempt_code, _children, _denied
+
+from .pool_driver import PoolProcess, leftover_guard, new_id, pool_process, proc_table, refused
+
+pytestmark = pytest.mark.timeout(180)
+
+_subreaper = pytest.fixture(scope="module", autouse=True, name="_subreaper")(leftover_guard)
+
+
+def _ok(result: dict[str, Any]) -> dict[str, Any]:
+    assert result["exit"] == 0 and result["error"] is None, result
+    return result
+
+
+def _fork(pool: PoolProcess, session: str) -> str:
+    """Fork ``session``; the copy's name, which the driver then holds open (its steps are later steps)."""
+    copy = new_id("copy")
+    answer = _ok(pool.run(session=session, fork=copy))
+    assert answer["forked"] == copy and answer["session"] == session and not answer["session_ended"], answer
+    pool.open_sessions.add(copy)
+    return copy
+
+
+def _pid(pool: PoolProcess, session: str) -> int:
+    return int(_ok(pool.run("import os\nprint(os.getpid())", session=session))["stdout"])
+
+
+def test_a_state_branched_three_ways_gives_three_independent_sessions(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("board = [0] * 3\nmoves = []\nclass Node:\n    def __init__(self, depth):\n"
+                     "        self.depth = depth\nnode = Node(1)\nsquares = (n * n for n in range(10))\n"
+                     "next(squares)", session="root"))
+        root = _pid(pool, "root")
+        branches = [_fork(pool, "root") for _ in range(3)]
+        for index, branch in enumerate(branches):
+            # Every object came along, a generator mid-way included (a save would leave it out).
+            _ok(pool.run(f"board[{index}] = {index + 1}\nmoves.append({index})\nnode.depth += {index + 1}\n"
+                         "squares_next = next(squares)", session=branch))
+        for index, branch in enumerate(branches):
+            seen = json.loads(_ok(pool.run("import json\nprint(json.dumps([board, moves, node.depth, squares_next]))",
+                                           session=branch))["stdout"])
+            expected_board = [0, 0, 0]
+            expected_board[index] = index + 1
+            assert seen == [expected_board, [index], 1 + index + 1, 1], (branch, seen)
+        original = json.loads(_ok(pool.run("import json\nprint(json.dumps([board, moves, node.depth, next(squares)]))",
+                                           session="root"))["stdout"])
+        assert original == [[0, 0, 0], [], 1, 1], original
+        # Four processes, each its own: the copies are children of the session's template, as the original is.
+        pids = [_pid(pool, branch) for branch in branches]
+        assert len({root, *pids}) == 4
+        template = procfs.stat(root).ppid
+        assert all(procfs.stat(pid).ppid == template for pid in pids), proc_table()
+        # Each copy is in a cgroup of its own (where the pool makes cgroups): not the original's.
+        groups = {procfs.read(pid, "cgroup") for pid in (root, *pids)}
+        assert len(groups) in (1, 4), groups
+        if len(groups) == 4:
+            assert all("fork-" in procfs.read(pid, "cgroup") for pid in pids)
+
+
+def test_the_copy_counts_as_a_session_against_max_sessions(tmp_path: Path) -> None:
+    with pool_process("--workers=1", "--max-sessions=2", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="a"))
+        copy = _fork(pool, "a")
+        message = refused(pool.run(session="a", fork=new_id("copy")), "max_sessions")
+        assert "copy would be one more" in message, message
+        refused(pool.run(session=copy, fork=new_id("copy")), "max_sessions")
+        assert pool.stats()["sessions_active"] == 2
+        # Refused, not ended: both go on.
+        assert _ok(pool.run("print(x)", session="a"))["stdout"] == "1\n"
+        assert _ok(pool.run("print(x)", session=copy))["stdout"] == "1\n"
+        # With one closed, there is room for a copy again.
+        pool.run(session=copy, close=True)
+        _fork(pool, "a")
+
+
+def test_neither_the_copy_nor_the_original_can_fork_by_its_own_code(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    control = run_unconfined(_attempt_code(out) + "print(json.dumps(attempt()))", cwd=str(tmp_path))
+    assert json.loads(control.result.stdout)["os.fork"] == "forked", control.result.stderr  # the control
+    for marker in out.iterdir():
+        marker.unlink()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run(_attempt_code(out), session="s", allow_write=["out"]))
+        copy = _fork(pool, "s")
+        for session in (copy, "s"):
+            result = _ok(pool.run("import os\nprint(os.getpid(), json.dumps(attempt()))", session=session))
+            pid_text, outcomes = result["stdout"].split(" ", 1)
+            _denied(json.loads(outcomes))
+            assert _children(int(pid_text)) == [], proc_table()
+        assert list(out.iterdir()) == []
+        # The gate was armed for the fork step only: a second fork of either is the pool's to make, and works.
+        _fork(pool, copy)
+
+
+def test_closing_or_killing_one_side_leaves_the_other(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 'kept'", session="a"))
+        copy = _fork(pool, "a")
+        original = _pid(pool, "a")
+        assert pool.run(session="a", close=True)["closed"] is True
+        deadline = time.monotonic() + 10
+        while procfs.exists(original) and procfs.stat(original).state != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not procfs.exists(original) or procfs.stat(original).state == "Z"
+        assert _ok(pool.run("print(x)", session=copy))["stdout"] == "kept\n"
+        # The copy's copy, then the copy closed: its own copy goes on.
+        second = _fork(pool, copy)
+        assert pool.run(session=copy, close=True)["closed"] is True
+        assert _ok(pool.run("print(x)", session=second))["stdout"] == "kept\n"
+        # A copy killed from outside: its session ends, the original's goes on.
+        third = _fork(pool, second)
+        os.kill(_pid(pool, third), signal.SIGKILL)
+        ended = pool.run("print(x)", session=third)
+        assert ended["session_ended"] and ended["error"] is not None, ended
+        assert _ok(pool.run("print(x)", session=second))["stdout"] == "kept\n"
+
+
+def test_a_copy_that_skipped_its_own_filter_is_refused(tmp_path: Path) -> None:
+    """The original's code replaces the copy's own-process filter with nothing (it runs in the same process
+    before the fork): the copy could then name the original's pid. The pool counts its filters and refuses it,
+    kills it, and leaves nothing behind; the control is the same fork without the patch, which works."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="s"))
+        _fork(pool, "s")  # the control
+        template = procfs.stat(_pid(pool, "s")).ppid
+        _ok(pool.run("import pynox.policy.own_process as own\nown.OwnProcessFilter.install = lambda self, pid: None",
+                     session="s"))
+        copy = new_id("copy")
+        answer = pool.run(session="s", fork=copy)
+        assert answer["error"] is not None and "seccomp filters" in answer["error"]["message"], answer
+        assert not answer["session_ended"] and "forked" not in answer, answer
+        assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
+        refused(pool.run("print(x)", session=copy, open=False), "no open session")  # none under its name
+        deadline = time.monotonic() + 10
+        while len(_children(template)) > 2 and time.monotonic() < deadline:  # the original and the first copy
+            time.sleep(0.05)
+        assert len(_children(template)) == 2, {pid: procfs.stat(pid).state for pid in _children(template)}
+
+
+def test_a_copy_that_never_says_its_pid_is_killed(tmp_path: Path) -> None:
+    """The original's code makes the copy run on without a word (and without stopping): the pool gives up on
+    it and kills every child of the template it does not serve; the original goes on. (A copy that also kept
+    the step's pipes would hold the fork step open to its deadline: the original's code harming itself.)"""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        # It hands the step's pipes back (else the fork step would run to its deadline, the original's own doing).
+        _ok(pool.run("x = 1\nimport os, time, pynox.job.session_fork as fork\ndef mute(template, channel):\n"
+                     "    for fd in (1, 2, 3, 10):\n        os.close(fd)\n    time.sleep(3600)\n"
+                     "fork._become_copy = mute", session="s"))
+        template = procfs.stat(_pid(pool, "s")).ppid
+        answer = pool.run(session="s", fork=new_id("copy"))
+        assert answer["error"] is not None and "did not say its pid" in answer["error"]["message"], answer
+        assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
+        deadline = time.monotonic() + 10
+        while len(_children(template)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_children(template)) == 1, {pid: procfs.stat(pid).state for pid in _children(template)}
+
+
+def test_only_the_pools_fork_goes_through_the_window(tmp_path: Path) -> None:
+    """The session's code replaces the fork step's code with a fork of its own (glibc's flags: a child of the
+    session's own process): the window admits only the pool's ``clone(CLONE_PARENT)``, so it is refused, the
+    fork fails, nothing is left, and the session goes on. Were such a child made, the pool would kill it as
+    the step ends (every child of the original)."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1\nimport os, time, pynox.job.session_fork as fork\ndef stay():\n"
+                     "    if os.fork() == 0:\n        time.sleep(3600)\n        os._exit(0)\n"
+                     "fork.fork = stay", session="s"))
+        original = _pid(pool, "s")
+        template = procfs.stat(original).ppid
+        answer = pool.run(session="s", fork=new_id("copy"))
+        assert answer["error"] is not None and answer["error"]["type"] == "PermissionError", answer
+        assert "forked" not in answer and not answer["session_ended"], answer
+        assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
+        assert _children(original) == [], proc_table()
+        assert _children(template) == [original], proc_table()
+
+
+def test_a_killed_template_ends_the_original_and_its_copies_and_the_pool_goes_on(tmp_path: Path) -> None:
+    """The family shares one template process: killed, it takes the original and every copy with it (their
+    parent-death signal), each session's next step says it ended, and the next request opens a new one."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="a"))
+        copy = _fork(pool, "a")
+        pids = [_pid(pool, "a"), _pid(pool, copy)]
+        template = procfs.stat(pids[0]).ppid
+        os.kill(template, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(procfs.exists(pid) and procfs.stat(pid).state != "Z" for pid in pids) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not any(procfs.exists(pid) and procfs.stat(pid).state != "Z" for pid in pids), proc_table()
+        for session in ("a", copy):
+            ended = pool.run("print(x)", session=session, open=False)
+            assert ended["session_ended"] and ended["error"] is not None, ended
+        assert _ok(pool.run("x = 2\nprint(x)", session="a", open=True))["stdout"] == "2\n"
+
+
+def test_a_session_with_a_scratch_directory_is_not_forked(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("open('notes.txt', 'w').write('mine')", session="s", scratch=True))
+        message = refused(pool.run(session="s", fork=new_id("copy")), "scratch directory")
+        assert "Landlock" in message, message
+        assert _ok(pool.run("print(open('notes.txt').read())", session="s"))["stdout"] == "mine\n"
+
+
+@pytest.mark.parametrize("request_fields", [
+    {"fork": "c"},  # no session
+    {"session": "s", "fork": ""},
+    {"session": "s", "fork": "s"},
+    {"session": "s", "fork": "c", "code": "x = 1"},
+])
+def test_a_malformed_fork_is_refused(tmp_path: Path, request_fields: dict[str, Any]) -> None:
+    with pool_process("--workers=1", cwd=tmp_path, as_written=True) as pool:
+        answer = pool.run(**request_fields)
+        assert answer["error"] is not None and "fork" in answer["error"]["message"], answer
+
+
+def test_a_fork_of_a_session_without_a_process_is_refused(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        pool.open_sessions.add("nobody")  # sent as a client that believes it holds one (no "open")
+        refused(pool.run(session="nobody", fork="c"), "no open session")
+        _ok(pool.run("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
+                     session="threads"))
+        refused(pool.run(session="threads", fork=new_id("copy")), "threads running")

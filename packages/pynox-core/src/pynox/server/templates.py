@@ -805,6 +805,10 @@ class Template:
 
     def arm_fork(self, window: ForkWindow | None) -> None:
         """The steward of this session's child lets ``window``'s forks through (None: no more)."""
+        if window is not None:
+            # The fork is a delegated call, answered by the steward's thread, which otherwise starts only at a
+            # job's first such call (see _watch_listener): it serves from now on.
+            self._start_steward()
         steward = self._steward.steward if self._steward is not None else None
         if steward is None:
             raise PoolWorkerError("the session's delegated calls are not served: it cannot be forked")

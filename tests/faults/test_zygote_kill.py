@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.pool.pool_driver import ZYGOTE, descendants, pool_process, proc_table, wait_gone
+from tests.pool.pool_driver import ZYGOTE, PoolProcess, descendants, jobs_of, pool_process, proc_table, wait_gone
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,3 +97,28 @@ def test_a_killed_zygote_takes_no_job_or_session_with_it(tmp_path: Path) -> None
     assert len(zygote_died) == 1 and f"the zygote {zygote} was killed by SIGKILL" in zygote_died[0], zygote_died
     died = [line["message"] for line in lines if line.get("event") == "template_died"]
     assert len(died) == 1 and f"template {template} ended after the zygote" in died[0], died
+
+
+def test_templates_that_outlived_the_zygote_end_with_the_pool(tmp_path: Path) -> None:
+    """No parent-death signal ties a forked template to the pool: its socket's end does, which the pool's death
+    closes. The pool killed after its zygote: the templates the zygote left, their running job and session
+    step, and the prepared children, are all gone within a second, as in test_kills.py."""
+    pool = PoolProcess("--workers=2", cwd=tmp_path)
+    try:
+        assert pool.run("x = 1", session="nb")["exit"] == 0
+        pool.submit(session="nb", code="import time\ntime.sleep(60)")
+        for _ in range(2):
+            pool.submit(code="import time\ntime.sleep(60)")
+        end = time.monotonic() + 30
+        while len(jobs_of(pool.pid)) != 3:
+            assert time.monotonic() < end, "two jobs and a session step running"
+            time.sleep(0.05)
+        family = [pid for pid in descendants(pool.pid) if pid != _zygote(pool.pid)]
+        assert len(family) >= 6, family
+        os.kill(_zygote(pool.pid), signal.SIGKILL)
+        time.sleep(0.5)
+        assert wait_gone(family, 0) == family  # the control: the zygote's death took none of them
+        os.kill(pool.pid, signal.SIGKILL)
+        assert wait_gone(family, 1.0) == [], "processes outlived their pool by more than a second"
+    finally:
+        pool.kill()

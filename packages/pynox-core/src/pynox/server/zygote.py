@@ -96,8 +96,10 @@ class ForkedProcess:
         return self.returncode if self.returncode is not None else -1
 
     def wait(self, timeout: float | None = None) -> int:
-        """Its status once it ended and its report came (-1 where it is lost, or the report is late)."""
+        """Its status once it ended and its report came (-1 where it is lost, or the report is late); its pidfd
+        is closed then."""
         if self.returncode is not None:
+            self._close()
             return self.returncode
         if self._pidfd is not None and not readable(self._pidfd, timeout):
             raise subprocess.TimeoutExpired("pynox-template", timeout or 0.0)

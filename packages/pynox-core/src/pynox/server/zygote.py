@@ -1,31 +1,42 @@
-"""Sessions' templates forked from one warm zygote, instead of each started by exec and importing its preloads.
+"""Every template, a worker's or a session's, forked from one warm zygote, instead of each started by exec and
+importing its preloads.
 
 Why a session has a template of its own: a template's cgroups (memory,
 threads, CPU, see policy/cgroups.py) are its job's, its limit set before each
 job from what the template holds, and a template serves one child at a time;
 a session's child lives for the whole session, so its template is held as long.
 That stays: each session still has its own template process, its own cgroups,
-its own child, and its template serves nobody else and ends with it.
+its own child, and its template serves nobody else and ends with it; each
+worker still has its own template, which serves that worker's jobs only.
 
-What changes is where that template comes from. A zygote is a template (the
+What changes is where a template comes from. A zygote is a template (the
 same bootstrap, preloads, proofs and prepared policy) that forks templates and
-never a job's child, so it has never held anything of any job. A session's
-template is a fork of it, which the pool puts in cgroups of its own before it
-sends the template its Init (:class:`~pynox.server.templates.Template` does so
-for every template, forked or started), so it forks nothing before its child's
-bounds are its own. Pages of the preloaded interpreter are shared copy-on-write
-by the zygote and every session's template and child: an idle session costs
-what its template and child have written since, not a whole interpreter with
-its preloads. Pages the zygote dirtied stay charged to the zygote's cgroup; a
-session's template and child are charged for what they write themselves.
+never a job's child, so it has never held anything of any job. A template is a
+fork of it, which the pool puts in cgroups of its own before it sends the
+template its Init (:class:`~pynox.server.templates.Template` does so for every
+template, forked or started), so it forks nothing before its child's bounds are
+its own; it refuses an Init other than the zygote's own, and proves its
+descriptors again. Pages of the preloaded interpreter are shared copy-on-write
+by the zygote and every template and child: an idle session costs what its
+template and child have written since, not a whole interpreter with its
+preloads, and so does a worker's template. Pages the zygote dirtied stay charged
+to the zygote's cgroup; a template and its child are charged for what they
+write themselves.
+
+The zygote is its templates' parent: it reaps them and reports each one's end
+(:class:`~pynox.wire.frames.Reaped`: wait status and usage, as a template
+reports its child's ``Ended``), which :class:`ForkedProcess` gives the pool as
+``subprocess.Popen`` gives a template it started: a forked template's death is
+logged with its signal, counted and replaced as any other's.
 
 One zygote per pool, started on a thread of its own that lives as long as the
-pool (a template dies with the thread that started it, see set_parent_death_signal):
-the preload of the pool, as the workers'. The templates it forked die with it
-(their parent-death signal), and with them the sessions they serve, as a job
-dies with its worker's template. A zygote that died or stopped answering is
-replaced for the next session; if one cannot be started, sessions start their
-own templates by exec, as before, and the log says why.
+zygote (a template dies with the thread that started it, see set_parent_death_signal)
+and reads its reports: the preload of the pool. The templates it forked outlive
+it (no parent-death signal: each ends when the pool closes its socket, which the
+pool's death does too), so a zygote's death takes no job and no session; it is
+logged (``zygote_died``), those templates' ends are no longer reported, and the
+next template is forked from a new zygote; if none can be started, templates are
+started by exec, as before, and the log says why.
 """
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ def cpu_ticks(pid: int, *, reaped: bool = True) -> int:
 
 
 def pool_cpu(pid: int) -> int:
-    """The pool's CPU ticks: its own, and each live template's with the jobs it reaped (a template replaced
-    meanwhile takes its count with it: the blocks are many, and the median is taken)."""
+    """The pool's CPU ticks: its own, and each live template's with the jobs it reaped, a template forked from
+    the zygote included (a template replaced meanwhile takes its count with it: the blocks are many, and the
+    median is taken)."""
     ticks = cpu_ticks(pid, reaped=False)  # a template the pool reaped is counted no more: see below
     children = set()
     for task in os.listdir(f"/proc/{pid}/task"):  # a template is the child of the thread that started it
@@ -64,6 +65,9 @@ def pool_cpu(pid: int) -> int:
     for child in children:
         try:
             ticks += cpu_ticks(int(child))
+            if _read(f"/proc/{child}/comm").strip() == "pynox-zygote":  # the templates it forked are its children
+                for template in _read(f"/proc/{child}/task/{child}/children").split():
+                    ticks += cpu_ticks(int(template))
         except OSError:
             pass  # gone between the two reads
     return ticks

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pool.pool_driver import PoolProcess, descendants, pool_process, proc_table
+from tests.pool.pool_driver import PoolProcess, descendants, pool_process, proc_table, wait_gone, zygotes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,9 +59,14 @@ def test_a_replacement_template_killed_while_it_starts_costs_no_job(tmp_path: Pa
     markers.mkdir()
     with pool_process("--workers=1", "--preload=pandas", cwd=tmp_path) as pool:
         (first,) = _templates(pool)
+        # The zygote too: a template forked from it starts in milliseconds, one from a new zygote imports pandas.
+        (zygote,) = zygotes(pool.pid)
         os.kill(first, signal.SIGKILL)
+        os.kill(zygote, signal.SIGKILL)
+        assert wait_gone([first, zygote], 5) == []
         request_id = pool.submit(**_marker_job(markers, "job"))
-        # The worker starts a replacement for the job: kill it while it imports pandas.
+        # The worker starts a replacement for the job (a new zygote, named a template until it is ready, to fork
+        # it from): kill it while it imports pandas.
         end = time.monotonic() + 20
         while not [pid for pid in _templates(pool) if pid != first]:
             assert time.monotonic() < end, "no replacement template started"

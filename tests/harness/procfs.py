@@ -116,6 +116,22 @@ def fd_targets(pid: Pid) -> dict[int, str]:
     return targets
 
 
+def pidfd_targets(pid: Pid) -> dict[int, int]:
+    """fd -> the pid each pidfd ``pid`` holds points at (``Pid:`` of its fdinfo; -1 once that process is reaped)."""
+    found: dict[int, int] = {}
+    for fd, target in fd_targets(pid).items():
+        if target != "anon_inode:[pidfd]":
+            continue
+        try:
+            info = read(pid, f"fdinfo/{fd}")
+        except OSError:
+            continue  # closed while we looked
+        for line in info.splitlines():
+            if line.startswith("Pid:"):
+                found[fd] = int(line.split()[1])
+    return found
+
+
 def tasks(pid: Pid) -> list[int]:
     """The threads of ``pid``."""
     return [int(task) for task in os.listdir(path(pid, "task"))]

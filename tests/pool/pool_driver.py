@@ -141,6 +141,12 @@ def pool_depths(root: int, table: dict[int, tuple[int, str, int, str]]) -> dict[
 ZYGOTE = "pynox-zygote"
 
 
+def zygotes(root: int) -> list[int]:
+    """The zygotes below a pool: every template is forked from one (more than one only while one is replaced)."""
+    table = proc_table()
+    return [pid for pid in descendants(root, table) if table[pid][3] == ZYGOTE]
+
+
 # A template forks and confines children ahead of its next job ("pynox-ready"); they are not jobs yet. A
 # pool's default keeps two of them per worker ([pool] prepared_children, docs/configuration.md): the most a
 # worker's template has at once, one of them perhaps running a job handed to it.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .pool_driver import PoolProcess, new_id, pool_process, wait_gone
+from .pool_driver import PoolProcess, new_id, pool_process, wait_gone, zygotes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -140,9 +140,10 @@ def _wait_for(path: Path, deadline: float = 30.0) -> None:
 
 @pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "control"])
 def test_a_cancel_between_the_jobs_start_and_its_hand_over_is_kept(tmp_path: Path, cancelled: bool) -> None:
-    """The window is held open from outside: the template died while idle, so the worker that takes the
-    job starts a replacement first, whose preload waits at a gate. A cancel sent then finds the job
-    started and no process of it yet; it must still stop the job, which never runs."""
+    """The window is held open from outside: the template died while idle, and the zygote templates are
+    forked from with it, so the worker that takes the job starts a replacement first, forked from a new
+    zygote whose preload waits at a gate. A cancel sent then finds the job started and no process of it yet;
+    it must still stop the job, which never runs."""
     gate = tmp_path / "gate"
     gate.mkdir()
     (gate / "pynox_gate.py").write_text(_GATE)
@@ -150,9 +151,11 @@ def test_a_cancel_between_the_jobs_start_and_its_hand_over_is_kept(tmp_path: Pat
     marker = tmp_path / "out" / "ran"
     marker.parent.mkdir()
     with pool_process("--workers=1", "--preload=pynox_gate", f"--package-dir={gate}", cwd=tmp_path) as pool:
-        [template] = pool.templates()
-        os.kill(template, signal.SIGKILL)
-        assert wait_gone([template], 5) == []
+        killed = pool.templates() + zygotes(pool.pid)
+        assert len(killed) == 2, killed
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        assert wait_gone(killed, 5) == []
         job = pool.submit(**_writer(marker, 0))
         _wait_for(gate / "arrived-1")  # the worker took the job and waits for its replacement template
         if cancelled:

@@ -16,7 +16,7 @@ import pytest
 from tests.harness import procfs
 from tests.setup_facts import KERNEL_ABI
 
-from .pool_driver import PoolProcess, assert_no_leftovers, own_commands_env, pool_process, proc_table
+from .pool_driver import PoolProcess, assert_no_leftovers, own_commands_env, pool_process, proc_table, zygotes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -160,9 +160,11 @@ def test_bad_command_line_values_refuse_the_start(tmp_path: Path, args: list[str
 def test_templates_run_the_pool_interpreter(pool: PoolProcess) -> None:
     result = pool.run("import platform, sys\nprint(platform.python_version())")
     assert result["stdout"] == platform.python_version() + "\n"
-    # The templates are children of the pool, each a separate process.
+    # The templates are forks of the pool's zygote, itself the pool's child: each a separate process.
     table = proc_table()
-    assert all(table[pid][0] == pool.pid for pid in pool.templates())
+    [zygote] = zygotes(pool.pid)
+    assert table[zygote][0] == pool.pid
+    assert pool.templates() and all(table[pid][0] == zygote for pid in pool.templates())
 
 
 # A rename between two directories of one write grant: Landlock ABI 1 has no refer right and refuses every

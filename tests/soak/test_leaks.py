@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import procfs
 from tests.pool.pool_driver import (
     PREPARED_PER_WORKER,
     READY_CHILD,
@@ -36,6 +37,13 @@ def _without_pidfds(kinds: Counter[str]) -> tuple[Counter[str], int]:
     kinds = Counter(kinds)
     held = kinds.pop(PIDFD, 0)
     return kinds, held
+
+
+def _pidfds_of(pid: int) -> dict[int, str]:
+    """The process each pidfd the pool holds points at (pid and command name), for a failure's message."""
+    table = proc_table()
+    return {fd: f"{target} {table[target][3] if target in table else '(gone)'}"
+            for fd, target in procfs.pidfd_targets(pid).items()}
 
 
 def _spare_prepared(pool: PoolProcess) -> None:
@@ -74,10 +82,11 @@ def test_sessions_however_they_end_leave_no_descriptor_in_the_pool(tmp_path: Pat
         _spare_prepared(pool)
         after, held = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
         assert after == before, f"descriptors before {before}, after {after}"
-        # The pidfds of the children prepared ahead of the worker's next job, the pool's handle on the session
-        # template waiting for the next session (forked from the zygote: a pidfd, see zygote.py), and that of
-        # the child it confined ahead for that session (see sessions._SpareTemplate).
-        assert held <= PREPARED_PER_WORKER + 2
+        # The pidfds of the children prepared ahead of the worker's next job, the pool's handles on the worker's
+        # template and on the session template waiting for the next session (both forked from the zygote: a
+        # pidfd each, see zygote.py), and that of the child it confined ahead for that session (see
+        # sessions._SpareTemplate).
+        assert held <= PREPARED_PER_WORKER + 3, _pidfds_of(pool.pid)
 
 
 def test_a_template_killed_mid_job_leaves_no_descriptor_in_the_pool(tmp_path: Path) -> None:
@@ -101,4 +110,5 @@ def test_a_template_killed_mid_job_leaves_no_descriptor_in_the_pool(tmp_path: Pa
             assert pool.run("print('replaced')")["stdout"] == "replaced\n"
         after, held = _without_pidfds(idle_snapshot(pool, 1).pool_fds)
         assert after == before, f"descriptors before {before}, after {after}"
-        assert held <= PREPARED_PER_WORKER  # the children prepared ahead of the next job
+        # The children prepared ahead of the next job, and the worker's template (forked from the zygote).
+        assert held <= PREPARED_PER_WORKER + 1, _pidfds_of(pool.pid)

@@ -61,11 +61,11 @@ def _compare_idle(warm: Snapshot, after: Snapshot) -> dict[str, Any]:
                "rss_drift_percent": {name: round(100 * value, 2) for name, value in drift.items()}}
     assert all(abs(value) <= RSS_DRIFT for value in drift.values()), figures
     # A worker holds the pidfds of the children prepared ahead of its next job (the pool's default number at
-    # most; a job's is released before the worker idles); and once the pool has had a session, its handle on
-    # the session template waiting for the next session (forked from the zygote, see zygote.py) and on the
-    # child that template confined for it: two more.
+    # most; a job's is released before the worker idles) and of its template (forked from the zygote, see
+    # zygote.py); and once the pool has had a session, its handle on the session template waiting for the next
+    # session (forked from the zygote too) and on the child that template confined for it: two more.
     warm_fds, after_fds = Counter(warm.pool_fds), Counter(after.pool_fds)
-    bound = WORKERS * PREPARED_PER_WORKER + 2
+    bound = WORKERS * (PREPARED_PER_WORKER + 1) + 2
     assert after_fds[PIDFD] <= bound and warm_fds[PIDFD] <= bound, (warm_fds, after_fds)
     del warm_fds[PIDFD], after_fds[PIDFD]
     assert after_fds == warm_fds, f"the pool's descriptors changed: {warm.pool_fds} -> {after.pool_fds}"

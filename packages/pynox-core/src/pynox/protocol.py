@@ -505,7 +505,8 @@ class JobLogLine(msgspec.Struct, kw_only=True):
 
 
 PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",
-                        "config_warning", "bound_not_in_force", "log", "template_died", "template_replaced"]
+                        "config_warning", "bound_not_in_force", "log", "template_died", "template_replaced",
+                        "zygote_died"]
 
 
 class PoolLogEvent(msgspec.Struct, kw_only=True, omit_defaults=True):

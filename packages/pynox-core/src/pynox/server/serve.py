@@ -85,7 +85,7 @@ from .streaming import Streamer
 from .templates import CallSink, Template
 from .tenants import Tenants, budget_group
 from .trace import Traces
-from .zygote import ForkedProcess
+from .zygote import ForkedProcess, SessionTemplates
 
 __all__ = ["serve"]
 
@@ -112,7 +112,7 @@ class _Worker(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.template = self.server.new_template(self.child)
+            self.template = self.server.zygote.new_template(self.child)
         except BaseException as exc:
             self.start_error = exc
             self.started_event.set()
@@ -226,7 +226,7 @@ class _Worker(threading.Thread):
             template.close()
         self.template = None
         try:
-            self.template = self.server.new_template(self.child)
+            self.template = self.server.zygote.new_template(self.child)
         except PynoxError as exc:
             self.start_problem = str(exc)
             self.server.log_event("template_error", str(exc))
@@ -305,6 +305,8 @@ class Server:
         self.spans = spans_from_environment(lambda why: self.log_event("config_warning", why))
         # Signs the states sessions save and checks those given back (see session_state.py).
         self.states = StateKeeper(options.session_key_file, options.max_session_state)
+        # The pool's zygote (see zygote.py): every template, a worker's or a session's, is forked from it.
+        self.zygote = SessionTemplates(self.new_template, self.log_event)
 
     # -- templates and results -------------------------------------------------------------------------
     def new_template(self, life: ChildLife | None = None, *, zygote: bool = False,
@@ -411,7 +413,7 @@ class Server:
             max_sessions=self.options.max_sessions, idle=self.options.session_idle, new_template=self.new_template,
             finish=self.finish, emit=self.output.write, calls=self.calls, python=ready.python,
             landlock_abi=ready.landlock_abi, flights=self.flights, stopped=self._stopped_step, scratch=self.scratch,
-            place=self.installer.place, interrupt_grace=self.options.interrupt_grace)
+            place=self.installer.place, interrupt_grace=self.options.interrupt_grace, templates=self.zygote)
         self.sessions.count = self.stats.record_session
         self.session_requests = SessionRequests(self.sessions, self.resolver, self.states)
         self.sessions.budget_kill = self.stats.record_budget_kill
@@ -583,12 +585,18 @@ def death_cause(template: Template) -> str:
         status = None
     if status is None:
         return "was found broken by the pool (it failed while serving a job, or misbehaved) and is stopped"
+    process = template.process
+    usage = ""
+    if isinstance(process, ForkedProcess):  # its zygote reported its end, or died before it could
+        if process.returncode is None:
+            return "ended after the zygote it was forked from: its status went with the zygote"
+        usage = f" ({described})" if (described := process.describe_end()) is not None else ""
     if status < 0:
         try:
-            return f"was killed by {signal.Signals(-status).name}"
+            return f"was killed by {signal.Signals(-status).name}{usage}"
         except ValueError:
-            return f"was killed by signal {-status}"
-    return f"exited with status {status}"
+            return f"was killed by signal {-status}{usage}"
+    return f"exited with status {status}{usage}"
 
 
 def _write_log(line: bytes) -> None:

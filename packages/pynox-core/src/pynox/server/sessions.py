@@ -636,11 +636,12 @@ class SessionRegistry:
                  finish: Callable[..., None], emit: Callable[[bytes], None], calls: CallRegistry,
                  python: str, landlock_abi: int, flights: Flights,
                  stopped: Callable[[], str | None] = lambda: None, scratch: ScratchRoot | None = None,
-                 place: Callable[[JobSpec], JobSpec] = lambda spec: spec, interrupt_grace: float = 1.0) -> None:
+                 place: Callable[[JobSpec], JobSpec] = lambda spec: spec, interrupt_grace: float = 1.0,
+                 templates: SessionTemplates | None = None) -> None:
         """``stopped``: why a step taken now must not run (the pool's drain escalated), or None. ``scratch``:
         where sessions' scratch directories are (see scratch.py). ``place``: a session's spec with the packages
         it names installed (waits for them; see packages.py). ``interrupt_grace``: seconds a cancelled step has
-        to end after its KeyboardInterrupt."""
+        to end after its KeyboardInterrupt. ``templates``: the pool's zygote, shared with its workers."""
         self.scratch = scratch
         self.place = place
         self.max_sessions = max_sessions
@@ -662,7 +663,7 @@ class SessionRegistry:
         # Told the tenant of a step its tenant's memory_budget killed (the stats' budget_kills).
         self.budget_kill: Callable[[str], None] = lambda _: None
         # Each session's template is forked from the pool's zygote (see zygote.py), one waiting ahead.
-        self.templates = SessionTemplates(new_template)
+        self.templates = templates if templates is not None else SessionTemplates(new_template)
         self.spare = _SpareTemplate(self.templates.new_template)
         self._reaper = threading.Thread(target=self._reap_idle, name="pynox-session-reaper", daemon=True)
         self._reaper.start()

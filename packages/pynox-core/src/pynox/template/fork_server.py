@@ -56,6 +56,7 @@ from ..wire.frames import (
     Prepare,
     Prepared,
     Ready,
+    Reaped,
     Spawn,
     Spawned,
     Started,
@@ -531,11 +532,14 @@ def _serve_zygote(sock: socket.socket, runtime: Runtime, init: Init, ready: Read
     """A zygote forks templates, and never a job's child: each template it forks is a copy of this warm
     interpreter, which has served nothing and holds nothing of any job, as a template started by exec.
 
-    A session's template is forked here (see server/session_templates.py), so that every session shares the
-    pages of one warm interpreter copy-on-write, where each used to import its preloads into pages of its own.
+    Sessions' and workers' templates are forked here (see server/zygote.py), so that they all share the pages
+    of one warm interpreter copy-on-write, where each used to import its preloads into pages of its own.
     A forked template waits for its Init before it answers: the server puts it in cgroups of its own first,
     as it does a template it started itself, before it forks anything. The zygote reaps the templates it
-    forked; they die with it (their parent-death signal), and it dies with the server."""
+    forked and reports each one's end to the server (:class:`Reaped`: wait status and usage, as a template
+    reports its child's :class:`Ended`). They outlive it: a zygote that dies or is closed leaves its
+    templates serving (adopted by init, or a subreaper), and each ends when the server closes its socket
+    (its death closes it) like a template started by exec. The zygote dies with the server."""
     zygote = os.getpid()
     kept = _open_descriptors()  # what a forked template inherits and keeps, beside the socket it is given
     templates: dict[int, int] = {}  # pidfd -> pid of each template forked and not yet reaped
@@ -543,8 +547,11 @@ def _serve_zygote(sock: socket.socket, runtime: Runtime, init: Init, ready: Read
         while True:
             for fd in _readable(sock, templates):
                 if fd in templates:
-                    os.waitpid(templates.pop(fd), 0)
+                    pid, status, usage = os.wait4(templates.pop(fd), 0)
                     os.close(fd)
+                    send_frame(sock, Reaped(pid=pid, status=status,
+                                            cpu_us=int((usage.ru_utime + usage.ru_stime) * 1e6),
+                                            max_rss_kb=usage.ru_maxrss))
                     continue
                 try:
                     raw, fds = recv_raw(sock)
@@ -567,13 +574,8 @@ def _serve_zygote(sock: socket.socket, runtime: Runtime, init: Init, ready: Read
     except (BrokenPipeError, ConnectionResetError):
         return
     finally:
-        for pidfd, pid in templates.items():
-            try:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-            os.close(pidfd)
+        # Its templates are the server's: each lives until the server closes its socket, this zygote or not.
+        close_all(list(templates))
 
 
 def _become_template(zygote_sock: socket.socket, fd: int, pidfds: list[int], zygote: int, kept: set[int],
@@ -582,9 +584,11 @@ def _become_template(zygote_sock: socket.socket, fd: int, pidfds: list[int], zyg
     kept = kept - {zygote_sock.fileno()}
     zygote_sock.close()
     close_all(pidfds)  # the zygote's handles on its other templates
-    set_parent_death_signal(signal.SIGKILL)  # cleared by the fork: dies with the zygote, as it dies with the server
+    # No parent-death signal (the fork cleared the zygote's): a template outlives the zygote, so that the jobs and
+    # sessions it serves do not die with it. It ends with the server all the same: the server's end of ``fd`` is
+    # the server's alone, so the server's death (or its close) is an EOF that every wait of _serve ends on.
     if os.getppid() != zygote:
-        os._exit(1)  # the zygote died before the signal was armed
+        os._exit(1)  # the zygote died before it could report this template: the server has given up on it
     set_process_name("pynox-template")
     sock = socket.socket(fileno=fd)
     try:

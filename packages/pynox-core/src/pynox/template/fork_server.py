@@ -276,11 +276,7 @@ class _Children:
         """The server closed a copy's socket: the copy is killed (its end is reaped, and reported nowhere)."""
         for child in self.by_serial.values():
             if child.sock is sock:
-                child.discarded = True
-                try:
-                    signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self._discard(child)
         self.copies = [other for other in self.copies if other is not sock]
         sock.close()
 
@@ -288,11 +284,7 @@ class _Children:
         """The server closed the template's socket while copies live: its own children are killed."""
         for child in self.by_serial.values():
             if child.sock is None:
-                child.discarded = True
-                try:
-                    signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                self._discard(child)
 
     def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
         """Fork the job's child; announce it with its pidfd."""
@@ -379,8 +371,12 @@ class _Children:
         """Kill a prepared child the server will not use (its end is reported when it is reaped). A child
         already reaped (it died on its own meanwhile) is no longer here: nothing to do."""
         child = self.by_serial.get(serial)
-        if child is None:
-            return
+        if child is not None:
+            self._discard(child)
+
+    @staticmethod
+    def _discard(child: _Child) -> None:
+        """Kill a child the server gave up, marked discarded (its end is reaped as any other's: see reap)."""
         child.discarded = True
         try:
             signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)

@@ -80,7 +80,7 @@ if gated:
     from pynox.policy.seccomp import compile_filter, install
     from pynox.server.fork_gate import ForkWindow
     from pynox.server.steward import Steward
-    compiled = compile_filter("none", landlock_abi_from_environment() or 1)
+    compiled = compile_filter("none", landlock_abi_from_environment() or 1, session=True)
 p = os.fork()
 if p == 0:
     try:

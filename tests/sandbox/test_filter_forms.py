@@ -165,11 +165,12 @@ def _differences(one: Program, other: Program) -> list[dict[int, int]]:
     return differing
 
 
+@pytest.mark.parametrize("session", [False, True], ids=["job", "session"])
 @pytest.mark.parametrize("network", ["none", "hosts", "all"])
 @pytest.mark.parametrize("abi", [1, 3, 7])
-def test_the_tree_decides_as_the_linear_list(network: NetworkMode, abi: int) -> None:
-    tree = seccomp.compile_filter(network, abi).bpf
-    linear = seccomp.compile_filter(network, abi, tree=False).bpf
+def test_the_tree_decides_as_the_linear_list(network: NetworkMode, abi: int, session: bool) -> None:
+    tree = seccomp.compile_filter(network, abi, session=session).bpf
+    linear = seccomp.compile_filter(network, abi, session=session, tree=False).bpf
     if tree == linear:
         pytest.skip("this libseccomp makes no tree: the pool loads the linear list")
     assert _differences(Program(tree), Program(linear)) == []
@@ -178,8 +179,8 @@ def test_the_tree_decides_as_the_linear_list(network: NetworkMode, abi: int) -> 
 def test_the_comparison_sees_one_rule_changed() -> None:
     """Control: the filters with and without the network differ in their socket rules; compared the same way,
     they differ exactly there, and agree on a call both allow."""
-    without = Program(seccomp.compile_filter("none", 7).bpf)
-    with_network = Program(seccomp.compile_filter("all", 7).bpf)
+    without = Program(seccomp.compile_filter("none", 7, session=True).bpf)
+    with_network = Program(seccomp.compile_filter("all", 7, session=True).bpf)
     differing = {words[_NR] for words in _differences(without, with_network)}
     # socket, connect, accept, bind, listen, accept4, and the socket ioctls: nothing else
     assert {41, 42} <= differing <= {16, 41, 42, 43, 49, 50, 53, 288}, differing
@@ -192,7 +193,7 @@ def test_the_comparison_sees_one_rule_changed() -> None:
 def test_the_interpreter_gives_the_actions_the_rules_name() -> None:
     """The interpreter itself, on calls whose action the rules name: allowed, refused with EPERM, delegated
     to the pool, and a foreign ABI refused with ENOSYS (what the kernel runs is checked by tests/sandbox)."""
-    program = Program(seccomp.compile_filter("none", 7).bpf)
+    program = Program(seccomp.compile_filter("none", 7, session=True).bpf)
     allow, notify, errno_action = 0x7FFF0000, 0x7FC00000, 0x00050000
     calls = {"getpid": ({_NR: 39, _ARCH: _AUDIT_ARCH_X86_64}, allow),
              "ptrace": ({_NR: 101, _ARCH: _AUDIT_ARCH_X86_64}, errno_action | errno.EPERM),
@@ -208,7 +209,7 @@ def test_only_a_sessions_filter_hands_its_forks_to_the_pool() -> None:
     gate; a session's child's hands them to the steward (its gate, server/fork_gate.py). Threads are allowed in
     both; every other call is answered alike."""
     plain = Program(seccomp.compile_filter("none", 7, session=False).bpf)
-    session = Program(seccomp.compile_filter("none", 7).bpf)
+    session = Program(seccomp.compile_filter("none", 7, session=True).bpf)
     allow, notify, eperm = 0x7FFF0000, 0x7FC00000, 0x00050000 | errno.EPERM
     clone_thread = 0x00010000 | 0x00000100 | 0x00000800 | 0x00000400 | 0x00000200  # THREAD|VM|SIGHAND|FILES|FS
     calls = {"fork": {_NR: 57}, "vfork": {_NR: 58}, "clone(SIGCHLD)": {_NR: 56, 16: 17},

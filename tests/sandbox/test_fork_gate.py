@@ -42,7 +42,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: S, as the session's template
 S = os.getpid()
 ours, theirs = socket.socketpair()
-compiled = compile_filter("none", landlock_abi_from_environment() or 1)
+compiled = compile_filter("none", landlock_abi_from_environment() or 1, session=True)
 
 
 def fork_once():

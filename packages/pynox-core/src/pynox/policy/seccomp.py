@@ -294,8 +294,8 @@ def _as_tree(f: pyseccomp.SyscallFilter) -> None:
         pass
 
 
-def compile_filter(network: NetworkMode, landlock_abi: int, *, tree: bool = True,
-                   session: bool = True) -> CompiledFilter:
+def compile_filter(network: NetworkMode, landlock_abi: int, *, session: bool,
+                   tree: bool = True) -> CompiledFilter:
     """The main filter for jobs with no network, the listed hosts, or all of it, confined with Landlock ABI
     ``landlock_abi`` (rules that make up for what an older ABI does not govern are added below it);
     ``tree=False``: as one linear list (the form an older libseccomp gives, compared with the tree by the

@@ -23,6 +23,7 @@ from tests.pool.pool_driver import (
     jobs_of,
     pool_process,
     proc_table,
+    sleeping_family,
     wait_gone,
 )
 
@@ -171,11 +172,7 @@ def test_a_session_template_killed_mid_step_ends_the_session(tmp_path: Path) -> 
 def test_the_pool_killed_takes_every_process_it_started_within_a_second(tmp_path: Path) -> None:
     pool = PoolProcess("--workers=2", cwd=tmp_path)
     try:
-        assert pool.run("x = 1", session="nb")["exit"] == 0
-        pool.submit(session="nb", code="import time\ntime.sleep(60)")
-        for _ in range(2):
-            pool.submit(code="import time\ntime.sleep(60)")
-        _until(lambda: len(jobs_of(pool.pid)) == 3, "two jobs and a session step running")
+        sleeping_family(pool)
         family = list(descendants(pool.pid))  # templates, jobs, the session child, prepared children
         assert len(family) >= 6, family
         os.kill(pool.pid, signal.SIGKILL)

@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from tests.pool.pool_driver import ZYGOTE, PoolProcess, descendants, jobs_of, pool_process, proc_table, wait_gone
+from tests.pool.pool_driver import (
+    ZYGOTE,
+    PoolProcess,
+    descendants,
+    pool_process,
+    proc_table,
+    sleeping_family,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,14 +113,7 @@ def test_templates_that_outlived_the_zygote_end_with_the_pool(tmp_path: Path) ->
     step, and the prepared children, are all gone within a second, as in test_kills.py."""
     pool = PoolProcess("--workers=2", cwd=tmp_path)
     try:
-        assert pool.run("x = 1", session="nb")["exit"] == 0
-        pool.submit(session="nb", code="import time\ntime.sleep(60)")
-        for _ in range(2):
-            pool.submit(code="import time\ntime.sleep(60)")
-        end = time.monotonic() + 30
-        while len(jobs_of(pool.pid)) != 3:
-            assert time.monotonic() < end, "two jobs and a session step running"
-            time.sleep(0.05)
+        sleeping_family(pool)
         family = [pid for pid in descendants(pool.pid) if pid != _zygote(pool.pid)]
         assert len(family) >= 6, family
         os.kill(_zygote(pool.pid), signal.SIGKILL)

@@ -548,6 +548,19 @@ class PoolProcess:
         return lines
 
 
+def sleeping_family(pool: PoolProcess, deadline: float = 30.0) -> None:
+    """Give ``pool`` (two workers) a session ``nb`` holding ``x = 1`` whose next step, and two plain jobs, sleep a
+    minute; returns once all three run (what a test that kills the pool, or part of it, then looks for)."""
+    assert pool.run("x = 1", session="nb")["exit"] == 0
+    pool.submit(session="nb", code="import time\ntime.sleep(60)")
+    for _ in range(2):
+        pool.submit(code="import time\ntime.sleep(60)")
+    end = time.monotonic() + deadline
+    while len(jobs_of(pool.pid)) != 3:
+        assert time.monotonic() < end, f"two jobs and a session step were not running within {deadline}s"
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def pool_process(*args: str, check_exit: bool = True, **kwargs: Any) -> Iterator[PoolProcess]:
     """A pool for one block: on exit, EOF, exit status 0 (if ``check_exit``) and no leftovers."""

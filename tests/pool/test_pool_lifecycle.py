@@ -57,20 +57,26 @@ def test_each_job_is_a_new_process_forked_from_a_template(serial: driver.PoolPro
     assert len(set(seen)) == 3
 
 
-def test_globals_and_builtins_never_reach_the_next_job(serial: driver.PoolProcess) -> None:
-    first = serial.run("import builtins\nleaked_global = 1\nbuiltins.leaked_builtin = 2\n"
-                       "print('leaked_global' in globals(), hasattr(builtins, 'leaked_builtin'))")
-    assert first["stdout"] == "True True\n"
-    second = serial.run("import builtins\nprint('leaked_global' in globals(), hasattr(builtins, 'leaked_builtin'))")
-    assert second["stdout"] == "False False\n"
+# What one job leaves in its interpreter, seen by it (the control) and not by the next job.
+_LEFT_BEHIND = {
+    "globals and builtins": (
+        "import builtins\nleaked_global = 1\nbuiltins.leaked_builtin = 2\n"
+        "print('leaked_global' in globals(), hasattr(builtins, 'leaked_builtin'))", "True True\n",
+        "import builtins\nprint('leaked_global' in globals(), hasattr(builtins, 'leaked_builtin'))", "False False\n"),
+    "modules it imported": (
+        "import sys, colorsys, wave\nsys.modules['planted'] = sys\n"
+        "print('colorsys' in sys.modules, 'planted' in sys.modules)", "True True\n",
+        "import sys\nprint('colorsys' in sys.modules, 'wave' in sys.modules, 'planted' in sys.modules)",
+        "False False False\n"),
+}
 
 
-def test_modules_imported_by_a_job_never_reach_the_next_job(serial: driver.PoolProcess) -> None:
-    first = serial.run("import sys, colorsys, wave\nsys.modules['planted'] = sys\n"
-                       "print('colorsys' in sys.modules, 'planted' in sys.modules)")
-    assert first["stdout"] == "True True\n"
-    second = serial.run("import sys\nprint('colorsys' in sys.modules, 'wave' in sys.modules, 'planted' in sys.modules)")
-    assert second["stdout"] == "False False False\n"
+@pytest.mark.parametrize("what", list(_LEFT_BEHIND))
+def test_what_a_job_leaves_in_its_interpreter_never_reaches_the_next_job(serial: driver.PoolProcess,
+                                                                         what: str) -> None:
+    first_code, first_seen, second_code, second_seen = _LEFT_BEHIND[what]
+    assert serial.run(first_code)["stdout"] == first_seen
+    assert serial.run(second_code)["stdout"] == second_seen
 
 
 def test_environment_never_reaches_the_next_job(serial: driver.PoolProcess) -> None:

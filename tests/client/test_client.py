@@ -15,6 +15,7 @@ import pytest
 
 import pynox
 from pynox import Pool, PoolError, RequestError, Result
+from tests.harness.clients import in_background
 from tests.harness.fixtures import shared_pool
 
 pool = shared_pool(workers=2)
@@ -222,16 +223,7 @@ def test_pool_process_killed_under_the_client_then_the_next_call_works() -> None
         assert pool.run("print(1)").ok
         process = pool._process
         assert process is not None
-        errors: list[BaseException] = []
-
-        def in_flight() -> None:
-            try:
-                pool.run("import time\ntime.sleep(30)")
-            except PoolError as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=in_flight)
-        thread.start()
+        thread, errors = in_background(lambda: pool.run("import time\ntime.sleep(30)"), PoolError)
         time.sleep(0.5)
         os.kill(process.popen.pid, signal.SIGKILL)
         thread.join(timeout=10)

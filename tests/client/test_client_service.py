@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pynox import Pool, PoolError, RequestError
+from tests.harness.clients import in_background
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -135,16 +136,7 @@ def test_stats_of_a_stopped_pool_times_out_answers_what_was_pending_and_restarts
 def test_close_of_a_stopped_pool_returns_within_its_timeout() -> None:
     pool = Pool(workers=1)
     assert pool.run("print(1)").ok
-    errors: list[BaseException] = []
-
-    def busy_run() -> None:
-        try:
-            pool.run("import time\ntime.sleep(60)")
-        except PoolError as exc:
-            errors.append(exc)
-
-    busy = threading.Thread(target=busy_run)
-    busy.start()
+    busy, errors = in_background(lambda: pool.run("import time\ntime.sleep(60)"), PoolError)
     time.sleep(0.5)
     for pid in _stopped(pool):
         started = time.monotonic()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -47,3 +48,20 @@ def end_client(client: subprocess.Popen[bytes]) -> None:
     if client.stdout is not None:
         client.stdout.close()
     unmark_live(client.pid)
+
+
+def in_background(run: Callable[[], object],
+                  expected: type[BaseException]) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``run`` (a call in flight, e.g. a long ``pool.run``) on a thread; the list holds what it raised of
+    ``expected`` (anything else ends the thread unrecorded, and the test's check of the list fails)."""
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run()
+        except expected as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, raised

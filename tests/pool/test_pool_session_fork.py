@@ -22,7 +22,7 @@ from tests.harness import procfs
 from tests.sandbox.harness import run_unconfined
 from tests.sandbox.test_session_no_fork import _attempt_code, _children, _denied
 
-from .pool_driver import PoolProcess, leftover_guard, new_id, pool_process, proc_table, refused
+from .pool_driver import PoolProcess, leftover_guard, new_id, pool_process, proc_table, refused, rss_kb
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -245,3 +245,104 @@ def test_a_fork_of_a_session_without_a_process_is_refused(tmp_path: Path) -> Non
         _ok(pool.run("import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
                      session="threads"))
         refused(pool.run(session="threads", fork=new_id("copy")), "threads running")
+
+
+def test_a_fork_step_that_names_a_sibling_copy_does_not_harm_it(tmp_path: Path) -> None:
+    """The original's code replaces the fork step by one that makes no copy and says the pid of a copy forked
+    before (a stopped child of the template with the original's filters and one more: every check the pool makes
+    of a new copy holds for it). The pool must not take it for the new copy: not adopt it a second time, not
+    move it, and above all not kill it as a copy given up; the sibling's session goes on, the control being the
+    same sibling before the attack."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="s"))
+        sibling = _fork(pool, "s")  # the control: a copy that works
+        victim = _pid(pool, sibling)
+        assert _ok(pool.run("x = 2\nprint(x)", session=sibling))["stdout"] == "2\n"
+        _ok(pool.run(f"import os, pynox.job.session_fork as fork\nfrom pynox.wire.descriptors import FORK_CONTROL\n"
+                     f"from pynox.wire.state import FORK_PID\ndef liar():\n"
+                     f"    os.write(FORK_CONTROL, FORK_PID.pack({victim}))\n    os.close(FORK_CONTROL)\n"
+                     "fork.fork = liar", session="s"))
+        answer = pool.run(session="s", fork=new_id("copy"))
+        assert answer["error"] is not None and "forked" not in answer, answer
+        assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
+        assert procfs.exists(victim) and procfs.stat(victim).state != "Z", proc_table()
+        assert _ok(pool.run("import os\nprint(x, os.getpid())", session=sibling))["stdout"] == f"2 {victim}\n"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open: the pool checks the copy's seccomp filters by their count (all /proc shows), not by what they allow"))
+def test_a_copy_that_stacked_the_originals_filter_is_refused(tmp_path: Path) -> None:
+    """The original's code makes the copy stack the own-process filter built for the original's pid, not its
+    own: the count of filters the pool checks is the same, and the copy may then name the original (signal it).
+    The control: a copy made as the pool makes it cannot kill the original. (The harm stays in the family: the
+    code that planted it ran in the original before the fork, and controls every branch made after.)"""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("import os, signal\noriginal = os.getpid()", session="s"))
+        original = _pid(pool, "s")
+        control = _fork(pool, "s")
+        kill = "try:\n    os.kill(original, signal.SIGKILL)\nexcept OSError as exc:\n    print(exc.errno)\n"
+        assert _ok(pool.run(kill, session=control))["stdout"].strip() == "1", "EPERM"  # the control
+        assert procfs.exists(original) and procfs.stat(original).state != "Z"
+        _ok(pool.run("import pynox.policy.own_process as own\n_install = own.OwnProcessFilter.install\n"
+                     "own.OwnProcessFilter.install = lambda self, pid: _install(self, original)", session="s"))
+        answer = pool.run(session="s", fork=new_id("copy"))
+        if answer["error"] is not None:  # the protection: refused for its filter, and nothing else
+            assert "filter" in answer["error"]["message"], answer
+        else:
+            copy = answer["forked"]
+            pool.open_sessions.add(copy)
+            pool.run(kill, session=copy)
+        assert _ok(pool.run("print(original)", session="s"))["stdout"] == f"{original}\n"
+
+
+_TOUCH = ("import mmap\nheld = globals().setdefault('held', [])\nm = mmap.mmap(-1, 100 << 20)\n"
+          "for i in range(0, len(m), 4096):\n    m[i] = 1\nheld.append(m)\nprint(len(held))")
+
+
+def test_a_chain_of_forks_holds_no_more_than_its_memory(tmp_path: Path) -> None:
+    """Shared memory (counted by the cgroup, not by RLIMIT_DATA) that a copy inherits stays charged to the
+    original's cgroup; the original closed, the charge goes up to the parent, and the copy holds it free. A chain
+    (touch 100 MiB, fork, close the original) let one 128 MiB session hold 300 MiB (323 MiB resident, seen before
+    the fix): a session that maps shared memory is not forked. The control: one session touching the same 300
+    MiB is stopped by its limit; and the same session forks once it unmapped it."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="c", memory="128m"))
+        if "fork-" not in procfs.read(_pid(pool, _fork(pool, "c")), "cgroup"):
+            pytest.skip("the pool makes no cgroups here")
+        outcomes = [pool.run(_TOUCH, session="c") for _ in range(3)]
+        assert any(o["error"] is not None or o["exit"] != 0 for o in outcomes), outcomes  # the control
+        session = "s"
+        _ok(pool.run("x = 1", session=session, memory="128m"))
+        for _ in range(2):
+            _ok(pool.run(_TOUCH, session=session))
+            answer = pool.run(session=session, fork=new_id("copy"))
+            if answer["error"] is not None:
+                assert "shared memory" in answer["error"]["message"], answer
+                break
+            pool.open_sessions.add(answer["forked"])
+            pool.run(session=session, close=True)
+            session = answer["forked"]
+        last = pool.run(_TOUCH + "\nsum(m[i] for m in held for i in range(0, len(m), 4096))", session=session)
+        held = rss_kb(_pid(pool, session)) if last["exit"] == 0 else 0  # every page mapped here again
+        assert last["exit"] != 0 or held < 200 << 10, (last, held)
+        _ok(pool.run("x = 1", session="u", memory="128m"))
+        _ok(pool.run(_TOUCH + "\nheld.pop().close()\ndel m", session="u"))
+        _fork(pool, "u")
+
+
+def test_shared_memory_mapped_by_the_fork_step_is_refused_in_the_copy(tmp_path: Path) -> None:
+    """The same, mapped by the fork step's own code (the job's to replace) after the pool's first look: the copy
+    is checked too, refused and killed; the original goes on."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1\nimport mmap, pynox.job.session_fork as fork\n_fork = fork.fork\ndef sharing():\n"
+                     "    global m\n    m = mmap.mmap(-1, 1 << 20)\n    m[0] = 1\n    _fork()\n"
+                     "fork.fork = sharing", session="s"))
+        template = procfs.stat(_pid(pool, "s")).ppid
+        answer = pool.run(session="s", fork=new_id("copy"))
+        assert answer["error"] is not None and "shared memory" in answer["error"]["message"], answer
+        assert "forked" not in answer and not answer["session_ended"], answer
+        assert _ok(pool.run("print(x, m[0])", session="s"))["stdout"] == "1 1\n"
+        deadline = time.monotonic() + 10
+        while len(_children(template)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_children(template)) == 1, proc_table()

@@ -814,12 +814,18 @@ class Template:
             raise PoolWorkerError("the session's delegated calls are not served: it cannot be forked")
         steward.forks = window
 
-    def sweep_strays(self) -> None:
-        """After a fork that failed before its copy was checked: every child of the template that none of its
-        handles serves (a copy that never said its pid, or said another) is killed and reaped."""
+    def served(self) -> set[int]:
+        """The pids of the template's children its handles serve: this session's, and every copy's of its family
+        (a fork's copy is none of them: a pid said by a fork step that names one is not a new copy)."""
         family = self._family.children() if self._family is not None else set()
         if self.child.pid is not None:
             family.add(self.child.pid)
+        return family
+
+    def sweep_strays(self) -> None:
+        """After a fork that failed before its copy was checked: every child of the template that none of its
+        handles serves (a copy that never said its pid, or said another) is killed and reaped."""
+        family = self.served()
         try:
             with open(f"/proc/{self.pid}/task/{self.pid}/children") as listing:
                 children = {int(word) for word in listing.read().split()}

@@ -346,3 +346,96 @@ def test_shared_memory_mapped_by_the_fork_step_is_refused_in_the_copy(tmp_path: 
         while len(_children(template)) > 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(_children(template)) == 1, proc_table()
+
+
+# The raw clone the pool's fork step makes (job/session_fork.py), as a session's own step would try it: the
+# errno, or the child's pid (the child exits at once: it is the template's, and the leftover guard sees it).
+_RAW_CLONE = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+              "libc.syscall.argtypes = [ctypes.c_long] * 6\npid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)\n"
+              "if pid == 0:\n    os._exit(0)\nprint(pid if pid > 0 else -ctypes.get_errno())")
+
+
+def test_a_failed_fork_step_leaves_no_window_for_the_next_step(tmp_path: Path) -> None:
+    """The fork step's code (the job's to replace) raises before its clone: the window armed for it is not
+    used, and must be closed with the step. The next step's own clone, the very call the window admits, is
+    refused EPERM; the control is that call in an unconfined interpreter, where it makes a process."""
+    control = run_unconfined(_RAW_CLONE, cwd=str(tmp_path))
+    assert int(control.result.stdout) > 0, control.result.stderr  # the control
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("import pynox.job.session_fork as fork\ndef broken():\n    raise RuntimeError('no')\n"
+                     "fork.fork = broken", session="s"))
+        original = _pid(pool, "s")
+        template = procfs.stat(original).ppid
+        answer = pool.run(session="s", fork=new_id("copy"))
+        assert answer["error"] is not None and "forked" not in answer, answer
+        for _ in range(2):
+            assert _ok(pool.run(_RAW_CLONE, session="s"))["stdout"] == "-1\n"  # EPERM
+        assert _children(template) == [original], proc_table()
+
+
+def test_two_sessions_of_one_family_fork_at_once(tmp_path: Path) -> None:
+    """The original and its copy share one steward's window slot: each fork request gets exactly one answer,
+    whatever the order, and whatever is left is a session the pool serves (no stray child of the template)."""
+    with pool_process("--workers=1", "--max-sessions=8", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="a"))
+        b = _fork(pool, "a")
+        template = procfs.stat(_pid(pool, "a")).ppid
+        for _ in range(3):
+            names = {"a": new_id("copy"), b: new_id("copy")}
+            ids = {session: pool.submit(session=session, fork=name) for session, name in names.items()}
+            answers = {session: pool.result(request) for session, request in ids.items()}
+            for session, answer in answers.items():
+                assert len(pool.responses(ids[session])) == 1, pool.responses(ids[session])
+                if answer["error"] is None:
+                    assert answer["forked"] == names[session], answer
+                    pool.open_sessions.add(names[session])
+                    assert _ok(pool.run("print(x)", session=names[session]))["stdout"] == "1\n"
+                    pool.run(session=names[session], close=True)
+            served = [_pid(pool, "a"), _pid(pool, b)]
+            deadline = time.monotonic() + 10
+            while sorted(_children(template)) != sorted(served) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sorted(_children(template)) == sorted(served), (answers, proc_table())
+            assert all(answer["error"] is None for answer in answers.values()), answers
+
+
+def test_a_fork_racing_its_sessions_close_gets_one_answer_and_leaves_nothing(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for _ in range(3):
+            _ok(pool.run("x = 1", session="s"))
+            template = procfs.stat(_pid(pool, "s")).ppid
+            copy = new_id("copy")
+            fork = pool.submit(session="s", fork=copy)
+            close = pool.submit(session="s", close=True)
+            answer, closed = pool.result(fork), pool.result(close)
+            assert len(pool.responses(fork)) == 1 and len(pool.responses(close)) == 1
+            assert closed.get("closed") is True, closed
+            pool.open_sessions.discard("s")
+            if answer["error"] is None:
+                pool.open_sessions.add(copy)
+                assert _ok(pool.run("print(x)", session=copy))["stdout"] == "1\n"
+                pool.run(session=copy, close=True)
+            deadline = time.monotonic() + 10
+            while procfs.exists(template) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not procfs.exists(template) or procfs.stat(template).state == "Z", proc_table()
+
+
+def test_copies_do_not_outlive_a_killed_pool(tmp_path: Path) -> None:
+    """SIGKILL to the pool alone (no chance to close anything): the template dies with it (its parent-death
+    signal), and the original and every copy with the template."""
+    pool = PoolProcess("--workers=1", cwd=tmp_path)
+    try:
+        _ok(pool.run("x = 1", session="a"))
+        copies = [_fork(pool, "a") for _ in range(2)]
+        pids = [_pid(pool, "a"), *(_pid(pool, copy) for copy in copies)]
+        template = procfs.stat(pids[0]).ppid
+        os.kill(pool.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        alive = [template, *pids]
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if procfs.exists(pid) and procfs.stat(pid).state != "Z"]
+            time.sleep(0.05)
+        assert alive == [], proc_table()
+    finally:
+        pool.kill()

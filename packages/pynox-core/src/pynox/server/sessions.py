@@ -361,7 +361,8 @@ class Session(threading.Thread):
                                  ForkWindow(pid, step.timeout, parent=True))
         step.answer = self._forked
         try:
-            return self._serve(step)
+            with template.fork_lock():
+                return self._serve(step)
         finally:
             forking, self._forking = self._forking, None
             if forking is not None:  # not answered (the pool failed first): the copy is given up

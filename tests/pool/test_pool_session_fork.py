@@ -43,6 +43,14 @@ def _fork(pool: PoolProcess, session: str) -> str:
     return copy
 
 
+def _alive(pid: int) -> bool:
+    """A process that has not ended (a zombie has; one reaped between two reads of /proc too)."""
+    try:
+        return procfs.stat(pid).state != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _pid(pool: PoolProcess, session: str) -> int:
     return int(_ok(pool.run("import os\nprint(os.getpid())", session=session))["stdout"])
 
@@ -122,9 +130,9 @@ def test_closing_or_killing_one_side_leaves_the_other(tmp_path: Path) -> None:
         original = _pid(pool, "a")
         assert pool.run(session="a", close=True)["closed"] is True
         deadline = time.monotonic() + 10
-        while procfs.exists(original) and procfs.stat(original).state != "Z" and time.monotonic() < deadline:
+        while _alive(original) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not procfs.exists(original) or procfs.stat(original).state == "Z"
+        assert not _alive(original)
         assert _ok(pool.run("print(x)", session=copy))["stdout"] == "kept\n"
         # The copy's copy, then the copy closed: its own copy goes on.
         second = _fork(pool, copy)
@@ -208,10 +216,10 @@ def test_a_killed_template_ends_the_original_and_its_copies_and_the_pool_goes_on
         template = procfs.stat(pids[0]).ppid
         os.kill(template, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while any(procfs.exists(pid) and procfs.stat(pid).state != "Z" for pid in pids) \
+        while any(_alive(pid) for pid in pids) \
                 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not any(procfs.exists(pid) and procfs.stat(pid).state != "Z" for pid in pids), proc_table()
+        assert not any(_alive(pid) for pid in pids), proc_table()
         for session in ("a", copy):
             ended = pool.run("print(x)", session=session, open=False)
             assert ended["session_ended"] and ended["error"] is not None, ended
@@ -265,7 +273,7 @@ def test_a_fork_step_that_names_a_sibling_copy_does_not_harm_it(tmp_path: Path) 
         answer = pool.run(session="s", fork=new_id("copy"))
         assert answer["error"] is not None and "forked" not in answer, answer
         assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
-        assert procfs.exists(victim) and procfs.stat(victim).state != "Z", proc_table()
+        assert _alive(victim), proc_table()
         assert _ok(pool.run("import os\nprint(x, os.getpid())", session=sibling))["stdout"] == f"2 {victim}\n"
 
 
@@ -282,8 +290,10 @@ def test_a_copy_that_stacked_the_originals_filter_is_refused(tmp_path: Path) -> 
         control = _fork(pool, "s")
         kill = "try:\n    os.kill(original, signal.SIGKILL)\nexcept OSError as exc:\n    print(exc.errno)\n"
         assert _ok(pool.run(kill, session=control))["stdout"].strip() == "1", "EPERM"  # the control
-        assert procfs.exists(original) and procfs.stat(original).state != "Z"
-        _ok(pool.run("import pynox.policy.own_process as own\n_install = own.OwnProcessFilter.install\n"
+        assert _alive(original)
+        # (It also skips the copy's Landlock layer, whose signal scoping would keep the copy from the original.)
+        _ok(pool.run("import pynox.policy.own_process as own, pynox.policy.landlock as landlock\n"
+                     "_install = own.OwnProcessFilter.install\nlandlock.nest = lambda abi: None\n"
                      "own.OwnProcessFilter.install = lambda self, pid: _install(self, original)", session="s"))
         answer = pool.run(session="s", fork=new_id("copy"))
         if answer["error"] is not None:  # the protection: refused for its filter, and nothing else
@@ -416,9 +426,9 @@ def test_a_fork_racing_its_sessions_close_gets_one_answer_and_leaves_nothing(tmp
                 assert _ok(pool.run("print(x)", session=copy))["stdout"] == "1\n"
                 pool.run(session=copy, close=True)
             deadline = time.monotonic() + 10
-            while procfs.exists(template) and time.monotonic() < deadline:
+            while _alive(template) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert not procfs.exists(template) or procfs.stat(template).state == "Z", proc_table()
+            assert not _alive(template), proc_table()
 
 
 def test_copies_do_not_outlive_a_killed_pool(tmp_path: Path) -> None:
@@ -434,8 +444,32 @@ def test_copies_do_not_outlive_a_killed_pool(tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         alive = [template, *pids]
         while alive and time.monotonic() < deadline:
-            alive = [pid for pid in alive if procfs.exists(pid) and procfs.stat(pid).state != "Z"]
+            alive = [pid for pid in alive if _alive(pid)]
             time.sleep(0.05)
         assert alive == [], proc_table()
     finally:
         pool.kill()
+
+
+def test_a_copy_cannot_read_the_originals_memory_after_the_fork(tmp_path: Path) -> None:
+    """The copy's own code (no patch of the pool's before the fork) reads what the original wrote after the
+    fork, through /proc/<original>/mem: the Landlock rule for the original's own /proc entries came along with
+    the fork, and the original is the copy's uid and dumpable (found in review: it read it). The copy now
+    nests a Landlock domain of its own, which Landlock's ptrace scoping keeps from the original's. The
+    controls: the copy's own buffer is its own, and the layer took nothing from it (a rename across two
+    directories of its write grant, which a layer without REFER would refuse)."""
+    (tmp_path / "out" / "a").mkdir(parents=True)
+    (tmp_path / "out" / "b").mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("import ctypes, os\noriginal = os.getpid()\nbuf = bytearray(32)\n"
+                     "address = ctypes.addressof((ctypes.c_char * 32).from_buffer(buf))", session="s",
+                     allow_write=["out"]))
+        copy = _fork(pool, "s")
+        _ok(pool.run("open('out/a/moved', 'w').close()\nos.rename('out/a/moved', 'out/b/moved')", session=copy))
+        assert (tmp_path / "out" / "b" / "moved").exists()
+        _ok(pool.run("buf[:] = b'written by the original alone'.ljust(32)", session="s"))
+        assert _ok(pool.run("print(bytes(buf) == bytes(32))", session=copy))["stdout"] == "True\n"  # the control
+        seen = _ok(pool.run("try:\n    with open(f'/proc/{original}/mem', 'rb', buffering=0) as mem:\n"
+                            "        mem.seek(address)\n        print(mem.read(32))\n"
+                            "except OSError as exc:\n    print('refused', exc.errno)", session=copy))["stdout"]
+        assert "original alone" not in seen, seen

@@ -473,3 +473,47 @@ def test_a_copy_cannot_read_the_originals_memory_after_the_fork(tmp_path: Path) 
                             "        mem.seek(address)\n        print(mem.read(32))\n"
                             "except OSError as exc:\n    print('refused', exc.errno)", session=copy))["stdout"]
         assert "original alone" not in seen, seen
+
+
+_LIAR = ("import os, pynox.job.session_fork as fork\nfrom pynox.wire.descriptors import FORK_CONTROL\n"
+         "from pynox.wire.state import FORK_PID\ndef liar():\n    os.write(FORK_CONTROL, FORK_PID.pack({pid}))\n"
+         "    os.close(FORK_CONTROL)\nfork.fork = liar")
+
+
+@pytest.mark.parametrize("named", ["original", "template", "pool", "other session", "nobody"])
+def test_a_fork_step_that_names_another_process_harms_none(tmp_path: Path, named: str) -> None:
+    """The fork step's code makes no copy and says another pid: the session's own, its template's, the pool's,
+    another session's, a pid nobody has. The fork fails, and the pool neither adopts, moves nor kills it."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="s"))
+        other = _pid(pool, "other")
+        original = _pid(pool, "s")
+        pid = {"original": original, "template": procfs.stat(original).ppid, "pool": pool.pid,
+               "other session": other, "nobody": 1 << 22}[named]
+        _ok(pool.run(_LIAR.format(pid=pid), session="s"))
+        answer = pool.run(session="s", fork=new_id("copy"))
+        assert answer["error"] is not None and "forked" not in answer and not answer["session_ended"], answer
+        assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
+        assert all(_alive(alive) for alive in (original, other, procfs.stat(original).ppid)), proc_table()
+        assert _pid(pool, "other") == other and _pid(pool, "s") == original
+
+
+def test_a_copy_with_the_originals_filter_still_reaches_no_other_session(tmp_path: Path) -> None:
+    """The worst copy a patched fork step makes (the original's own-process filter, no Landlock layer of its
+    own: see the strict xfail above) stays in its family: another session's process, the template's, the
+    pool's are refused to it. The control: the same kill of the original goes through (the open point)."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        other = _pid(pool, "other")
+        _ok(pool.run("import os, signal\noriginal = os.getpid()", session="s"))
+        template = procfs.stat(_pid(pool, "s")).ppid
+        _ok(pool.run("import pynox.policy.own_process as own, pynox.policy.landlock as landlock\n"
+                     "_install = own.OwnProcessFilter.install\nlandlock.nest = lambda abi: None\n"
+                     "own.OwnProcessFilter.install = lambda self, pid: _install(self, original)", session="s"))
+        copy = _fork(pool, "s")
+        for target in (other, template, pool.pid):
+            outcome = _ok(pool.run(f"try:\n    os.kill({target}, signal.SIGKILL)\n    print('sent')\n"
+                                   "except OSError as exc:\n    print(exc.errno)", session=copy))["stdout"]
+            assert outcome == "1\n", (target, outcome)  # EPERM
+        assert _alive(other) and _alive(template)
+        assert _ok(pool.run("print('sent' if os.kill(original, 0) is None else '')", session=copy))["stdout"] \
+            == "sent\n"  # the control

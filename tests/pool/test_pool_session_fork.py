@@ -412,15 +412,16 @@ def test_two_sessions_of_one_family_fork_at_once(tmp_path: Path) -> None:
 def test_a_fork_racing_its_sessions_close_gets_one_answer_and_leaves_nothing(tmp_path: Path) -> None:
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         for _ in range(3):
-            _ok(pool.run("x = 1", session="s"))
-            template = procfs.stat(_pid(pool, "s")).ppid
+            name = new_id("s")  # a name of its own each time: the test is about the fork, not a reopen
+            _ok(pool.run("x = 1", session=name))
+            template = procfs.stat(_pid(pool, name)).ppid
             copy = new_id("copy")
-            fork = pool.submit(session="s", fork=copy)
-            close = pool.submit(session="s", close=True)
+            fork = pool.submit(session=name, fork=copy)
+            close = pool.submit(session=name, close=True)
             answer, closed = pool.result(fork), pool.result(close)
             assert len(pool.responses(fork)) == 1 and len(pool.responses(close)) == 1
             assert closed.get("closed") is True, closed
-            pool.open_sessions.discard("s")
+            pool.open_sessions.discard(name)
             if answer["error"] is None:
                 pool.open_sessions.add(copy)
                 assert _ok(pool.run("print(x)", session=copy))["stdout"] == "1\n"
@@ -517,3 +518,52 @@ def test_a_copy_with_the_originals_filter_still_reaches_no_other_session(tmp_pat
         assert _alive(other) and _alive(template)
         assert _ok(pool.run("print('sent' if os.kill(original, 0) is None else '')", session=copy))["stdout"] \
             == "sent\n"  # the control
+
+
+def test_no_second_process_goes_through_the_window(tmp_path: Path) -> None:
+    """The fork step's code (patched by an earlier step) tries the pool's very clone twice more in the window:
+    from a thread it starts there, and in the copy before it stops (the copy's code is the original's). Both
+    are refused EPERM (the window admits the main thread's one call), the pool's own fork goes through, and
+    the template has the original and one copy. The control: the same clone unconfined makes a process."""
+    control = run_unconfined(_RAW_CLONE, cwd=str(tmp_path))
+    assert int(control.result.stdout) > 0, control.result.stderr  # the control
+    (tmp_path / "out").mkdir()
+    clone = ("libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)", "ctypes.get_errno()")
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        _ok(pool.run("import ctypes, os, threading, pynox.job.session_fork as fork\n"
+                     "libc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+                     "libc.syscall.argtypes = [ctypes.c_long] * 6\n"
+                     f"def attempt(where):\n    pid = {clone[0]}\n    if pid == 0:\n        os._exit(0)\n"
+                     f"    with open(f'out/{{where}}', 'w') as note:\n"
+                     f"        note.write(str(pid if pid > 0 else -{clone[1]}))\n"
+                     "_fork, _become = fork.fork, fork._become_copy\n"
+                     "def twice():\n    thread = threading.Thread(target=attempt, args=('thread',))\n"
+                     "    thread.start()\n    thread.join()\n    _fork()\n"
+                     "def copy(template, channel):\n    attempt('copy')\n    _become(template, channel)\n"
+                     "fork.fork, fork._become_copy = twice, copy", session="s", allow_write=["out"]))
+        original = _pid(pool, "s")
+        template = procfs.stat(original).ppid
+        copy = _fork(pool, "s")
+        assert {note.name: note.read_text() for note in (tmp_path / "out").iterdir()} == \
+            {"thread": "-1", "copy": "-1"}
+        assert sorted(_children(template)) == sorted([original, _pid(pool, copy)]), proc_table()
+
+
+def test_forks_at_once_behind_a_running_step_with_room_for_one(tmp_path: Path) -> None:
+    """A step runs; two forks of the same session are queued behind it, with room for one more session: each
+    request gets exactly one answer, the first a copy holding the step's result, the second a refusal, and
+    the template serves exactly the original and that copy."""
+    with pool_process("--workers=1", "--max-sessions=2", cwd=tmp_path) as pool:
+        _ok(pool.run("x = 1", session="s"))
+        step = pool.submit(code="import time\ntime.sleep(0.5)\nx = 2", session="s")
+        names = [new_id("copy"), new_id("copy")]
+        forks = [pool.submit(session="s", fork=name) for name in names]
+        _ok(pool.result(step))
+        answers = [pool.result(request) for request in forks]
+        assert all(len(pool.responses(request)) == 1 for request in [step, *forks])
+        assert answers[0]["forked"] == names[0], answers
+        assert "max_sessions" in answers[1]["error"]["message"], answers
+        pool.open_sessions.add(names[0])
+        assert _ok(pool.run("print(x)", session=names[0]))["stdout"] == "2\n"
+        original = _pid(pool, "s")
+        assert sorted(_children(procfs.stat(original).ppid)) == sorted([original, _pid(pool, names[0])])

@@ -21,6 +21,7 @@ import signal
 import sys
 from typing import NoReturn
 
+from ..policy import landlock
 from ..policy.own_process import OwnProcessFilter
 from ..policy.privileges import set_parent_death_signal
 from ..policy.seccomp import syscall_number
@@ -87,6 +88,9 @@ def _become_copy(template: int, channel: bool) -> NoReturn:
         # session of its own keeps the original's process-group signals (kill(-pid), kill(0)) from reaching
         # this process, and its own from reaching the original's.
         os.setsid()
+        # Its inherited Landlock rules grant the original's /proc/<pid> entries (mem, environ, fd): a domain of
+        # its own below the original's keeps it from reaching the original through them (policy/landlock.py).
+        landlock.nest(landlock.abi_version())
         OwnProcessFilter.build().install(os.getpid())
         os.write(CONTROL, FORK_PID.pack(os.getpid()))
         os.kill(0, signal.SIGSTOP)  # its own group, itself: continued by the pool with its first step

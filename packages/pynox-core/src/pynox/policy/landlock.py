@@ -30,6 +30,7 @@ __all__ = [
     "build_ruleset",
     "fitting",
     "fs_rights",
+    "nest",
     "open_rule",
     "restrict_self",
     "ruleset_attr",
@@ -185,6 +186,32 @@ def build_ruleset(
 def _add_rule(ruleset: int, fd: int, rights: int) -> None:
     rule = _PathBeneathAttr(rights, fd)
     syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0, what="landlock_add_rule")
+
+
+def nest(abi: int) -> None:
+    """Put this process in a domain of its own below its current one, taking nothing away from it: a session
+    fork's copy (job/session_fork.py), which inherited the original's domain. Landlock lets a process reach
+    another (``ptrace``, and through it ``/proc/<pid>/mem``, ``environ``, ``fd``) only in its own domain or one
+    nested below; from ABI 6 signals and abstract unix sockets too. So the copy no longer reaches the original
+    through the original's ``/proc/<pid>`` entries, which its inherited rules still grant, and the original
+    (whose domain is the parent) keeps no rule that names the copy's. The layer handles ``MAKE_BLOCK`` (which
+    a job, without ``CAP_MKNOD``, never has) and ``REFER``, granted everywhere: a layer that leaves it
+    unhandled denies every rename and link across directories."""
+    handled = (1 << 11) | (REFER if abi >= 2 else 0)  # MAKE_BLOCK
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    attr = _RulesetAttr(handled, 0, scoped)
+    ruleset = syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_attr_size(abi)), 0,
+                      what="landlock_create_ruleset")
+    try:
+        if abi >= 2:
+            root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+            try:
+                _add_rule(ruleset, root, REFER)
+            finally:
+                os.close(root)
+        restrict_self(ruleset)
+    finally:
+        os.close(ruleset)
 
 
 def restrict_self(ruleset: int) -> None:

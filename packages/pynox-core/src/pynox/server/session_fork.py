@@ -21,7 +21,7 @@ from ..wire.spec import JobSpec
 from ..wire.state import FORK_PID as PID
 from .fork_gate import process_facts
 
-__all__ = ["await_copy", "check_filters", "kill_children", "refusal"]
+__all__ = ["await_copy", "check_filters", "kill_children", "refusal", "shared_memory"]
 
 _STOPPED_EVERY = 0.0005  # seconds between two looks at whether the copy has stopped itself
 
@@ -44,6 +44,36 @@ def refusal(spec: JobSpec, pid: int | None) -> str | None:
     if tasks > 1:
         return (f"fork: the session left {tasks - 1} threads running; a fork copies only the calling thread, so "
                 "the copy could hang on a lock another one held: end them, or fork before starting them")
+    return shared_memory(pid)
+
+
+# A shared mapping of no file on disk: mmap(MAP_SHARED | MAP_ANONYMOUS), System V or memfd memory.
+_ANONYMOUS_SHARED = (b"/dev/zero", b"/SYSV", b"/memfd:")
+
+
+def shared_memory(pid: int) -> str | None:
+    """Why process ``pid`` may not be (or become) a fork's copy: it maps memory shared with another process
+    that it can write, or anonymous shared memory (``mprotect`` can make that writable). A copy would share
+    those pages with its original: charged to the original's cgroup, they go to its parent's once the original
+    closes, and the copy holds them beyond its own limit (a chain of forks would hold any amount up to
+    RLIMIT_AS). None if it maps none (a read-only mapping of a file, as glibc's gconv cache, is fine)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return "fork: the session's process ended"
+    held = 0
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5 or fields[1][3:4] != b"s":
+            continue
+        path = fields[5].strip() if len(fields) == 6 else b""
+        if fields[1][1:2] == b"w" or path.startswith(_ANONYMOUS_SHARED) or path.startswith(b"/dev/shm/"):
+            start, end = (int(bound, 16) for bound in fields[0].split(b"-"))
+            held += end - start
+    if held:
+        return (f"fork: the session maps {held >> 10} KiB of shared memory (mmap MAP_SHARED): the copy would hold "
+                "it outside its own memory limit; unmap it (close the mmap) before the fork")
     return None
 
 

@@ -361,7 +361,8 @@ class Session(threading.Thread):
                                  ForkWindow(pid, step.timeout, parent=True))
         step.answer = self._forked
         try:
-            return self._serve(step)
+            with template.fork_lock():
+                return self._serve(step)
         finally:
             forking, self._forking = self._forking, None
             if forking is not None:  # not answered (the pool failed first): the copy is given up
@@ -382,8 +383,16 @@ class Session(threading.Thread):
                 result, error=ErrorInfo(type="PoolWorkerError", message="the session ended during its fork"))
         pid = None
         try:
-            pid = session_fork.await_copy(forking.channels.control, template.pid, _COPY_WITHIN)
+            said = session_fork.await_copy(forking.channels.control, template.pid, _COPY_WITHIN)
+            if said in template.served():
+                # The fork step's code (the job's to replace) named the original or a copy of the family: a
+                # session of its own, which the pool neither adopts again nor kills as a copy given up.
+                raise ValueError(f"pid {said} is a session's process already, not a new copy")
+            pid = said
             session_fork.check_filters(pid, forking.window.pid)
+            shared = session_fork.shared_memory(pid)  # mapped by the fork step's code (the job's to replace)
+            if shared is not None:
+                raise ValueError(shared.removeprefix("fork: "))
             adopted = Template.adopt(template, pid, template.steward_for_copy(), self.spec.confinement.memory)
         except (ValueError, PynoxError) as exc:
             self._give_up(forking, pid)

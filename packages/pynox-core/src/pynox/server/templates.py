@@ -263,6 +263,9 @@ class _Family:
     def __init__(self, origin: Template) -> None:
         self.origin = origin  # the handle whose cgroups hold the template process
         self._lock = threading.Lock()
+        # Held across a fork of any of its sessions: they share the steward's window (a second armed replaced
+        # the first, whose clone was then refused), and a failed one kills the template's unserved children.
+        self.forking = threading.Lock()
         self._handles: list[Template] = [origin]
 
     def join(self, handle: Template) -> None:
@@ -814,12 +817,24 @@ class Template:
             raise PoolWorkerError("the session's delegated calls are not served: it cannot be forked")
         steward.forks = window
 
-    def sweep_strays(self) -> None:
-        """After a fork that failed before its copy was checked: every child of the template that none of its
-        handles serves (a copy that never said its pid, or said another) is killed and reaped."""
+    def fork_lock(self) -> threading.Lock:
+        """Held across a session fork of this template's family, one at a time (see _Family.forking)."""
+        if self._family is None:  # the original alone: no other session of the family can fork meanwhile
+            self._family = _Family(self)
+        return self._family.forking
+
+    def served(self) -> set[int]:
+        """The pids of the template's children its handles serve: this session's, and every copy's of its family
+        (a fork's copy is none of them: a pid said by a fork step that names one is not a new copy)."""
         family = self._family.children() if self._family is not None else set()
         if self.child.pid is not None:
             family.add(self.child.pid)
+        return family
+
+    def sweep_strays(self) -> None:
+        """After a fork that failed before its copy was checked: every child of the template that none of its
+        handles serves (a copy that never said its pid, or said another) is killed and reaped."""
+        family = self.served()
         try:
             with open(f"/proc/{self.pid}/task/{self.pid}/children") as listing:
                 children = {int(word) for word in listing.read().split()}

@@ -167,7 +167,13 @@ def _proc_facts(pid: int) -> dict[str, Any]:
     status = procfs.status(pid)
     descriptors = {}
     for fd, target in procfs.fd_targets(pid).items():
-        flags = next(line for line in procfs.read(pid, f"fdinfo/{fd}").splitlines() if line.startswith("flags:"))
+        try:
+            info = procfs.read(pid, f"fdinfo/{fd}")
+        except FileNotFoundError:
+            # Closed since it was listed: a child prepared ahead still ending its setup (its caller reads until
+            # two readings agree). A job waiting on its release closes none, so its reading loses nothing.
+            continue
+        flags = next(line for line in info.splitlines() if line.startswith("flags:"))
         descriptors[fd] = (re.sub(r":\[\d+\]", "", target), flags.split()[1])
     stat = procfs.stat(pid).fields
     return {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -21,12 +21,11 @@ from ..units import parse_duration
 from .requests import build_request
 
 if TYPE_CHECKING:
-    from .pool import Session
+    from .pool import Session, _Transport
 
-__all__ = ["SavedSession", "restore", "save"]
+__all__ = ["SavedSession", "pool_step", "restore", "save"]
 
 _ANSWER_MARGIN = 30.0  # seconds past the step's own timeout before a save, restore or fork gives up on the pool
-answer_margin = _ANSWER_MARGIN
 
 
 @dataclass(frozen=True)
@@ -53,23 +52,29 @@ def _seconds(timeout: object) -> float:
     return parse_duration(timeout, "timeout") if isinstance(timeout, str | int | float) else 30.0
 
 
-seconds = _seconds  # the fork's request (forking.py) waits as a save's does
+def pool_step(session: Session, what: str, timeout: Units | None,
+              **fields: Any) -> tuple[SessionResult, _Transport | None]:
+    """A request the pool runs as a step of the session's open process (``what``: a save, a fork; ``fields``
+    say which): its answer, taken by the session (its end, if it ended), and the pool process the session was
+    opened on. RequestError if the session has no process, or the pool refused the request."""
+    with session._lock:
+        name, opened, opening, opened_on = session._name, session._open, session._opening, session._opened_on
+    if not opened:
+        raise RequestError(f"{what}: the session has no process yet (or its last one ended): run a step first")
+    patience = _seconds(timeout if timeout is not None else session.grants.get("timeout"))
+    request = Request(session=name, timeout=timeout, **fields)
+    reply = session.pool._wait_for(session.pool._submit(request), float(patience) + _ANSWER_MARGIN, hang=False)
+    if not isinstance(reply, SessionResult):
+        raise PoolError(f"the pool answered a {what} with {type(reply).__name__}")
+    session._ended_with(reply, opening)
+    if reply.refused:
+        raise RequestError(reply.error.message if reply.error else f"the pool refused the {what}")
+    return reply, opened_on
 
 
 def save(session: Session, timeout: Units | None) -> SavedSession:
     """Serialize the session's variables in its process; SessionStateError if that did not work."""
-    with session._lock:
-        name, opened, opening = session._name, session._open, session._opening
-    if not opened:
-        raise RequestError("save: the session has no process yet (or its last one ended): run a step first")
-    patience = _seconds(timeout if timeout is not None else session.grants.get("timeout"))
-    request = Request(session=name, save=True, timeout=timeout)
-    reply = session.pool._wait_for(session.pool._submit(request), float(patience) + _ANSWER_MARGIN, hang=False)
-    if not isinstance(reply, SessionResult):
-        raise PoolError(f"the pool answered a save with {type(reply).__name__}")
-    session._ended_with(reply, opening)
-    if reply.refused:
-        raise RequestError(reply.error.message if reply.error else "the pool refused the save")
+    reply, _ = pool_step(session, "save", timeout, save=True)
     if reply.error is not None or not isinstance(reply.state, str):
         raise _state_error(reply, "the session's state could not be saved")
     skipped = reply.skipped if isinstance(reply.skipped, list) else []

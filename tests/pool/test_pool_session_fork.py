@@ -22,7 +22,7 @@ from tests.harness import procfs
 from tests.sandbox.harness import run_unconfined
 from tests.sandbox.test_session_no_fork import _attempt_code, _children, _denied
 
-from .pool_driver import PoolProcess, leftover_guard, new_id, pool_process, proc_table, refused, rss_kb
+from .pool_driver import PoolProcess, leftover_guard, new_id, pool_process, proc_table, refused, rss_kb, wait_gone
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,6 +41,15 @@ def _fork(pool: PoolProcess, session: str) -> str:
     assert answer["forked"] == copy and answer["session"] == session and not answer["session_ended"], answer
     pool.open_sessions.add(copy)
     return copy
+
+
+def _settles_to(template: int, count: int) -> None:
+    """Wait (up to 10 s) until the template has ``count`` children left: the copies the pool gave up are killed
+    and reaped."""
+    deadline = time.monotonic() + 10
+    while len(_children(template)) > count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_children(template)) == count, {pid: procfs.stat(pid).state for pid in _children(template)}
 
 
 def _alive(pid: int) -> bool:
@@ -129,10 +138,7 @@ def test_closing_or_killing_one_side_leaves_the_other(tmp_path: Path) -> None:
         copy = _fork(pool, "a")
         original = _pid(pool, "a")
         assert pool.run(session="a", close=True)["closed"] is True
-        deadline = time.monotonic() + 10
-        while _alive(original) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not _alive(original)
+        assert wait_gone([original], 10) == []
         assert _ok(pool.run("print(x)", session=copy))["stdout"] == "kept\n"
         # The copy's copy, then the copy closed: its own copy goes on.
         second = _fork(pool, copy)
@@ -162,10 +168,7 @@ def test_a_copy_that_skipped_its_own_filter_is_refused(tmp_path: Path) -> None:
         assert not answer["session_ended"] and "forked" not in answer, answer
         assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
         refused(pool.run("print(x)", session=copy, open=False), "no open session")  # none under its name
-        deadline = time.monotonic() + 10
-        while len(_children(template)) > 2 and time.monotonic() < deadline:  # the original and the first copy
-            time.sleep(0.05)
-        assert len(_children(template)) == 2, {pid: procfs.stat(pid).state for pid in _children(template)}
+        _settles_to(template, 2)  # the original and the first copy
 
 
 def test_a_copy_that_never_says_its_pid_is_killed(tmp_path: Path) -> None:
@@ -181,10 +184,7 @@ def test_a_copy_that_never_says_its_pid_is_killed(tmp_path: Path) -> None:
         answer = pool.run(session="s", fork=new_id("copy"))
         assert answer["error"] is not None and "did not say its pid" in answer["error"]["message"], answer
         assert _ok(pool.run("print(x)", session="s"))["stdout"] == "1\n"
-        deadline = time.monotonic() + 10
-        while len(_children(template)) > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_children(template)) == 1, {pid: procfs.stat(pid).state for pid in _children(template)}
+        _settles_to(template, 1)
 
 
 def test_only_the_pools_fork_goes_through_the_window(tmp_path: Path) -> None:
@@ -215,11 +215,7 @@ def test_a_killed_template_ends_the_original_and_its_copies_and_the_pool_goes_on
         pids = [_pid(pool, "a"), _pid(pool, copy)]
         template = procfs.stat(pids[0]).ppid
         os.kill(template, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids) \
-                and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not any(_alive(pid) for pid in pids), proc_table()
+        assert wait_gone(pids, 10) == [], proc_table()
         for session in ("a", copy):
             ended = pool.run("print(x)", session=session, open=False)
             assert ended["session_ended"] and ended["error"] is not None, ended
@@ -352,10 +348,7 @@ def test_shared_memory_mapped_by_the_fork_step_is_refused_in_the_copy(tmp_path: 
         assert answer["error"] is not None and "shared memory" in answer["error"]["message"], answer
         assert "forked" not in answer and not answer["session_ended"], answer
         assert _ok(pool.run("print(x, m[0])", session="s"))["stdout"] == "1 1\n"
-        deadline = time.monotonic() + 10
-        while len(_children(template)) > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_children(template)) == 1, proc_table()
+        _settles_to(template, 1)
 
 
 # The raw clone the pool's fork step makes (job/session_fork.py), as a session's own step would try it: the
@@ -426,10 +419,7 @@ def test_a_fork_racing_its_sessions_close_gets_one_answer_and_leaves_nothing(tmp
                 pool.open_sessions.add(copy)
                 assert _ok(pool.run("print(x)", session=copy))["stdout"] == "1\n"
                 pool.run(session=copy, close=True)
-            deadline = time.monotonic() + 10
-            while _alive(template) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not _alive(template), proc_table()
+            assert wait_gone([template], 10) == [], proc_table()
 
 
 def test_copies_do_not_outlive_a_killed_pool(tmp_path: Path) -> None:
@@ -442,12 +432,7 @@ def test_copies_do_not_outlive_a_killed_pool(tmp_path: Path) -> None:
         pids = [_pid(pool, "a"), *(_pid(pool, copy) for copy in copies)]
         template = procfs.stat(pids[0]).ppid
         os.kill(pool.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        alive = [template, *pids]
-        while alive and time.monotonic() < deadline:
-            alive = [pid for pid in alive if _alive(pid)]
-            time.sleep(0.05)
-        assert alive == [], proc_table()
+        assert wait_gone([template, *pids], 10) == [], proc_table()
     finally:
         pool.kill()
 

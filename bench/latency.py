@@ -24,7 +24,7 @@ per second and memory with 1, 10 and 100 concurrent sessions; and the p50 as the
 (1 KB, 100 KB, 1 MB).
 
     python bench/latency.py [--runs 300] [--json bench/results.json] [--compare CHECKOUT [--only-compare]
-                            [--compare-workers N] [--compare-config FILE]]
+                            [--compare-workers N] [--compare-config FILE] [--compare-all]]
                             [--scaling]
 
 ``--compare`` names another checkout of this repository (for example a ``git worktree`` of the
@@ -32,6 +32,8 @@ previous main): its ``print(1)`` cases run in the same process, interleaved roun
 checkout's, so both see the same machine load. Each case also gives ``cpu_ms_per_job``: the CPU time of
 all the pool's processes (the pool, its templates and the children they reaped, from /proc) over its
 rounds, divided by the jobs run in them (a clock tick is 10 ms: hundreds of jobs make it exact enough).
+``--compare-all`` adds the same comparison for the pandas snippet (pools with pandas preloaded), for a step
+of an open session (its process's CPU counted while it lives), and each idle pool's memory.
 """
 
 from __future__ import annotations
@@ -182,6 +184,62 @@ def compare(other: str, runs: int, workers: int = 2, config: str | None = None) 
     return results
 
 
+def compare_rest(other: str, runs: int, workers: int = 1) -> dict[str, dict[str, float]]:
+    """The rest of issue 46's targets against ``other``, interleaved in rounds as :func:`compare`: the pandas
+    snippet on pools with pandas preloaded (20 ms apart), a step of an open session (10 ms apart), with each
+    pool's CPU per job, and what each idle pool holds once warm (proportional set size of all its processes,
+    so pages shared with the template count once)."""
+    from host_calls import pool_cpu  # type: ignore[import-not-found]  # run from bench/
+
+    label = os.path.basename(other.rstrip("/"))
+    results: dict[str, dict[str, float]] = {}
+    cases = {"pandas op (preloaded), 20 ms apart": (("--preload=pandas",), 0.02),
+             "session step, 10 ms apart": ((), 0.01)}
+    for case, (extra, pause) in cases.items():
+        pools = {"this": PoolDriver(f"--workers={workers}", *extra),
+                 label: PoolDriver(f"--workers={workers}", *extra, source=other)}
+        samples: dict[str, list[float]] = {name: [] for name in pools}
+        ticks = dict.fromkeys(pools, 0)
+        jobs = dict.fromkeys(pools, 0)
+        if case.startswith("session"):
+            for pool in pools.values():
+                check_ok(pool.request({"session": "bench", "code": "x = 0", "open": True}))
+        for _ in range(max(runs // 20, 1)):
+            for name, pool in pools.items():
+                message = ({"session": "bench", "code": "x += 1"} if case.startswith("session")
+                           else {"code": PANDAS_CODE})
+                before = pool_cpu(pool.proc.pid) + live_sessions_cpu(pool.proc.pid)
+                samples[name] += timed(lambda pool=pool, message=message: check_ok(pool.request(message)), 20,
+                                       warmup=2, pause=pause)
+                ticks[name] += pool_cpu(pool.proc.pid) + live_sessions_cpu(pool.proc.pid) - before
+                jobs[name] += 22
+        tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+        for name, pool in pools.items():
+            figures = summary(samples[name])
+            figures["cpu_ms_per_job"] = round(ticks[name] * tick_ms / jobs[name], 3)
+            if not case.startswith("session"):
+                time.sleep(1)  # idle: the next children prepared, nothing running
+                figures["idle_pool_pss_mb"] = tree_rss_mb(pool.proc.pid)
+            results[f"compare {case}, {name}"] = figures
+            pool.close()
+    return results
+
+
+def live_sessions_cpu(pid: int) -> int:
+    """CPU ticks of the pool's live session processes (their steps are theirs; ``pool_cpu`` counts a process
+    once it is reaped)."""
+    from host_calls import cpu_ticks  # type: ignore[import-not-found]  # run from bench/
+
+    ticks = 0
+    for process in descendants(pid):
+        try:
+            if process_name(process) == "pynox-session":
+                ticks += cpu_ticks(process, reaped=False)
+        except OSError:
+            pass  # ended between the listing and the read
+    return ticks
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300)
@@ -192,10 +250,14 @@ def main() -> int:
     parser.add_argument("--compare-workers", type=int, default=2, help="with --compare: workers of each pool")
     parser.add_argument("--compare-config", metavar="FILE",
                         help="with --compare: a pynox.toml for this checkout's pool")
+    parser.add_argument("--compare-all", action="store_true",
+                        help="with --compare: also the pandas job, a session step and each idle pool's memory")
     args = parser.parse_args()
     runs, results = args.runs, {}
     if args.compare:
         results.update(compare(args.compare, runs, args.compare_workers, args.compare_config))
+        if args.compare_all:
+            results.update(compare_rest(args.compare, runs, args.compare_workers))
         if args.only_compare:
             results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                   "load_average_after": [round(load, 2) for load in os.getloadavg()]}

@@ -1,7 +1,7 @@
 """Where a job's time goes: CPU, page faults and system calls per job, by process, on a real ``pynox pool``.
 
-Runs ``--jobs`` trivial jobs (``print(1)``, ``--gap`` ms apart) through the JSON Lines protocol while the
-kernel counts, per process role:
+Runs ``--jobs`` trivial jobs (``print(1)``, or with ``--pandas`` latency.py's pandas snippet; ``--gap`` ms
+apart) through the JSON Lines protocol while the kernel counts, per process role:
 
 * ``server``: the ``pynox pool`` process (intake, workers, result writing);
 * ``template``: the warm interpreter that forks the children (its own work only);
@@ -11,7 +11,7 @@ with ``perf stat`` (task-clock, page-faults, context-switches) and, in a second 
 calls, by name). Counts are divided by the number of jobs. Both tools slow the processes they watch: the
 per-job counts are what matter, the wall time under them is not a latency figure (``latency.py`` gives those).
 
-    python bench/breakdown.py [--jobs 300] [--gap 20] [--preload pandas] [--json breakdown.json]
+    python bench/breakdown.py [--jobs 300] [--gap 20] [--preload pandas] [--pandas] [--json breakdown.json]
 """
 
 from __future__ import annotations
@@ -25,22 +25,26 @@ import sys
 import time
 from typing import Any
 
-from latency import PoolDriver, children_of, process_name, save_json  # type: ignore[import-not-found]  # from bench/
+from latency import PANDAS_CODE, PoolDriver, descendants, process_name, save_json  # type: ignore[import-not-found]  # from bench/
 
 PERF_EVENTS = "task-clock,page-faults,context-switches"
 
 
 def template_of(server: int) -> int:
-    for child in children_of(server):
+    # A pool with a zygote forks its templates from it: they are the server's grandchildren.
+    for child in descendants(server):
         if process_name(child) == "pynox-template":
             return child
     raise RuntimeError("no pynox-template under the pool")
 
 
+CODE = "print(1)"
+
+
 def run_jobs(pool: PoolDriver, jobs: int, gap: float) -> float:
     start = time.perf_counter()
     for _ in range(jobs):
-        reply = pool.request({"code": "print(1)"})
+        reply = pool.request({"code": CODE})
         assert reply["exit"] == 0, reply
         time.sleep(gap)
     return time.perf_counter() - start
@@ -81,11 +85,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--gap", type=float, default=20.0, help="milliseconds between jobs")
     parser.add_argument("--preload", default=None)
+    parser.add_argument("--pandas", action="store_true", help="run latency.py's pandas snippet, not print(1)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    global CODE
+    CODE = PANDAS_CODE if args.pandas else CODE
     gap = args.gap / 1000
     pool = PoolDriver("--workers=1", *([f"--preload={args.preload}"] if args.preload else []))
-    figures: dict[str, Any] = {"jobs": args.jobs, "gap_ms": args.gap, "preload": args.preload,
+    figures: dict[str, Any] = {"jobs": args.jobs, "gap_ms": args.gap, "preload": args.preload, "code": CODE,
                                "load_average": os.getloadavg()}
     try:
         run_jobs(pool, 20, gap)  # warm

@@ -29,7 +29,7 @@ from ..wire.spec import Confinement, ErrorInfo, Payload, Report, StepSpec
 
 # session_state, session_fork: loaded with the template, so a session's save, restore and fork steps find
 # them in memory.
-from . import display, pynox_host, session_fork, session_state  # noqa: F401
+from . import display, preload_warm, pynox_host, session_fork, session_state  # noqa: F401
 from .execute import execute, new_main, serve_session
 from .native_setup import confine_steps
 from .report import finish
@@ -41,9 +41,11 @@ __all__ = ["prepare_template", "run_job", "run_prepared"]
 def prepare_template() -> None:
     """In the template, once the operator's modules are preloaded and before any job exists: build what every
     job would otherwise build for itself from them (IPython's display formatter, see display.prepare), and
-    warm the host functions' call path (see pynox_host.warm_up)."""
+    warm the host functions' call path (see pynox_host.warm_up) and the preloaded modules' common paths (see
+    preload_warm)."""
     display.prepare()
     pynox_host.warm_up()
+    preload_warm.warm_preloaded()
 
 
 def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int],

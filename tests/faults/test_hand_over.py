@@ -237,6 +237,39 @@ def test_a_child_prepared_for_the_next_session_killed_while_it_waits_costs_that_
         assert second["error"] is None and second["stdout"] == "B2\n" and second["step"] == 2, second
 
 
+def test_a_child_prepared_for_the_next_session_killed_after_it_was_handed_the_first_step_costs_that_session_nothing(
+        tmp_path: Path) -> None:
+    """As a job's (test_a_prepared_child_killed_after_it_was_handed_the_job_costs_that_job_nothing), for a
+    session's first step: the child the spare template confined for the next session is stopped, handed the
+    step, then killed before it could claim it. The step ran nowhere, so the session opens on a fresh child,
+    with channels of its own, and lives on (it was answered SIGKILL, the session ended, before the fix)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        opened = pool.run("import os\nprint(os.getpid())", session="A", allow_write=[str(out)])
+        assert opened["error"] is None, opened
+        end = time.monotonic() + 10
+        while not (waiting := _prepared_for_a_session(pool)):
+            assert time.monotonic() < end, pool.tree()
+            time.sleep(0.02)
+        assert len(waiting) == 1, (waiting, pool.tree())
+        os.kill(waiting[0], signal.SIGSTOP)
+        step = pool.submit(code=_marker_job(out, 0), session="B", allow_write=[str(out)])
+        time.sleep(0.3)
+        # The control: the step was handed to the stopped child (no other child runs below a template but
+        # session A's, and the marker is not there); a step forked a child of its own would prove nothing.
+        below = set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job", "pynox-session")))
+        assert below - {int(opened["stdout"])} == set(waiting), pool.tree()
+        assert not (out / "j0").exists()
+        _kill(waiting)
+        first = pool.result(step)
+        assert first["error"] is None and first["stdout"] == "0\n" and not first["session_ended"], first
+        assert (out / "j0").exists()
+        again = pool.run("import os\nprint(os.getpid())", session="B")
+        assert again["error"] is None and again["step"] == 2, again  # the session lives on its fresh child
+        assert int(again["stdout"]) not in waiting
+
+
 def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path) -> None:
     """A prepared child entered the working directory before it was moved away: a job handed to it would
     write into the old one. The directory is matched by device and inode, as grants are."""

@@ -474,7 +474,8 @@ class Template:
 
         A job handed to a child prepared ahead that dies before it claims the job (killed from outside, even
         after any look at /proc could see it: see _hand_to_prepared) never began: ``PoolWorkerError`` with
-        ``started=False``, which its worker retries once, on a child this template then forks for it.
+        ``started=False``, which its worker retries once, on a child this template then forks for it; a
+        session's first step likewise, which its session sends again with channels made anew.
         """
         self._settle()
         self._enter(tenant)
@@ -586,10 +587,15 @@ class Template:
                 if exc.started and take_back(claim):  # no child claimed the job: it never began
                     raise PoolWorkerError(str(exc), started=False) from None
                 raise
-            # A session's first step is not sent again: its channels went to the child that died (it is answered
-            # as that child ended).
-            if handed and session is None and self._lost_before_claimed(outcome, claim):
+            if handed and self._lost_before_claimed(outcome, claim):
                 self._fork_next = True
+                if session is not None:
+                    # Its channels went to the child that died: the session makes them again and sends its first
+                    # step once more (Session._run_step), from a life that is idle: the child's end is read now.
+                    self._read_while(lambda: self.child.state is ChildState.RUNNING, "reap a child that died")
+                    if self.child.state is ChildState.ENDED:
+                        self._close_metadata()
+                        self.child.release()
                 raise PoolWorkerError("the child prepared for this job died before it began it", started=False)
             return outcome
         finally:

@@ -19,7 +19,9 @@ import contextlib
 import os
 import random
 import resource
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ import pytest
 from pynox.policy import cgroups
 from tests.harness import procfs
 from tests.pool.pool_driver import (
+    POOL,
     PREPARED_PER_WORKER,
     PoolProcess,
     descendants,
@@ -285,6 +288,64 @@ def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path
         work.mkdir()
         assert pool.run("open('two', 'w').close()", allow_write=[str(tmp_path)])["error"] is None
         assert (work / "two").exists(), sorted(p.name for p in (tmp_path / "work-old").iterdir())
+
+
+# Files of the runtime's rules (granted to every job, or with the network) that the host replaces while the pool
+# runs: a DHCP client's /etc/resolv.conf, ldconfig's /etc/ld.so.cache; by rename (a new inode), or by a mount.
+_RUNTIME_FILES = {"resolv.conf": {"allow_network": True}, "ld.so.cache": {}}
+
+
+def _own_etc(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A copy of /etc, and the command that runs the pool with it bind-mounted over /etc in a private mount
+    namespace: renaming in the copy is renaming in the pool's /etc."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare --mount fails)")
+    etc = tmp_path / "etc"
+    subprocess.run(["cp", "-a", "/etc", str(etc)], check=True)
+    return etc, [unshare, "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc && exec "$@"',
+                 str(etc), *POOL]
+
+
+@pytest.mark.needs_root("a private mount namespace with an /etc of the test's own")
+@pytest.mark.parametrize("how", ["rename", "mount"])
+@pytest.mark.parametrize("name", sorted(_RUNTIME_FILES))
+def test_a_runtime_file_replaced_while_children_wait_is_the_new_file(tmp_path: Path, name: str, how: str) -> None:
+    """A child prepared ahead holds the Landlock rule of each runtime file as it was when it was confined: a file
+    the host replaced since (a new inode, by rename or by a mount over it) was denied to the next jobs handed
+    such a child (PermissionError, one job per child waiting, before the fix). Each job after the change reads
+    the new file; the children prepared before it are given up (the first job after it is forked anew). The
+    control: the file is read before the change, by a job handed a child prepared ahead."""
+    etc, command = _own_etc(tmp_path)
+    grant = _RUNTIME_FILES[name]
+    read = f"import os\nprint(open('/etc/{name}', 'rb').read()[-8:].hex(), os.getpid())"
+    pool = PoolProcess("--workers=1", cwd=tmp_path, command=command)
+    try:
+        for _ in range(3):
+            result = pool.run(read, **grant)
+            assert result["error"] is None, result
+        end = time.monotonic() + 10
+        while len(ready := _below(pool, 2, ("pynox-ready",))) < PREPARED_PER_WORKER:
+            assert time.monotonic() < end, f"not {PREPARED_PER_WORKER} children prepared: {ready}"
+            time.sleep(0.005)
+        control = pool.run(read, **grant)
+        assert control["error"] is None and int(control["stdout"].split()[1]) in ready, control
+        new = tmp_path / "new"
+        new.write_bytes((etc / name).read_bytes() + b"\n# new\n")
+        expected = new.read_bytes()[-8:].hex()
+        if how == "rename":
+            os.replace(new, etc / name)
+        else:
+            subprocess.run(["nsenter", "-t", str(pool.pid), "-m", "mount", "--bind", str(new), f"/etc/{name}"],
+                           check=True)
+        waiting = set(_below(pool, 2, ("pynox-ready",)))
+        for i in range(PREPARED_PER_WORKER + 1):
+            result = pool.run(read, **grant)
+            assert result["error"] is None and result["stdout"].split()[0] == expected, (i, result)
+            if i == 0:
+                assert int(result["stdout"].split()[1]) not in waiting, (result, waiting)
+    finally:
+        pool.finish()
 
 
 def _no_child_prepared_beside(pool: PoolProcess, spared: list[int], seconds: float) -> None:

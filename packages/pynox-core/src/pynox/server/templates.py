@@ -34,6 +34,7 @@ from ..errors import KernelSupportError, PoolWorkerError, RequestError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
 from ..policy.grants import close_all, identity, open_grants, refuse_kernel_filesystems
+from ..policy.runtime import rule_paths, runtime_watch
 from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
@@ -357,6 +358,10 @@ class Template:
             self.close()
             raise PoolWorkerError(f"the template sent {type(frame).__name__} instead of Ready")
         self.ready: Ready = frame
+        # Whether a file of its runtime's rules may name another file now than when its children waiting were
+        # confined (see run): the pool's one watch, and how many changes it had counted when they were.
+        self._runtime = runtime_watch(rule_paths(frame.read_paths))
+        self._runtime_seen = self._runtime.changes()
         try:
             self._settle_memory()  # what it holds with its preloads: none of it counts against a job
         except PoolWorkerError:
@@ -541,6 +546,7 @@ class Template:
             # template's cgroup at its start and freed during it, they would be room beyond its limit.
             # The job a prepared child died with goes to a child forked for it: none prepared may take it.
             hand, self._fork_next = not self._fork_next, False
+            hand = hand and (not self.prepared.waiting or self._runtime_unchanged())
             given_up = self.prepared.give_up_other_keys(key if hand else None)
             for child in given_up:
                 self._discard(child)
@@ -610,6 +616,13 @@ class Template:
                 or self.child.cancelled:
             return False
         return take_back(claim)
+
+    def _runtime_unchanged(self) -> bool:
+        """Whether no runtime file was replaced (a new inode: renamed over, or a mount) since this template's
+        children waiting were confined: they hold its rules as they were then. If one was, the job is forked:
+        before the fork the template reopens what changed, and discards every child it prepared before."""
+        seen, self._runtime_seen = self._runtime_seen, self._runtime.changes()
+        return seen == self._runtime_seen
 
     def _enter(self, tenant: cgroups.TenantGroup | None) -> None:
         """Serve the next job in ``tenant``'s cgroups (None: the pool's own). A template serves jobs of every

@@ -123,27 +123,16 @@ def _dying(pid: int) -> bool:
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
 
 
-def _key(confinement: Confinement, granted: list[int], package_dirs: list[str]) -> Key | None:
+def _key(confinement: Confinement, granted: list[int]) -> Key | None:
     """What a prepared child must have been confined with to take this job: the same confinement, grants
-    naming the same files, the same working directory (a child prepared in it keeps it, even renamed), and
-    the pool's package directories naming the same directories as when it was prepared (the template reopens
-    a replaced one before each child it forks: one prepared before would keep the old release readable and
-    the new one unreadable). None if the working directory is gone: the job's own child will say so."""
+    naming the same files, the same working directory (a child prepared in it keeps it, even renamed). The
+    pool's package directories, as every runtime path, are not in it: a replaced one is seen by the runtime's
+    watch (see _runtime_unchanged). None if the working directory is gone: the job's own child will say so."""
     try:
         cwd = os.stat(confinement.cwd)
     except OSError:
         return None
-    return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino),
-                                              *map(_path_identity, package_dirs))
-
-
-def _path_identity(path: str) -> tuple[int, int]:
-    """The file a path names now, (-1, -1) if none: a directory that comes back is another identity."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return -1, -1
-    return info.st_dev, info.st_ino
+    return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
 
 
 def _confinement(spec: JobSpec) -> Confinement:
@@ -325,7 +314,6 @@ class Template:
         # The children the template confines ahead of the next job (see prepared.py), and the serial of
         # the child serving the current job, whose Ended frame is its own.
         self.prepared = PreparedChildren(prepared_children)
-        self._package_dirs = list(package_dirs)  # their identities are in a prepared child's key
         self._due_by = 0.0  # when the template's announced children must have arrived (see preparing)
         self._child_serial: int | None = None
         # A job handed to a prepared child that died before it claimed the job ran nowhere: its worker sends it
@@ -405,7 +393,7 @@ class Template:
         copy.process, copy.ready, copy.broken = original.process, original.ready, False
         copy._adopted, copy.cgroups, copy._job_cpu, copy._budget_hits = True, None, original._job_cpu, 0
         copy.child, copy._steward, copy._steward_thread = ChildLife(), steward, None
-        copy.prepared, copy._package_dirs, copy._due_by = PreparedChildren(0), original._package_dirs, 0.0
+        copy.prepared, copy._due_by = PreparedChildren(0), 0.0
         copy._child_serial = None
         if original._family is None:
             original._family = _Family(original)
@@ -530,7 +518,7 @@ class Template:
             extra.append(session.job_control)
             own[CONTROL] = session.job_control.fileno()
         # A session's first step may be handed to the child prepared ahead for it (see prepare_session).
-        key = _key(confinement, granted, self._package_dirs) if session is None or self.prepared.waiting else None
+        key = _key(confinement, granted) if session is None or self.prepared.waiting else None
         start = time.monotonic_ns()
         if not self.child.sent():  # cancelled while it was on its way: it never reaches a process
             for fd in [*writes, claim, *(end for pipe in pipes for end in pipe)]:
@@ -702,7 +690,7 @@ class Template:
         except (RequestError, OSError):
             return False
         try:
-            key = _key(confinement, granted, self._package_dirs)
+            key = _key(confinement, granted)
             if key is None:
                 return False
             send_frame(self.sock, Prepare(job=self.prepared.job(key), confinement=confinement), granted)

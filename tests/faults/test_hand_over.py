@@ -348,6 +348,39 @@ def test_a_runtime_file_replaced_while_children_wait_is_the_new_file(tmp_path: P
         pool.finish()
 
 
+@pytest.mark.needs_root("a private mount namespace with an /etc of the test's own")
+def test_a_runtime_file_replaced_while_a_sessions_child_waits_is_the_new_file(tmp_path: Path) -> None:
+    """As for a job's, for the child the spare template confined for the next session: after /etc/resolv.conf
+    is replaced, the next session's first step reads the new file, on a child forked for it. The control: the
+    session before the change was handed the waiting child, and read the file then."""
+    etc, command = _own_etc(tmp_path)
+    read = "import os\nprint(open('/etc/resolv.conf', 'rb').read()[-8:].hex(), os.getpid())"
+    pool = PoolProcess("--workers=1", cwd=tmp_path, command=command)
+
+    def waiting() -> list[int]:
+        end = time.monotonic() + 10
+        while not (found := _prepared_for_a_session(pool)):
+            assert time.monotonic() < end, pool.tree()
+            time.sleep(0.02)
+        return found
+
+    try:
+        assert pool.run(read, session="A", allow_network=True)["error"] is None
+        before = waiting()
+        control = pool.run(read, session="C", allow_network=True)
+        assert control["error"] is None and int(control["stdout"].split()[1]) in before, control
+        before = waiting()
+        new = tmp_path / "new"
+        new.write_bytes((etc / "resolv.conf").read_bytes() + b"\n# new\n")
+        expected = new.read_bytes()[-8:].hex()
+        os.replace(new, etc / "resolv.conf")
+        result = pool.run(read, session="B", allow_network=True)
+        assert result["error"] is None and result["stdout"].split()[0] == expected, result
+        assert int(result["stdout"].split()[1]) not in before, (result, before)
+    finally:
+        pool.finish()
+
+
 def _no_child_prepared_beside(pool: PoolProcess, spared: list[int], seconds: float) -> None:
     """For ``seconds``: never a job's own child and a prepared child (other than ``spared``) at once."""
     end = time.monotonic() + seconds

@@ -106,6 +106,8 @@ class RuntimeWatch:
     nothing happened, where comparing the paths' identities would be a ``stat`` each. It counts every change
     seen (and events it cannot tell apart from one: an overflow, a mount anywhere); the server forks the job
     when the count moved since its template's children were prepared, and the template discards them then.
+    A change inotify cannot see (made by another host on a network filesystem) is seen, as before, only by the
+    children forked after it.
     """
 
     def __init__(self, paths: Iterable[str]) -> None:

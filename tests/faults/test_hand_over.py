@@ -19,7 +19,9 @@ import contextlib
 import os
 import random
 import resource
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ import pytest
 from pynox.policy import cgroups
 from tests.harness import procfs
 from tests.pool.pool_driver import (
+    POOL,
     PREPARED_PER_WORKER,
     PoolProcess,
     descendants,
@@ -237,6 +240,39 @@ def test_a_child_prepared_for_the_next_session_killed_while_it_waits_costs_that_
         assert second["error"] is None and second["stdout"] == "B2\n" and second["step"] == 2, second
 
 
+def test_a_child_prepared_for_the_next_session_killed_after_it_was_handed_the_first_step_costs_that_session_nothing(
+        tmp_path: Path) -> None:
+    """As a job's (test_a_prepared_child_killed_after_it_was_handed_the_job_costs_that_job_nothing), for a
+    session's first step: the child the spare template confined for the next session is stopped, handed the
+    step, then killed before it could claim it. The step ran nowhere, so the session opens on a fresh child,
+    with channels of its own, and lives on (it was answered SIGKILL, the session ended, before the fix)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        opened = pool.run("import os\nprint(os.getpid())", session="A", allow_write=[str(out)])
+        assert opened["error"] is None, opened
+        end = time.monotonic() + 10
+        while not (waiting := _prepared_for_a_session(pool)):
+            assert time.monotonic() < end, pool.tree()
+            time.sleep(0.02)
+        assert len(waiting) == 1, (waiting, pool.tree())
+        os.kill(waiting[0], signal.SIGSTOP)
+        step = pool.submit(code=_marker_job(out, 0), session="B", allow_write=[str(out)])
+        time.sleep(0.3)
+        # The control: the step was handed to the stopped child (no other child runs below a template but
+        # session A's, and the marker is not there); a step forked a child of its own would prove nothing.
+        below = set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job", "pynox-session")))
+        assert below - {int(opened["stdout"])} == set(waiting), pool.tree()
+        assert not (out / "j0").exists()
+        _kill(waiting)
+        first = pool.result(step)
+        assert first["error"] is None and first["stdout"] == "0\n" and not first["session_ended"], first
+        assert (out / "j0").exists()
+        again = pool.run("import os\nprint(os.getpid())", session="B")
+        assert again["error"] is None and again["step"] == 2, again  # the session lives on its fresh child
+        assert int(again["stdout"]) not in waiting
+
+
 def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path) -> None:
     """A prepared child entered the working directory before it was moved away: a job handed to it would
     write into the old one. The directory is matched by device and inode, as grants are."""
@@ -252,6 +288,97 @@ def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path
         work.mkdir()
         assert pool.run("open('two', 'w').close()", allow_write=[str(tmp_path)])["error"] is None
         assert (work / "two").exists(), sorted(p.name for p in (tmp_path / "work-old").iterdir())
+
+
+# Files of the runtime's rules (granted to every job, or with the network) that the host replaces while the pool
+# runs: a DHCP client's /etc/resolv.conf, ldconfig's /etc/ld.so.cache; by rename (a new inode), or by a mount.
+_RUNTIME_FILES = {"resolv.conf": {"allow_network": True}, "ld.so.cache": {}}
+
+
+def _own_etc(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A copy of /etc, and the command that runs the pool with it bind-mounted over /etc in a private mount
+    namespace: renaming in the copy is renaming in the pool's /etc."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare --mount fails)")
+    etc = tmp_path / "etc"
+    subprocess.run(["cp", "-a", "/etc", str(etc)], check=True)
+    return etc, [unshare, "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc && exec "$@"',
+                 str(etc), *POOL]
+
+
+@pytest.mark.needs_root("a private mount namespace with an /etc of the test's own")
+@pytest.mark.parametrize("how", ["rename", "mount"])
+@pytest.mark.parametrize("name", sorted(_RUNTIME_FILES))
+def test_a_runtime_file_replaced_while_children_wait_is_the_new_file(tmp_path: Path, name: str, how: str) -> None:
+    """A child prepared ahead holds the Landlock rule of each runtime file as it was when it was confined: a file
+    the host replaced since (a new inode, by rename or by a mount over it) was denied to the next jobs handed
+    such a child (PermissionError, one job per child waiting, before the fix). Each job after the change reads
+    the new file; the children prepared before it are given up (the first job after it is forked anew). The
+    control: the file is read before the change, by a job handed a child prepared ahead."""
+    etc, command = _own_etc(tmp_path)
+    grant = _RUNTIME_FILES[name]
+    read = f"import os\nprint(open('/etc/{name}', 'rb').read()[-8:].hex(), os.getpid())"
+    pool = PoolProcess("--workers=1", cwd=tmp_path, command=command)
+    try:
+        for _ in range(3):
+            result = pool.run(read, **grant)
+            assert result["error"] is None, result
+        end = time.monotonic() + 10
+        while len(ready := _below(pool, 2, ("pynox-ready",))) < PREPARED_PER_WORKER:
+            assert time.monotonic() < end, f"not {PREPARED_PER_WORKER} children prepared: {ready}"
+            time.sleep(0.005)
+        control = pool.run(read, **grant)
+        assert control["error"] is None and int(control["stdout"].split()[1]) in ready, control
+        new = tmp_path / "new"
+        new.write_bytes((etc / name).read_bytes() + b"\n# new\n")
+        expected = new.read_bytes()[-8:].hex()
+        if how == "rename":
+            os.replace(new, etc / name)
+        else:
+            subprocess.run(["nsenter", "-t", str(pool.pid), "-m", "mount", "--bind", str(new), f"/etc/{name}"],
+                           check=True)
+        waiting = set(_below(pool, 2, ("pynox-ready",)))
+        for i in range(PREPARED_PER_WORKER + 1):
+            result = pool.run(read, **grant)
+            assert result["error"] is None and result["stdout"].split()[0] == expected, (i, result)
+            if i == 0:
+                assert int(result["stdout"].split()[1]) not in waiting, (result, waiting)
+    finally:
+        pool.finish()
+
+
+@pytest.mark.needs_root("a private mount namespace with an /etc of the test's own")
+def test_a_runtime_file_replaced_while_a_sessions_child_waits_is_the_new_file(tmp_path: Path) -> None:
+    """As for a job's, for the child the spare template confined for the next session: after /etc/resolv.conf
+    is replaced, the next session's first step reads the new file, on a child forked for it. The control: the
+    session before the change was handed the waiting child, and read the file then."""
+    etc, command = _own_etc(tmp_path)
+    read = "import os\nprint(open('/etc/resolv.conf', 'rb').read()[-8:].hex(), os.getpid())"
+    pool = PoolProcess("--workers=1", cwd=tmp_path, command=command)
+
+    def waiting() -> list[int]:
+        end = time.monotonic() + 10
+        while not (found := _prepared_for_a_session(pool)):
+            assert time.monotonic() < end, pool.tree()
+            time.sleep(0.02)
+        return found
+
+    try:
+        assert pool.run(read, session="A", allow_network=True)["error"] is None
+        before = waiting()
+        control = pool.run(read, session="C", allow_network=True)
+        assert control["error"] is None and int(control["stdout"].split()[1]) in before, control
+        before = waiting()
+        new = tmp_path / "new"
+        new.write_bytes((etc / "resolv.conf").read_bytes() + b"\n# new\n")
+        expected = new.read_bytes()[-8:].hex()
+        os.replace(new, etc / "resolv.conf")
+        result = pool.run(read, session="B", allow_network=True)
+        assert result["error"] is None and result["stdout"].split()[0] == expected, result
+        assert int(result["stdout"].split()[1]) not in before, (result, before)
+    finally:
+        pool.finish()
 
 
 def _no_child_prepared_beside(pool: PoolProcess, spared: list[int], seconds: float) -> None:

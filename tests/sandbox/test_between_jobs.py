@@ -332,8 +332,8 @@ def test_a_package_directory_replaced_on_the_host_is_the_new_one(tmp_path: Path)
         packages.rename(tmp_path / "site.old")  # a deploy moves the old release aside
         packages.mkdir()
         (packages / "second.py").write_text("NAME = 'second'\n")
-        # The children prepared before the move still have the old rule: none of them takes a job (their key
-        # names the old directory; see the test below, which checks the very next jobs).
+        # The children prepared before the move still have the old rule: none of them takes a job (the pool saw
+        # the directory replaced; see the test below, which checks the very next jobs).
         for _ in range(PREPARED_PER_WORKER):
             pool.run("pass")
         _wait_prepared(pool)

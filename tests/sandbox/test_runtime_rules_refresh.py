@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pynox.policy import RuntimeRules, landlock, native
+from pynox.policy.runtime import RuntimeWatch
 
 pytestmark = pytest.mark.pure
 
@@ -61,3 +62,51 @@ def test_a_file_replaced_on_the_host_is_reopened_and_nothing_else(tmp_path: Path
     (tmp_path / "missing").write_text("c")  # a path that was missing exists now: it gets its rule
     rules.refresh()
     assert rules.generation > generation and len(rules.current()) == len(paths)
+
+
+def test_the_watch_counts_a_path_that_names_another_file_and_nothing_else(tmp_path: Path) -> None:
+    """What the server asks before it hands a job to a child prepared ahead (RuntimeWatch.changes): a file
+    renamed over, a symlink's target renamed over, a directory on the way replaced are each a change; a
+    write in place (the same inode, which the rule still holds) and another file of the same directory are
+    not. The control of each change: the path's identity did change, as a rule would see it."""
+    paths = _paths(tmp_path)
+    (tmp_path / "dir" / "target").write_text("t")
+    (tmp_path / "dir" / "link").symlink_to(tmp_path / "dir" / "target")
+    watched = [*paths, str(tmp_path / "dir" / "link")]
+    watch = RuntimeWatch(watched)
+    try:
+        seen = watch.changes()
+        (tmp_path / "file").write_text("in place")
+        (tmp_path / "other").write_text("another file")
+        os.replace(tmp_path / "other", tmp_path / "another")
+        assert watch.changes() == seen  # nothing a rule holds changed
+        # A file, the target a watched symlink leads to, a path that was missing.
+        for replaced in (tmp_path / "file", tmp_path / "dir" / "target", tmp_path / "missing"):
+            before = _identity(replaced)
+            _rename_over(replaced)
+            assert _identity(replaced) != before  # the control: a rule opened before holds another inode
+            assert watch.changes() == seen + 1, replaced
+            seen += 1
+        moved = tmp_path / "moved"
+        os.rename(tmp_path / "dir", moved)  # the directory on the way to the link: another one takes its name
+        (tmp_path / "dir").mkdir()
+        assert watch.changes() > seen
+        seen = watch.changes()
+        _rename_over(tmp_path / "dir" / "link")  # watched again in the new directory
+        assert watch.changes() == seen + 1
+    finally:
+        watch.close()
+
+
+def _rename_over(path: Path) -> None:
+    new = path.with_name(path.name + ".new")
+    new.write_text("new")
+    os.replace(new, path)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino

@@ -113,7 +113,9 @@ class RuntimeRules:
     DHCP client, ``/etc/ld.so.cache`` by ``ldconfig``, ``/etc/localtime``, a package directory moved by
     a deploy): a rule holds the inode it was opened on, so the new file would be denied and the old one
     stay readable under its new name. :meth:`refresh` compares each path's inode with the rule's and
-    reopens what changed; the template calls it before every child it forks.
+    reopens what changed; the template calls it before every child it forks. A child prepared ahead keeps
+    the rules it was confined with: the server hands it no job once a path may have changed since
+    (:class:`~pynox.policy.runtime.RuntimeWatch`), and the template discards it as it forks that job.
     """
 
     def __init__(self, wanted: list[tuple[str, int]]) -> None:

@@ -9,17 +9,25 @@ the code the next job imports.
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
+import select
 import site
+import struct
 import sys
+import threading
 from collections.abc import Iterable
 
 from ..paths import beneath
+from ._libc import libc
 
 __all__ = [
-    "DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "OWN_PROC_DIRECTORIES", "OWN_PROC_ENTRIES",
-    "runtime_paths",
+    "DEVICE_READ", "DEVICE_WRITE", "NETWORK_FILES", "OWN_PROC_DIRECTORIES", "OWN_PROC_ENTRIES", "RuntimeWatch",
+    "rule_paths", "runtime_paths", "runtime_watch",
 ]
+
+_log = logging.getLogger(__name__)
 
 _SYSTEM = (
     "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
@@ -70,3 +78,141 @@ def _minimal(paths: Iterable[str]) -> list[str]:
         if not any(beneath(path, kept) for kept in result):
             result.append(path)
     return result
+
+
+def rule_paths(read_paths: Iterable[str]) -> tuple[str, ...]:
+    """Every path a template holds a Landlock rule of (policy.RuntimeRules), from its runtime paths (``Ready``)."""
+    return (*read_paths, *DEVICE_READ, *DEVICE_WRITE, *NETWORK_FILES)
+
+
+# inotify(7): a directory entry made, removed or renamed; the watched directory itself gone or moved; events lost.
+_IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x40, 0x80, 0x100, 0x200
+_IN_DELETE_SELF, _IN_MOVE_SELF, _IN_Q_OVERFLOW, _IN_IGNORED = 0x400, 0x800, 0x4000, 0x8000
+_IN_ONLYDIR = 0x01000000
+_ENTRY_EVENTS = _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE
+_WATCHED = _ENTRY_EVENTS | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+_ALWAYS = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_Q_OVERFLOW | _IN_IGNORED
+_EVENT = struct.Struct("=iIII")  # wd, mask, cookie, len; then the name, padded with NULs to len
+
+
+class RuntimeWatch:
+    """Whether a path of the runtime's rules may name another file than it did (a new inode): every directory
+    entry on the way to each path (and to where a symlink among them leads) is watched with inotify, and the
+    mount table with ``/proc/self/mountinfo`` (a mount over a path changes what it names, with no entry made).
+
+    A child prepared ahead holds the rules its template had when it was confined; a template reopens a
+    changed rule before it forks (``RuntimeRules.refresh``), not for a child already waiting. :meth:`changes`
+    is what the server asks before it hands a job to such a child: one ``poll`` of two descriptors when
+    nothing happened, where comparing the paths' identities would be a ``stat`` each. It counts every change
+    seen (and events it cannot tell apart from one: an overflow, a mount anywhere); the server forks the job
+    when the count moved since its template's children were prepared, and the template discards them then.
+    A change inotify cannot see (made by another host on a network filesystem) is seen, as before, only by the
+    children forked after it.
+    """
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self._paths = tuple(paths)
+        self._lock = threading.Lock()  # one watch serves every worker's template
+        self._changes = 0
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
+        self._inotify = fd
+        self._names: dict[int, set[bytes]] = {}  # watch descriptor -> the entries of that directory that matter
+        try:
+            self._mounts = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            self._watch()
+        except OSError:
+            self.close()
+            raise
+        self._poller = select.poll()
+        self._poller.register(self._inotify, select.POLLIN)
+        self._poller.register(self._mounts, select.POLLPRI)  # the kernel says POLLPRI once per change of the table
+
+    def _entries(self) -> dict[str, set[bytes]]:
+        """Each directory on the way to a path, and the entries in it that lead there (symlinks followed)."""
+        wanted: dict[str, set[bytes]] = {}
+        for path in self._paths:
+            for name in {os.path.abspath(path), os.path.realpath(path)}:
+                while True:
+                    parent, entry = os.path.split(name)
+                    if not entry:
+                        break
+                    wanted.setdefault(parent, set()).add(os.fsencode(entry))
+                    name = parent
+        return wanted
+
+    def _watch(self) -> None:
+        self._names.clear()
+        for directory, names in self._entries().items():
+            wd = libc.inotify_add_watch(self._inotify, os.fsencode(directory), _WATCHED)
+            if wd >= 0:  # a directory that is missing holds no path of the rules: its parent's entry is watched
+                self._names.setdefault(wd, set()).update(names)
+
+    def changes(self) -> int:
+        """How many times a path may have come to name another file, up to now (see the class's docstring)."""
+        with self._lock:
+            ready = self._poller.poll(0)
+            if ready:
+                # Each poll of the mount table takes its news (POLLPRI once per change): read them here.
+                self._read(any(fd == self._mounts for fd, _ in ready))
+            return self._changes
+
+    def _read(self, mounted: bool) -> None:
+        changed = mounted
+        try:
+            while True:
+                data = os.read(self._inotify, 1 << 16)
+                offset = 0
+                while offset + _EVENT.size <= len(data):
+                    wd, mask, _, length = _EVENT.unpack_from(data, offset)
+                    name = data[offset + _EVENT.size:offset + _EVENT.size + length].rstrip(b"\0")
+                    offset += _EVENT.size + length
+                    if mask & _ALWAYS or name in self._names.get(wd, ()):
+                        changed = True
+        except BlockingIOError:
+            pass
+        if changed:
+            self._changes += 1
+            self._watch()  # a directory replaced on the way, or a symlink that leads elsewhere now
+
+    def close(self) -> None:
+        os.close(self._inotify)
+        os.close(self._mounts)
+
+
+class _Unwatched:
+    """Where no watch can be made (inotify's instances used up, no /proc): every job is forked, never handed a
+    child prepared before it (each call is a change)."""
+
+    def __init__(self) -> None:
+        self._changes = 0
+
+    def changes(self) -> int:
+        self._changes += 1
+        return self._changes
+
+
+_watches: dict[tuple[str, ...], RuntimeWatch | _Unwatched] = {}
+_watches_lock = threading.Lock()
+
+
+def runtime_watch(paths: Iterable[str]) -> RuntimeWatch | _Unwatched:
+    """The process's one watch of ``paths`` (every template of a pool holds the same rules)."""
+    key = tuple(paths)
+    with _watches_lock:
+        watch = _watches.get(key)
+        if watch is None:
+            try:
+                watch = RuntimeWatch(key)
+            except OSError as exc:
+                _log.warning("cannot watch the runtime's files for changes (%s): every job is forked, none is "
+                             "handed a child prepared ahead", exc)
+                watch = _Unwatched()
+            _watches[key] = watch
+        return watch

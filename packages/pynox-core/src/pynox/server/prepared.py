@@ -16,7 +16,9 @@ prepared_children``; one handed a job counts until it ends), and says so:
 the ``Ended`` frame says how many are ``due``, a ``Prepared`` frame brings
 each. ``WAITING``: at most ``K`` wait, for a job with the same key
 (confinement, the grants' files, the working directory), and the next such
-job is handed to one of them instead of a fork; from then it is the
+job is handed to one of them instead of a fork, unless a runtime path may name
+another file since (``policy.runtime.RuntimeWatch``: the job is then forked,
+and the template discards every child it prepared before); from then it is the
 worker's :class:`~pynox.server.lifecycle.ChildLife`, and the others wait on
 while the template replaces it. ``RELEASED``: given up (discarded, or found
 dying when its job came); the template still reports its end, which is then

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ..defaults import DEFAULTS
-from ..errors import PynoxError, RequestError, quoted
+from ..errors import PoolWorkerError, PynoxError, RequestError, quoted
 from ..grants import bounded, parse_request_duration, parse_request_size
 from ..policy.cgroups import TenantGroup
 from ..protocol import Closed, Request, RequestId, SessionResult, encode, session_refusal
@@ -47,8 +47,9 @@ from .ended import EndedSessions
 from .flights import CLIENT_CANCELLED, Flight, Flights
 from .fork_gate import ForkWindow
 from .hostcalls import CallRegistry
-from .interrupts import StepInterrupt
+from .interrupts import InterruptState, StepInterrupt
 from .jobs import Resolver
+from .lifecycle import ChildState
 from .outcome import Gathering, Outcome, to_session_result
 from .scratch import ScratchRoot, answer
 from .session_life import SessionLife, SessionState
@@ -511,6 +512,23 @@ class Session(threading.Thread):
             if step.flight.cancelled:  # cancelled while its process started: it never runs
                 return Gathering(ended=True)
             self.life.running()
+            try:
+                return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels,
+                                          streamer=self._streamer(step), tenant=step.tenant)
+            except PoolWorkerError as exc:
+                # Nothing of the step began (the child prepared for it died before it claimed the step; not for
+                # a deadline, a cancel, a broken protocol or its memory): sent once more, as a job is (serve.py),
+                # to a child its template forks for it, with channels of its own (the dead child had the first).
+                if exc.started or self._template.broken:
+                    raise
+            child = self._template.child
+            if child.state is ChildState.IDLE:
+                child.take()  # from here a cancel is kept by the child's life (see lifecycle.py)
+            if step.flight.cancelled or step.interrupt.state is not InterruptState.SENT:  # cancelled meanwhile
+                child.drop()
+                return Gathering(ended=True)
+            self._channels.close()
+            self._channels = SessionChannels.create(bool(self.spec.payload.functions))
             return self._template.run(first, max_output=step.max_output, calls=calls, session=self._channels,
                                       streamer=self._streamer(step), tenant=step.tenant)
         template, channels = self._template, self._channels

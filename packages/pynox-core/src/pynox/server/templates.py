@@ -34,6 +34,7 @@ from ..errors import KernelSupportError, PoolWorkerError, RequestError
 from ..hosts import AllowList, parse_hosts, resolve
 from ..policy import cgroups
 from ..policy.grants import close_all, identity, open_grants, refuse_kernel_filesystems
+from ..policy.runtime import rule_paths, runtime_watch
 from ..wire.descriptors import (
     CHANNEL,
     CLAIM,
@@ -122,27 +123,16 @@ def _dying(pid: int) -> bool:
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
 
 
-def _key(confinement: Confinement, granted: list[int], package_dirs: list[str]) -> Key | None:
+def _key(confinement: Confinement, granted: list[int]) -> Key | None:
     """What a prepared child must have been confined with to take this job: the same confinement, grants
-    naming the same files, the same working directory (a child prepared in it keeps it, even renamed), and
-    the pool's package directories naming the same directories as when it was prepared (the template reopens
-    a replaced one before each child it forks: one prepared before would keep the old release readable and
-    the new one unreadable). None if the working directory is gone: the job's own child will say so."""
+    naming the same files, the same working directory (a child prepared in it keeps it, even renamed). The
+    pool's package directories, as every runtime path, are not in it: a replaced one is seen by the runtime's
+    watch (see _runtime_unchanged). None if the working directory is gone: the job's own child will say so."""
     try:
         cwd = os.stat(confinement.cwd)
     except OSError:
         return None
-    return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino),
-                                              *map(_path_identity, package_dirs))
-
-
-def _path_identity(path: str) -> tuple[int, int]:
-    """The file a path names now, (-1, -1) if none: a directory that comes back is another identity."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return -1, -1
-    return info.st_dev, info.st_ino
+    return msgspec.json.encode(confinement), (*identity(granted), (cwd.st_dev, cwd.st_ino))
 
 
 def _confinement(spec: JobSpec) -> Confinement:
@@ -324,7 +314,6 @@ class Template:
         # The children the template confines ahead of the next job (see prepared.py), and the serial of
         # the child serving the current job, whose Ended frame is its own.
         self.prepared = PreparedChildren(prepared_children)
-        self._package_dirs = list(package_dirs)  # their identities are in a prepared child's key
         self._due_by = 0.0  # when the template's announced children must have arrived (see preparing)
         self._child_serial: int | None = None
         # A job handed to a prepared child that died before it claimed the job ran nowhere: its worker sends it
@@ -357,6 +346,10 @@ class Template:
             self.close()
             raise PoolWorkerError(f"the template sent {type(frame).__name__} instead of Ready")
         self.ready: Ready = frame
+        # Whether a file of its runtime's rules may name another file now than when its children waiting were
+        # confined (see run): the pool's one watch, and how many changes it had counted when they were.
+        self._runtime = runtime_watch(rule_paths(frame.read_paths))
+        self._runtime_seen = self._runtime.changes()
         try:
             self._settle_memory()  # what it holds with its preloads: none of it counts against a job
         except PoolWorkerError:
@@ -400,7 +393,7 @@ class Template:
         copy.process, copy.ready, copy.broken = original.process, original.ready, False
         copy._adopted, copy.cgroups, copy._job_cpu, copy._budget_hits = True, None, original._job_cpu, 0
         copy.child, copy._steward, copy._steward_thread = ChildLife(), steward, None
-        copy.prepared, copy._package_dirs, copy._due_by = PreparedChildren(0), original._package_dirs, 0.0
+        copy.prepared, copy._due_by = PreparedChildren(0), 0.0
         copy._child_serial = None
         if original._family is None:
             original._family = _Family(original)
@@ -474,7 +467,8 @@ class Template:
 
         A job handed to a child prepared ahead that dies before it claims the job (killed from outside, even
         after any look at /proc could see it: see _hand_to_prepared) never began: ``PoolWorkerError`` with
-        ``started=False``, which its worker retries once, on a child this template then forks for it.
+        ``started=False``, which its worker retries once, on a child this template then forks for it; a
+        session's first step likewise, which its session sends again with channels made anew.
         """
         self._settle()
         self._enter(tenant)
@@ -524,7 +518,7 @@ class Template:
             extra.append(session.job_control)
             own[CONTROL] = session.job_control.fileno()
         # A session's first step may be handed to the child prepared ahead for it (see prepare_session).
-        key = _key(confinement, granted, self._package_dirs) if session is None or self.prepared.waiting else None
+        key = _key(confinement, granted) if session is None or self.prepared.waiting else None
         start = time.monotonic_ns()
         if not self.child.sent():  # cancelled while it was on its way: it never reaches a process
             for fd in [*writes, claim, *(end for pipe in pipes for end in pipe)]:
@@ -540,6 +534,7 @@ class Template:
             # template's cgroup at its start and freed during it, they would be room beyond its limit.
             # The job a prepared child died with goes to a child forked for it: none prepared may take it.
             hand, self._fork_next = not self._fork_next, False
+            hand = hand and (not self.prepared.waiting or self._runtime_unchanged())
             given_up = self.prepared.give_up_other_keys(key if hand else None)
             for child in given_up:
                 self._discard(child)
@@ -586,10 +581,15 @@ class Template:
                 if exc.started and take_back(claim):  # no child claimed the job: it never began
                     raise PoolWorkerError(str(exc), started=False) from None
                 raise
-            # A session's first step is not sent again: its channels went to the child that died (it is answered
-            # as that child ended).
-            if handed and session is None and self._lost_before_claimed(outcome, claim):
+            if handed and self._lost_before_claimed(outcome, claim):
                 self._fork_next = True
+                if session is not None:
+                    # Its channels went to the child that died: the session makes them again and sends its first
+                    # step once more (Session._run_step), from a life that is idle: the child's end is read now.
+                    self._read_while(lambda: self.child.state is ChildState.RUNNING, "reap a child that died")
+                    if self.child.state is ChildState.ENDED:
+                        self._close_metadata()
+                        self.child.release()
                 raise PoolWorkerError("the child prepared for this job died before it began it", started=False)
             return outcome
         finally:
@@ -604,6 +604,13 @@ class Template:
                 or self.child.cancelled:
             return False
         return take_back(claim)
+
+    def _runtime_unchanged(self) -> bool:
+        """Whether no runtime file was replaced (a new inode: renamed over, or a mount) since this template's
+        children waiting were confined: they hold its rules as they were then. If one was, the job is forked:
+        before the fork the template reopens what changed, and discards every child it prepared before."""
+        seen, self._runtime_seen = self._runtime_seen, self._runtime.changes()
+        return seen == self._runtime_seen
 
     def _enter(self, tenant: cgroups.TenantGroup | None) -> None:
         """Serve the next job in ``tenant``'s cgroups (None: the pool's own). A template serves jobs of every
@@ -683,7 +690,7 @@ class Template:
         except (RequestError, OSError):
             return False
         try:
-            key = _key(confinement, granted, self._package_dirs)
+            key = _key(confinement, granted)
             if key is None:
                 return False
             send_frame(self.sock, Prepare(job=self.prepared.job(key), confinement=confinement), granted)

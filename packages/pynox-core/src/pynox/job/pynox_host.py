@@ -179,10 +179,10 @@ class _Channel:
 
 
 def warm_up(calls: int = _WARM_CALLS) -> None:
-    """Rehearse a job's host calls ``calls`` times over a socketpair of this process, as a job makes them:
-    ``pynox_host`` installed, a function imported from it (``from pynox_host import ...``) and called, its
-    answers written ahead of the calls (one thread, nothing blocks); then leave nothing behind: no module, no
-    descriptor.
+    """Rehearse a job's host calls ``calls`` times (at most :data:`_WARM_CALLS`) over a socketpair of this
+    process, as a job makes them: ``pynox_host`` installed, a function imported from it (``from pynox_host
+    import ...``) and called, its answers written ahead of the calls (one thread, nothing blocks); then leave
+    nothing behind: no module, no descriptor.
 
     In the template before any job exists (``job.child.prepare_template``), this makes a job's first call
     as warm as its later ones: what that call used to build for itself (msgspec's plans for the frames'
@@ -199,15 +199,13 @@ def warm_up(calls: int = _WARM_CALLS) -> None:
         namespace: dict[str, Any] = {}
         exec(_WARM_IMPORT, namespace)  # the job's own import statement: importlib's from-list path
         function = namespace["warm_up"]
-        for tag in range(1, calls + 1):
-            answer = HostAnswer(tag=tag, result=[tag, 0.5, "x", None, {"k": True}]) if tag % 2 else \
-                HostAnswer(tag=tag, error="x")
-            theirs.sendall(encode_frame(answer))
+        for tag, answer in enumerate(_WARM_ANSWERS[:calls], 1):
+            theirs.sendall(answer)  # the pool's side of the path: not rehearsed here
             try:
                 function(tag, "x", 0.5, None, [True], k={"n": tag})
             except HostError:
                 pass
-            theirs.recv(1 << 16)  # the call's frame, a few dozen bytes
+            theirs.recv(1024)  # the call's frame, a few dozen bytes (a buffer as large would be fresh pages)
     finally:
         for name in _MODULES:
             sys.modules.pop(name, None)
@@ -217,6 +215,10 @@ def warm_up(calls: int = _WARM_CALLS) -> None:
 
 
 _MODULES = ("pynox_host", "pynox_host.aio")
+# The answers warm_up reads, encoded once, here: a child that rehearses takes no fault for the pool's side of
+# the path. Odd tags a result, even ones an error (a _Channel numbers its calls from 1).
+_WARM_ANSWERS = [bytes(encode_frame(HostAnswer(tag=tag, result=[tag, 0.5, "x", None, {"k": True}]) if tag % 2
+                                    else HostAnswer(tag=tag, error="x"))) for tag in range(1, _WARM_CALLS + 1)]
 _WARM_IMPORT = compile("from pynox_host import warm_up", "<pynox_host warm-up>", "exec")
 
 

@@ -193,7 +193,6 @@ def warm_up(calls: int = _WARM_CALLS) -> None:
     docs/performance.md, when only the calls were rehearsed), the import and the calls
     (``job.child._warm_up``)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    saved: dict[str, types.ModuleType] = {name: sys.modules.pop(name) for name in _MODULES if name in sys.modules}
     try:
         _install(["warm_up"], _Channel(ours))  # made as socketpair made it: as _channel_of makes the job's
         namespace: dict[str, Any] = {}
@@ -207,9 +206,8 @@ def warm_up(calls: int = _WARM_CALLS) -> None:
                 pass
             theirs.recv(1024)  # the call's frame, a few dozen bytes (a buffer as large would be fresh pages)
     finally:
-        for name in _MODULES:
+        for name in _MODULES:  # no job's: this runs before any job exists
             sys.modules.pop(name, None)
-        sys.modules.update(saved)
         ours.close()
         theirs.close()
 

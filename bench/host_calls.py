@@ -13,11 +13,18 @@ what the pool's processes were charged (the pool process, its templates, and the
 from /proc), over blocks of one kind of job, so it holds under load as latency does not. The baseline is
 one round trip over a unix socketpair between two processes, 10 ms apart and back to back.
 
+The job's own side of the path is also timed apart from the pool's, in children forked from a process
+prepared as a template is (``prepare_template``, ``gc.freeze``), each rehearsing as a child prepared ahead
+does (``pynox_host.warm_up(calls=2)``) and then timing, with its page faults: ``pynox_host``'s installation
+(the job's setup), ``from pynox_host import f``, and three calls whose answers are already waiting (no
+wake-up in them): ``job side`` in the output, medians over ``--children`` children (for the compared
+checkout too, run in a process of its own).
+
 ``--compare CHECKOUT`` runs another checkout's pool (a ``git worktree`` of the previous main, say, with its
 native extension built: ``pip install -e packages/pynox-core`` there, or a copy of this checkout's
 ``_confine*.so``, as ``PYNOX_NATIVE=1`` needs it) in the same rounds.
 
-    python bench/host_calls.py [--runs 400] [--block 5] [--compare CHECKOUT] [--json out.json]
+    python bench/host_calls.py [--runs 400] [--block 5] [--children 80] [--compare CHECKOUT] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import os
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -157,13 +165,76 @@ def cpu_per_job(pools: dict[str, PoolDriver], blocks: int, size: int) -> dict[st
             for name, kinds in ticks.items()}
 
 
+def job_side(children: int) -> dict[str, dict[str, float]]:
+    """Median page faults and µs of each step of a job's host-call path, in ``children`` forked children of
+    this process, prepared first as a template is (see the module's docstring)."""
+    import gc
+    import resource
+
+    from pynox.job import pynox_host
+    from pynox.job.child import prepare_template
+    from pynox.wire.host_channel import HostAnswer, encode_frame
+
+    prepare_template()
+    gc.collect()
+    gc.freeze()
+    steps = ("install", "import", "call 1", "call 2", "call 3")
+    code = compile("from pynox_host import f", "<job>", "exec")
+
+    def child(out: int) -> None:
+        pynox_host.warm_up(calls=2)  # as a child prepared ahead for a job with host functions does
+        ours, theirs = socket.socketpair()
+        for tag in (1, 2, 3):  # the answers wait already: a call's time is the job's own work
+            theirs.sendall(encode_frame(HostAnswer(tag=tag, result=tag)))
+        namespace: dict[str, Any] = {}
+        # A step that does nothing comes first, twice: the measuring's own first faults are not a step's.
+        actions = [lambda: None, lambda: None, lambda: pynox_host.install_host_module(["f"], ours.detach()),
+                   lambda: exec(code, namespace), *(lambda: namespace["f"](1) for _ in range(3))]
+        figures = [(0.0, 0)] * len(actions)
+        for n, action in enumerate(actions):
+            faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter_ns()
+            action()
+            end, after = time.perf_counter_ns(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            figures[n] = ((end - start) / 1000, after - faults)
+        os.write(out, json.dumps(figures[2:]).encode())
+        os._exit(0)
+
+    rows = []
+    for _ in range(children):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            child(write)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            rows.append(json.loads(pipe.read()))
+        os.waitpid(pid, 0)
+    return {step: {"us": round(statistics.median(row[n][0] for row in rows), 1),
+                   "faults": statistics.median(row[n][1] for row in rows)} for n, step in enumerate(steps)}
+
+
+def job_side_of(checkout: str, children: int) -> dict[str, dict[str, float]]:
+    """:func:`job_side` of another checkout's pynox, in a process of its own."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(checkout, "packages", "pynox-core", "src"))
+    done = subprocess.run([sys.executable, __file__, "--job-side-only", "--children", str(children)], env=env,
+                          capture_output=True, text=True, check=True)
+    figures: dict[str, dict[str, float]] = json.loads(done.stdout)
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--block", type=int, default=5, help="jobs of one kind in a row (the first untimed)")
     parser.add_argument("--compare", metavar="CHECKOUT")
+    parser.add_argument("--children", type=int, default=80, help="forked children timing the job's side")
+    parser.add_argument("--job-side-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.job_side_only:  # the compared checkout's figures (see job_side_of)
+        print(json.dumps(job_side(args.children)))
+        return 0
     pools = {"this": PoolDriver("--workers=1")}
     if args.compare:
         pools[os.path.basename(args.compare.rstrip("/"))] = PoolDriver("--workers=1", source=args.compare)
@@ -175,6 +246,10 @@ def main() -> int:
         "jobs 10 ms apart": measure(pools, args.runs, 0.01, max(args.block, 2)),
         "jobs back to back": measure(pools, args.runs, 0.0, max(args.block, 2)),
         "cpu ms per job (pool, templates, jobs)": cpu_per_job(pools, blocks=max(args.runs // 50, 3), size=50),
+        "job side (forked children: median us and page faults)":
+            {"this": job_side_of(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), args.children)}
+            | ({os.path.basename(args.compare.rstrip("/")): job_side_of(args.compare, args.children)}
+               if args.compare else {}),
         "load after": os.getloadavg(),
         "uptime after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }

@@ -51,7 +51,15 @@ HostError.__module__ = "pynox_host"
 def install_host_module(functions: list[str], channel_fd: int) -> None:
     """Create ``pynox_host`` (and ``pynox_host.aio``) with one callable per declared name; importing anything
     else fails."""
-    channel = _Channel(socket.socket(fileno=channel_fd))
+    _install(functions, _channel_of(channel_fd))
+
+
+def _channel_of(fd: int) -> _Channel:
+    # Its kind said, not asked of the kernel (a socket of a descriptor alone costs the job two getsockopt).
+    return _Channel(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fd))
+
+
+def _install(functions: list[str], channel: _Channel) -> None:
     module = types.ModuleType("pynox_host", "Functions of the host application, callable from this job.")
     aio = types.ModuleType("pynox_host.aio", "The host functions as coroutines: await them, or gather several.")
     module.HostError = aio.HostError = HostError  # type: ignore[attr-defined]
@@ -171,30 +179,45 @@ class _Channel:
 
 
 def warm_up(calls: int = _WARM_CALLS) -> None:
-    """Run the call path ``calls`` times over a socketpair of this process, its answers written ahead of
-    the calls (one thread, nothing blocks), and leave nothing behind: no module, no descriptor.
+    """Rehearse a job's host calls ``calls`` times (at most :data:`_WARM_CALLS`) over a socketpair of this
+    process, as a job makes them: ``pynox_host`` installed, a function imported from it (``from pynox_host
+    import ...``) and called, its answers written ahead of the calls (one thread, nothing blocks); then leave
+    nothing behind: no module, no descriptor.
 
     In the template before any job exists (``job.child.prepare_template``), this makes a job's first call
     as warm as its later ones: what that call used to build for itself (msgspec's plans for the frames'
     types, the interpreter's specialized code, threading's locks and events) is built once, and every
-    child inherits it. A child prepared ahead for a job with host functions runs it again for two calls (an
-    answer and an error), to take the copy-on-write faults of that path before its job arrives
+    child inherits it. A child prepared ahead for a job with host functions rehearses again (an answer and
+    an error), to take before its job arrives the copy-on-write faults of the whole path its job takes: the
+    module's installation (24 faults and 0.1 ms of the job's setup, on the 2-vCPU VM of
+    docs/performance.md, when only the calls were rehearsed), the import and the calls
     (``job.child._warm_up``)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        channel = _Channel(ours)
-        for tag in range(1, calls + 1):
-            answer = HostAnswer(tag=tag, result=[tag, 0.5, "x", None, {"k": True}]) if tag % 2 else \
-                HostAnswer(tag=tag, error="x")
-            theirs.sendall(encode_frame(answer))
+        _install(["warm_up"], _Channel(ours))  # made as socketpair made it: as _channel_of makes the job's
+        namespace: dict[str, Any] = {}
+        exec(_WARM_IMPORT, namespace)  # the job's own import statement: importlib's from-list path
+        function = namespace["warm_up"]
+        for tag, answer in enumerate(_WARM_ANSWERS[:calls], 1):
+            theirs.sendall(answer)  # the pool's side of the path: not rehearsed here
             try:
-                channel.call("warm_up", (tag, "x", 0.5, None, [True]), {"k": {"n": tag}})
+                function(tag, "x", 0.5, None, [True], k={"n": tag})
             except HostError:
                 pass
-            theirs.recv(1 << 16)  # the call's frame, a few dozen bytes
+            theirs.recv(1024)  # the call's frame, a few dozen bytes (a buffer as large would be fresh pages)
     finally:
+        for name in _MODULES:  # no job's: this runs before any job exists
+            sys.modules.pop(name, None)
         ours.close()
         theirs.close()
+
+
+_MODULES = ("pynox_host", "pynox_host.aio")
+# The answers warm_up reads, encoded once, here: a child that rehearses takes no fault for the pool's side of
+# the path. Odd tags a result, even ones an error (a _Channel numbers its calls from 1).
+_WARM_ANSWERS = [bytes(encode_frame(HostAnswer(tag=tag, result=[tag, 0.5, "x", None, {"k": True}]) if tag % 2
+                                    else HostAnswer(tag=tag, error="x"))) for tag in range(1, _WARM_CALLS + 1)]
+_WARM_IMPORT = compile("from pynox_host import warm_up", "<pynox_host warm-up>", "exec")
 
 
 def _bind(call: Any, name: str) -> Any:

@@ -31,9 +31,14 @@ PERF_EVENTS = "task-clock,page-faults,context-switches"
 
 
 def template_of(server: int) -> int:
-    for child in children_of(server):
+    """The pool's template: a child of the server, or of its zygote (which starts the templates)."""
+    pending = children_of(server)
+    while pending:
+        child = pending.pop(0)
         if process_name(child) == "pynox-template":
             return child
+        if process_name(child) == "pynox-zygote":
+            pending += children_of(child)
     raise RuntimeError("no pynox-template under the pool")
 
 

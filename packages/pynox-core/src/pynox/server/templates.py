@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import os
-import selectors
+import select
 import signal
 import socket
 import subprocess
@@ -222,12 +222,42 @@ class SessionChannels:
                 sock.close()
 
 
+class _Watched:
+    """The descriptors one job's loop watches, each with its handler: ``select.poll`` and a dict (a selector's
+    keys cost a lookup and a tuple for each registration and each event, on every job's path). Any event on a
+    descriptor, its hang-up included, calls its handler."""
+
+    __slots__ = ("_poll", "handlers")
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self.handlers: dict[int, Handler] = {}
+
+    def register(self, target: int | socket.socket, events: int, handler: Handler) -> None:
+        fd = target if isinstance(target, int) else target.fileno()
+        self._poll.register(fd, events)
+        self.handlers[fd] = handler
+
+    def modify(self, target: socket.socket, events: int) -> None:
+        self._poll.modify(target.fileno(), events)
+
+    def unregister(self, target: int | socket.socket) -> None:
+        fd = target if isinstance(target, int) else target.fileno()
+        self._poll.unregister(fd)
+        del self.handlers[fd]
+
+    def wait(self, wait_ns: int) -> list[Handler]:
+        """The handlers of the descriptors ready within ``wait_ns`` (rounded up to a millisecond)."""
+        handlers = self.handlers
+        return [handlers[fd] for fd, _ in self._poll.poll(-(-max(wait_ns, 0) // 1_000_000)) if fd in handlers]
+
+
 @dataclass
 class _Serving:
     """One job (or session step) on its way through :meth:`Template.collect`: what the loop watches, and
     what it has seen so far."""
 
-    sel: selectors.BaseSelector
+    sel: _Watched
     capture: Capture
     outcome: Gathering
     job_calls: JobCalls | None
@@ -243,7 +273,7 @@ class _Serving:
     # Whether the job could leave pages in a tmpfs or TCP buffers (a write grant, or a network): only then is
     # the memory cgroup's stat read for them (~70 µs on a job's path).
     holds_in_kernel: bool = False
-    # What the loop watches the host-call channel for: EVENT_READ, with EVENT_WRITE while answers wait for
+    # What the loop watches the host-call channel for: POLLIN, with POLLOUT while answers wait for
     # it to take them (see Outbox); 0 once it is no longer watched.
     channel_events: int = 0
     watching_listener: bool = False  # the steward's listener, until the job's first delegated call
@@ -754,19 +784,18 @@ class Template:
         try:
             # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
-            with selectors.PollSelector() as sel:
-                serving = _Serving(sel, capture, outcome, job_calls, session,
-                                   ServingLife(start + int(timeout * 1e9), _GRACE_NS), max_output,
-                                   claimed=claim is not None,
-                                   holds_in_kernel=bool(spec.confinement.allow_write)
-                                   or spec.confinement.network != "none")
-                try:
-                    self._loop(serving)
-                    capture.drain_display()
-                except BaseException:
-                    if streamer is not None:
-                        streamer.finish()
-                    raise
+            serving = _Serving(_Watched(), capture, outcome, job_calls, session,
+                               ServingLife(start + int(timeout * 1e9), _GRACE_NS), max_output,
+                               claimed=claim is not None,
+                               holds_in_kernel=bool(spec.confinement.allow_write)
+                               or spec.confinement.network != "none")
+            try:
+                self._loop(serving)
+                capture.drain_display()
+            except BaseException:
+                if streamer is not None:
+                    streamer.finish()
+                raise
             if session:
                 # Between steps, nothing of the session runs: not a thread its step left behind, not a
                 # call it makes. Stopped before it is measured, so its figures are final; continued as
@@ -879,21 +908,19 @@ class Template:
         step, its pipes closed (the child hands them back), unless the child died or exited meanwhile."""
         sel, capture = serving.sel, serving.capture
         for fd in capture.pipes:
-            sel.register(fd, selectors.EVENT_READ, functools.partial(self._on_pipe, fd))
+            sel.register(fd, select.POLLIN, functools.partial(self._on_pipe, fd))
         if self.child.state is not ChildState.ENDED:
-            sel.register(self.sock, selectors.EVENT_READ, self._on_template)
+            sel.register(self.sock, select.POLLIN, self._on_template)
         if serving.job_calls is not None:
-            serving.channel_events = selectors.EVENT_READ
-            sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_channel)
-            sel.register(serving.job_calls.outbox.wakeup, selectors.EVENT_READ, self._on_answers_waiting)
+            serving.channel_events = select.POLLIN
+            sel.register(serving.job_calls.channel, select.POLLIN, self._on_host_channel)
+            sel.register(serving.job_calls.outbox.wakeup, select.POLLIN, self._on_answers_waiting)
             self._watch_writes(serving)  # a session's answers may wait from its last step
         if self._steward is not None and self._steward.sock is not None:
-            sel.register(self._steward.sock, selectors.EVENT_READ, self._on_listener)
+            sel.register(self._steward.sock, select.POLLIN, self._on_listener)
         try:
             while capture.open or self._needs_end(serving):
-                wait = self._enforce(serving)
-                for key, _ in sel.select(max(wait, 0) / 1e9):
-                    handler: Handler = key.data
+                for handler in sel.wait(self._enforce(serving)):
                     handler(serving)
         except BaseException:
             if self.child.alive:
@@ -929,7 +956,7 @@ class Template:
             self.broken = True
             raise PoolWorkerError("the template did not reap a killed job in time")
         if life.timed_out and not serving.watching_pidfd and self.child.pidfd is not None:
-            serving.sel.register(self.child.pidfd, selectors.EVENT_READ, self._on_pidfd)
+            serving.sel.register(self.child.pidfd, select.POLLIN, self._on_pidfd)
             serving.watching_pidfd = True
         wait = life.wake() - now
         if stall is not None:
@@ -1160,9 +1187,9 @@ class Template:
         job_calls = serving.job_calls
         if job_calls is None or not serving.channel_events:
             return
-        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if job_calls.outbox.wants_to_write() else 0)
+        wanted = select.POLLIN | (select.POLLOUT if job_calls.outbox.wants_to_write() else 0)
         if wanted != serving.channel_events:
-            serving.sel.modify(job_calls.channel, wanted, serving.sel.get_key(job_calls.channel).data)
+            serving.sel.modify(job_calls.channel, wanted)
             serving.channel_events = wanted
 
     def _on_host_channel(self, serving: _Serving) -> None:
@@ -1170,7 +1197,7 @@ class Template:
         registration per descriptor; neither the write nor the read blocks."""
         job_calls = serving.job_calls
         assert job_calls is not None
-        if serving.channel_events & selectors.EVENT_WRITE:
+        if serving.channel_events & select.POLLOUT:
             job_calls.outbox.flush()
         try:
             chunk: bytes | None = job_calls.channel.recv(_READ_CHUNK, socket.MSG_DONTWAIT)
@@ -1243,7 +1270,7 @@ class Template:
         if steward is None or steward.phase is not StewardPhase.ARRIVED or serving.watching_listener:
             return
         assert steward.listener is not None
-        serving.sel.register(steward.listener, selectors.EVENT_READ, self._on_delegated_call)
+        serving.sel.register(steward.listener, select.POLLIN, self._on_delegated_call)
         serving.watching_listener = True
 
     def _on_delegated_call(self, serving: _Serving) -> None:

@@ -63,7 +63,7 @@ from ..wire.frames import (
     recv_frame,
     send_frame,
 )
-from ..wire.payload import new_claim, take_back, write_payload
+from ..wire.payload import new_claim, new_payload, take_back, write_payload
 from ..wire.spec import Confinement, JobSpec
 from .capture import Capture
 from .figures import matplotlib_setup
@@ -115,11 +115,60 @@ _SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # in the pending signals of field 
 def _dying(pid: int) -> bool:
     """Whether a process is gone or on its way out: SIGKILL pending, exiting, or a zombie."""
     try:
-        fields = proc_text(f"/proc/{pid}/stat").rpartition(b")")[2].split()
+        return _dying_by(proc_text(f"/proc/{pid}/stat"))
+    except OSError:
+        return True
+
+
+def _open_stat(pid: int) -> int:
+    """A process's /proc/<pid>/stat, kept open to be read again (see _dying_at); -1 if it is gone."""
+    try:
+        return os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def _dying_at(stat: int) -> bool:
+    """:func:`_dying`, from the process's /proc/<pid>/stat kept open (:func:`_open_stat`): one read, where an
+    open, a read and a close were. It names the process it was opened for: once that one is reaped, it reads
+    ESRCH, whatever process has its pid since."""
+    try:
+        return _dying_by(os.pread(stat, 4096, 0))
+    except OSError:
+        return True
+
+
+def _dying_by(stat: bytes) -> bool:
+    try:
+        fields = stat.rpartition(b")")[2].split()
         state, flags, pending = fields[0], int(fields[6]), int(fields[28])
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return True
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
+
+
+# A job's own descriptors: its payload's memfd (empty until the job comes), its claim, and its 4 pipes (stdout,
+# stderr, report, display; read end, write end).
+_Descriptors = tuple[int, int, list[tuple[int, int]]]
+
+
+def _job_descriptors() -> _Descriptors:
+    """A job's descriptors, made: 8 system calls, which a worker makes after a result has left for the next
+    job (see Template.after_result), off its path."""
+    made = [new_payload()]
+    try:
+        made.append(new_claim())
+        for _ in range(4):
+            made += os.pipe2(os.O_CLOEXEC)
+    except BaseException:
+        close_all(made)
+        raise
+    return made[0], made[1], [(made[i], made[i + 1]) for i in range(2, 10, 2)]
+
+
+def _close_descriptors(made: _Descriptors) -> None:
+    payload, claim, pipes = made
+    close_all([payload, claim, *(end for pipe in pipes for end in pipe)])
 
 
 def _key(confinement: Confinement, granted: list[int], package_dirs: list[str]) -> Key | None:
@@ -319,6 +368,8 @@ class Template:
 
     _family: _Family | None = None  # shared with a session fork's copies (see adopt)
     _adopted = False  # a copy's handle: its cgroups are the copy's own
+    _stat: int | None = None  # the template's /proc/<pid>/stat, kept open once read (see _hand_to_prepared)
+    _made: _Descriptors | None = None  # the next job's descriptors, made after the last result left
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
                  landlock_abi: int | None = None, life: ChildLife | None = None,
@@ -483,6 +534,12 @@ class Template:
             self._steward_thread = None
         self.child.abandon()
         self.prepared.close()
+        if self._stat is not None and self._stat >= 0:
+            os.close(self._stat)
+        self._stat = None
+        if self._made is not None:
+            _close_descriptors(self._made)
+            self._made = None
         if self.cgroups is not None and (last or self._adopted):
             # Its children die with it (parent-death signal); what is still exiting is removed at exit.
             self.cgroups.close(wait=0.5)
@@ -530,12 +587,16 @@ class Template:
             close_all(granted)
             raise
         try:
-            payload = write_payload(spec.payload)
+            made, self._made = self._made, None
+            payload, claim, pipes = made if made is not None else _job_descriptors()
         except BaseException:
             close_all(granted)
             raise
-        claim = new_claim()
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(4)]
+        try:
+            write_payload(spec.payload, payload)  # closes the memfd if it fails
+        except BaseException:
+            close_all([*granted, claim, *(end for pipe in pipes for end in pipe)])
+            raise
         extra: list[socket.socket] = []
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], DISPLAY: pipes[3][1], PAYLOAD: payload,
                CLAIM: claim}
@@ -681,7 +742,10 @@ class Template:
             # the cheap way round: a kill it cannot see (one landing after it, or one the kernel took off the
             # pending signals before it marks the task exiting, a window a loaded machine widens) leaves the
             # job unclaimed, and run sends it again to a child forked for it.
-            if _dying(self.process.pid):
+            # The template's /proc/<pid>/stat is kept open from its first job on (one read a job, not three calls).
+            if self._stat is None:
+                self._stat = _open_stat(self.process.pid)
+            if _dying_at(self._stat):
                 self.prepared.release(prepared)
                 return False
             if _dying(prepared.pid):
@@ -1067,13 +1131,16 @@ class Template:
 
     def after_result(self) -> None:
         """Once a result has left: collect its child's end, and the child the template now prepares if none
-        waits, while the agent reads the result, rather than on the next job's path. A template that fails
-        here is marked broken and replaced before the next job."""
+        waits, and make the next job's descriptors, while the agent reads the result, rather than on the next
+        job's path. A template that fails here is marked broken and replaced before the next job."""
         if self.broken:
             return
         try:
             self._settle()
             self._settle_memory()
+            if self._made is None:
+                with contextlib.suppress(OSError):  # none to spare now (EMFILE): the job makes its own, or says so
+                    self._made = _job_descriptors()
         except PoolWorkerError:
             self.broken = True
         except Exception:  # a bug here must cost this template, never the worker thread (its templates die with it)

@@ -760,8 +760,11 @@ class Template:
             break
         self._child_serial = prepared.serial
         self.child.started(prepared.pidfd, prepared.pid)
-        # Its listener is waiting on the control socket, sent when it was confined.
+        # Its listener is waiting on the control socket, sent when it was confined: taken now if it is there (a
+        # child confined before its job came, as most are), rather than by a turn of the job's loop.
         self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement), hosts=hosts)
+        if readable(prepared.control.fileno(), 0):
+            self._steward.take_listener()
         return True
 
     def prepare_session(self, spec: JobSpec) -> bool:

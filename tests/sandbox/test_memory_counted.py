@@ -171,6 +171,22 @@ def test_pipe_buffers_of_a_job_count_against_its_memory(tmp_path: Path) -> None:
         assert fine["usage"]["memory_peak_kb"] >= held * 1024, fine["usage"]
 
 
+@pytest.mark.needs_root("an ordinary user's pool has no memory cgroup")
+def test_a_job_after_a_job_with_another_memory_runs_under_its_own(tmp_path: Path) -> None:
+    # The pool keeps a cgroup's limit between jobs that ask for the same memory, and writes it again for one
+    # that asks for other: each of these runs under its own, whichever way the limit moves, and repeated.
+    _counted()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for memory, fits in (("1g", True), ("48m", False), ("48m", False), ("1g", True), ("1g", True),
+                             ("48m", False)):
+            done = pool.run(_PIPES, memory=memory, timeout="30s", wait=60)
+            if fits:  # the control: with the memory to hold them, the pipes fill past 48 MiB
+                assert done["exit"] == 0 and int(done["stdout"].split()[-2]) >= 48, (memory, done)
+            else:
+                assert done["exit"] == 1 and done["error"]["type"] == "MemoryError", (memory, done)
+                assert done["usage"]["memory_peak_kb"] <= 48 * 1024, (memory, done["usage"])
+
+
 _STALE = ("pynox-2", "template-6")  # what a pool that was PID 2 of its namespace left: host pid 2 exists
 
 

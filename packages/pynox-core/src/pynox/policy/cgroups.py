@@ -95,6 +95,11 @@ _CPU_PERIOD = 100_000  # µs: the kernel's default CFS period
 _SETUP_MEMORY = 16 << 20  # what a child may take before it checks its memory limit (see MemoryCounter.start)
 # How near its limit a v1 cgroup's peak is when the limit stopped it: the kernel charges in batches of 64 pages.
 _LIMIT_SLACK = 1 << 20
+# The base of a job's limit (what the cgroup held when it last settled: the template's pages, the child
+# prepared ahead) moves by a few hundred KiB from one job to the next. A limit already written that gives the
+# job its memory and at most this much more is kept rather than written again (memory+swap, memory: two
+# writes of cgroup files a job, each under the cgroup's lock); a job never runs under less than it asked.
+_LIMIT_KEPT_WITHIN = 1 << 20
 
 
 def _watch_ooms(path: str) -> int | None:
@@ -248,16 +253,20 @@ def _write(path: str, text: str) -> None:
 
 def _fields(text: bytes, *wanted: bytes) -> dict[bytes, int]:
     """The ``wanted`` of ``name value`` lines (memory.stat, memory.events, memory.oom_control), as a dict."""
-    # Only the wanted are converted, with a try rather than contextlib.suppress: memory.stat has ~40 lines, read
-    # after every job (a context manager and an int per line were a tenth of the worker's CPU per job).
+    # Each wanted name is found where a line starts (after a newline: v1's memory.stat also has "total_<name>"),
+    # rather than every line split: memory.stat has ~40 lines, read after every job.
+    text = b"\n" + text
     found = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(b" ")
-        if name in wanted:
-            try:
-                found[name] = int(value)
-            except ValueError:
-                pass
+    for name in wanted:
+        at = text.find(b"\n" + name + b" ")
+        if at < 0:
+            continue
+        start = at + len(name) + 2
+        end = text.find(b"\n", start)
+        try:
+            found[name] = int(text[start:end if end >= 0 else len(text)])
+        except ValueError:
+            pass
     return found
 
 
@@ -302,6 +311,7 @@ class MemoryCounter:
         # The limit now (v2 says "max" for none): memory+swap must never be set below it.
         now = self._read("limit").strip()
         self._limit_set = int(now) if now.isdigit() else 1 << 62
+        self._tcp_set = b""  # v1: the TCP budget written last (the same is not written again)
         self._held = 0
         self._hits = 0
         # v1: the OOMs of this cgroup's limit and its ancestors' (see _watch_ooms), counted as read.
@@ -370,7 +380,7 @@ class MemoryCounter:
         # is not the job's to take.
         self._held = min(self._held, int(self._read("usage")))
         limit = self._held + max(memory, _SETUP_MEMORY)
-        if limit != self._limit_set:
+        if not limit <= self._limit_set < limit + _LIMIT_KEPT_WITHIN:
             text = str(limit).encode()
             swap = self._fds.get("swap_limit")
             if swap is not None and limit > self._limit_set:
@@ -383,7 +393,10 @@ class MemoryCounter:
         self.mark()
         tcp = self._fds.get("tcp_limit")
         if tcp is not None:  # v1: the job's TCP buffers, a budget of their own as large as its memory
-            os.pwrite(tcp, str(int(self._read("tcp_usage")) + max(memory, _SETUP_MEMORY)).encode(), 0)
+            budget = str(int(self._read("tcp_usage")) + max(memory, _SETUP_MEMORY)).encode()
+            if budget != self._tcp_set:
+                os.pwrite(tcp, budget, 0)
+                self._tcp_set = budget
         peak = self._fds.get("peak")
         if peak is not None:
             try:

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import os
-import selectors
+import select
 import signal
 import socket
 import subprocess
@@ -64,7 +64,7 @@ from ..wire.frames import (
     recv_frame,
     send_frame,
 )
-from ..wire.payload import new_claim, take_back, write_payload
+from ..wire.payload import new_claim, new_payload, take_back, write_payload
 from ..wire.spec import Confinement, JobSpec
 from .capture import Capture
 from .figures import matplotlib_setup
@@ -116,11 +116,60 @@ _SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # in the pending signals of field 
 def _dying(pid: int) -> bool:
     """Whether a process is gone or on its way out: SIGKILL pending, exiting, or a zombie."""
     try:
-        fields = proc_text(f"/proc/{pid}/stat").rpartition(b")")[2].split()
+        return _dying_by(proc_text(f"/proc/{pid}/stat"))
+    except OSError:
+        return True
+
+
+def _open_stat(pid: int) -> int:
+    """A process's /proc/<pid>/stat, kept open to be read again (see _dying_at); -1 if it is gone."""
+    try:
+        return os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def _dying_at(stat: int) -> bool:
+    """:func:`_dying`, from the process's /proc/<pid>/stat kept open (:func:`_open_stat`): one read, where an
+    open, a read and a close were. It names the process it was opened for: once that one is reaped, it reads
+    ESRCH, whatever process has its pid since."""
+    try:
+        return _dying_by(os.pread(stat, 4096, 0))
+    except OSError:
+        return True
+
+
+def _dying_by(stat: bytes) -> bool:
+    try:
+        fields = stat.rpartition(b")")[2].split()
         state, flags, pending = fields[0], int(fields[6]), int(fields[28])
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return True
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
+
+
+# A job's own descriptors: its payload's memfd (empty until the job comes), its claim, and its 4 pipes (stdout,
+# stderr, report, display; read end, write end).
+_Descriptors = tuple[int, int, list[tuple[int, int]]]
+
+
+def _job_descriptors() -> _Descriptors:
+    """A job's descriptors, made: 8 system calls, which a worker makes after a result has left for the next
+    job (see Template.after_result), off its path."""
+    made = [new_payload()]
+    try:
+        made.append(new_claim())
+        for _ in range(4):
+            made += os.pipe2(os.O_CLOEXEC)
+    except BaseException:
+        close_all(made)
+        raise
+    return made[0], made[1], [(made[i], made[i + 1]) for i in range(2, 10, 2)]
+
+
+def _close_descriptors(made: _Descriptors) -> None:
+    payload, claim, pipes = made
+    close_all([payload, claim, *(end for pipe in pipes for end in pipe)])
 
 
 def _key(confinement: Confinement, granted: list[int]) -> Key | None:
@@ -212,12 +261,42 @@ class SessionChannels:
                 sock.close()
 
 
+class _Watched:
+    """The descriptors one job's loop watches, each with its handler: ``select.poll`` and a dict (a selector's
+    keys cost a lookup and a tuple for each registration and each event, on every job's path). Any event on a
+    descriptor, its hang-up included, calls its handler."""
+
+    __slots__ = ("_poll", "handlers")
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self.handlers: dict[int, Handler] = {}
+
+    def register(self, target: int | socket.socket, events: int, handler: Handler) -> None:
+        fd = target if isinstance(target, int) else target.fileno()
+        self._poll.register(fd, events)
+        self.handlers[fd] = handler
+
+    def modify(self, target: socket.socket, events: int) -> None:
+        self._poll.modify(target.fileno(), events)
+
+    def unregister(self, target: int | socket.socket) -> None:
+        fd = target if isinstance(target, int) else target.fileno()
+        self._poll.unregister(fd)
+        del self.handlers[fd]
+
+    def wait(self, wait_ns: int) -> list[Handler]:
+        """The handlers of the descriptors ready within ``wait_ns`` (rounded up to a millisecond)."""
+        handlers = self.handlers
+        return [handlers[fd] for fd, _ in self._poll.poll(-(-max(wait_ns, 0) // 1_000_000)) if fd in handlers]
+
+
 @dataclass
 class _Serving:
     """One job (or session step) on its way through :meth:`Template.collect`: what the loop watches, and
     what it has seen so far."""
 
-    sel: selectors.BaseSelector
+    sel: _Watched
     capture: Capture
     outcome: Gathering
     job_calls: JobCalls | None
@@ -233,7 +312,7 @@ class _Serving:
     # Whether the job could leave pages in a tmpfs or TCP buffers (a write grant, or a network): only then is
     # the memory cgroup's stat read for them (~70 µs on a job's path).
     holds_in_kernel: bool = False
-    # What the loop watches the host-call channel for: EVENT_READ, with EVENT_WRITE while answers wait for
+    # What the loop watches the host-call channel for: POLLIN, with POLLOUT while answers wait for
     # it to take them (see Outbox); 0 once it is no longer watched.
     channel_events: int = 0
     watching_listener: bool = False  # the steward's listener, until the job's first delegated call
@@ -279,6 +358,8 @@ class Template:
 
     _family: _Family | None = None  # shared with a session fork's copies (see adopt)
     _adopted = False  # a copy's handle: its cgroups are the copy's own
+    _stat: int | None = None  # the template's /proc/<pid>/stat, kept open once read (see _hand_to_prepared)
+    _made: _Descriptors | None = None  # the next job's descriptors, made after the last result left
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
                  landlock_abi: int | None = None, life: ChildLife | None = None,
@@ -446,6 +527,12 @@ class Template:
             self._steward_thread = None
         self.child.abandon()
         self.prepared.close()
+        if self._stat is not None and self._stat >= 0:
+            os.close(self._stat)
+        self._stat = None
+        if self._made is not None:
+            _close_descriptors(self._made)
+            self._made = None
         if self.cgroups is not None and (last or self._adopted):
             # Its children die with it (parent-death signal); what is still exiting is removed at exit.
             self.cgroups.close(wait=0.5)
@@ -494,12 +581,16 @@ class Template:
             close_all(granted)
             raise
         try:
-            payload = write_payload(spec.payload)
+            made, self._made = self._made, None
+            payload, claim, pipes = made if made is not None else _job_descriptors()
         except BaseException:
             close_all(granted)
             raise
-        claim = new_claim()
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(4)]
+        try:
+            write_payload(spec.payload, payload)  # closes the memfd if it fails
+        except BaseException:
+            close_all([*granted, claim, *(end for pipe in pipes for end in pipe)])
+            raise
         extra: list[socket.socket] = []
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], DISPLAY: pipes[3][1], PAYLOAD: payload,
                CLAIM: claim}
@@ -658,7 +749,10 @@ class Template:
             # the cheap way round: a kill it cannot see (one landing after it, or one the kernel took off the
             # pending signals before it marks the task exiting, a window a loaded machine widens) leaves the
             # job unclaimed, and run sends it again to a child forked for it.
-            if _dying(self.process.pid):
+            # The template's /proc/<pid>/stat is kept open from its first job on (one read a job, not three calls).
+            if self._stat is None:
+                self._stat = _open_stat(self.process.pid)
+            if _dying_at(self._stat):
                 self.prepared.release(prepared)
                 return False
             if _dying(prepared.pid):
@@ -673,8 +767,11 @@ class Template:
             break
         self._child_serial = prepared.serial
         self.child.started(prepared.pidfd, prepared.pid)
-        # Its listener is waiting on the control socket, sent when it was confined.
+        # Its listener is waiting on the control socket, sent when it was confined: taken now if it is there (a
+        # child confined before its job came, as most are), rather than by a turn of the job's loop.
         self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement), hosts=hosts)
+        if readable(prepared.control.fileno(), 0):
+            self._steward.take_listener()
         return True
 
     def prepare_session(self, spec: JobSpec) -> bool:
@@ -761,19 +858,18 @@ class Template:
         try:
             # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
-            with selectors.PollSelector() as sel:
-                serving = _Serving(sel, capture, outcome, job_calls, session,
-                                   ServingLife(start + int(timeout * 1e9), _GRACE_NS), max_output,
-                                   claimed=claim is not None,
-                                   holds_in_kernel=bool(spec.confinement.allow_write)
-                                   or spec.confinement.network != "none")
-                try:
-                    self._loop(serving)
-                    capture.drain_display()
-                except BaseException:
-                    if streamer is not None:
-                        streamer.finish()
-                    raise
+            serving = _Serving(_Watched(), capture, outcome, job_calls, session,
+                               ServingLife(start + int(timeout * 1e9), _GRACE_NS), max_output,
+                               claimed=claim is not None,
+                               holds_in_kernel=bool(spec.confinement.allow_write)
+                               or spec.confinement.network != "none")
+            try:
+                self._loop(serving)
+                capture.drain_display()
+            except BaseException:
+                if streamer is not None:
+                    streamer.finish()
+                raise
             if session:
                 # Between steps, nothing of the session runs: not a thread its step left behind, not a
                 # call it makes. Stopped before it is measured, so its figures are final; continued as
@@ -886,21 +982,19 @@ class Template:
         step, its pipes closed (the child hands them back), unless the child died or exited meanwhile."""
         sel, capture = serving.sel, serving.capture
         for fd in capture.pipes:
-            sel.register(fd, selectors.EVENT_READ, functools.partial(self._on_pipe, fd))
+            sel.register(fd, select.POLLIN, functools.partial(self._on_pipe, fd))
         if self.child.state is not ChildState.ENDED:
-            sel.register(self.sock, selectors.EVENT_READ, self._on_template)
+            sel.register(self.sock, select.POLLIN, self._on_template)
         if serving.job_calls is not None:
-            serving.channel_events = selectors.EVENT_READ
-            sel.register(serving.job_calls.channel, selectors.EVENT_READ, self._on_host_channel)
-            sel.register(serving.job_calls.outbox.wakeup, selectors.EVENT_READ, self._on_answers_waiting)
+            serving.channel_events = select.POLLIN
+            sel.register(serving.job_calls.channel, select.POLLIN, self._on_host_channel)
+            sel.register(serving.job_calls.outbox.wakeup, select.POLLIN, self._on_answers_waiting)
             self._watch_writes(serving)  # a session's answers may wait from its last step
         if self._steward is not None and self._steward.sock is not None:
-            sel.register(self._steward.sock, selectors.EVENT_READ, self._on_listener)
+            sel.register(self._steward.sock, select.POLLIN, self._on_listener)
         try:
             while capture.open or self._needs_end(serving):
-                wait = self._enforce(serving)
-                for key, _ in sel.select(max(wait, 0) / 1e9):
-                    handler: Handler = key.data
+                for handler in sel.wait(self._enforce(serving)):
                     handler(serving)
         except BaseException:
             if self.child.alive:
@@ -936,7 +1030,7 @@ class Template:
             self.broken = True
             raise PoolWorkerError("the template did not reap a killed job in time")
         if life.timed_out and not serving.watching_pidfd and self.child.pidfd is not None:
-            serving.sel.register(self.child.pidfd, selectors.EVENT_READ, self._on_pidfd)
+            serving.sel.register(self.child.pidfd, select.POLLIN, self._on_pidfd)
             serving.watching_pidfd = True
         wait = life.wake() - now
         if stall is not None:
@@ -1047,13 +1141,16 @@ class Template:
 
     def after_result(self) -> None:
         """Once a result has left: collect its child's end, and the child the template now prepares if none
-        waits, while the agent reads the result, rather than on the next job's path. A template that fails
-        here is marked broken and replaced before the next job."""
+        waits, and make the next job's descriptors, while the agent reads the result, rather than on the next
+        job's path. A template that fails here is marked broken and replaced before the next job."""
         if self.broken:
             return
         try:
             self._settle()
             self._settle_memory()
+            if self._made is None:
+                with contextlib.suppress(OSError):  # none to spare now (EMFILE): the job makes its own, or says so
+                    self._made = _job_descriptors()
         except PoolWorkerError:
             self.broken = True
         except Exception:  # a bug here must cost this template, never the worker thread (its templates die with it)
@@ -1167,9 +1264,9 @@ class Template:
         job_calls = serving.job_calls
         if job_calls is None or not serving.channel_events:
             return
-        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if job_calls.outbox.wants_to_write() else 0)
+        wanted = select.POLLIN | (select.POLLOUT if job_calls.outbox.wants_to_write() else 0)
         if wanted != serving.channel_events:
-            serving.sel.modify(job_calls.channel, wanted, serving.sel.get_key(job_calls.channel).data)
+            serving.sel.modify(job_calls.channel, wanted)
             serving.channel_events = wanted
 
     def _on_host_channel(self, serving: _Serving) -> None:
@@ -1177,7 +1274,7 @@ class Template:
         registration per descriptor; neither the write nor the read blocks."""
         job_calls = serving.job_calls
         assert job_calls is not None
-        if serving.channel_events & selectors.EVENT_WRITE:
+        if serving.channel_events & select.POLLOUT:
             job_calls.outbox.flush()
         try:
             chunk: bytes | None = job_calls.channel.recv(_READ_CHUNK, socket.MSG_DONTWAIT)
@@ -1250,7 +1347,7 @@ class Template:
         if steward is None or steward.phase is not StewardPhase.ARRIVED or serving.watching_listener:
             return
         assert steward.listener is not None
-        serving.sel.register(steward.listener, selectors.EVENT_READ, self._on_delegated_call)
+        serving.sel.register(steward.listener, select.POLLIN, self._on_delegated_call)
         serving.watching_listener = True
 
     def _on_delegated_call(self, serving: _Serving) -> None:

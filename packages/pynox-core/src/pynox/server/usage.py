@@ -29,11 +29,12 @@ def live_usage(pid: int) -> tuple[int, int | None] | None:
     its memory (it is exiting: a zombie, or about to be one). None if it is gone."""
     try:
         cpu_ns = time.clock_gettime_ns((~pid << 3) | _CPUCLOCK_SCHED)
-        status = proc_text(f"/proc/{pid}/status").splitlines()
-        peak = next((line for line in status if line.startswith(b"VmHWM:")), None)
-    except (OSError, ValueError):
+        status = proc_text(f"/proc/{pid}/status")
+        at = status.find(b"\nVmHWM:")  # found, not every line split (the file has ~55)
+        peak = int(status[at + 7:status.find(b"\n", at + 1)].split()[0]) if at >= 0 else None
+    except (OSError, ValueError, IndexError):
         return None
-    return cpu_ns // 1000, int(peak.split()[1]) if peak is not None else None
+    return cpu_ns // 1000, peak
 
 
 def proc_text(path: str) -> bytes:

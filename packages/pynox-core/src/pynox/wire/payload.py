@@ -16,16 +16,18 @@ import msgspec
 
 from .spec import Payload
 
-__all__ = ["claim", "new_claim", "read_payload", "take_back", "write_payload", "write_payload_to"]
+__all__ = ["claim", "new_claim", "new_payload", "read_payload", "take_back", "write_payload", "write_payload_to"]
 
 _CLAIM = b"!"
 
 _decoder = msgspec.json.Decoder(Payload)
 
 
-def write_payload(payload: Payload) -> int:
-    """A descriptor holding ``payload``, its offset at the start; the caller sends it and closes it."""
-    fd = os.memfd_create("pynox-payload", os.MFD_CLOEXEC)
+def write_payload(payload: Payload, fd: int | None = None) -> int:
+    """A descriptor holding ``payload``, its offset at the start; the caller sends it and closes it. ``fd``: an
+    empty memfd made ahead (:func:`new_payload`) to write it into, closed here if the write fails."""
+    if fd is None:
+        fd = new_payload()
     try:
         data, offset = msgspec.json.encode(payload), 0
         while offset < len(data):  # pwrite: the offset, shared with the child's copy, stays at 0
@@ -34,6 +36,11 @@ def write_payload(payload: Payload) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def new_payload() -> int:
+    """An empty memfd for a job's payload."""
+    return os.memfd_create("pynox-payload", os.MFD_CLOEXEC)
 
 
 def write_payload_to(fd: int, payload: Payload) -> None:

@@ -607,8 +607,9 @@ class Server:
         if not message.close and not message.file_request():  # answered by a result, through finish
             # A label is the config's name, never a client's text: a profile the config lacks (refused) is none.
             known = message.profile if message.profile in self.options.config.profiles else None
+            # Whether it asks to open a session: read for a session's request only (a job opens none).
             self.labels.arrived(message.id, self.tenant_of(message.id), known, message.session,
-                                opens=bool(message.open or message.grant_fields()))
+                                opens=message.session is not None and bool(message.open or message.grant_fields()))
             if self.spans is not None:
                 self.spans.arrived(message.id, message.traceparent, self._arrived_ns)
         try:

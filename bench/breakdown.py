@@ -25,13 +25,14 @@ import sys
 import time
 from typing import Any
 
-from latency import PoolDriver, children_of, process_name, save_json  # type: ignore[import-not-found]  # from bench/
+from latency import PoolDriver, descendants, process_name, save_json  # type: ignore[import-not-found]  # from bench/
 
 PERF_EVENTS = "task-clock,page-faults,context-switches"
 
 
 def template_of(server: int) -> int:
-    for child in children_of(server):
+    """The worker's template: forked from the pool's zygote (a child of the zygote, not of the pool)."""
+    for child in descendants(server):
         if process_name(child) == "pynox-template":
             return child
     raise RuntimeError("no pynox-template under the pool")

@@ -93,7 +93,7 @@ __all__ = ["serve"]
 _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
-_PREPARED_EVERY = 0.01  # seconds between two reads of a template's prepared children while no job comes
+_PREPARED_EVERY = 0.01  # seconds an idle worker waits for a job or its template's frame before it asks again
 
 
 class _Jobs:

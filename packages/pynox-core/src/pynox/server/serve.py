@@ -27,6 +27,7 @@ import argparse
 import logging
 import os
 import queue
+import select
 import signal
 import socket
 import subprocess
@@ -92,7 +93,72 @@ __all__ = ["serve"]
 _log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3  # starts of a template that died while starting, before a job or the pool gives up
-_PREPARED_EVERY = 0.01  # seconds between two reads of a template's prepared children while no job comes
+_PREPARED_EVERY = 0.01  # seconds an idle worker waits for a job or its template's frame before it asks again
+
+
+class _Jobs:
+    """The jobs queued for the workers (None: a worker's signal to end). A SimpleQueue (one lock in C, where
+    Queue takes a condition and its waiter lock in Python): nobody joins it.
+
+    A worker whose template is still sending the children it prepared ahead waits for a job and for its
+    template's socket at once (:meth:`get_or_readable`), so that it reads their frames as they arrive
+    instead of on the next job's path, between the job's line and its child. It listens on an eventfd of
+    its own, which a put rings (one listening worker per job); a worker with nothing to read waits in the
+    queue itself, as before."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._listening: list[int] = []  # the eventfds of the workers waiting in get_or_readable
+
+    def put(self, job: _Job | None) -> None:
+        self._queue.put(job)
+        # Read without the lock first (the common case: nobody listens). A worker that starts listening after
+        # this read looks in the queue once it listens, and finds this job there.
+        if self._listening:
+            with self._lock:
+                if self._listening:
+                    os.eventfd_write(self._listening.pop(), 1)
+
+    def get(self) -> _Job | None:
+        return self._queue.get()
+
+    def get_or_readable(self, bell: int, fd: int, timeout: float) -> tuple[bool, _Job | None]:
+        """``(True, job)`` for a job queued now or within ``timeout`` seconds; ``(False, None)`` once ``fd`` is
+        readable first, or the time is up. ``bell``: the caller's eventfd."""
+        try:
+            return True, self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            self._listening.append(bell)
+        try:
+            try:  # queued between the look above and the listening: its put rang nobody
+                return True, self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.register(bell, select.POLLIN)
+            poller.poll(timeout * 1000)
+        finally:
+            with self._lock:  # a put rings under the lock: after this, nothing rings this bell until it listens
+                if bell in self._listening:
+                    self._listening.remove(bell)
+            try:
+                os.eventfd_read(bell)  # rung or not, it is silent for the next wait
+            except BlockingIOError:
+                pass
+        try:
+            return True, self._queue.get_nowait()
+        except queue.Empty:
+            return False, None
+
+    def close_bell(self, bell: int) -> None:
+        with self._lock:
+            if bell in self._listening:
+                self._listening.remove(bell)
+            os.close(bell)
 
 
 class _Worker(threading.Thread):
@@ -109,6 +175,7 @@ class _Worker(threading.Thread):
         self.busy = False  # running a job (a gauge of the stats)
         # The child serving this worker's job, kept across the templates it replaces (see lifecycle.py).
         self.child = ChildLife()
+        self._bell: int | None = None  # an eventfd a job queued rings while this worker reads its template too
 
     def run(self) -> None:
         try:
@@ -143,16 +210,21 @@ class _Worker(threading.Thread):
         finally:
             if self.template is not None:
                 self.template.close()
+            if self._bell is not None:
+                self.server.jobs.close_bell(self._bell)
 
     def _next_job(self) -> _Job | None:
-        """The next job, as soon as it comes; while none does, the frames of the children the template is
-        preparing are read every few milliseconds, so that an idle pool holds every child it prepared (with
-        one waiting, a job never waits for the others: they arrive while it runs)."""
+        """The next job, as soon as it comes; while none does and the template is still sending the children
+        it prepares, its frames are read as they arrive, so that an idle pool holds every child it prepared
+        and the next job reads none of them on its way to its child (with one waiting, a job never waits for
+        the others: they arrive while it runs)."""
         while self.template is not None and self.template.preparing:
-            try:
-                return self.server.jobs.get(timeout=_PREPARED_EVERY)
-            except queue.Empty:
-                self.template.read_prepared()
+            if self._bell is None:
+                self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            taken, job = self.server.jobs.get_or_readable(self._bell, self.template.sock.fileno(), _PREPARED_EVERY)
+            if taken:
+                return job
+            self.template.read_prepared()
         return self.server.jobs.get()
 
     def _after_job(self) -> None:
@@ -289,9 +361,8 @@ class Server:
         self.installer = Installer(options.config.pool.installs, ceiling=limits.packages if limits else (),
                                    allowed=limits.packages if limits else None)
         self.calls.pip = self.installer.pip
-        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py). A SimpleQueue (one
-        # lock in C, where Queue takes a condition and its waiter lock in Python): nobody joins it.
-        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Unbounded as a queue: admission counts and bounds the jobs in it (see admission.py).
+        self.jobs = _Jobs()
         # A bound the operator set, or many clients on a socket (one that floods must not stall the others):
         # refused beyond it. One client on stdin and stdout with no bound set: slowed, as the protocol says.
         self.admission = Admission(options.max_queued or DEFAULT_MAX_QUEUED, options.workers, self._finish_job,
@@ -536,8 +607,9 @@ class Server:
         if not message.close and not message.file_request():  # answered by a result, through finish
             # A label is the config's name, never a client's text: a profile the config lacks (refused) is none.
             known = message.profile if message.profile in self.options.config.profiles else None
+            # Whether it asks to open a session: read for a session's request only (a job opens none).
             self.labels.arrived(message.id, self.tenant_of(message.id), known, message.session,
-                                opens=bool(message.open or message.grant_fields()))
+                                opens=message.session is not None and bool(message.open or message.grant_fields()))
             if self.spans is not None:
                 self.spans.arrived(message.id, message.traceparent, self._arrived_ns)
         try:

@@ -31,9 +31,14 @@ PERF_EVENTS = "task-clock,page-faults,context-switches"
 
 
 def template_of(server: int) -> int:
+    """The worker's template: the server's child, or its zygote's (templates are forked from the zygote)."""
     for child in children_of(server):
         if process_name(child) == "pynox-template":
             return child
+        if process_name(child) == "pynox-zygote":
+            for forked in children_of(child):
+                if process_name(forked) == "pynox-template":
+                    return forked
     raise RuntimeError("no pynox-template under the pool")
 
 

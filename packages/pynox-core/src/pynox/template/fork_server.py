@@ -21,6 +21,7 @@ Run as ``python -I -c ... <socket fd> <server pid>`` by :mod:`pynox.server.templ
 
 from __future__ import annotations
 
+import _socket
 import collections
 import ctypes
 import dataclasses
@@ -225,6 +226,9 @@ class _Child:
     """A child this template forked and has not reaped yet, and the lineage it comes of (None for a session's
     child: nothing is prepared from a session's grants)."""
 
+    # No instance dict: every object the template writes between two forks is a copy-on-write fault.
+    __slots__ = ("discarded", "lineage", "pid", "pidfd", "prepared", "serial", "sock")
+
     def __init__(self, serial: int, pid: int, lineage: _Lineage | None, *, prepared: bool,
                  sock: socket.socket | None = None) -> None:
         self.serial, self.pid, self.lineage = serial, pid, lineage
@@ -252,6 +256,12 @@ class _Children:
         self._serials = itertools.count(1)
         self.latest: _Lineage | None = None
         self.copies: list[socket.socket] = []  # the sockets of the session fork's copies adopted here
+        # What the serving loop waits on (see _serve): the server's socket, every child's pidfd (by_pidfd) and
+        # every copy's socket, registered as they come and unregistered before they close, rather than a
+        # poller and its maps built again for every wait.
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
+        self.by_pidfd: dict[int, _Child] = {}
 
     def adopt(self, pid: int, sock: socket.socket) -> None:
         """A session fork's copy, orphaned to this template (a subreaper): announced and reported on ``sock``,
@@ -265,8 +275,9 @@ class _Children:
         except OSError:
             sock.close()
             return
-        self.by_serial[child.serial] = child
+        self._track(child)
         self.copies.append(sock)
+        self.poller.register(sock, select.POLLIN)
         try:
             send_frame(sock, Started(serial=child.serial, pid=pid), [child.pidfd])
         except OSError:
@@ -277,6 +288,8 @@ class _Children:
         for child in self.by_serial.values():
             if child.sock is sock:
                 self._discard(child)
+        if sock in self.copies:
+            self.poller.unregister(sock)
         self.copies = [other for other in self.copies if other is not sock]
         sock.close()
 
@@ -285,6 +298,8 @@ class _Children:
         for child in self.by_serial.values():
             if child.sock is None:
                 self._discard(child)
+        self.poller.unregister(self.sock)
+        self.sock.close()
 
     def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
         """Fork the job's child; announce it with its pidfd."""
@@ -332,7 +347,9 @@ class _Children:
         the fork failed (EAGAIN: the pids cgroup is full, a job's threads filling it now; ENOMEM): none is
         prepared, and a later job forks its own child."""
         _refresh(self.runtime, lineage.confinement)
-        control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # _socket's own objects (close-on-exec, as socket.socketpair's): socket.py would wrap each in a Python
+        # object, asking the kernel its name (getsockname) to do so, and close each in three Python calls.
+        control, child_end = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         call = None
         if self.runtime.native is not None:
             laid_out = (child_end.fileno(), self.runtime.rules.generation, self.runtime.network_rules.generation)
@@ -364,8 +381,13 @@ class _Children:
 
     def _add(self, pid: int, lineage: _Lineage | None, *, prepared: bool) -> _Child:
         child = _Child(next(self._serials), pid, lineage, prepared=prepared)
-        self.by_serial[child.serial] = child
+        self._track(child)
         return child
+
+    def _track(self, child: _Child) -> None:
+        self.by_serial[child.serial] = child
+        self.by_pidfd[child.pidfd] = child
+        self.poller.register(child.pidfd, select.POLLIN)
 
     def discard(self, serial: int) -> None:
         """Kill a prepared child the server will not use (its end is reported when it is reaped). A child
@@ -386,17 +408,22 @@ class _Children:
     def _missing(self) -> int:
         """How many children to prepare now from the latest lineage (see the class's docstring)."""
         latest = self.latest
-        if latest is None or any(not other.prepared for other in self.by_serial.values()):
+        if latest is None:
             return 0
-        living = sum(1 for other in self.by_serial.values()
-                     if other.lineage is latest and other.prepared and not other.discarded)
+        living = 0
+        for other in self.by_serial.values():  # one loop, no generators: this runs after every reap
+            if not other.prepared:
+                return 0  # a child forked for its job runs
+            if other.lineage is latest and not other.discarded:
+                living += 1
         return max(self.limit - living, 0)
 
     def reap(self, child: _Child) -> None:
         """Report how ``child`` ended, and how many children are prepared now; then prepare them."""
         _, status, usage = os.wait4(child.pid, 0)
+        self.poller.unregister(child.pidfd)
         os.close(child.pidfd)
-        del self.by_serial[child.serial]
+        del self.by_serial[child.serial], self.by_pidfd[child.pidfd]
         lineage = child.lineage
         if lineage is not None:
             lineage.living -= 1
@@ -436,6 +463,7 @@ class _Children:
             if child.lineage is not None:
                 child.lineage.close()
         self.by_serial.clear()
+        self.by_pidfd.clear()
         if self.latest is not None:
             self.latest.close()
             self.latest = None
@@ -458,9 +486,11 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
     own_open = True
     try:
         while own_open or children.copies:
-            watched = {child.pidfd: child for child in children.by_serial.values()}
-            copies = {copy.fileno(): copy for copy in children.copies}
-            for fd in _readable(sock if own_open else None, [*watched, *copies]):
+            # What is registered now: a descriptor closed while this wait's events are handled may be reused
+            # (a new child's pidfd) before its own event comes, which must then not be taken for the new one's.
+            watched = children.by_pidfd.copy()
+            copies = {copy.fileno(): copy for copy in children.copies} if children.copies else {}
+            for fd, _ in children.poller.poll():
                 if fd in watched:
                     if watched[fd].pidfd == fd and watched[fd].serial in children.by_serial:
                         children.reap(watched[fd])
@@ -473,8 +503,7 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
                     raw, fds = recv_raw(sock)
                 except EOFError:
                     own_open = False
-                    children.drop_own()  # a session's copies outlive the original (see adopt)
-                    sock.close()
+                    children.drop_own()  # a session's copies outlive the original (see adopt); closes sock
                     continue
                 frame = template_decoder.decode(raw)
                 if isinstance(frame, Adopt):

@@ -31,9 +31,14 @@ PERF_EVENTS = "task-clock,page-faults,context-switches"
 
 
 def template_of(server: int) -> int:
+    """The worker's template: the server's child, or the zygote's when workers' templates are forked from it."""
     for child in children_of(server):
         if process_name(child) == "pynox-template":
             return child
+        if process_name(child) == "pynox-zygote":
+            for grandchild in children_of(child):
+                if process_name(grandchild) == "pynox-template":
+                    return grandchild
     raise RuntimeError("no pynox-template under the pool")
 
 

@@ -16,7 +16,7 @@ import msgspec
 
 from .spec import Payload
 
-__all__ = ["claim", "new_claim", "read_payload", "take_back", "write_payload", "write_payload_to"]
+__all__ = ["claim", "decode_payload", "encode_payload", "new_claim", "read_payload", "take_back", "write_payload"]
 
 _CLAIM = b"!"
 
@@ -27,7 +27,7 @@ def write_payload(payload: Payload) -> int:
     """A descriptor holding ``payload``, its offset at the start; the caller sends it and closes it."""
     fd = os.memfd_create("pynox-payload", os.MFD_CLOEXEC)
     try:
-        data, offset = msgspec.json.encode(payload), 0
+        data, offset = encode_payload(payload), 0
         while offset < len(data):  # pwrite: the offset, shared with the child's copy, stays at 0
             offset += os.pwrite(fd, memoryview(data)[offset:], offset)
     except BaseException:
@@ -36,11 +36,13 @@ def write_payload(payload: Payload) -> int:
     return fd
 
 
-def write_payload_to(fd: int, payload: Payload) -> None:
-    """Write ``payload`` on a pipe (the child's warm-up: the same read, without a memfd)."""
-    view = memoryview(msgspec.json.encode(payload))
-    while view:
-        view = view[os.write(fd, view):]
+def encode_payload(payload: Payload) -> bytes:
+    return msgspec.json.encode(payload)
+
+
+def decode_payload(data: bytes) -> Payload:
+    """``data`` as a payload (what :func:`read_payload` read; a prepared child's warm-up decodes one of its own)."""
+    return _decoder.decode(data)
 
 
 def new_claim() -> int:
@@ -75,4 +77,4 @@ def read_payload(fd: int) -> Payload:
             chunks.append(chunk)
     finally:
         os.close(fd)
-    return _decoder.decode(b"".join(chunks))
+    return decode_payload(b"".join(chunks))

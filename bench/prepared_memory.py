@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 
-from latency import PoolDriver, children_of, descendants, process_name  # type: ignore[import-not-found]  # run from bench/
+from breakdown import template_of  # type: ignore[import-not-found]  # run from bench/
+from latency import PoolDriver, descendants, process_name  # type: ignore[import-not-found]  # run from bench/
 
 READY = "pynox-ready"
 
@@ -78,7 +79,7 @@ def measure(count: int, preload: str | None) -> dict[str, float | None]:
                 reply = pool.request({"code": "print(1)"})
                 assert reply["exit"] == 0, reply
             # The worker's template: the one with children (a session's template, if any, has none here).
-            (template,) = [pid for pid in children_of(pool.proc.pid) if process_name(pid) == "pynox-template"]
+            template = template_of(pool.proc.pid)  # the server's child, or the zygote's
             end = time.monotonic() + 10
             while len(_ready(template)) < count or (count and _rollup(_ready(template)[-1]).get("Pss") is None):
                 assert time.monotonic() < end, f"{count} children were not prepared"

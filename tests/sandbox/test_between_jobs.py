@@ -264,6 +264,36 @@ def test_no_later_job_finds_an_earlier_jobs_payload_in_its_memory(pool: PoolProc
     assert own in _scanned(pool.run(_SCAN, allow_write=[str(tmp_path)], env={"MINE": own}))
 
 
+# What a job sees of its own interpreter that a child's warm-up (job/child.py) could have left: the sources kept
+# for tracebacks, open descriptors, argv, modules, the environment.
+_OWN_VIEW = r"""
+import linecache, os, sys
+print(os.getpid())
+print(sorted(linecache.cache), sorted(os.listdir('/proc/self/fd')), sys.argv, sorted(sys.modules),
+      sorted(os.environ.items()))
+"""
+
+
+def test_a_child_prepared_ahead_shows_its_job_nothing_of_its_warm_up(pool: PoolProcess, tmp_path: Path) -> None:
+    """A child prepared ahead runs a job's path once before its job (its warm-up): the job finds its interpreter
+    as a child forked for it finds it."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    assert pool.run("print('warm')", allow_write=[str(first)])["exit"] == 0
+    _wait_prepared(pool)
+    table = proc_table()
+    ready = {pid for pid in descendants(pool.pid, table) if table[pid][3] == _PREPARED}
+    views = {}
+    for grant in (first, other):  # the first goes to a prepared child, the second (another grant) to a fresh one
+        result = pool.run(_OWN_VIEW, allow_write=[str(grant)])
+        assert result["exit"] == 0, result
+        pid, view = result["stdout"].split("\n", 1)
+        views[grant] = (int(pid) in ready, view.replace(str(grant), "GRANT"))
+    assert views[first][0] and not views[other][0], views  # the case and its control
+    assert views[first][1] == views[other][1]
+
+
 # -- found by the adversarial review of the redesign ---------------------------------------------------------
 
 

@@ -239,12 +239,16 @@ def arrange(moves: list[tuple[int, int]]) -> None:
     staged = [(fcntl.fcntl(source, fcntl.F_DUPFD, STAGING), target) for source, target in moves]
     for fd, target in staged:
         os.dup2(fd, target)
-    used = {target for _, target in moves}
-    for fd in range(STAGING):
-        if fd not in used:
-            close_quietly(fd)
-    # Everything above goes, whatever the template had open (its socket, its prepared rules).
-    os.closerange(STAGING, _MAX_FD)
+    # Every number between two targets, and everything above them (whatever the template had open: its
+    # socket, its prepared rules; the staged copies), closed a range at a time: a number not open is no
+    # error there, where a close of each number below STAGING raised and caught an OSError for most of them.
+    # (An empty range is never asked: CPython's closerange can take one for "from here on".)
+    start = 0
+    for target in sorted({target for _, target in moves}):
+        if start < target:
+            os.closerange(start, target)
+        start = target + 1
+    os.closerange(start, _MAX_FD)
 
 
 def close_quietly(fd: int) -> None:

@@ -16,7 +16,8 @@ import msgspec
 
 from .spec import Payload
 
-__all__ = ["claim", "new_claim", "new_payload", "read_payload", "take_back", "write_payload", "write_payload_to"]
+__all__ = ["claim", "decode_payload", "encode_payload", "new_claim", "new_payload", "read_payload", "take_back",
+           "write_payload"]
 
 _CLAIM = b"!"
 
@@ -29,7 +30,7 @@ def write_payload(payload: Payload, fd: int | None = None) -> int:
     if fd is None:
         fd = new_payload()
     try:
-        data, offset = msgspec.json.encode(payload), 0
+        data, offset = encode_payload(payload), 0
         while offset < len(data):  # pwrite: the offset, shared with the child's copy, stays at 0
             offset += os.pwrite(fd, memoryview(data)[offset:], offset)
     except BaseException:
@@ -43,11 +44,13 @@ def new_payload() -> int:
     return os.memfd_create("pynox-payload", os.MFD_CLOEXEC)
 
 
-def write_payload_to(fd: int, payload: Payload) -> None:
-    """Write ``payload`` on a pipe (the child's warm-up: the same read, without a memfd)."""
-    view = memoryview(msgspec.json.encode(payload))
-    while view:
-        view = view[os.write(fd, view):]
+def encode_payload(payload: Payload) -> bytes:
+    return msgspec.json.encode(payload)
+
+
+def decode_payload(data: bytes) -> Payload:
+    """``data`` as a payload (what :func:`read_payload` read; a prepared child's warm-up decodes one of its own)."""
+    return _decoder.decode(data)
 
 
 def new_claim() -> int:
@@ -82,4 +85,4 @@ def read_payload(fd: int) -> Payload:
             chunks.append(chunk)
     finally:
         os.close(fd)
-    return _decoder.decode(b"".join(chunks))
+    return decode_payload(b"".join(chunks))

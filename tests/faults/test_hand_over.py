@@ -477,6 +477,15 @@ def test_a_template_that_prepares_no_child_keeps_no_grant_of_the_last_job(tmp_pa
 
 
 @pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation")
+def _settled_pids(current: Path, expected: int) -> int:
+    """What a pids cgroup holds once it holds ``expected`` tasks (failing, with what it held, after 10 s)."""
+    deadline = time.monotonic() + 10
+    while (held := int(current.read_text())) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held == expected, f"the template's cgroup holds {held} tasks, not {expected}"
+    return held
+
+
 def test_a_template_that_cannot_fork_a_child_ahead_serves_on(tmp_path: Path) -> None:
     """A fork that fails in the template while it prepares a child ahead (its pids cgroup full at that moment,
     a job's threads filling it) costs no job, and not the template: the next job takes a child still waiting,
@@ -493,7 +502,9 @@ def test_a_template_that_cannot_fork_a_child_ahead_serves_on(tmp_path: Path) -> 
         (template,) = pool.templates()
         (bound_file,) = Path(limit.base).glob(f"pynox-{pool.pid}-*/template-{template}/pids.max")
         bound = bound_file.read_text()
-        current = int((bound_file.parent / "pids.current").read_text())
+        # Once the last job's child is reaped and its replacement forked: the template and the children waiting.
+        # Read before that, the bound below would fit one fork more or less than the comment below counts.
+        current = _settled_pids(bound_file.parent / "pids.current", 1 + PREPARED_PER_WORKER)
         bound_file.write_text(f"{current - 1}\n")
         try:
             # The first two are handed to the children waiting, each of whose replacement fails to fork; the

@@ -362,6 +362,42 @@ def test_a_runtime_file_replaced_while_children_wait_is_the_new_file(tmp_path: P
 
 
 @pytest.mark.needs_root("a private mount namespace with an /etc of the test's own")
+def test_a_runtime_file_reached_through_two_symlinks_retargeted_is_the_new_file(tmp_path: Path) -> None:
+    """The review's finding on the runtime's watch: /etc/resolv.conf reached through a chain of two symlinks
+    (resolv.conf -> resolv.hop -> resolv.d/one, as resolvconf or an alternatives link lays it out), whose middle
+    link is retargeted (resolv.hop -> resolv.d/two, renamed over), names another file: the children prepared
+    before hold the old one's rule, and denied the new file to the next jobs handed them (PermissionError).
+    The watch followed the path and where it ends, not the hops between. Control: the file is read before the
+    change, by a job handed a child prepared ahead."""
+    etc, command = _own_etc(tmp_path)
+    (etc / "resolv.d").mkdir()
+    (etc / "resolv.d" / "one").write_bytes((etc / "resolv.conf").read_bytes())
+    (etc / "resolv.d" / "two").write_bytes((etc / "resolv.conf").read_bytes() + b"\n# two\n")
+    (etc / "resolv.conf").unlink()
+    (etc / "resolv.hop").symlink_to("resolv.d/one")
+    (etc / "resolv.conf").symlink_to("resolv.hop")
+    expected = (etc / "resolv.d" / "two").read_bytes()[-8:].hex()
+    read = "import os\nprint(open('/etc/resolv.conf', 'rb').read()[-8:].hex(), os.getpid())"
+    pool = PoolProcess("--workers=1", cwd=tmp_path, command=command)
+    try:
+        for _ in range(3):
+            assert pool.run(read, allow_network=True)["error"] is None
+        end = time.monotonic() + 10
+        while len(ready := _below(pool, 2, ("pynox-ready",))) < PREPARED_PER_WORKER:
+            assert time.monotonic() < end, f"not {PREPARED_PER_WORKER} children prepared: {ready}"
+            time.sleep(0.005)
+        control = pool.run(read, allow_network=True)
+        assert control["error"] is None and int(control["stdout"].split()[1]) in ready, control
+        (etc / "resolv.next").symlink_to("resolv.d/two")
+        os.replace(etc / "resolv.next", etc / "resolv.hop")
+        for i in range(PREPARED_PER_WORKER + 1):
+            result = pool.run(read, allow_network=True)
+            assert result["error"] is None and result["stdout"].split()[0] == expected, (i, result)
+    finally:
+        pool.finish()
+
+
+@pytest.mark.needs_root("a private mount namespace with an /etc of the test's own")
 def test_a_runtime_file_replaced_while_a_sessions_child_waits_is_the_new_file(tmp_path: Path) -> None:
     """As for a job's, for the child the spare template confined for the next session: after /etc/resolv.conf
     is replaced, the next session's first step reads the new file, on a child forked for it. The control: the

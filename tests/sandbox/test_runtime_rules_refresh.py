@@ -4,6 +4,9 @@ call and one comparison before each fork) finds what the per-path stat finds, an
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,55 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return info.st_dev, info.st_ino
+
+
+# Run in a user namespace of its own, whose inotify watches the test bounds (/proc/sys/user/max_inotify_watches
+# is its own there): the watch of the runtime's paths when the user's watches are used up.
+_BOUNDED_WATCH = """
+import os, sys, types
+from pynox.policy.runtime import RuntimeWatch, runtime_watch
+base, limit = sys.argv[1], sys.argv[2]
+paths = [f"{base}/a/b/c/file", f"{base}/x/file"]
+if limit == "exact":  # as many as the watch needs: it is made, and cannot watch a directory that replaces one
+    limit = str(len(RuntimeWatch._entries(types.SimpleNamespace(_paths=paths))))
+if limit != "none":
+    with open("/proc/sys/user/max_inotify_watches", "w") as bound:
+        bound.write(limit)
+watch = runtime_watch(paths)
+seen = watch.changes()
+if sys.argv[2] == "exact":
+    assert type(watch).__name__ == "RuntimeWatch", watch
+    os.rename(f"{base}/x", f"{base}/x.old")  # a directory on the way replaced: the new one needs a watch more
+    os.mkdir(f"{base}/x")
+    open(f"{base}/x/file", "w").close()
+    assert watch.changes() != seen
+    seen = watch.changes()
+open(f"{base}/x/new", "w").close()
+os.replace(f"{base}/x/new", f"{base}/x/file")
+print(type(watch).__name__, watch.changes() != seen)
+"""
+
+
+@pytest.mark.parametrize("limit", ["none", "3", "exact"])
+def test_a_directory_the_watch_cannot_watch_is_no_path_left_unseen(tmp_path: Path, limit: str) -> None:
+    """The review's finding on the runtime's watch: a directory on the way that inotify refuses to watch (ENOSPC,
+    the user's watches used up by anything else the user runs; EACCES) was skipped as if it were missing, so a
+    file renamed over in it was no change, and a child prepared before kept serving with the old file's rule.
+    Where the watch cannot cover every path, no prepared child is handed a job: each call is a change (limit 3:
+    from the start; exact: once a directory on the way is replaced and the new one cannot be watched).
+    Control (limit none): with watches to spare, the same rename is seen by a real watch."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--user", "--map-root-user", "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("no user namespace here (unshare --user fails)")
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "a" / "b" / "c" / "file").write_text("a")
+    (tmp_path / "x" / "file").write_text("x")
+    run = subprocess.run([unshare, "--user", "--map-root-user", sys.executable, "-c", _BOUNDED_WATCH,
+                          str(tmp_path), limit], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    kind, seen = run.stdout.split()
+    assert seen == "True", (kind, run.stderr)
+    if limit == "none":
+        assert kind == "RuntimeWatch"  # the control: a real watch saw it

@@ -10,6 +10,7 @@ the code the next job imports.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import select
@@ -93,6 +94,7 @@ _ENTRY_EVENTS = _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE
 _WATCHED = _ENTRY_EVENTS | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
 _ALWAYS = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_Q_OVERFLOW | _IN_IGNORED
 _EVENT = struct.Struct("=iIII")  # wd, mask, cookie, len; then the name, padded with NULs to len
+_MAX_NAMES = 4096  # names followed at most (a loop of symlinks ends here: the kernel refuses it anyway)
 
 
 class RuntimeWatch:
@@ -114,6 +116,7 @@ class RuntimeWatch:
         self._paths = tuple(paths)
         self._lock = threading.Lock()  # one watch serves every worker's template
         self._changes = 0
+        self._blind = False
         fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             err = ctypes.get_errno()
@@ -135,28 +138,49 @@ class RuntimeWatch:
         self._poller.register(self._mounts, select.POLLPRI)  # the kernel says POLLPRI once per change of the table
 
     def _entries(self) -> dict[str, set[bytes]]:
-        """Each directory on the way to a path, and the entries in it that lead there (symlinks followed)."""
+        """Each directory on the way to a path, and the entries in it that lead there: every symlink on the way
+        followed, each hop of a chain (a -> b -> c: retargeting b changes what a names) as well as its end."""
         wanted: dict[str, set[bytes]] = {}
-        for path in self._paths:
-            for name in {os.path.abspath(path), os.path.realpath(path)}:
-                while True:
-                    parent, entry = os.path.split(name)
-                    if not entry:
-                        break
-                    wanted.setdefault(parent, set()).add(os.fsencode(entry))
-                    name = parent
+        names = [os.path.abspath(path) for path in self._paths] + [os.path.realpath(path) for path in self._paths]
+        seen: set[str] = set()
+        while names and len(seen) < _MAX_NAMES:
+            name = names.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            while True:
+                parent, entry = os.path.split(name)
+                if not entry:
+                    break
+                wanted.setdefault(parent, set()).add(os.fsencode(entry))
+                try:
+                    target = os.readlink(name)
+                except OSError:  # not a symlink, or not there
+                    pass
+                else:  # the hop: where it leads, from the directory the link is in
+                    names.append(os.path.normpath(os.path.join(parent, target)))
+                name = parent
         return wanted
 
     def _watch(self) -> None:
+        """Watch every directory on the way. OSError if one that is there cannot be watched (ENOSPC: the user's
+        inotify watches used up; EACCES): a change in it would go unseen."""
         self._names.clear()
         for directory, names in self._entries().items():
             wd = libc.inotify_add_watch(self._inotify, os.fsencode(directory), _WATCHED)
-            if wd >= 0:  # a directory that is missing holds no path of the rules: its parent's entry is watched
-                self._names.setdefault(wd, set()).update(names)
+            if wd < 0:
+                err = ctypes.get_errno()
+                if err in (errno.ENOENT, errno.ENOTDIR):  # missing: its parent's entry is watched
+                    continue
+                raise OSError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")
+            self._names.setdefault(wd, set()).update(names)
 
     def changes(self) -> int:
         """How many times a path may have come to name another file, up to now (see the class's docstring)."""
         with self._lock:
+            if self._blind:  # a directory on the way could not be watched again: every call is a change
+                self._changes += 1
+                return self._changes
             ready = self._poller.poll(0)
             if ready:
                 # Each poll of the mount table takes its news (POLLPRI once per change): read them here.
@@ -179,7 +203,12 @@ class RuntimeWatch:
             pass
         if changed:
             self._changes += 1
-            self._watch()  # a directory replaced on the way, or a symlink that leads elsewhere now
+            try:
+                self._watch()  # a directory replaced on the way, or a symlink that leads elsewhere now
+            except OSError as exc:
+                _log.warning("cannot watch the runtime's files for changes any longer (%s): every job is forked "
+                             "from now, none is handed a child prepared ahead", exc)
+                self._blind = True
 
     def close(self) -> None:
         os.close(self._inotify)

@@ -220,7 +220,10 @@ class _Worker(threading.Thread):
         the others: they arrive while it runs)."""
         while self.template is not None and self.template.preparing:
             if self._bell is None:
-                self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                try:
+                    self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                except OSError:  # no descriptor to spare (EMFILE): the next job reads the frames on its way
+                    return self.server.jobs.get()
             taken, job = self.server.jobs.get_or_readable(self._bell, self.template.sock.fileno(), _PREPARED_EVERY)
             if taken:
                 return job

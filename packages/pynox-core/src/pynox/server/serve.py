@@ -24,6 +24,7 @@ socket (:mod:`.metrics`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import queue
@@ -186,6 +187,10 @@ class _Worker(threading.Thread):
             return
         self.started_event.set()
         try:
+            # Made once, with the template (a pool's descriptors stay what they were after its first job): a
+            # worker that cannot have one (EMFILE) waits in the queue, and its jobs read the frames on their way.
+            with contextlib.suppress(OSError):
+                self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             while (job := self._next_job()) is not None:
                 # Taken before its flight starts: a cancel from then on is kept until the job is sent.
                 self.child.take()
@@ -219,11 +224,8 @@ class _Worker(threading.Thread):
         and the next job reads none of them on its way to its child (with one waiting, a job never waits for
         the others: they arrive while it runs)."""
         while self.template is not None and self.template.preparing:
-            if self._bell is None:
-                try:
-                    self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-                except OSError:  # no descriptor to spare (EMFILE): the next job reads the frames on its way
-                    return self.server.jobs.get()
+            if self._bell is None:  # none could be made: the next job reads the frames on its way
+                break
             taken, job = self.server.jobs.get_or_readable(self._bell, self.template.sock.fileno(), _PREPARED_EVERY)
             if taken:
                 return job

@@ -512,7 +512,6 @@ def test_a_template_that_prepares_no_child_keeps_no_grant_of_the_last_job(tmp_pa
         assert bool(held) == (prepared > 0), held
 
 
-@pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation")
 def _settled_pids(current: Path, expected: int) -> int:
     """What a pids cgroup holds once it holds ``expected`` tasks (failing, with what it held, after 10 s)."""
     deadline = time.monotonic() + 10
@@ -522,6 +521,7 @@ def _settled_pids(current: Path, expected: int) -> int:
     return held
 
 
+@pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation")
 def test_a_template_that_cannot_fork_a_child_ahead_serves_on(tmp_path: Path) -> None:
     """A fork that fails in the template while it prepares a child ahead (its pids cgroup full at that moment,
     a job's threads filling it) costs no job, and not the template: the next job takes a child still waiting,

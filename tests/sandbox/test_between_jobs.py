@@ -23,6 +23,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,9 @@ from tests.pool.pool_driver import (
     PoolProcess,
     descendants,
     leftover_guard,
+    new_id,
     pool_process,
+    prepared_for_a_session,
     proc_table,
 )
 
@@ -265,13 +268,36 @@ def test_no_later_job_finds_an_earlier_jobs_payload_in_its_memory(pool: PoolProc
 
 
 # What a job sees of its own interpreter that a child's warm-up (job/child.py) could have left: the sources kept
-# for tracebacks, open descriptors, argv, modules, the environment.
+# for tracebacks, open descriptors, argv, modules, the environment (os.environ and the C library's own, which a
+# subprocess inherits), threads, uncollectable garbage, the last traceback, builtins, stdout's buffering, import
+# hooks, warning filters, a pending exception, signal state, ``__main__``'s names.
 _OWN_VIEW = r"""
-import linecache, os, sys
+import builtins, ctypes, gc, linecache, os, signal, sys, threading, warnings
+environ = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+c_environ = []
+while environ[len(c_environ)]:
+    c_environ.append(environ[len(c_environ)].decode())
 print(os.getpid())
 print(sorted(linecache.cache), sorted(os.listdir('/proc/self/fd')), sys.argv, sorted(sys.modules),
-      sorted(os.environ.items()))
+      sorted(os.environ.items()), sorted(c_environ), threading.active_count(), len(gc.garbage),
+      [getattr(sys, name, None) for name in ('last_type', 'last_value')], sorted(vars(builtins)),
+      sys.stdout.line_buffering, [type(finder).__name__ for finder in sys.meta_path], len(warnings.filters),
+      sys.exc_info(), signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []),
+      sorted(vars(sys.modules['__main__'])), os.umask(0o22))
 """
+
+
+def _views(pool: PoolProcess, first: Path, other: Path, ready: set[int], **fields: Any) -> dict[Path, tuple[bool, str]]:
+    """What ``_OWN_VIEW`` printed in a job granted ``first`` and in one granted ``other`` (each a session's first
+    step, with ``session``), and whether the job ran in a child of ``ready``."""
+    views = {}
+    for grant in (first, other):  # the first goes to a prepared child, the second (another grant) to a fresh one
+        session = {"session": new_id("warm")} if fields.get("session") else {}
+        result = pool.run(_OWN_VIEW, allow_write=[str(grant)], **{**fields, **session})
+        assert result["exit"] == 0, result
+        pid, view = result["stdout"].split("\n", 1)
+        views[grant] = (int(pid) in ready, view.replace(str(grant), "GRANT"))
+    return views
 
 
 def test_a_child_prepared_ahead_shows_its_job_nothing_of_its_warm_up(pool: PoolProcess, tmp_path: Path) -> None:
@@ -284,12 +310,54 @@ def test_a_child_prepared_ahead_shows_its_job_nothing_of_its_warm_up(pool: PoolP
     _wait_prepared(pool)
     table = proc_table()
     ready = {pid for pid in descendants(pool.pid, table) if table[pid][3] == _PREPARED}
+    views = _views(pool, first, other, ready)
+    assert views[first][0] and not views[other][0], views  # the case and its control
+    assert views[first][1] == views[other][1]
+
+
+def test_a_child_prepared_ahead_for_host_functions_shows_its_job_nothing_of_its_rehearsal(
+        pool: PoolProcess, tmp_path: Path) -> None:
+    """A child prepared for a job with host functions also rehearses their calls (pynox_host.warm_up: the module
+    installed, a function imported and called): its job finds its interpreter, and its channel numbered from its
+    first call, as a child forked for it finds them."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    assert pool.run("print('warm')", allow_write=[str(first)], host={"echo": lambda value: value})["exit"] == 0
+    _wait_prepared(pool)
+    table = proc_table()
+    ready = {pid for pid in descendants(pool.pid, table) if table[pid][3] == _PREPARED}
+    code = ("import pynox_host\nfrom pynox_host import echo\n"
+            "print(echo(1), pynox_host.__all__, sorted(vars(pynox_host)))\n")
     views = {}
-    for grant in (first, other):  # the first goes to a prepared child, the second (another grant) to a fresh one
-        result = pool.run(_OWN_VIEW, allow_write=[str(grant)])
+    for grant in (first, other):
+        result = pool.run(code + _OWN_VIEW, allow_write=[str(grant)], host={"echo": lambda value: value})
         assert result["exit"] == 0, result
-        pid, view = result["stdout"].split("\n", 1)
-        views[grant] = (int(pid) in ready, view.replace(str(grant), "GRANT"))
+        head, pid, view = result["stdout"].split("\n", 2)
+        views[grant] = (int(pid) in ready, head + view.replace(str(grant), "GRANT"))
+    assert views[first][0] and not views[other][0], views  # the case and its control
+    assert views[first][1] == views[other][1]
+
+
+def test_a_session_handed_a_child_prepared_ahead_sees_nothing_of_its_warm_up(tmp_path: Path) -> None:
+    """The child a template prepares for the next session warms up as a job's does: that session's first step finds
+    its interpreter as a session's own child finds it (another grant: the control)."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    first.mkdir()
+    other.mkdir()
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        plain = set(pool.tree())
+        assert pool.run("x = 1", session=new_id("warm"), allow_write=[str(first)])["exit"] == 0
+        deadline = time.monotonic() + 30
+        while True:
+            table = proc_table()
+            ready = {pid for pid, depth in descendants(pool.pid, table).items()
+                     if depth == 2 and pid not in plain and table[pid][3] == _PREPARED and prepared_for_a_session(pid)}
+            if ready:
+                break
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        views = _views(pool, first, other, ready, session=True)
     assert views[first][0] and not views[other][0], views  # the case and its control
     assert views[first][1] == views[other][1]
 

@@ -587,9 +587,9 @@ class Template:
             close_all(granted)
             raise
         try:
-            write_payload(spec.payload, payload)  # closes the memfd if it fails
+            write_payload(payload, spec.payload)
         except BaseException:
-            close_all([*granted, claim, *(end for pipe in pipes for end in pipe)])
+            close_all([*granted, payload, claim, *(end for pipe in pipes for end in pipe)])
             raise
         extra: list[socket.socket] = []
         own = {STDOUT: pipes[0][1], STDERR: pipes[1][1], REPORT: pipes[2][1], DISPLAY: pipes[3][1], PAYLOAD: payload,

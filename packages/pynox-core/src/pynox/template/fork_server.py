@@ -469,11 +469,10 @@ class _Children:
             self.latest = None
 
 
-def _readable(sock: socket.socket | None, pidfds: Iterable[int]) -> list[int]:
+def _readable(sock: socket.socket, pidfds: Iterable[int]) -> list[int]:
     """Wait until the server's socket has a frame or a child behind one of ``pidfds`` ended; which are ready."""
     poller = select.poll()
-    if sock is not None:
-        poller.register(sock, select.POLLIN)
+    poller.register(sock, select.POLLIN)
     for fd in pidfds:
         poller.register(fd, select.POLLIN)
     return [fd for fd, _ in poller.poll()]

@@ -24,19 +24,12 @@ _CLAIM = b"!"
 _decoder = msgspec.json.Decoder(Payload)
 
 
-def write_payload(payload: Payload, fd: int | None = None) -> int:
-    """A descriptor holding ``payload``, its offset at the start; the caller sends it and closes it. ``fd``: an
-    empty memfd made ahead (:func:`new_payload`) to write it into, closed here if the write fails."""
-    if fd is None:
-        fd = new_payload()
-    try:
-        data, offset = encode_payload(payload), 0
-        while offset < len(data):  # pwrite: the offset, shared with the child's copy, stays at 0
-            offset += os.pwrite(fd, memoryview(data)[offset:], offset)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def write_payload(fd: int, payload: Payload) -> None:
+    """Write ``payload`` into ``fd``, an empty memfd (:func:`new_payload`), its offset left at the start; the
+    caller sends it and closes it."""
+    data, offset = encode_payload(payload), 0
+    while offset < len(data):  # pwrite: the offset, shared with the child's copy, stays at 0
+        offset += os.pwrite(fd, memoryview(data)[offset:], offset)
 
 
 def new_payload() -> int:

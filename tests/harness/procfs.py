@@ -68,6 +68,11 @@ class Stat(NamedTuple):
         return int(self.fields[1])
 
     @property
+    def cpu_ticks(self) -> int:
+        """User and system time, in clock ticks (fields 14 and 15)."""
+        return int(self.fields[11]) + int(self.fields[12])
+
+    @property
     def start(self) -> int:
         """The start time, in clock ticks after boot (field 22)."""
         return int(self.fields[19])

@@ -30,7 +30,7 @@ from tests.harness.fixtures import passable_run_dir
 from tests.harness.scrape import metrics_text
 
 from .listen_client import ListenClient
-from .pool_driver import DEADLINE, PoolProcess, pool_process, wait_gone
+from .pool_driver import DEADLINE, POOL, PoolProcess, pool_process, wait_gone
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -304,6 +304,62 @@ def test_a_connection_from_the_same_user_without_tenants(tmp_path: Path, run_dir
         _stop(pool)
     [job] = [line for line in pool.log_lines() if line.get("event") == "job"]
     assert job["tenant"] == "default"  # the tenant label of its connection
+
+
+def _first_line(raw: socket.socket) -> dict[str, Any]:
+    raw.settimeout(DEADLINE)
+    line = raw.makefile("rb").readline()
+    assert line, "the pool closed the connection without a line"
+    return json.loads(line)
+
+
+def test_connections_past_the_open_file_limit_are_refused_with_a_line(tmp_path: Path, run_dir: Path) -> None:
+    """Connections are descriptors: under a low open-file limit the pool serves what leaves its jobs room, and
+    answers each connection past it with a line saying so (before: past the limit a connection waited in the
+    backlog for good, unanswered, while the accept loop spun on it), then serves again once one closes."""
+    path = run_dir / "pool.sock"
+    if shutil.which("prlimit") is None:
+        pytest.skip("no prlimit(1) here")
+    # 1100 descriptors, less what the pool keeps for its jobs and 100 sessions (~900): ~170 connections.
+    command = ["prlimit", "--nofile=1100", *POOL]
+    with pool_process("--workers=1", "--max-sessions=100", f"--listen=unix:{path}", cwd=tmp_path,
+                      check_exit=False, command=command) as pool:
+        served: list[socket.socket] = []
+        refused = None
+        try:
+            while refused is None:
+                assert len(served) < 1100, "no connection was refused under a limit of 1100 open files"
+                raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                raw.connect(str(path))
+                first = _first_line(raw)
+                if first["event"] == "ready":
+                    served.append(raw)
+                else:
+                    raw.close()
+                    refused = first
+            assert refused["event"] == "error" and refused["error"]["type"] == "PoolError", refused
+            assert "open-file limit (1100)" in refused["error"]["message"], refused
+            assert served, "not even one connection was served"  # the control: under the limit, served
+            ticks = procfs.stat(pool.proc.pid).cpu_ticks
+            time.sleep(1.0)  # the refused client is gone: nothing is left for the pool to do
+            assert procfs.stat(pool.proc.pid).cpu_ticks - ticks < 50, "the pool spins while at its limit"
+            served.pop().close()
+            deadline = time.monotonic() + DEADLINE
+            while True:  # the connection's end is seen by its thread: a slot is free soon after
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+                    raw.connect(str(path))
+                    first = _first_line(raw)
+                    if first["event"] == "ready":
+                        raw.sendall(b'{"id": 7, "code": "print(7)"}\n')
+                        done = _first_line(raw)
+                        assert done["stdout"] == "7\n", done["error"]
+                        break
+                assert time.monotonic() < deadline, first
+                time.sleep(0.05)
+        finally:
+            for raw in served:
+                raw.close()
+        _stop(pool)
 
 
 def test_a_tenants_jobs_run_as_its_user(tmp_path: Path, run_dir: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from tests.harness import procfs
 from tests.setup_facts import KERNEL_ABI
 
-from .pool_driver import PoolProcess, assert_no_leftovers, own_commands_env, pool_process, proc_table, zygotes
+from .pool_driver import POOL, PoolProcess, assert_no_leftovers, own_commands_env, pool_process, proc_table, zygotes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -68,9 +68,9 @@ def _module(directory: Path, name: str, source: str) -> Path:
     return path
 
 
-def _refused_start(*args: str, cwd: Path) -> tuple[dict[str, object], str]:
+def _refused_start(*args: str, cwd: Path, command: list[str] = POOL) -> tuple[dict[str, object], str]:
     """Start a pool that must refuse to start: its error event, its stderr; no ready, exit non-zero."""
-    pool = PoolProcess(*args, cwd=cwd, expect_ready=False)
+    pool = PoolProcess(*args, cwd=cwd, expect_ready=False, command=command)
     try:
         first = pool.wait_for(lambda m: True, timeout=60)
         status = pool.wait_exit()
@@ -107,6 +107,18 @@ def test_preload_that_leaves_a_descriptor_open_is_rejected(tmp_path: Path) -> No
 def test_preload_of_a_missing_module_is_a_clear_startup_error(tmp_path: Path) -> None:
     event, _ = _refused_start("--preload=no_such_module_pynox_test", cwd=tmp_path)
     assert "no_such_module_pynox_test" in event["error"]["message"]  # type: ignore[index]
+
+
+def test_a_hard_open_file_limit_below_a_jobs_refuses_the_start(tmp_path: Path) -> None:
+    # Every job's RLIMIT_NOFILE is 1024, soft and hard, and no process may raise its hard limit: under a pool
+    # with less, every job failed in its setup with "setrlimit: Operation not permitted".
+    if shutil.which("prlimit") is None:
+        pytest.skip("no prlimit(1) here")
+    error, _ = _refused_start("--workers=1", cwd=tmp_path, command=["prlimit", "--nofile=200", *POOL])
+    assert "hard limit of open files is 200" in json.dumps(error), error
+    # The control: at 1024 the pool starts and its jobs run.
+    with pool_process("--workers=1", cwd=tmp_path, command=["prlimit", "--nofile=1024", *POOL]) as pool:
+        assert pool.run("print(7)")["stdout"] == "7\n"
 
 
 def test_preload_numpy_works_with_blas_pinned(tmp_path: Path) -> None:

@@ -34,11 +34,24 @@ import os
 import resource
 import signal
 
+from ..errors import ConfigError
+
 __all__ = ["ADDRESS_SPACE_HEADROOM", "MAX_QUEUED_SIGNALS", "apply_limits", "first_to_be_killed",
-           "ignore_file_size_signal", "wanted_limits"]
+           "ignore_file_size_signal", "refuse_open_file_limit_below", "wanted_limits"]
 
 ADDRESS_SPACE_HEADROOM = 1 << 30
 MAX_QUEUED_SIGNALS = 64
+
+
+def refuse_open_file_limit_below(needed: int) -> None:
+    """A job's open-file limit is set, soft and hard, to its ``max_open_files``; no process may raise its hard
+    limit above its parent's, so under a lower one every job would fail in its setup (EPERM): the pool
+    refuses to start, saying what to raise."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise ConfigError(f"the pool's hard limit of open files is {hard}, below the {needed} each job may hold "
+                          f"(its RLIMIT_NOFILE, which no process can raise above its parent's): start the pool "
+                          f"with a hard limit of at least {needed} (ulimit -Hn, or LimitNOFILE= in a systemd unit)")
 
 
 def first_to_be_killed() -> None:

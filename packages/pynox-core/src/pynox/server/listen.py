@@ -23,9 +23,11 @@ activation hands over (``LISTEN_FDS``/``LISTEN_PID``, descriptor 3).
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import logging
 import os
+import resource
 import select
 import socket
 import stat
@@ -59,6 +61,13 @@ __all__ = ["Listener", "Router"]
 _log = logging.getLogger(__name__)
 
 _BACKLOG = 128
+# Descriptors kept for the pool's own work when connections are counted against its open-file limit: each
+# worker's job (pipes, memfd, pidfd, the descriptors made ahead) and each session's, with room to spare. A
+# connection past the rest is refused with a line saying why, so that agents connecting cannot make every
+# tenant's jobs fail for want of a descriptor.
+_RESERVED = 64
+_RESERVED_PER_WORKER = 32
+_RESERVED_PER_SESSION = 8
 _OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
 _SD_LISTEN_FDS_START = 3
 _decoder = msgspec.json.Decoder()
@@ -306,22 +315,65 @@ class Listener:
         router.server = server
         server.tenant_of = router.tenant_of
         server.run_as_of = router.run_as_of
+        limit = _raise_open_files()
+        reserved = (_RESERVED + _RESERVED_PER_WORKER * server.options.workers
+                    + _RESERVED_PER_SESSION * server.options.max_sessions)
+        most = max(limit - len(os.listdir("/proc/self/fd")) - reserved, 1)
+        _log.info("listening on %s: at most %d connections at once (open-file limit %d)", self.address, most, limit)
+        live = threading.BoundedSemaphore(most)
+        spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         while not server.drained.is_set():
             ready, _, _ = select.select([self.sock], [], [], 0.5)
             if not ready:
                 continue
             try:
                 sock, _ = self.sock.accept()
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    continue
+                # Every descriptor is taken: the spare one, freed, takes the connection to say so. Without it
+                # the client would wait in the backlog for good, and this loop would spin on its readiness.
+                if spare is not None:
+                    os.close(spare)
+                    spare = None
+                    self._refuse(f"the pool has no descriptor to spare for another connection ({exc.strerror})")
+                try:
+                    spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    time.sleep(0.1)  # none freed yet: the next turn tries again
                 continue
-            threading.Thread(target=self._serve_one, args=(server, router, sock), daemon=True,
-                             name="pynox-conn").start()
+            if not live.acquire(blocking=False):
+                _refuse_on(sock, f"the pool is serving as many connections as its open-file limit ({limit}) "
+                                 f"leaves room for ({most}); try again when one has closed")
+                continue
+            try:
+                threading.Thread(target=self._serve_counted, args=(server, router, sock, live), daemon=True,
+                                 name="pynox-conn").start()
+            except RuntimeError:  # no thread can be started now (the threads' limit, or memory)
+                live.release()
+                _refuse_on(sock, "the pool cannot start a thread for another connection now; try again later")
+        if spare is not None:
+            os.close(spare)
         for connection in router.connections():
             connection.flush(5.0)
             try:
                 connection.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def _refuse(self, why: str) -> None:
+        try:
+            sock, _ = self.sock.accept()
+        except OSError:
+            return
+        _refuse_on(sock, why)
+
+    def _serve_counted(self, server: Server, router: Router, sock: socket.socket,
+                       live: threading.BoundedSemaphore) -> None:
+        try:
+            self._serve_one(server, router, sock)
+        finally:
+            live.release()
 
     def _serve_one(self, server: Server, router: Router, sock: socket.socket) -> None:
         with sock:
@@ -418,6 +470,32 @@ class Listener:
             self.sock.close()
         except OSError:
             pass
+
+
+def _refuse_on(sock: socket.socket, why: str) -> None:
+    """Answer a connection the pool cannot serve with the line that says why, then close it."""
+    _log.warning("refused a connection: %s", why)
+    with sock:
+        try:
+            sock.settimeout(1.0)  # a client that does not read holds up no accept
+            sock.sendall(encode(StartErrorEvent(error=StartError(type="PoolError", message=why))))
+        except OSError:
+            pass
+
+
+def _raise_open_files() -> int:
+    """The pool's soft limit of open files raised to its hard one, and what it now is: a listening pool's
+    connections are descriptors, and a shell's soft 1024 (against a hard limit often 500 times that) would
+    refuse agents for nothing."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for wanted in (hard, 1 << 20):
+        if soft < wanted and (hard == resource.RLIM_INFINITY or wanted <= hard):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            except (OSError, ValueError):  # above the kernel's nr_open: the next, smaller
+                continue
+            return wanted
+    return soft
 
 
 def _bind(path: str) -> socket.socket:

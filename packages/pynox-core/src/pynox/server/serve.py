@@ -42,6 +42,7 @@ from .. import __version__, hints
 from ..config import DEFAULT_MAX_QUEUED, PoolOptions, pool_options
 from ..errors import ConfigError, KernelSupportError, PoolWorkerError, PynoxError, RequestError
 from ..policy import BACKEND, cgroups
+from ..policy.limits import refuse_open_file_limit_below
 from ..protocol import (
     IMPORTABLE_LISTED,
     CancelAnswer,
@@ -62,7 +63,7 @@ from ..protocol import (
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ready
-from ..wire.spec import ErrorInfo
+from ..wire.spec import MAX_OPEN_FILES, ErrorInfo
 from .admission import Admission
 from .flights import Flights
 from .hostcalls import CallRegistry
@@ -444,6 +445,7 @@ class Server:
         return self.budgets.get(self.tenant_of(request_id) or "") if self.budgets else None
 
     def start(self) -> list[_Worker]:
+        refuse_open_file_limit_below(MAX_OPEN_FILES)
         self.make_budgets()
         workers = self.workers = [_Worker(i, self) for i in range(self.options.workers)]
         for worker in workers:

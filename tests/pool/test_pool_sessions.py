@@ -481,12 +481,17 @@ def test_the_child_waiting_for_the_next_session_is_confined_again_as_the_latest_
     granted.mkdir()
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         plain = set(pool.tree())
-        slow = pool.submit(code="import time\ntime.sleep(4)", session="B", allow_read=[str(granted)])
+        # B's first step waits for the gate, opened once the child confined as A is seen: A is answered first
+        # however slowly the template confines (a 4 s sleep here lost that race under load).
+        gate = granted / "open"
+        slow = pool.submit(code=f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+                           session="B", allow_read=[str(granted)])
         _ok(pool.run("x = 1", session="A"))
         deadline = time.monotonic() + 30
         while not (first := _prepared_ahead(pool, plain)):
             assert time.monotonic() < deadline, pool.tree()
             time.sleep(0.02)
+        gate.touch()
         assert pool.result(slow)["error"] is None
         while not (again := [pair for pair in _prepared_ahead(pool, plain) if pair != first[0]]):
             assert time.monotonic() < deadline, pool.tree()

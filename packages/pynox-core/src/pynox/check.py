@@ -31,7 +31,6 @@ from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment, load_c
 from .errors import ConfigError, KernelSupportError, PoolError, RequestError
 from .policy import BACKEND, cgroups, landlock, native, seccomp
 from .protocol import Request, Result
-from .server.capture import relay_load_error
 from .server.packages import Installer
 from .server.runner import run_on
 from .server.templates import Template
@@ -690,9 +689,6 @@ def run_check() -> CheckReport:
             # (the same rules; policy/native.py), and why not natively when the extension cannot load.
             report.facts["confinement"] = ("native" if template.ready.native
                                            else f"python ({native.load_error() or '$PYNOX_NATIVE=0'})")
-            # How the pool reads a job's pipes: in the native relay, or in Python (server/capture.py).
-            report.facts["relay"] = ("native" if template.native_relay
-                                     else f"python ({relay_load_error() or '$PYNOX_NATIVE=0'})")
             with _lab() as lab:
                 for spec in _PROBES:
                     try:

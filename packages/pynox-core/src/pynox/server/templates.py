@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -67,7 +66,7 @@ from ..wire.frames import (
 )
 from ..wire.payload import new_claim, new_payload, take_back, write_payload
 from ..wire.spec import Confinement, JobSpec
-from .capture import Capture, relay_native
+from .capture import Capture
 from .figures import matplotlib_setup
 from .fork_gate import ForkWindow
 from .hostcalls import JobCalls, Outbox, ProtocolViolation
@@ -292,47 +291,6 @@ class _Watched:
         return [handlers[fd] for fd, _ in self._poll.poll(-(-max(wait_ns, 0) // 1_000_000)) if fd in handlers]
 
 
-class _Relayed(_Watched):
-    """The same, with the job's pipes read by the native relay (capture.py, _relay.c): its wait reads them as
-    they come without returning, and returns the handlers of the other descriptors with an event, and the
-    display pipe's when the relay holds a chunk of it; an empty list once the wait is over, or as soon as the
-    last of stdout, stderr and the report reached its end. The pipes are not watched here: the relay owns them
-    (the handler of the display pipe is called to take the relay's chunk)."""
-
-    __slots__ = ("_events", "_pipes", "_relay", "_watch")
-
-    def __init__(self, relay: Any, pipes: list[int]) -> None:  # relay: the extension's Relay (untyped)
-        self.handlers = {}  # and no poll object: the relay polls
-        self._relay = relay
-        self._pipes = frozenset(pipes)
-        self._events: dict[int, int] = {}
-        self._watch: tuple[tuple[int, int], ...] | None = ()  # None: to be laid out again from _events
-
-    def register(self, target: int | socket.socket, events: int, handler: Handler) -> None:
-        fd = target if isinstance(target, int) else target.fileno()
-        self.handlers[fd] = handler
-        if fd not in self._pipes:
-            self._events[fd] = events
-            self._watch = None
-
-    def modify(self, target: socket.socket, events: int) -> None:
-        self._events[target.fileno()] = events
-        self._watch = None
-
-    def unregister(self, target: int | socket.socket) -> None:
-        fd = target if isinstance(target, int) else target.fileno()
-        del self.handlers[fd]
-        if self._events.pop(fd, None) is not None:
-            self._watch = None
-
-    def wait(self, wait_ns: int) -> list[Handler]:
-        watch = self._watch
-        if watch is None:
-            watch = self._watch = tuple(self._events.items())
-        handlers = self.handlers
-        return [handlers[fd] for fd in self._relay.wait(watch, max(wait_ns, 0)) if fd in handlers]
-
-
 @dataclass
 class _Serving:
     """One job (or session step) on its way through :meth:`Template.collect`: what the loop watches, and
@@ -402,7 +360,6 @@ class Template:
     _adopted = False  # a copy's handle: its cgroups are the copy's own
     _stat: int | None = None  # the template's /proc/<pid>/stat, kept open once read (see _hand_to_prepared)
     _made: _Descriptors | None = None  # the next job's descriptors, made after the last result left
-    _native_relay = False  # its jobs' pipes are read by the native relay (see capture.py)
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
                  landlock_abi: int | None = None, life: ChildLife | None = None,
@@ -419,7 +376,6 @@ class Template:
         if landlock_abi is None:
             landlock_abi = landlock_abi_from_environment()
         native = native_from_environment()
-        self._native_relay = relay_native(native)  # before the process starts: a ConfigError leaves none behind
         self.process: subprocess.Popen[bytes] | ForkedProcess
         if spawn is not None:
             self.process, parent = spawn()
@@ -508,11 +464,6 @@ class Template:
     def pid(self) -> int:
         return self.process.pid
 
-    @property
-    def native_relay(self) -> bool:
-        """Whether its jobs' pipes are read by the native relay (capture.py), but a streaming request's."""
-        return self._native_relay
-
     @classmethod
     def adopt(cls, original: Template, pid: int, steward: StewardLife, memory: int) -> Template:
         """A handle on a session fork's copy, process ``pid`` (checked stopped, a child of ``original``'s
@@ -522,7 +473,6 @@ class Template:
         copy = cls.__new__(cls)
         copy.process, copy.ready, copy.broken = original.process, original.ready, False
         copy._adopted, copy.cgroups, copy._job_cpu, copy._budget_hits = True, None, original._job_cpu, 0
-        copy._native_relay = original._native_relay
         copy.child, copy._steward, copy._steward_thread = ChildLife(), steward, None
         copy.prepared, copy._due_by = PreparedChildren(0), 0.0
         copy._child_serial = None
@@ -901,15 +851,14 @@ class Template:
             hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
         capture = Capture(reads, outcome, max_output,
                           return_value=spec.payload.return_value if return_value is None else return_value,
-                          streamer=streamer, native=self._native_relay)
+                          streamer=streamer)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:
             outbox.resume()  # it was frozen since its last step: its time to read its answers starts now
         try:
             # poll, not epoll: a job watches a handful of descriptors for a few milliseconds, and epoll would
             # cost a create, an add and a remove per descriptor, each a system call, on every job's path.
-            watched = _Relayed(capture.relay, capture.pipes) if capture.relay is not None else _Watched()
-            serving = _Serving(watched, capture, outcome, job_calls, session,
+            serving = _Serving(_Watched(), capture, outcome, job_calls, session,
                                ServingLife(start + int(timeout * 1e9), _GRACE_NS), max_output,
                                claimed=claim is not None,
                                holds_in_kernel=bool(spec.confinement.allow_write)

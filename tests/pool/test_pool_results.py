@@ -96,6 +96,24 @@ def test_output_flood_is_capped_and_the_job_still_finishes(pool: PoolProcess) ->
     assert result["stderr_truncated"] is False
 
 
+def test_what_each_pipe_holds_as_the_job_ends_is_read_whole(pool: PoolProcess) -> None:
+    """The pipes of a job that ends full are read to their end as they hang up (capture.py): stdout and the
+    report enlarged to 1 MiB, stdout filled in one write, stderr filled to its 64 KiB: every byte is counted
+    and kept up to the limit, in order, and the report written after them is the job's word."""
+    code = ("import fcntl, os\nfor fd in (1, 3):\n    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+            "os.write(1, b''.join(b'%07d\\n' % i for i in range(131072)))\nos.write(2, b'e' * 65536)\n"
+            "raise ValueError('after the flood')")
+    result = pool.run(code, max_output="2m")
+    assert result["error"]["type"] == "ValueError" and result["error"]["message"] == "after the flood", result["error"]
+    lines = result["stdout"].split("\n")
+    assert lines[:-1] == [f"{i:07d}" for i in range(131072)] and lines[-1] == "", len(lines)
+    assert result["usage"]["stdout_bytes"] == 1 << 20 and result["stdout_truncated"] is False
+    assert result["stderr"].startswith("e" * 65536 + "Traceback") and result["usage"]["stderr_bytes"] > 65536
+    capped = pool.run(code, max_output="100k")
+    assert len(capped["stdout"]) == 100 << 10 and capped["stdout_truncated"] is True
+    assert capped["usage"]["stdout_bytes"] == 1 << 20 and capped["error"]["type"] == "ValueError"
+
+
 # --- errors ----------------------------------------------------------------------------------------------
 
 

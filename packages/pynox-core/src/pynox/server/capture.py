@@ -42,9 +42,17 @@ class Capture:
         self.report = bytearray()
         self.report_limit = MAX_REPORT + 2 * max_output  # the figures, base64: 4/3 of their bytes
 
-    def read(self, fd: int) -> bool:
-        """Read what ``fd`` has; False at its EOF (the caller stops watching it)."""
+    def read(self, fd: int, *, hung_up: bool = False) -> bool:
+        """Read what ``fd`` has; False at its EOF (the caller stops watching it).
+
+        ``hung_up``: the poll said its write end is closed. Then what the pipe holds is all it will ever hold (no
+        writer can come back: the job holds no read end to reopen one through /proc, and the pool opens none), so
+        it is read to its end now, which never blocks and is bounded by the pipe's buffer: a job's pipes
+        closing at its end cost one turn of the loop, not two."""
         chunk = os.read(fd, _READ_CHUNK)
+        while hung_up and chunk:
+            self._take(fd, chunk)
+            chunk = os.read(fd, _READ_CHUNK)
         if not chunk:
             if fd == self.display_fd:
                 self._display_ended = True
@@ -52,6 +60,10 @@ class Capture:
             else:
                 self.open -= 1
             return False
+        self._take(fd, chunk)
+        return True
+
+    def _take(self, fd: int, chunk: bytes) -> None:
         if fd == self.display_fd:
             self._shown(self.display.feed(chunk))
         elif fd == self.report_fd:
@@ -61,7 +73,6 @@ class Capture:
                 self.report += chunk
         else:
             self._keep(fd == self.stdout, chunk)
-        return True
 
     def _keep(self, is_stdout: bool, chunk: bytes) -> None:
         outcome = self.outcome

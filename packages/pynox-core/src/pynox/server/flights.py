@@ -53,6 +53,7 @@ class Cancel(enum.Enum):
 
 
 class FlightState(enum.Enum):
+    __hash__ = object.__hash__  # by identity, as lifecycle.ChildState's (a C slot, not a Python call)
     QUEUED = "queued"
     RUNNING = "running"
     INTERRUPTED = "interrupted"

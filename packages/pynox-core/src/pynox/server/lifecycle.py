@@ -48,6 +48,9 @@ __all__ = ["ChildLife", "ChildState"]
 
 
 class ChildState(enum.Enum):
+    # Hashed by identity (members are singletons, compared by identity): a C slot, where Enum's own
+    # __hash__ is a Python call; each move of every table is one or two (~30 a job on the worker).
+    __hash__ = object.__hash__
     IDLE = "idle"
     TAKEN = "taken"
     SENT = "sent"

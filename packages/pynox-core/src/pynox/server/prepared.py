@@ -52,6 +52,7 @@ KEYS_KEPT = 2
 
 
 class PreparedState(enum.Enum):
+    __hash__ = object.__hash__  # by identity, as lifecycle.ChildState's (a C slot, not a Python call)
     WAITING = "waiting"
     HANDED = "handed"
     RELEASED = "released"

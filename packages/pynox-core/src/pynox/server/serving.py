@@ -46,6 +46,7 @@ __all__ = ["ServingEvent", "ServingLife", "ServingState"]
 
 
 class ServingState(enum.Enum):
+    __hash__ = object.__hash__  # by identity, as lifecycle.ChildState's (a C slot, not a Python call)
     RUNNING = "running"
     VIOLATED = "violated"
     TIMED_OUT = "timed out"
@@ -55,6 +56,7 @@ class ServingState(enum.Enum):
 
 
 class ServingEvent(enum.Enum):
+    __hash__ = object.__hash__  # by identity, as lifecycle.ChildState's (a C slot, not a Python call)
     VIOLATION = "violation"  # it broke the rules, and was killed
     DEADLINE = "deadline"  # its deadline passed, and it was killed
     DIED = "died"  # its pidfd became readable within the grace

@@ -399,6 +399,7 @@ class Steward:
 
 
 class StewardPhase(enum.Enum):
+    __hash__ = object.__hash__  # by identity, as lifecycle.ChildState's (a C slot, not a Python call)
     AWAITING = "awaiting"
     ARRIVED = "arrived"
     UNSENT = "unsent"

@@ -266,11 +266,12 @@ class _Watched:
     keys cost a lookup and a tuple for each registration and each event, on every job's path). Any event on a
     descriptor, its hang-up included, calls its handler."""
 
-    __slots__ = ("_poll", "handlers")
+    __slots__ = ("_poll", "events", "handlers")
 
     def __init__(self) -> None:
         self._poll = select.poll()
         self.handlers: dict[int, Handler] = {}
+        self.events: dict[int, int] = {}  # what the last wait saw on each descriptor ready then
 
     def register(self, target: int | socket.socket, events: int, handler: Handler) -> None:
         fd = target if isinstance(target, int) else target.fileno()
@@ -288,7 +289,9 @@ class _Watched:
     def wait(self, wait_ns: int) -> list[Handler]:
         """The handlers of the descriptors ready within ``wait_ns`` (rounded up to a millisecond)."""
         handlers = self.handlers
-        return [handlers[fd] for fd, _ in self._poll.poll(-(-max(wait_ns, 0) // 1_000_000)) if fd in handlers]
+        ready = self._poll.poll(-(-max(wait_ns, 0) // 1_000_000))
+        self.events = dict(ready)
+        return [handlers[fd] for fd, _ in ready if fd in handlers]
 
 
 @dataclass
@@ -1235,7 +1238,7 @@ class Template:
     # -- what the loop reads ---------------------------------------------------------------------------
     @staticmethod
     def _on_pipe(fd: int, serving: _Serving) -> None:
-        if not serving.capture.read(fd):
+        if not serving.capture.read(fd, hung_up=bool(serving.sel.events.get(fd, 0) & select.POLLHUP)):
             serving.sel.unregister(fd)
 
     def _on_pidfd(self, serving: _Serving) -> None:

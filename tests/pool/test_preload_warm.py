@@ -116,3 +116,17 @@ def test_a_template_maps_no_module_only_ctypes_util_would_bring(tmp_path: Path) 
         assert pool.run("print(1)")["exit"] == 0
         [template] = pool.templates()
         assert _extension_modules(template) >= _CTYPES_UTIL_ONLY
+
+
+def test_a_template_imports_no_logging(tmp_path: Path) -> None:
+    """logging, once imported, runs fork hooks around each of the template's forks (its lock taken and released
+    in the template, set up again in the child): no template imports it for the jobs (policy/runtime.py logs
+    through a lazy import)."""
+    probe = "import sys\nprint('logging' in sys.modules)"
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for _ in range(2):  # the first job and a child prepared ahead
+            assert pool.run(probe)["stdout"] == "False\n"
+        assert pool.run("import logging, sys\nlogging.getLogger('job').warning('seen')\n" + probe)["stdout"] == "True\n"
+    # Control: preloaded, the same probe sees it.
+    with pool_process("--workers=1", "--preload=logging", cwd=tmp_path) as pool:
+        assert pool.run(probe)["stdout"] == "True\n"

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness import procfs
+
 from .pool_driver import pool_process
 
 pytestmark = pytest.mark.timeout(120)
@@ -86,3 +88,45 @@ def test_a_warm_up_that_fails_or_warns_is_ignored_and_leaves_the_filters(monkeyp
     assert caught == []
     assert calls == ["fails", "warns", "warns", "warns"]  # a failed one is not run again; a missing one never
     assert warnings.filters == filters
+
+
+# Extension modules that only ctypes.util's imports bring (shutil: zlib, bz2, lzma; subprocess): pyseccomp is
+# imported without it (policy/seccomp.py), so that no template holds them and no fork copies their mappings.
+_CTYPES_UTIL_ONLY = {"zlib", "_bz2", "_lzma", "_posixsubprocess"}
+
+
+def _extension_modules(pid: int) -> set[str]:
+    return {line.split()[-1].rsplit("/", 1)[-1].split(".")[0] for line in procfs.read(pid, "maps").splitlines()
+            if "/lib-dynload/" in line}
+
+
+def test_a_template_maps_no_module_only_ctypes_util_would_bring(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+        [template] = pool.templates()
+        mapped = _extension_modules(template)
+        assert "_socket" in mapped, mapped  # the reading sees what the template does load
+        assert not mapped & _CTYPES_UTIL_ONLY, mapped
+        # A job that imports them itself gets them, and ctypes.util as it is.
+        result = pool.run("import zlib, lzma, bz2, subprocess, ctypes.util\n"
+                          "print(zlib.crc32(b'x'), callable(ctypes.util.find_library))")
+        assert result["stdout"] == "2363233923 True\n", result
+    # Control: preloaded, they are mapped, and the same reading finds them.
+    with pool_process("--workers=1", "--preload=shutil,subprocess", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+        [template] = pool.templates()
+        assert _extension_modules(template) >= _CTYPES_UTIL_ONLY
+
+
+def test_a_template_imports_no_logging(tmp_path: Path) -> None:
+    """logging, once imported, runs fork hooks around each of the template's forks (its lock taken and released
+    in the template, set up again in the child): no template imports it for the jobs (policy/runtime.py logs
+    through a lazy import)."""
+    probe = "import sys\nprint('logging' in sys.modules)"
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for _ in range(2):  # the first job and a child prepared ahead
+            assert pool.run(probe)["stdout"] == "False\n"
+        assert pool.run("import logging, sys\nlogging.getLogger('job').warning('seen')\n" + probe)["stdout"] == "True\n"
+    # Control: preloaded, the same probe sees it.
+    with pool_process("--workers=1", "--preload=logging", cwd=tmp_path) as pool:
+        assert pool.run(probe)["stdout"] == "True\n"

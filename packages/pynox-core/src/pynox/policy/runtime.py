@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import logging
 import os
 import select
 import site
@@ -28,7 +27,15 @@ __all__ = [
     "rule_paths", "runtime_paths", "runtime_watch",
 ]
 
-_log = logging.getLogger(__name__)
+
+
+def _warn(message: str, *args: object) -> None:
+    """Log a warning. logging is imported here, not with this module: every template imports this module, and
+    logging, once imported, registers fork hooks that run around each of the template's forks (its lock taken
+    before, released after, and set up again in the child), for jobs that mostly never log."""
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
 
 _SYSTEM = (
     "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
@@ -206,7 +213,7 @@ class RuntimeWatch:
             try:
                 self._watch()  # a directory replaced on the way, or a symlink that leads elsewhere now
             except OSError as exc:
-                _log.warning("cannot watch the runtime's files for changes any longer (%s): every job is forked "
+                _warn("cannot watch the runtime's files for changes any longer (%s): every job is forked "
                              "from now, none is handed a child prepared ahead", exc)
                 self._blind = True
 
@@ -240,7 +247,7 @@ def runtime_watch(paths: Iterable[str]) -> RuntimeWatch | _Unwatched:
             try:
                 watch = RuntimeWatch(key)
             except OSError as exc:
-                _log.warning("cannot watch the runtime's files for changes (%s): every job is forked, none is "
+                _warn("cannot watch the runtime's files for changes (%s): every job is forked, none is "
                              "handed a child prepared ahead", exc)
                 watch = _Unwatched()
             _watches[key] = watch

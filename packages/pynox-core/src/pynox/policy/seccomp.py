@@ -20,16 +20,55 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import importlib
 import os
 import platform
 import socket
 import stat
+import sys
+import types
 from dataclasses import dataclass
-
-import pyseccomp
+from typing import TYPE_CHECKING
 
 from ..wire.spec import NetworkMode
 from ._libc import syscall
+
+
+def _import_pyseccomp() -> types.ModuleType:
+    """pyseccomp, imported without ``ctypes.util``.
+
+    pyseccomp finds libc and libseccomp with ``ctypes.util.find_library``, and ``ctypes.util`` imports shutil
+    (with zlib, bz2 and lzma and their libraries), subprocess and tempfile (random, hashlib's sha512), then runs
+    ldconfig. Imported so, they sit in every template and in every job forked from one: 46 mappings and 1.4 MiB
+    of private memory that every ``fork()`` copies again (about 45 µs of each, docs/performance.md, "The
+    template's fork, third pass"), for modules no job needs unless it imports them itself. Both libraries are
+    found by their sonames here, as ``find_library`` would name them on glibc; where either does not load so,
+    the real ``ctypes.util`` is used. A job importing ``ctypes.util`` gets the real one: the stand-in is
+    gone once pyseccomp is imported."""
+    sonames = {"c": "libc.so.6", "seccomp": "libseccomp.so.2"}
+    if "ctypes.util" not in sys.modules and "pyseccomp" not in sys.modules:
+        try:
+            for soname in sonames.values():
+                ctypes.CDLL(soname)
+        except OSError:
+            pass
+        else:
+            stand_in = types.ModuleType("ctypes.util")
+            stand_in.find_library = sonames.get  # type: ignore[attr-defined]  # the one name pyseccomp uses
+            sys.modules["ctypes.util"] = stand_in
+            ctypes.util = stand_in  # type: ignore[attr-defined]  # `ctypes.util.find_library` reads it here
+            try:
+                return importlib.import_module("pyseccomp")
+            finally:
+                del sys.modules["ctypes.util"]
+                del ctypes.util  # type: ignore[attr-defined]
+    return importlib.import_module("pyseccomp")
+
+
+if TYPE_CHECKING:
+    import pyseccomp
+else:
+    pyseccomp = _import_pyseccomp()
 
 __all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "FORK_SYSCALLS", "NETWORK_MODES", "TRUNCATE_ABI", "CompiledFilter",
            "LoadableFilter", "compile_filter", "install", "syscall_number"]

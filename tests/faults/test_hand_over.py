@@ -92,7 +92,8 @@ def test_a_prepared_child_killed_after_it_was_handed_the_job_costs_that_job_noth
     out = tmp_path / "out"
     out.mkdir()
     with pool_process("--workers=1", cwd=tmp_path) as pool:
-        for i in range(3):
+        handed = 0
+        for i in range(10):
             assert pool.run("print(0)", allow_write=[str(out)])["error"] is None
             end = time.monotonic() + 10
             while len(ready := _below(pool, 2, ("pynox-ready",))) < PREPARED_PER_WORKER:
@@ -103,15 +104,24 @@ def test_a_prepared_child_killed_after_it_was_handed_the_job_costs_that_job_noth
             job = pool.submit(code=_marker_job(out, i), allow_write=[str(out)])
             time.sleep(0.3)  # the hand-over (a stopped child only receives it)
             # The control: the job was handed to a stopped child (nothing else runs below the template, its
-            # marker is not there); a job forked a child of its own would prove nothing.
-            assert set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) == set(ready), pool.tree()
-            assert not (out / f"j{i}").exists()
+            # marker is not there); a job forked a child of its own proves nothing. That happens when a mount
+            # anywhere on the machine (another test's tmpfs) made the pool discard the children prepared
+            # ahead (policy.runtime.RuntimeWatch): such a round is run to its end and not counted.
+            if set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job"))) != set(ready) or \
+                    (out / f"j{i}").exists():
+                _kill(ready)
+                assert pool.result(job)["error"] is None
+                continue
             _kill(ready)
             result = pool.result(job)
             assert result["error"] is None and result["stdout"] == f"{i}\n", result
             assert (out / f"j{i}").exists()
             pid = int(pool.run("import os\nprint(os.getpid())", allow_write=[str(out)])["stdout"])
             assert pid not in ready  # and the pool serves on: the next job of the key runs on a child prepared anew
+            handed += 1
+            if handed == 3:
+                break
+        assert handed == 3, f"only {handed} of 10 jobs were handed to a child prepared ahead"
 
 
 def test_a_template_killed_before_the_next_job_costs_that_job_nothing(tmp_path: Path) -> None:
@@ -264,26 +274,37 @@ def test_a_child_prepared_for_the_next_session_killed_after_it_was_handed_the_fi
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         opened = pool.run("import os\nprint(os.getpid())", session="A", allow_write=[str(out)])
         assert opened["error"] is None, opened
-        end = time.monotonic() + 10
-        while not (waiting := _prepared_for_a_session(pool)):
-            assert time.monotonic() < end, pool.tree()
-            time.sleep(0.02)
-        assert len(waiting) == 1, (waiting, pool.tree())
-        os.kill(waiting[0], signal.SIGSTOP)
-        step = pool.submit(code=_marker_job(out, 0), session="B", allow_write=[str(out)])
-        time.sleep(0.3)
-        # The control: the step was handed to the stopped child (no other child runs below a template but
-        # session A's, and the marker is not there); a step forked a child of its own would prove nothing.
-        below = set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job", "pynox-session")))
-        assert below - {int(opened["stdout"])} == set(waiting), pool.tree()
-        assert not (out / "j0").exists()
-        _kill(waiting)
-        first = pool.result(step)
-        assert first["error"] is None and first["stdout"] == "0\n" and not first["session_ended"], first
-        assert (out / "j0").exists()
-        again = pool.run("import os\nprint(os.getpid())", session="B")
-        assert again["error"] is None and again["step"] == 2, again  # the session lives on its fresh child
-        assert int(again["stdout"]) not in waiting
+        sessions = {int(opened["stdout"])}
+        for attempt in range(10):
+            end = time.monotonic() + 10
+            while not (waiting := _prepared_for_a_session(pool)):
+                assert time.monotonic() < end, pool.tree()
+                time.sleep(0.02)
+            assert len(waiting) == 1, (waiting, pool.tree())
+            os.kill(waiting[0], signal.SIGSTOP)
+            name, marker = f"B{attempt}", out / f"j{attempt}"
+            step = pool.submit(code=_marker_job(out, attempt), session=name, allow_write=[str(out)])
+            time.sleep(0.3)
+            # The control: the step was handed to the stopped child (no other child runs below a template but
+            # the sessions', and the marker is not there); a step forked a child of its own proves nothing.
+            # That happens when a mount anywhere on the machine made the pool discard the child prepared
+            # ahead (policy.runtime.RuntimeWatch): such an attempt is run to its end and another made.
+            below = set(_below(pool, 2, ("pynox-ready", "pynox-template", "pynox-job", "pynox-session")))
+            if below - sessions != set(waiting) or marker.exists():
+                _kill(waiting)
+                forked = pool.result(step)
+                assert forked["error"] is None, forked
+                sessions |= below - set(waiting)
+                continue
+            _kill(waiting)
+            first = pool.result(step)
+            assert first["error"] is None and first["stdout"] == f"{attempt}\n" and not first["session_ended"], first
+            assert marker.exists()
+            again = pool.run("import os\nprint(os.getpid())", session=name)
+            assert again["error"] is None and again["step"] == 2, again  # the session lives on its fresh child
+            assert int(again["stdout"]) not in waiting
+            return
+        raise AssertionError("no first step of 10 was handed to the child prepared for it")
 
 
 def test_a_working_directory_replaced_between_jobs_is_the_new_one(tmp_path: Path) -> None:

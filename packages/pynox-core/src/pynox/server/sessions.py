@@ -556,7 +556,8 @@ class Session(threading.Thread):
         # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
         # behind included) runs under this step's deadline.
         template.continue_child()
-        channels.control.settimeout(step.timeout)
+        if channels.control.gettimeout() != step.timeout:  # set again, even to the same, it costs a system call
+            channels.control.settimeout(step.timeout)
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
                                                   return_value=step.return_value, images=step.max_output,

@@ -86,3 +86,12 @@ def test_the_log_line_carries_usage(tmp_path: Path) -> None:
         result = pool.run("print('abc')")
     [line] = [json.loads(raw) for raw in pool.stderr.decode().splitlines() if '"event":"job"' in raw]
     assert line["usage"] == result["usage"] and line["usage"]["stdout_bytes"] == 4
+
+
+def test_a_session_steps_peak_memory_is_read_anew_each_step(pool: PoolProcess) -> None:
+    # The pool keeps the session's process's status file open between steps (server/usage.py): each step's
+    # figure must be the kernel's at that step's end, never the first step's read again.
+    small = pool.run("x = 1", session="usage-peak", memory="1g")["usage"]
+    big = pool.run("b = bytearray(200 * 1024 * 1024)\nb[::4096] = b'x' * len(b[::4096])", session="usage-peak")["usage"]
+    assert 0 < small["max_rss_kb"] < 100 * 1024, small
+    assert big["max_rss_kb"] - small["max_rss_kb"] >= 190 * 1024, (small, big)

@@ -72,6 +72,7 @@ import errno
 import functools
 import os
 import secrets
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -125,7 +126,13 @@ def _watch_ooms(path: str) -> int | None:
 
 
 def _drain(events: int) -> int:
-    """What an eventfd counted since it was last read (non-blocking: 0 if nothing)."""
+    """What an eventfd counted since it was last read (non-blocking: 0 if nothing). Asked first: most often it
+    counted nothing, and a poll says so in one system call, as the read that failed did, without the exception
+    that read raised (~2 µs, at every job's and every session step's mark)."""
+    poller = select.poll()
+    poller.register(events, select.POLLIN)
+    if not poller.poll(0):
+        return 0
     try:
         return os.eventfd_read(events)
     except BlockingIOError:

@@ -17,6 +17,7 @@ from ..policy.grants import close_all
 from .display import DisplayReader, Shown
 from .outcome import Gathering
 from .streaming import Streamer
+from .waiting import readable
 
 __all__ = ["MAX_REPORT", "Capture"]
 
@@ -103,12 +104,16 @@ class Capture:
         """What the display channel still holds once the job's output is over, without waiting for it."""
         if self._display_ended:
             return
-        os.set_blocking(self.display_fd, False)
-        try:
-            while chunk := os.read(self.display_fd, _READ_CHUNK):
-                self._shown(self.display.feed(chunk))
-        except BlockingIOError:
-            pass
+        # Asked first: a session's process holds its channel open until it hands it back after its report, and
+        # what its code showed was read as the loop watched it, so most often nothing waits there. One poll then,
+        # where a mode change and a read that fails (raising) cost two system calls and an exception per step.
+        if readable(self.display_fd, 0):
+            os.set_blocking(self.display_fd, False)
+            try:
+                while chunk := os.read(self.display_fd, _READ_CHUNK):
+                    self._shown(self.display.feed(chunk))
+            except BlockingIOError:
+                pass
         self._display_ended = True
         self._shown(self.display.finish())
 

@@ -64,7 +64,9 @@ class StepInterrupt:
 
     def __init__(self, grace: float) -> None:
         self._grace = grace
-        self._child = ChildLife()  # the session's child's life, once the step is sent (see sent)
+        # The session's child's life, once the step is sent (see sent): none before, when a cancel only stops it
+        # from being sent (a life made for every step, twice with the Step's default, cost the step path).
+        self._child: ChildLife | None = None
         self._lock = threading.Lock()
         self._state = InterruptState.WAITING
         self._timer: threading.Timer | None = None
@@ -102,6 +104,7 @@ class StepInterrupt:
             if self._state is not InterruptState.SENT:
                 return False
             self._move(InterruptState.INTERRUPTED)
+            assert self._child is not None  # set as it moved to SENT
             if self._child.pidfd is None:
                 # A first step whose process is on its way cannot be interrupted yet: the cancel is kept by
                 # its child's life, which kills the process as it arrives (or never sends the job).
@@ -122,6 +125,7 @@ class StepInterrupt:
                 return  # the step ended within its grace
             self._move(InterruptState.KILLED)
             self.killed = True
+            assert self._child is not None  # INTERRUPTED came from SENT
             self._child.kill()
 
     def over(self) -> None:

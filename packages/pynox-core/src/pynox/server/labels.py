@@ -62,39 +62,53 @@ class Labels:
         refused, and changes nothing)."""
         # Asked outside this lock: the session registry calls finish (and so this class) holding its own.
         live = self._alive(session) if session is not None and opens else False
-        stale: list[str] = []
         with self._lock:
-            if session is not None and len(self._session_profile) > 4 * self._max_sessions:
-                stale = list(self._session_profile)  # closed for being idle, which says nothing here
+            if session is None or len(self._session_profile) <= 4 * self._max_sessions:  # nothing to prune
+                self._label(request_id, tenant, profile, session, opens=opens, live=live)
+                return
+            stale = list(self._session_profile)  # closed for being idle, which says nothing here
         gone = {name for name in stale if not self._alive(name)}
         with self._lock:
             for name in gone:
                 self._session_profile.pop(name, None)
-            if session is not None:
-                if session not in self._session_profile or (opens and not live):
-                    self._session_profile[session] = profile or ""
-                profile = self._session_profile[session]
-            self._by_id.setdefault(_key(request_id), []).append((tenant or DEFAULT_TENANT, profile or ""))
+            self._label(request_id, tenant, profile, session, opens=opens, live=live)
+
+    def _label(self, request_id: RequestId, tenant: str | None, profile: str | None, session: str | None, *,
+               opens: bool, live: bool) -> None:
+        """Under the lock: ``request_id``'s labels, a session's step taking its session's profile."""
+        if session is not None:
+            if session not in self._session_profile or (opens and not live):
+                self._session_profile[session] = profile or ""
+            profile = self._session_profile[session]
+        self._by_id.setdefault(_key(request_id), []).append((tenant or DEFAULT_TENANT, profile or ""))
 
     def finished(self, result: Result, *, session: str | None, fallback: str | None, ended: bool) -> tuple[str, str]:
         """Count ``result`` under its request's labels, and return them. A result of no labelled request (a line
         the pool could not parse, a refused close) is counted under ``fallback``'s tenant and no profile, so that
         the labelled counts add up to the pool's."""
+        key = _key(result.id)
         with self._lock:
-            waiting = self._by_id.get(_key(result.id))
+            waiting = self._by_id.get(key)
             if waiting:
                 labels = waiting.pop(0)
                 if not waiting:
-                    del self._by_id[_key(result.id)]
+                    del self._by_id[key]
             else:
                 labels = (fallback or DEFAULT_TENANT, "")
             if ended and session is not None:
                 self._session_profile.pop(session, None)
             self._outcomes[(*labels, classify(result))] += 1
+            # Made once per label pair (setdefault would build one on every result, to throw it away).
             if result.refused is not True:
-                self._durations.setdefault(labels, Buckets(DURATION_BUCKETS)).observe(result.duration_us)
+                durations = self._durations.get(labels)
+                if durations is None:
+                    durations = self._durations[labels] = Buckets(DURATION_BUCKETS)
+                durations.observe(result.duration_us)
             if result.refused is not True or result.queue_us:  # as stats.py counts waits
-                self._waits.setdefault(labels, Buckets(QUEUE_BUCKETS)).observe(result.queue_us)
+                waits = self._waits.get(labels)
+                if waits is None:
+                    waits = self._waits[labels] = Buckets(QUEUE_BUCKETS)
+                waits.observe(result.queue_us)
             return labels
 
     def closed(self, session: str) -> None:

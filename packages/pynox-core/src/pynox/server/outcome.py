@@ -26,12 +26,13 @@ from ..wire.spec import ErrorInfo, JobSpec
 __all__ = ["Gathering", "Outcome", "to_result", "to_session_result", "traceback_at"]
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """What happened to one job (or session step), as its result says it: built once, never changed.
 
     Frozen from a :class:`Gathering` once the pool knows everything it will know of the job, or built whole
-    for a job the pool answers itself (a worker error, a cancel before it ran)."""
+    for a job the pool answers itself (a worker error, a cancel before it ran). A frozen struct, not a frozen
+    dataclass: the dataclass's ``__init__`` sets each of its 25 fields through ``object.__setattr__`` (~2 µs
+    on every job's and every step's path, against ~0.5 µs)."""
 
     exit: int = 0
     error: ErrorInfo | None = None

@@ -245,6 +245,9 @@ class Session(threading.Thread):
         self._first: JobSpec | None = None  # its first step as sent (what the next session's child is prepared for)
         self._took: Template | None = None  # the template it took for its process
         self._forking: _Forking | None = None
+        # The spec a step's result states (see _step_spec), with the session's spec, timeout and return_value it
+        # was made for.
+        self._kept_spec: tuple[JobSpec, float, bool, JobSpec] | None = None
 
     @property
     def closing(self) -> bool:
@@ -553,7 +556,8 @@ class Session(threading.Thread):
         # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
         # behind included) runs under this step's deadline.
         template.continue_child()
-        channels.control.settimeout(step.timeout)
+        if channels.control.gettimeout() != step.timeout:  # set again, even to the same, it costs a system call
+            channels.control.settimeout(step.timeout)
         try:
             send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
                                                   return_value=step.return_value, images=step.max_output,
@@ -641,10 +645,16 @@ class Session(threading.Thread):
                              refused=True, session=self.session_name, step=None, session_ended=True)
 
     def _step_spec(self, step: Step) -> JobSpec:
-        """The session's policy with this step's own timeout: the result's policy states what was enforced."""
-        return msgspec.structs.replace(
-            self.spec, confinement=msgspec.structs.replace(self.spec.confinement, timeout=step.timeout),
-            payload=msgspec.structs.replace(self.spec.payload, return_value=step.return_value))
+        """The session's policy with this step's own timeout: the result's policy states what was enforced. Kept
+        for the steps after it, which most often bring the same timeout (three struct copies on each step's path)."""
+        spec, kept = self.spec, self._kept_spec
+        if kept is not None and kept[0] is spec and kept[1] == step.timeout and kept[2] == step.return_value:
+            return kept[3]
+        made = msgspec.structs.replace(
+            spec, confinement=msgspec.structs.replace(spec.confinement, timeout=step.timeout),
+            payload=msgspec.structs.replace(spec.payload, return_value=step.return_value))
+        self._kept_spec = (spec, step.timeout, step.return_value, made)
+        return made
 
     def _ready_python(self) -> str:
         return self._template.ready.python if self._template else self.registry.python

@@ -77,7 +77,7 @@ from .report import JobWord, read_report
 from .serving import ServingLife
 from .steward import StewardLife, StewardPhase, StewardThread
 from .streaming import Streamer
-from .usage import live_usage, proc_text
+from .usage import StatusKept, live_usage, proc_text
 from .waiting import readable
 from .zygote import ForkedProcess
 
@@ -362,6 +362,7 @@ class Template:
     _family: _Family | None = None  # shared with a session fork's copies (see adopt)
     _adopted = False  # a copy's handle: its cgroups are the copy's own
     _stat: int | None = None  # the template's /proc/<pid>/stat, kept open once read (see _hand_to_prepared)
+    _status: StatusKept | None = None  # a session's process's /proc/<pid>/status, kept open (see _finish)
     _made: _Descriptors | None = None  # the next job's descriptors, made after the last result left
 
     def __init__(self, preload: list[str], package_dirs: list[str], *, stderr: int | None = None,
@@ -533,6 +534,9 @@ class Template:
         if self._stat is not None and self._stat >= 0:
             os.close(self._stat)
         self._stat = None
+        if self._status is not None:
+            self._status.close()
+            self._status = None
         if self._made is not None:
             _close_descriptors(self._made)
             self._made = None
@@ -1090,8 +1094,14 @@ class Template:
         outcome, child = serving.outcome, self.child
         if child.state is ChildState.RUNNING and child.pid is not None:
             # Alive as its result leaves (stopped at its end, or a session between steps): measured now,
-            # before any kill, whose teardown is not the job's work.
-            measured = live_usage(child.pid)
+            # before any kill, whose teardown is not the job's work. A session's process is measured after
+            # every step: its status file is kept open for the next.
+            if serving.session:
+                if self._status is None:
+                    self._status = StatusKept()
+                measured = self._status.usage(child.pid)
+            else:
+                measured = live_usage(child.pid)
             if measured is None or measured[1] is None:
                 self._await_end()  # it exited (or was killed): the template's wait4 has its peak memory
             if child.state is ChildState.RUNNING and measured is not None:

@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import sys
-import threading
 import types
 from typing import NoReturn
 
@@ -229,8 +228,10 @@ def _reseed() -> None:
 def _shutdown() -> None:
     # What the interpreter would do at exit: wait for non-daemon threads, run the job's atexit hooks
     # (the template's were cleared at the start: they are the template's business, not a job's).
-    if threading.active_count() > 1:
-        threading._shutdown()  # type: ignore[attr-defined]
+    # As the interpreter's own exit does: only if the job imported threading (the template does not, see ...).
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        threading._shutdown()
     if atexit._ncallbacks():
         atexit._run_exitfuncs()
 

@@ -9,15 +9,14 @@ the code the next job imports.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import errno
-import logging
 import os
 import select
 import site
 import struct
 import sys
-import threading
 from collections.abc import Iterable
 
 from ..paths import beneath
@@ -28,7 +27,14 @@ __all__ = [
     "rule_paths", "runtime_paths", "runtime_watch",
 ]
 
-_log = logging.getLogger(__name__)
+
+def _warn(message: str, *args: object) -> None:
+    # logging imports threading: loaded with this module, whose template loads it too, its after-fork hook would run
+    # in every job's child (~110 copy-on-write faults). The watch is the server's, and it warns rarely.
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
+
 
 _SYSTEM = (
     "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
@@ -114,7 +120,7 @@ class RuntimeWatch:
 
     def __init__(self, paths: Iterable[str]) -> None:
         self._paths = tuple(paths)
-        self._lock = threading.Lock()  # one watch serves every worker's template
+        self._lock = _thread.allocate_lock()  # one watch serves every worker's template
         self._changes = 0
         self._blind = False
         fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -206,8 +212,8 @@ class RuntimeWatch:
             try:
                 self._watch()  # a directory replaced on the way, or a symlink that leads elsewhere now
             except OSError as exc:
-                _log.warning("cannot watch the runtime's files for changes any longer (%s): every job is forked "
-                             "from now, none is handed a child prepared ahead", exc)
+                _warn("cannot watch the runtime's files for changes any longer (%s): every job is forked "
+                      "from now, none is handed a child prepared ahead", exc)
                 self._blind = True
 
     def close(self) -> None:
@@ -228,7 +234,7 @@ class _Unwatched:
 
 
 _watches: dict[tuple[str, ...], RuntimeWatch | _Unwatched] = {}
-_watches_lock = threading.Lock()
+_watches_lock = _thread.allocate_lock()
 
 
 def runtime_watch(paths: Iterable[str]) -> RuntimeWatch | _Unwatched:
@@ -240,8 +246,8 @@ def runtime_watch(paths: Iterable[str]) -> RuntimeWatch | _Unwatched:
             try:
                 watch = RuntimeWatch(key)
             except OSError as exc:
-                _log.warning("cannot watch the runtime's files for changes (%s): every job is forked, none is "
-                             "handed a child prepared ahead", exc)
+                _warn("cannot watch the runtime's files for changes (%s): every job is forked, none is "
+                      "handed a child prepared ahead", exc)
                 watch = _Unwatched()
             _watches[key] = watch
         return watch

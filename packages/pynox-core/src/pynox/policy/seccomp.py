@@ -18,18 +18,49 @@ delegated: the pool answers them through the filter's listener
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import errno
 import os
 import platform
 import socket
 import stat
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-
-import pyseccomp
 
 from ..wire.spec import NetworkMode
 from ._libc import syscall
+
+
+@contextmanager
+def _without_threading() -> Iterator[None]:
+    """pyseccomp finds libseccomp with ``ctypes.util.find_library`` as it loads; ``ctypes.util`` imports
+    ``subprocess``, which imports ``threading``, whose after-fork hook (Python that rebuilds its locks and thread
+    registry) then runs in every child of the template: ~110 copy-on-write faults a job that never uses a thread
+    (docs/performance.md). Where threading is not loaded yet (a template; the server has it), pyseccomp loads with
+    a stand-in that has the one name ``subprocess.Popen`` uses on this path (``Lock``, which is _thread's own
+    lock in threading too), and the modules loaded with it are dropped after: a job that imports ``subprocess``
+    or ``ctypes.util`` loads them afresh, with threading itself."""
+    if "threading" in sys.modules:
+        yield
+        return
+    stand_in = types.ModuleType("threading", "threading's Lock alone, while pyseccomp loads (policy/seccomp.py)")
+    stand_in.Lock = _thread.allocate_lock  # type: ignore[attr-defined]
+    sys.modules["threading"] = stand_in
+    try:
+        yield
+    finally:
+        for name in ("threading", "subprocess", "ctypes.util"):
+            sys.modules.pop(name, None)
+        if "util" in vars(ctypes):
+            delattr(ctypes, "util")
+
+
+with _without_threading():
+    import pyseccomp
 
 __all__ = ["DELEGATED_SYSCALLS", "DENIED_SYSCALLS", "FORK_SYSCALLS", "NETWORK_MODES", "TRUNCATE_ABI", "CompiledFilter",
            "LoadableFilter", "compile_filter", "install", "syscall_number"]

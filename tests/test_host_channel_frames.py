@@ -8,9 +8,13 @@ tests/pool/test_pool_host_functions.py and tests/faults/test_host_channel.py.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from types import FrameType
 
 import msgspec
 import pytest
@@ -92,6 +96,83 @@ def test_warming_the_call_path_leaves_no_module_and_no_descriptor() -> None:
     pynox_host.warm_up(calls=2)
     assert procfs.fds(os.getpid()) == before
     assert "pynox_host" not in sys.modules and "pynox_host.aio" not in sys.modules
+
+
+# -- overlapping calls wait on _thread's locks (the template leaves threading unloaded) ----------------------------
+
+
+def test_at_most_the_turns_count_of_callers_are_inside_at_once() -> None:
+    turns, lock = pynox_host._Turns(3), threading.Lock()
+    inside, most, done = [0], [0], []
+
+    def caller(n: int) -> None:
+        with turns:
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.02)
+            with lock:
+                inside[0] -= 1
+        done.append(n)
+
+    callers = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join(10)
+    assert sorted(done) == list(range(8)) and most[0] == 3
+
+
+def test_a_caller_interrupted_while_it_waits_for_a_turn_takes_no_turn_away() -> None:
+    """A session step's KeyboardInterrupt can come while a call waits for its turn: the turn the caller would
+    have had must go to the next one, not to the interrupted caller."""
+    turns, release = pynox_host._Turns(1), threading.Event()
+
+    def holder() -> None:
+        with turns:
+            release.wait(10)
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    holding = threading.Thread(target=holder)
+    holding.start()
+    time.sleep(0.05)  # the holder has the one turn
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(KeyboardInterrupt), turns:
+            pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    release.set()
+    holding.join(10)
+    entered: list[int] = []
+
+    def two_in_turn() -> None:
+        for n in range(2):
+            with turns:
+                entered.append(n)
+
+    after = threading.Thread(target=two_in_turn, daemon=True)  # a turn lost would hold it forever
+    after.start()
+    after.join(5)
+    assert entered == [0, 1]  # the turn came back: two callers in turn, neither waiting for a lost one
+
+
+def test_a_wake_set_twice_wakes_once_and_is_clear_after() -> None:
+    wake, woken = pynox_host._Wake(), []
+    wake.set()
+    wake.set()
+    wake.wait()  # set: returns at once, and takes the set
+    waiter = threading.Thread(target=lambda: (wake.wait(), woken.append(True)))
+    waiter.start()
+    time.sleep(0.05)
+    assert woken == []  # cleared by the wait before
+    wake.set()
+    waiter.join(10)
+    assert woken == [True]
 
 
 # -- the pool's reply path: a reply line decoded once, with every rule of the general path ---------------------

@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import sys
-import threading
 import types
 from typing import NoReturn
 
@@ -229,8 +228,11 @@ def _reseed() -> None:
 def _shutdown() -> None:
     # What the interpreter would do at exit: wait for non-daemon threads, run the job's atexit hooks
     # (the template's were cleared at the start: they are the template's business, not a job's).
-    if threading.active_count() > 1:
-        threading._shutdown()  # type: ignore[attr-defined]
+    # Only if the job imported threading, as the interpreter's own exit asks (a default template does not import
+    # it, see policy/seccomp.py: a job that never did has none of threading's threads to wait for).
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        threading._shutdown()
     if atexit._ncallbacks():
         atexit._run_exitfuncs()
 

@@ -20,10 +20,10 @@ size limits; the checks here only give the model a clear error sooner.
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import socket
 import sys
-import threading
 import types
 from typing import Any
 
@@ -75,6 +75,69 @@ def _install(functions: list[str], channel: _Channel) -> None:
     sys.modules["pynox_host.aio"] = aio
 
 
+# The channel waits on _thread's locks, not on threading's Event, Lock and BoundedSemaphore: this module is loaded
+# in the template, and a template that imports threading gives every child, host calls or not, threading's
+# after-fork hook to run (~110 copy-on-write faults a child, see docs/performance.md). A job that uses threads
+# imports threading itself.
+
+
+class _Wake:
+    """An event with one waiter, on one of _thread's locks: held while not set; ``set`` releases it, ``wait``
+    takes it, and so clears it."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:  # set already (released, and not taken since)
+            pass
+
+    def wait(self) -> None:
+        self._lock.acquire()
+
+
+class _Turns:
+    """At most ``count`` callers inside at once; a further one waits until a caller leaving hands it its turn
+    (a bounded semaphore, first come first served)."""
+
+    __slots__ = ("_free", "_lock", "_queue")
+
+    def __init__(self, count: int) -> None:
+        self._lock = _thread.allocate_lock()
+        self._free = count
+        self._queue: list[_Wake] = []
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._free:
+                self._free -= 1
+                return
+            wake = _Wake()
+            self._queue.append(wake)
+        try:
+            wake.wait()
+        except BaseException:  # interrupted while waiting (a session step's KeyboardInterrupt)
+            with self._lock:
+                handed = wake not in self._queue
+                if not handed:
+                    self._queue.remove(wake)
+            if handed:  # its turn came as it was interrupted: the turn goes on to the next caller
+                self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            if self._queue:
+                self._queue.pop(0).set()
+            else:
+                self._free += 1
+
+
 class _Waiting:
     """One call waiting for its answer. ``finished``: answered, or the channel failed. ``wake``: set when it
     is finished, or when the reading passes to it."""
@@ -82,7 +145,7 @@ class _Waiting:
     __slots__ = ("answer", "finished", "wake")
 
     def __init__(self) -> None:
-        self.wake = threading.Event()
+        self.wake = _Wake()
         self.answer: HostAnswer | None = None
         self.finished = False
 
@@ -92,9 +155,9 @@ class _Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._send_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._turns = threading.BoundedSemaphore(MAX_IN_FLIGHT)
+        self._send_lock = _thread.allocate_lock()
+        self._lock = _thread.allocate_lock()
+        self._turns = _Turns(MAX_IN_FLIGHT)
         self._tags = itertools.count(1)
         self._waiting: dict[int, _Waiting] = {}
         self._reading = False  # a waiting caller reads the channel for everyone
@@ -148,7 +211,6 @@ class _Channel:
                 self._reading = True
             if not reads:
                 waiting.wake.wait()
-                waiting.wake.clear()
                 continue
             try:
                 while not waiting.finished:
@@ -186,7 +248,7 @@ def warm_up(calls: int = _WARM_CALLS) -> None:
 
     In the template before any job exists (``job.child.prepare_template``), this makes a job's first call
     as warm as its later ones: what that call used to build for itself (msgspec's plans for the frames'
-    types, the interpreter's specialized code, threading's locks and events) is built once, and every
+    types, the interpreter's specialized code) is built once, and every
     child inherits it. A child prepared ahead for a job with host functions rehearses again (an answer and
     an error), to take before its job arrives the copy-on-write faults of the whole path its job takes: the
     module's installation (24 faults and 0.1 ms of the job's setup, on the 2-vCPU VM of

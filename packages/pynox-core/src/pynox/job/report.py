@@ -19,7 +19,7 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
-from ..wire.descriptors import DISPLAY, STDERR, STDOUT
+from ..wire.descriptors import DISPLAY, REPORT, STDERR, STDOUT
 from ..wire.spec import Confinement, ErrorInfo, Frame, Report
 from . import pynox_host
 from .setup import close_quietly
@@ -59,8 +59,15 @@ def finish(report_fd: int, report: Report, *, measured: bool = False) -> NoRetur
     the exit status instead continues it (SIGCONT)."""
     flush_streams()
     write_report(report_fd, report)
-    for fd in (STDOUT, STDERR, DISPLAY, report_fd):
-        close_quietly(fd)
+    if report_fd == REPORT:
+        # The three the pool waits for (1, 2, 3) in one system call, so that their EOFs wake its worker once, not
+        # once for each; the display channel after them (the pool drains it once those are closed, see
+        # server/capture.py).
+        os.closerange(STDOUT, REPORT + 1)
+        close_quietly(DISPLAY)
+    else:
+        for fd in (STDOUT, STDERR, DISPLAY, report_fd):
+            close_quietly(fd)
     if measured:
         os.kill(os.getpid(), signal.SIGSTOP)
     os._exit(report.exit)

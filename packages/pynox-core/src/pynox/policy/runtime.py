@@ -9,6 +9,7 @@ the code the next job imports.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import errno
 import os
@@ -16,7 +17,6 @@ import select
 import site
 import struct
 import sys
-import threading
 from collections.abc import Iterable
 
 from ..paths import beneath
@@ -28,14 +28,15 @@ __all__ = [
 ]
 
 
-
 def _warn(message: str, *args: object) -> None:
     """Log a warning. logging is imported here, not with this module: every template imports this module, and
     logging, once imported, registers fork hooks that run around each of the template's forks (its lock taken
-    before, released after, and set up again in the child), for jobs that mostly never log."""
+    before, released after, and set up again in the child), and imports threading, whose own after-fork hook
+    would run in every job's child (~110 copy-on-write faults). The watch is the server's, and it warns rarely."""
     import logging
 
     logging.getLogger(__name__).warning(message, *args)
+
 
 _SYSTEM = (
     "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib",
@@ -121,7 +122,7 @@ class RuntimeWatch:
 
     def __init__(self, paths: Iterable[str]) -> None:
         self._paths = tuple(paths)
-        self._lock = threading.Lock()  # one watch serves every worker's template
+        self._lock = _thread.allocate_lock()  # one watch serves every worker's template
         self._changes = 0
         self._blind = False
         fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -214,7 +215,7 @@ class RuntimeWatch:
                 self._watch()  # a directory replaced on the way, or a symlink that leads elsewhere now
             except OSError as exc:
                 _warn("cannot watch the runtime's files for changes any longer (%s): every job is forked "
-                             "from now, none is handed a child prepared ahead", exc)
+                      "from now, none is handed a child prepared ahead", exc)
                 self._blind = True
 
     def close(self) -> None:
@@ -235,7 +236,7 @@ class _Unwatched:
 
 
 _watches: dict[tuple[str, ...], RuntimeWatch | _Unwatched] = {}
-_watches_lock = threading.Lock()
+_watches_lock = _thread.allocate_lock()
 
 
 def runtime_watch(paths: Iterable[str]) -> RuntimeWatch | _Unwatched:
@@ -248,7 +249,7 @@ def runtime_watch(paths: Iterable[str]) -> RuntimeWatch | _Unwatched:
                 watch = RuntimeWatch(key)
             except OSError as exc:
                 _warn("cannot watch the runtime's files for changes (%s): every job is forked, none is "
-                             "handed a child prepared ahead", exc)
+                      "handed a child prepared ahead", exc)
                 watch = _Unwatched()
             _watches[key] = watch
         return watch

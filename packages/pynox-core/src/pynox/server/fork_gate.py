@@ -26,7 +26,7 @@ namespaces ...), another thread, a second fork, a call after the window's deadli
 
 from __future__ import annotations
 
-import threading
+import _thread
 import time
 from collections.abc import Callable
 
@@ -73,7 +73,7 @@ class ForkWindow:
         self._parent = parent
         self._deadline = time.monotonic() + within
         self._facts = facts
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()  # threading's Lock; threading itself is not loaded in a template
         self._through = 0  # forks let through so far: the session's, then C1's
         self._closed = False
 

@@ -34,7 +34,6 @@ import select
 import signal
 import socket
 import sys
-import threading
 from collections.abc import Iterable
 
 import msgspec
@@ -170,8 +169,11 @@ def _behave_as_a_normal_interpreter() -> None:
 def _prove_single_threaded(preload: list[str]) -> None:
     # fork() copies only the calling thread: a lock held by another one would deadlock a child.
     tasks = os.listdir("/proc/self/task")
-    if len(tasks) != 1 or threading.active_count() != 1:
-        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    # threading only if a preload imported it: pynox's own modules do not, so that a job's child has no threading
+    # state to rebuild after its fork (its hook, ~110 copy-on-write faults a child); /proc counts every thread.
+    threading = sys.modules.get("threading")
+    if len(tasks) != 1 or (threading is not None and threading.active_count() != 1):
+        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()] if threading else []
         raise RuntimeError(f"the template must stay single-threaded, but after preloading {preload} it runs "
                            f"{len(tasks)} threads {names or ''}: remove the module that starts them")
 

@@ -13,6 +13,7 @@ import pytest
 
 from pynox.policy import RuntimeRules, landlock, native
 from pynox.policy.runtime import RuntimeWatch
+from tests.setup_facts import OUTER_SECCOMP
 
 pytestmark = pytest.mark.pure
 
@@ -97,6 +98,47 @@ def test_the_watch_counts_a_path_that_names_another_file_and_nothing_else(tmp_pa
         seen = watch.changes()
         _rename_over(tmp_path / "dir" / "link")  # watched again in the new directory
         assert watch.changes() == seen + 1
+    finally:
+        watch.close()
+
+
+def _mount_tmpfs(place: Path) -> None:
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(place)], check=False,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        if OUTER_SECCOMP:
+            pytest.skip("a container's profile refuses the test its mount")
+        pytest.fail(f"cannot mount a tmpfs as root: {done.stderr}", pytrace=False)
+
+
+@pytest.mark.needs_root("mounting a tmpfs takes root")
+def test_the_watch_counts_a_mount_on_the_way_and_not_one_elsewhere(tmp_path: Path) -> None:
+    """Each change of the mount table discarded every child prepared ahead, whatever was mounted: on a host
+    that starts containers, or beside another test's tmpfs, no job was handed one. A mount elsewhere is no
+    change; the control, a mount over a directory on the way to a watched path, is one, and so is its end."""
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    paths = _paths(watched)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    watch = RuntimeWatch(paths)
+    try:
+        seen = watch.changes()
+        _mount_tmpfs(elsewhere)
+        try:
+            assert watch.changes() == seen
+        finally:
+            subprocess.run(["umount", str(elsewhere)], check=True)
+        assert watch.changes() == seen
+        before = _identity(watched / "dir")
+        _mount_tmpfs(watched / "dir")  # on the way to nothing but itself: a path of the rules
+        try:
+            assert _identity(watched / "dir") != before  # the control: the path names another directory
+            assert watch.changes() > seen
+            seen = watch.changes()
+        finally:
+            subprocess.run(["umount", str(watched / "dir")], check=True)
+        assert watch.changes() > seen
     finally:
         watch.close()
 

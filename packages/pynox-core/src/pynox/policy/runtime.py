@@ -109,12 +109,15 @@ class RuntimeWatch:
     """Whether a path of the runtime's rules may name another file than it did (a new inode): every directory
     entry on the way to each path (and to where a symlink among them leads) is watched with inotify, and the
     mount table with ``/proc/self/mountinfo`` (a mount over a path changes what it names, with no entry made).
+    When the table changes, only the mounts at a path on the way are compared: a mount elsewhere (a container
+    started, another program's tmpfs) names nothing a rule holds, and counted, it discarded every child
+    prepared ahead each time. An unmount under a watched directory is inotify's ``IN_UNMOUNT``/``IN_IGNORED``.
 
     A child prepared ahead holds the rules its template had when it was confined; a template reopens a
     changed rule before it forks (``RuntimeRules.refresh``), not for a child already waiting. :meth:`changes`
     is what the server asks before it hands a job to such a child: one ``poll`` of two descriptors when
     nothing happened, where comparing the paths' identities would be a ``stat`` each. It counts every change
-    seen (and events it cannot tell apart from one: an overflow, a mount anywhere); the server forks the job
+    seen (and events it cannot tell apart from one: an overflow, an unreadable mount table); the server forks the job
     when the count moved since its template's children were prepared, and the template discards them then.
     A change inotify cannot see (made by another host on a network filesystem) is seen, as before, only by the
     children forked after it.
@@ -136,6 +139,8 @@ class RuntimeWatch:
         except OSError:
             os.close(fd)
             raise
+        self._on_the_way: frozenset[bytes] = frozenset()  # every path whose mount would change what a rule names
+        self._mounted: frozenset[tuple[bytes, ...]] | None = None
         try:
             self._watch()
         except OSError:
@@ -174,7 +179,11 @@ class RuntimeWatch:
         """Watch every directory on the way. OSError if one that is there cannot be watched (ENOSPC: the user's
         inotify watches used up; EACCES): a change in it would go unseen."""
         self._names.clear()
-        for directory, names in self._entries().items():
+        entries = self._entries()
+        self._on_the_way = frozenset(os.fsencode(directory) for directory in entries) | frozenset(
+            os.path.join(os.fsencode(directory), name) for directory, names in entries.items() for name in names)
+        self._mounted = self._mounts_on_the_way()
+        for directory, names in entries.items():
             wd = libc.inotify_add_watch(self._inotify, os.fsencode(directory), _WATCHED)
             if wd < 0:
                 err = ctypes.get_errno()
@@ -195,8 +204,30 @@ class RuntimeWatch:
                 self._read(any(fd == self._mounts for fd, _ in ready))
             return self._changes
 
+    def _mounts_on_the_way(self) -> frozenset[tuple[bytes, ...]] | None:
+        """The mounts at a path on the way, each as its id, device, root and mount point name it (None: the
+        table could not be read, which never compares equal)."""
+        try:
+            with open("/proc/self/mountinfo", "rb") as table:
+                lines = table.read().splitlines()
+        except OSError:
+            return None
+        mounted = set()
+        for line in lines:
+            fields = line.split(b" ", 5)
+            if len(fields) > 4:
+                # proc_pid_mountinfo(5): space, tab, newline and backslash in a path are octal escapes.
+                point = fields[4].replace(b"\\040", b" ").replace(b"\\011", b"\t").replace(
+                    b"\\012", b"\n").replace(b"\\134", b"\\")
+                if point in self._on_the_way:
+                    mounted.add((fields[0], fields[2], fields[3], point))
+        return frozenset(mounted)
+
     def _read(self, mounted: bool) -> None:
-        changed = mounted
+        changed = False
+        if mounted:
+            now = self._mounts_on_the_way()
+            changed = now is None or now != self._mounted
         try:
             while True:
                 data = os.read(self._inotify, 1 << 16)

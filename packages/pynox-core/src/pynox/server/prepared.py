@@ -14,7 +14,9 @@ Whenever the template reaps a child that was not given up, it confines
 children from the latest job's grants until ``K`` of them live (``[pool]
 prepared_children``; one handed a job counts until it ends), and says so:
 the ``Ended`` frame says how many are ``due``, a ``Prepared`` frame brings
-each. ``WAITING``: at most ``K`` wait, for a job with the same key
+each, an ``Unprepared`` frame says how many will not come (a fork failed, or,
+after a child killed, its memory cgroup has no room for them). ``WAITING``:
+at most ``K`` wait, for a job with the same key
 (confinement, the grants' files, the working directory), and the next such
 job is handed to one of them instead of a fork, unless a runtime path may name
 another file since (``policy.runtime.RuntimeWatch``: the job is then forked,

@@ -250,7 +250,8 @@ class _Children:
     forked for its job runs (on two cores the preparation would take the CPU the job and the server need;
     that job's own end tops them up). A child prepared here and handed a job by the server counts until it
     ends: this template does not know it has a job, and its end is what prepares its replacement. A child
-    given up is not replaced: one whose job the server no longer knows would otherwise be prepared again."""
+    given up is not replaced: one whose job the server no longer knows would otherwise be prepared again.
+    After a child killed, only as many are prepared as its memory cgroup has room for (see reap)."""
 
     def __init__(self, sock: socket.socket, runtime: Runtime, limit: int) -> None:
         self.sock, self.runtime, self.limit = sock, runtime, limit
@@ -264,6 +265,7 @@ class _Children:
         self.poller = select.poll()
         self.poller.register(sock, select.POLLIN)
         self.by_pidfd: dict[int, _Child] = {}
+        self.room = _MemoryRoom()
 
     def adopt(self, pid: int, sock: socket.socket) -> None:
         """A session fork's copy, orphaned to this template (a subreaper): announced and reported on ``sock``,
@@ -444,10 +446,18 @@ class _Children:
         if self.sock.fileno() < 0:  # the server let go of its own children (copies live on)
             return
         send_frame(self.sock, ended)
+        # A child killed (for its memory, its deadline, a cancel, or after its result left) may leave its cgroup
+        # full of what it wrote into a tmpfs, under its job's limit until the server sets the next job's. A child
+        # forked into it would meet the OOM killer before it is the first to be killed (limits.first_to_be_killed):
+        # in the fork itself, or before that first step, where the template may be chosen. Only as many are
+        # prepared as there is room for; a later job's end, under that job's limit, tops them up.
+        fits = self.room.fits(missing) if missing and os.WIFSIGNALED(status) \
+            and os.WTERMSIG(status) == signal.SIGKILL else missing
         for forked in range(missing):
             assert self.latest is not None
             # The next job most likely has the same confinement (one tool, one profile).
-            if not self.prepare(self.latest):  # the server is told not to wait for the rest; the next reap retries
+            # The server is told not to wait for the rest; the next reap retries.
+            if forked == fits or not self.prepare(self.latest):
                 send_frame(self.sock, Unprepared(count=missing - forked))
                 break
 
@@ -469,6 +479,77 @@ class _Children:
         if self.latest is not None:
             self.latest.close()
             self.latest = None
+
+
+# What a child prepared ahead adds to its template's memory cgroup as it forks and confines itself (2.2-2.7 MiB,
+# docs/performance.md), three times over: the template faults back in meanwhile what the kernel reclaimed at
+# the limit (page cache: its own code, its libraries), and a larger preload makes larger page tables.
+_ROOM_FOR_A_CHILD = 8 << 20
+
+
+class _MemoryRoom:
+    """What this template's memory cgroup can still take before the kernel's OOM killer runs: its limit less
+    what it holds that cannot be reclaimed (page cache can). Read only after a child was killed, in a few small
+    reads and with no import: the cgroup may be full then, and every later child would inherit what is loaded."""
+
+    def __init__(self) -> None:
+        # Where the memory hierarchy is mounted, found as the server found it (policy/cgroups._find: a v1
+        # memory hierarchy, else v2), once: (the name of its line in /proc/self/cgroup, mount point, version),
+        # or None where there is none. Which cgroup of it this template is in is read each time (a tenant's
+        # job moves it).
+        self._where: tuple[bytes, bytes, int] | None = None
+        self._found = False
+
+    def fits(self, children: int) -> int:
+        """How many of ``children`` have room to be prepared now (all of them where the room is not known)."""
+        room = self._room(children * _ROOM_FOR_A_CHILD)
+        return children if room is None else min(children, max(room // _ROOM_FOR_A_CHILD, 0))
+
+    def _room(self, enough: int) -> int | None:
+        try:
+            if not self._found:
+                self._where, self._found = _memory_hierarchy(), True
+            if self._where is None:
+                return None
+            key, point, version = self._where
+            own = dict(line.split(b":", 2)[1:] for line in _read(b"/proc/self/cgroup", 1 << 13).splitlines())
+            base = os.path.join(point, own[key].lstrip(b"/"))
+            limit = _read(os.path.join(base, b"memory.limit_in_bytes" if version == 1 else b"memory.max")).strip()
+            if not limit.isdigit():
+                return None  # v2's "max": no limit
+            held = int(_read(os.path.join(base, b"memory.usage_in_bytes" if version == 1 else b"memory.current")))
+            if int(limit) - held >= enough:
+                return int(limit) - held
+            # Short of it: the page cache in it is room too (memory.stat costs more to read: only now).
+            stat = dict(line.split() for line in _read(os.path.join(base, b"memory.stat"), 1 << 13).splitlines())
+            held -= int(stat.get(b"active_file", 0)) + int(stat.get(b"inactive_file", 0))
+        except (OSError, ValueError, KeyError, IndexError):  # a file of a shape not known: the room is not known
+            return None
+        return int(limit) - max(held, 0)
+
+
+def _memory_hierarchy() -> tuple[bytes, bytes, int] | None:
+    own = [line.split(b":", 2)[1] for line in _read(b"/proc/self/cgroup", 1 << 13).splitlines()]
+    with open("/proc/self/mountinfo", "rb") as lines:  # may be long in a container: read whole, once
+        mounts = [(left.split(), right.split()) for left, _, right in (line.partition(b" - ") for line in lines)]
+    for key in own:
+        if b"memory" in key.split(b","):
+            for fields, tail in mounts:
+                if len(fields) >= 5 and len(tail) >= 3 and tail[0] == b"cgroup" and b"memory" in tail[2].split(b","):
+                    return key, fields[4], 1
+    if b"" in own:
+        for fields, tail in mounts:
+            if len(fields) >= 5 and tail and tail[0] == b"cgroup2":
+                return b"", fields[4], 2
+    return None
+
+
+def _read(path: bytes, size: int = 64) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
 
 
 def _readable(sock: socket.socket, pidfds: Iterable[int]) -> list[int]:

@@ -1329,6 +1329,10 @@ class Template:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Prepared) and len(fds) == 2:
+            # The runtime's watch is asked now too, not only as a job is handed: the child holds the rules its
+            # template reopened before it forked, and a mount on the way gone again before the next job would
+            # leave the mount table as the watch last read it (policy/runtime.py compares the table's state).
+            self._runtime.changes()
             # At most K wait, for the latest job's key; one whose job was forgotten waits for none. Its control
             # socket is the template's socketpair: named so, rather than asked of the kernel (two getsockopt).
             for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],

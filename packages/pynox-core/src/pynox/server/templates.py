@@ -161,6 +161,10 @@ def _job_descriptors() -> _Descriptors:
         made.append(new_claim())
         for _ in range(4):
             made += os.pipe2(os.O_CLOEXEC)
+            # The pool's end never blocks: a job may hold a read end of its own output (/proc/self/fd/1 opened
+            # is either end of the pipe) and empty it before the pool reads, its write end kept open; a read
+            # that blocked then stopped the worker's loop, deadline included, for good (see Capture.read).
+            os.set_blocking(made[-2], False)
     except BaseException:
         close_all(made)
         raise

@@ -152,3 +152,57 @@ def test_a_cancelled_slow_reader_ends_at_the_cancel(tmp_path: Path) -> None:
         time.sleep(1)
         assert trace.stat().st_size == size, "the cancelled job wrote on into its grant"
         assert wait_gone([_pid_in(trace)], 1.0) == []
+
+
+# The job opens a read end of its own stdout pipe through /proc/self/fd/1 (a pipe opened so is either end).
+# "steal": it writes a byte and reads it back at once, over and over: the pool, woken by the byte, may find the
+# pipe emptied. "reopen": it fills the pipe, closes its only write end (the pool sees the hang-up) and opens a
+# new one through its read end before the pool has read what the pipe held ("flood": and writes through it
+# without end, so that the pipe is never empty when the pool reads to its end). Either way a blocking read of the
+# pool's waited on a pipe that a live writer held and nobody wrote to again.
+_OWN_PIPE = """
+import fcntl, os, sys, time
+mine = os.open('/proc/self/fd/1', os.O_RDONLY)
+stolen = 0
+if {how!r} == 'steal':
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        os.write(1, b'x')
+        os.set_blocking(mine, False)
+        try:
+            stolen += len(os.read(mine, 1))
+        except BlockingIOError:
+            pass
+else:
+    fcntl.fcntl(1, 1031, 1 << 20)  # F_SETPIPE_SZ: 1 MiB for the pool to read after the hang-up
+    os.set_blocking(1, False)
+    try:
+        while True:
+            os.write(1, b'x' * 65536)
+    except BlockingIOError:
+        pass
+    os.close(1)
+    writer = os.open(f'/proc/self/fd/{{mine}}', os.O_WRONLY)
+    while {how!r} == 'flood':  # and writes on: the pool's read to the end must still end
+        os.write(writer, b'y' * 65536)
+os.write(2, f'stolen {{stolen}}\\n'.encode())
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("how", ["steal", "reopen", "flood"])
+def test_a_job_holding_a_read_end_of_its_own_output_ends_at_its_deadline(tmp_path: Path, how: str) -> None:
+    """Review of the job's pipes: the pool's ends were blocking, so a job that holds a read end of its own
+    output (its /proc/self/fd grants it) could leave the pool's read waiting with the pipe empty and a writer
+    alive: the worker's loop, which also keeps the deadline, stopped, and the job ran on with no result, the
+    worker lost for good. Each job must end at its 2 s deadline and the worker serve the next. The control:
+    the job does read its own output back (stderr)."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for _ in range(3 if how == "steal" else 6):
+            started = time.monotonic()
+            result = pool.result(pool.submit(code=_OWN_PIPE.format(how=how), timeout=2), timeout=20)
+            assert time.monotonic() - started < 10, result
+            assert result["error"] is not None and result["error"]["type"] == "TimeoutError", result
+            if how == "steal":
+                assert int(result["stderr"].split()[-1]) > 0, result["stderr"]  # the control
+            assert pool.run("print(5)")["stdout"] == "5\n"

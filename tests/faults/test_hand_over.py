@@ -577,3 +577,54 @@ def test_a_template_that_cannot_fork_a_child_ahead_serves_on(tmp_path: Path) -> 
             assert result["exit"] == 0 and result["stdout"] == f"{i}\n", result
         assert pool.templates() == [template]  # it served every job: it never died
         assert pool.stats()["template_restarts"] == 0
+
+
+def _mount(*argv: str) -> None:
+    done = subprocess.run(["mount", *argv], check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount as root: {done.stderr}", pytrace=False)
+
+
+@pytest.mark.needs_root("a bind mount takes root")
+def test_a_child_prepared_under_a_mount_gone_since_is_not_handed_a_job(tmp_path: Path) -> None:
+    """Review of the mount filter (policy/runtime.py): the server compared the mounts on the way only when it
+    handed a job, while the template reopens its rules at every child it prepares. A package directory mounted
+    over while a job ran, the child prepared after that job holds the mounted directory's rule; unmounted before
+    the next job, the table looked as it did at the last job and that child was handed the next one, which
+    could not read the package directory any longer. The server now reads the table as a child prepared
+    arrives too. The controls: the job reads the package before, and under the mount it is hidden."""
+    package, over = tmp_path / "package", tmp_path / "over"
+    package.mkdir()
+    over.mkdir()
+    (package / "here_before.py").write_text("VALUE = 7\n")
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[pool]\nprepared_children = 1\npackage_dirs = [{str(package)!r}]\n")
+    probe = "import here_before\nprint(here_before.VALUE)"
+    with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
+        first = pool.run(probe)
+        assert first["error"] is None and first["stdout"] == "7\n", first  # the control: the package is read
+        for _ in range(2):
+            end = time.monotonic() + 10
+            while not _below(pool, 2, ("pynox-ready",)):
+                assert time.monotonic() < end, "no child was prepared"
+                time.sleep(0.005)
+            job = pool.submit(code="import time\ntime.sleep(1.0)")
+            time.sleep(0.3)  # handed the child prepared before, it runs now
+            _mount("--bind", str(over), str(package))
+            try:
+                assert pool.result(job)["error"] is None
+                end = time.monotonic() + 10
+                while not _below(pool, 2, ("pynox-ready",)):  # prepared after the job: under the mount
+                    assert time.monotonic() < end, "no child was prepared after the job"
+                    time.sleep(0.005)
+                time.sleep(0.2)
+            finally:  # lazily: the template's rule holds it (as an operator's unmount would have to)
+                subprocess.run(["umount", "--lazy", str(package)], check=True)
+            after = pool.run(probe)
+            assert after["error"] is None and after["stdout"] == "7\n", after
+        _mount("--bind", str(over), str(package))
+        try:
+            hidden = pool.run(probe)  # the control: under the mount the module is not there
+            assert hidden["error"] is not None, hidden
+        finally:
+            subprocess.run(["umount", "--lazy", str(package)], check=True)

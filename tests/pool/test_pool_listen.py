@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -360,6 +361,41 @@ def test_connections_past_the_open_file_limit_are_refused_with_a_line(tmp_path: 
             for raw in served:
                 raw.close()
         _stop(pool)
+
+
+def test_a_connection_numbered_past_1024_is_served(tmp_path: Path, run_dir: Path) -> None:
+    """Review of the open-file limit raised to the hard one: a connection's descriptor may now be numbered 1024
+    or above, and each connection's reader waited with select.select, which refuses such a number
+    (``ValueError``): the connection got its ready line and then no answer, its thread dead. The control: the
+    first connection, numbered low, is served."""
+    path = run_dir / "pool.sock"
+    if shutil.which("prlimit") is None:
+        pytest.skip("no prlimit(1) here")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the test's own hard limit of open files ({hard}) is below 4096")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))
+    command = ["prlimit", "--nofile=1024:4096", *POOL]  # a shell's soft limit, raised by the pool itself
+    try:
+        with pool_process("--workers=1", "--max-sessions=1", f"--listen=unix:{path}", cwd=tmp_path,
+                          check_exit=False, command=command) as pool:
+            held: list[socket.socket] = []
+            try:
+                for count in range(1100):
+                    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    held.append(raw)
+                    raw.connect(str(path))
+                    assert _first_line(raw)["event"] == "ready", count
+                    if count in (0, 1099):  # the first (the control) and one past the pool's 1024th descriptor
+                        raw.sendall(b'{"id": 7, "code": "print(7)"}\n')
+                        done = _first_line(raw)
+                        assert done.get("stdout") == "7\n", (count, done)
+            finally:
+                for raw in held:
+                    raw.close()
+            _stop(pool)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_tenants_jobs_run_as_its_user(tmp_path: Path, run_dir: Path) -> None:

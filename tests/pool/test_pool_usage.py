@@ -7,6 +7,9 @@ that stayed zero, or counted the wrong process, fails.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +98,46 @@ def test_a_session_steps_peak_memory_is_read_anew_each_step(pool: PoolProcess) -
     big = pool.run("b = bytearray(200 * 1024 * 1024)\nb[::4096] = b'x' * len(b[::4096])", session="usage-peak")["usage"]
     assert 0 < small["max_rss_kb"] < 100 * 1024, small
     assert big["max_rss_kb"] - small["max_rss_kb"] >= 190 * 1024, (small, big)
+
+
+# In a pid namespace of its own (and a user namespace, for the right to set the next pid): a session's process
+# measured, reaped, and another given its number, as a pid space that wrapped around does.
+_PID_REUSED = """
+import os, sys, time
+from pynox.server.usage import StatusKept
+kept = StatusKept()
+def sleeper() -> int:
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    return pid
+first = sleeper()
+assert kept.usage(first) is not None
+os.kill(first, 9)
+os.waitpid(first, 0)
+with open("/proc/sys/kernel/ns_last_pid", "w") as last:
+    last.write(str(first - 1))
+second = sleeper()
+try:
+    assert second == first, (first, second)
+    print(StatusKept().usage(second) is not None, kept.usage(second) is not None)
+finally:
+    os.kill(second, 9)
+"""
+
+
+def test_a_session_process_given_the_number_of_one_measured_before_is_measured() -> None:
+    """Review of StatusKept (a session's /proc/<pid>/status kept open between steps): kept by the pid's number,
+    the descriptor of a process reaped since was read for another process given the same number: it never read
+    the other's status (it names the process, not the number), but every measure failed, and each step of that
+    session waited for an end that did not come (``_await_end``) and left its usage unmeasured. The control: a
+    status file opened afresh measures the second process."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--user", "--map-root-user", "--pid", "--fork", "--mount-proc",
+                                          "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user and pid namespace here (unshare fails)")
+    done = subprocess.run([unshare, "--user", "--map-root-user", "--pid", "--fork", "--mount-proc",
+                           sys.executable, "-c", _PID_REUSED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"], done.stdout

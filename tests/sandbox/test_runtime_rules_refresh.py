@@ -143,6 +143,48 @@ def test_the_watch_counts_a_mount_on_the_way_and_not_one_elsewhere(tmp_path: Pat
         watch.close()
 
 
+def _bind(source: Path, place: Path) -> None:
+    done = subprocess.run(["mount", "--bind", str(source), str(place)], check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        if OUTER_SECCOMP:
+            pytest.skip("a container's profile refuses the test its mount")
+        pytest.fail(f"cannot bind mount as root: {done.stderr}", pytrace=False)
+
+
+@pytest.mark.needs_root("a bind mount takes root")
+@pytest.mark.parametrize("renamed", ["source", "its parent"])
+def test_the_watch_counts_a_bind_mount_made_again_over_another_directory(tmp_path: Path, renamed: str) -> None:
+    """Review of the mount filter: a mount's id is the lowest free one, so a bind mount made again at the same
+    place, of the directory that took the old source's name, is the very line mountinfo showed before (id,
+    device, root, place): compared by those alone it was no change, and a child prepared ahead kept the old
+    directory's rule (the new one denied to its job, the old one still readable where it was moved to). The
+    watched path is the mount itself (no directory of it watched) and the rename is off the way (the source's
+    side). The control: the path names another directory."""
+    source = tmp_path / "source" / "runtime"
+    source.mkdir(parents=True)
+    place = tmp_path / "place"
+    place.mkdir()
+    _bind(source, place)
+    watch = RuntimeWatch([str(place)])
+    try:
+        seen = watch.changes()
+        before = _identity(place)
+        subprocess.run(["umount", str(place)], check=True)
+        if renamed == "source":
+            os.rename(source, source.with_name("old"))
+        else:
+            os.rename(source.parent, tmp_path / "old")
+        source.mkdir(parents=True)
+        _bind(source, place)
+        try:
+            assert _identity(place) != before  # the control: a rule opened before holds another directory
+            assert watch.changes() > seen
+        finally:
+            subprocess.run(["umount", str(place)], check=True)
+    finally:
+        watch.close()
+
+
 def _rename_over(path: Path) -> None:
     new = path.with_name(path.name + ".new")
     new.write_text("new")

@@ -12,6 +12,7 @@ libc.syscall.restype = ctypes.c_long
 libc.prctl.restype = ctypes.c_int
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]  # the runtime's watch
+libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]  # the same
 
 
 def _check(result: int, what: str) -> int:

@@ -103,15 +103,23 @@ _WATCHED = _ENTRY_EVENTS | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
 _ALWAYS = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_Q_OVERFLOW | _IN_IGNORED
 _EVENT = struct.Struct("=iIII")  # wd, mask, cookie, len; then the name, padded with NULs to len
 _MAX_NAMES = 4096  # names followed at most (a loop of symlinks ends here: the kernel refuses it anyway)
+# statx(2): what names a path's file exactly: its inode, device and the mount it is reached through, by the
+# mount's id that is never reused (Linux 6.8; before it, the reusable one, and before 5.8, none).
+_STATX_INO, _STATX_MNT_ID, _STATX_MNT_ID_UNIQUE = 0x100, 0x1000, 0x4000
+_STATX = struct.Struct("=I28xQ96xIIQ")  # stx_mask; stx_ino; stx_dev_major, stx_dev_minor; stx_mnt_id
+_STATX_SIZE = 256
 
 
 class RuntimeWatch:
     """Whether a path of the runtime's rules may name another file than it did (a new inode): every directory
     entry on the way to each path (and to where a symlink among them leads) is watched with inotify, and the
     mount table with ``/proc/self/mountinfo`` (a mount over a path changes what it names, with no entry made).
-    When the table changes, only the mounts at a path on the way are compared: a mount elsewhere (a container
-    started, another program's tmpfs) names nothing a rule holds, and counted, it discarded every child
-    prepared ahead each time. An unmount under a watched directory is inotify's ``IN_UNMOUNT``/``IN_IGNORED``.
+    When the table changes, only the mounts at a path on the way, and what each path names (statx: inode and
+    the mount's unique id), are compared: a mount elsewhere (a container started, another program's tmpfs)
+    names nothing a rule holds, and counted, it discarded every child prepared ahead each time. An unmount
+    under a watched directory is inotify's ``IN_UNMOUNT``/``IN_IGNORED``. The table is a state compared, not
+    events counted: the server asks as each child prepared arrives as well as before it hands a job, so that
+    a mount made and gone between two jobs is seen if a child was prepared under it (server/templates.py).
 
     A child prepared ahead holds the rules its template had when it was confined; a template reopens a
     changed rule before it forks (``RuntimeRules.refresh``), not for a child already waiting. :meth:`changes`
@@ -141,6 +149,7 @@ class RuntimeWatch:
             raise
         self._on_the_way: frozenset[bytes] = frozenset()  # every path whose mount would change what a rule names
         self._mounted: frozenset[tuple[bytes, ...]] | None = None
+        self._named: tuple[tuple[int, ...], ...] = ()  # what each path named when the table was last read
         try:
             self._watch()
         except OSError:
@@ -183,6 +192,7 @@ class RuntimeWatch:
         self._on_the_way = frozenset(os.fsencode(directory) for directory in entries) | frozenset(
             os.path.join(os.fsencode(directory), name) for directory, names in entries.items() for name in names)
         self._mounted = self._mounts_on_the_way()
+        self._named = self._identities()
         for directory, names in entries.items():
             wd = libc.inotify_add_watch(self._inotify, os.fsencode(directory), _WATCHED)
             if wd < 0:
@@ -223,11 +233,28 @@ class RuntimeWatch:
                     mounted.add((fields[0], fields[2], fields[3], point))
         return frozenset(mounted)
 
+    def _identities(self) -> tuple[tuple[int, ...], ...]:
+        """What each path names, as statx(2) says it (a symlink followed, as a rule's open does): its inode, its
+        device and the id of the mount it is reached through; () for a path that is not there."""
+        buffer = ctypes.create_string_buffer(_STATX_SIZE)
+        named: list[tuple[int, ...]] = []
+        for path in self._paths:
+            if libc.statx(-100, os.fsencode(path), 0, _STATX_INO | _STATX_MNT_ID | _STATX_MNT_ID_UNIQUE, buffer) < 0:
+                named.append(())
+                continue
+            mask, inode, major, minor, mount = _STATX.unpack_from(buffer)
+            named.append((inode, major, minor, mount if mask & (_STATX_MNT_ID | _STATX_MNT_ID_UNIQUE) else 0))
+        return tuple(named)
+
     def _read(self, mounted: bool) -> None:
         changed = False
         if mounted:
+            # The mount lines at a path on the way, and what each path names now: a mount's id is reused (the
+            # lowest free one), so a bind mount made again at the same place of a directory that took the old
+            # one's name shows the very line it showed before; only the path's file (the mount's unique id, and
+            # the inode, which the template's rule and the children's hold, so never reused) tells them apart.
             now = self._mounts_on_the_way()
-            changed = now is None or now != self._mounted
+            changed = now is None or now != self._mounted or self._identities() != self._named
         try:
             while True:
                 data = os.read(self._inotify, 1 << 16)

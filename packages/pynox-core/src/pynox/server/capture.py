@@ -22,6 +22,7 @@ from .waiting import readable
 __all__ = ["MAX_REPORT", "Capture"]
 
 _READ_CHUNK = 1 << 16
+_HUNG_UP_READS = 16  # a pipe's largest buffer an unprivileged job can set (fs.pipe-max-size, 1 MiB), read on hang-up
 MAX_REPORT = 1 << 20
 
 
@@ -46,14 +47,20 @@ class Capture:
     def read(self, fd: int, *, hung_up: bool = False) -> bool:
         """Read what ``fd`` has; False at its EOF (the caller stops watching it).
 
-        ``hung_up``: the poll said its write end is closed. Then what the pipe holds is all it will ever hold (no
-        writer can come back: the job holds no read end to reopen one through /proc, and the pool opens none), so
-        it is read to its end now, which never blocks and is bounded by the pipe's buffer: a job's pipes
-        closing at its end cost one turn of the loop, not two."""
-        chunk = os.read(fd, _READ_CHUNK)
-        while hung_up and chunk:
-            self._take(fd, chunk)
+        ``hung_up``: the poll said its write end is closed. Then what the pipe holds is most often all it will ever
+        hold, so it is read to its end now: a job's pipes closing at its end cost one turn of the loop, not two.
+        The pool's end is non-blocking (templates._job_descriptors): a job holding a read end of its own output
+        (opened through /proc/self/fd) can empty the pipe first, or open a new write end through it; a read
+        that finds nothing then returns to the loop, which watches on (and keeps the deadline)."""
+        try:
             chunk = os.read(fd, _READ_CHUNK)
+            for _ in range(_HUNG_UP_READS if hung_up else 0):  # bounded: a writer it reopened may write on
+                if not chunk:
+                    break
+                self._take(fd, chunk)
+                chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:  # emptied by the job through a read end of its own, or a writer reopened by it
+            return True
         if not chunk:
             if fd == self.display_fd:
                 self._display_ended = True

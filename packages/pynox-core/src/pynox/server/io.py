@@ -61,8 +61,12 @@ class LineReader:
         self.read_ns = 0  # when the chunk holding the line last yielded was read: that line's arrival
 
     def __iter__(self) -> Iterator[bytes | TooLong]:
+        # poll, not select: a connection's descriptor may be numbered past select's 1024 (server/waiting.py).
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._wakeup, select.POLLIN)
         while not self._stopping():
-            ready, _, _ = select.select([self._fd, self._wakeup], [], [])
+            ready = [fd for fd, _ in poller.poll()]
             if self._wakeup in ready:
                 os.read(self._wakeup, 512)
                 continue

@@ -161,6 +161,10 @@ def _job_descriptors() -> _Descriptors:
         made.append(new_claim())
         for _ in range(4):
             made += os.pipe2(os.O_CLOEXEC)
+            # The pool's end never blocks: a job may hold a read end of its own output (/proc/self/fd/1 opened
+            # is either end of the pipe) and empty it before the pool reads, its write end kept open; a read
+            # that blocked then stopped the worker's loop, deadline included, for good (see Capture.read).
+            os.set_blocking(made[-2], False)
     except BaseException:
         close_all(made)
         raise
@@ -1329,6 +1333,10 @@ class Template:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
         if isinstance(frame, Prepared) and len(fds) == 2:
+            # The runtime's watch is asked now too, not only as a job is handed: the child holds the rules its
+            # template reopened before it forked, and a mount on the way gone again before the next job would
+            # leave the mount table as the watch last read it (policy/runtime.py compares the table's state).
+            self._runtime.changes()
             # At most K wait, for the latest job's key; one whose job was forgotten waits for none. Its control
             # socket is the template's socketpair: named so, rather than asked of the kernel (two getsockopt).
             for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],

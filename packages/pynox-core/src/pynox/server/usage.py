@@ -47,20 +47,24 @@ class StatusKept:
     once and read again at offset 0 (which makes the kernel write it afresh), one system call where an open, a
     read and a close cost three, the open alone ~15 µs of a path walk into /proc. The descriptor names the
     process itself, not its number: once the process is reaped, a read fails (ESRCH), it never reads
-    another's."""
+    another's. Nor is it kept past a failed read: the process it names may be gone and another have its number
+    (a pid space that wrapped), which a descriptor opened afresh measures."""
 
     def __init__(self) -> None:
         self._pid: int | None = None
         self._fd = -1
 
     def usage(self, pid: int) -> tuple[int, int | None] | None:
-        if pid != self._pid:
-            self.close()
-            try:
-                self._fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return None
-            self._pid = pid
+        if pid == self._pid:
+            measured = _usage(pid, lambda: os.pread(self._fd, 16384, 0))
+            if measured is not None:
+                return measured
+        self.close()
+        try:
+            self._fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        self._pid = pid
         return _usage(pid, lambda: os.pread(self._fd, 16384, 0))
 
     def close(self) -> None:

@@ -206,3 +206,19 @@ def test_a_job_holding_a_read_end_of_its_own_output_ends_at_its_deadline(tmp_pat
             if how == "steal":
                 assert int(result["stderr"].split()[-1]) > 0, result["stderr"]  # the control
             assert pool.run("print(5)")["stdout"] == "5\n"
+
+
+def test_a_session_step_holding_a_read_end_of_its_own_output_ends_at_its_deadline(tmp_path: Path) -> None:
+    """As a job's (above), for a session's step, whose pipes the pool makes for each step: each step that steals
+    from its own stdout ends at its 2 s deadline, and the pool serves on. The control: the step does read its own
+    output back (stderr)."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for i in range(3):
+            assert pool.run("x = 1", session=f"s{i}")["error"] is None  # the steal is a later step's
+            started = time.monotonic()
+            result = pool.result(pool.submit(code=_OWN_PIPE.format(how="steal"), session=f"s{i}", timeout=2),
+                                 timeout=20)
+            assert time.monotonic() - started < 10, result
+            assert result["error"] is not None and result["error"]["type"] == "TimeoutError", result
+            assert int(result["stderr"].split()[-1]) > 0, result["stderr"]  # the control
+            assert pool.run("print(5)")["stdout"] == "5\n"

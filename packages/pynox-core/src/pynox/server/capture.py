@@ -117,7 +117,10 @@ class Capture:
         if readable(self.display_fd, 0):
             os.set_blocking(self.display_fd, False)
             try:
-                while chunk := os.read(self.display_fd, _READ_CHUNK):
+                for _ in range(_HUNG_UP_READS):  # bounded: a writer the job reopened through /proc may write on
+                    chunk = os.read(self.display_fd, _READ_CHUNK)
+                    if not chunk:
+                        break
                     self._shown(self.display.feed(chunk))
             except BlockingIOError:
                 pass

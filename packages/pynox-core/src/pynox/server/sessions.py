@@ -546,6 +546,8 @@ class Session(threading.Thread):
         if not step.interrupt.sent(template.child):
             raise _NotRun
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]  # stdout, stderr, report, display, in that order
+        for r, _ in pipes:  # the pool's ends never block, as a job's (templates._job_descriptors, Capture.read)
+            os.set_blocking(r, False)
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()

@@ -68,6 +68,11 @@ _BACKLOG = 128
 _RESERVED = 64
 _RESERVED_PER_WORKER = 32
 _RESERVED_PER_SESSION = 8
+# Connections served at once, whatever the open-file limit allows: each is two threads (its reader and its
+# writer), and a raised limit (often 524288) would otherwise let clients take every task the pool's unit may
+# have, which its templates need to fork. About what the shell's soft limit of 1024 allowed before it was raised.
+_MOST_CONNECTIONS = 1024
+_REFUSALS_LOGGED_EVERY = 1.0  # seconds: a flood of refused connections is one warning a second, with its count
 _OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
 _SD_LISTEN_FDS_START = 3
 _decoder = msgspec.json.Decoder()
@@ -307,6 +312,8 @@ class Listener:
             self.sock = _bind(self.path)
             self._inode = os.stat(self.path).st_ino
         self._numbers = itertools.count(1)
+        self._refusal_logged = -_REFUSALS_LOGGED_EVERY
+        self._refused_since = 0
         self._never = os.pipe2(os.O_CLOEXEC)  # the connections' readers end on their socket's shutdown instead
 
     def serve(self, server: Server, router: Router) -> None:
@@ -318,7 +325,7 @@ class Listener:
         limit = _raise_open_files()
         reserved = (_RESERVED + _RESERVED_PER_WORKER * server.options.workers
                     + _RESERVED_PER_SESSION * server.options.max_sessions)
-        most = max(limit - len(os.listdir("/proc/self/fd")) - reserved, 1)
+        most = min(max(limit - len(os.listdir("/proc/self/fd")) - reserved, 1), _MOST_CONNECTIONS)
         _log.info("listening on %s: at most %d connections at once (open-file limit %d)", self.address, most, limit)
         live = threading.BoundedSemaphore(most)
         spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -343,15 +350,15 @@ class Listener:
                     time.sleep(0.1)  # none freed yet: the next turn tries again
                 continue
             if not live.acquire(blocking=False):
-                _refuse_on(sock, f"the pool is serving as many connections as its open-file limit ({limit}) "
-                                 f"leaves room for ({most}); try again when one has closed")
+                self._refuse_on(sock, f"the pool is serving as many connections as it serves at once ({most}, "
+                                      f"under its open-file limit {limit}); try again when one has closed")
                 continue
             try:
                 threading.Thread(target=self._serve_counted, args=(server, router, sock, live), daemon=True,
                                  name="pynox-conn").start()
             except RuntimeError:  # no thread can be started now (the threads' limit, or memory)
                 live.release()
-                _refuse_on(sock, "the pool cannot start a thread for another connection now; try again later")
+                self._refuse_on(sock, "the pool cannot start a thread for another connection now; try again later")
         if spare is not None:
             os.close(spare)
         for connection in router.connections():
@@ -366,6 +373,17 @@ class Listener:
             sock, _ = self.sock.accept()
         except OSError:
             return
+        self._refuse_on(sock, why)
+
+    def _refuse_on(self, sock: socket.socket, why: str) -> None:
+        """A connection refused (from the accepting thread): its line, and a warning at most once a second."""
+        now = time.monotonic()
+        if now - self._refusal_logged >= _REFUSALS_LOGGED_EVERY:
+            more = f" ({self._refused_since} more refused since the last warning)" if self._refused_since else ""
+            _log.warning("refused a connection: %s%s", why, more)
+            self._refusal_logged, self._refused_since = now, 0
+        else:
+            self._refused_since += 1
         _refuse_on(sock, why)
 
     def _serve_counted(self, server: Server, router: Router, sock: socket.socket,
@@ -474,7 +492,6 @@ class Listener:
 
 def _refuse_on(sock: socket.socket, why: str) -> None:
     """Answer a connection the pool cannot serve with the line that says why, then close it."""
-    _log.warning("refused a connection: %s", why)
     with sock:
         try:
             sock.settimeout(1.0)  # a client that does not read holds up no accept

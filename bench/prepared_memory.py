@@ -34,12 +34,12 @@ from latency import PoolDriver, descendants, process_name  # type: ignore[import
 READY = "pynox-ready"
 
 
-def _rollup(pid: int) -> dict[str, int]:
+def smaps_rollup(pid: int) -> dict[str, int]:
     with open(f"/proc/{pid}/smaps_rollup") as rollup:
         return {line.split(":")[0]: int(line.split()[1]) for line in rollup if line.endswith("kB\n")}
 
 
-def _page_tables_kb(pid: int) -> int:
+def page_tables_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmPTE:"))
 
@@ -81,15 +81,15 @@ def measure(count: int, preload: str | None) -> dict[str, float | None]:
             # The worker's template: the one with children (a session's template, if any, has none here).
             template = template_of(pool.proc.pid)  # the server's child, or the zygote's
             end = time.monotonic() + 10
-            while len(_ready(template)) < count or (count and _rollup(_ready(template)[-1]).get("Pss") is None):
+            while len(_ready(template)) < count or (count and smaps_rollup(_ready(template)[-1]).get("Pss") is None):
                 assert time.monotonic() < end, f"{count} children were not prepared"
                 time.sleep(0.01)
             time.sleep(0.5)  # confined by now: each waits on its control socket
             children = _ready(template)
             assert len(children) == count, children
-            rollups = [_rollup(pid) for pid in children]
-            tables = [_page_tables_kb(pid) for pid in children]
-            template_rollup = _rollup(template)
+            rollups = [smaps_rollup(pid) for pid in children]
+            tables = [page_tables_kb(pid) for pid in children]
+            template_rollup = smaps_rollup(template)
             current = _memory_current(template)
         finally:
             pool.close()

@@ -34,19 +34,10 @@ from typing import Any
 
 from breakdown import template_of  # type: ignore[import-not-found]  # run from bench/
 from latency import PoolDriver, descendants, process_name  # type: ignore[import-not-found]  # run from bench/
+from prepared_memory import page_tables_kb, smaps_rollup  # type: ignore[import-not-found]  # run from bench/
 
 CLONE = "syscalls:sys_enter_clone,syscalls:sys_exit_clone"
 STAT = "task-clock,page-faults"
-
-
-def _rollup(pid: int) -> dict[str, int]:
-    with open(f"/proc/{pid}/smaps_rollup") as rollup:
-        return {line.split(":")[0]: int(line.split()[1]) for line in rollup if line.endswith("kB\n")}
-
-
-def _page_tables_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmPTE:"))
 
 
 def _mappings(pid: int) -> int:
@@ -111,7 +102,7 @@ def measure(source: str | None, jobs: int, gap: float) -> dict[str, Any]:
         below = descendants(pool.proc.pid)
         ready = [pid for pid in descendants(template) if process_name(pid) == "pynox-ready"]
         zygotes = [pid for pid in below if process_name(pid) == "pynox-zygote"]
-        rollup = _rollup(template)
+        rollup = smaps_rollup(template)
         return {
             "forks": len(forks),
             "fork_us_p10": round(statistics.quantiles(forks, n=10)[0], 1),
@@ -122,11 +113,11 @@ def measure(source: str | None, jobs: int, gap: float) -> dict[str, Any]:
             "children_faults_per_job": round((with_children["page-faults"] - own["page-faults"]) / jobs, 1),
             "template_and_children_cpu_ms_per_job": round(with_children["task-clock"] / jobs, 3),
             "template_anonymous_kb": rollup["Anonymous"],
-            "template_page_tables_kb": _page_tables_kb(template),
+            "template_page_tables_kb": page_tables_kb(template),
             "template_mappings": _mappings(template),
             "template_pss_kb": rollup["Pss"],
-            "prepared_pss_kb": [_rollup(pid)["Pss"] for pid in ready],
-            "zygote_pss_kb": [_rollup(pid)["Pss"] for pid in zygotes],
+            "prepared_pss_kb": [smaps_rollup(pid)["Pss"] for pid in ready],
+            "zygote_pss_kb": [smaps_rollup(pid)["Pss"] for pid in zygotes],
             "load": round(os.getloadavg()[0], 1),
         }
     finally:

@@ -12,7 +12,8 @@ libc.syscall.restype = ctypes.c_long
 libc.prctl.restype = ctypes.c_int
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]  # the runtime's watch
-libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]  # the same
+if hasattr(libc, "statx"):  # glibc 2.28 on; without it the runtime's watch counts every change of the mount table
+    libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]
 
 
 def _check(result: int, what: str) -> int:

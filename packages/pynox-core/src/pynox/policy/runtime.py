@@ -149,7 +149,7 @@ class RuntimeWatch:
             raise
         self._on_the_way: frozenset[bytes] = frozenset()  # every path whose mount would change what a rule names
         self._mounted: frozenset[tuple[bytes, ...]] | None = None
-        self._named: tuple[tuple[int, ...], ...] = ()  # what each path named when the table was last read
+        self._named: tuple[tuple[int, ...], ...] | None = None  # what each path named when the table was last read
         try:
             self._watch()
         except OSError:
@@ -233,9 +233,12 @@ class RuntimeWatch:
                     mounted.add((fields[0], fields[2], fields[3], point))
         return frozenset(mounted)
 
-    def _identities(self) -> tuple[tuple[int, ...], ...]:
+    def _identities(self) -> tuple[tuple[int, ...], ...] | None:
         """What each path names, as statx(2) says it (a symlink followed, as a rule's open does): its inode, its
-        device and the id of the mount it is reached through; () for a path that is not there."""
+        device and the id of the mount it is reached through; () for a path that is not there. None where the C
+        library has no statx (before glibc 2.28): every change of the mount table then counts."""
+        if not hasattr(libc, "statx"):
+            return None
         buffer = ctypes.create_string_buffer(_STATX_SIZE)
         named: list[tuple[int, ...]] = []
         for path in self._paths:
@@ -253,8 +256,8 @@ class RuntimeWatch:
             # lowest free one), so a bind mount made again at the same place of a directory that took the old
             # one's name shows the very line it showed before; only the path's file (the mount's unique id, and
             # the inode, which the template's rule and the children's hold, so never reused) tells them apart.
-            now = self._mounts_on_the_way()
-            changed = now is None or now != self._mounted or self._identities() != self._named
+            now, named = self._mounts_on_the_way(), self._identities()
+            changed = now is None or named is None or now != self._mounted or named != self._named
         try:
             while True:
                 data = os.read(self._inotify, 1 << 16)

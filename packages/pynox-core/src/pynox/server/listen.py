@@ -384,7 +384,7 @@ class Listener:
             self._refusal_logged, self._refused_since = now, 0
         else:
             self._refused_since += 1
-        _refuse_on(sock, why)
+        _answer_and_close(sock, why)
 
     def _serve_counted(self, server: Server, router: Router, sock: socket.socket,
                        live: threading.BoundedSemaphore) -> None:
@@ -401,11 +401,7 @@ class Listener:
                 who = "no [tenants.NAME] of the pool's config names it" if self.tenants.configured else \
                     "only the pool's own user may connect to a pool without [tenants.NAME]"
                 _log.warning("refused a connection from %s: %s", peer, who)
-                try:
-                    sock.sendall(encode(StartErrorEvent(error=StartError(
-                        type="PoolError", message=f"this pool refuses your connection ({peer}): {who}"))))
-                except OSError:
-                    pass
+                _answer_and_close(sock, f"this pool refuses your connection ({peer}): {who}")
                 return
             connection = Connection(next(self._numbers), sock, peer, tenant, router)
             router.add(connection)
@@ -490,8 +486,8 @@ class Listener:
             pass
 
 
-def _refuse_on(sock: socket.socket, why: str) -> None:
-    """Answer a connection the pool cannot serve with the line that says why, then close it."""
+def _answer_and_close(sock: socket.socket, why: str) -> None:
+    """Answer a connection the pool will not serve with the line that says why, then close it."""
     with sock:
         try:
             sock.settimeout(1.0)  # a client that does not read holds up no accept

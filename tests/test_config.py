@@ -202,6 +202,8 @@ BAD = [
     ("[pool]\nworkers = -3\n", ["[pool] workers", "positive"]),
     ("[pool]\nmax_sessions = 0\n", ["[pool] max_sessions", "positive"]),
     ("[pool]\nmax_sessions = \"32\"\n", ["[pool] max_sessions"]),
+    ("[pool]\nmax_connections = 0\n", ["[pool] max_connections", "positive"]),
+    ("[tenants.a]\nuids = [1]\nmax_connections = \"2\"\n", ["[tenants.a] max_connections", "positive integer"]),
     ("[pool]\npreload = \"pandas\"\n", ["[pool] preload", "list of strings"]),
     ("[pool]\npreload = [1]\n", ["[pool] preload", "1"]),
     ("[pool]\npreload = [\"\"]\n", ["[pool] preload"]),

@@ -363,6 +363,68 @@ def test_connections_past_the_open_file_limit_are_refused_with_a_line(tmp_path: 
         _stop(pool)
 
 
+def _connections_until_refused(path: Path, most: int) -> tuple[list[socket.socket], dict[str, Any]]:
+    """Connect until the pool refuses one (at most ``most`` + 1 tries): the served connections, and the refusal."""
+    served: list[socket.socket] = []
+    for _ in range(most + 1):
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect(str(path))
+        first = _first_line(raw)
+        if first["event"] != "ready":
+            raw.close()
+            return served, first
+        served.append(raw)
+    for raw in served:
+        raw.close()
+    raise AssertionError(f"{most + 1} connections were all served")
+
+
+def _served_again(path: Path) -> None:
+    """Once a connection closed, its thread sees the end soon after and a new connection is served."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(path))
+            first = _first_line(raw)
+            if first["event"] == "ready":
+                raw.sendall(b'{"id": 7, "code": "print(7)"}\n')
+                assert _first_line(raw)["stdout"] == "7\n"
+                return
+        assert time.monotonic() < deadline, first
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("table", ["pool", "tenant"])
+def test_connections_past_max_connections_are_refused_with_a_line(tmp_path: Path, run_dir: Path,
+                                                                  table: str) -> None:
+    """``[pool] max_connections`` bounds a listening pool's connections at once over every tenant, and a tenant's
+    own ``max_connections`` its own: the one past either gets an error line and is closed, and once one closes
+    a new one is served. The control: the connections up to the bound are served (and, for the tenant's bound,
+    the pool's own default of 1,024 is far above it)."""
+    path = run_dir / "pool.sock"
+    config = tmp_path / "pynox.toml"
+    config.write_text("[pool]\nmax_connections = 3\n" if table == "pool" else
+                      f"[tenants.agents]\nuids = [{os.geteuid()}]\nmax_connections = 2\n")
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        served, refused = _connections_until_refused(path, 3)
+        try:
+            assert refused["event"] == "error" and refused["error"]["type"] == "PoolError", refused
+            if table == "pool":
+                assert len(served) == 3
+                assert "serving as many connections as it serves at once (3," in refused["error"]["message"]
+            else:
+                assert len(served) == 2
+                assert refused["error"]["message"] == ("tenant 'agents' has 2 connections open to this pool, its "
+                                                       "max_connections; close one first")
+            served.pop().close()
+            _served_again(path)
+        finally:
+            for raw in served:
+                raw.close()
+        _stop(pool)
+
+
 def test_a_connection_numbered_past_1024_is_served(tmp_path: Path, run_dir: Path) -> None:
     """Review of the open-file limit raised to the hard one: a connection's descriptor may now be numbered 1024
     or above, and each connection's reader waited with select.select, which refuses such a number

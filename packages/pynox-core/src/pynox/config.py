@@ -61,10 +61,11 @@ _INSTALL_KEYS = ("package_index", "find_links", "packages_dir", "install_timeout
 _POOL_KEYS = ("workers", "preload", "package_dirs", "max_sessions", "session_idle", "log", "log_redact", "run_as",
               "landlock_abi", "drain_timeout", "metrics_socket", "job_cpu", "prepared_children", "scratch_dir",
               "scratch_max_file", "scratch_max_total", "strict_session_reopen", "interrupt_grace", "queue_timeout",
-              "max_queued", "listen", "session_key_file", "max_session_state", "limits", *_INSTALL_KEYS)
+              "max_queued", "listen", "max_connections", "session_key_file", "max_session_state", "limits",
+              *_INSTALL_KEYS)
 # [tenants.NAME]: who a listening pool's peer is (by SO_PEERCRED) and what that tenant may have (see server/tenants.py).
-_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "run_as", "memory_budget",
-                "cpu_weight")
+_TENANT_KEYS = ("uids", "users", "gids", "groups", "profiles", "max_jobs", "max_sessions", "max_connections", "run_as",
+                "memory_budget", "cpu_weight")
 # [tenants.NAME] cpu_weight: cgroup v2's cpu.weight range (systemd's CPUWeight=); 100 is a template's own.
 _MAX_CPU_WEIGHT = 10_000
 _LIMIT_KEYS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "timeout", "memory", "max_output",
@@ -83,6 +84,9 @@ MAX_SESSION_STATE = 720 << 10
 
 # Jobs that may wait for a worker when [pool] max_queued names no bound: intake stops reading beyond them.
 DEFAULT_MAX_QUEUED = 1024
+# [pool] max_connections when unset: each connection is two threads, and the pool's unit's tasks are its
+# templates' too. About what a shell's soft open-file limit of 1024 allowed before the pool raised it.
+DEFAULT_MAX_CONNECTIONS = 1024
 
 @dataclass(frozen=True)
 class Installs:
@@ -149,6 +153,9 @@ class PoolSettings:
     queue_timeout: float | None = None  # seconds
     max_queued: int | None = None
     listen: str | None = None  # "unix:/abs/path" or "systemd" (see listen_address)
+    # Connections a listening pool serves at once, over every tenant (see server/listen.py: never more than its
+    # open-file limit leaves room for, whatever this says).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     # A saved session's state (see server/session_state.py): the file holding the key its HMAC is made with
     # (None: a key made at random when the pool starts, so states do not outlive the pool), and its largest size.
     session_key_file: str | None = None
@@ -165,6 +172,7 @@ class TenantSettings:
     profiles: tuple[str, ...] | None = None  # None: any request; else every job and session names one of these
     max_jobs: int | None = None  # jobs and session steps in flight (queued or running) at once, over its connections
     max_sessions: int | None = None  # sessions open at once, over its connections
+    max_connections: int | None = None  # connections open at once to a listening pool
     run_as: tuple[int, int] | None = None  # (uid, gid) its jobs run under, instead of [pool] run_as
     # A cgroup of its own holding its jobs' and sessions' (see policy/cgroups.py TenantGroup): the memory they
     # may hold together, in bytes, and its CPU weight against the pool's other tenants and templates.
@@ -461,6 +469,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
     grace = table.units("interrupt_grace", parse_duration)
     max_sessions = table.positive_int("max_sessions")
     max_queued = table.positive_int("max_queued")
+    max_connections = table.positive_int("max_connections")
     workers = table.positive_int("workers")
     if workers is not None and workers > _MAX_WORKERS:
         raise table.error(f"must be between 1 and {_MAX_WORKERS}, got {workers}", "workers")
@@ -487,6 +496,7 @@ def _pool_settings(table: _Table, base: str) -> PoolSettings:
         queue_timeout=table.units("queue_timeout", parse_duration),
         max_queued=max_queued,
         listen=_listen(table, base),
+        max_connections=PoolSettings.max_connections if max_connections is None else max_connections,
         session_key_file=_first(table.paths("session_key_file", base, must_exist=True, one=True)),
         max_session_state=_max_session_state(table),
     )
@@ -621,6 +631,7 @@ def _tenant(table: _Table, name: str, profiles: Mapping[str, Request], limits: L
     return TenantSettings(name=name, uids=frozenset(uids), gids=frozenset(gids),
                           profiles=tuple(allowed) if allowed is not None else None,
                           max_jobs=table.positive_int("max_jobs"), max_sessions=table.positive_int("max_sessions"),
+                          max_connections=table.positive_int("max_connections"),
                           run_as=_run_as(table), memory_budget=_memory_budget(table, allowed, profiles, limits),
                           cpu_weight=_cpu_weight(table))
 
@@ -885,6 +896,7 @@ class PoolOptions:
     queue_timeout: float | None = None  # [pool] queue_timeout (see PoolSettings)
     max_queued: int | None = PoolSettings.max_queued
     listen: str | None = None  # --listen, else [pool] listen: serve connections there instead of stdin/stdout
+    max_connections: int = PoolSettings.max_connections
     session_key_file: str | None = PoolSettings.session_key_file  # see PoolSettings.session_key_file
     max_session_state: int = PoolSettings.max_session_state
 
@@ -930,6 +942,7 @@ def pool_options(args: argparse.Namespace) -> PoolOptions:
         queue_timeout=settings.queue_timeout,
         max_queued=settings.max_queued,
         listen=_listen_option(args, settings),
+        max_connections=settings.max_connections,
         session_key_file=settings.session_key_file,
         max_session_state=settings.max_session_state,
     )

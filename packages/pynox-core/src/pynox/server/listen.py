@@ -68,10 +68,6 @@ _BACKLOG = 128
 _RESERVED = 64
 _RESERVED_PER_WORKER = 32
 _RESERVED_PER_SESSION = 8
-# Connections served at once, whatever the open-file limit allows: each is two threads (its reader and its
-# writer), and a raised limit (often 524288) would otherwise let clients take every task the pool's unit may
-# have, which its templates need to fork. About what the shell's soft limit of 1024 allowed before it was raised.
-_MOST_CONNECTIONS = 1024
 _REFUSALS_LOGGED_EVERY = 1.0  # seconds: a flood of refused connections is one warning a second, with its count
 _OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
 _SD_LISTEN_FDS_START = 3
@@ -325,7 +321,13 @@ class Listener:
         limit = _raise_open_files()
         reserved = (_RESERVED + _RESERVED_PER_WORKER * server.options.workers
                     + _RESERVED_PER_SESSION * server.options.max_sessions)
-        most = min(max(limit - len(os.listdir("/proc/self/fd")) - reserved, 1), _MOST_CONNECTIONS)
+        # [pool] max_connections bounds the threads connections take (two each): a raised open-file limit (often
+        # 524288) would otherwise let clients take every task the pool's unit may have, which templates need.
+        room = max(limit - len(os.listdir("/proc/self/fd")) - reserved, 1)
+        most = min(room, server.options.max_connections)
+        if most < server.options.max_connections:
+            _log.warning("[pool] max_connections is %d, but the open-file limit %d leaves room for %d beside the "
+                         "pool's own work: serving at most %d", server.options.max_connections, limit, room, most)
         _log.info("listening on %s: at most %d connections at once (open-file limit %d)", self.address, most, limit)
         live = threading.BoundedSemaphore(most)
         spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -403,23 +405,35 @@ class Listener:
                 _log.warning("refused a connection from %s: %s", peer, who)
                 _answer_and_close(sock, f"this pool refuses your connection ({peer}): {who}")
                 return
-            connection = Connection(next(self._numbers), sock, peer, tenant, router)
-            router.add(connection)
-            if router.ready_line is not None:
-                connection.send(router.ready_line)
-            _log.info("connection %d from %s: tenant %s", connection.number, peer, tenant.name)
-            reader = LineReader(sock.fileno(), self._never[0], server.drained.is_set)
-            why = "the client closed it"
+            problem = tenant.connect()
+            if problem is not None:
+                _log.warning("refused a connection from %s: %s", peer, problem)
+                _answer_and_close(sock, problem)
+                return
             try:
-                for line in reader:
-                    router.handling(connection)
-                    try:
-                        self._handle(server, router, connection, line, reader.read_ns)
-                    finally:
-                        router.handling(None)
-            except OSError as exc:
-                why = f"reading it failed ({exc.strerror or exc})"
-            router.drop(connection, why if not server.drained.is_set() else "the pool stopped")
+                self._serve_tenant(server, router, sock, peer, tenant)
+            finally:
+                tenant.disconnected()
+
+    def _serve_tenant(self, server: Server, router: Router, sock: socket.socket, peer: Peer,
+                      tenant: Tenant) -> None:
+        connection = Connection(next(self._numbers), sock, peer, tenant, router)
+        router.add(connection)
+        if router.ready_line is not None:
+            connection.send(router.ready_line)
+        _log.info("connection %d from %s: tenant %s", connection.number, peer, tenant.name)
+        reader = LineReader(sock.fileno(), self._never[0], server.drained.is_set)
+        why = "the client closed it"
+        try:
+            for line in reader:
+                router.handling(connection)
+                try:
+                    self._handle(server, router, connection, line, reader.read_ns)
+                finally:
+                    router.handling(None)
+        except OSError as exc:
+            why = f"reading it failed ({exc.strerror or exc})"
+        router.drop(connection, why if not server.drained.is_set() else "the pool stopped")
 
     def _handle(self, server: Server, router: Router, connection: Connection, line: bytes | TooLong,
                 arrived_ns: int) -> None:

@@ -57,6 +57,22 @@ class Tenant:
         self._lock = threading.Lock()
         self.in_flight = 0  # its jobs and session steps accepted and not yet answered
         self._sessions: set[str] = set()  # the pool's names of its open sessions
+        self.connections = 0  # its connections open to a listening pool
+
+    def connect(self) -> str | None:
+        """Count a new connection in; the refusal's reason if it is one more than its max_connections (then
+        nothing is counted)."""
+        most = self.settings.max_connections
+        with self._lock:
+            if most is not None and self.connections >= most:
+                return (f"tenant {quoted(self.name)} has {self.connections} connections open to this pool, its "
+                        "max_connections; close one first")
+            self.connections += 1
+        return None
+
+    def disconnected(self) -> None:
+        with self._lock:
+            self.connections = max(self.connections - 1, 0)
 
     def admit(self, request: Request, pool_name: str | None, alive: Callable[[str], bool]) -> str | None:
         """Count ``request`` in; the refusal's reason if it is beyond a bound (then nothing is counted).

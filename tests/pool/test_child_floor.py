@@ -36,6 +36,34 @@ def test_a_default_templates_job_finds_threading_not_loaded(tmp_path: Path) -> N
         assert result["exit"] == 0 and result["stdout"] == "['logging', 'threading']\n", result
 
 
+
+# What a template leaves to the jobs that need it: each would be imported into every template, so that every job's
+# fork copies (and each child's exit unmaps) its memory, for a rare path or none (docs/performance.md, "The
+# template, smaller"). dataclasses brings inspect, dis and their own imports; ipaddress was the resolver's alone;
+# typing_extensions is kept out of msgspec's import (server/templates.py); ctypes.util, shutil, subprocess, tempfile
+# and random of pyseccomp's (policy/seccomp.py); threading and logging as above.
+LEFT_TO_JOBS = ("ctypes.util", "dataclasses", "dis", "inspect", "ipaddress", "logging", "random", "shutil",
+                "subprocess", "tempfile", "threading", "typing_extensions")
+LOADED = f"import sys\nprint(sorted(m for m in {LEFT_TO_JOBS!r} if m in sys.modules))"
+
+
+def test_a_templates_jobs_find_what_it_leaves_to_them_not_loaded(tmp_path: Path) -> None:
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for _ in range(3):  # the first job's child, forked for it, then children prepared ahead
+            result = pool.run(LOADED)
+            assert result["exit"] == 0 and result["stdout"] == "[]\n", result
+        result = pool.run("from pynox_host import f\nf()\n" + LOADED, host={"f": lambda: None})
+        assert result["exit"] == 0 and result["stdout"] == "[]\n", result
+        for _ in range(2):  # a session's template, forked from the zygote, and its child's later step
+            result = pool.run(LOADED, session="left-to-jobs")
+            assert result["exit"] == 0 and result["stdout"] == "[]\n", result
+        pool.run(session="left-to-jobs", close=True)
+    # Control: a template that preloads dataclasses holds it and what it imports, and its jobs see them.
+    with pool_process("--workers=1", "--preload=dataclasses", cwd=tmp_path) as pool:
+        result = pool.run(LOADED)
+        assert result["exit"] == 0 and result["stdout"] == "['dataclasses', 'dis', 'inspect']\n", result
+
+
 THREADS = """
 import threading, time
 def late():

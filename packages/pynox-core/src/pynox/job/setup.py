@@ -17,7 +17,8 @@ import os
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from ..policy import MAX_FD, Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
@@ -77,8 +78,7 @@ class Setup:
         return next((fd for fd, target in zip(self.sent, self.targets, strict=False) if target == number), None)
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(msgspec.Struct, frozen=True):  # not a dataclass: see Runtime (policy/__init__.py)
     """One step of the setup. ``does`` says what, as a failure names it: "could not <does>: <why>"."""
 
     does: str

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+
+import msgspec
 
 from ..wire.descriptors import CONTROL, METADATA, OUTPUTS, RULESET, STAGING
 from ..wire.exits import SETUP_FAILED_EXIT
@@ -43,8 +44,10 @@ _MIN_HEADROOM = 16 << 20
 BACKEND = "landlock+seccomp"
 
 
-@dataclass(frozen=True)
-class Runtime:
+# A frozen msgspec.Struct, not a dataclass: msgspec is loaded in every template anyway, and dataclasses would
+# be imported for the policy's value classes alone, with inspect, dis and copy: ~1 MiB of private memory that
+# every job's fork copies (docs/performance.md, "The template, smaller").
+class Runtime(msgspec.Struct, frozen=True):
     """What the template prepares once for every job it forks."""
 
     landlock_abi: int  # what jobs are confined with: the kernel's ABI, or the operator's cap below it

@@ -15,8 +15,9 @@ tests/sandbox/test_native_confine.py reads what each path installed from outside
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from types import ModuleType
+
+import msgspec
 
 from ..wire.spec import Confinement
 from . import landlock
@@ -70,8 +71,8 @@ class NativeFailure(Exception):
 TAKE_INTERRUPTS, BUILD_RULESET, ARRANGE, APPLY_POLICY = 5, 6, 7, 8
 
 
-@dataclass(frozen=True)
-class NativeCall:
+# Frozen msgspec.Structs, not dataclasses: see Runtime (policy/__init__.py).
+class NativeCall(msgspec.Struct, frozen=True):
     """One child's call, laid out before the fork by the template (so the child touches one prepared tuple
     instead of building its arguments), or by the child itself: every argument but the process's name, and
     the first check of the Python steps that failed, if one did (``failed``)."""
@@ -88,8 +89,7 @@ class NativeCall:
             raise NativeFailure(*failed)
 
 
-@dataclass(frozen=True)
-class NativePlan:
+class NativePlan(msgspec.Struct, frozen=True):
     """What every child of a template passes to the native call unchanged, laid out once."""
 
     own_program: bytes

@@ -34,8 +34,8 @@ import ctypes
 import errno
 import struct
 import sys
-from dataclasses import dataclass
 
+import msgspec
 import pyseccomp
 
 from ._libc import prctl
@@ -163,8 +163,7 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-@dataclass(frozen=True)
-class OwnProcessFilter:
+class OwnProcessFilter(msgspec.Struct, frozen=True):  # not a dataclass: see Runtime (policy/__init__.py)
     """Assembled once in the template; :meth:`install` writes the caller's pid into it and loads it."""
 
     program: bytes

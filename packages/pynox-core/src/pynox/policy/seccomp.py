@@ -27,8 +27,9 @@ import socket
 import stat
 import sys
 import types
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from ..wire.spec import NetworkMode
 from ._libc import syscall
@@ -178,8 +179,7 @@ _UNIFIED_NUMBERS = {"fchmodat2": 452, "statmount": 457, "listmount": 458, "setxa
 _UNIFIED_ARCHES = ("x86_64", "aarch64", "riscv64", "s390x", "ppc64le", "loongarch64")
 
 
-@dataclass(frozen=True)
-class CompiledFilter:
+class CompiledFilter(msgspec.Struct, frozen=True):  # not a dataclass: see Runtime (policy/__init__.py)
     network: NetworkMode
     bpf: bytes
     # Names this libseccomp or architecture does not know; reported by `pynox check`.

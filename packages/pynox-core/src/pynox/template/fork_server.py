@@ -24,7 +24,6 @@ from __future__ import annotations
 import _socket
 import collections
 import ctypes
-import dataclasses
 import gc
 import importlib
 import itertools
@@ -714,7 +713,7 @@ def _become_template(zygote_sock: socket.socket, fd: int, pidfds: list[int], zyg
         return
     send_frame(sock, msgspec.structs.replace(ready, pid=os.getpid()))
     # Its children check that it is their parent (job/setup.py): this process's pid, not the zygote's.
-    _serve(sock, dataclasses.replace(runtime, pid=os.getpid()), given.prepared)
+    _serve(sock, msgspec.structs.replace(runtime, pid=os.getpid()), given.prepared)
 
 
 def _open_descriptors() -> set[int]:

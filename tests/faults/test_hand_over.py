@@ -579,6 +579,50 @@ def test_a_template_that_cannot_fork_a_child_ahead_serves_on(tmp_path: Path) -> 
         assert pool.stats()["template_restarts"] == 0
 
 
+@pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation")
+def test_a_template_that_cannot_fork_a_jobs_child_answers_that_job_and_serves_on(tmp_path: Path) -> None:
+    """A fork that fails in the template for a job's own child (its pids cgroup full, or RLIMIT_NPROC) is that
+    job's one result, saying why, and not the template's end. Before the fix the template died with a traceback,
+    was replaced (its children prepared ahead lost with it) and the job ran on the new one. Made from outside: the
+    template's pids.max set to the template alone once its children prepared ahead wait; those take the first
+    jobs, and the next must fork its own. The control: the jobs before, and the job after the bound is lifted."""
+    limit = cgroups.available().pids
+    if limit is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must prove this: {cgroups.available().pids_reason}", pytrace=False)
+        pytest.skip(cgroups.available().pids_reason)
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        for i in range(3):  # children prepared ahead are waiting now
+            assert pool.run(f"print({i})")["stdout"] == f"{i}\n"
+        (template,) = pool.templates()
+        (bound_file,) = Path(limit.base).glob(f"pynox-{pool.pid}-*/template-{template}/pids.max")
+        bound = bound_file.read_text()
+        _settled_pids(bound_file.parent / "pids.current", 1 + PREPARED_PER_WORKER)
+        bound_file.write_text("1\n")  # the template alone: the children waiting stay, and no fork fits
+        try:
+            results = []
+            for i in range(PREPARED_PER_WORKER + 1):
+                results.append(pool.run(f"print({i})"))
+                if results[-1]["exit"] != 0:
+                    break
+        finally:
+            with contextlib.suppress(FileNotFoundError):  # gone with a template that died
+                bound_file.write_text(bound)
+        *handed, refused = results
+        # Those the server had seen arrive take a job each (at most all of them); then a job forks its own.
+        assert len(handed) <= PREPARED_PER_WORKER and all(r["stdout"] == f"{i}\n" for i, r in enumerate(handed)), \
+            results
+        assert refused["stdout"] == "" and refused["error"] is not None, refused
+        assert refused["error"]["type"] == "PoolWorkerError", refused
+        message = refused["error"]["message"]
+        assert "could not start a process for this job" in message and "EAGAIN" in message, message
+        assert "nothing of it ran" in message, message
+        after = pool.run("print('after')")
+        assert after["exit"] == 0 and after["stdout"] == "after\n", after
+        assert pool.templates() == [template]  # the same template answered the job and served on
+        assert pool.stats()["template_restarts"] == 0
+
+
 def _mount(*argv: str) -> None:
     done = subprocess.run(["mount", *argv], check=False, capture_output=True, text=True)
     if done.returncode != 0:

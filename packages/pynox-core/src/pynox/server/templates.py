@@ -55,6 +55,7 @@ from ..wire.frames import (
     Fork,
     HandOver,
     Init,
+    NotForked,
     Prepare,
     Prepared,
     Ready,
@@ -1346,6 +1347,16 @@ class Template:
         if isinstance(frame, Unprepared):
             self.prepared.unannounced(frame.count)
             return False
+        if isinstance(frame, NotForked) and self.child.state is ChildState.SENT:
+            # Its template could not fork (a full pids cgroup, RLIMIT_NPROC, no memory) and serves on: nothing
+            # of the job ran, and it is still on its way (a worker sends it once more, to this template).
+            for fd in fds:
+                os.close(fd)
+            self.child.not_sent()
+            self._close_metadata()
+            raise PoolWorkerError(f"the pool could not start a process for this job: its fork failed "
+                                  f"({frame.reason}; the pool's process limit is reached, or its memory); "
+                                  "nothing of it ran", started=False)
         if isinstance(frame, Ended):
             if frame.prepares:
                 self.prepared.announced(frame.prepares)

@@ -25,6 +25,7 @@ import _socket
 import collections
 import ctypes
 import dataclasses
+import errno
 import gc
 import importlib
 import itertools
@@ -53,6 +54,7 @@ from ..wire.frames import (
     Ended,
     Fork,
     Init,
+    NotForked,
     Prepare,
     Prepared,
     Ready,
@@ -306,7 +308,8 @@ class _Children:
         self.sock.close()
 
     def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
-        """Fork the job's child; announce it with its pidfd."""
+        """Fork the job's child; announce it with its pidfd. A fork that fails (EAGAIN: the pids cgroup or
+        RLIMIT_NPROC full; ENOMEM) is the job's answer (NotForked), not this template's end: it serves on."""
         own = len(sent_with_job(confinement.host_channel, confinement.session))
         own_fds, grants = fds[:own], fds[own:]
         # The server hands jobs to prepared children itself and sends this one here after the last job ended:
@@ -319,7 +322,13 @@ class _Children:
         call = (native_call(confinement, self.runtime, grants, own_fds,
                             sent_with_job(confinement.host_channel, confinement.session), prepared=False)
                 if self.runtime.native is not None else None)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            close_all(fds)  # the job's own and its grants: nothing was forked to hold them
+            send_frame(self.sock, NotForked(job=job, reason=f"{errno.errorcode.get(exc.errno or 0, 'error')}: "
+                                                            f"{exc.strerror or exc}"))
+            return
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
                 run_job(confinement, self.runtime, own_fds, grants, call)

@@ -29,7 +29,8 @@ import msgspec
 from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepare",
+    "HEADER", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "NotForked",
+    "Prepare",
     "Prepared", "Ready", "Reaped",
     "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
     "send_frame", "template_decoder",
@@ -143,6 +144,15 @@ class Unprepared(msgspec.Struct, tag=True):
     count: int
 
 
+class NotForked(msgspec.Struct, tag=True):
+    """Template -> server, in place of Started: the job's child could not be forked (``reason``, the fork's error:
+    EAGAIN when the template's pids cgroup or the user's RLIMIT_NPROC is full, ENOMEM). Nothing of job ``job`` ran,
+    its descriptors are closed, and the template serves on."""
+
+    job: int
+    reason: str
+
+
 class Spawn(msgspec.Struct, tag=True):
     """Server -> zygote, with the server's other end of a new socket: fork a template that serves on it."""
 
@@ -167,8 +177,8 @@ class HandOver(msgspec.Struct, tag=True):
     """Server -> prepared child, on its control socket: your job's own descriptors are attached."""
 
 
-_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | Spawned
-                                 | Reaped)
+_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | NotForked
+                                 | Spawned | Reaped)
 init_decoder = msgspec.json.Decoder(Init)
 template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare | Adopt)
 
@@ -244,7 +254,7 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
 
 
 def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared
-                                             | Spawned,
+                                             | NotForked | Spawned,
                                              list[int]]:
     payload, fds = recv_raw(sock)
     return _decoder.decode(payload), fds

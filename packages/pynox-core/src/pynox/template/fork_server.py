@@ -346,7 +346,7 @@ class _Children:
             lineage = _Lineage(job, confinement, grants)
         self._succeed(lineage)
         child = self._add(pid, lineage, prepared=False)
-        send_frame(self.sock, Started(serial=child.serial, pid=pid), [child.pidfd])
+        send_frame(self.sock, Started(serial=child.serial, pid=pid, rules=_generation(self.runtime)), [child.pidfd])
 
     def _succeed(self, lineage: _Lineage | None) -> None:
         """``lineage`` is the latest now: the one before keeps its grants only while a child of it lives."""
@@ -386,7 +386,8 @@ class _Children:
         child_end.close()
         child = self._add(pid, lineage, prepared=True)
         try:
-            send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=lineage.job),
+            send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=lineage.job,
+                                           rules=_generation(self.runtime)),
                        [child.pidfd, control.fileno()])
         finally:
             control.close()
@@ -736,6 +737,12 @@ def _open_descriptors() -> set[int]:
 
 
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def _generation(runtime: Runtime) -> int:
+    """The generation of the runtime's rules a child forked now holds, as the server is told it (Started,
+    Prepared): it moves whenever either set of rules reopened one."""
+    return runtime.rules.generation + runtime.network_rules.generation
 
 
 def _refresh(runtime: Runtime, confinement: Confinement) -> None:

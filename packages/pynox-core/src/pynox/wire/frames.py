@@ -110,19 +110,25 @@ class Adopt(msgspec.Struct, tag=True):
 
 
 class Started(msgspec.Struct, tag=True):
-    """Template -> server, with the child's pidfd: the job's child is forked."""
+    """Template -> server, with the child's pidfd: the job's child is forked. ``rules``: the generation of the
+    template's runtime rules it was forked under (see Prepared)."""
 
     serial: int
     pid: int
+    rules: int = 0
 
 
 class Prepared(msgspec.Struct, tag=True):
     """Template -> server, with the child's pidfd and the server's end of its control socket: a child was
-    forked and is confining itself ahead of its job, with the confinement and grants of job ``job``."""
+    forked and is confining itself ahead of its job, with the confinement and grants of job ``job``. ``rules``:
+    the generation of the template's runtime rules it holds (how many times the template reopened one whose path
+    named another file: policy.RuntimeRules); the server gives up a child prepared under rules no job of its
+    was forked under (server/templates.py, Template._rules_seen)."""
 
     serial: int
     pid: int
     job: int
+    rules: int = 0
 
 
 class Ended(msgspec.Struct, tag=True):

@@ -8,6 +8,7 @@ appears, and the next run starts at once (one worker: it would wait for the old 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from pathlib import Path
@@ -116,3 +117,64 @@ def test_a_step_interrupted_while_it_waits_for_a_host_function_keeps_the_session
         assert interrupted.error["type"] == "KeyboardInterrupt", interrupted
         time.sleep(2)  # the late answer to the interrupted call arrives, and is dropped
         assert session.run("from pynox_host import fast\nprint(x, fast())").stdout == "5 2\n"
+
+
+# The main thread waits for its host call and reads the channel for every caller; two threads call once it does
+# (found by its frame, so the order is certain), and wait to be handed their answers. The interrupt reaches the
+# main thread while it reads: the step's code catches it, says so, and waits (bounded) for the threads.
+_READER_INTERRUPTED = """\
+import sys, threading, time
+from pynox_host import block
+main, out = threading.main_thread().ident, {}
+
+def main_reads():
+    frame = sys._current_frames().get(main)
+    while frame is not None and frame.f_code.co_name != "_receive":
+        frame = frame.f_back
+    return frame is not None
+
+def call(name):
+    deadline = time.monotonic() + 30
+    while not main_reads() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    out[name] = block(name)
+
+threads = [threading.Thread(target=call, args=(name,), daemon=True) for name in ("t1", "t2")]
+[thread.start() for thread in threads]
+try:
+    block("main")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+[thread.join(5) for thread in threads]
+print(sorted(out.items()))
+"""
+
+
+def test_calls_of_other_threads_complete_when_the_thread_reading_for_them_is_interrupted(tmp_path: Path) -> None:
+    """The interrupted caller passes the reading of the host channel on: the threads' calls get their answers."""
+    config = tmp_path / "pynox.toml"
+    config.write_text('[pool]\ninterrupt_grace = "60s"\n')  # the step's code waits for its threads after it
+    arrived: set[str] = set()
+    changed = threading.Condition()
+    taken = threading.Event()  # the step's code has its KeyboardInterrupt: the host answers from then on
+
+    def block(name: str) -> str:
+        with changed:
+            arrived.add(name)
+            changed.notify_all()
+        taken.wait(30)
+        return name
+
+    def on_output(event: object) -> None:
+        if "interrupted" in getattr(event, "text", ""):
+            taken.set()
+
+    with Pool(workers=1, config=config) as pool, pool.session(functions={"block": block}) as session:
+        with concurrent.futures.ThreadPoolExecutor(1) as runner:
+            step = runner.submit(session.run, _READER_INTERRUPTED, on_output=on_output)
+            with changed:
+                assert changed.wait_for(lambda: arrived == {"main", "t1", "t2"}, 30), arrived
+            assert session.interrupt()
+            result = step.result(60)
+        assert result.stdout == "interrupted\n[('t1', 't1'), ('t2', 't2')]\n", result.text
+        assert session.run("from pynox_host import block\nprint(block('after'))").stdout == "after\n"

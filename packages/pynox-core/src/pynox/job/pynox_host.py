@@ -7,8 +7,9 @@ own, and blocks until the pool answers that tag with the host's result or error
 Calls from several threads overlap: at most
 :data:`MAX_IN_FLIGHT` wait for the host at once (a further caller waits its
 turn here). One waiting caller at a time reads the channel and hands each
-answer to its caller; when its own arrives, it passes the reading on to a
-caller still waiting. A job that calls from one thread thus starts no thread
+answer to its caller; when its own arrives, or its caller is interrupted (a
+session step's ``KeyboardInterrupt``, even as the reading is handed to it), it
+passes the reading on to a caller still waiting. A job that calls from one thread thus starts no thread
 of its own for it (in a freshly forked job, starting one costs a millisecond).
 ``pynox_host.aio`` has the same functions as coroutines, so that
 ``await asyncio.gather(search("x"), search("y"))`` makes two overlapping calls.
@@ -160,7 +161,7 @@ class _Channel:
         self._turns = _Turns(MAX_IN_FLIGHT)
         self._tags = itertools.count(1)
         self._waiting: dict[int, _Waiting] = {}
-        self._reading = False  # a waiting caller reads the channel for everyone
+        self._reader: _Waiting | None = None  # the waiting call whose caller reads the channel for everyone
         self._broken: str | None = None
 
     def call(self, function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -193,6 +194,11 @@ class _Channel:
             except BaseException:  # a session step's KeyboardInterrupt: this call is given up, its answer dropped
                 with self._lock:
                     self._waiting.pop(tag, None)
+                    # It may have been reading, or been handed the reading as it was interrupted: either way the
+                    # reading passes to a caller still waiting, or nobody would read their answers.
+                    if self._reader is waiting:
+                        self._reader = None
+                    self._pass_reading()
                 raise
         answer = waiting.answer
         if answer is None:
@@ -207,8 +213,9 @@ class _Channel:
             with self._lock:
                 if waiting.finished:
                     return
-                reads = not self._reading
-                self._reading = True
+                reads = self._reader is None
+                if reads:
+                    self._reader = waiting
             if not reads:
                 waiting.wake.wait()
                 continue
@@ -224,12 +231,17 @@ class _Channel:
                         other.wake.set()
             finally:
                 with self._lock:
-                    self._reading = False
-                    # The reading passes to a caller still waiting (it wakes, finds nobody reading, reads).
-                    following = next(iter(self._waiting.values()), None)
-                    if following is not None:
-                        following.wake.set()
+                    self._reader = None
+                    self._pass_reading()
             return
+
+    def _pass_reading(self) -> None:
+        """With the lock held: if nobody reads, wake a caller still waiting (it finds nobody reading, and reads).
+        A caller woken in vain waits again."""
+        if self._reader is None:
+            following = next(iter(self._waiting.values()), None)
+            if following is not None:
+                following.wake.set()
 
     def _deliver(self, answer: HostAnswer) -> None:
         with self._lock:

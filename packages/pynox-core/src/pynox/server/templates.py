@@ -55,6 +55,7 @@ from ..wire.frames import (
     Fork,
     HandOver,
     Init,
+    NotForked,
     Prepare,
     Prepared,
     Ready,
@@ -439,6 +440,9 @@ class Template:
         # confined (see run): the pool's one watch, and how many changes it had counted when they were.
         self._runtime = runtime_watch(rule_paths(frame.read_paths))
         self._runtime_seen = self._runtime.changes()
+        # The generation of the template's rules its last child was forked under (it starts at 0), and how many
+        # times it moved: each move counts as a change of the runtime (see _rules_seen).
+        self._rules = self._rules_moved = 0
         try:
             self._settle_memory()  # what it holds with its preloads: none of it counts against a job
         except PoolWorkerError:
@@ -711,8 +715,21 @@ class Template:
         """Whether no runtime file was replaced (a new inode: renamed over, or a mount) since this template's
         children waiting were confined: they hold its rules as they were then. If one was, the job is forked:
         before the fork the template reopens what changed, and discards every child it prepared before."""
-        seen, self._runtime_seen = self._runtime_seen, self._runtime.changes()
+        seen, self._runtime_seen = self._runtime_seen, self._runtime.changes() + self._rules_moved
         return seen == self._runtime_seen
+
+    def _rules_seen(self, generation: int) -> bool:
+        """A child of this template was forked under ``generation`` of its rules (Started, Prepared): True if
+        they moved since the last child, which then counts as a change of the runtime, so that the next job is
+        forked (the template discards every child it prepared before). The template reopened a rule because a
+        path named another file when it refreshed them: a change the watch may never count, if it was a mount
+        made and gone again before the watch read the mount table (it compares the table's state). A child
+        prepared under it holds a rule of a file the path does not name any longer."""
+        if generation == self._rules:
+            return False
+        self._rules = generation
+        self._rules_moved += 1
+        return True
 
     def _enter(self, tenant: cgroups.TenantGroup | None) -> None:
         """Serve the next job in ``tenant``'s cgroups (None: the pool's own). A template serves jobs of every
@@ -1329,6 +1346,7 @@ class Template:
                 os.close(extra)
             self._child_serial = frame.serial
             self.child.started(fds[0], frame.pid)
+            self._rules_seen(frame.rules)
             if serving is not None and serving.condemned:
                 self.child.kill()  # condemned before its pidfd arrived: the kill could not reach it then
             return False
@@ -1342,10 +1360,23 @@ class Template:
             for given_up in self.prepared.arrived(frame.serial, frame.job, frame.pid, fds[0],
                                                   socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fds[1])):
                 self._discard(given_up)
+            if self._rules_seen(frame.rules):  # prepared under rules no job was forked under: given up, all
+                for given_up in self.prepared.give_up_other_keys(None):
+                    self._discard(given_up)
             return False
         if isinstance(frame, Unprepared):
             self.prepared.unannounced(frame.count)
             return False
+        if isinstance(frame, NotForked) and self.child.state is ChildState.SENT:
+            # Its template could not fork (a full pids cgroup, RLIMIT_NPROC, no memory) and serves on: nothing
+            # of the job ran, and it is still on its way (a worker sends it once more, to this template).
+            for fd in fds:
+                os.close(fd)
+            self.child.not_sent()
+            self._close_metadata()
+            raise PoolWorkerError(f"the pool could not start a process for this job: its fork failed "
+                                  f"({frame.reason}; the pool's process limit is reached, or its memory); "
+                                  "nothing of it ran", started=False)
         if isinstance(frame, Ended):
             if frame.prepares:
                 self.prepared.announced(frame.prepares)

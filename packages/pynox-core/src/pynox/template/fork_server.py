@@ -24,6 +24,7 @@ from __future__ import annotations
 import _socket
 import collections
 import ctypes
+import errno
 import gc
 import importlib
 import itertools
@@ -52,6 +53,7 @@ from ..wire.frames import (
     Ended,
     Fork,
     Init,
+    NotForked,
     Prepare,
     Prepared,
     Ready,
@@ -305,7 +307,8 @@ class _Children:
         self.sock.close()
 
     def fork_job(self, job: int, confinement: Confinement, fds: list[int]) -> None:
-        """Fork the job's child; announce it with its pidfd."""
+        """Fork the job's child; announce it with its pidfd. A fork that fails (EAGAIN: the pids cgroup or
+        RLIMIT_NPROC full; ENOMEM) is the job's answer (NotForked), not this template's end: it serves on."""
         own = len(sent_with_job(confinement.host_channel, confinement.session))
         own_fds, grants = fds[:own], fds[own:]
         # The server hands jobs to prepared children itself and sends this one here after the last job ended:
@@ -318,7 +321,13 @@ class _Children:
         call = (native_call(confinement, self.runtime, grants, own_fds,
                             sent_with_job(confinement.host_channel, confinement.session), prepared=False)
                 if self.runtime.native is not None else None)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            close_all(fds)  # the job's own and its grants: nothing was forked to hold them
+            send_frame(self.sock, NotForked(job=job, reason=f"{errno.errorcode.get(exc.errno or 0, 'error')}: "
+                                                            f"{exc.strerror or exc}"))
+            return
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
                 run_job(confinement, self.runtime, own_fds, grants, call)
@@ -336,7 +345,7 @@ class _Children:
             lineage = _Lineage(job, confinement, grants)
         self._succeed(lineage)
         child = self._add(pid, lineage, prepared=False)
-        send_frame(self.sock, Started(serial=child.serial, pid=pid), [child.pidfd])
+        send_frame(self.sock, Started(serial=child.serial, pid=pid, rules=_generation(self.runtime)), [child.pidfd])
 
     def _succeed(self, lineage: _Lineage | None) -> None:
         """``lineage`` is the latest now: the one before keeps its grants only while a child of it lives."""
@@ -376,7 +385,8 @@ class _Children:
         child_end.close()
         child = self._add(pid, lineage, prepared=True)
         try:
-            send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=lineage.job),
+            send_frame(self.sock, Prepared(serial=child.serial, pid=pid, job=lineage.job,
+                                           rules=_generation(self.runtime)),
                        [child.pidfd, control.fileno()])
         finally:
             control.close()
@@ -726,6 +736,12 @@ def _open_descriptors() -> set[int]:
 
 
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def _generation(runtime: Runtime) -> int:
+    """The generation of the runtime's rules a child forked now holds, as the server is told it (Started,
+    Prepared): it moves whenever either set of rules reopened one."""
+    return runtime.rules.generation + runtime.network_rules.generation
 
 
 def _refresh(runtime: Runtime, confinement: Confinement) -> None:

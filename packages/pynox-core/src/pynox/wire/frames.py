@@ -29,7 +29,8 @@ import msgspec
 from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "Prepare",
+    "HEADER", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "NotForked",
+    "Prepare",
     "Prepared", "Ready", "Reaped",
     "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
     "send_frame", "template_decoder",
@@ -109,19 +110,25 @@ class Adopt(msgspec.Struct, tag=True):
 
 
 class Started(msgspec.Struct, tag=True):
-    """Template -> server, with the child's pidfd: the job's child is forked."""
+    """Template -> server, with the child's pidfd: the job's child is forked. ``rules``: the generation of the
+    template's runtime rules it was forked under (see Prepared)."""
 
     serial: int
     pid: int
+    rules: int = 0
 
 
 class Prepared(msgspec.Struct, tag=True):
     """Template -> server, with the child's pidfd and the server's end of its control socket: a child was
-    forked and is confining itself ahead of its job, with the confinement and grants of job ``job``."""
+    forked and is confining itself ahead of its job, with the confinement and grants of job ``job``. ``rules``:
+    the generation of the template's runtime rules it holds (how many times the template reopened one whose path
+    named another file: policy.RuntimeRules); the server gives up a child prepared under rules no job of its
+    was forked under (server/templates.py, Template._rules_seen)."""
 
     serial: int
     pid: int
     job: int
+    rules: int = 0
 
 
 class Ended(msgspec.Struct, tag=True):
@@ -141,6 +148,15 @@ class Unprepared(msgspec.Struct, tag=True):
     the next job is forked for itself if none waits."""
 
     count: int
+
+
+class NotForked(msgspec.Struct, tag=True):
+    """Template -> server, in place of Started: the job's child could not be forked (``reason``, the fork's error:
+    EAGAIN when the template's pids cgroup or the user's RLIMIT_NPROC is full, ENOMEM). Nothing of job ``job`` ran,
+    its descriptors are closed, and the template serves on."""
+
+    job: int
+    reason: str
 
 
 class Spawn(msgspec.Struct, tag=True):
@@ -167,8 +183,8 @@ class HandOver(msgspec.Struct, tag=True):
     """Server -> prepared child, on its control socket: your job's own descriptors are attached."""
 
 
-_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | Spawned
-                                 | Reaped)
+_decoder = msgspec.json.Decoder(Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared | NotForked
+                                 | Spawned | Reaped)
 init_decoder = msgspec.json.Decoder(Init)
 template_decoder = msgspec.json.Decoder(Fork | Discard | Spawn | Prepare | Adopt)
 
@@ -244,7 +260,7 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
 
 
 def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared
-                                             | Spawned,
+                                             | NotForked | Spawned,
                                              list[int]]:
     payload, fds = recv_raw(sock)
     return _decoder.decode(payload), fds

@@ -781,8 +781,7 @@ class Template:
         # Its listener is waiting on the control socket, sent when it was confined: taken now if it is there (a
         # child confined before its job came, as most are), rather than by a turn of the job's loop.
         self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement), hosts=hosts)
-        if readable(prepared.control.fileno(), 0):
-            self._steward.take_listener()
+        self._steward.take_listener(waiting=False)
         return True
 
     def prepare_session(self, spec: JobSpec) -> bool:

@@ -1,5 +1,6 @@
 """Pieces of the server's per-job path, directly (no pool), each with its control: the claim (exactly one side
-gets it), a hung-up pipe read to its end in one turn, and the dying look at a handed child's status."""
+gets it), a hung-up pipe read to its end in one turn (in packet mode too), and the dying look at a handed child's
+status."""
 
 from __future__ import annotations
 
@@ -67,6 +68,28 @@ def test_a_hung_up_pipe_is_read_to_its_end_in_one_turn(size: int) -> None:
         assert capture.open == 2
     finally:
         for fd in reads:
+            os.close(fd)
+
+
+def test_a_hung_up_pipe_in_packet_mode_is_read_whole() -> None:
+    """A job may put its end of a pipe in packet mode (O_DIRECT): each read then returns one write, so a short
+    read is not the pipe's end (the control: three writes, each shorter than a read)."""
+    stdout, writer = os.pipe2(os.O_CLOEXEC)
+    others = [fd for _ in range(3) for fd in os.pipe2(os.O_CLOEXEC)]
+    try:
+        fcntl.fcntl(writer, fcntl.F_SETFL, os.O_DIRECT)
+        for part in (b"one\n", b"two\n", b"three\n"):
+            os.write(writer, part)
+        os.close(writer)
+        writer = -1
+        os.set_blocking(stdout, False)
+        assert os.read(stdout, 1 << 16) == b"one\n"  # the control: packets, one a read
+        outcome = Gathering()
+        capture = Capture([stdout, others[0], others[2], others[4]], outcome, 1 << 20)
+        assert capture.read(stdout, hung_up=True) is False
+        assert bytes(outcome.stdout) == b"two\nthree\n"
+    finally:
+        for fd in [stdout, *others, *([writer] if writer >= 0 else [])]:
             os.close(fd)
 
 

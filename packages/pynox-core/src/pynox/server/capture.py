@@ -58,11 +58,9 @@ class Capture:
                 if not chunk:
                     break
                 self._take(fd, chunk)
-                # A pipe's read returns all it holds, up to the size asked: a shorter one emptied it, and no
-                # writer held it at the poll, so this is its end without the read that would say so (two
-                # system calls a job, stdout's and the report's). A writer the job reopens through /proc
-                # after the poll is the job's own doing, as one it reopens after this read is now.
-                chunk = os.read(fd, _READ_CHUNK) if len(chunk) == _READ_CHUNK else b""
+                # Read again even after a short read: a job may put its end in packet mode (O_DIRECT), where
+                # each read returns one write, however much more the pipe holds.
+                chunk = os.read(fd, _READ_CHUNK)
         except BlockingIOError:  # emptied by the job through a read end of its own, or a writer reopened by it
             return True
         if not chunk:

@@ -54,7 +54,9 @@ def new_claim() -> int:
     kernel resets the count under its lock; a read of 0 fails with EAGAIN), so a job the server retries
     never began, and one the server takes back at its end never ran (its setup failed). An eventfd, not a
     pipe holding a byte: one system call to make where a pipe took three (pipe2, write, close of its write
-    end), and a lighter object to make and free, on every job's path."""
+    end), and a lighter object to make and free, on every job's path. Unlike a pipe's read end, an eventfd
+    can be written back by whoever holds it: the child closes its copy as it claims, before any of the job's
+    code runs (job/setup._read_job; tests/sandbox/test_child_setup checks the job finds it closed)."""
     return os.eventfd(1, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
 
 

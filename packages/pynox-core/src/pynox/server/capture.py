@@ -58,6 +58,8 @@ class Capture:
                 if not chunk:
                     break
                 self._take(fd, chunk)
+                # Read again even after a short read: a job may put its end in packet mode (O_DIRECT), where
+                # each read returns one write, however much more the pipe holds.
                 chunk = os.read(fd, _READ_CHUNK)
         except BlockingIOError:  # emptied by the job through a read end of its own, or a writer reopened by it
             return True

@@ -162,10 +162,15 @@ _BY_NUMBER = {number: decode for name, decode in _CALLS.items() if (number := sy
 _SYSINFO = syscall_number("sysinfo")
 
 
-def receive_listener(sock: socket.socket) -> int | None:
-    """The listener a child sends on its metadata socket (see ``job/setup.py``); None at EOF."""
+def receive_listener(sock: socket.socket, flags: int = 0) -> int | None:
+    """The listener a child sends on its metadata socket (see ``job/setup.py``); None at EOF. With
+    ``socket.MSG_DONTWAIT``: :class:`BlockingIOError` if it has not been sent yet."""
     try:
-        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1, flags)
+    except BlockingIOError:
+        if flags & socket.MSG_DONTWAIT:
+            raise
+        return None
     except OSError:
         return None
     for extra in fds[1:]:
@@ -455,16 +460,22 @@ class StewardLife:
         self._check(phase)
         self.phase = phase
 
-    def take_listener(self) -> None:
+    def take_listener(self, *, waiting: bool = True) -> bool:
         """AWAITING -> ARRIVED, the child sent its listener; or -> UNSENT, it closed the socket (its setup
-        failed before)."""
+        failed before). ``waiting=False``: only if it is there already (False: nothing read, still AWAITING),
+        one ``recvmsg`` where a poll asked first and a ``recvmsg`` followed (a child prepared ahead sent it
+        before its job came: on every handed job's path)."""
         self._check(StewardPhase.ARRIVED)
         assert self.sock is not None
-        listener = receive_listener(self.sock)
+        try:
+            listener = receive_listener(self.sock, 0 if waiting else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
         self.sock.close()
         self.sock = None
         self._listener = listener
         self._move(StewardPhase.ARRIVED if listener is not None else StewardPhase.UNSENT)
+        return True
 
     @property
     def listener(self) -> int | None:

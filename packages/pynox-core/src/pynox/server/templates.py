@@ -78,7 +78,7 @@ from .report import JobWord, read_report
 from .serving import ServingLife
 from .steward import StewardLife, StewardPhase, StewardThread
 from .streaming import Streamer
-from .usage import StatusKept, live_usage, proc_text
+from .usage import StatusKept, proc_text
 from .waiting import readable
 from .zygote import ForkedProcess
 
@@ -147,6 +147,26 @@ def _dying_by(stat: bytes) -> bool:
     except (ValueError, IndexError):
         return True
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING) or bool(pending & _SIGKILL_PENDING)
+
+
+def _dying_by_status(status: bytes | None) -> bool:
+    """:func:`_dying_by`, from /proc/<pid>/status (kept open for the job's end, see StatusKept.text): gone, a
+    zombie (State Z or X), SIGKILL pending (SigPnd or ShdPnd), or its memory released (no VmHWM: an exiting
+    process detaches its memory first, then spends the milliseconds of its teardown). What the flags of
+    /proc/<pid>/stat said besides (PF_EXITING) is only the few microseconds before that detach."""
+    if status is None:
+        return True
+    try:
+        at = status.index(b"\nState:\t") + 8
+        if status[at:at + 1] in (b"Z", b"X"):
+            return True
+        for field in (b"\nSigPnd:\t", b"\nShdPnd:\t"):
+            at = status.index(field) + len(field)
+            if int(status[at:status.index(b"\n", at)], 16) & _SIGKILL_PENDING:
+                return True
+    except ValueError:
+        return True
+    return b"\nVmHWM:" not in status
 
 
 # A job's own descriptors: its payload's memfd (empty until the job comes), its claim, and its 4 pipes (stdout,
@@ -783,7 +803,11 @@ class Template:
             if _dying_at(self._stat):
                 self.prepared.release(prepared)
                 return False
-            if _dying(prepared.pid):
+            # Its status is read through a descriptor kept for the job's end (_finish): an open, two reads and a
+            # close for both, where /proc/<pid>/stat and then /proc/<pid>/status took three calls each.
+            if self._status is None:
+                self._status = StatusKept()
+            if _dying_by_status(self._status.text(prepared.pid)):
                 self.prepared.release(prepared)  # the template reports its end, and replaces it
                 continue
             try:
@@ -798,8 +822,7 @@ class Template:
         # Its listener is waiting on the control socket, sent when it was confined: taken now if it is there (a
         # child confined before its job came, as most are), rather than by a turn of the job's loop.
         self._steward = StewardLife(prepared.control, writes, *_job_ids(confinement), hosts=hosts)
-        if readable(prepared.control.fileno(), 0):
-            self._steward.take_listener()
+        self._steward.take_listener(waiting=False)
         return True
 
     def prepare_session(self, spec: JobSpec) -> bool:
@@ -1117,16 +1140,15 @@ class Template:
             # Alive as its result leaves (stopped at its end, or a session between steps): measured now,
             # before any kill, whose teardown is not the job's work. A session's process is measured after
             # every step: its status file is kept open for the next.
-            if serving.session:
-                if self._status is None:
-                    self._status = StatusKept()
-                measured = self._status.usage(child.pid)
-            else:
-                measured = live_usage(child.pid)
+            if self._status is None:
+                self._status = StatusKept()
+            measured = self._status.usage(child.pid)  # kept open since the hand-over, if it was handed
             if measured is None or measured[1] is None:
                 self._await_end()  # it exited (or was killed): the template's wait4 has its peak memory
             if child.state is ChildState.RUNNING and measured is not None:
                 outcome.cpu_us, outcome.max_rss_kb = child.used(*measured)
+        if not serving.session and self._status is not None:
+            self._status.close()  # a job's is kept from its hand-over to its measure only
         if child.state is ChildState.RUNNING and not serving.session:
             # Answered from the report, which a job could write early and then go on: whatever it still
             # does is killed now. The template reaps it while the result travels; nothing the job still

@@ -16,6 +16,7 @@ reused while it is read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -66,6 +67,24 @@ class StatusKept:
             return None
         self._pid = pid
         return _usage(pid, lambda: os.pread(self._fd, 16384, 0))
+
+    def text(self, pid: int) -> bytes | None:
+        """The process's status text, through the descriptor kept for it (opened now if it was another's): a job
+        handed to a child prepared ahead reads it at the hand-over (see templates._dying_by_status) and again at
+        its end (:meth:`usage`), one open for both. None if it is gone."""
+        if pid == self._pid:
+            with contextlib.suppress(OSError):
+                return os.pread(self._fd, 16384, 0)
+        self.close()
+        try:
+            self._fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        self._pid = pid
+        try:
+            return os.pread(self._fd, 16384, 0)
+        except OSError:
+            return None
 
     def close(self) -> None:
         if self._fd >= 0:

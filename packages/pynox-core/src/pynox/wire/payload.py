@@ -11,6 +11,7 @@ job before it.
 from __future__ import annotations
 
 import os
+import sys
 
 import msgspec
 
@@ -19,7 +20,7 @@ from .spec import Payload
 __all__ = ["claim", "decode_payload", "encode_payload", "new_claim", "new_payload", "read_payload", "take_back",
            "write_payload"]
 
-_CLAIM = b"!"
+_CLAIMED = (1).to_bytes(8, sys.byteorder)  # what a read of the claim gives its one taker
 
 _decoder = msgspec.json.Decoder(Payload)
 
@@ -47,20 +48,22 @@ def decode_payload(data: bytes) -> Payload:
 
 
 def new_claim() -> int:
-    """The job's claim: the read end of a pipe holding one byte, which the server sends with the job and
-    keeps. The child takes the byte as the last step before the code runs; if the template dies, the
-    server takes it back if it is still there. Exactly one of them gets it, so a job the server retries
-    never began, and one the server takes back at its end never ran (its setup failed)."""
-    claim, end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    os.write(end, _CLAIM)
-    os.close(end)
-    return claim
+    """The job's claim: a non-blocking eventfd counting 1, which the server sends with the job and keeps.
+    The child takes it (a read of 8 bytes, which resets the count) as the last step before the code runs;
+    if the template dies, the server takes it back if it is still there. Exactly one of them gets it (the
+    kernel resets the count under its lock; a read of 0 fails with EAGAIN), so a job the server retries
+    never began, and one the server takes back at its end never ran (its setup failed). An eventfd, not a
+    pipe holding a byte: one system call to make where a pipe took three (pipe2, write, close of its write
+    end), and a lighter object to make and free, on every job's path. Unlike a pipe's read end, an eventfd
+    can be written back by whoever holds it: the child closes its copy as it claims, before any of the job's
+    code runs (job/setup._read_job; tests/sandbox/test_child_setup checks the job finds it closed)."""
+    return os.eventfd(1, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
 
 
 def claim(fd: int) -> bool:
     """In the child: take the job; False if the server took it back."""
     try:
-        return os.read(fd, 1) == _CLAIM
+        return os.read(fd, 8) == _CLAIMED
     except BlockingIOError:
         return False
 

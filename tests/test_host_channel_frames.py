@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import msgspec
@@ -60,7 +60,7 @@ def test_an_answer_frame_round_trips(answer: HostAnswer, wire: bytes,
     frame = encode_frame(answer)
     assert bytes(frame) == HEADER.pack(len(wire)) + wire
     pool.sendall(frame)
-    assert pynox_host._receive(job) == answer
+    assert pynox_host._Channel(job)._take() == answer
 
 
 @pytest.mark.parametrize(("frame", "message"), [
@@ -77,7 +77,7 @@ def test_an_answer_the_job_cannot_read_breaks_the_channel_with_a_clear_error(
     job, pool = channel
     pool.sendall(HEADER.pack(len(frame)) + frame)
     with pytest.raises(OSError, match=message):
-        pynox_host._receive(job)
+        pynox_host._Channel(job)._take()
 
 
 def test_an_answer_announced_too_large_is_refused_before_it_is_read(
@@ -85,7 +85,7 @@ def test_an_answer_announced_too_large_is_refused_before_it_is_read(
     job, pool = channel
     pool.sendall(HEADER.pack(MAX_ANSWER + 1))
     with pytest.raises(OSError, match=f"answer of {MAX_ANSWER + 1} bytes is too large"):
-        pynox_host._receive(job)
+        pynox_host._Channel(job)._take()
 
 
 def test_warming_the_call_path_leaves_no_module_and_no_descriptor() -> None:
@@ -96,6 +96,75 @@ def test_warming_the_call_path_leaves_no_module_and_no_descriptor() -> None:
     pynox_host.warm_up(calls=2)
     assert procfs.fds(os.getpid()) == before
     assert "pynox_host" not in sys.modules and "pynox_host.aio" not in sys.modules
+
+
+
+# -- a reader interrupted: the stream in step, or the channel broken for good -------------------------------------
+# Through a real pool, with the interrupt after bytes were taken: tests/client/test_client_cancel.py. Here the two
+# windows where the stream stays in step, made certain by a profile hook that raises as a signal's handler would.
+
+
+def _interrupt_at(wanted: str, name: str) -> Callable[[FrameType, str, object], None]:
+    def hook(frame: FrameType, event: str, arg: object) -> None:
+        if event == wanted and (getattr(arg, "__name__", None) == name or frame.f_code.co_name == name):
+            sys.setprofile(None)
+            raise KeyboardInterrupt
+    return hook
+
+
+def test_a_reader_interrupted_before_it_took_a_byte_leaves_the_channel_in_step(
+        channel: tuple[socket.socket, socket.socket]) -> None:
+    """As a signal while the reader waits in recv (EINTR): nothing was taken, the next call gets its answer."""
+    job, pool = channel
+    host = pynox_host._Channel(job)
+    sys.setprofile(_interrupt_at("c_call", "recv_into"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host.call("f", (), {})
+    finally:
+        sys.setprofile(None)
+    pool.sendall(encode_frame(HostAnswer(tag=1, result="late")) + encode_frame(HostAnswer(tag=2, result="next")))
+    assert host.call("f", (), {}) == "next"  # the late answer to the interrupted call was read whole, and dropped
+
+
+def test_a_reader_interrupted_once_it_took_a_whole_frame_delivers_its_answer(
+        channel: tuple[socket.socket, socket.socket]) -> None:
+    """The frame was taken whole and decoded but not yet handed over: the interrupted reader hands it to the
+    call it answers (another thread's, here), and the channel stays in step."""
+    job, pool = channel
+    host = pynox_host._Channel(job)
+    other = pynox_host._Waiting()
+    host._waiting[7] = other  # a call of another thread, waiting to be handed its answer
+    pool.sendall(encode_frame(HostAnswer(tag=7, result="theirs")))
+    sys.setprofile(_interrupt_at("return", "_take"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host.call("f", (), {})
+    finally:
+        sys.setprofile(None)
+    assert other.finished and other.answer == HostAnswer(tag=7, result="theirs")
+    pool.sendall(encode_frame(HostAnswer(tag=2, result="next")))
+    assert host.call("f", (), {}) == "next"
+
+
+def test_a_reader_interrupted_as_it_decodes_a_frame_breaks_the_channel(
+        channel: tuple[socket.socket, socket.socket]) -> None:
+    """The frame was taken, its answer lost: the call it answers would wait for ever, so it fails at once."""
+    job, pool = channel
+    host = pynox_host._Channel(job)
+    other = pynox_host._Waiting()
+    host._waiting[7] = other
+    pool.sendall(encode_frame(HostAnswer(tag=7, result="theirs")))
+    sys.setprofile(_interrupt_at("c_return", "decode"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host.call("f", (), {})
+    finally:
+        sys.setprofile(None)
+    assert other.finished and other.answer is None
+    with pytest.raises(pynox_host.HostError, match=r"^f\(\): the host channel failed: reading an answer was "
+                                                  r"interrupted \(KeyboardInterrupt\) partway through it"):
+        host.call("f", (), {})
 
 
 # -- overlapping calls wait on _thread's locks (the template leaves threading unloaded) ----------------------------

@@ -129,7 +129,7 @@ main, out = threading.main_thread().ident, {}
 
 def main_reads():
     frame = sys._current_frames().get(main)
-    while frame is not None and frame.f_code.co_name != "_receive":
+    while frame is not None and frame.f_code.co_name != "_take":
         frame = frame.f_back
     return frame is not None
 
@@ -178,3 +178,61 @@ def test_calls_of_other_threads_complete_when_the_thread_reading_for_them_is_int
             result = step.result(60)
         assert result.stdout == "interrupted\n[('t1', 't1'), ('t2', 't2')]\n", result.text
         assert session.run("from pynox_host import block\nprint(block('after'))").stdout == "after\n"
+
+
+# A step's interrupt can land as the reader reads an answer, even right after `recv` returned, whose bytes are then
+# lost: the stream is out of step. Made certain here: a profile hook of the step's code raises KeyboardInterrupt
+# as the channel's N-th `recv` returns (a signal's handler runs at that very point), its result discarded.
+_INTERRUPTED_AFTER = """\
+import sys
+from pynox_host import big, small, HostError
+takes = []
+
+def hook(frame, event, arg):
+    if event == "c_return" and getattr(arg, "__name__", "") in ("recv", "recv_into"):
+        takes.append(arg.__name__)
+        if len(takes) == {after}:
+            sys.setprofile(None)
+            raise KeyboardInterrupt
+
+sys.setprofile(hook)
+try:
+    answer = big()
+except KeyboardInterrupt:
+    print("interrupted after", takes, flush=True)
+else:
+    print("whole", len(answer), "in", len(takes), "reads")
+sys.setprofile(None)
+try:
+    print(small())
+except HostError as error:
+    print("next:", error)
+"""
+_BIG = "x" * 900_000  # under the 1 MB limit of an answer, yet read in several chunks
+_CLEAR = ("small(): the host channel failed: reading an answer was interrupted (KeyboardInterrupt) partway "
+          "through it, so the channel is out of step and cannot be used again by this job or session")
+
+
+@pytest.mark.parametrize("after", [1, 2], ids=["after-its-header", "after-a-chunk-of-its-body"])
+def test_a_reader_interrupted_partway_through_an_answer_breaks_the_channel_for_every_later_call(
+        pool: Pool, after: int) -> None:
+    """Fails closed: the next call, and a later step's, raise a clear HostError at once, instead of reading the
+    rest of the frame as a header (garbage, or a wait until the deadline). The job is not killed for leaving
+    the rest of the answer unread (the channel is shut down): a later step waits past the pool's 5 s stall."""
+    with pool.session(functions={"big": lambda: _BIG, "small": lambda: "small"}) as session:
+        first = session.run(_INTERRUPTED_AFTER.replace("{after}", str(after)), timeout=20)
+        taken = ["recv_into", "recv"][:after]
+        assert first.ok and first.stdout == f"interrupted after {taken}\nnext: {_CLEAR}\n", first.text
+        later = session.run("import time\nfrom pynox_host import small, HostError\ntime.sleep(5.5)\n"
+                            "try:\n    small()\nexcept HostError as error:\n    print(error)", timeout=20)
+        assert later.ok and later.stdout == _CLEAR + "\n", later.text
+        assert session.run("print('alive')").stdout == "alive\n"
+
+
+def test_control_without_the_interrupt_the_large_answer_arrives_whole_over_several_reads(pool: Pool) -> None:
+    with pool.session(functions={"big": lambda: _BIG, "small": lambda: "small"}) as session:
+        result = session.run(_INTERRUPTED_AFTER.replace("{after}", "0"), timeout=20)
+        assert result.ok and result.stdout.startswith("whole 900000 in "), result.text
+        reads = int(result.stdout.split(" in ")[1].split()[0])
+        assert reads >= 3, result.stdout  # a header and two chunks at least: the interrupts above land mid-frame
+        assert result.stdout.endswith("reads\nsmall\n"), result.text

@@ -11,6 +11,9 @@ answer to its caller; when its own arrives, or its caller is interrupted (a
 session step's ``KeyboardInterrupt``, even as the reading is handed to it), it
 passes the reading on to a caller still waiting. A job that calls from one thread thus starts no thread
 of its own for it (in a freshly forked job, starting one costs a millisecond).
+A reader interrupted after it took part of an answer frame (see :meth:`_Channel._take`) leaves the stream
+out of step, which nothing here can mend: the channel is then broken for good, and every call, waiting or
+later, raises ``HostError`` at once instead of reading garbage or waiting for an answer that never comes.
 ``pynox_host.aio`` has the same functions as coroutines, so that
 ``await asyncio.gather(search("x"), search("y"))`` makes two overlapping calls.
 
@@ -163,6 +166,11 @@ class _Channel:
         self._waiting: dict[int, _Waiting] = {}
         self._reader: _Waiting | None = None  # the waiting call whose caller reads the channel for everyone
         self._broken: str | None = None
+        # Where the reader is in the stream, for an interrupt to tell whether it left the stream in step (_take):
+        self._head = bytearray(HEADER.size)  # the next frame's header; its first byte _UNWRITTEN until taken
+        self._head[0] = _UNWRITTEN
+        self._partway = False  # bytes of a frame were taken, and its answer is not yet held
+        self._answer: HostAnswer | None = None  # a frame taken whole, whose answer may not be delivered yet
 
     def call(self, function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         tag = next(self._tags)  # drawn first, so that the frame is encoded once (a tag left unused is harmless)
@@ -221,14 +229,12 @@ class _Channel:
                 continue
             try:
                 while not waiting.finished:
-                    self._deliver(_receive(self.sock))
+                    self._read()
             except OSError as exc:
-                with self._lock:
-                    self._broken = str(exc) or type(exc).__name__
-                    failed, self._waiting = self._waiting, {}
-                    for other in failed.values():
-                        other.finished = True
-                        other.wake.set()
+                self._break(str(exc) or type(exc).__name__)
+            except BaseException as exc:  # a session step's KeyboardInterrupt, as the reader reads
+                self._interrupted(exc)
+                raise
             finally:
                 with self._lock:
                     self._reader = None
@@ -243,13 +249,77 @@ class _Channel:
             if following is not None:
                 following.wake.set()
 
+    def _read(self) -> None:
+        """Read one answer frame and deliver it."""
+        answer = self._take()
+        self._deliver(answer)
+        self._answer = None
+
+    def _take(self) -> HostAnswer:
+        """Read one answer frame, keeping track of where the reading is, so that an exception raised anywhere
+        in it (a signal's handler runs between two bytecodes, even right after ``recv`` returned, whose bytes
+        are then lost) can tell whether the stream is still in step (:meth:`_interrupted`).
+
+        No byte of a frame taken: the header's first byte is still :data:`_UNWRITTEN` (a real header's is 0:
+        an answer is under 16 MiB), and nothing is ``_partway``. An interrupt inside that first ``recv_into``
+        takes nothing (the call fails with EINTR before the handler raises); one after it returned finds the
+        byte written. From then until the answer is decoded, ``_partway``; from then until it is delivered,
+        ``_answer``, which an interrupted reader delivers itself. No system call beyond the reading's."""
+        head = self._head
+        taken = self.sock.recv_into(head)
+        self._partway = True
+        try:
+            if not taken:
+                raise EOFError("the pool closed the channel")
+            if taken < HEADER.size:
+                head[taken:] = recv_exact(self.sock, HEADER.size - taken, closed="the pool closed the channel")
+            (size,) = HEADER.unpack(head)
+            head[0] = _UNWRITTEN  # for the next frame: _partway covers this one
+            if size > MAX_ANSWER:
+                raise OSError(f"answer of {size} bytes is too large")
+            answer = _decoder.decode(recv_exact(self.sock, size, closed="the pool closed the channel"))
+        except EOFError as exc:
+            raise OSError(str(exc)) from None
+        except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError is a DecodeError
+            raise OSError(f"malformed answer: {exc}") from None
+        self._answer = answer
+        self._partway = False
+        return answer
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """The reader was interrupted (:meth:`_take` says what its state means): deliver the answer it held,
+        or, if it left part of a frame taken, break the channel."""
+        answer, self._answer = self._answer, None
+        if answer is not None:
+            self._deliver(answer)  # again, if it was already: a delivered answer's tag is gone
+        elif self._partway or self._head[0] != _UNWRITTEN:
+            self._break(f"reading an answer was interrupted ({type(exc).__name__}) partway through it, so the "
+                        "channel is out of step and cannot be used again by this job or session")
+
+    def _break(self, reason: str) -> None:
+        """The channel cannot be read any more: every call waiting, and every later one, fails with ``reason``.
+        It is shut down too, so that the pool's answers still to come fail to be sent, rather than wait unread
+        (the pool kills a job that leaves its answers unread)."""
+        with self._lock:
+            if self._broken is None:
+                self._broken = reason
+            failed, self._waiting = self._waiting, {}
+            for other in failed.values():
+                other.finished = True
+                other.wake.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # the pool's end closed already
+            pass
+
     def _deliver(self, answer: HostAnswer) -> None:
         with self._lock:
-            waiting = self._waiting.pop(answer.tag, None)
-            if waiting is not None:
+            waiting = self._waiting.get(answer.tag)
+            if waiting is not None:  # taken off only once it is answered: an interrupt may deliver it again
                 waiting.answer = answer
                 waiting.finished = True
                 waiting.wake.set()
+                del self._waiting[answer.tag]
 
 
 def warm_up(calls: int = _WARM_CALLS) -> None:
@@ -315,18 +385,8 @@ def _bind_async(call: Any, name: str) -> Any:
 
 
 _decoder = msgspec.json.Decoder(HostAnswer)
-
-
-def _receive(sock: socket.socket) -> HostAnswer:
-    try:
-        header = recv_exact(sock, HEADER.size, closed="the pool closed the channel")
-        (size,) = HEADER.unpack(header)
-        if size > MAX_ANSWER:
-            raise OSError(f"answer of {size} bytes is too large")
-        return _decoder.decode(recv_exact(sock, size, closed="the pool closed the channel"))
-    except EOFError as exc:
-        raise OSError(str(exc)) from None
-    except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError is a DecodeError
-        raise OSError(f"malformed answer: {exc}") from None
+# A header's first byte before the header is taken: never a real one's (big-endian, of a size under 16 MiB).
+_UNWRITTEN = 0xFF
+assert HEADER.format == "!I" and MAX_ANSWER < 1 << 24
 
 

@@ -72,6 +72,15 @@ _PID_FIRST = (
 _WHICH_WHO = {"getpriority": (0, 1), "setpriority": (0, 1), "ioprio_get": (1, 2), "ioprio_set": (1, 2)}
 # fcntl's command that names a process (or, negative, a process group) to signal.
 F_SETOWN = 8
+# The (which, who) checks by their bounds of ``which``: one body for each pair of calls that shares them.
+_WHICH_WHO_BODIES = {f"which-{lowest}-{highest}": (lowest, highest) for lowest, highest in _WHICH_WHO.values()}
+
+
+def _body(name: str) -> str:
+    """The check a call takes (its body's label): calls with the same check share one."""
+    if name in _WHICH_WHO:
+        return "which-{}-{}".format(*_WHICH_WHO[name])
+    return name if name in ("kill", "fcntl") else "pid-first"
 
 
 def _arg(index: int) -> int:
@@ -102,6 +111,21 @@ class _Assembler:
         return bytes(out), patches
 
 
+def _search(asm: _Assembler, numbers: list[tuple[int, str]], name: str) -> None:
+    """With the system call number loaded: jump to the label of the number among ``numbers`` (sorted), or allow
+    a number that is not one of them; a tree of comparisons halving the list down to three or fewer."""
+    if len(numbers) <= 3:
+        for number, label in numbers:
+            asm.emit(_JEQ, number, label)
+        asm.emit(_RET, _ALLOW)  # a call that names no process
+        return
+    middle = len(numbers) // 2
+    asm.emit(_JGE, numbers[middle][0], 0, f"{name}-below")
+    _search(asm, numbers[middle:], f"{name}-a")
+    asm.label(f"{name}-below")
+    _search(asm, numbers[:middle], f"{name}-b")
+
+
 def _pid_check(asm: _Assembler, *, negated: bool = False) -> None:
     """With the pid argument loaded: allow 0 and the job's pid (and -pid), refuse anything else."""
     asm.emit(_JEQ, 0, "allow")
@@ -111,9 +135,10 @@ def _pid_check(asm: _Assembler, *, negated: bool = False) -> None:
     asm.emit(_RET, _EPERM)
 
 
-def assemble() -> tuple[bytes, list[int], list[str]]:
+def assemble(*, shared: bool = True) -> tuple[bytes, list[int], list[str]]:
     """The program, the indices of the instructions that take the pid, and the names this libseccomp or
-    architecture does not know (they are left to the main filter, or do not exist here)."""
+    architecture does not know (they are left to the main filter, or do not exist here). ``shared=False``:
+    one body per call (the longer form, which tests/sandbox/test_filter_forms.py compares with this one)."""
     resolved: dict[str, int] = {}
     unknown: list[str] = []
     for name in (*_PID_FIRST, "kill", *_WHICH_WHO, "fcntl"):
@@ -128,27 +153,37 @@ def assemble() -> tuple[bytes, list[int], list[str]]:
     asm.emit(_JEQ, pyseccomp.system_arch(), 0, "allow")
     asm.emit(_LD_ABS, 0)  # syscall number
     asm.emit(_JGE, _X32_BIT, "enosys")
-    for name, number in resolved.items():
-        asm.emit(_JEQ, number, f"check-{name}")
-    asm.emit(_RET, _ALLOW)  # a call that names no process
+    # Calls that take the same check share one body (every pid-first call but kill, the two priority calls, the
+    # two I/O priority calls): a program a third the size of one body per call, the same answers. The kernel
+    # translates and compiles the program again at every child's install: its cost goes with the length.
+    bodies: dict[str, str] = {name: _body(name) if shared else name for name in resolved}
+    if shared:
+        # The numbers searched as a binary tree, not one by one: the kernel runs the program on every system
+        # call number when it installs it (the action cache, while interrupts are off), each time down the
+        # list to the number's place; through a tree it takes a third of the steps.
+        _search(asm, sorted((number, f"check-{bodies[name]}") for name, number in resolved.items()), "search")
+    else:
+        for name, number in resolved.items():
+            asm.emit(_JEQ, number, f"check-{bodies[name]}")
+        asm.emit(_RET, _ALLOW)  # a call that names no process
     # Classic BPF jumps only forward: the shared answers come last.
-    for name in resolved:
-        asm.label(f"check-{name}")
-        if name in _WHICH_WHO:
-            lowest, highest = _WHICH_WHO[name]
+    for body in dict.fromkeys(bodies.values()):
+        asm.label(f"check-{body}")
+        if body in _WHICH_WHO_BODIES or body in _WHICH_WHO:
+            lowest, highest = _WHICH_WHO_BODIES[body] if body in _WHICH_WHO_BODIES else _WHICH_WHO[body]
             asm.emit(_LD_ABS, _arg(0))
             asm.emit(_JGT, highest, "eperm")
             asm.emit(_JGE, lowest, 0, "eperm")
             asm.emit(_LD_ABS, _arg(1))
             _pid_check(asm)
-        elif name == "fcntl":
+        elif body == "fcntl":
             asm.emit(_LD_ABS, _arg(1))
             asm.emit(_JEQ, F_SETOWN, 0, "allow")  # only F_SETOWN names a process
             asm.emit(_LD_ABS, _arg(2))
             _pid_check(asm, negated=True)
         else:
             asm.emit(_LD_ABS, _arg(0))
-            _pid_check(asm, negated=name == "kill")
+            _pid_check(asm, negated=body == "kill")
     asm.label("eperm")
     asm.emit(_RET, _EPERM)
     asm.label("allow")

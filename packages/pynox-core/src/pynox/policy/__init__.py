@@ -140,9 +140,15 @@ class RuntimeRules:
         return rule[0], rule[1], (info.st_dev, info.st_ino)
 
     def current(self) -> tuple[tuple[int, int], ...]:
-        """(O_PATH descriptor, rights) of every path that exists."""
+        """(O_PATH descriptor, rights) of every path that exists, one rule per file: paths that name the same
+        one (``/lib`` and ``/usr/lib`` where one is a link to the other) make one rule with the rights of
+        both, as Landlock makes of two rules on one inode (it joins their rights); each child adds one fewer."""
         if self._current is None:
-            self._current = tuple((fd, rights) for fd, rights, _ in filter(None, self._opened))
+            rules: dict[tuple[int, int], tuple[int, int]] = {}
+            for fd, rights, identity in filter(None, self._opened):
+                first = rules.get(identity)
+                rules[identity] = (fd, rights) if first is None else (first[0], first[1] | rights)
+            self._current = tuple(rules.values())
         return self._current
 
     def refresh(self) -> None:

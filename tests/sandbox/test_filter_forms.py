@@ -196,6 +196,57 @@ def test_the_own_process_filter_as_a_tree_decides_as_the_linear_list() -> None:
     assert {62, 140, 141, 203, 302, 72} <= differing and 39 not in differing, differing
 
 
+class Stacked(Program):
+    """Two programs installed one after the other, run as the kernel runs stacked filters: each on the call,
+    the strictest action wins (kill < trap < errno < notify < allow, as signed values), and between equals the
+    one installed last."""
+
+    def __init__(self, first: Program, last: Program) -> None:
+        super().__init__(b"")
+        self.first, self.last = first, last
+
+    def run(self, words: dict[int, int]) -> tuple[int, set[int]]:
+        (older, read_older), (newer, read_newer) = self.first.run(words), self.last.run(words)
+        self.constants = self.first.constants | self.last.constants
+
+        def strictness(value: int) -> int:
+            action = value & 0xFFFF0000
+            return action - (1 << 32) if action & 0x80000000 else action
+
+        return (older if strictness(older) < strictness(newer) else newer), read_older | read_newer
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["job", "session"])
+@pytest.mark.parametrize("network", ["none", "hosts", "all"])
+@pytest.mark.parametrize("abi", [1, 7])
+def test_the_merged_filter_decides_as_the_two_stacked(network: NetworkMode, abi: int, session: bool) -> None:
+    """A child installs the main filter and the own-process filter as one program (OwnProcessFilter.before):
+    it decides every call as the kernel decides for the two stacked (the main filter first), with a pid
+    written in. Control: the merged program differs from the main filter alone exactly where the own-process
+    filter refuses."""
+    main = seccomp.compile_filter(network, abi, session=session).bpf
+    program, patches, unknown = assemble()
+    own = OwnProcessFilter(program, tuple(patches), tuple(unknown))
+    merged = Program(own.before(main).for_pid(4242))
+    assert _differences(merged, Stacked(Program(main), Program(own.for_pid(4242)))) == []
+    if network == "none" and not session and abi == 7:
+        differing = {words[_NR] for words in _differences(merged, Program(main))}
+        # kill, getpriority, sched_setaffinity, prlimit64, fcntl among them; getpid and socket not
+        assert {62, 140, 203, 302, 72} <= differing and not {39, 41} & differing, differing
+
+
+def test_a_main_filter_that_kills_is_not_merged() -> None:
+    """A main filter that could answer more strictly than with an errno (kill) would take precedence over the
+    own-process filter's errno when stacked: it is not merged (the two are then stacked)."""
+    program, patches, unknown = assemble()
+    own = OwnProcessFilter(program, tuple(patches), tuple(unknown))
+    kill = struct.pack("=HBBI", 0x06, 0, 0, 0x80000000)
+    with pytest.raises(ValueError):
+        own.before(kill)
+    assert own.before(struct.pack("=HBBI", 0x06, 0, 0, 0x00050001)).program.endswith(
+        struct.pack("=HBBI", 0x06, 0, 0, 0x00050001))
+
+
 def test_the_comparison_sees_one_rule_changed() -> None:
     """Control: the filters with and without the network differ in their socket rules; compared the same way,
     they differ exactly there, and agree on a call both allow."""

@@ -158,7 +158,7 @@ static PyObject *confine(PyObject *self, PyObject *args) {
         null_write[MAX_ITEMS][3], limits[MAX_ITEMS][3], patches[MAX_ITEMS][3];
     static char entry_names[64][32], own_directory[32];
     static uint64_t entry_rights[64];
-    static struct sock_filter own_program[4096];
+    static struct sock_filter own_program[4096], main_program[4096];
     Py_ssize_t n_prepared, n_fitted, n_moves, n_null_read, n_null_write, n_limits, n_patches, n_entries = 0;
     PyObject *result = NULL;
     if ((n_prepared = int_rows(prepared_seq, 2, prepared, "prepared rules")) < 0 ||
@@ -170,7 +170,7 @@ static PyObject *confine(PyObject *self, PyObject *args) {
         (n_patches = int_rows(patches_seq, 2, patches, "patches")) < 0)
         goto out;
     if (main_filter.len % sizeof(struct sock_filter) || own_filter.len % sizeof(struct sock_filter) ||
-        (size_t)own_filter.len > sizeof(own_program) || attr_size > (Py_ssize_t)sizeof(struct ruleset_attr) ||
+        (size_t)own_filter.len > sizeof(own_program) || (size_t)main_filter.len > sizeof(main_program) || attr_size > (Py_ssize_t)sizeof(struct ruleset_attr) ||
         n_moves + 1 + n_null_read + n_null_write > MAX_ITEMS) {
         PyErr_SetString(PyExc_ValueError, "a program, the ruleset attribute or the moves are out of bounds");
         goto out;
@@ -430,20 +430,28 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     }
     close(ruleset);
     ruleset = -1;
+    /* The main filter; with no own-process filter beside it, the own-process filter is merged in it
+       (OwnProcessFilter.before): this process's pid is written where it goes, and it is the only filter. */
+    int pid = getpid();
     {
-        struct sock_fprog program = {(unsigned short)(main_filter.len / sizeof(struct sock_filter)),
-                                     (struct sock_filter *)main_filter.buf};
+        size_t count = main_filter.len / sizeof(struct sock_filter);
+        memcpy(main_program, main_filter.buf, main_filter.len);
+        for (Py_ssize_t i = 0; own_filter.len == 0 && i < n_patches; i++) {
+            long long index = patches[i][0];
+            if (index >= 0 && (size_t)index < count)
+                main_program[index].k = patches[i][1] ? (uint32_t)(-pid) : (uint32_t)pid;
+        }
+        struct sock_fprog program = {(unsigned short)count, main_program};
         listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
         if (listener < 0) {
             fail(&f, APPLY_POLICY, "seccomp filter");
             goto failed;
         }
     }
-    {
+    if (own_filter.len > 0) {
         /* The own-process filter, with this process's pid written where it goes (own_process.py). */
         size_t count = own_filter.len / sizeof(struct sock_filter);
         memcpy(own_program, own_filter.buf, own_filter.len);
-        int pid = getpid();
         for (Py_ssize_t i = 0; i < n_patches; i++) {
             long long index = patches[i][0];
             if (index >= 0 && (size_t)index < count)

@@ -10,8 +10,11 @@ The rule needs the job's own pid, which only the child knows, and libseccomp
 cannot compare one argument with two values in one rule. So this small filter
 is written here in classic BPF, assembled once in the template with a
 placeholder where the pid goes, and each child writes its pid into those
-instructions and installs it after the main filter (:mod:`.seccomp`). Stacked
-filters all apply; the stricter answer wins.
+instructions. A job's child installs it merged with the main filter
+(:mod:`.seccomp`) into one program (:meth:`OwnProcessFilter.before`: this
+filter first, its allows going on to the main one), which decides as the two
+stacked would (the stricter answer wins) at the kernel's cost of one filter;
+a session fork's copy stacks it, for its own pid, on the one it inherited.
 
 A pid argument is allowed when it is 0 (the caller, by the kernel's
 convention) or the job's own pid; ``kill`` also takes the job's own process
@@ -50,9 +53,13 @@ _JEQ = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _JGT = 0x25  # BPF_JMP | BPF_JGT | BPF_K
 _JGE = 0x35  # BPF_JMP | BPF_JGE | BPF_K
 _RET = 0x06  # BPF_RET | BPF_K
+_RET_A = 0x16  # BPF_RET | BPF_A
+_JA = 0x05  # BPF_JMP | BPF_JA
 _ALLOW = 0x7FFF_0000
 _EPERM = 0x0005_0000 | errno.EPERM
 _ENOSYS = 0x0005_0000 | errno.ENOSYS
+_ERRNO_ACTION = 0x0005_0000
+_ACTION = 0xFFFF_0000
 _X32_BIT = 0x4000_0000
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -194,6 +201,13 @@ def assemble(*, shared: bool = True) -> tuple[bytes, list[int], list[str]]:
     return program, patches, unknown
 
 
+def _strictness(value: int) -> int:
+    """A return value's action as the kernel ranks actions (signed: the lower, the stricter; kill < trap <
+    errno < notify < allow)."""
+    action = value & _ACTION
+    return action - (1 << 32) if action & 0x8000_0000 else action
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -223,6 +237,27 @@ class OwnProcessFilter:
             value = pid if k == _PLACEHOLDER else (-pid) & 0xFFFF_FFFF
             struct.pack_into("=I", program, index * _INSTRUCTION.size + 4, value)
         return bytes(program)
+
+    def before(self, main: bytes) -> OwnProcessFilter:
+        """This filter and ``main`` as one program: this one's instructions first, each of its allows a jump to
+        ``main``'s first, then ``main``'s. It decides as the two stacked: a call this filter refuses is refused
+        with its errno, which is what the kernel answers for the two (the stricter action wins, and between
+        two errnos the newer filter's: this one, stacked last), provided ``main`` never answers more strictly
+        than with an errno (kill, trap: ``ValueError`` then); any other call is ``main``'s. A child installs
+        one filter, where two cost it the kernel's fixed work of a filter twice (a program checked,
+        translated, compiled and cached: ~20 us per child here), and every system call the cache does not
+        answer runs one program, not two. The pid goes at the same indices (this program comes first)."""
+        code = [_INSTRUCTION.unpack_from(main, offset) for offset in range(0, len(main), _INSTRUCTION.size)]
+        if any(op == _RET_A or (op == _RET and _strictness(k) < _ERRNO_ACTION) for op, _, _, k in code):
+            raise ValueError("the main filter answers more strictly than with an errno: stacked, not merged")
+        own = [_INSTRUCTION.unpack_from(self.program, offset)
+               for offset in range(0, len(self.program), _INSTRUCTION.size)]
+        out = bytearray()
+        for index, (op, jt, jf, k) in enumerate(own):
+            if op == _RET and k == _ALLOW:  # on to the main filter's first instruction
+                op, jt, jf, k = _JA, 0, 0, len(own) - index - 1
+            out += _INSTRUCTION.pack(op, jt, jf, k)
+        return OwnProcessFilter(bytes(out) + main, self.patches, self.unknown)
 
     def install(self, pid: int) -> None:
         """Install on the calling thread, for process ``pid``; no_new_privs must already be set."""

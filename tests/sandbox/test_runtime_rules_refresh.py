@@ -59,13 +59,27 @@ def test_a_file_replaced_on_the_host_is_reopened_and_nothing_else(tmp_path: Path
     assert rules.generation > 0
     now = os.stat(tmp_path / "file")
     held = [os.fstat(fd) for fd, _ in rules.current()]
-    assert sum((info.st_dev, info.st_ino) == (now.st_dev, now.st_ino) for info in held) == 2  # file and link
+    # file and link, reopened both: one rule (two rules on one inode are one, with the rights of both)
+    assert sum((info.st_dev, info.st_ino) == (now.st_dev, now.st_ino) for info in held) == 1
     generation = rules.generation
     rules.refresh()
     assert rules.generation == generation  # once reopened, the next refresh finds nothing
     (tmp_path / "missing").write_text("c")  # a path that was missing exists now: it gets its rule
     rules.refresh()
-    assert rules.generation > generation and len(rules.current()) == len(paths)
+    assert rules.generation > generation and len(rules.current()) == len(paths) - 1  # file and link: one rule
+
+
+def test_paths_that_name_one_file_make_one_rule_with_the_rights_of_both(tmp_path: Path) -> None:
+    """A link and its target (``/lib`` and ``/usr/lib``) are one inode: one rule, with the rights of both, as
+    Landlock joins two rules on one inode; each child adds one rule fewer. Control: two files are two rules."""
+    (tmp_path / "file").write_text("a")
+    (tmp_path / "other").write_text("b")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    read, write = landlock.READ_FILE, landlock.WRITE_FILE
+    rules = RuntimeRules([(str(tmp_path / "file"), read), (str(tmp_path / "link"), write),
+                          (str(tmp_path / "other"), read)])
+    held = {(os.fstat(fd).st_ino, rights) for fd, rights in rules.current()}
+    assert held == {(os.stat(tmp_path / "file").st_ino, read | write), (os.stat(tmp_path / "other").st_ino, read)}
 
 
 def test_the_watch_counts_a_path_that_names_another_file_and_nothing_else(tmp_path: Path) -> None:

@@ -55,7 +55,8 @@ class Runtime(msgspec.Struct, frozen=True):
     read_paths: tuple[str, ...]
     # By network mode, and whether for a session's child (whose forks go to the steward: see compile_filter).
     filters: dict[tuple[NetworkMode, bool], seccomp.LoadableFilter]
-    # Stacked on the main filter, with the child's own pid written in (see own_process.py).
+    # Merged into each main filter's program (filters[...].merged), the child's own pid written in; stacked
+    # where it cannot be (see own_process.py).
     own_process: OwnProcessFilter
     # Landlock rules of the runtime, always and with the network (all or hosts); see RuntimeRules.
     rules: RuntimeRules
@@ -91,8 +92,9 @@ def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ..
     if not seccomp.supported():
         raise KernelSupportError("this kernel has no seccomp filters: Pynox will not run code unconfined.")
     abi = kernel_abi if max_abi is None else min(kernel_abi, max_abi)
+    own_process = OwnProcessFilter.build()
     filters: dict[tuple[NetworkMode, bool], seccomp.LoadableFilter] = {
-        (mode, session): seccomp.LoadableFilter(seccomp.compile_filter(mode, abi, session=session))
+        (mode, session): _loadable(seccomp.compile_filter(mode, abi, session=session), own_process)
         for mode in seccomp.NETWORK_MODES for session in (False, True)}
     read_paths = tuple(runtime_paths(package_dirs, data_dirs))
     rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in (*read_paths, *DEVICE_READ)]
@@ -100,10 +102,19 @@ def prepare_runtime(package_dirs: tuple[str, ...] = (), data_dirs: tuple[str, ..
     network_rules = RuntimeRules([(p, landlock.ACCESS_FS_READ) for p in NETWORK_FILES])
     if native and load_error() is not None:
         raise ConfigError(f"$PYNOX_NATIVE=1, but the native confinement cannot load: {load_error()}")
-    own_process = OwnProcessFilter.build()
     drop_bounding_set()
     return Runtime(abi, kernel_abi, read_paths, filters, own_process, rules, network_rules,
                    private_data_bytes(), os.getpid(), plan(own_process) if native is not False else None)
+
+
+def _loadable(compiled: seccomp.CompiledFilter, own_process: OwnProcessFilter) -> seccomp.LoadableFilter:
+    """The main filter, merged with the own-process filter into the one program a child installs (see
+    ``OwnProcessFilter.before``), or stacked where the two cannot be merged."""
+    try:
+        merged: OwnProcessFilter | None = own_process.before(compiled.bpf)
+    except ValueError:
+        merged = None
+    return seccomp.LoadableFilter(compiled, merged)
 
 
 _IDENTITY = struct.Struct("=QQ")  # (st_dev, st_ino), as _confine.identities packs them
@@ -143,9 +154,15 @@ class RuntimeRules:
         return rule[0], rule[1], (info.st_dev, info.st_ino)
 
     def current(self) -> tuple[tuple[int, int], ...]:
-        """(O_PATH descriptor, rights) of every path that exists."""
+        """(O_PATH descriptor, rights) of every path that exists, one rule per file: paths that name the same
+        one (``/lib`` and ``/usr/lib`` where one is a link to the other) make one rule with the rights of
+        both, as Landlock makes of two rules on one inode (it joins their rights); each child adds one fewer."""
         if self._current is None:
-            self._current = tuple((fd, rights) for fd, rights, _ in filter(None, self._opened))
+            rules: dict[tuple[int, int], tuple[int, int]] = {}
+            for fd, rights, identity in filter(None, self._opened):
+                first = rules.get(identity)
+                rules[identity] = (fd, rights) if first is None else (first[0], first[1] | rights)
+            self._current = tuple(rules.values())
         return self._current
 
     def refresh(self) -> None:
@@ -232,8 +249,10 @@ def confine(confinement: Confinement, runtime: Runtime, ruleset: int) -> int:
     drop_privileges()
     landlock.restrict_self(ruleset)
     os.close(ruleset)
-    listener = runtime.filters[(confinement.network, confinement.session)].install()
-    runtime.own_process.install(os.getpid())
+    loadable = runtime.filters[(confinement.network, confinement.session)]
+    listener = loadable.install(os.getpid())  # with the own-process filter merged in
+    if loadable.merged is None:
+        runtime.own_process.install(os.getpid())
     return listener
 
 
@@ -270,7 +289,7 @@ def native_call(confinement: Confinement, runtime: Runtime, grants: list[int], s
         staging=STAGING, max_fd=MAX_FD,
         limits=wanted_limits(memory=confinement.memory, timeout=None if confinement.session else confinement.timeout,
                              max_file_size=confinement.max_file_size, max_open_files=confinement.max_open_files),
-        confinement=confinement, main_filter=runtime.filters[(confinement.network, confinement.session)].compiled.bpf,
+        confinement=confinement, main_filter=runtime.filters[(confinement.network, confinement.session)],
         handover=CONTROL if prepared else METADATA, keep_handover=prepared, failed=failed)
 
 

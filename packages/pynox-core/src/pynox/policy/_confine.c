@@ -156,9 +156,9 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     /* Everything read from Python before the first system call, so a malformed argument changes nothing. */
     static long long prepared[MAX_ITEMS][3], fitted[MAX_ITEMS][3], moves[MAX_ITEMS][3], null_read[MAX_ITEMS][3],
         null_write[MAX_ITEMS][3], limits[MAX_ITEMS][3], patches[MAX_ITEMS][3];
-    static char entry_paths[64][64];
+    static char entry_names[64][32], own_directory[32];
     static uint64_t entry_rights[64];
-    static struct sock_filter own_program[4096];
+    static struct sock_filter own_program[4096], main_program[4096];
     Py_ssize_t n_prepared, n_fitted, n_moves, n_null_read, n_null_write, n_limits, n_patches, n_entries = 0;
     PyObject *result = NULL;
     if ((n_prepared = int_rows(prepared_seq, 2, prepared, "prepared rules")) < 0 ||
@@ -170,7 +170,7 @@ static PyObject *confine(PyObject *self, PyObject *args) {
         (n_patches = int_rows(patches_seq, 2, patches, "patches")) < 0)
         goto out;
     if (main_filter.len % sizeof(struct sock_filter) || own_filter.len % sizeof(struct sock_filter) ||
-        (size_t)own_filter.len > sizeof(own_program) || attr_size > (Py_ssize_t)sizeof(struct ruleset_attr) ||
+        (size_t)own_filter.len > sizeof(own_program) || (size_t)main_filter.len > sizeof(main_program) || attr_size > (Py_ssize_t)sizeof(struct ruleset_attr) ||
         n_moves + 1 + n_null_read + n_null_write > MAX_ITEMS) {
         PyErr_SetString(PyExc_ValueError, "a program, the ruleset attribute or the moves are out of bounds");
         goto out;
@@ -180,7 +180,7 @@ static PyObject *confine(PyObject *self, PyObject *args) {
         if (fast == NULL)
             goto out;
         n_entries = PySequence_Fast_GET_SIZE(fast);
-        int pid = getpid();
+        snprintf(own_directory, sizeof(own_directory), "/proc/%d", getpid());
         for (Py_ssize_t i = 0; i < n_entries && i < 64; i++) {
             const char *entry;
             unsigned long long rights;
@@ -188,7 +188,12 @@ static PyObject *confine(PyObject *self, PyObject *args) {
                 Py_DECREF(fast);
                 goto out;
             }
-            snprintf(entry_paths[i], sizeof(entry_paths[i]), "/proc/%d/%s", pid, entry);
+            if (strlen(entry) >= sizeof(entry_names[i]) || strchr(entry, '/') != NULL) {
+                Py_DECREF(fast);
+                PyErr_SetString(PyExc_ValueError, "an own /proc entry is one short name");
+                goto out;
+            }
+            strcpy(entry_names[i], entry);
             entry_rights[i] = rights;
         }
         Py_DECREF(fast);
@@ -199,7 +204,8 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     }
 
     struct failure f = {0, 0, NULL};
-    int ruleset = -1, listener = -1;
+    int ruleset = -1, listener = -1, n_entry_fds = 0;
+    static int entry_fds[65];
     char comm[16] = {0};
 
     /* be the first to be killed */
@@ -264,21 +270,30 @@ static PyObject *confine(PyObject *self, PyObject *args) {
                 goto failed;
             }
         }
-        for (Py_ssize_t i = 0; i < n_entries; i++) {
-            int fd = open(entry_paths[i], O_PATH | O_CLOEXEC);
-            if (fd < 0) {
-                if (errno == ENOENT)
-                    continue;
+        /* Each entry opened beneath its /proc/<pid>, opened once: one walk of /proc and the pid, not one per
+           entry (the rules name the same inodes). These descriptors are left to the arrangement below, which
+           closes every descriptor it does not put in place (one close_range, not a close each); a stop or a
+           failure before it closes them here. */
+        if (n_entries) {
+            int own = open(own_directory, O_PATH | O_DIRECTORY | O_CLOEXEC);
+            if (own < 0) {
                 fail(&f, BUILD_RULESET, "open of an own /proc entry");
                 goto failed;
             }
-            int added = add_rule(ruleset, fd, entry_rights[i]);
-            int saved = errno;
-            close(fd);
-            errno = saved;
-            if (added) {
-                fail(&f, BUILD_RULESET, "landlock_add_rule");
-                goto failed;
+            entry_fds[n_entry_fds++] = own;
+            for (Py_ssize_t i = 0; i < n_entries; i++) {
+                int fd = openat(own, entry_names[i], O_PATH | O_CLOEXEC);
+                if (fd < 0) {
+                    if (errno == ENOENT)
+                        continue;
+                    fail(&f, BUILD_RULESET, "open of an own /proc entry");
+                    goto failed;
+                }
+                entry_fds[n_entry_fds++] = fd;
+                if (add_rule(ruleset, fd, entry_rights[i])) {
+                    fail(&f, BUILD_RULESET, "landlock_add_rule");
+                    goto failed;
+                }
             }
         }
     }
@@ -303,21 +318,33 @@ static PyObject *confine(PyObject *self, PyObject *args) {
             fail(&f, ARRANGE, "F_DUPFD");
             goto failed;
         }
+        /* /dev/null opened once for reading and once for writing, each staged as many times as it is wanted
+           (a descriptor of its own each, as an open each would give). */
+        int nulls[2] = {-1, -1};
         for (Py_ssize_t i = 0; i < n_null_read + n_null_write; i++, n++) {
             int reading = i < n_null_read;
-            int fd = open("/dev/null", reading ? O_RDONLY : O_WRONLY);
-            if (fd < 0) {
+            if (nulls[reading] < 0 && (nulls[reading] = open("/dev/null", reading ? O_RDONLY : O_WRONLY)) < 0) {
                 fail(&f, ARRANGE, "/dev/null");
+                if (nulls[!reading] >= 0)
+                    close(nulls[!reading]);
                 goto failed;
             }
             targets[n] = (int)(reading ? null_read[i][0] : null_write[i - n_null_read][0]);
-            staged[n] = fcntl(fd, F_DUPFD, staging);
-            close(fd);
+            staged[n] = fcntl(nulls[reading], F_DUPFD, staging);
             if (staged[n] < 0) {
                 fail(&f, ARRANGE, "F_DUPFD");
+                for (int j = 0; j < 2; j++)
+                    if (nulls[j] >= 0)
+                        close(nulls[j]);
                 goto failed;
             }
         }
+        for (int j = 0; j < 2; j++)
+            if (nulls[j] >= 0)
+                close(nulls[j]);
+        /* From here the entries' descriptors are the arrangement's to close: one may sit at a target's number,
+           which a dup2 replaces (a failure from here leaves them to the child's exit; no job code runs). */
+        n_entry_fds = 0;
         memset(used, 0, sizeof(used));
         for (Py_ssize_t i = 0; i < n; i++) {
             if (dup2(staged[i], targets[i]) < 0) {
@@ -327,9 +354,20 @@ static PyObject *confine(PyObject *self, PyObject *args) {
             if (targets[i] >= 0 && targets[i] < staging && targets[i] < MAX_ITEMS)
                 used[targets[i]] = 1;
         }
-        for (int fd = 0; fd < staging; fd++)
-            if (!used[fd])
-                close(fd);
+        /* every run of unused numbers below staging in one close_range (one close each where it is missing) */
+        for (int fd = 0; fd < staging;) {
+            if (used[fd]) {
+                fd++;
+                continue;
+            }
+            int last = fd;
+            while (last + 1 < staging && !used[last + 1])
+                last++;
+            if (syscall(SYS_close_range, fd, last, 0) < 0)
+                for (int each = fd; each <= last; each++)
+                    close(each);
+            fd = last + 1;
+        }
         if (syscall(SYS_close_range, staging, max_fd, 0) < 0)
             for (int fd = staging; fd < max_fd; fd++)
                 close(fd);
@@ -392,20 +430,28 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     }
     close(ruleset);
     ruleset = -1;
+    /* The main filter; with no own-process filter beside it, the own-process filter is merged in it
+       (OwnProcessFilter.before): this process's pid is written where it goes, and it is the only filter. */
+    int pid = getpid();
     {
-        struct sock_fprog program = {(unsigned short)(main_filter.len / sizeof(struct sock_filter)),
-                                     (struct sock_filter *)main_filter.buf};
+        size_t count = main_filter.len / sizeof(struct sock_filter);
+        memcpy(main_program, main_filter.buf, main_filter.len);
+        for (Py_ssize_t i = 0; own_filter.len == 0 && i < n_patches; i++) {
+            long long index = patches[i][0];
+            if (index >= 0 && (size_t)index < count)
+                main_program[index].k = patches[i][1] ? (uint32_t)(-pid) : (uint32_t)pid;
+        }
+        struct sock_fprog program = {(unsigned short)count, main_program};
         listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
         if (listener < 0) {
             fail(&f, APPLY_POLICY, "seccomp filter");
             goto failed;
         }
     }
-    {
+    if (own_filter.len > 0) {
         /* The own-process filter, with this process's pid written where it goes (own_process.py). */
         size_t count = own_filter.len / sizeof(struct sock_filter);
         memcpy(own_program, own_filter.buf, own_filter.len);
-        int pid = getpid();
         for (Py_ssize_t i = 0; i < n_patches; i++) {
             long long index = patches[i][0];
             if (index >= 0 && (size_t)index < count)
@@ -458,10 +504,14 @@ static PyObject *confine(PyObject *self, PyObject *args) {
 stopped:
     /* A check Python made before the call failed at the start of this stage: the stages before it are done,
        as the Python steps would have done them, and nothing after (the ruleset stays open, as it would). */
+    for (int i = 0; i < n_entry_fds; i++)
+        close(entry_fds[i]);
     result = Py_NewRef(Py_None);
     goto out;
 
 failed:
+    for (int i = 0; i < n_entry_fds; i++)
+        close(entry_fds[i]);
     if (listener >= 0)
         close(listener);
     if (ruleset >= 0)

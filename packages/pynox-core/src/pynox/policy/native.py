@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -23,6 +24,9 @@ from ..wire.spec import Confinement
 from . import landlock
 from .own_process import OwnProcessFilter
 from .privileges import SECUREBITS
+
+if TYPE_CHECKING:
+    from .seccomp import LoadableFilter
 
 __all__ = ["APPLY_POLICY", "ARRANGE", "BUILD_RULESET", "TAKE_INTERRUPTS", "NativeCall", "NativeFailure", "NativePlan",
            "load_error", "path_identities", "plan"]
@@ -100,18 +104,21 @@ class NativePlan(msgspec.Struct, frozen=True):
                 prepared_rules: tuple[tuple[int, int], ...], granted_rules: list[tuple[int, int]],
                 own_entries: tuple[tuple[bytes, int], ...], moves: list[tuple[int, int]], ruleset_target: int,
                 null_read: tuple[int, ...], null_write: tuple[int, ...], staging: int, max_fd: int,
-                limits: list[tuple[int, int, int]], confinement: Confinement, main_filter: bytes, handover: int,
-                keep_handover: bool, failed: NativeFailure | None) -> NativeCall:
+                limits: list[tuple[int, int, int]], confinement: Confinement, main_filter: LoadableFilter,
+                handover: int, keep_handover: bool, failed: NativeFailure | None) -> NativeCall:
         """``granted_rules`` are fitted to what each descriptor names in the call, as
-        :func:`landlock.fitting` does."""
+        :func:`landlock.fitting` does. ``main_filter``'s merged program when it has one (the own-process
+        filter in it: the call installs one filter, its pid written in), else the two stacked."""
         handled_fs, handled_net, scoped, size = landlock.ruleset_attr(abi, network=network_all)
         uid = confinement.uid if confinement.uid is not None else -1
         gid = confinement.gid if confinement.gid is not None else confinement.uid if confinement.uid is not None else -1
         return NativeCall((
             parent_pid, exit_status, handled_fs, handled_net, scoped, size, prepared_rules, granted_rules,
             landlock.FILE_RIGHTS, own_entries, moves, ruleset_target, null_read, null_write, staging, max_fd,
-            limits, os.fsencode(confinement.cwd), uid, gid, self.securebits, main_filter, self.own_program,
-            self.own_patches, handover, keep_handover), failed)
+            limits, os.fsencode(confinement.cwd), uid, gid, self.securebits,
+            main_filter.merged.program if main_filter.merged is not None else main_filter.compiled.bpf,
+            b"" if main_filter.merged is not None else self.own_program, self.own_patches, handover, keep_handover),
+            failed)
 
 
 def plan(own_process: OwnProcessFilter) -> NativePlan | None:

@@ -1,7 +1,8 @@
 """seccomp: no new programs or processes, sockets only as granted, no kernel attack surface.
 
-This is the main filter; :mod:`.own_process` stacks a second one, written per
-child, so that calls naming a process can name only the job itself.
+This is the main filter; :mod:`.own_process` adds a second one, written per
+child, so that calls naming a process can name only the job itself (merged
+with this one into the one program a child installs: ``LoadableFilter.merged``).
 
 The filter is built with libseccomp (``pyseccomp``) and compiled to BPF once,
 in the template; a child only installs the bytes with one ``seccomp`` call, which
@@ -68,6 +69,8 @@ def _import_pyseccomp() -> types.ModuleType:
 
 if TYPE_CHECKING:
     import pyseccomp
+
+    from .own_process import OwnProcessFilter
 else:
     pyseccomp = _import_pyseccomp()
 
@@ -392,21 +395,31 @@ class _SockFprog(ctypes.Structure):
 
 
 class LoadableFilter:
-    """A compiled filter laid out in memory once (in the template), so a child installs it with one call."""
+    """A compiled filter laid out in memory once (in the template), so a child installs it with one call.
+    ``merged``: the own-process filter and this one as one program (``OwnProcessFilter.before``), which a
+    job's child installs with its pid written in, instead of the two stacked (None: stacked)."""
 
-    def __init__(self, compiled: CompiledFilter) -> None:
+    def __init__(self, compiled: CompiledFilter, merged: OwnProcessFilter | None = None) -> None:
         self.compiled = compiled
+        self.merged = merged
         self._program = ctypes.create_string_buffer(compiled.bpf, len(compiled.bpf))
         self._fprog = _SockFprog(len(compiled.bpf) // 8, ctypes.addressof(self._program))
         self._address = ctypes.addressof(self._fprog)
         self._seccomp = syscall_number("seccomp")
 
-    def install(self) -> int:
+    def install(self, pid: int | None = None) -> int:
         """Install the filter on the calling thread (no_new_privs must already be set) and return its
         listener: the descriptor on which the delegated calls arrive, for the pool to answer. Whoever
-        holds it answers for the job, so the job itself must never keep it."""
+        holds it answers for the job, so the job itself must never keep it. With ``pid`` and ``merged``:
+        the merged program, for process ``pid`` (the own-process filter is then installed with it)."""
+        if pid is None or self.merged is None:
+            return syscall(self._seccomp, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                           ctypes.c_void_p(self._address), what="seccomp filter")
+        program = self.merged.for_pid(pid)
+        buffer = ctypes.create_string_buffer(program, len(program))
+        fprog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
         return syscall(self._seccomp, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                       ctypes.c_void_p(self._address), what="seccomp filter")
+                       ctypes.c_void_p(ctypes.addressof(fprog)), what="seccomp filter")
 
 
 def install(compiled: CompiledFilter) -> int:

@@ -167,6 +167,7 @@ def _await_job(setup: Setup) -> None:
 
 # A prepared child's name once its job arrived, laid out in the template.
 _HANDED_NAMES = {False: ProcessName("pynox-job"), True: ProcessName("pynox-session")}
+_READY_NAME = ProcessName("pynox-ready")  # a prepared child's name until then (setup.name_of)
 # What the warm-up reads as its payload: a job's own path from the decoder on, without a descriptor.
 _WARM_UP_PAYLOAD = encode_payload(Payload(code="print(1)", script=None, name="<warm-up>", args=[], env={},
                                           functions=[]))
@@ -194,6 +195,8 @@ def _warm_up(confinement: Confinement) -> None:
         with ours, theirs:
             socket.send_fds(theirs, [pack(b"")], [theirs.fileno()])
             close_all(recv_raw(ours)[1])
+        # The hand-over's renaming (ctypes' call path into libc, ~12 faults), to the name the child has already.
+        _READY_NAME.take()
         if confinement.host_channel:
             pynox_host.warm_up(calls=2)
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs

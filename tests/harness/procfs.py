@@ -68,6 +68,11 @@ class Stat(NamedTuple):
         return int(self.fields[1])
 
     @property
+    def minor_faults(self) -> int:
+        """Page faults served without I/O, copy-on-write among them (field 10)."""
+        return int(self.fields[7])
+
+    @property
     def cpu_ticks(self) -> int:
         """User and system time, in clock ticks (fields 14 and 15)."""
         return int(self.fields[11]) + int(self.fields[12])

@@ -34,7 +34,7 @@ from .native_setup import confine_steps
 from .report import finish, flush_streams, write_report
 from .setup import READ, Setup, run_steps
 
-__all__ = ["prepare_template", "run_job", "run_prepared"]
+__all__ = ["Setup", "job_setup", "prepare_template", "prepared_setup", "run_job", "run_prepared"]
 
 
 def prepare_template() -> None:
@@ -47,20 +47,36 @@ def prepare_template() -> None:
     preload_warm.warm_preloaded()
 
 
-def run_job(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int],
-            native_call: NativeCall | None = None) -> NoReturn:
-    """``fds``: stdout, stderr, report, payload, claim, then the host channel and the control channel if
-    the job has them; ``grants``: one descriptor per granted path, which the rules are built from;
-    ``native_call``: the setup's native call, laid out by the template before the fork."""
-    setup = Setup(confinement, runtime, grants, fds, sent_with_job(confinement.host_channel, confinement.session),
-                  prepared=False, native_call=native_call)
+# The Setup a child works on is built by the template, before the fork (job_setup, prepared_setup): Setup.__init__
+# then runs warm there (its code quickened, the type's attribute lookups cached), where a child running it cold
+# wrote its code object, each attribute's name and the type cache's entries: ~20 copy-on-write faults a child.
+# It holds the template's own descriptors and the job's confinement, nothing of the job's payload.
+
+
+def job_setup(confinement: Confinement, runtime: Runtime, fds: list[int], grants: list[int],
+              native_call: NativeCall | None = None) -> Setup:
+    """In the template: what :func:`run_job` works on. ``fds``: stdout, stderr, report, payload, claim, then the
+    host channel and the control channel if the job has them; ``grants``: one descriptor per granted path,
+    which the rules are built from; ``native_call``: the setup's native call, laid out before the fork."""
+    return Setup(confinement, runtime, grants, fds, sent_with_job(confinement.host_channel, confinement.session),
+                 prepared=False, native_call=native_call)
+
+
+def prepared_setup(confinement: Confinement, runtime: Runtime, control: int, grants: list[int],
+                   native_call: NativeCall | None = None) -> Setup:
+    """In the template: what :func:`run_prepared` works on; ``control``: the child's end of its control socket."""
+    return Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True, native_call=native_call)
+
+
+def run_job(setup: Setup) -> NoReturn:
+    """A child forked for its job (``setup``: :func:`job_setup`, made by the template before the fork)."""
     payload = _ready_or_fail(setup, run_steps(setup, confine_steps(setup)) or run_steps(setup, READ))
-    _run_or_serve(confinement, new_main(confinement, payload), payload)
+    _run_or_serve(setup.confinement, new_main(setup.confinement, payload), payload)
 
 
-def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grants: list[int],
-                 native_call: NativeCall | None = None) -> NoReturn:
-    """A child forked and confined ahead of its job, with the confinement of the job before it.
+def run_prepared(setup: Setup) -> NoReturn:
+    """A child forked and confined ahead of its job, with the confinement of the job before (``setup``:
+    :func:`prepared_setup`, made by the template before the fork).
 
     Once confined, it sends its seccomp listener to the server on ``control`` (or nothing, if its setup
     failed), then waits there. The server hands it a job only if that job's confinement is the same and
@@ -71,7 +87,7 @@ def run_prepared(confinement: Confinement, runtime: Runtime, control: int, grant
     prepared the same way (by the template waiting for the next session, see server/sessions.py): its first
     step is the job it is handed, with the session's control channel, which takes the hand-over socket's place.
     """
-    setup = Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True, native_call=native_call)
+    confinement = setup.confinement
     failure = run_steps(setup, confine_steps(setup))
     if failure is not None:
         _no_listener(setup.at(CONTROL))
@@ -151,6 +167,7 @@ def _await_job(setup: Setup) -> None:
 
 # A prepared child's name once its job arrived, laid out in the template.
 _HANDED_NAMES = {False: ProcessName("pynox-job"), True: ProcessName("pynox-session")}
+_READY_NAME = ProcessName("pynox-ready")  # a prepared child's name until then (setup.name_of)
 # What the warm-up reads as its payload: a job's own path from the decoder on, without a descriptor.
 _WARM_UP_PAYLOAD = encode_payload(Payload(code="print(1)", script=None, name="<warm-up>", args=[], env={},
                                           functions=[]))
@@ -178,6 +195,8 @@ def _warm_up(confinement: Confinement) -> None:
         with ours, theirs:
             socket.send_fds(theirs, [pack(b"")], [theirs.fileno()])
             close_all(recv_raw(ours)[1])
+        # The hand-over's renaming (ctypes' call path into libc, ~12 faults), to the name the child has already.
+        _READY_NAME.take()
         if confinement.host_channel:
             pynox_host.warm_up(calls=2)
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs

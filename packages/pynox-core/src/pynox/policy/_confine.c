@@ -95,8 +95,47 @@ static int fail(struct failure *f, int stage, const char *what) {
     return -1;
 }
 
-/* A sequence of n-tuples of integers into out[count][n]; -1 with a Python exception when it is not one. */
+/* Whether seq is a tuple or list of at most MAX_ITEMS rows, each an int (n == 1) or a tuple of n ints, all of
+ * their exact types: then reading it runs no Python code (nothing can change it meanwhile) and needs no new
+ * reference. Only reads: a reference count written here is a page the child copies (see int_rows). */
+static int plain_rows(PyObject *seq, int n) {
+    if (!PyTuple_CheckExact(seq) && !PyList_CheckExact(seq))
+        return 0;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    if (count > MAX_ITEMS)
+        return 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
+        if (n == 1) {
+            if (!PyLong_CheckExact(row))
+                return 0;
+            continue;
+        }
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != n)
+            return 0;
+        for (int j = 0; j < n; j++)
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(row, j)))
+                return 0;
+    }
+    return 1;
+}
+
+/* A sequence of n-tuples of integers into out[count][n]; -1 with a Python exception when it is not one.
+ * A plain one (see plain_rows, what the template lays out) is read through borrowed references: the child runs
+ * this on the template's objects, and each Py_INCREF/Py_DECREF would write (copy) the page its object is on. */
 static Py_ssize_t int_rows(PyObject *seq, int n, long long (*out)[3], const char *what) {
+    if (plain_rows(seq, n)) {
+        Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
+            for (int j = 0; j < n; j++) {
+                out[i][j] = PyLong_AsLongLong(n == 1 ? row : PyTuple_GET_ITEM(row, j));
+                if (out[i][j] == -1 && PyErr_Occurred())
+                    return -1;
+            }
+        }
+        return count;
+    }
     PyObject *fast = PySequence_Fast(seq, what);
     if (fast == NULL)
         return -1;
@@ -145,58 +184,91 @@ static PyObject *confine(PyObject *self, PyObject *args) {
     Py_ssize_t attr_size;
     PyObject *prepared_seq, *fitted_seq, *entries_seq, *moves_seq, *null_read_seq, *null_write_seq, *limits_seq,
         *patches_seq;
-    Py_buffer main_filter, own_filter;
-    if (!PyArg_ParseTuple(args, "yi(iiKKKnOOKOOiOOiiOyiiky*y*Oip)", &name, &stop_before, &parent_pid, &exit_status,
-                          &handled_fs, &handled_net, &scoped, &attr_size, &prepared_seq, &fitted_seq, &file_rights,
-                          &entries_seq, &moves_seq, &ruleset_target, &null_read_seq, &null_write_seq, &staging,
-                          &max_fd, &limits_seq, &cwd, &uid, &gid, &securebits, &main_filter, &own_filter,
-                          &patches_seq, &handover, &keep_handover))
+    struct {
+        const char *buf;
+        Py_ssize_t len;
+    } main_filter, own_filter;
+    PyObject *call, *cwd_bytes, *main_bytes, *own_bytes;
+    /* The call's tuple parsed as a tuple of its own, not as a nested format: a nested one takes (and drops) a new
+     * reference to each of its ~28 items, writing the page of each (copy-on-write faults, ~12 a child); a tuple
+     * parsed at the top borrows them. Its bytes as S (borrowed), not y: y takes a buffer, a reference written. */
+    if (!PyArg_ParseTuple(args, "yiO!", &name, &stop_before, &PyTuple_Type, &call) ||
+        !PyArg_ParseTuple(call, "iiKKKnOOKOOiOOiiOSiikSSOip", &parent_pid, &exit_status, &handled_fs, &handled_net,
+                          &scoped, &attr_size, &prepared_seq, &fitted_seq, &file_rights, &entries_seq, &moves_seq,
+                          &ruleset_target, &null_read_seq, &null_write_seq, &staging, &max_fd, &limits_seq,
+                          &cwd_bytes, &uid, &gid, &securebits, &main_bytes, &own_bytes, &patches_seq, &handover,
+                          &keep_handover))
         return NULL;
+    cwd = PyBytes_AS_STRING(cwd_bytes);
+    if (strlen(cwd) != (size_t)PyBytes_GET_SIZE(cwd_bytes)) {
+        PyErr_SetString(PyExc_ValueError, "the working directory: embedded null byte");
+        return NULL;
+    }
+    main_filter.buf = PyBytes_AS_STRING(main_bytes);
+    main_filter.len = PyBytes_GET_SIZE(main_bytes);
+    own_filter.buf = PyBytes_AS_STRING(own_bytes);
+    own_filter.len = PyBytes_GET_SIZE(own_bytes);
 
-    /* Everything read from Python before the first system call, so a malformed argument changes nothing. */
-    static long long prepared[MAX_ITEMS][3], fitted[MAX_ITEMS][3], moves[MAX_ITEMS][3], null_read[MAX_ITEMS][3],
-        null_write[MAX_ITEMS][3], limits[MAX_ITEMS][3], patches[MAX_ITEMS][3];
+    /* Everything read from Python before the first system call, so a malformed argument changes nothing. The
+     * rows of every kind one after another in one array: what a call uses (a few dozen rows) is then on one or
+     * two pages, each a fault in a child the first time it is written, where an array per kind was seven. */
+    static long long rows[7 * MAX_ITEMS][3];
+    long long (*next)[3] = rows;
     static char entry_names[64][32], own_directory[32];
     static uint64_t entry_rights[64];
     static struct sock_filter own_program[4096], main_program[4096];
     Py_ssize_t n_prepared, n_fitted, n_moves, n_null_read, n_null_write, n_limits, n_patches, n_entries = 0;
+    long long(*prepared)[3], (*fitted)[3], (*moves)[3], (*null_read)[3], (*null_write)[3], (*limits)[3],
+        (*patches)[3];
     PyObject *result = NULL;
-    if ((n_prepared = int_rows(prepared_seq, 2, prepared, "prepared rules")) < 0 ||
-        (n_fitted = int_rows(fitted_seq, 2, fitted, "granted rules")) < 0 ||
-        (n_moves = int_rows(moves_seq, 2, moves, "moves")) < 0 ||
-        (n_null_read = int_rows(null_read_seq, 1, null_read, "read-only /dev/null targets")) < 0 ||
-        (n_null_write = int_rows(null_write_seq, 1, null_write, "writable /dev/null targets")) < 0 ||
-        (n_limits = int_rows(limits_seq, 3, limits, "limits")) < 0 ||
-        (n_patches = int_rows(patches_seq, 2, patches, "patches")) < 0)
+    /* Each at most MAX_ITEMS rows (int_rows): seven of them fit. */
+    if ((n_prepared = int_rows(prepared_seq, 2, prepared = next, "prepared rules")) < 0 ||
+        (n_fitted = int_rows(fitted_seq, 2, fitted = next += n_prepared, "granted rules")) < 0 ||
+        (n_moves = int_rows(moves_seq, 2, moves = next += n_fitted, "moves")) < 0 ||
+        (n_null_read = int_rows(null_read_seq, 1, null_read = next += n_moves, "read-only /dev/null targets")) < 0 ||
+        (n_null_write = int_rows(null_write_seq, 1, null_write = next += n_null_read,
+                                 "writable /dev/null targets")) < 0 ||
+        (n_limits = int_rows(limits_seq, 3, limits = next += n_null_write, "limits")) < 0 ||
+        (n_patches = int_rows(patches_seq, 2, patches = next += n_limits, "patches")) < 0)
         goto out;
     if (main_filter.len % sizeof(struct sock_filter) || own_filter.len % sizeof(struct sock_filter) ||
-        (size_t)own_filter.len > sizeof(own_program) || (size_t)main_filter.len > sizeof(main_program) || attr_size > (Py_ssize_t)sizeof(struct ruleset_attr) ||
+        (size_t)own_filter.len > sizeof(own_program) || (size_t)main_filter.len > sizeof(main_program) ||
+        attr_size > (Py_ssize_t)sizeof(struct ruleset_attr) ||
         n_moves + 1 + n_null_read + n_null_write > MAX_ITEMS) {
         PyErr_SetString(PyExc_ValueError, "a program, the ruleset attribute or the moves are out of bounds");
         goto out;
     }
     {
-        PyObject *fast = PySequence_Fast(entries_seq, "own /proc entries");
+        /* A tuple (as laid out) is immutable: borrowed, as the rows are (int_rows). */
+        int borrowed = PyTuple_CheckExact(entries_seq);
+        PyObject *fast = borrowed ? entries_seq : PySequence_Fast(entries_seq, "own /proc entries");
         if (fast == NULL)
             goto out;
         n_entries = PySequence_Fast_GET_SIZE(fast);
         snprintf(own_directory, sizeof(own_directory), "/proc/%d", getpid());
         for (Py_ssize_t i = 0; i < n_entries && i < 64; i++) {
-            const char *entry;
+            PyObject *entry_bytes;
             unsigned long long rights;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "yK", &entry, &rights)) {
-                Py_DECREF(fast);
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "SK", &entry_bytes, &rights) ||
+                strlen(PyBytes_AS_STRING(entry_bytes)) != (size_t)PyBytes_GET_SIZE(entry_bytes)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "an own /proc entry: embedded null byte");
+                if (!borrowed)
+                    Py_DECREF(fast);
                 goto out;
             }
+            const char *entry = PyBytes_AS_STRING(entry_bytes);
             if (strlen(entry) >= sizeof(entry_names[i]) || strchr(entry, '/') != NULL) {
-                Py_DECREF(fast);
+                if (!borrowed)
+                    Py_DECREF(fast);
                 PyErr_SetString(PyExc_ValueError, "an own /proc entry is one short name");
                 goto out;
             }
             strcpy(entry_names[i], entry);
             entry_rights[i] = rights;
         }
-        Py_DECREF(fast);
+        if (!borrowed)
+            Py_DECREF(fast);
         if (n_entries > 64) {
             PyErr_SetString(PyExc_ValueError, "too many own /proc entries");
             goto out;
@@ -518,8 +590,6 @@ failed:
         close(ruleset);
     result = Py_BuildValue("(iis)", f.stage, f.err, f.what);
 out:
-    PyBuffer_Release(&main_filter);
-    PyBuffer_Release(&own_filter);
     return result;
 }
 

@@ -39,11 +39,10 @@ from collections.abc import Iterable
 import msgspec
 
 from ..errors import KernelSupportError
-from ..job.child import prepare_template, run_job, run_prepared
+from ..job.child import Setup, job_setup, prepare_template, prepared_setup, run_job, run_prepared
 from ..policy import Runtime, native_call, prepare_runtime, reset_environment
 from ..policy._libc import prctl
 from ..policy.grants import close_all
-from ..policy.native import NativeCall
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from ..server.fork_gate import process_facts
 from ..wire.descriptors import CONTROL, sent_with_job
@@ -215,10 +214,11 @@ class _Lineage:
     def __init__(self, job: int, confinement: Confinement, grants: list[int]) -> None:
         self.job, self.confinement, self.grants = job, confinement, grants
         self.living = 0  # its children not reaped yet
-        # The native calls of children prepared from it, by what each was laid out for (the number of the child's
-        # end of its control socket, which alternates between two as pidfds come and go, and the generations of
-        # the runtime's rules): the next child's is the same call while these are the same.
-        self.calls: dict[tuple[int, int, int], NativeCall] = {}
+        # The setups of children prepared from it (job/child.prepared_setup, their native call in them), by what
+        # each was laid out for (the number of the child's end of its control socket, which alternates between
+        # two as pidfds come and go, and the generations of the runtime's rules): the next child's is the same
+        # while these are the same. Each child writes its own copy of it; the template never changes it.
+        self.setups: dict[tuple[int, int, int], Setup] = {}
 
     def close(self) -> None:
         close_all(self.grants)
@@ -321,6 +321,7 @@ class _Children:
         call = (native_call(confinement, self.runtime, grants, own_fds,
                             sent_with_job(confinement.host_channel, confinement.session), prepared=False)
                 if self.runtime.native is not None else None)
+        setup = job_setup(confinement, self.runtime, own_fds, grants, call)
         try:
             pid = os.fork()
         except OSError as exc:
@@ -330,7 +331,7 @@ class _Children:
             return
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
-                run_job(confinement, self.runtime, own_fds, grants, call)
+                run_job(setup)
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         close_all(own_fds)  # the child has them; the payload among them was never read here
@@ -362,15 +363,15 @@ class _Children:
         # _socket's own objects (close-on-exec, as socket.socketpair's): socket.py would wrap each in a Python
         # object, asking the kernel its name (getsockname) to do so, and close each in three Python calls.
         control, child_end = _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        call = None
-        if self.runtime.native is not None:
-            laid_out = (child_end.fileno(), self.runtime.rules.generation, self.runtime.network_rules.generation)
-            call = lineage.calls.get(laid_out)
-            if call is None:
-                if len(lineage.calls) >= 4:  # a rule reopened: the calls laid out before are stale
-                    lineage.calls.clear()
-                call = lineage.calls[laid_out] = native_call(lineage.confinement, self.runtime, lineage.grants,
-                                                             [child_end.fileno()], (CONTROL,), prepared=True)
+        laid_out = (child_end.fileno(), self.runtime.rules.generation, self.runtime.network_rules.generation)
+        setup = lineage.setups.get(laid_out)
+        if setup is None:
+            if len(lineage.setups) >= 4:  # a rule reopened: the setups laid out before are stale
+                lineage.setups.clear()
+            call = (native_call(lineage.confinement, self.runtime, lineage.grants, [child_end.fileno()], (CONTROL,),
+                                prepared=True) if self.runtime.native is not None else None)
+            setup = lineage.setups[laid_out] = prepared_setup(lineage.confinement, self.runtime, child_end.fileno(),
+                                                              lineage.grants, call)
         try:
             pid = os.fork()
         except OSError:
@@ -379,7 +380,7 @@ class _Children:
             return False
         if pid == 0:
             try:  # never returns; should it raise, the child must not go on as the template
-                run_prepared(lineage.confinement, self.runtime, child_end.fileno(), lineage.grants, call)
+                run_prepared(setup)
             finally:
                 os._exit(SETUP_FAILED_EXIT)
         child_end.close()

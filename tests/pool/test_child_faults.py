@@ -1,0 +1,68 @@
+"""How many page faults a child prepared ahead takes before its job comes, counted from outside.
+
+A child shares its template's memory copy-on-write: the first write to each page is a fault that allocates and
+copies a page (~1-2 µs on this VM), and in CPython 3.11 every object a child touches is written (its reference
+count), so Python run cold in a child (code the template never ran) costs about a fault per object it touches.
+docs/performance.md ("The child's page faults, attributed") says where a `print(1)` child's ~490 land. A child
+prepared ahead has taken most of them once it waits for its job: fork, CPython's after-fork work, the setup, the
+warm-up. Each path has its bound, generous: a child confined by the native call takes ~400 on 3.11 today (~420
+before the template laid out its Setup and the call read its arguments without writing them), one confined by
+the Python steps ($PYNOX_NATIVE=0) ~600. Either fails if a source of ~40 faults comes back, such as an after-fork
+hook. The control shows one: a template that preloads logging (which imports threading, whose hook rebuilds its
+locks in every child) gives its children ~60-80 faults more. Faults are counts, not times: the machine's load
+does not move them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import procfs
+
+from .pool_driver import READY_CHILD, descendants, pool_process, proc_table
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(sys.version_info[:2] != (3, 11),
+                                 reason="the bound is 3.11's (3.12 on writes no reference count of an immortal "
+                                        "object: fewer faults)")]
+
+# By $PYNOX_NATIVE: measured 400-405 natively (422 before this bound was set) and 460-468 with threading's hook;
+# 601-603 through the Python steps, 668 with the hook. Bounds, not targets.
+BOUNDS = {"1": 440, "0": 640}
+PATHS = pytest.mark.parametrize("native", ["1", "0"], ids=["native call", "Python steps"])
+
+
+def _waiting_children_faults(*pool_args: str, native: str, cwd: Path) -> dict[int, int]:
+    """The minor faults of each child prepared ahead, once they no longer change (its warm-up done)."""
+    with pool_process("--workers=1", *pool_args, cwd=cwd, env={**os.environ, "PYNOX_NATIVE": native}) as pool:
+        for _ in range(4):  # the first job's child forked for it, then children prepared ahead
+            result = pool.run("print(1)")
+            assert result["exit"] == 0, result
+        deadline = time.monotonic() + 20
+        before: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            table = proc_table()
+            now = {pid: procfs.stat(pid).minor_faults for pid in descendants(pool.pid, table)
+                   if table[pid][3] == READY_CHILD}
+            if now and now == before:
+                return now
+            before = now
+            time.sleep(0.3)
+    raise AssertionError(f"no prepared child settled: {before}")
+
+
+@PATHS
+def test_a_prepared_child_waits_for_its_job_after_a_bounded_number_of_faults(tmp_path: Path, native: str) -> None:
+    faults = _waiting_children_faults(native=native, cwd=tmp_path)
+    assert max(faults.values()) < BOUNDS[native], faults
+
+
+@PATHS
+def test_control_an_after_fork_hook_takes_a_child_past_the_bound(tmp_path: Path, native: str) -> None:
+    faults = _waiting_children_faults("--preload=logging", native=native, cwd=tmp_path)
+    assert min(faults.values()) > BOUNDS[native], faults

@@ -143,6 +143,23 @@ def _some_interfaces(world: World, run: Run) -> None:
 
 # sysinfo(2) through ctypes: the fields a job could learn the host by (struct sysinfo of <linux/sysinfo.h>).
 _SYSINFO_MEMORY = 256 << 20
+# A system call made the i386 way (int 0x80) from the x86-64 job: the filter must answer it ENOSYS whatever it is,
+# before any rule on its (i386) number; the own-process checks go on to the main filter's for another ABI.
+# CALL is the call's i386 number and arguments. Unconfined, the kernel answers it (IA32 emulation).
+_INT80 = """\
+import ctypes, mmap, os, signal
+def int80(nr, *args):
+    regs = b"".join(op + (arg & 0xFFFFFFFF).to_bytes(4, "little")
+                    for op, arg in zip((b"\\xbb", b"\\xb9", b"\\xba"), (*args, 0, 0, 0)))  # mov ebx, ecx, edx
+    code = b"\\x53\\xb8" + nr.to_bytes(4, "little") + regs + b"\\xcd\\x80\\x5b\\xc3"  # push rbx; mov eax; int 0x80; ...
+    page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(code)
+    return ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))()
+answer = int80(CALL)
+print("int80", "ENOSYS" if answer == -38 else f"answered {answer}")
+"""
+
+
 _SYSINFO = """\
 import ctypes
 class Sysinfo(ctypes.Structure):
@@ -749,6 +766,12 @@ SIGNALS = [
     Case("sigio_owner_socket_ioctl", "seccomp.own_process",
          _SIGNAL_BY_OWNER.format(owner="fcntl.ioctl(r, 0x8901, struct.pack('i', $sleeper_pid))  # FIOSETOWN"),
          _denied(host=_sleeper_alive), _works(host=_sleeper_killed)),
+    # The same through the i386 convention: the own-process part of the filter lets another ABI's calls through to
+    # the main filter's, which answers them ENOSYS (Landlock's scoping would say EPERM: the answer is seccomp's).
+    Case("int80_kill_outside_process", "seccomp.other_abi",
+         _INT80.replace("CALL", "37, $sleeper_pid, signal.SIGKILL"),  # i386 kill
+         Expect(exit=0, stdout=("int80 ENOSYS",), host=_sleeper_alive),
+         _works("int80 answered 0", host=_sleeper_killed), needs=("ia32",)),
     Case("prlimit_outside_process", "seccomp.prlimit",
          'import resource; resource.prlimit($sleeper_pid, resource.RLIMIT_NOFILE, (5, 5))',
          _denied(host=_nofile_unchanged), _works(host=_nofile_changed)),
@@ -946,6 +969,10 @@ SURFACE = [
     _syscall_case("ioctl", "0, ctypes.c_ulong(0x5412), None", case_id="ioctl_tiocsti"),
     # The kernel compares the low 32 bits of the request; so must the filter.
     _syscall_case("ioctl", "0, ctypes.c_ulong(0x1_0000_5412), None", case_id="ioctl_tiocsti_high_bits"),
+    # A call the job may make (getpid), made the i386 way: ENOSYS, so no rule can be bypassed through another ABI's
+    # numbers. Unconfined, the kernel answers with the pid.
+    Case("int80_getpid", "seccomp.other_abi", _INT80.replace("CALL", "20"),  # i386 getpid
+         Expect(exit=0, stdout=("int80 ENOSYS",)), _works("int80 answered"), needs=("ia32",)),
 ]
 
 # Environment and privileges ------------------------------------------------------------------------

@@ -9,9 +9,13 @@ A control that only root can run is marked ``needs_root`` (see ``tests/conftest.
 
 from __future__ import annotations
 
+import functools
 import os
+import platform
 import string
+import subprocess
 import sys
+import textwrap
 from typing import Any
 
 import msgspec
@@ -23,7 +27,7 @@ from pynox.server.jobs import to_job
 from pynox.server.templates import Template
 from tests.setup_facts import OUTER_SECCOMP, require_landlock
 
-from .cases import CASES, WORKS, Case, Expect
+from .cases import _INT80, CASES, WORKS, Case, Expect
 from .harness import SECRET, Run, Sandbox, World, run_unconfined
 
 
@@ -51,6 +55,18 @@ def _require(needs: tuple[str, ...], world: World) -> None:
             pytest.skip("no IPv6 loopback on this host")
         if kind == "syscall" and int(world.values()[f"nr_{arg}"]) < 0:  # type: ignore[call-overload]
             pytest.skip(f"this architecture has no {arg} system call")
+        if kind == "ia32" and not _ia32():
+            pytest.skip("no i386 system calls here (not x86-64, or a kernel without IA32 emulation)")
+
+
+@functools.cache
+def _ia32() -> bool:
+    """Whether an x86-64 process's int 0x80 reaches the kernel's i386 calls (an unconfined getpid answers)."""
+    if platform.machine() != "x86_64":
+        return False
+    probe = subprocess.run([sys.executable, "-c", textwrap.dedent(_INT80.replace("CALL", "20"))], capture_output=True,
+                           text=True, timeout=30, check=False)
+    return probe.returncode == 0 and "answered" in probe.stdout
 
 
 def _request(case: Case, world: World, *, control: bool) -> Request:

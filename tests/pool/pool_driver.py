@@ -492,8 +492,27 @@ class PoolProcess:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            left = self.still_running()  # what it was waiting on, read before the kill ends it
             self.kill()
-            raise AssertionError(f"the pool did not exit within {timeout}s") from None
+            raise AssertionError(f"the pool did not exit within {timeout}s; {left}; "
+                                 f"stderr: {bytes(self.stderr[-2000:])!r}") from None
+
+    def still_running(self) -> str:
+        """The pool's threads and processes as they are now (state, kernel wait channel, name): what a pool that
+        does not end is waiting on."""
+        def wchan(pid: int, task: int) -> str:
+            with contextlib.suppress(OSError):
+                return procfs.read(pid, f"task/{task}/wchan") or "-"
+            return "?"
+
+        table = proc_table()
+        threads = []
+        for task in procfs.tasks(self.pid):
+            with contextlib.suppress(OSError):
+                threads.append(f"{procfs.read(self.pid, f'task/{task}/comm').strip()}:{wchan(self.pid, task)}")
+        below = [f"{pid} (depth {depth}, {table[pid][3]}, {table[pid][1]}, {wchan(pid, pid)})"
+                 for pid, depth in sorted(descendants(self.pid, table).items()) if pid in table]
+        return f"its threads: {', '.join(threads) or 'none'}; below it: {', '.join(below) or 'nothing'}"
 
     def __enter__(self) -> PoolProcess:
         return self

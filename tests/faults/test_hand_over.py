@@ -543,22 +543,29 @@ def _settled_pids(current: Path, expected: int) -> int:
     return held
 
 
+def _template_pids_max(pool: PoolProcess) -> tuple[int, Path]:
+    """Once three jobs ran (children prepared ahead are waiting now): the pool's one template, and the pids.max
+    file of its cgroup. Fails in CI, and skips elsewhere, where the pool has no pids cgroup."""
+    limit = cgroups.available().pids
+    if limit is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must prove this: {cgroups.available().pids_reason}", pytrace=False)
+        pytest.skip(cgroups.available().pids_reason)
+    for i in range(3):
+        assert pool.run(f"print({i})")["stdout"] == f"{i}\n"
+    (template,) = pool.templates()
+    (bound_file,) = Path(limit.base).glob(f"pynox-{pool.pid}-*/template-{template}/pids.max")
+    return template, bound_file
+
+
 @pytest.mark.needs_root("an ordinary user cannot make the pids cgroup without delegation")
 def test_a_template_that_cannot_fork_a_child_ahead_serves_on(tmp_path: Path) -> None:
     """A fork that fails in the template while it prepares a child ahead (its pids cgroup full at that moment,
     a job's threads filling it) costs no job, and not the template: the next job takes a child still waiting,
     or forks its own. Before the fix, the template died with a traceback at the first such fork, and was
     replaced. Made from outside: the template's pids.max set below what its cgroup holds."""
-    limit = cgroups.available().pids
-    if limit is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must prove this: {cgroups.available().pids_reason}", pytrace=False)
-        pytest.skip(cgroups.available().pids_reason)
     with pool_process("--workers=1", cwd=tmp_path) as pool:
-        for i in range(3):  # children prepared ahead are waiting now
-            assert pool.run(f"print({i})")["stdout"] == f"{i}\n"
-        (template,) = pool.templates()
-        (bound_file,) = Path(limit.base).glob(f"pynox-{pool.pid}-*/template-{template}/pids.max")
+        template, bound_file = _template_pids_max(pool)
         bound = bound_file.read_text()
         # Once the last job's child is reaped and its replacement forked: the template and the children waiting.
         # Read before that, the bound below would fit one fork more or less than the comment below counts.
@@ -587,16 +594,8 @@ def test_a_template_that_cannot_fork_a_jobs_child_answers_that_job_and_serves_on
     was replaced (its children prepared ahead lost with it) and the job ran on the new one. Made from outside: the
     template's pids.max set to the template alone once its children prepared ahead wait; those take the first
     jobs, and the next must fork its own. The control: the jobs before, and the job after the bound is lifted."""
-    limit = cgroups.available().pids
-    if limit is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must prove this: {cgroups.available().pids_reason}", pytrace=False)
-        pytest.skip(cgroups.available().pids_reason)
     with pool_process("--workers=1", cwd=tmp_path) as pool:
-        for i in range(3):  # children prepared ahead are waiting now
-            assert pool.run(f"print({i})")["stdout"] == f"{i}\n"
-        (template,) = pool.templates()
-        (bound_file,) = Path(limit.base).glob(f"pynox-{pool.pid}-*/template-{template}/pids.max")
+        template, bound_file = _template_pids_max(pool)
         bound = bound_file.read_text()
         _settled_pids(bound_file.parent / "pids.current", 1 + PREPARED_PER_WORKER)
         bound_file.write_text("1\n")  # the template alone: the children waiting stay, and no fork fits

@@ -56,17 +56,8 @@ class StatusKept:
         self._fd = -1
 
     def usage(self, pid: int) -> tuple[int, int | None] | None:
-        if pid == self._pid:
-            measured = _usage(pid, lambda: os.pread(self._fd, 16384, 0))
-            if measured is not None:
-                return measured
-        self.close()
-        try:
-            self._fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        self._pid = pid
-        return _usage(pid, lambda: os.pread(self._fd, 16384, 0))
+        status = self.text(pid)
+        return None if status is None else _usage(pid, lambda: status)
 
     def text(self, pid: int) -> bytes | None:
         """The process's status text, through the descriptor kept for it (opened now if it was another's): a job

@@ -629,6 +629,22 @@ def _mount(*argv: str) -> None:
         pytest.fail(f"cannot mount as root: {done.stderr}", pytrace=False)
 
 
+# What a job of the two mount tests below runs: it prints 7 while the package directory is the pool's own.
+_PROBE = "import here_before\nprint(here_before.VALUE)"
+
+
+def _package_dir_and_another(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A package directory holding ``here_before`` (:data:`_PROBE`), another to mount over it, and a config giving
+    the pool that package directory and one child prepared ahead."""
+    package, over = tmp_path / "package", tmp_path / "over"
+    package.mkdir()
+    over.mkdir()
+    (package / "here_before.py").write_text("VALUE = 7\n")
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[pool]\nprepared_children = 1\npackage_dirs = [{str(package)!r}]\n")
+    return package, over, config
+
+
 @pytest.mark.needs_root("a bind mount takes root")
 def test_a_child_prepared_under_a_mount_gone_since_is_not_handed_a_job(tmp_path: Path) -> None:
     """Review of the mount filter (policy/runtime.py): the server compared the mounts on the way only when it
@@ -637,15 +653,9 @@ def test_a_child_prepared_under_a_mount_gone_since_is_not_handed_a_job(tmp_path:
     the next job, the table looked as it did at the last job and that child was handed the next one, which
     could not read the package directory any longer. The server now reads the table as a child prepared
     arrives too. The controls: the job reads the package before, and under the mount it is hidden."""
-    package, over = tmp_path / "package", tmp_path / "over"
-    package.mkdir()
-    over.mkdir()
-    (package / "here_before.py").write_text("VALUE = 7\n")
-    config = tmp_path / "pynox.toml"
-    config.write_text(f"[pool]\nprepared_children = 1\npackage_dirs = [{str(package)!r}]\n")
-    probe = "import here_before\nprint(here_before.VALUE)"
+    package, over, config = _package_dir_and_another(tmp_path)
     with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
-        first = pool.run(probe)
+        first = pool.run(_PROBE)
         assert first["error"] is None and first["stdout"] == "7\n", first  # the control: the package is read
         for _ in range(2):
             end = time.monotonic() + 10
@@ -665,15 +675,14 @@ def test_a_child_prepared_under_a_mount_gone_since_is_not_handed_a_job(tmp_path:
                 time.sleep(0.2)
             finally:  # lazily: the template's rule holds it (as an operator's unmount would have to)
                 subprocess.run(["umount", "--lazy", str(package)], check=True)
-            after = pool.run(probe)
+            after = pool.run(_PROBE)
             assert after["error"] is None and after["stdout"] == "7\n", after
         _mount("--bind", str(over), str(package))
         try:
-            hidden = pool.run(probe)  # the control: under the mount the module is not there
+            hidden = pool.run(_PROBE)  # the control: under the mount the module is not there
             assert hidden["error"] is not None, hidden
         finally:
             subprocess.run(["umount", "--lazy", str(package)], check=True)
-
 
 
 def _wait_until(condition: Callable[[], object], what: str, within: float = 30) -> None:
@@ -692,15 +701,9 @@ def test_a_child_prepared_under_a_mount_gone_before_the_server_saw_it_is_not_han
     with one prepared under the mount. The template now says which generation of its rules each child holds,
     and the server gives up one prepared under rules it has not seen a job forked under. The controls: the job
     reads the package before; the child killed is replaced (and, but for this rule, would be handed the job)."""
-    package, over = tmp_path / "package", tmp_path / "over"
-    package.mkdir()
-    over.mkdir()
-    (package / "here_before.py").write_text("VALUE = 7\n")
-    config = tmp_path / "pynox.toml"
-    config.write_text(f"[pool]\nprepared_children = 1\npackage_dirs = [{str(package)!r}]\n")
-    probe = "import here_before\nprint(here_before.VALUE)"
+    package, over, config = _package_dir_and_another(tmp_path)
     with pool_process("--workers=1", f"--config={config}", cwd=tmp_path) as pool:
-        first = pool.run(probe)
+        first = pool.run(_PROBE)
         assert first["error"] is None and first["stdout"] == "7\n", first  # the control: the package is read
         (template,) = pool.templates()
         _wait_until(lambda: _below(pool, 2, ("pynox-ready",)), "no child was prepared")
@@ -716,6 +719,6 @@ def test_a_child_prepared_under_a_mount_gone_before_the_server_saw_it_is_not_han
                 subprocess.run(["umount", "--lazy", str(package)], check=True)
         finally:
             os.kill(pool.pid, signal.SIGCONT)
-        after = pool.run(probe)
+        after = pool.run(_PROBE)
         assert after["error"] is None and after["stdout"] == "7\n", after
         assert pool.templates() == [template]

@@ -437,8 +437,11 @@ class MemoryCounter:
         return killed
 
     def close(self) -> None:
+        # Each closed whatever another did: one that fails (EBADF: closed already) must not keep the others open,
+        # nor the template's cgroup from being removed after this.
         for fd in self._fds.values():
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self._fds.clear()
         if self._oom_events is not None:
             os.close(self._oom_events)

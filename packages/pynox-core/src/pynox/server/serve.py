@@ -517,11 +517,15 @@ class Server:
             self.jobs.put(None)
         for worker in self.workers:
             worker.join()
-        self.sessions.shutdown()
-        self.shutdown.cancel_deadline()
-        self.admission.close()
-        self.drained.set()
-        os.write(self.wake[1], b"x")
+        try:
+            self.sessions.shutdown()
+        except Exception:  # a bug in closing must cost the pool its cleanup, never its exit (it hung on one)
+            _log.exception("the pool failed while closing its sessions and spare templates")
+        finally:
+            self.shutdown.cancel_deadline()
+            self.admission.close()
+            self.drained.set()
+            os.write(self.wake[1], b"x")
 
     def _stop(self, reason: str) -> None:
         """The drain escalated: running jobs are killed (answered as cancelled for ``reason``), queued ones

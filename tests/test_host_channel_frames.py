@@ -112,17 +112,30 @@ def _interrupt_at(wanted: str, name: str) -> Callable[[FrameType, str, object], 
     return hook
 
 
-def test_a_reader_interrupted_before_it_took_a_byte_leaves_the_channel_in_step(
-        channel: tuple[socket.socket, socket.socket]) -> None:
-    """As a signal while the reader waits in recv (EINTR): nothing was taken, the next call gets its answer."""
-    job, pool = channel
-    host = pynox_host._Channel(job)
-    sys.setprofile(_interrupt_at("c_call", "recv_into"))
+def _call_interrupted_at(host: pynox_host._Channel, event: str, name: str) -> None:
+    """A call on ``host`` that a KeyboardInterrupt ends at the profile ``event`` of ``name`` (see _interrupt_at)."""
+    sys.setprofile(_interrupt_at(event, name))
     try:
         with pytest.raises(KeyboardInterrupt):
             host.call("f", (), {})
     finally:
         sys.setprofile(None)
+
+
+def _another_threads_call_answered(host: pynox_host._Channel, pool: socket.socket) -> pynox_host._Waiting:
+    """A call of another thread (tag 7), waiting on ``host`` to be handed its answer, which the pool has sent."""
+    other = pynox_host._Waiting()
+    host._waiting[7] = other
+    pool.sendall(encode_frame(HostAnswer(tag=7, result="theirs")))
+    return other
+
+
+def test_a_reader_interrupted_before_it_took_a_byte_leaves_the_channel_in_step(
+        channel: tuple[socket.socket, socket.socket]) -> None:
+    """As a signal while the reader waits in recv (EINTR): nothing was taken, the next call gets its answer."""
+    job, pool = channel
+    host = pynox_host._Channel(job)
+    _call_interrupted_at(host, "c_call", "recv_into")
     pool.sendall(encode_frame(HostAnswer(tag=1, result="late")) + encode_frame(HostAnswer(tag=2, result="next")))
     assert host.call("f", (), {}) == "next"  # the late answer to the interrupted call was read whole, and dropped
 
@@ -133,15 +146,8 @@ def test_a_reader_interrupted_once_it_took_a_whole_frame_delivers_its_answer(
     call it answers (another thread's, here), and the channel stays in step."""
     job, pool = channel
     host = pynox_host._Channel(job)
-    other = pynox_host._Waiting()
-    host._waiting[7] = other  # a call of another thread, waiting to be handed its answer
-    pool.sendall(encode_frame(HostAnswer(tag=7, result="theirs")))
-    sys.setprofile(_interrupt_at("return", "_take"))
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            host.call("f", (), {})
-    finally:
-        sys.setprofile(None)
+    other = _another_threads_call_answered(host, pool)
+    _call_interrupted_at(host, "return", "_take")
     assert other.finished and other.answer == HostAnswer(tag=7, result="theirs")
     pool.sendall(encode_frame(HostAnswer(tag=2, result="next")))
     assert host.call("f", (), {}) == "next"
@@ -152,15 +158,8 @@ def test_a_reader_interrupted_as_it_decodes_a_frame_breaks_the_channel(
     """The frame was taken, its answer lost: the call it answers would wait for ever, so it fails at once."""
     job, pool = channel
     host = pynox_host._Channel(job)
-    other = pynox_host._Waiting()
-    host._waiting[7] = other
-    pool.sendall(encode_frame(HostAnswer(tag=7, result="theirs")))
-    sys.setprofile(_interrupt_at("c_return", "decode"))
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            host.call("f", (), {})
-    finally:
-        sys.setprofile(None)
+    other = _another_threads_call_answered(host, pool)
+    _call_interrupted_at(host, "c_return", "decode")
     assert other.finished and other.answer is None
     with pytest.raises(pynox_host.HostError, match=r"^f\(\): the host channel failed: reading an answer was "
                                                   r"interrupted \(KeyboardInterrupt\) partway through it"):

@@ -56,7 +56,7 @@ def _require(needs: tuple[str, ...], world: World) -> None:
         if kind == "syscall" and int(world.values()[f"nr_{arg}"]) < 0:  # type: ignore[call-overload]
             pytest.skip(f"this architecture has no {arg} system call")
         if kind == "ia32" and not _ia32():
-            pytest.skip("no i386 system calls here (not x86-64, no IA32 emulation, or an outer profile refuses that ABI)")
+            pytest.skip("no i386 system calls here (not x86-64, no IA32 emulation, or a profile refuses them)")
 
 
 @functools.cache

@@ -635,4 +635,15 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_confine", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__confine(void) { return PyModule_Create(&module); }
+#ifndef PYNOX_CONFINE_SOURCE
+#define PYNOX_CONFINE_SOURCE ""  /* built without setup.py: its source is not known (see native.py's _stale) */
+#endif
+
+PyMODINIT_FUNC PyInit__confine(void) {
+    PyObject *made = PyModule_Create(&module);
+    if (made != NULL && PyModule_AddStringConstant(made, "SOURCE", PYNOX_CONFINE_SOURCE) < 0) {
+        Py_DECREF(made);
+        return NULL;
+    }
+    return made;
+}

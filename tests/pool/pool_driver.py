@@ -483,6 +483,17 @@ class PoolProcess:
     def templates(self) -> list[int]:
         return sorted(pid for pid, depth in self.tree().items() if depth == 1)
 
+    def prepared_children(self) -> int:
+        """How many children wait prepared ahead of their job below this pool now."""
+        table = proc_table()
+        return sum(1 for pid in descendants(self.pid, table) if table[pid][3] == READY_CHILD)
+
+    def await_prepared_children(self, count: int, timeout: float = DEADLINE) -> None:
+        end = time.monotonic() + timeout
+        while self.prepared_children() != count:
+            assert time.monotonic() < end, f"{count} children prepared ahead never waited: {descendants(self.pid)}"
+            time.sleep(0.02)
+
     def close_stdin(self) -> None:
         assert self.proc.stdin is not None
         with self._write_lock, contextlib.suppress(OSError):

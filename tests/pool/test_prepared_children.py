@@ -58,9 +58,11 @@ def test_a_job_of_another_key_gives_the_waiting_child_up(peers: list[socket.sock
     _arrive(children, serial=7, job=children.job(A), peers=peers)
     child, (discard,) = children.take(B)
     assert child is None and discard.serial == 7
-    assert discard.state is PreparedState.RELEASED and _closed(discard.control)
+    # Its control socket stays open until its end: EOF would end it before its template kills it for the
+    # Discard, and the template would take it for one that ended after a job and prepare another.
+    assert discard.state is PreparedState.RELEASED and not _closed(discard.control)
     assert children.ended(7) is True  # its end is expected, and passed over
-    assert discard.state is PreparedState.GONE
+    assert discard.state is PreparedState.GONE and _closed(discard.control)
     assert children.ended(7) is False  # once
 
 
@@ -99,8 +101,8 @@ def test_a_child_handed_a_job_it_could_not_take_is_given_up(peers: list[socket.s
     child, _ = children.take(A)
     assert child is not None
     children.release(child)  # dying, or the hand-over failed: the job goes to a fork instead
-    assert child.state is PreparedState.RELEASED and _closed(child.control)
-    assert children.ended(7) is True
+    assert child.state is PreparedState.RELEASED and not _closed(child.control)
+    assert children.ended(7) is True and _closed(child.control)
 
 
 def test_an_end_of_a_child_nobody_knows_is_not_passed_over(peers: list[socket.socket]) -> None:
@@ -124,11 +126,15 @@ def test_moves_off_the_table_are_refused(peers: list[socket.socket]) -> None:
 
 
 def test_closing_ends_the_waiting_child(peers: list[socket.socket]) -> None:
-    children = PreparedChildren()
-    _arrive(children, serial=7, job=children.job(A), peers=peers)
+    children = PreparedChildren(limit=2)
+    job = children.job(A)
+    _arrive(children, serial=7, job=job, peers=peers)
+    _arrive(children, serial=8, job=job, peers=peers)
+    children.release(children.waiting[1])  # given up, its end not reported yet (a template gone meanwhile)
     children.close()
-    assert peers[0].recv(1) == b""  # EOF on its control socket: a waiting child exits on it
-    assert children.waiting == []
+    # EOF on each control socket: a waiting child exits on it, and so does one given up whose template is gone.
+    assert peers[0].recv(1) == b"" and peers[2].recv(1) == b""
+    assert children.waiting == [] and not children.released
 
 
 # -- K children waiting at once ([pool] prepared_children) ------------------------------------------------------
@@ -157,9 +163,10 @@ def test_a_job_of_another_key_gives_every_waiting_child_up(peers: list[socket.so
     _arrive(children, serial=8, job=job, peers=peers)
     child, discard = children.take(B)
     assert child is None and sorted(given_up.serial for given_up in discard) == [7, 8]
-    assert all(given_up.state is PreparedState.RELEASED and _closed(given_up.control) for given_up in discard)
+    assert all(given_up.state is PreparedState.RELEASED and not _closed(given_up.control) for given_up in discard)
     assert children.waiting == []
     assert children.ended(8) is True and children.ended(7) is True  # both ends passed over, once each
+    assert all(_closed(given_up.control) for given_up in discard)
     assert children.ended(7) is False
 
 

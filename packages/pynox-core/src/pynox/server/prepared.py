@@ -174,13 +174,16 @@ class PreparedChildren:
         return child, discard
 
     def release(self, child: PreparedChild) -> None:
-        """Give ``child`` up (and close the server's ends): its end, which the template reports, is passed over.
-        A child handed a job that never reached it (it was dying) is released too."""
+        """Give ``child`` up: its end, which the template reports, is passed over. A child handed a job that never
+        reached it (it was dying) is released too. The server's ends are closed once that end is reported
+        (:meth:`ended`), not now: the child would read the control socket's EOF and end on its own, before its
+        template kills it for the Discard on its way, and the template would then take it for one that ended
+        after a job and prepare another in its place (each one room beyond the next job's memory limit, whose
+        base was measured with it)."""
         child.move(PreparedState.RELEASED)
         if child in self.waiting:
             self.waiting.remove(child)
         self._released[child.serial] = child
-        child.close()
 
     @property
     def released(self) -> bool:
@@ -200,9 +203,11 @@ class PreparedChildren:
         if child_released is None:
             return False
         child_released.move(PreparedState.GONE)
+        child_released.close()
         return True
 
     def close(self) -> None:
-        for child in self.waiting:
+        for child in [*self.waiting, *self._released.values()]:
             child.close()
         self.waiting.clear()
+        self._released.clear()

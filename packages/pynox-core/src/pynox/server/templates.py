@@ -662,11 +662,19 @@ class Template:
             hand, self._fork_next = not self._fork_next, False
             hand = hand and (not self.prepared.waiting or self._runtime_unchanged())
             given_up = self.prepared.give_up_other_keys(key if hand else None)
+            if self.prepared.due and not self.prepared.waiting:
+                # None is left to take it, so it is forked for, and the template kills every child it prepared,
+                # those whose frames are still on their way too: they are taken and given up (unless one can
+                # take it after all), so that their pages are gone before the base is measured again below.
+                self._read_while(lambda: bool(self.prepared.due), "prepare its next child")
+                given_up += self.prepared.give_up_other_keys(key if hand else None)
             for child in given_up:
                 self._discard(child)
             if given_up:
                 self._await_released()
             if self.cgroups is not None and self.cgroups.memory is not None:
+                if given_up:  # the base was measured with their pages, freed now: measured again without
+                    self.cgroups.memory.settle()
                 self.cgroups.memory.start(confinement.memory)
                 self._mark_budget()
             handed = hand and self._hand_to_prepared(key, own, writes, confinement, hosts)

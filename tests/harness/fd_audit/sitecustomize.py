@@ -10,9 +10,10 @@ closed it, and writes to ``<dir>/<pid>.txt`` every close of a number it does not
   at a time nobody chose (the number may be another's by then).
 
 Each report carries the stacks of the events before it. Other processes (pytest, the templates, started with -I
-and a clean environment) are left alone. Only the pool's Python-level openers are followed (os, socket, open);
-a number a C library opens unseen and then closes through a followed path would be a false report: none is
-known in the pool.
+and a clean environment) are left alone. The openers followed are os's, socket's, open() and the descriptor
+calls the pool makes through ctypes (pynox.policy._libc: openat2, pidfd_getfd, inotify_init1); a number another
+C library opened unseen and then closed through a followed path would be a false report: none is known in the
+pool (a run of the session, fault, allow_hosts, listen, scratch and shutdown suites reported none).
 """
 
 from __future__ import annotations
@@ -108,11 +109,20 @@ def _install(directory: str) -> None:
             return pair
         return wrapper
 
+    def replace(name: str, wrapper: Callable[..., Any]) -> None:
+        """os.NAME replaced by ``wrapper``, which keeps its place in os.supports_dir_fd and the like (shutil.rmtree
+        asks them whether it may work from a directory's descriptor)."""
+        real = getattr(os, name)
+        for supports in (os.supports_dir_fd, os.supports_fd, os.supports_follow_symlinks, os.supports_effective_ids):
+            if real in supports:
+                supports.add(wrapper)
+        setattr(os, name, wrapper)
+
     for name in ("open", "dup", "pidfd_open", "eventfd", "memfd_create"):
         if hasattr(os, name):
-            setattr(os, name, returning_fd(getattr(os, name), f"os.{name}"))
+            replace(name, returning_fd(getattr(os, name), f"os.{name}"))
     for name in ("pipe", "pipe2", "openpty"):
-        setattr(os, name, returning_pair(getattr(os, name), f"os.{name}"))
+        replace(name, returning_pair(getattr(os, name), f"os.{name}"))
     real_dup2 = os.dup2
 
     def dup2(fd: int, fd2: int, inheritable: bool = True) -> int:
@@ -122,18 +132,18 @@ def _install(directory: str) -> None:
         result = real_dup2(fd, fd2, inheritable)
         opened(fd2, "os.dup2")
         return result
-    os.dup2 = dup2
+    replace("dup2", dup2)
 
     def close(fd: int) -> None:
         closing(fd, "os.close", raw=True)
         real_close(fd)
-    os.close = close
+    replace("close", close)
 
     def closerange(low: int, high: int) -> None:
         for fd in range(low, high):
             if is_open(fd):
                 close(fd)
-    os.closerange = closerange
+    replace("closerange", closerange)
 
     real_file_open = io.open
 
@@ -209,10 +219,52 @@ def _install(directory: str) -> None:
         return fd, address
     socket.socket._accept = accept  # type: ignore[attr-defined]
 
-    def follow_grants(module: Any) -> None:  # binds grants by openat2 through ctypes: an opener os does not see
-        module._openat2 = returning_fd(module._openat2, "openat2")
+    def follow_libc(module: Any) -> None:
+        """The pool's ctypes libc, which every module imports from pynox.policy._libc: the system calls that
+        return a descriptor (openat2 of grants and scratch, pidfd_getfd of allow_hosts, an inotify instance)."""
+        module.libc = _Libc(module.libc, opened)
 
-    sys.meta_path.insert(0, _AfterImport({"pynox.policy.grants": follow_grants}))
+    sys.meta_path.insert(0, _AfterImport({"pynox.policy._libc": follow_libc}))
+
+
+_FD_SYSCALLS = {434: "pidfd_open", 437: "openat2", 438: "pidfd_getfd"}  # x86-64 and aarch64 alike
+
+
+class _Libc:
+    """A ctypes library whose descriptor-returning calls are followed; every other name is the library's own."""
+
+    def __init__(self, real: Any, opened: Callable[[int, str], None]) -> None:
+        self._real, self._opened = real, opened
+        self.syscall = _Call(real.syscall, lambda args, fd: self._syscall(args, fd))
+        self.inotify_init1 = _Call(real.inotify_init1, lambda args, fd: opened(fd, "inotify_init1"))
+
+    def _syscall(self, args: tuple[Any, ...], fd: int) -> None:
+        number = getattr(args[0], "value", args[0])
+        if number in _FD_SYSCALLS:
+            self._opened(fd, _FD_SYSCALLS[number])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _Call:
+    """One function of the library, called through (its restype and argtypes are the function's own)."""
+
+    def __init__(self, real: Any, after: Callable[[tuple[Any, ...], int], None]) -> None:
+        object.__setattr__(self, "_real", real)
+        object.__setattr__(self, "_after", after)
+
+    def __call__(self, *args: Any) -> Any:
+        result = self._real(*args)
+        if isinstance(result, int) and result >= 0:
+            self._after(args, result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._real, name, value)
 
 
 class _AfterImport:

@@ -6,6 +6,8 @@
   machines) and the leftover guard (processes below a subreaper, descriptors, cgroups); it stays at its
   path, which every suite already imports.
 - ``fixtures``: the one factory for the pools and sessions a module shares.
+- ``fd_audit``: a pool run under a descriptor audit (a ``sitecustomize`` on its PYTHONPATH) that reports every
+  close of a number its closer no longer owns, with the stacks of both owners.
 - ``scrape`` and ``clients``: a pool's metrics read as a scraper reads them; a killed client's teardown.
 - ``tests/sandbox/harness.py``: the sandbox suite's harness (a world outside, each case's control).
 

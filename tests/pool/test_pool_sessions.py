@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.harness import fd_audit
 
 from .pool_driver import (
     READY_CHILD,
@@ -349,6 +353,41 @@ def test_a_session_confined_otherwise_is_not_handed_the_child_prepared_ahead(tmp
         assert later["stdout"] == "still here\n" and later["step"] == 2, later
         for name in (first, second):
             pool.run(session=name, close=True)
+
+
+def test_a_spare_template_being_prepared_as_the_pool_closes_is_closed_once(tmp_path: Path) -> None:
+    """The pool closes while its spare template prepares a child for the next session: the spare's thread is
+    using it, and it alone closes it. The pool's drain closed it too, and the second close closed descriptor
+    numbers that were another's by then (CI saw the drain die on EBADF from the spare's memory cgroup
+    descriptor). The spare is stopped, so that the preparation lasts until the pool closes; the pool runs under
+    the descriptor audit, which reports a close of a number its closer no longer owns. (Two closes one after the
+    other close nothing twice: the audit sees the two closers when they overlap, most runs with both; the
+    table's own test, tests/pool/test_spare_life.py, fails on two closers every time.)"""
+    audit, first, second = tmp_path / "audit", tmp_path / "first", tmp_path / "second"
+    for directory in (audit, first, second):
+        directory.mkdir()
+    go = second / "go"
+    with pool_process("--workers=1", cwd=tmp_path, env=fd_audit.audited(audit)) as pool:
+        plain = set(pool.tree())
+        # The pool's first session finds no template waiting and starts its own; its answer, once ``go``
+        # exists, brings a want the spare was not prepared for, and the spare's thread prepares a child for it.
+        held = pool.submit(code=f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)",
+                           session=_session(), allow_write=[str(second)])
+        deadline = time.monotonic() + 30
+        while not [pid for pid, depth in pool.tree().items() if depth == 2 and pid not in plain]:
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        _ok(pool.run("x = 1", session=_session(), allow_write=[str(first)]))
+        while not (ready := _prepared_ahead(pool, plain)):
+            assert time.monotonic() < deadline, pool.tree()
+            time.sleep(0.02)
+        os.kill(ready[0][0], signal.SIGSTOP)  # the spare reads nothing more: its next preparation lasts
+        go.touch()
+        _ok(pool.result(held))
+        assert pool.finish(timeout=60) == 0, bytes(pool.stderr[-2000:])
+    found = fd_audit.reports(audit)
+    assert not found, "\n\n".join(found)
+    assert b"Traceback" not in pool.stderr, bytes(pool.stderr[-2000:])
 
 
 def test_a_session_ended_by_a_timeout_releases_its_slot_and_processes(tmp_path: Path) -> None:

@@ -64,6 +64,9 @@ __all__ = ["MAX_PENDING_STEPS", "FileRequest", "Session", "SessionRegistry", "Se
 _log = logging.getLogger(__name__)
 
 MAX_PENDING_STEPS = 8
+# Seconds the spare's thread may take, once the pool closes, to finish preparing a child in its template (two
+# reads of the template's grace, 5 s each) and close it (a 2 s wait for its end before a kill).
+_SPARE_LETS_GO = 15.0
 _FORK_OUTPUT = 64 << 10  # a fork step writes nothing of its own: room for a warning its process prints
 _COPY_WITHIN = 5.0  # seconds a fork's copy has to say its pid and stop, once the fork step is over
 
@@ -162,12 +165,14 @@ class _SpareTemplate:
     def __init__(self, new_template: Callable[[], Template]) -> None:
         self._new_template = new_template
         self.life: SpareLife[Template] = SpareLife()
+        self._thread: threading.Thread | None = None  # started by the first take
 
     def take(self) -> Template:
         """The waiting template, or (none ready yet) one started now on the caller's thread."""
         spare, first = self.life.take()
         if first:
-            threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True).start()
+            self._thread = threading.Thread(target=self._keep_one_ready, name="pynox-session-spare", daemon=True)
+            self._thread.start()
         if spare is not None and (spare.broken or spare.process.poll() is not None):  # it died while it waited
             self.life.found_dead(spare)  # nothing is owed for it: the next one is started now
             spare.close()
@@ -183,9 +188,16 @@ class _SpareTemplate:
             first, payload=msgspec.structs.replace(first.payload, code=None, script=None, args=[], env={}, name="")))
 
     def close(self) -> None:
+        """Close the template waiting; one the thread is starting or preparing a child in is the thread's to close
+        (never both: see spare.py), and it is waited for, so that it is closed before the pool goes on."""
         spare = self.life.close()
         if spare is not None:
             spare.close()
+        if self._thread is not None:
+            self._thread.join(_SPARE_LETS_GO)
+            if self._thread.is_alive():
+                _log.warning("the template started ahead for the next session did not stop within %s; the pool "
+                             "closes without it", format_duration(_SPARE_LETS_GO))
 
     def _keep_one_ready(self) -> None:
         try:

@@ -29,8 +29,11 @@ another want came meanwhile. A take of a ``READY`` or ``STALE`` template gets it
 template was taken, and the next one is started only once its taker's first step has been answered (on two
 cores, forking and confining the next one would take the time that step needs), or at once if it was found dead
 as it was taken. ``FAILED``: starting one failed (or the thread met a bug); sessions start their own from then.
-``CLOSED``: the pool is closing; the template waiting, even one being prepared, is closed by the closer, and one
-the thread finishes now is closed by the thread.
+``CLOSED``: the pool is closing; the template waiting (``READY``, ``STALE``) is closed by the closer. One being
+prepared (``PREPARING``) is the thread's until it reports, as one it is starting is: the thread closes it once it
+finds the pool closed (ready, lost or failed), and the closer waits for the thread. Every template has one closer:
+one closed by two (the closer and the thread it was taken from under) closed descriptor numbers that were
+another's by the second close (CI saw a pool's drain die on one, a spare template's memory cgroup descriptor).
 
 A take in ``STARTING``, ``OWED``, ``FAILED`` or ``CLOSED`` gets none and moves nothing; a want while no
 template waits is kept for the next; what the thread reports once the pool is closed moves nothing (the thread
@@ -167,9 +170,12 @@ class SpareLife(Generic[Spare]):
                 self._move(SpareEvent.WANT if self._stale() else SpareEvent.WANT_MET)
 
     def close(self) -> Spare | None:
-        """The pool is closing: the template waiting (even one being prepared), for the caller to close."""
+        """The pool is closing: the template waiting, for the caller to close; None while one is prepared, which
+        the spare's thread is using and closes itself when it reports (its caller then waits for the thread)."""
         with self._changed:
-            spare, self._spare = self._spare, None
+            spare = None
+            if self._state is not SpareState.PREPARING:
+                spare, self._spare = self._spare, None
             self._move(SpareEvent.CLOSE)
             return spare
 
@@ -198,8 +204,8 @@ class SpareLife(Generic[Spare]):
         with self._changed:
             self._forget(wanted, prepared)
             self.prepared_for = wanted if prepared else None
-            if self._state is not SpareState.CLOSED:
-                self._spare = spare
+            # Closed meanwhile: the thread closes it (one it was preparing too: the close left it to the thread).
+            self._spare = spare if self._state is not SpareState.CLOSED else None
             self._move(SpareEvent.READY_STALE if self._stale() else SpareEvent.READY)
             return self._state is not SpareState.CLOSED
 

@@ -14,7 +14,11 @@ the template keeps children confined ahead (``[pool] prepared_children``, see
 descriptors, and hands the server the pidfd and control socket of each: the
 server gives a later job to one itself (the template is not on that job's
 path) only if that job's confinement is identical and its grants name the
-very same files, and otherwise has the template discard it.
+very same files, and otherwise has the template discard it. Back to back jobs of one confinement are then
+nothing but ends of children here: that cycle (reap, report, prepare the next) runs in a native loop
+(``_fork_loop.c``, see ``_Children.serve_natively``) until anything else happens, so that the template writes
+almost none of the pages it shares with its children; the Python loop serves everything else, and everything
+where the loop is not built or ``$PYNOX_NATIVE`` is ``0``.
 
 Run as ``python -I -c ... <socket fd> <server pid>`` by :mod:`pynox.server.templates`.
 """
@@ -35,6 +39,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterable
+from types import ModuleType
 
 import msgspec
 
@@ -69,6 +74,12 @@ from ..wire.frames import (
 )
 from ..wire.signals import INTERRUPT_SIGNAL
 from ..wire.spec import Confinement
+
+_fork_loop: ModuleType | None
+try:
+    from . import _fork_loop  # type: ignore[attr-defined, no-redef]  # built by setup.py; optional
+except ImportError:  # no compiler where the package was built: every cycle is served in Python
+    _fork_loop = None
 
 __all__ = ["main"]
 
@@ -233,11 +244,11 @@ class _Child:
     __slots__ = ("discarded", "lineage", "pid", "pidfd", "prepared", "serial", "sock")
 
     def __init__(self, serial: int, pid: int, lineage: _Lineage | None, *, prepared: bool,
-                 sock: socket.socket | None = None) -> None:
+                 sock: socket.socket | None = None, pidfd: int | None = None) -> None:
         self.serial, self.pid, self.lineage = serial, pid, lineage
         self.prepared = prepared  # confined ahead of its job, rather than forked for one
         self.sock = sock  # a session fork's copy: the socket it is reported on (None: the server's own)
-        self.pidfd = os.pidfd_open(pid)
+        self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd  # given: the native loop opened it
         self.discarded = False
         if lineage is not None:
             lineage.living += 1
@@ -471,6 +482,54 @@ class _Children:
                 send_frame(self.sock, Unprepared(count=missing - forked))
                 break
 
+    def serve_natively(self) -> Setup | None:
+        """The steady state, served by the native loop (template/_fork_loop.c) until anything else happens:
+        every child is one prepared from the latest lineage and not discarded, no copy is adopted, and each end
+        of a child is reaped, reported and replaced there as :meth:`reap` would, its bytes and its order the
+        same, while this process's Python objects (the copy-on-write faults of a cycle) are left alone. It
+        returns at anything else (a frame, an end that is not plain, a rule to reopen, a cgroup short of room),
+        untouched, for the caller's poll; the children it reaped and forked are taken into the books here.
+
+        Returns None in the template (at once where the loop is not built, ``$PYNOX_NATIVE`` is ``0``, or the
+        state is another); in a child it forked, that child's setup, for :func:`run_prepared`."""
+        latest = self.latest
+        if (_fork_loop is None or self.runtime.native is None or latest is None or self.copies
+                or len(self.by_serial) > _fork_loop.MAX_CHILDREN or self.sock.fileno() < 0):
+            return None
+        for child in self.by_serial.values():
+            if not child.prepared or child.discarded or child.lineage is not latest:
+                return None
+        room = self.room.hierarchy()
+        if isinstance(room, bool):
+            return None  # where its files are is not known yet: reap finds it
+        rules, network_rules = self.runtime.rules, self.runtime.network_rules
+        generations = (rules.generation, network_rules.generation)
+        setups = tuple((key[0], setup) for key, setup in latest.setups.items() if key[1:] == generations)
+        watched = (rules.identities(),) if latest.confinement.network == "none" else (
+            rules.identities(), network_rules.identities())
+        out = _fork_loop.serve(self.sock.fileno(), tuple((c.serial, c.pid, c.pidfd) for c in self.by_serial.values()),
+                               next(self._serials), self.limit, latest.job, _generation(self.runtime), setups,
+                               watched, None if room is None else (*room, _ROOM_FOR_A_CHILD))
+        if isinstance(out, Setup):
+            return out  # in a child it forked
+        now, serial, pending, fork_failed, error = out
+        self._serials = itertools.count(serial)
+        kept, known = {entry[0] for entry in now}, set(self.by_serial)
+        for child in [child for child in self.by_serial.values() if child.serial not in kept]:  # reaped there
+            self.poller.unregister(child.pidfd)  # closed there: its number may be a new child's now
+            del self.by_serial[child.serial], self.by_pidfd[child.pidfd]
+            latest.living -= 1
+        for serial, pid, pidfd in now:
+            if serial not in known:
+                self._track(_Child(serial, pid, latest, prepared=True, pidfd=pidfd))
+        if error:
+            raise OSError(error, os.strerror(error))  # a send failed: the server closed the socket
+        for forked in range(pending):  # announced in an Ended frame, not forked there
+            if fork_failed or not self.prepare(latest):
+                send_frame(self.sock, Unprepared(count=pending - forked))
+                break
+        return None
+
     def kill_all(self) -> None:
         for sock in self.copies:
             sock.close()
@@ -509,6 +568,16 @@ class _MemoryRoom:
         # job moves it).
         self._where: tuple[bytes, bytes, int] | None = None
         self._found = False
+
+    def hierarchy(self) -> tuple[bytes, bytes, int] | bool | None:
+        """Where the memory hierarchy is (found here if not yet), as the native loop reads the room itself; None:
+        there is none; False: it could not be found now (the room is not known, and :meth:`fits` looks again)."""
+        if not self._found:
+            try:
+                self._where, self._found = _memory_hierarchy(), True
+            except (OSError, ValueError, KeyError, IndexError):
+                return False
+        return self._where
 
     def fits(self, children: int) -> int:
         """How many of ``children`` have room to be prepared now (all of them where the room is not known)."""
@@ -578,6 +647,13 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
     own_open = True
     try:
         while own_open or children.copies:
+            if own_open:
+                setup = children.serve_natively()
+                if setup is not None:  # a child the native loop forked: it never returns
+                    try:
+                        run_prepared(setup)
+                    finally:
+                        os._exit(SETUP_FAILED_EXIT)
             # What is registered now: a descriptor closed while this wait's events are handled may be reused
             # (a new child's pidfd) before its own event comes, which must then not be taken for the new one's.
             watched = children.by_pidfd.copy()

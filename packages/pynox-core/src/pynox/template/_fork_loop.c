@@ -10,20 +10,21 @@
  *
  * serve(sock, children, serial, limit, job, rules, setups, watched, room): waits on the server's socket and the
  * pidfds of ``children`` (a tuple of (serial, pid, pidfd), every one a child prepared from the latest lineage,
- * not discarded: the caller checked). A child that ends is reaped only if its end is plain: its wait status
- * peeked first (waitid's WNOWAIT), then, if children are missing, the runtime rules' paths still name the files
- * the rules hold (``watched``: (paths, held identities) pairs, RuntimeRules.refresh's comparison) and, after a
- * SIGKILL, the memory cgroup has room for them (``room``: (key, mount point, version, bytes a child needs), the
- * template's _MemoryRoom; None: no memory hierarchy). Anything else is left for Python, untouched: a frame
- * from the server, a child whose end is not plain, a rule to reopen, a cgroup short of room or a file of a
- * shape not expected, EINTR. It reports the end (Ended, the bytes msgspec writes for it) and forks as many
- * children as are missing, each with the setup laid out for its control socket's descriptor (``setups``:
- * (descriptor, Setup) pairs; one not laid out is left for Python).
+ * not discarded: the caller checked). A child that ends is reaped and reported at once (Ended, the bytes msgspec
+ * writes for it, with as many prepares as children are missing), as _Children.reap does; then, as reap and
+ * prepare check them, after a SIGKILL the memory cgroup must have room for those children (``room``: (key, mount
+ * point, version, bytes a child needs), the template's _MemoryRoom; None: no memory hierarchy), and before each
+ * fork the runtime rules' paths must still name the files the rules hold (``watched``: (paths, held identities)
+ * pairs, RuntimeRules.refresh's comparison). Each is forked with the setup laid out for its control socket's
+ * descriptor (``setups``: (descriptor, Setup) pairs). Anything else is left for Python: a frame from the server,
+ * EINTR, untouched; and the children announced and not forked yet, when a cgroup is short of room (or its files
+ * are of a shape not expected), a rule is to be reopened, a setup is not laid out, or a fork failed.
  *
  * Returns, in a child it forked: that child's Setup (the caller runs job.child.run_prepared with it at once).
- * In the template: (children, serial, pending, fork_failed, errno): the children now, the next serial, how many
- * children an Ended frame announced that are not forked yet (fork_failed: their fork failed, so the server is
- * told they will not come; otherwise Python prepares them), and the errno of a send that failed (0: none). */
+ * In the template: (children, serial, pending, why, errno): the children now, the next serial, how many children
+ * an Ended frame announced that are not forked yet and why (PYTHON_PREPARES: Python prepares them;
+ * FORK_FAILED: their fork failed, so the server is told they will not come; ROOM_UNKNOWN: Python reads the room
+ * first), and the errno of a send that failed (0: none). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -53,6 +54,9 @@
 #define MAX_WATCHED 2
 #define FRAME_SIZE 160
 
+/* Why children announced are left for Python (see above). */
+enum { PYTHON_PREPARES, FORK_FAILED, ROOM_UNKNOWN };
+
 struct child {
     long long serial;
     int pid, pidfd;
@@ -70,7 +74,7 @@ struct loop {
     int watched_count;
     PyObject *room; /* (key, point, version, per child), borrowed; NULL: no memory hierarchy */
     long long pending;
-    int fork_failed, error;
+    int why, error;
 };
 
 /* Writes all of a frame: its 4-byte big-endian length, then the payload, the descriptors with the header (as
@@ -222,8 +226,7 @@ static int room_for(struct loop *loop, long long children) {
 }
 
 /* Forks one child prepared from the lineage. 1: forked and announced (in the template); 2: in the child, its
- * setup in ``*setup``; 0: left for Python (loop->pending stays; loop->fork_failed or loop->error say why, or
- * neither: Python prepares it itself). */
+ * setup in ``*setup``; 0: left for Python (loop->pending stays; loop->why or loop->error say why). */
 static int prepare(struct loop *loop, PyObject **setup) {
     int pair[2];
     if (loop->count >= MAX_CHILDREN || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
@@ -249,7 +252,7 @@ static int prepare(struct loop *loop, PyObject **setup) {
     close(child_end);
     if (pid < 0) {
         close(control);
-        loop->fork_failed = 1;
+        loop->why = FORK_FAILED;
         return 0;
     }
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -258,7 +261,7 @@ static int prepare(struct loop *loop, PyObject **setup) {
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
         close(control);
-        loop->fork_failed = 1;
+        loop->why = FORK_FAILED;
         return 0;
     }
     struct child *child = &loop->children[loop->count++];
@@ -276,21 +279,9 @@ static int prepare(struct loop *loop, PyObject **setup) {
 }
 
 /* Child ``index`` ended: reap and report it, then prepare those missing. 1: done, go on; 2: in a forked child;
- * 0: return to Python (with nothing done if the end is not plain; see pending otherwise). */
+ * 0: return to Python (nothing done if it could not be reaped; see loop->pending otherwise). */
 static int reap(struct loop *loop, int index, PyObject **setup) {
     struct child ended = loop->children[index];
-    siginfo_t info;
-    memset(&info, 0, sizeof(info));
-    if (waitid(P_PID, (id_t)ended.pid, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0)
-        return 0;
-    long long missing = loop->limit - (loop->count - 1);
-    if (missing < 0)
-        missing = 0;
-    if (missing) {
-        int killed = info.si_code == CLD_KILLED && info.si_status == SIGKILL;
-        if (!rules_hold(loop) || (killed && !room_for(loop, missing)))
-            return 0;
-    }
     int status;
     struct rusage usage;
     pid_t reaped;
@@ -298,9 +289,12 @@ static int reap(struct loop *loop, int index, PyObject **setup) {
         reaped = wait4(ended.pid, &status, 0, &usage);
     while (reaped < 0 && errno == EINTR);
     if (reaped != ended.pid)
-        return 0; /* not to be: waitid said it was waitable; Python's wait4 raises */
+        return 0; /* not to be (its pidfd said it ended): Python's wait4 raises */
     close(ended.pidfd);
     loop->children[index] = loop->children[--loop->count];
+    long long missing = loop->limit - loop->count;
+    if (missing < 0)
+        missing = 0;
     /* As os.wait4's struct_rusage gives the times (seconds as doubles) and Python's int() truncates them. */
     double user = (double)usage.ru_utime.tv_sec + usage.ru_utime.tv_usec * 0.000001;
     double system = (double)usage.ru_stime.tv_sec + usage.ru_stime.tv_usec * 0.000001;
@@ -312,8 +306,13 @@ static int reap(struct loop *loop, int index, PyObject **setup) {
     if (loop->error)
         return 0;
     loop->pending = missing;
+    /* A child killed may leave its cgroup full (see reap): only as many are prepared as it has room for. */
+    if (missing && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && !room_for(loop, missing)) {
+        loop->why = ROOM_UNKNOWN;
+        return 0;
+    }
     while (loop->pending) {
-        if (loop->pending != missing && !rules_hold(loop))
+        if (!rules_hold(loop))
             return 0; /* a rule to reopen before the next: Python refreshes, lays out, and forks the rest */
         int done = prepare(loop, setup);
         if (done != 1)
@@ -407,7 +406,7 @@ static PyObject *serve(PyObject *self, PyObject *args) {
         }
         PyTuple_SET_ITEM(now, i, entry);
     }
-    return Py_BuildValue("(NLLii)", now, loop.serial, loop.pending, loop.fork_failed, loop.error);
+    return Py_BuildValue("(NLLii)", now, loop.serial, loop.pending, loop.why, loop.error);
 }
 
 static PyMethodDef methods[] = {
@@ -420,7 +419,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fork_loop", NULL, -
 
 PyMODINIT_FUNC PyInit__fork_loop(void) {
     PyObject *created = PyModule_Create(&module);
-    if (created != NULL && PyModule_AddIntConstant(created, "MAX_CHILDREN", MAX_CHILDREN) < 0) {
+    if (created != NULL && (PyModule_AddIntConstant(created, "MAX_CHILDREN", MAX_CHILDREN) < 0
+                            || PyModule_AddIntConstant(created, "FORK_FAILED", FORK_FAILED) < 0
+                            || PyModule_AddIntConstant(created, "ROOM_UNKNOWN", ROOM_UNKNOWN) < 0)) {
         Py_DECREF(created);
         return NULL;
     }

@@ -487,8 +487,9 @@ class _Children:
         every child is one prepared from the latest lineage and not discarded, no copy is adopted, and each end
         of a child is reaped, reported and replaced there as :meth:`reap` would, its bytes and its order the
         same, while this process's Python objects (the copy-on-write faults of a cycle) are left alone. It
-        returns at anything else (a frame, an end that is not plain, a rule to reopen, a cgroup short of room),
-        untouched, for the caller's poll; the children it reaped and forked are taken into the books here.
+        returns at anything else: a frame (untouched, for the caller's poll), or children announced that it
+        leaves to Python (a cgroup short of room, a rule to reopen, a fork that failed), prepared here as reap
+        would; the children it reaped and forked are taken into the books here.
 
         Returns None in the template (at once where the loop is not built, ``$PYNOX_NATIVE`` is ``0``, or the
         state is another); in a child it forked, that child's setup, for :func:`run_prepared`."""
@@ -512,7 +513,7 @@ class _Children:
                                watched, None if room is None else (*room, _ROOM_FOR_A_CHILD))
         if isinstance(out, Setup):
             return out  # in a child it forked
-        now, serial, pending, fork_failed, error = out
+        now, serial, pending, why, error = out
         self._serials = itertools.count(serial)
         kept, known = {entry[0] for entry in now}, set(self.by_serial)
         for child in [child for child in self.by_serial.values() if child.serial not in kept]:  # reaped there
@@ -524,8 +525,10 @@ class _Children:
                 self._track(_Child(serial, pid, latest, prepared=True, pidfd=pidfd))
         if error:
             raise OSError(error, os.strerror(error))  # a send failed: the server closed the socket
-        for forked in range(pending):  # announced in an Ended frame, not forked there
-            if fork_failed or not self.prepare(latest):
+        # Announced in its Ended frame and not forked there: the rest of reap's work, as reap does it.
+        fits = self.room.fits(pending) if why == _fork_loop.ROOM_UNKNOWN else pending
+        for forked in range(pending):
+            if why == _fork_loop.FORK_FAILED or forked == fits or not self.prepare(latest):
                 send_frame(self.sock, Unprepared(count=pending - forked))
                 break
         return None

@@ -384,35 +384,41 @@ def test_a_pool_refuses_a_pynox_native_it_does_not_know(value: str) -> None:
     assert done.returncode != 0
 
 
-def _load_error_of(package: Path) -> str:
-    """What ``package``'s policy/native.py says of its extension, imported from there in a fresh interpreter."""
-    done = subprocess.run([sys.executable, "-c", "from pynox.policy import native; print(native.load_error())"],
+def _load_error_of(package: Path, extension: str) -> str:
+    """Why ``package``'s extension (``policy._confine``, ``template._fork_loop``) is not used, as pynox/extensions.py
+    says it imported from there in a fresh interpreter ("None": it is)."""
+    parent, _, name = extension.rpartition(".")
+    done = subprocess.run([sys.executable, "-c", f"from pynox import extensions; "
+                                                 f"print(extensions.load('pynox.{parent}', {name!r})[1])"],
                           capture_output=True, text=True, timeout=120, check=True,
                           env={**os.environ, "PYTHONPATH": str(package.parent)})
     return done.stdout.strip()
 
 
+@pytest.mark.parametrize("extension", ["policy._confine", "template._fork_loop"])
 @pytest.mark.parametrize("edit", ["none", "touched", "changed"])
-def test_an_extension_built_from_another_source_is_not_used(tmp_path: Path, edit: str) -> None:
-    """An editable install whose _confine.c changed since its build (a checkout, an edit) would pass the new
+def test_an_extension_built_from_another_source_is_not_used(tmp_path: Path, edit: str, extension: str) -> None:
+    """An editable install whose C source changed since its build (a checkout, an edit) would pass the new
     Python's arguments to the old C: the extension is then not loaded, and says why. The same source, only
     written again (a checkout of the same text), is still used."""
-    import pynox.policy.native as native
+    import pynox
 
-    if native.load_error() is not None:
-        pytest.skip(f"the native extension does not load here: {native.load_error()}")
+    parent, _, name = extension.rpartition(".")
+    installed = Path(pynox.__file__).parent
+    if _load_error_of(installed.parent / "pynox", extension) != "None":
+        pytest.skip(f"{extension} does not load here")
     package = tmp_path / "pynox"
-    shutil.copytree(Path(native.__file__).parents[1], package, ignore=shutil.ignore_patterns("__pycache__"))
-    source = package / "policy" / "_confine.c"
-    built = next((package / "policy").glob("_confine*.so"))
+    shutil.copytree(installed, package, ignore=shutil.ignore_patterns("__pycache__"))
+    source = package / parent / f"{name}.c"
+    built = next((package / parent).glob(f"{name}*.so"))
     os.utime(source, ns=(built.stat().st_mtime_ns - 10**9,) * 2)  # the copy keeps no order between the two
     if edit == "touched":
         os.utime(source, ns=(built.stat().st_mtime_ns + 10**9,) * 2)
     if edit == "changed":
         source.write_bytes(source.read_bytes() + b"/* an edit since the build */\n")
-    said = _load_error_of(package)
+    said = _load_error_of(package, extension)
     if edit == "changed":
-        assert said == (f"{built.name} was built from another _confine.c than the one beside it (rebuild it: "
+        assert said == (f"{built.name} was built from another {name}.c than the one beside it (rebuild it: "
                         "pip install -e packages/pynox-core)"), said
     else:
         assert said == "None", said

@@ -165,6 +165,11 @@ class RuntimeRules:
             self._current = tuple(rules.values())
         return self._current
 
+    def identities(self) -> tuple[tuple[bytes, ...], bytes]:
+        """Its paths, and their identities as its rules hold them: what :meth:`refresh` compares the paths'
+        identities now with (the template's native loop compares them itself, template/_fork_loop.c)."""
+        return self._paths, self._held
+
     def refresh(self) -> None:
         now = path_identities(self._paths)
         if now is not None and now == self._held:

@@ -635,13 +635,13 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_confine", NULL, -1, methods};
 
-#ifndef PYNOX_CONFINE_SOURCE
-#define PYNOX_CONFINE_SOURCE ""  /* built without setup.py: its source is not known (see native.py's _stale) */
+#ifndef PYNOX_SOURCE
+#define PYNOX_SOURCE ""  /* built without setup.py: its source is not known (see pynox/extensions.py) */
 #endif
 
 PyMODINIT_FUNC PyInit__confine(void) {
     PyObject *made = PyModule_Create(&module);
-    if (made != NULL && PyModule_AddStringConstant(made, "SOURCE", PYNOX_CONFINE_SOURCE) < 0) {
+    if (made != NULL && PyModule_AddStringConstant(made, "SOURCE", PYNOX_SOURCE) < 0) {
         Py_DECREF(made);
         return NULL;
     }

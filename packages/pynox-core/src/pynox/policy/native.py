@@ -15,11 +15,11 @@ tests/sandbox/test_native_confine.py reads what each path installed from outside
 from __future__ import annotations
 
 import os
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import msgspec
 
+from ..extensions import load
 from ..wire.spec import Confinement
 from . import landlock
 from .own_process import OwnProcessFilter
@@ -31,38 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["APPLY_POLICY", "ARRANGE", "BUILD_RULESET", "TAKE_INTERRUPTS", "NativeCall", "NativeFailure", "NativePlan",
            "load_error", "path_identities", "plan"]
 
-def _stale(module: ModuleType) -> str | None:
-    """Why ``module`` must not be used: it was built from another ``_confine.c`` than the one beside it. An
-    editable install (or a checkout) whose source changed since its last build would pass the new Python's
-    arguments to the old C, whose reading of them is not this source's. None when it was built from this
-    source, or when no source is beside it (a wheel). The source is read and hashed only when it is newer than
-    the build: where nothing changed since the build (every process of a pool loads this), it costs two stats."""
-    source = os.path.join(os.path.dirname(__file__), "_confine.c")
-    built = getattr(module, "__file__", None)
-    try:
-        if built is None or os.stat(source).st_mtime_ns <= os.stat(built).st_mtime_ns:
-            return None
-        with open(source, "rb") as text:
-            written = text.read()
-    except OSError:
-        return None
-    import hashlib  # only here: the template, and every job with it, would hold it otherwise
-
-    if hashlib.sha256(written).hexdigest() == getattr(module, "SOURCE", ""):
-        return None
-    return (f"{os.path.basename(built)} was built from another _confine.c than the one beside it (rebuild it: "
-            "pip install -e packages/pynox-core)")
-
-
-_confine: ModuleType | None
-_load_error: str | None
-try:
-    from . import _confine as _built  # type: ignore[attr-defined]  # built by setup.py; optional
-except ImportError as exc:  # no compiler where the package was built, or a foreign build
-    _confine, _load_error = None, str(exc)
-else:
-    _load_error = _stale(_built)
-    _confine = _built if _load_error is None else None
+_confine, _load_error = load("pynox.policy", "_confine")
 
 
 def path_identities(paths: tuple[bytes, ...]) -> bytes | None:

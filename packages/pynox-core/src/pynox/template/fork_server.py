@@ -14,7 +14,11 @@ the template keeps children confined ahead (``[pool] prepared_children``, see
 descriptors, and hands the server the pidfd and control socket of each: the
 server gives a later job to one itself (the template is not on that job's
 path) only if that job's confinement is identical and its grants name the
-very same files, and otherwise has the template discard it.
+very same files, and otherwise has the template discard it. Back to back jobs of one confinement are then
+nothing but ends of children here: that cycle (reap, report, prepare the next) runs in a native loop
+(``_fork_loop.c``, see ``_Children.serve_natively``) until anything else happens, so that the template writes
+almost none of the pages it shares with its children; the Python loop serves everything else, and everything
+where the loop is not built or ``$PYNOX_NATIVE`` is ``0``.
 
 Run as ``python -I -c ... <socket fd> <server pid>`` by :mod:`pynox.server.templates`.
 """
@@ -39,6 +43,7 @@ from collections.abc import Iterable
 import msgspec
 
 from ..errors import KernelSupportError
+from ..extensions import load
 from ..job.child import Setup, job_setup, prepare_template, prepared_setup, run_job, run_prepared
 from ..policy import Runtime, native_call, prepare_runtime, reset_environment
 from ..policy._libc import prctl
@@ -69,6 +74,9 @@ from ..wire.frames import (
 )
 from ..wire.signals import INTERRUPT_SIGNAL
 from ..wire.spec import Confinement
+
+# Not built, or built from another source: every cycle is served in Python.
+_fork_loop, _ = load("pynox.template", "_fork_loop")
 
 __all__ = ["main"]
 
@@ -233,11 +241,11 @@ class _Child:
     __slots__ = ("discarded", "lineage", "pid", "pidfd", "prepared", "serial", "sock")
 
     def __init__(self, serial: int, pid: int, lineage: _Lineage | None, *, prepared: bool,
-                 sock: socket.socket | None = None) -> None:
+                 sock: socket.socket | None = None, pidfd: int | None = None) -> None:
         self.serial, self.pid, self.lineage = serial, pid, lineage
         self.prepared = prepared  # confined ahead of its job, rather than forked for one
         self.sock = sock  # a session fork's copy: the socket it is reported on (None: the server's own)
-        self.pidfd = os.pidfd_open(pid)
+        self.pidfd = os.pidfd_open(pid) if pidfd is None else pidfd  # given: the native loop opened it
         self.discarded = False
         if lineage is not None:
             lineage.living += 1
@@ -471,6 +479,57 @@ class _Children:
                 send_frame(self.sock, Unprepared(count=missing - forked))
                 break
 
+    def serve_natively(self) -> Setup | None:
+        """The steady state, served by the native loop (template/_fork_loop.c) until anything else happens:
+        every child is one prepared from the latest lineage and not discarded, no copy is adopted, and each end
+        of a child is reaped, reported and replaced there as :meth:`reap` would, its bytes and its order the
+        same, while this process's Python objects (the copy-on-write faults of a cycle) are left alone. It
+        returns at anything else: a frame (untouched, for the caller's poll), or children announced that it
+        leaves to Python (a cgroup short of room, a rule to reopen, a fork that failed), prepared here as reap
+        would; the children it reaped and forked are taken into the books here.
+
+        Returns None in the template (at once where the loop is not built, ``$PYNOX_NATIVE`` is ``0``, or the
+        state is another); in a child it forked, that child's setup, for :func:`run_prepared`."""
+        latest = self.latest
+        if (_fork_loop is None or self.runtime.native is None or latest is None or self.copies
+                or len(self.by_serial) > _fork_loop.MAX_CHILDREN or self.sock.fileno() < 0):
+            return None
+        for child in self.by_serial.values():
+            if not child.prepared or child.discarded or child.lineage is not latest:
+                return None
+        room = self.room.hierarchy()
+        if isinstance(room, bool):
+            return None  # where its files are is not known yet: reap finds it
+        rules, network_rules = self.runtime.rules, self.runtime.network_rules
+        generations = (rules.generation, network_rules.generation)
+        setups = tuple((key[0], setup) for key, setup in latest.setups.items() if key[1:] == generations)
+        watched = (rules.identities(),) if latest.confinement.network == "none" else (
+            rules.identities(), network_rules.identities())
+        out = _fork_loop.serve(self.sock.fileno(), tuple((c.serial, c.pid, c.pidfd) for c in self.by_serial.values()),
+                               next(self._serials), self.limit, latest.job, _generation(self.runtime), setups,
+                               watched, None if room is None else (*room, _ROOM_FOR_A_CHILD))
+        if isinstance(out, Setup):
+            return out  # in a child it forked
+        now, serial, pending, why, error = out
+        self._serials = itertools.count(serial)
+        kept, known = {entry[0] for entry in now}, set(self.by_serial)
+        for child in [child for child in self.by_serial.values() if child.serial not in kept]:  # reaped there
+            self.poller.unregister(child.pidfd)  # closed there: its number may be a new child's now
+            del self.by_serial[child.serial], self.by_pidfd[child.pidfd]
+            latest.living -= 1
+        for serial, pid, pidfd in now:
+            if serial not in known:
+                self._track(_Child(serial, pid, latest, prepared=True, pidfd=pidfd))
+        if error:
+            raise OSError(error, os.strerror(error))  # a send failed: the server closed the socket
+        # Announced in its Ended frame and not forked there: the rest of reap's work, as reap does it.
+        fits = self.room.fits(pending) if why == _fork_loop.ROOM_UNKNOWN else pending
+        for forked in range(pending):
+            if why == _fork_loop.FORK_FAILED or forked == fits or not self.prepare(latest):
+                send_frame(self.sock, Unprepared(count=pending - forked))
+                break
+        return None
+
     def kill_all(self) -> None:
         for sock in self.copies:
             sock.close()
@@ -509,6 +568,16 @@ class _MemoryRoom:
         # job moves it).
         self._where: tuple[bytes, bytes, int] | None = None
         self._found = False
+
+    def hierarchy(self) -> tuple[bytes, bytes, int] | bool | None:
+        """Where the memory hierarchy is (found here if not yet), as the native loop reads the room itself; None:
+        there is none; False: it could not be found now (the room is not known, and :meth:`fits` looks again)."""
+        if not self._found:
+            try:
+                self._where, self._found = _memory_hierarchy(), True
+            except (OSError, ValueError, KeyError, IndexError):
+                return False
+        return self._where
 
     def fits(self, children: int) -> int:
         """How many of ``children`` have room to be prepared now (all of them where the room is not known)."""
@@ -578,6 +647,13 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
     own_open = True
     try:
         while own_open or children.copies:
+            if own_open:
+                setup = children.serve_natively()
+                if setup is not None:  # a child the native loop forked: it never returns
+                    try:
+                        run_prepared(setup)
+                    finally:
+                        os._exit(SETUP_FAILED_EXIT)
             # What is registered now: a descriptor closed while this wait's events are handled may be reused
             # (a new child's pidfd) before its own event comes, which must then not be taken for the new one's.
             watched = children.by_pidfd.copy()

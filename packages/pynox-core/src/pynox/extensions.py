@@ -1,0 +1,50 @@
+"""The core's optional native extensions (``policy/_confine.c``, ``template/_fork_loop.c``), loaded only when built
+from the source beside them.
+
+``setup.py`` compiles each source's SHA-256 into its extension (``SOURCE``). An editable install, or a checkout,
+whose source changed since its last build would otherwise pass the new Python's arguments to the old C (a stale
+``_confine`` made every session's child fail its setup with ``seccomp filter (own process): Invalid argument``).
+Where an extension is not loaded, its Python path serves: the same rules, and ``pynox check`` says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+__all__ = ["load"]
+
+
+def load(package: str, name: str) -> tuple[ModuleType | None, str | None]:
+    """``package``'s extension ``name``, or None and why it is not used (not built, or built from another
+    source than the one beside it)."""
+    try:
+        module = importlib.import_module(f"{package}.{name}")
+    except ImportError as exc:  # no compiler where the package was built, or a foreign build
+        return None, str(exc)
+    stale = _stale(module, name)
+    return (None, stale) if stale is not None else (module, None)
+
+
+def _stale(module: ModuleType, name: str) -> str | None:
+    """Why ``module`` was built from another ``<name>.c`` than the one beside it; None when it was built from this
+    one, or when no source is beside it (a wheel). The source is read and hashed only when it is newer than the
+    build: where nothing changed since (every process of a pool loads the extensions), it costs two stats."""
+    built = getattr(module, "__file__", None)
+    if built is None:
+        return None
+    source = os.path.join(os.path.dirname(built), f"{name}.c")
+    try:
+        if os.stat(source).st_mtime_ns <= os.stat(built).st_mtime_ns:
+            return None
+        with open(source, "rb") as text:
+            written = text.read()
+    except OSError:
+        return None
+    import hashlib  # only here: the template, and every job with it, would hold it otherwise
+
+    if hashlib.sha256(written).hexdigest() == getattr(module, "SOURCE", ""):
+        return None
+    return (f"{os.path.basename(built)} was built from another {name}.c than the one beside it (rebuild it: "
+            "pip install -e packages/pynox-core)")

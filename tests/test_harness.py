@@ -9,9 +9,13 @@ larger string, which is the job's reading, not the test's.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from tests.harness import fd_audit
 
 pytestmark = pytest.mark.pure
 
@@ -47,3 +51,35 @@ def test_the_rule_sees_a_test_reading_proc_and_not_a_job_doing_it() -> None:
     # Control: the reads a test used to write are seen; a job's code that reads /proc is not the test's.
     assert _proc_paths('open(f"/proc/{pid}/stat")\nos.listdir("/proc/self/fd")\n', "t.py") == [1, 2]
     assert _proc_paths("run(\"print(open('/proc/self/status').read())\")\n", "t.py") == []
+
+
+# -- the descriptor audit (tests/harness/fd_audit), the control of every test that asserts it reported nothing ------
+_BAD_CLOSES = """
+import os, socket
+read, write = os.pipe()
+os.close(write)
+try:
+    os.close(write)  # closed twice
+except OSError:
+    pass
+held = socket.socket()
+os.close(held.fileno())  # a raw close under a live socket
+held.detach()
+socket.socket()  # collected open
+"""
+
+
+@pytest.mark.parametrize("argv", [["pynox", "pool"], ["other"]], ids=["a pool", "another process"])
+def test_the_descriptor_audit_reports_each_bad_close_of_a_pool_and_only_a_pools(tmp_path: Path,
+                                                                              argv: list[str]) -> None:
+    run = subprocess.run([sys.executable, "-c", _BAD_CLOSES, *argv], env=fd_audit.audited(tmp_path), timeout=60,
+                         capture_output=True, check=False)
+    assert run.returncode == 0, run.stderr
+    found = [report.splitlines()[0] for report in fd_audit.reports(tmp_path)]
+    if argv[0] != "pynox":
+        assert fd_audit.audited_pids(tmp_path) == [] and found == []
+        return
+    assert len(fd_audit.audited_pids(tmp_path)) == 1
+    kinds = [line.split(": fd")[0] for line in found]
+    assert kinds == ["=== closed twice (EBADF: not open)", "=== raw close of a socket's number",
+                     "=== socket finalized open"], found

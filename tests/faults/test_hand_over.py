@@ -141,6 +141,28 @@ def test_a_template_killed_before_the_next_job_costs_that_job_nothing(tmp_path: 
         assert failed == [], failed
 
 
+def test_a_template_that_stops_answering_as_a_job_starts_leaves_nothing_of_that_job_open(tmp_path: Path) -> None:
+    """Before a job leaves, the pool reads its template's word on the children it prepared (their ends, once given
+    up; those still due); a template that never says it is broken, and the job goes to a fresh one. The job's own
+    descriptors made for the first (its claim, the read ends of its pipes) were left open in the pool each time."""
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        assert pool.run("print(1)")["exit"] == 0
+
+        def held() -> collections.Counter[str]:
+            _settled_fd_count(pool.pid)
+            return collections.Counter(target.split(":[")[0] for target in procfs.fd_targets(pool.pid).values()
+                                       if target.startswith(("pipe:", "anon_inode:[eventfd]")))
+        for stop in range(2):
+            pool.await_prepared_children(PREPARED_PER_WORKER)
+            before = held()
+            (template,) = _below(pool, 1, ("pynox-template",))
+            os.kill(template, signal.SIGSTOP)  # it reads the Discard of the child prepared ahead, and says nothing
+            # Another timeout: the child waiting cannot take it, and its end is awaited before the job's limit is set.
+            result = pool.run("print(2)", timeout=f"{7 + stop}s")
+            assert result["exit"] == 0 and result["stdout"] == "2\n", result  # on a fresh template
+            assert held() == before, (stop, held(), before)
+
+
 def test_a_spare_template_that_cannot_start_never_ends_a_live_session(tmp_path: Path) -> None:
     """Starting the next spare fails (EMFILE here): had its thread ended, every template it started would
     have died of its parent-death signal, and session B would have lost its state."""

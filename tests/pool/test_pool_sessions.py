@@ -385,6 +385,7 @@ def test_a_spare_template_being_prepared_as_the_pool_closes_is_closed_once(tmp_p
         go.touch()
         _ok(pool.result(held))
         assert pool.finish(timeout=60) == 0, bytes(pool.stderr[-2000:])
+    assert pool.pid in fd_audit.audited_pids(audit)  # the audit was on: its silence means something
     found = fd_audit.reports(audit)
     assert not found, "\n\n".join(found)
     assert b"Traceback" not in pool.stderr, bytes(pool.stderr[-2000:])

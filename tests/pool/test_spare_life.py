@@ -135,6 +135,16 @@ def test_a_template_being_prepared_as_the_pool_closes_is_closed_by_the_thread_al
     assert life.close() is None and life.failed() is None
 
 
+def test_a_take_once_closed_gets_none_of_the_template_the_thread_prepares() -> None:
+    """The close left it to the thread, which is using it and closes it when it reports: a take then (a session
+    the drain did not wait for) must not get it too, or it would have two closers again."""
+    life = _at(_S.PREPARING)
+    assert life.close() is None
+    assert life.take() == (None, False)
+    assert life.ready(T1, B, True) is False  # still the thread's to close
+    assert life.take() == (None, False)
+
+
 def test_a_take_gets_the_waiting_template_and_owes_the_next() -> None:
     life = _at(_S.STALE)
     assert life.take() == (T1, False)  # as it is: prepared for A, not B

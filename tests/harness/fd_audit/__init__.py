@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["audited", "reports"]
+__all__ = ["audited", "audited_pids", "reports"]
 
 _HERE = Path(__file__).parent
 
@@ -20,10 +20,15 @@ def audited(directory: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYNOX_FD_AUDIT": str(directory)}
 
 
+def audited_pids(directory: Path) -> list[int]:
+    """The processes the audit was installed in (a test's control: without it, no report proves nothing)."""
+    return sorted(int(name.removesuffix(".on")) for name in os.listdir(directory) if name.endswith(".on"))
+
+
 def reports(directory: Path) -> list[str]:
     """Every report written to ``directory`` (one per bad close), each with its stacks."""
     found: list[str] = []
-    for name in sorted(os.listdir(directory)):
+    for name in sorted(name for name in os.listdir(directory) if name.endswith(".txt")):
         text = "\n" + (directory / name).read_text()
         found += ["=== " + part.rstrip() for part in text.split("\n=== ")[1:]]
     return found

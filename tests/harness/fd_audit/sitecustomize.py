@@ -1,6 +1,7 @@
 """A descriptor audit for the pool process (test-only): put this directory on the pool's PYTHONPATH and name a
 directory in PYNOX_FD_AUDIT; a ``pynox pool`` process then records, per descriptor number, who opened it and who
-closed it, and writes to ``<dir>/<pid>.txt`` every close of a number it does not own:
+closed it (``<dir>/<pid>.on`` says it is on), and writes to ``<dir>/<pid>.txt`` every close of a number it does
+not own:
 
 - ``closed twice``: a close of a number whose last recorded event was a close, with no open since (EBADF if nothing
   reopened it; otherwise another owner's descriptor was closed, the worse case);
@@ -46,6 +47,7 @@ def _install(directory: str) -> None:
     wrapped: dict[int, int] = {}  # fd -> id() of the live socket object that wraps it
     out_path = os.path.join(directory, f"{os.getpid()}.txt")
     real_close, real_open = os.close, os.open
+    real_close(real_open(os.path.join(directory, f"{os.getpid()}.on"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
     def stack() -> str:
         return "".join(traceback.format_stack(sys._getframe(2), limit=14))

@@ -142,8 +142,9 @@ class SpareLife(Generic[Spare]):
             while self._state is SpareState.PREPARING:
                 self._changed.wait()
             first = self._state is SpareState.DORMANT
-            spare, self._spare = self._spare, None
-            if self._state in _WAITING:
+            spare = None
+            if self._state in _WAITING:  # not once closed: one it was preparing then is the thread's (see close)
+                spare, self._spare = self._spare, None
                 self._owed, self.prepared_for = spare, None
             self._move(SpareEvent.TAKE)
             return spare, first

@@ -700,6 +700,15 @@ class Template:
                 outbox.close()
             os.close(claim)
             raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
+        except PoolWorkerError:
+            # The template broke before the job left (its word on the children it prepared never came, see
+            # _read_while): nothing else will close what was made here for the job.
+            for r, _ in pipes:
+                os.close(r)
+            if outbox is not None and session is None:
+                outbox.close()
+            os.close(claim)
+            raise
         finally:
             for _, w in pipes:
                 _close_quietly(w)

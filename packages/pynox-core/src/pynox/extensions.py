@@ -4,7 +4,9 @@ from the source beside them.
 ``setup.py`` compiles each source's SHA-256 into its extension (``SOURCE``). An editable install, or a checkout,
 whose source changed since its last build would otherwise pass the new Python's arguments to the old C (a stale
 ``_confine`` made every session's child fail its setup with ``seccomp filter (own process): Invalid argument``).
-Where an extension is not loaded, its Python path serves: the same rules, and ``pynox check`` says why.
+Where an extension is not loaded, its Python path serves: the same rules (``pynox check`` says why for
+``_confine``, and ``$PYNOX_NATIVE=1`` refuses to start without it; a template without ``_fork_loop`` serves its
+cycle in Python: the same frames, ~150 copy-on-write faults a job more).
 """
 
 from __future__ import annotations

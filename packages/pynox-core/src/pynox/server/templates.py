@@ -832,6 +832,8 @@ class Template:
                     confinement.host_channel, confinement.session)])
             except OSError:  # it died while it waited (killed from outside): the template reports its end
                 self.prepared.release(prepared)
+                # And should it live (a send refused for another reason), the EOF ends it, as no Discard will.
+                prepared.control.close()
                 continue
             break
         self._child_serial = prepared.serial

@@ -585,12 +585,11 @@ class _MemoryRoom:
         return children if room is None else min(children, max(room // _ROOM_FOR_A_CHILD, 0))
 
     def _room(self, enough: int) -> int | None:
+        where = self.hierarchy()
+        if not isinstance(where, tuple):  # none, or not found now
+            return None
+        key, point, version = where
         try:
-            if not self._found:
-                self._where, self._found = _memory_hierarchy(), True
-            if self._where is None:
-                return None
-            key, point, version = self._where
             own = dict(line.split(b":", 2)[1:] for line in _read(b"/proc/self/cgroup", 1 << 13).splitlines())
             base = os.path.join(point, own[key].lstrip(b"/"))
             limit = _read(os.path.join(base, b"memory.limit_in_bytes" if version == 1 else b"memory.max")).strip()

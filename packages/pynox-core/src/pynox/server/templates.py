@@ -103,6 +103,16 @@ CallSink = Callable[[Outbox], JobCalls]
 Handler = Callable[["_Serving"], None]
 
 
+def _close_unsent(pipes: list[tuple[int, int]], claim: int, outbox: Outbox | None) -> None:
+    """What the pool made for a job that never left: its pipes' read ends (their write ends are closed by the
+    caller's ``finally``, once), its claim, and its host channel's outbox (None: a session's, which outlives it)."""
+    for r, _ in pipes:
+        os.close(r)
+    if outbox is not None:
+        outbox.close()
+    os.close(claim)
+
+
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -694,20 +704,12 @@ class Template:
             self.broken = True
             self.child.not_sent()
             self._close_metadata()
-            for r, _ in pipes:
-                os.close(r)  # the write ends are closed below, once
-            if outbox is not None and session is None:
-                outbox.close()
-            os.close(claim)
+            _close_unsent(pipes, claim, outbox if session is None else None)
             raise PoolWorkerError(f"the template is gone: {exc}", started=False) from None
         except PoolWorkerError:
             # The template broke before the job left (its word on the children it prepared never came, see
             # _read_while): nothing else will close what was made here for the job.
-            for r, _ in pipes:
-                os.close(r)
-            if outbox is not None and session is None:
-                outbox.close()
-            os.close(claim)
+            _close_unsent(pipes, claim, outbox if session is None else None)
             raise
         finally:
             for _, w in pipes:

@@ -58,6 +58,32 @@ def test_a_broken_repr_does_not_fail_the_code(pool: PoolProcess) -> None:
     assert result["exit"] == 0 and "repr() raised RuntimeError" in result["return_value"]
 
 
+@pytest.mark.parametrize(("code", "kind", "message"), [
+    # JSON's UTF-8 cannot carry a lone surrogate: the report is written with it escaped, as stderr writes it.
+    ("raise ValueError('\\udc80')", "ValueError", "\\udc80"),
+    ("class Odd(Exception):\n    def __str__(self):\n        return '\\ud800!'\nraise Odd()", "Odd", "\\ud800!"),
+    # The job's own __str__ failing: what Python's traceback prints for it.
+    ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\nraise Odd()", "Odd",
+     "<exception str() failed>"),
+])
+def test_an_exception_that_resists_description_is_still_reported(pool: PoolProcess, code: str, kind: str,
+                                                                   message: str) -> None:
+    result = pool.run(code)
+    assert result["exit"] == 1, result  # the code's own end, not the setup's (125)
+    assert (result["error"]["type"], result["error"]["message"]) == (kind, message), result
+
+
+def test_a_value_whose_repr_holds_a_lone_surrogate_is_reported_escaped(pool: PoolProcess) -> None:
+    code = "class Odd:\n    def __repr__(self):\n        return 'a\\udc80b'\nOdd()"
+    result = pool.run(code, return_value=True)
+    assert result["exit"] == 0 and result["return_value"] == "a\\udc80b", result
+    step = pool.run(code, session="surrogate", return_value=True)
+    assert step["exit"] == 0 and step["return_value"] == "a\\udc80b", step
+    assert pool.run("Odd", session="surrogate", return_value=True)["exit"] == 0, "the session lives on"
+    pool.send({"id": "close-surrogate", "session": "surrogate", "close": True})
+    pool.result("close-surrogate")
+
+
 def test_session_steps_report_their_values(pool: PoolProcess) -> None:
     assert pool.run("y = 5", session="values", return_value=True)["return_value"] is None
     assert pool.run("y * 2", session="values", return_value=True)["return_value"] == "10"

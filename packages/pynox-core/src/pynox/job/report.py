@@ -43,11 +43,25 @@ _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
 
 def write_report(report_fd: int, report: Report) -> None:
     try:
-        data = msgspec.json.encode(report)
+        try:
+            data = msgspec.json.encode(report)
+        except UnicodeEncodeError:  # a lone surrogate in a message or value: JSON's UTF-8 cannot carry it
+            data = msgspec.json.encode(_utf8_safe(msgspec.to_builtins(report)))
         while data:
             data = data[os.write(report_fd, data):]
     except OSError:
         pass
+
+
+def _utf8_safe(value: object) -> object:
+    """``value`` with each string's surrogates written as escapes (``\\udc80``), as Python's stderr writes them."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {key: _utf8_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_utf8_safe(item) for item in value]
+    return value
 
 
 def finish(report_fd: int, report: Report, *, measured: bool = False) -> NoReturn:
@@ -86,12 +100,20 @@ def describe(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
     line = _location(exc, name)
     path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
     # A SyntaxError's str() adds "(agent.py, line 1)": the location is in file and line already.
-    syntax = isinstance(exc, SyntaxError) and exc.msg
-    message = exc.msg if syntax else str(exc) or _DEFAULT_MESSAGES.get(type(exc), "")  # type: ignore[attr-defined]
+    syntax = isinstance(exc, SyntaxError) and isinstance(exc.msg, str) and exc.msg
+    message = exc.msg if syntax else _text(exc) or _DEFAULT_MESSAGES.get(type(exc), "")  # type: ignore[attr-defined]
     if len(message) > _MAX_MESSAGE:
         message = message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
     return ErrorInfo(type=type(exc).__name__, message=message, file=name if line else None,
-                     line=line, path=path, hint=_hint(exc, path, spec), traceback=_frames(exc, name))
+                     line=line, path=path, hint=_hint(exc, message, path, spec), traceback=_frames(exc, name))
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``; the job's exception class defines it, and it may fail as any of the job's code may."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"  # what Python's own traceback prints then
 
 
 def print_traceback(exc: BaseException) -> None:
@@ -180,11 +202,11 @@ def _starts_a_process(exc: BaseException) -> bool:
 _MAX_IMPORTABLE = 40  # names in a hint: the rest are counted
 
 
-def _hint(exc: BaseException, path: str | None, spec: Confinement) -> str | None:
+def _hint(exc: BaseException, message: str, path: str | None, spec: Confinement) -> str | None:
     style = spec.hint_style
     if isinstance(exc, MemoryError):
         return hints.memory_hint(spec.memory, style)
-    if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread" and spec.max_tasks is not None:
+    if isinstance(exc, RuntimeError) and message == "can't start new thread" and spec.max_tasks is not None:
         return hints.threads_hint(spec.max_tasks)
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         # Listed from inside the sandbox, which could list them itself; only on this error's path.

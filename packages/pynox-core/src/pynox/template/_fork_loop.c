@@ -420,10 +420,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fork_loop", NULL, -
 #ifndef PYNOX_SOURCE
 #define PYNOX_SOURCE ""  /* built without setup.py: its source is not known (see pynox/extensions.py) */
 #endif
+#ifndef PYNOX_SOURCE_FILE
+#define PYNOX_SOURCE_FILE ""  /* its source file's identity not known: the loader hashes the source */
+#endif
 
 PyMODINIT_FUNC PyInit__fork_loop(void) {
     PyObject *created = PyModule_Create(&module);
     if (created != NULL && (PyModule_AddStringConstant(created, "SOURCE", PYNOX_SOURCE) < 0
+                            || PyModule_AddStringConstant(created, "SOURCE_FILE", PYNOX_SOURCE_FILE) < 0
                             || PyModule_AddIntConstant(created, "MAX_CHILDREN", MAX_CHILDREN) < 0
                             || PyModule_AddIntConstant(created, "FORK_FAILED", FORK_FAILED) < 0
                             || PyModule_AddIntConstant(created, "ROOM_UNKNOWN", ROOM_UNKNOWN) < 0)) {

@@ -15,7 +15,7 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["load"]
+__all__ = ["load", "state"]
 
 
 def load(package: str, name: str) -> tuple[ModuleType | None, str | None]:
@@ -27,6 +27,19 @@ def load(package: str, name: str) -> tuple[ModuleType | None, str | None]:
         return None, str(exc)
     stale = _stale(module, name)
     return (None, stale) if stale is not None else (module, None)
+
+
+def state(package: str, name: str) -> str:
+    """What ``pynox check`` says of ``package``'s extension ``name``: ``loaded``; ``not built: <why>`` (no build
+    here, or one this interpreter cannot import); ``refused: <why>`` (built from another source than the one
+    beside it)."""
+    module, why = load(package, name)
+    if module is not None:
+        return "loaded"
+    return f"refused: {why}" if why is not None and why.endswith(_REBUILD) else f"not built: {why}"
+
+
+_REBUILD = "(rebuild it: pip install -e packages/pynox-core)"
 
 
 def _stale(module: ModuleType, name: str) -> str | None:
@@ -55,5 +68,4 @@ def _stale(module: ModuleType, name: str) -> str | None:
 
     if hashlib.sha256(written).hexdigest() == getattr(module, "SOURCE", ""):
         return None
-    return (f"{os.path.basename(built)} was built from another {name}.c than the one beside it (rebuild it: "
-            "pip install -e packages/pynox-core)")
+    return f"{os.path.basename(built)} was built from another {name}.c than the one beside it {_REBUILD}"

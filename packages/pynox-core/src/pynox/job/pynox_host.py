@@ -67,7 +67,7 @@ def renew_in_copy() -> None:
     until the step's deadline), a lock may have been held by such a thread at the fork, and a channel the
     original broke (a reading cut short, the pool's end seen closed) is not the one the copy holds."""
     if _installed is not None:
-        _installed.renew()
+        _installed.__init__(_installed.sock)  # type: ignore[misc]  # a new channel's state, on the copy's socket
 
 
 def _channel_of(fd: int) -> _Channel:
@@ -170,11 +170,9 @@ class _Channel:
     """The job's end of its host channel: tagged calls out, answers matched back by tag."""
 
     def __init__(self, sock: socket.socket) -> None:
+        # No call made, none waiting, nobody reading, nothing broken: renew_in_copy runs this again (not a method
+        # of its own called from here: each call of a function the template holds writes its pages in a job).
         self.sock = sock
-        self.renew()
-
-    def renew(self) -> None:
-        """No call made, none waiting, nobody reading, nothing broken: a new channel's state (see renew_in_copy)."""
         self._send_lock = _thread.allocate_lock()
         self._lock = _thread.allocate_lock()
         self._turns = _Turns(MAX_IN_FLIGHT)

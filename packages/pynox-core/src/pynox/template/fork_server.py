@@ -512,9 +512,11 @@ class _Children:
             return out  # in a child it forked
         # Native int64s, made before its loop (so that nothing there fails once a child was reaped or forked):
         # count, serial, pending, why, error, then (serial, pid, pidfd) of each child now.
-        cells = memoryview(out).cast("q").tolist()
-        count, serial, pending, why, error = cells[:_fork_loop.RESULT_HEAD]
-        now = [cells[at:at + 3] for at in range(_fork_loop.RESULT_HEAD, _fork_loop.RESULT_HEAD + 3 * count, 3)]
+        head = _fork_loop.RESULT_HEAD
+        table = memoryview(out).cast("q")
+        cells = table[:head + 3 * table[0]].tolist()  # the slots of children not there are not read
+        count, serial, pending, why, error = cells[:head]
+        now = [cells[at:at + 3] for at in range(head, head + 3 * count, 3)]
         self._serials = itertools.count(serial)
         kept, known = {entry[0] for entry in now}, set(self.by_serial)
         for child in [child for child in self.by_serial.values() if child.serial not in kept]:  # reaped there

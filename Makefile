@@ -8,7 +8,9 @@ PACKAGES := packages/pynox-core packages/pynox-pydantic-ai packages/pynox-strand
 	packages/pynox-openai-agents packages/pynox-autogen packages/pynox-adk
 
 .PHONY: wheel clean
+# Each package's build/ goes first: setuptools packs what it finds in build/lib*, files since deleted or excluded too.
 wheel:
+	rm -rf $(addsuffix /build,$(PACKAGES))
 	$(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) $(PACKAGES)
 
 clean:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,7 @@ def test_run_check_passes_here() -> None:
     assert report.facts["landlock_abi"] == LANDLOCK_ABI and report.facts["landlock_abi_kernel"] == KERNEL_ABI
     assert report.facts["seccomp"] is True
     assert report.facts["seccomp_unresolved"] == []
+    assert report.facts["native"] == _native_expected(), report.facts["native"]
     if os.geteuid() == 0:  # root may make the pids cgroup this machine has; an ordinary user may not
         assert report.facts["threads_bounded"] is True, report.facts["threads"]
     # Root may make the memory cgroup this machine has; an ordinary user may not, and the check warns.
@@ -207,3 +210,61 @@ def test_check_names_each_per_job_bound_not_in_force_here() -> None:
         assert facts["cpu_bounded"], facts["cpu"]
     if os.geteuid() == 0 and any("memory" in options.split(",") for options in mounted_v1):
         assert facts["tcp_counted"], facts["tcp"]
+
+
+def _native_expected() -> dict[str, str]:
+    """What the check must say of the native paths in this run: CI builds both and runs them, but for its
+    fallback leg ($PYNOX_NATIVE=0)."""
+    if os.environ.get("PYNOX_NATIVE") == "0":
+        return dict.fromkeys(("_confine", "_fork_loop"), "disabled by $PYNOX_NATIVE=0")
+    return dict.fromkeys(("_confine", "_fork_loop"), "loaded")
+
+
+def test_check_says_whether_the_native_paths_serve() -> None:
+    done = subprocess.run([sys.executable, "-m", "pynox", "check"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name, state in _native_expected().items():
+        assert f"    {name:<11} {state} (" in done.stdout, done.stdout
+
+
+def _copy_of_pynox(tmp_path: Path, edit: str) -> Path:
+    """This checkout's pynox, copied with its built extensions, and ``edit`` made to it: the directory to put on
+    PYTHONPATH."""
+    import pynox
+
+    installed = Path(pynox.__file__).parent
+    if not list(installed.glob("template/_fork_loop.*.so")) or not (installed / "template" / "_fork_loop.c").exists():
+        pytest.skip("no extension built beside its source here (a wheel, or no compiler)")
+    shutil.copytree(installed, tmp_path / "pynox", ignore=shutil.ignore_patterns("__pycache__"))
+    if edit == "a source changed since its build":
+        source = tmp_path / "pynox" / "template" / "_fork_loop.c"
+        source.write_bytes(source.read_bytes() + b"/* an edit since the build */\n")
+    elif edit == "an extension not built":
+        for built in (tmp_path / "pynox" / "policy").glob("_confine.*.so"):
+            built.unlink()
+    return tmp_path
+
+
+@pytest.mark.parametrize(("edit", "native", "expected"), [
+    ("none", "0", {"_confine": "disabled by $PYNOX_NATIVE=0", "_fork_loop": "disabled by $PYNOX_NATIVE=0"}),
+    ("a source changed since its build", "", {"_confine": "loaded", "_fork_loop": "refused: _fork_loop"}),
+    ("an extension not built", "", {"_confine": "not built: No module named 'pynox.policy._confine'",
+                                    "_fork_loop": "loaded, unused: children confine through the Python steps"}),
+])
+def test_check_names_each_native_path_not_in_use_and_why(tmp_path: Path, edit: str, native: str,
+                                                         expected: dict[str, str]) -> None:
+    """Each state a native path can be in, as ``pynox check --json`` reports it from a copy of the package (its
+    template started from the copy too); the control, the check of this checkout, says both are loaded."""
+    root = _copy_of_pynox(tmp_path, edit)
+    done = subprocess.run([sys.executable, "-m", "pynox", "check", "--json"], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(root), "PYNOX_NATIVE": native})
+    data = json.loads(done.stdout)
+    said = data["facts"]["native"]
+    assert set(said) == set(expected), said
+    for name, start in expected.items():
+        assert said[name].startswith(start), said
+    refused = [warning for warning in data["warnings"] if "was built from another" in warning]
+    assert bool(refused) is (edit == "a source changed since its build"), data["warnings"]
+    assert data["ok"] is True, data  # the Python paths serve, under the same rules

@@ -58,6 +58,10 @@ def test_wheels_install_and_run_outside_the_checkout(tmp_path: Path) -> None:
     assert report["ok"] is True, report
     # The core's wheel carries the child's confinement in one native call, and its jobs take it.
     assert report["facts"]["confinement"] == "native", report["facts"]
+    # Both extensions as built, with no C source beside them to hash in every process the pool starts.
+    assert report["facts"]["native"] == {"_confine": "loaded", "_fork_loop": "loaded"}, report["facts"]
+    core = Path(where[0]).parent
+    assert not [*core.rglob("*.c")], "a wheel carries no C source"
     job = json.loads(_run(venv / "bin" / "pynox", "run", "--json", "-c", "print(6 * 7)", cwd=tmp_path))
     assert job["stdout"] == "42\n" and job["policy"]["backend"] == "landlock+seccomp", job
     # The MCP server's console script is installed, and its help names the grants.

@@ -552,3 +552,60 @@ def test_forks_at_once_behind_a_running_step_with_room_for_one(tmp_path: Path) -
         assert _ok(pool.run("print(x)", session=names[0]))["stdout"] == "2\n"
         original = _pid(pool, "s")
         assert sorted(_children(procfs.stat(original).ppid)) == sorted([original, _pid(pool, names[0])])
+
+
+def _step(pool: PoolProcess, session: str, code: str, handlers: dict[str, Any]) -> dict[str, Any]:
+    """A later step of ``session`` (its functions declared by its first), whose calls ``handlers`` answer."""
+    step_id = new_id("step")
+    pool.handle_calls(step_id, handlers)
+    pool.send({"id": step_id, "session": session, "code": code, "timeout": "20s"})
+    return pool.result(step_id, timeout=40)
+
+
+_CALL = "try:\n    print(f(41))\nexcept HostError as exc:\n    print('HostError:', exc)\n"
+# How the original's host channel is left when the fork is taken: broken for good (the pool's end seen
+# closed: every later call of the original fails at once), or its descriptor closed by the job's code.
+# A call in flight: an audit hook (the job's own code) starts a thread that calls the host as the next step's code
+# (the fork step's) is run, and lets the fork go on once that call waits for its answer (never given). The pool
+# refuses to fork a session with a thread left running; one started during the fork step is the job's own doing.
+_IN_FLIGHT = """
+import sys, threading, time
+armed = [True]
+def hook(event, args):
+    if event == 'exec' and 'fork' in getattr(args[0], 'co_consts', ()) and armed[0]:
+        armed[0] = False
+        threading.Thread(target=lambda: f(0), daemon=True).start()
+        time.sleep(0.5)
+sys.addaudithook(hook)
+print('HostError: f(): the host channel failed (the next call is in flight)')
+"""
+_LEFT = {"broken": "import socket\nsocket.socket(fileno=os.dup(4)).shutdown(socket.SHUT_RD)\n" + _CALL,
+         "closed": "os.close(4)\n" + _CALL, "in flight": _IN_FLIGHT}
+
+
+@pytest.mark.parametrize("left", sorted(_LEFT))
+def test_a_copy_of_a_session_whose_host_channel_failed_has_a_working_channel_of_its_own(tmp_path: Path,
+                                                                                        left: str) -> None:
+    """The copy's host calls go on a channel of its own (the fork step brings it), and its ``pynox_host`` starts
+    afresh on it, whatever the original's was doing when the fork was taken: its calls get the host's answers,
+    within its step. (Inheriting the original's state, a copy forked with a call in flight waited for a reader it
+    does not have until its step's deadline, and one of a broken channel failed for the original's reason.) The
+    control: the original's own call failed (its channel was in that state when the fork was taken), and before,
+    it was answered; the call in flight reached the pool."""
+    handlers = {"f": lambda x: x + 1}
+    with pool_process("--workers=1", cwd=tmp_path) as pool:
+        session = new_id("channel-left")
+        first = pool.run("import os\nfrom pynox_host import f, HostError\n" + _CALL, session=session, host=handlers)
+        assert _ok(first)["stdout"] == "42\n", first
+        failed = _ok(_step(pool, session, _LEFT[left], handlers))
+        assert failed["stdout"].startswith("HostError: f(): the host channel failed"), failed
+        copy = _fork(pool, session)
+        started = time.monotonic()
+        answer = _step(pool, copy, _CALL, handlers)
+        assert time.monotonic() - started < 15 and answer["error"] is None, answer
+        assert answer["stdout"] == "42\n", answer
+        assert _ok(_step(pool, copy, _CALL, handlers))["stdout"] == "42\n"
+        if left == "in flight":  # the thread's call reached the pool during the fork step, and was not answered
+            assert any(m.get("event") == "call" and m.get("args") == [0] for m in list(pool.messages)), left
+        else:  # the original's channel is still in the state the fork found: the copy's was renewed, not it
+            assert _step(pool, session, _CALL, handlers)["stdout"].startswith("HostError: f(): "), left

@@ -397,10 +397,11 @@ def _load_error_of(package: Path, extension: str) -> str:
 
 
 @pytest.mark.parametrize("extension", ["policy._confine", "template._fork_loop"])
-@pytest.mark.parametrize("edit", ["none", "touched", "changed"])
+@pytest.mark.parametrize("edit", ["none", "touched", "changed", "changed, its old times kept"])
 def test_an_extension_built_from_another_source_is_not_used(tmp_path: Path, edit: str, extension: str) -> None:
     """An editable install whose C source changed since its build (a checkout, an edit) would pass the new
-    Python's arguments to the old C: the extension is then not loaded, and says why. The same source, only
+    Python's arguments to the old C: the extension is then not loaded, and says why, whatever the source's times
+    say (``cp -p``, tar and an older file's checkout keep a source older than the build). The same source, only
     written again (a checkout of the same text), is still used."""
     import pynox
 
@@ -416,11 +417,67 @@ def test_an_extension_built_from_another_source_is_not_used(tmp_path: Path, edit
     os.utime(source, ns=(built.stat().st_mtime_ns - 10**9,) * 2)  # the copy keeps no order between the two
     if edit == "touched":
         os.utime(source, ns=(built.stat().st_mtime_ns + 10**9,) * 2)
-    if edit == "changed":
+    if edit.startswith("changed"):
         source.write_bytes(source.read_bytes() + b"/* an edit since the build */\n")
+    if edit == "changed, its old times kept":
+        os.utime(source, ns=(built.stat().st_mtime_ns - 10**9,) * 2)
     said = _load_error_of(package, extension)
-    if edit == "changed":
+    if edit.startswith("changed"):
         assert said == (f"{built.name} was built from another {name}.c than the one beside it (rebuild it: "
                         "pip install -e packages/pynox-core)"), said
     else:
         assert said == "None", said
+
+
+_BUILD_IN_PLACE = """
+import sys, setuptools
+sys.argv = ["setup.py", "-q", "build_ext", "--inplace"]
+build = setuptools.setup
+setuptools.setup = lambda **kw: build(package_dir={"": "src"}, packages=[], **kw)
+exec(compile(open("setup.py").read(), "setup.py", "exec"), {"__file__": "setup.py", "__name__": "__main__"})
+"""
+
+
+def _loaded_here(package: Path, extension: str) -> tuple[str, bool]:
+    """As :func:`_load_error_of`, and whether the loader read and hashed the source (imported hashlib)."""
+    parent, _, name = extension.rpartition(".")
+    done = subprocess.run([sys.executable, "-c", f"import sys; from pynox import extensions; "
+                                                 f"print(extensions.load('pynox.{parent}', {name!r})[1]); "
+                                                 "print('hashlib' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "PYTHONPATH": str(package.parent)})
+    said, hashed = done.stdout.splitlines()
+    return said, hashed == "True"
+
+
+@pytest.mark.parametrize("extension", ["policy._confine", "template._fork_loop"])
+def test_the_source_the_build_hashed_is_trusted_only_while_unchanged(tmp_path: Path, extension: str) -> None:
+    """Built in place (as an editable install builds), the source beside the extension is the file the build
+    hashed: while it is unchanged, loading stats it and reads nothing (control: no hash). The same file rewritten
+    in place, with the same size and its old times put back (what ``cp -p`` over it does), is hashed again and
+    refused."""
+    import pynox
+
+    project = Path(pynox.__file__).parents[2]
+    if not (project / "setup.py").exists() or shutil.which("cc") is None:
+        pytest.skip("no checkout with setup.py here, or no C compiler")
+    copy = tmp_path / "core"
+    shutil.copytree(project / "src", copy / "src", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(project / "setup.py", copy)
+    # setup.py's own build, in place, without pyproject.toml (whose metadata this venv's setuptools may not read).
+    subprocess.run([sys.executable, "-c", _BUILD_IN_PLACE], cwd=copy, check=True, capture_output=True, timeout=300)
+    package = copy / "src" / "pynox"
+    parent, _, name = extension.rpartition(".")
+    source = package / parent / f"{name}.c"
+    assert _loaded_here(package, extension) == ("None", False)
+    text, held = source.read_bytes(), source.stat()
+    edited = text.replace(b"/*", b"//", 1)  # the same size
+    assert edited != text and len(edited) == len(text)
+    with open(source, "r+b") as same_file:
+        same_file.write(edited)
+    os.utime(source, ns=(held.st_atime_ns, held.st_mtime_ns))
+    assert source.stat().st_ino == held.st_ino and source.stat().st_mtime_ns == held.st_mtime_ns
+    built = package / parent / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    assert _loaded_here(package, extension) == (
+        f"{built.name} was built from another {name}.c than the one beside it (rebuild it: "
+        "pip install -e packages/pynox-core)", True)

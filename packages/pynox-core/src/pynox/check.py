@@ -27,7 +27,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import LANDLOCK_ABI_VARIABLE, landlock_abi_from_environment, load_config
+from . import extensions
+from .config import (
+    LANDLOCK_ABI_VARIABLE,
+    NATIVE_VARIABLE,
+    landlock_abi_from_environment,
+    load_config,
+    native_from_environment,
+)
 from .errors import ConfigError, KernelSupportError, PoolError, RequestError
 from .policy import BACKEND, cgroups, landlock, native, seccomp
 from .protocol import Request, Result
@@ -127,6 +134,9 @@ class CheckReport:
                      f"{', '.join(_CAPABILITY_NAMES)}); outer seccomp filter {outer}; "
                      f"Yama ptrace_scope {'absent' if scope is None else scope}")
         lines.append(f"  backend        {BACKEND}" + (" (cannot confine here)" if self.error else ""))
+        lines.append("  native paths")
+        for name, _, does in NATIVE_PATHS:
+            lines.append(f"    {name:<11} {facts['native'][name]} ({does})")
         if self.probes:
             lines.append("Self-test (each probe is a confined child on this machine)")
             width = max(len(p.name) for p in self.probes)
@@ -210,7 +220,31 @@ def _kernel_facts() -> dict[str, Any]:
         "cpu_bounded": cgroups.available().cpu is not None,
         # Every per-job bound this setup cannot give, as the pool's ready event says them.
         "bounds_not_in_force": cgroups.available().not_in_force(),
+        # Whether the native paths serve: the child's confinement in one call, the template's cycle.
+        "native": native_paths(),
     }
+
+
+# The native extensions, each with what it does (pynox/extensions.py loads them).
+NATIVE_PATHS = (("_confine", "pynox.policy", "a child's confinement in one call"),
+                ("_fork_loop", "pynox.template", "the template's cycle: reap, report, prepare the next"))
+
+
+def native_paths() -> dict[str, str]:
+    """Each native extension's state, as pynox/extensions.py loads it here (a template imports the same files):
+    ``loaded``, ``not built: ...``, ``refused: ...`` (built from another source), or ``disabled by
+    $PYNOX_NATIVE=0``. The template's cycle runs natively only where children confine natively: loaded
+    without that, it says so."""
+    try:
+        wanted = native_from_environment()
+    except ConfigError as exc:
+        return dict.fromkeys((name for name, _, _ in NATIVE_PATHS), f"not known: {exc}")
+    if wanted is False:
+        return dict.fromkeys((name for name, _, _ in NATIVE_PATHS), f"disabled by ${NATIVE_VARIABLE}=0")
+    states = {name: extensions.state(package, name) for name, package, _ in NATIVE_PATHS}
+    if states["_fork_loop"] == "loaded" and states["_confine"] != "loaded":
+        states["_fork_loop"] = "loaded, unused: children confine through the Python steps"
+    return states
 
 
 # Capability numbers (linux/capability.h) the report names.
@@ -728,6 +762,10 @@ def _add_warnings(report: CheckReport) -> None:
         warn(f"Landlock ABI {abi} has no scoping: signals to other processes (kill, sigqueue, pidfd, F_SETOWN) "
              "are refused by seccomp alone, and abstract unix sockets are out of reach because seccomp "
              "refuses unix sockets")
+    for name, state in facts["native"].items():
+        if state.startswith("refused"):
+            warn(f"{name} is not used: {state.removeprefix('refused: ')}; its Python path serves meanwhile (the same "
+                 "rules, more CPU a job)")
     unresolved = facts.get("seccomp_unresolved")
     if unresolved:
         warn("this libseccomp does not know " + ", ".join(unresolved) + ": if this kernel has them, the filter "

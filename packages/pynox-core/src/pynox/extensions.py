@@ -15,7 +15,7 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["load"]
+__all__ = ["load", "state"]
 
 
 def load(package: str, name: str) -> tuple[ModuleType | None, str | None]:
@@ -29,16 +29,36 @@ def load(package: str, name: str) -> tuple[ModuleType | None, str | None]:
     return (None, stale) if stale is not None else (module, None)
 
 
+def state(package: str, name: str) -> str:
+    """What ``pynox check`` says of ``package``'s extension ``name``: ``loaded``; ``not built: <why>`` (no build
+    here, or one this interpreter cannot import); ``refused: <why>`` (built from another source than the one
+    beside it)."""
+    module, why = load(package, name)
+    if module is not None:
+        return "loaded"
+    return f"refused: {why}" if why is not None and why.endswith(_REBUILD) else f"not built: {why}"
+
+
+_REBUILD = "(rebuild it: pip install -e packages/pynox-core)"
+
+
 def _stale(module: ModuleType, name: str) -> str | None:
     """Why ``module`` was built from another ``<name>.c`` than the one beside it; None when it was built from this
-    one, or when no source is beside it (a wheel). The source is read and hashed only when it is newer than the
-    build: where nothing changed since (every process of a pool loads the extensions), it costs two stats."""
+    one, or when no source is beside it (a wheel).
+
+    The source's times say nothing (``cp -p``, tar, a checkout of an older file keep a source older than its
+    build): it is hashed, unless it is still the very file the build hashed, unchanged since. ``setup.py``
+    compiles that file's identity in (``SOURCE_FILE``: device, inode, size and change time); any write to it, and
+    any setting of its times, moves its change time, which no call but the clock's sets, and a file put in its
+    place has another inode. Where nothing changed since the build (every process of a pool loads the
+    extensions), that costs one stat; otherwise the read and the hash (hashlib, its import ~2 ms)."""
     built = getattr(module, "__file__", None)
     if built is None:
         return None
     source = os.path.join(os.path.dirname(built), f"{name}.c")
     try:
-        if os.stat(source).st_mtime_ns <= os.stat(built).st_mtime_ns:
+        held = os.stat(source)
+        if getattr(module, "SOURCE_FILE", "") == f"{held.st_dev}:{held.st_ino}:{held.st_size}:{held.st_ctime_ns}":
             return None
         with open(source, "rb") as text:
             written = text.read()
@@ -48,5 +68,4 @@ def _stale(module: ModuleType, name: str) -> str | None:
 
     if hashlib.sha256(written).hexdigest() == getattr(module, "SOURCE", ""):
         return None
-    return (f"{os.path.basename(built)} was built from another {name}.c than the one beside it (rebuild it: "
-            "pip install -e packages/pynox-core)")
+    return f"{os.path.basename(built)} was built from another {name}.c than the one beside it {_REBUILD}"

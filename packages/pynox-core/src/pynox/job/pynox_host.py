@@ -37,7 +37,7 @@ from ..wire.frames import HEADER, recv_exact
 from ..wire.host_channel import MAX_ANSWER, MAX_IN_FLIGHT, MAX_PAYLOAD, HostAnswer, HostCall, encode_frame, tag_size
 from ..wire.host_values import NotPlainJSON, check_plain_json
 
-__all__ = ["install_host_module", "warm_up"]
+__all__ = ["install_host_module", "renew_in_copy", "warm_up"]
 
 # Calls of warm_up: enough for CPython's specializing interpreter to have quickened the path (it does so
 # after a few runs of a function) and for msgspec to have built its encoder's and decoder's plans.
@@ -55,7 +55,19 @@ HostError.__module__ = "pynox_host"
 def install_host_module(functions: list[str], channel_fd: int) -> None:
     """Create ``pynox_host`` (and ``pynox_host.aio``) with one callable per declared name; importing anything
     else fails."""
-    _install(functions, _channel_of(channel_fd))
+    global _installed
+    _installed = _channel_of(channel_fd)
+    _install(functions, _installed)
+
+
+def renew_in_copy() -> None:
+    """In a session fork's copy, whose channel descriptor now holds a channel of its own (job/session_fork.py):
+    its ``pynox_host`` starts afresh on it. What the original's channel was doing is not the copy's: a call in
+    flight there is a thread's the copy does not have (the copy's calls would wait for it to read their answers,
+    until the step's deadline), a lock may have been held by such a thread at the fork, and a channel the
+    original broke (a reading cut short, the pool's end seen closed) is not the one the copy holds."""
+    if _installed is not None:
+        _installed.__init__(_installed.sock)  # type: ignore[misc]  # a new channel's state, on the copy's socket
 
 
 def _channel_of(fd: int) -> _Channel:
@@ -158,6 +170,8 @@ class _Channel:
     """The job's end of its host channel: tagged calls out, answers matched back by tag."""
 
     def __init__(self, sock: socket.socket) -> None:
+        # No call made, none waiting, nobody reading, nothing broken: renew_in_copy runs this again (not a method
+        # of its own called from here: each call of a function the template holds writes its pages in a job).
         self.sock = sock
         self._send_lock = _thread.allocate_lock()
         self._lock = _thread.allocate_lock()
@@ -385,6 +399,8 @@ def _bind_async(call: Any, name: str) -> Any:
 
 
 _decoder = msgspec.json.Decoder(HostAnswer)
+# The job's channel, once pynox_host is installed (renew_in_copy).
+_installed: _Channel | None = None
 # A header's first byte before the header is taken: never a real one's (big-endian, of a size under 16 MiB).
 _UNWRITTEN = 0xFF
 assert HEADER.format == "!I" and MAX_ANSWER < 1 << 24

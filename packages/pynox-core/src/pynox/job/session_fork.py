@@ -7,7 +7,8 @@ path). It goes through only because the pool armed the steward's gate for this o
 the job's own code, before or after, is refused as always. A raw clone skips glibc's fork bookkeeping, so the
 copy's thread control block keeps the original's tid: ``raise()`` and ``pthread_kill()`` would name the original,
 and the own-process filter the copy stacks refuses them (it may name only ``0``). The copy leaves the step's
-pipes to the original, takes the control channel the step brought (at FORK_CONTROL) for its own, arms its
+pipes to the original, takes the control channel the step brought (at FORK_CONTROL) for its own (and the host
+channel, with ``pynox_host`` renewed on it: the original's calls in flight are not the copy's), arms its
 parent-death signal, stacks its own-process filter, leads a session of its own, says its pid on that channel
 and stops itself: the pool checks all of it from ``/proc`` (it trusts none of what runs here), has the template
 adopt it, and continues it with its first step, which it serves as the original serves its own.
@@ -28,7 +29,7 @@ from ..policy.seccomp import syscall_number
 from ..wire.descriptors import CHANNEL, CONTROL, FORK_CHANNEL, FORK_CONTROL, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.state import FORK_PID
-from . import execute, interrupts
+from . import execute, interrupts, pynox_host
 
 __all__ = ["fork"]
 
@@ -79,6 +80,7 @@ def _become_copy(template: int, channel: bool) -> NoReturn:
         if channel:  # pynox_host's socket is at CHANNEL: from now on it is the copy's own channel
             os.dup2(FORK_CHANNEL, CHANNEL)
             os.close(FORK_CHANNEL)
+            pynox_host.renew_in_copy()  # and pynox_host's state a new channel's, whatever the original's was
         set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != template:  # the template died before the signal was armed
             os._exit(SETUP_FAILED_EXIT)

@@ -638,10 +638,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_confine", NULL, -1,
 #ifndef PYNOX_SOURCE
 #define PYNOX_SOURCE ""  /* built without setup.py: its source is not known (see pynox/extensions.py) */
 #endif
+#ifndef PYNOX_SOURCE_FILE
+#define PYNOX_SOURCE_FILE ""  /* its source file's identity not known: the loader hashes the source */
+#endif
 
 PyMODINIT_FUNC PyInit__confine(void) {
     PyObject *made = PyModule_Create(&module);
-    if (made != NULL && PyModule_AddStringConstant(made, "SOURCE", PYNOX_SOURCE) < 0) {
+    if (made != NULL && (PyModule_AddStringConstant(made, "SOURCE", PYNOX_SOURCE) < 0
+                         || PyModule_AddStringConstant(made, "SOURCE_FILE", PYNOX_SOURCE_FILE) < 0)) {
         Py_DECREF(made);
         return NULL;
     }

@@ -21,10 +21,14 @@
  * are of a shape not expected), a rule is to be reopened, a setup is not laid out, or a fork failed.
  *
  * Returns, in a child it forked: that child's Setup (the caller runs job.child.run_prepared with it at once).
- * In the template: (children, serial, pending, why, errno): the children now, the next serial, how many children
- * an Ended frame announced that are not forked yet and why (PYTHON_PREPARES: Python prepares them;
- * FORK_FAILED: their fork failed, so the server is told they will not come; ROOM_UNKNOWN: Python reads the room
- * first), and the errno of a send that failed (0: none). */
+ * In the template: bytes holding native int64s, RESULT_HEAD of them first (how many children there are now, the
+ * next serial, how many children an Ended frame announced that are not forked yet and why (PYTHON_PREPARES:
+ * Python prepares them; FORK_FAILED: their fork failed, so the server is told they will not come; ROOM_UNKNOWN:
+ * Python reads the room first), and the errno of a send that failed (0: none)), then (serial, pid, pidfd) of each
+ * child now. Those bytes are allocated before the loop, and nothing after it can fail: once a child is reaped (its
+ * pidfd closed) or forked, the caller always learns it. (A result built after the loop could fail with
+ * MemoryError there, and the caller's books would keep closed pidfd numbers, which another descriptor may take,
+ * and miss the children forked.) An exception is raised only before anything is done. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -56,6 +60,8 @@
 
 /* Why children announced are left for Python (see above). */
 enum { PYTHON_PREPARES, FORK_FAILED, ROOM_UNKNOWN };
+/* The result's int64s before its children's: count, serial, pending, why, error. */
+#define RESULT_HEAD 5
 
 struct child {
     long long serial;
@@ -181,6 +187,10 @@ static int room_for(struct loop *loop, long long children) {
     PyObject *key = PyTuple_GET_ITEM(loop->room, 0), *point = PyTuple_GET_ITEM(loop->room, 1);
     long version = PyLong_AsLong(PyTuple_GET_ITEM(loop->room, 2));
     long long per_child = PyLong_AsLongLong(PyTuple_GET_ITEM(loop->room, 3));
+    if (PyErr_Occurred()) { /* a number out of range: no exception may be left set, Python judges */
+        PyErr_Clear();
+        return 0;
+    }
     char own[1 << 13];
     if (read_head("/proc/self/cgroup", own, sizeof(own)) < 0)
         return 0;
@@ -368,6 +378,10 @@ static PyObject *serve(PyObject *self, PyObject *args) {
         loop.room = room;
     }
 
+    /* The result, made now: after the loop, nothing may fail (see above). */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (RESULT_HEAD + 3 * MAX_CHILDREN) * sizeof(long long));
+    if (result == NULL)
+        return NULL;
     PyObject *setup = NULL;
     for (;;) {
         struct pollfd ready[MAX_CHILDREN + 1];
@@ -387,6 +401,7 @@ static PyObject *serve(PyObject *self, PyObject *args) {
             continue;
         int done = reap(&loop, ended, &setup);
         if (done == 2) {
+            Py_DECREF(result);
             Py_INCREF(setup); /* in the child: its own copy of the page */
             return setup;
         }
@@ -394,19 +409,14 @@ static PyObject *serve(PyObject *self, PyObject *args) {
             break;
     }
 
-    PyObject *now = PyTuple_New(loop.count);
-    if (now == NULL)
-        return NULL;
+    long long *cells = (long long *)PyBytes_AS_STRING(result);
+    long long head[RESULT_HEAD] = {loop.count, loop.serial, loop.pending, loop.why, loop.error};
+    memcpy(cells, head, sizeof(head));
     for (int i = 0; i < loop.count; i++) {
-        PyObject *entry = Py_BuildValue("(Lii)", loop.children[i].serial, loop.children[i].pid,
-                                        loop.children[i].pidfd);
-        if (entry == NULL) {
-            Py_DECREF(now);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(now, i, entry);
+        long long entry[3] = {loop.children[i].serial, loop.children[i].pid, loop.children[i].pidfd};
+        memcpy(cells + RESULT_HEAD + 3 * i, entry, sizeof(entry));
     }
-    return Py_BuildValue("(NLLii)", now, loop.serial, loop.pending, loop.why, loop.error);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -420,13 +430,18 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fork_loop", NULL, -
 #ifndef PYNOX_SOURCE
 #define PYNOX_SOURCE ""  /* built without setup.py: its source is not known (see pynox/extensions.py) */
 #endif
+#ifndef PYNOX_SOURCE_FILE
+#define PYNOX_SOURCE_FILE ""  /* its source file's identity not known: the loader hashes the source */
+#endif
 
 PyMODINIT_FUNC PyInit__fork_loop(void) {
     PyObject *created = PyModule_Create(&module);
     if (created != NULL && (PyModule_AddStringConstant(created, "SOURCE", PYNOX_SOURCE) < 0
+                            || PyModule_AddStringConstant(created, "SOURCE_FILE", PYNOX_SOURCE_FILE) < 0
                             || PyModule_AddIntConstant(created, "MAX_CHILDREN", MAX_CHILDREN) < 0
                             || PyModule_AddIntConstant(created, "FORK_FAILED", FORK_FAILED) < 0
-                            || PyModule_AddIntConstant(created, "ROOM_UNKNOWN", ROOM_UNKNOWN) < 0)) {
+                            || PyModule_AddIntConstant(created, "ROOM_UNKNOWN", ROOM_UNKNOWN) < 0
+                            || PyModule_AddIntConstant(created, "RESULT_HEAD", RESULT_HEAD) < 0)) {
         Py_DECREF(created);
         return NULL;
     }

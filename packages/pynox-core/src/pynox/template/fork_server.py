@@ -510,7 +510,13 @@ class _Children:
                                watched, None if room is None else (*room, _ROOM_FOR_A_CHILD))
         if isinstance(out, Setup):
             return out  # in a child it forked
-        now, serial, pending, why, error = out
+        # Native int64s, made before its loop (so that nothing there fails once a child was reaped or forked):
+        # count, serial, pending, why, error, then (serial, pid, pidfd) of each child now.
+        head = _fork_loop.RESULT_HEAD
+        table = memoryview(out).cast("q")
+        cells = table[:head + 3 * table[0]].tolist()  # the slots of children not there are not read
+        count, serial, pending, why, error = cells[:head]
+        now = [cells[at:at + 3] for at in range(head, head + 3 * count, 3)]
         self._serials = itertools.count(serial)
         kept, known = {entry[0] for entry in now}, set(self.by_serial)
         for child in [child for child in self.by_serial.values() if child.serial not in kept]:  # reaped there

@@ -65,6 +65,11 @@ def test_a_broken_repr_does_not_fail_the_code(pool: PoolProcess) -> None:
     # The job's own __str__ failing: what Python's traceback prints for it.
     ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\nraise Odd()", "Odd",
      "<exception str() failed>"),
+    # ... with an exception that is not an Exception: still the code's own error, not Pynox's (it ended with 125).
+    ("class Odd(Exception):\n    def __str__(self):\n        raise KeyboardInterrupt\nraise Odd()", "Odd",
+     "<exception str() failed>"),
+    ("class Odd(Exception):\n    def __str__(self):\n        raise SystemExit(3)\nraise Odd()", "Odd",
+     "<exception str() failed>"),
 ])
 def test_an_exception_that_resists_description_is_still_reported(pool: PoolProcess, code: str, kind: str,
                                                                    message: str) -> None:

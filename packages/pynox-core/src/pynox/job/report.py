@@ -112,7 +112,7 @@ def _text(exc: BaseException) -> str:
     """``str(exc)``; the job's exception class defines it, and it may fail as any of the job's code may."""
     try:
         return str(exc)
-    except Exception:
+    except BaseException:  # a KeyboardInterrupt or SystemExit too, as Python's own traceback takes any
         return "<exception str() failed>"  # what Python's own traceback prints then
 
 

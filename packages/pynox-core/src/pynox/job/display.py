@@ -268,7 +268,7 @@ def counted_streams() -> None:
             old.flush()
             new = io.TextIOWrapper(io.BufferedWriter(counter), encoding=old.encoding, errors=old.errors,
                                    line_buffering=True)
-        except (AttributeError, ValueError, OSError):  # the job replaced or closed it
+        except BaseException:  # the job replaced or closed it (with a stream of its own, raising anything)
             return
         setattr(sys, name, new)
         setattr(sys, f"__{name}__", new)

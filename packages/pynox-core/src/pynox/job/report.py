@@ -92,7 +92,7 @@ def flush_streams() -> None:
         try:
             if stream is not None:
                 stream.flush()
-        except Exception:  # the job may have closed or replaced its streams
+        except BaseException:  # the job may have closed or replaced its streams (with ones that raise anything)
             pass
 
 
@@ -125,7 +125,7 @@ def print_traceback(exc: BaseException) -> None:
             part.stack = traceback.StackSummary.from_list(
                 [frame for frame in part.stack if frame.filename not in _OWN_FILES])
         sys.stderr.write("".join(report.format()))
-    except Exception:  # a broken sys.stderr must not hide the report
+    except BaseException:  # a broken sys.stderr (the job's, raising anything) must not hide the report
         pass
 
 

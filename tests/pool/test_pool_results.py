@@ -150,6 +150,19 @@ def test_a_non_zero_exit_is_reported_as_it_is(pool: PoolProcess) -> None:
     assert result["exit"] == 3 and result["stdout"] == "bye\n"
 
 
+@pytest.mark.parametrize(("code", "exit"), [
+    ("raise SystemExit(10**100)", 255),  # as CPython exits: beyond a C long, -1 (it was 0: a success)
+    ("raise SystemExit(-(2**64))", 255),
+    ("raise SystemExit(2**40 + 3)", 3),
+    ("class Code(int):\n    def __and__(self, other):\n        raise RuntimeError('no')\nraise SystemExit(Code(3))", 3),
+    ("class Word:\n    def __str__(self):\n        raise RuntimeError('no')\nraise SystemExit(Word())", 1),
+    ("class Word:\n    def __str__(self):\n        raise KeyboardInterrupt\nraise SystemExit(Word())", 1),
+])
+def test_an_odd_exit_code_exits_as_python_would(pool: PoolProcess, code: str, exit: int) -> None:
+    result = pool.run(code)
+    assert result["exit"] == exit and result["error"] is None, result
+
+
 # The job's own stand-ins for its streams, whose methods raise what is not an Exception.
 _RAISING_STREAM = ("import sys\nclass Stream:\n    def write(self, text):\n        raise KeyboardInterrupt\n"
                    "    def flush(self):\n        raise SystemExit(4)\n")

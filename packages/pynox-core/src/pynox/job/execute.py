@@ -238,11 +238,17 @@ def _shutdown() -> None:
 
 
 def _exit_status(exc: SystemExit) -> int:
+    """The status Python's own exit gives ``sys.exit(code)``; the code is the job's object, and may resist."""
     code = exc.code
     if code is None:
         return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
+    try:  # int's own conversion, which an int subclass of the job's cannot redefine (nor its & and <)
+        number = int.__index__(code)  # type: ignore[arg-type]  # any object: a TypeError says it is no int
+    except TypeError:  # not a number (a message): printed, and the status is 1
+        try:
+            print(code, file=sys.stderr)
+        except BaseException:  # its __str__ or the job's stderr failed: nothing printed, as Python prints nothing
+            pass
+        return 1
+    return number & 0xFF if -(1 << 63) <= number < 1 << 63 else 255  # beyond a C long, CPython exits with -1
 

@@ -78,6 +78,20 @@ def test_an_exception_that_resists_description_is_still_reported(pool: PoolProce
     assert (result["error"]["type"], result["error"]["message"]) == (kind, message), result
 
 
+@pytest.mark.parametrize(("code", "kind"), [
+    ("raise type('N' * 5_000_000, (Exception,), {})('m')", "N" * 90),  # a class's name is the code's to choose
+    ("raise PermissionError(13, 'denied', 'p' * 5_000_000)", "PermissionError"),
+    # A line of 700,000 characters, in each of 20 frames.
+    ("def f(n):\n    return f(n + 1) if n < 20 else 1 / 0; " + "x = 1; " * 100_000 + "\nf(0)", "ZeroDivisionError"),
+])
+def test_an_error_too_large_to_report_whole_is_reported_cut(pool: PoolProcess, code: str, kind: str) -> None:
+    # Its report was over the pool's bound for one, so the pool took none: exit 1 with no error said.
+    result = pool.run(code)
+    assert result["exit"] == 1 and result["error"] is not None, result
+    assert result["error"]["type"].startswith(kind), result["error"]["type"][:200]
+    assert len(str(result["error"])) < 100_000
+
+
 def test_a_value_whose_repr_holds_a_lone_surrogate_is_reported_escaped(pool: PoolProcess) -> None:
     code = "class Odd:\n    def __repr__(self):\n        return 'a\\udc80b'\nOdd()"
     result = pool.run(code, return_value=True)

@@ -33,6 +33,11 @@ _OWN_FILES = (*(os.path.join(_HERE, f"{module}.py") for module in ("child", "dis
                                                                       "setup")),
               msgspec.__file__, pynox_host.__file__)
 _MAX_MESSAGE = 2000
+# The rest of an error's text, cut within the pool's own bounds (server/report.py) with the note included: a
+# report over the pool's bound for one is not taken at all, and the job's error is then not said.
+_MAX_TYPE = 96  # a class's name, which the code chooses
+_MAX_PATH = 4000
+_MAX_SOURCE = 960  # one line of source in a traceback entry
 _MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
 _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     MemoryError: "out of memory",
@@ -98,14 +103,17 @@ def flush_streams() -> None:
 
 def describe(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
     line = _location(exc, name)
-    path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
+    path = _cut(exc.filename, _MAX_PATH) if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
     # A SyntaxError's str() adds "(agent.py, line 1)": the location is in file and line already.
     syntax = isinstance(exc, SyntaxError) and isinstance(exc.msg, str) and exc.msg
     message = exc.msg if syntax else _text(exc) or _DEFAULT_MESSAGES.get(type(exc), "")  # type: ignore[attr-defined]
-    if len(message) > _MAX_MESSAGE:
-        message = message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
-    return ErrorInfo(type=type(exc).__name__, message=message, file=name if line else None,
+    message = _cut(message, _MAX_MESSAGE)
+    return ErrorInfo(type=_cut(type(exc).__name__, _MAX_TYPE), message=message, file=name if line else None,
                      line=line, path=path, hint=_hint(exc, message, path, spec), traceback=_frames(exc, name))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
 
 
 def _text(exc: BaseException) -> str:
@@ -161,7 +169,7 @@ def _frames(exc: BaseException, name: str) -> list[Frame]:
     """Where ``exc`` was raised, outermost first: the frames of the job's own code (``name``), each run of
     other frames (a library's) collapsed into a count; Pynox's own frames are left out."""
     if isinstance(exc, SyntaxError) and exc.filename == name and exc.lineno:
-        source = (exc.text or "").rstrip("\n") or None
+        source = _cut((exc.text or "").rstrip("\n"), _MAX_SOURCE) or None
         return [Frame(file=name, line=exc.lineno, source=source, column=exc.offset)]
     entries: list[Frame] = []
     others = 0
@@ -174,7 +182,7 @@ def _frames(exc: BaseException, name: str) -> list[Frame]:
         if others:
             entries.append(Frame(file=None, line=None, source=None, omitted=others))
             others = 0
-        entries.append(Frame(file=name, line=frame.lineno, source=frame.line or None))
+        entries.append(Frame(file=name, line=frame.lineno, source=_cut(frame.line or "", _MAX_SOURCE) or None))
     if others:
         entries.append(Frame(file=None, line=None, source=None, omitted=others))
     if len(entries) > _MAX_FRAMES:  # deep recursion: the way in and the way down, the middle counted

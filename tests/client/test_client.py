@@ -189,6 +189,33 @@ def test_host_function_exception_arrives_as_host_error(pool: Pool) -> None:
     assert full.stdout.splitlines()[0] == "HostError LookupError: no k in postgres://app:s3cret@db/prod"
 
 
+def test_a_host_error_whose_text_holds_a_lone_surrogate_reaches_the_job(pool: Pool) -> None:
+    # A file name that is not UTF-8 is decoded with surrogates (os.listdir, os.fsdecode): JSON cannot carry them.
+    def listing() -> list[str]:
+        raise pynox.HostError("no file named '\udcff.csv'")
+
+    def opening() -> str:
+        raise FileNotFoundError(2, "No such file or directory", "\udcff.csv")
+
+    class Unspeakable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    def muted() -> str:
+        raise Unspeakable()
+
+    code = ("from pynox_host import listing, opening, muted, HostError\nfor f in (listing, opening, muted):\n"
+            "    try:\n        f()\n    except HostError as e:\n        print(e)\n")
+    # Its answer could not be sent (or made): the job waited until its timeout, and the host printed a thread's
+    # traceback.
+    functions = {"listing": listing, "opening": opening, "muted": muted}
+    result = pool.run(code, functions=functions, host_errors="full", timeout=5)
+    assert result.ok, result.text
+    assert result.stdout.splitlines() == ["no file named '\\udcff.csv'",
+                                          "FileNotFoundError: [Errno 2] No such file or directory: '\\udcff.csv'",
+                                          "Unspeakable: <exception str() failed>"]
+
+
 def test_slow_host_function_does_not_block_other_jobs(pool: Pool) -> None:
     release = threading.Event()
 

@@ -80,12 +80,28 @@ def awaiting_on(loop: asyncio.AbstractEventLoop | Callable[[], asyncio.AbstractE
 
     def run_awaitable(awaitable: Any) -> Any:
         async def wait() -> Any:
-            return await awaitable
+            try:
+                return await awaitable
+            except (KeyboardInterrupt, SystemExit) as exc:  # asyncio would stop the loop for them
+                raise _Escaped(exc) from None
 
         target = loop if isinstance(loop, asyncio.AbstractEventLoop) else loop()
-        return asyncio.run_coroutine_threadsafe(wait(), target).result()
+        try:
+            return asyncio.run_coroutine_threadsafe(wait(), target).result()
+        except _Escaped as escaped:
+            raise escaped.exc from None
 
     return run_awaitable
+
+
+class _Escaped(Exception):
+    """A KeyboardInterrupt or SystemExit an async host function raised, carried past the event loop to the thread
+    that answers the call, as a plain exception: raised through the loop, it would stop the loop (the pool's own,
+    or the caller's), leaving this call and every later one on it unanswered."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
 
 
 def step_functions(fixed: Mapping[str, HostFunction], given: Mapping[str, HostFunction] | None

@@ -70,6 +70,11 @@ def test_a_broken_repr_does_not_fail_the_code(pool: PoolProcess) -> None:
      "<exception str() failed>"),
     ("class Odd(Exception):\n    def __str__(self):\n        raise SystemExit(3)\nraise Odd()", "Odd",
      "<exception str() failed>"),
+    # Standard exceptions the code made itself, with fields of types Python never gives them.
+    ("raise SyntaxError('m', ('agent.py', 'one', 'two', 5))", "SyntaxError", "m"),
+    ("error = SyntaxError('m')\nerror.filename, error.lineno, error.text = 'agent.py', 1, 5\nraise error",
+     "SyntaxError", "m"),
+    ("raise ModuleNotFoundError('m', name=5)", "ModuleNotFoundError", "m"),
 ])
 def test_an_exception_that_resists_description_is_still_reported(pool: PoolProcess, code: str, kind: str,
                                                                    message: str) -> None:

@@ -152,12 +152,21 @@ def _chain(report: traceback.TracebackException) -> list[traceback.TracebackExce
 
 def _location(exc: BaseException, name: str) -> int | None:
     if isinstance(exc, SyntaxError) and exc.filename == name:
-        return exc.lineno
+        return _number(exc.lineno)
     line = None
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         if frame.f_code.co_filename == name:
             line = lineno
     return line
+
+
+# The fields of a SyntaxError or an ImportError the code raised itself may hold anything it gave them.
+def _number(value: object) -> int | None:
+    return value if type(value) is int else None
+
+
+def _string(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _frames_in(exc: BaseException, *modules: str) -> bool:
@@ -168,9 +177,9 @@ def _frames_in(exc: BaseException, *modules: str) -> bool:
 def _frames(exc: BaseException, name: str) -> list[Frame]:
     """Where ``exc`` was raised, outermost first: the frames of the job's own code (``name``), each run of
     other frames (a library's) collapsed into a count; Pynox's own frames are left out."""
-    if isinstance(exc, SyntaxError) and exc.filename == name and exc.lineno:
-        source = _cut((exc.text or "").rstrip("\n"), _MAX_SOURCE) or None
-        return [Frame(file=name, line=exc.lineno, source=source, column=exc.offset)]
+    if isinstance(exc, SyntaxError) and exc.filename == name and _number(exc.lineno):
+        source = _cut(_string(exc.text).rstrip("\n"), _MAX_SOURCE) or None
+        return [Frame(file=name, line=exc.lineno, source=source, column=_number(exc.offset))]
     entries: list[Frame] = []
     others = 0
     for frame in traceback.extract_tb(exc.__traceback__):
@@ -216,12 +225,12 @@ def _hint(exc: BaseException, message: str, path: str | None, spec: Confinement)
         return hints.memory_hint(spec.memory, style)
     if isinstance(exc, RuntimeError) and message == "can't start new thread" and spec.max_tasks is not None:
         return hints.threads_hint(spec.max_tasks)
-    if isinstance(exc, ModuleNotFoundError) and exc.name:
+    if isinstance(exc, ModuleNotFoundError) and _string(exc.name):
         # Listed from inside the sandbox, which could list them itself; only on this error's path.
         listed = hints.importable((), spec.package_dirs, _MAX_IMPORTABLE)
-        return hints.module_hint(exc.name, listed, spec.installs_packages, style)
-    if isinstance(exc, SyntaxError) and (exc.text or "").lstrip().startswith(("!", "%")):
-        return hints.shell_hint((exc.text or "").strip(), spec.installs_packages, style)
+        return hints.module_hint(_cut(_string(exc.name), _MAX_PATH), listed, spec.installs_packages, style)
+    if isinstance(exc, SyntaxError) and _string(exc.text).lstrip().startswith(("!", "%")):
+        return hints.shell_hint(_cut(_string(exc.text).strip(), _MAX_SOURCE), spec.installs_packages, style)
     if not isinstance(exc, OSError):
         return None
     if exc.errno == errno.EFBIG and spec.max_file_size is not None:

@@ -126,6 +126,17 @@ def test_a_traceback_lists_the_jobs_own_frames_and_counts_the_rest(pool: PoolPro
     assert len(frames) == 3
 
 
+def test_an_exit_hook_that_fails_is_reported_as_pythons_exit_reports_it(pool: PoolProcess) -> None:
+    # A hook that is a C function has no frame of its own: its traceback was Pynox's frame that ran it.
+    code = "import atexit, sys\natexit.register(sys.exit, 7)\natexit.register(int, 'x')\nprint('ran')"
+    result = pool.run(code)
+    assert (result["exit"], result["error"], result["stdout"]) == (0, None, "ran\n"), result  # as Python exits
+    assert result["stderr"] == ("Exception ignored in atexit callback: <class 'int'>\n"
+                                "ValueError: invalid literal for int() with base 10: 'x'\n"
+                                "Exception ignored in atexit callback: <built-in function exit>\n"
+                                "SystemExit: 7\n"), result["stderr"]
+
+
 def test_a_deep_recursion_keeps_both_ends(pool: PoolProcess) -> None:
     frames = pool.run("def down(n):\n    return down(n + 1)\ndown(0)")["error"]["traceback"]
     assert len(frames) == 21

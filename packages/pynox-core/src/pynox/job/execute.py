@@ -15,7 +15,7 @@ import re
 import socket
 import sys
 import types
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -234,7 +234,23 @@ def _shutdown() -> None:
     if threading is not None and threading.active_count() > 1:
         threading._shutdown()
     if atexit._ncallbacks():
-        atexit._run_exitfuncs()
+        hook = sys.unraisablehook
+        sys.unraisablehook = lambda unraisable: hook(_without_this_frame(unraisable))
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            sys.unraisablehook = hook
+
+
+def _without_this_frame(unraisable: Any) -> Any:
+    """A failed exit hook as Python's own exit reports it. Python gives an exception raised in C (a hook that is
+    ``sys.exit``) the traceback of the frame that runs the hooks: here, :func:`_shutdown`, Pynox's own, where the
+    interpreter's exit has none."""
+    traceback = unraisable.exc_traceback
+    while traceback is not None and traceback.tb_frame.f_code is _shutdown.__code__:
+        traceback = traceback.tb_next
+    return type(unraisable)((unraisable.exc_type, unraisable.exc_value, traceback, unraisable.err_msg,
+                             unraisable.object))
 
 
 def _exit_status(exc: SystemExit) -> int:

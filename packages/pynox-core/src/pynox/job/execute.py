@@ -209,7 +209,7 @@ def _figures(limit: int) -> list[str]:
         from . import figures
 
         return figures.collect(limit)
-    except Exception:  # a figure that cannot be drawn must not cost the code its result
+    except BaseException:  # a figure that cannot be drawn (the code's, raising anything) must not cost it its result
         return []
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,23 @@ def test_refused_request_raises_request_error(pool: Pool) -> None:
         pool.run("print(1)", timeout="soon")
     with pytest.raises(RequestError, match="does not exist"):
         pool.run("print(1)", allow_read=["/no/such/dir"])
+
+
+@pytest.mark.parametrize(("field", "given"), [
+    ("code", {"code": "print('\udc80')"}),
+    # What os.environ and os.listdir give for bytes that are not UTF-8.
+    ("env", {"code": "print(1)", "env": {"NAME": "caf\udce9"}}),
+    ("allow_read", {"code": "print(1)", "allow_read": ["caf\udce9.csv"]}),
+    ("args", {"code": "print(1)", "args": ["\udc80"]}),
+])
+def test_a_lone_surrogate_in_a_request_is_a_request_error(pool: Pool, field: str, given: dict[str, Any]) -> None:
+    # JSON cannot carry it: encoding the request raised UnicodeEncodeError from the client's own code.
+    with pytest.raises(RequestError, match=f"^{field}: .*surrogate"):
+        pool.run(**given)
+    with pool.session() as session:
+        with pytest.raises(RequestError, match=r"^code: .*surrogate"):
+            session.run("print('\udc80')")
+        assert session.run("print('still here')").stdout == "still here\n"
 
 
 def test_fifty_concurrent_runs_from_threads_get_their_own_results(pool: Pool) -> None:

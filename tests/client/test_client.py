@@ -92,6 +92,11 @@ def test_refused_request_raises_request_error(pool: Pool) -> None:
         pool.run("print(1)", timeout="soon")
     with pytest.raises(RequestError, match="does not exist"):
         pool.run("print(1)", allow_read=["/no/such/dir"])
+    # JSON has no NaN nor infinity: they went as null, and the job ran under the default.
+    for field, value in (("timeout", float("nan")), ("timeout", float("inf")), ("memory", float("inf")),
+                         ("max_output", float("nan"))):
+        with pytest.raises(RequestError, match=f"^{field}: "):
+            pool.run("print(1)", **{field: value})
 
 
 @pytest.mark.parametrize(("field", "given"), [

@@ -75,6 +75,11 @@ def test_a_broken_repr_does_not_fail_the_code(pool: PoolProcess) -> None:
     ("error = SyntaxError('m')\nerror.filename, error.lineno, error.text = 'agent.py', 1, 5\nraise error",
      "SyntaxError", "m"),
     ("raise ModuleNotFoundError('m', name=5)", "ModuleNotFoundError", "m"),
+    # A metaclass's own __name__, and text that is a str of the code's own kind.
+    ("class Meta(type):\n    @property\n    def __name__(cls):\n        raise RuntimeError('no')\n"
+     "class Odd(Exception, metaclass=Meta):\n    pass\nraise Odd('m')", "Odd", "m"),
+    ("class Text(str):\n    def __len__(self):\n        raise KeyboardInterrupt\n"
+     "class Odd(Exception):\n    def __str__(self):\n        return Text('m')\nraise Odd()", "Odd", "m"),
 ])
 def test_an_exception_that_resists_description_is_still_reported(pool: PoolProcess, code: str, kind: str,
                                                                    message: str) -> None:

@@ -103,12 +103,12 @@ def flush_streams() -> None:
 
 def describe(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
     line = _location(exc, name)
-    path = _cut(exc.filename, _MAX_PATH) if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
+    path = _cut(_string(exc.filename), _MAX_PATH) or None if isinstance(exc, OSError) else None
     # A SyntaxError's str() adds "(agent.py, line 1)": the location is in file and line already.
-    syntax = isinstance(exc, SyntaxError) and isinstance(exc.msg, str) and exc.msg
-    message = exc.msg if syntax else _text(exc) or _DEFAULT_MESSAGES.get(type(exc), "")  # type: ignore[attr-defined]
+    syntax = isinstance(exc, SyntaxError) and _string(exc.msg)
+    message = syntax or _text(exc) or _DEFAULT_MESSAGES.get(type(exc), "")
     message = _cut(message, _MAX_MESSAGE)
-    return ErrorInfo(type=_cut(type(exc).__name__, _MAX_TYPE), message=message, file=name if line else None,
+    return ErrorInfo(type=_cut(_TYPE_NAME.__get__(type(exc)), _MAX_TYPE), message=message, file=name if line else None,
                      line=line, path=path, hint=_hint(exc, message, path, spec), traceback=_frames(exc, name))
 
 
@@ -119,7 +119,7 @@ def _cut(text: str, limit: int) -> str:
 def _text(exc: BaseException) -> str:
     """``str(exc)``; the job's exception class defines it, and it may fail as any of the job's code may."""
     try:
-        return str(exc)
+        return _string(str(exc))
     except BaseException:  # a KeyboardInterrupt or SystemExit too, as Python's own traceback takes any
         return "<exception str() failed>"  # what Python's own traceback prints then
 
@@ -166,7 +166,11 @@ def _number(value: object) -> int | None:
 
 
 def _string(value: object) -> str:
-    return value if isinstance(value, str) else ""
+    """``value`` if it is text, as a str (a str of the code's own kind may redefine ``len``), else ""."""
+    return str.__str__(value) if isinstance(value, str) else ""
+
+
+_TYPE_NAME = type.__dict__["__name__"]  # a class's own name, which a metaclass of the code's cannot redefine
 
 
 def _frames_in(exc: BaseException, *modules: str) -> bool:

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,28 @@ def test_refused_request_raises_request_error(pool: Pool) -> None:
         pool.run("print(1)", timeout="soon")
     with pytest.raises(RequestError, match="does not exist"):
         pool.run("print(1)", allow_read=["/no/such/dir"])
+    # JSON has no NaN nor infinity: they went as null, and the job ran under the default.
+    for field, value in (("timeout", float("nan")), ("timeout", float("inf")), ("memory", float("inf")),
+                         ("max_output", float("nan"))):
+        with pytest.raises(RequestError, match=f"^{field}: "):
+            pool.run("print(1)", **{field: value})
+
+
+@pytest.mark.parametrize(("field", "given"), [
+    ("code", {"code": "print('\udc80')"}),
+    # What os.environ and os.listdir give for bytes that are not UTF-8.
+    ("env", {"code": "print(1)", "env": {"NAME": "caf\udce9"}}),
+    ("allow_read", {"code": "print(1)", "allow_read": ["caf\udce9.csv"]}),
+    ("args", {"code": "print(1)", "args": ["\udc80"]}),
+])
+def test_a_lone_surrogate_in_a_request_is_a_request_error(pool: Pool, field: str, given: dict[str, Any]) -> None:
+    # JSON cannot carry it: encoding the request raised UnicodeEncodeError from the client's own code.
+    with pytest.raises(RequestError, match=f"^{field}: .*surrogate"):
+        pool.run(**given)
+    with pool.session() as session:
+        with pytest.raises(RequestError, match=r"^code: .*surrogate"):
+            session.run("print('\udc80')")
+        assert session.run("print('still here')").stdout == "still here\n"
 
 
 def test_fifty_concurrent_runs_from_threads_get_their_own_results(pool: Pool) -> None:
@@ -187,6 +210,33 @@ def test_host_function_exception_arrives_as_host_error(pool: Pool) -> None:
     assert lines[2].startswith("HostError not_json() returned a value that is not plain JSON")
     full = pool.run(code, functions=functions, host_errors="full")
     assert full.stdout.splitlines()[0] == "HostError LookupError: no k in postgres://app:s3cret@db/prod"
+
+
+def test_a_host_error_whose_text_holds_a_lone_surrogate_reaches_the_job(pool: Pool) -> None:
+    # A file name that is not UTF-8 is decoded with surrogates (os.listdir, os.fsdecode): JSON cannot carry them.
+    def listing() -> list[str]:
+        raise pynox.HostError("no file named '\udcff.csv'")
+
+    def opening() -> str:
+        raise FileNotFoundError(2, "No such file or directory", "\udcff.csv")
+
+    class Unspeakable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    def muted() -> str:
+        raise Unspeakable()
+
+    code = ("from pynox_host import listing, opening, muted, HostError\nfor f in (listing, opening, muted):\n"
+            "    try:\n        f()\n    except HostError as e:\n        print(e)\n")
+    # Its answer could not be sent (or made): the job waited until its timeout, and the host printed a thread's
+    # traceback.
+    functions = {"listing": listing, "opening": opening, "muted": muted}
+    result = pool.run(code, functions=functions, host_errors="full", timeout=5)
+    assert result.ok, result.text
+    assert result.stdout.splitlines() == ["no file named '\\udcff.csv'",
+                                          "FileNotFoundError: [Errno 2] No such file or directory: '\\udcff.csv'",
+                                          "Unspeakable: <exception str() failed>"]
 
 
 def test_slow_host_function_does_not_block_other_jobs(pool: Pool) -> None:

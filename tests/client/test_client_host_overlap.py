@@ -106,6 +106,24 @@ def test_an_async_host_functions_error_reaches_the_job(pool: Pool) -> None:
     assert result.stdout == "job saw: no such city\n"
 
 
+@pytest.mark.parametrize("escape", [KeyboardInterrupt, SystemExit])
+def test_an_async_host_function_that_raises_past_exception_is_answered(escape: type[BaseException]) -> None:
+    async def leave() -> None:
+        raise escape
+
+    async def search(query: str) -> str:
+        return query.upper()
+
+    # It ended the pool's event loop: the job waited until its timeout, later async calls for ever, and the
+    # pool's close raised "Event loop is closed".
+    with Pool(workers=1) as own:
+        code = "from pynox_host import leave, HostError\ntry:\n    leave()\nexcept HostError as e:\n    print(e)"
+        result = own.run(code, functions={"leave": leave}, timeout=5)
+        assert result.stdout == f"leave() failed ({escape.__name__}); the host logged the details\n", result.text
+        after = own.run("from pynox_host import search\nsearch('x')", functions={"search": search}, timeout=5)
+        assert after.return_value == "'X'", after.text
+
+
 @pytest.mark.parametrize("first_answered", ["first", "last"])
 def test_each_thread_gets_its_own_answer_whatever_order_they_come_in(pool: Pool, first_answered: str) -> None:
     """One waiting caller reads the channel for all and passes the reading on when its own answer comes:

@@ -193,6 +193,23 @@ def test_every_string_of_a_report_is_bounded(pool: PoolProcess) -> None:
     assert len(json.dumps(result)) <= (1 << 20) + (256 << 10), len(json.dumps(result))
 
 
+def test_every_number_of_a_report_is_one_a_client_can_take(pool: PoolProcess) -> None:
+    """Numbers no Python gives a traceback, beyond 64 bits or below 1: a client decoding them into 64-bit integers,
+    or drawing the caret of a column of 10**30 (the Python client's ``text`` raised OverflowError), is not harmed."""
+    frame = {"file": "agent.py", "line": 10**30, "source": "x", "column": 10**30, "omitted": -(10**30)}
+    forged = {"exit": 1, "error": {"type": "E", "message": "m", "file": "agent.py", "line": -5,
+                                   "traceback": [frame, {**frame, "line": 0, "column": 0, "omitted": 10**30}]}}
+    error = pool.run(_forging(forged))["error"]
+    assert error["line"] is None, error
+    assert [(f["line"], f["column"]) for f in error["traceback"]] == [(None, None)] * 2, error
+    assert all(0 <= f["omitted"] < 1 << 63 for f in error["traceback"]), error
+    # The code's own SyntaxError can say the same of itself.
+    with pynox.Pool(workers=1) as client:
+        result = client.run("raise SyntaxError('m', ('agent.py', 10**30, 10**30, 'x'))")
+        assert result.error is not None and result.error["line"] is None, result.error
+        assert result.text.startswith("SyntaxError: m"), result.text
+
+
 def test_stats_keep_a_bounded_set_of_error_types(tmp_path: Path) -> None:
     """Finding 5: 1 MB class names, one per job, were kept in stats forever (10 jobs: a 19 MB stats event
     and +34 MB of pool memory). Distinct small names past the bound are counted together."""

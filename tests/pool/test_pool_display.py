@@ -82,6 +82,19 @@ def test_a_display_over_the_output_limit_is_a_note_in_its_place(pool: PoolProces
     assert "text/html" not in result["outputs"][1]["data"]
 
 
+@pytest.mark.parametrize("odd", [
+    "class Odd:\n    def __getattr__(self, name):\n        raise RuntimeError(name)\n",  # asked for _repr_*_
+    "class Meta(type):\n    @property\n    def __module__(cls):\n        raise RuntimeError('no')\n"
+    "class Odd(metaclass=Meta):\n    pass\n",
+])
+def test_an_object_that_resists_its_bundle_is_shown_as_text(pool: PoolProcess, odd: str) -> None:
+    # As IPython's formatter skips a method it cannot look up: the code that ran is not failed by its display.
+    result = pool.run(odd + "display(Odd())\nOdd()", return_value=True)
+    assert result["exit"] == 0, result
+    assert _types(result) == [("display_data", ["text/plain"]), ("execute_result", ["text/plain"])]
+    assert result["return_value"] is not None
+
+
 def test_a_job_that_forges_frames_gets_notes_never_a_verdict(pool: PoolProcess) -> None:
     """Frames written by hand on the display descriptor: a header announcing 1 GiB (skipped as it streams
     past, never buffered), garbage, a fake image, a forged execute_result (not asked for): each left out

@@ -56,6 +56,22 @@ def test_figures_over_the_output_limit_are_counted_not_sent(pool: PoolProcess) -
     assert result["images_dropped"] == 12 - len(sent)
 
 
+_UNDRAWABLE = ("import matplotlib.pyplot as plt\nfrom matplotlib.figure import Figure\nclass Undrawable(Figure):\n"
+               "    def savefig(self, *args, **kwargs):\n        raise KeyboardInterrupt\n"
+               "plt.figure(FigureClass=Undrawable)\n")
+
+
+@pytest.mark.parametrize(("end", "exit", "kind"), [("print('drawn')", 0, None),
+                                                   ("raise ValueError('v')", 1, "ValueError")])
+def test_a_figure_that_cannot_be_drawn_is_left_out(pool: PoolProcess, end: str, exit: int, kind: str | None) -> None:
+    # The figure is the code's; whatever drawing it raises, the code's own result stands (it ended with 125, no error,
+    # and Pynox's own frames on stderr).
+    result = pool.run(_UNDRAWABLE + end, timeout="60s")
+    assert (result["exit"], (result["error"] or {}).get("type")) == (exit, kind), result
+    assert "images" not in result or result["images"] == [], result
+    assert "pynox" not in result["stderr"], result["stderr"]
+
+
 def test_a_job_without_figures_has_no_images_field(pool: PoolProcess) -> None:
     result = pool.run("print(1)")
     assert "images" not in result and "images_dropped" not in result

@@ -107,6 +107,8 @@ def test_a_request_without_id_is_answered_with_a_null_id(pool: PoolProcess) -> N
     {"code": "print(1)", "profile": 1},
     {"code": "print(1)", "functions": "search"},
     {"code": "print(1)", "functions": ["not an identifier"]},
+    {"code": "print(1)", "functions": ["import"]},  # no code can import it by name
+    {"code": "print(1)", "functions": ["HostError"]},  # pynox_host's own: the code's `except HostError` then broke
     {"code": "print(1)", "stats": "yes"},
 ], ids=lambda f: ",".join(f"{k}={v!r}" for k, v in f.items()))
 def test_unknown_fields_and_wrong_types_are_a_request_error_for_that_id(pool: PoolProcess,

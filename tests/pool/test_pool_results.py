@@ -150,6 +150,46 @@ def test_a_non_zero_exit_is_reported_as_it_is(pool: PoolProcess) -> None:
     assert result["exit"] == 3 and result["stdout"] == "bye\n"
 
 
+@pytest.mark.parametrize(("code", "exit"), [
+    ("raise SystemExit(10**100)", 255),  # as CPython exits: beyond a C long, -1 (it was 0: a success)
+    ("raise SystemExit(-(2**64))", 255),
+    ("raise SystemExit(2**40 + 3)", 3),
+    ("class Code(int):\n    def __and__(self, other):\n        raise RuntimeError('no')\nraise SystemExit(Code(3))", 3),
+    ("class Word:\n    def __str__(self):\n        raise RuntimeError('no')\nraise SystemExit(Word())", 1),
+    ("class Word:\n    def __str__(self):\n        raise KeyboardInterrupt\nraise SystemExit(Word())", 1),
+])
+def test_an_odd_exit_code_exits_as_python_would(pool: PoolProcess, code: str, exit: int) -> None:
+    result = pool.run(code)
+    assert result["exit"] == exit and result["error"] is None, result
+
+
+# The job's own stand-ins for its streams, whose methods raise what is not an Exception.
+_RAISING_STREAM = ("import sys\nclass Stream:\n    def write(self, text):\n        raise KeyboardInterrupt\n"
+                   "    def flush(self):\n        raise SystemExit(4)\n")
+
+
+@pytest.mark.parametrize(("code", "exit", "kind"), [
+    (_RAISING_STREAM + "sys.stdout = sys.stderr = Stream()\nx = 1", 0, None),  # flushed at the end: ignored
+    (_RAISING_STREAM + "sys.stdout = sys.stderr = Stream()\nraise ValueError('v')", 1, "ValueError"),
+])
+def test_streams_the_code_broke_do_not_cost_it_its_result(pool: PoolProcess, code: str, exit: int,
+                                                          kind: str | None) -> None:
+    # Pynox flushes them and prints the traceback to them; neither may end the job as a setup failure (125).
+    result = pool.run(code)
+    assert result["exit"] == exit, result
+    assert (result["error"] or {}).get("type") == kind, result
+
+
+def test_a_session_step_that_broke_its_streams_keeps_its_session(pool: PoolProcess) -> None:
+    session = "broken-streams"
+    first = pool.run(_RAISING_STREAM + "sys.stdout = sys.stderr = Stream()\nx = 1", session=session)
+    assert first["exit"] == 0 and not first["session_ended"], first
+    following = pool.run("raise ValueError(x)", session=session, stream=True)  # its streams then counted
+    assert following["exit"] == 1 and following["error"]["type"] == "ValueError", following
+    assert not following["session_ended"], following
+    pool.result(pool.submit(session=session, close=True))
+
+
 def test_permission_errors_carry_a_hint(pool: PoolProcess) -> None:
     error = _error(pool.run("open('/etc/passwd').read()"), "PermissionError")
     assert error["hint"] and "allow_read" in error["hint"]

@@ -136,6 +136,21 @@ def test_a_fifo_never_hangs_the_pool(pool: PoolProcess) -> None:
     pool.run(session=name, close=True)
 
 
+_NOT_UTF8 = ("open('ok.txt', 'w').write('ok')\nimport os\nos.mkdir(b'dir\\xff')\n"
+             "open(b'dir\\xff/in.txt', 'w').write('x')\nopen(b'caf\\xe9.txt', 'w').write('x')\n")
+
+
+def test_a_file_whose_name_is_not_utf8_is_passed_over(pool: PoolProcess) -> None:
+    # No protocol line can carry its name: the result could not be written, and its worker thread died with it.
+    for _ in range(3):  # more jobs than the pool's two workers
+        result = _ok(pool.run(_NOT_UTF8, scratch=True))
+        assert [f["path"] for f in result["files"]] == ["ok.txt"], result["files"]
+    name, _ = _open(pool, _NOT_UTF8)
+    assert [f["path"] for f in pool.run(session=name, files=True)["files"]] == ["ok.txt"]  # it had no answer
+    _ok(pool.run("print('alive')", session=name))
+    pool.run(session=name, close=True)
+
+
 def test_a_hard_link_to_a_file_outside_is_neither_read_nor_written(pool: PoolProcess, outside: Path) -> None:
     name, scratch = _open(pool, "open('own.txt', 'w').write('own')")
     os.link(outside, scratch / "linked.txt")  # what a job cannot do, done from outside

@@ -65,12 +65,41 @@ def test_a_broken_repr_does_not_fail_the_code(pool: PoolProcess) -> None:
     # The job's own __str__ failing: what Python's traceback prints for it.
     ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\nraise Odd()", "Odd",
      "<exception str() failed>"),
+    # ... with an exception that is not an Exception: still the code's own error, not Pynox's (it ended with 125).
+    ("class Odd(Exception):\n    def __str__(self):\n        raise KeyboardInterrupt\nraise Odd()", "Odd",
+     "<exception str() failed>"),
+    ("class Odd(Exception):\n    def __str__(self):\n        raise SystemExit(3)\nraise Odd()", "Odd",
+     "<exception str() failed>"),
+    # Standard exceptions the code made itself, with fields of types Python never gives them.
+    ("raise SyntaxError('m', ('agent.py', 'one', 'two', 5))", "SyntaxError", "m"),
+    ("error = SyntaxError('m')\nerror.filename, error.lineno, error.text = 'agent.py', 1, 5\nraise error",
+     "SyntaxError", "m"),
+    ("raise ModuleNotFoundError('m', name=5)", "ModuleNotFoundError", "m"),
+    # A metaclass's own __name__, and text that is a str of the code's own kind.
+    ("class Meta(type):\n    @property\n    def __name__(cls):\n        raise RuntimeError('no')\n"
+     "class Odd(Exception, metaclass=Meta):\n    pass\nraise Odd('m')", "Odd", "m"),
+    ("class Text(str):\n    def __len__(self):\n        raise KeyboardInterrupt\n"
+     "class Odd(Exception):\n    def __str__(self):\n        return Text('m')\nraise Odd()", "Odd", "m"),
 ])
 def test_an_exception_that_resists_description_is_still_reported(pool: PoolProcess, code: str, kind: str,
                                                                    message: str) -> None:
     result = pool.run(code)
     assert result["exit"] == 1, result  # the code's own end, not the setup's (125)
     assert (result["error"]["type"], result["error"]["message"]) == (kind, message), result
+
+
+@pytest.mark.parametrize(("code", "kind"), [
+    ("raise type('N' * 5_000_000, (Exception,), {})('m')", "N" * 90),  # a class's name is the code's to choose
+    ("raise PermissionError(13, 'denied', 'p' * 5_000_000)", "PermissionError"),
+    # A line of 700,000 characters, in each of 20 frames.
+    ("def f(n):\n    return f(n + 1) if n < 20 else 1 / 0; " + "x = 1; " * 100_000 + "\nf(0)", "ZeroDivisionError"),
+])
+def test_an_error_too_large_to_report_whole_is_reported_cut(pool: PoolProcess, code: str, kind: str) -> None:
+    # Its report was over the pool's bound for one, so the pool took none: exit 1 with no error said.
+    result = pool.run(code)
+    assert result["exit"] == 1 and result["error"] is not None, result
+    assert result["error"]["type"].startswith(kind), result["error"]["type"][:200]
+    assert len(str(result["error"])) < 100_000
 
 
 def test_a_value_whose_repr_holds_a_lone_surrogate_is_reported_escaped(pool: PoolProcess) -> None:
@@ -100,6 +129,17 @@ def test_a_traceback_lists_the_jobs_own_frames_and_counts_the_rest(pool: PoolPro
         ("agent.py", 4, "parse('{')"), ("agent.py", 3, "return json.loads(text)")]
     assert frames[2]["file"] is None and frames[2]["omitted"] >= 2, frames  # json's own frames
     assert len(frames) == 3
+
+
+def test_an_exit_hook_that_fails_is_reported_as_pythons_exit_reports_it(pool: PoolProcess) -> None:
+    # A hook that is a C function has no frame of its own: its traceback was Pynox's frame that ran it.
+    code = "import atexit, sys\natexit.register(sys.exit, 7)\natexit.register(int, 'x')\nprint('ran')"
+    result = pool.run(code)
+    assert (result["exit"], result["error"], result["stdout"]) == (0, None, "ran\n"), result  # as Python exits
+    assert result["stderr"] == ("Exception ignored in atexit callback: <class 'int'>\n"
+                                "ValueError: invalid literal for int() with base 10: 'x'\n"
+                                "Exception ignored in atexit callback: <built-in function exit>\n"
+                                "SystemExit: 7\n"), result["stderr"]
 
 
 def test_a_deep_recursion_keeps_both_ends(pool: PoolProcess) -> None:

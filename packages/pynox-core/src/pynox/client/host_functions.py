@@ -80,12 +80,28 @@ def awaiting_on(loop: asyncio.AbstractEventLoop | Callable[[], asyncio.AbstractE
 
     def run_awaitable(awaitable: Any) -> Any:
         async def wait() -> Any:
-            return await awaitable
+            try:
+                return await awaitable
+            except (KeyboardInterrupt, SystemExit) as exc:  # asyncio would stop the loop for them
+                raise _Escaped(exc) from None
 
         target = loop if isinstance(loop, asyncio.AbstractEventLoop) else loop()
-        return asyncio.run_coroutine_threadsafe(wait(), target).result()
+        try:
+            return asyncio.run_coroutine_threadsafe(wait(), target).result()
+        except _Escaped as escaped:
+            raise escaped.exc from None
 
     return run_awaitable
+
+
+class _Escaped(Exception):
+    """A KeyboardInterrupt or SystemExit an async host function raised, carried past the event loop to the thread
+    that answers the call, as a plain exception: raised through the loop, it would stop the loop (the pool's own,
+    or the caller's), leaving this call and every later one on it unanswered."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc = exc
 
 
 def step_functions(fixed: Mapping[str, HostFunction], given: Mapping[str, HostFunction] | None
@@ -176,9 +192,19 @@ def _prepare(name: str, function: HostFunction, args: list[Any], kwargs: dict[st
 
 
 def _shown(message: str) -> str:
+    """The text of an error as the job gets it: cut, and a lone surrogate (a file name that is not UTF-8, as
+    ``os.fsdecode`` gives it) written as its escape, which JSON can carry."""
     if len(message) > _MAX_MESSAGE:
-        return message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
-    return message
+        message = message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``: the exception's class is the host function's, and its ``__str__`` may fail too."""
+    try:
+        return str(exc)
+    except BaseException:
+        return "<exception str() failed>"  # what Python's own traceback prints then
 
 
 def answer_call(name: str, function: HostFunction | None, args: list[Any], kwargs: dict[str, Any], *,
@@ -198,11 +224,11 @@ def answer_call(name: str, function: HostFunction | None, args: list[Any], kwarg
                 raise HostError(f"{name}() is async, and nothing here runs an event loop for it")
             value = run_awaitable(value)
     except HostError as exc:  # raised on purpose (or by the checks above): its text is meant for the job
-        return {"error": _shown(str(exc))}
+        return {"error": _shown(_text(exc))}
     except BaseException as exc:  # SystemExit too (argparse in a tool): without a reply the job would hang
         _log.warning("host function %s() raised %s", name, type(exc).__name__, exc_info=exc)
         if host_errors == "full":
-            return {"error": _shown(f"{type(exc).__name__}: {exc}")}
+            return {"error": _shown(f"{type(exc).__name__}: {_text(exc)}")}
         return {"error": f"{name}() failed ({type(exc).__name__}); the host logged the details"}
     try:
         check_plain_json(value, "result")

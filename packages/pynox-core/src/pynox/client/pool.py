@@ -336,6 +336,19 @@ class _FairSlots:
 _Transport = _Process | Connection | Transport
 
 
+def _unencodable(message: Request) -> str:
+    """Why ``message`` cannot be a protocol line: the field holding a lone surrogate, which UTF-8 JSON cannot carry."""
+    for field in message.__struct_fields__:
+        try:
+            msgspec.json.encode(getattr(message, field))
+        except UnicodeEncodeError as exc:
+            text = exc.object if isinstance(exc.object, str) else ""
+            return (f"{field}: {text[max(exc.start - 20, 0):exc.end + 20]!r} holds a lone surrogate, which a protocol "
+                    "line (UTF-8 JSON) cannot carry; nothing was sent. Text read with errors='surrogateescape' (as "
+                    "os.environ and os.listdir give bytes that are not UTF-8) must be decoded another way first")
+    return "the request holds a lone surrogate, which a protocol line (UTF-8 JSON) cannot carry; nothing was sent"
+
+
 class _Pending:
     __slots__ = ("functions", "future", "host_errors", "is_job", "loop", "on_event", "process", "sent")
 
@@ -508,7 +521,10 @@ class Pool:
                 on_event: Callable[[OutputEvent], None] | None = None) -> concurrent.futures.Future[Any]:
         process = self._ensure_process()
         request_id = f"{self._prefix}-{next(self._ids)}"
-        line = encode(msgspec.structs.replace(message, id=request_id))
+        try:
+            line = encode(msgspec.structs.replace(message, id=request_id))
+        except UnicodeEncodeError:
+            raise RequestError(_unencodable(message)) from None
         if len(line) - 1 > MAX_LINE:  # the pool would discard it unread: say why now, not at its patience
             raise RequestError(f"the request is {(len(line) - 1) / (1 << 20):.1f} MiB as a protocol line, over the "
                                "pool's 1 MiB line limit (code, args and env together); nothing was sent: pass "

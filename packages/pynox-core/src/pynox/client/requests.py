@@ -4,9 +4,11 @@ tools that check their grants when they are made."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 
+from ..errors import RequestError
 from ..grant_types import PathLike, Units
 from ..protocol import Request
 
@@ -37,6 +39,14 @@ def _packages(packages: Sequence[str] | None) -> list[str] | None:
     return list(packages)
 
 
+def _units(value: Units | None, what: str) -> Units | None:
+    """A duration or size as given (the pool checks it); a float that is not finite is refused here: JSON has no
+    NaN nor infinity, and it would reach the pool as null, which means the default."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RequestError(f"{what}: {value} is not a finite number")
+    return value
+
+
 def build_request(code: str | None = None, *, script: PathLike | None = None, name: str | None = None,
                   args: Sequence[str] | None = None, allow_read: Sequence[PathLike] | None = None,
                   allow_write: Sequence[PathLike] | None = None, allow_network: bool | None = None,
@@ -53,8 +63,9 @@ def build_request(code: str | None = None, *, script: PathLike | None = None, na
         code=code, script=os.fspath(script) if script is not None else None, name=name,
         args=list(args) if args is not None else None, allow_read=_paths(allow_read),
         allow_write=_paths(allow_write), allow_network=allow_network, allow_hosts=_hosts(allow_hosts),
-        env=dict(env) if env is not None else None, timeout=timeout, memory=memory,
-        max_output=max_output, max_file_size=max_file_size, package_dirs=_paths(package_dirs),
+        env=dict(env) if env is not None else None, timeout=_units(timeout, "timeout"), memory=_units(memory, "memory"),
+        max_output=_units(max_output, "max_output"), max_file_size=_units(max_file_size, "max_file_size"),
+        package_dirs=_paths(package_dirs),
         profile=profile, functions=list(functions) if functions else None, return_value=return_value or None,
         host_globals=host_globals,  # type: ignore[arg-type]  # checked by the pool, with its own words
         scratch=scratch or None,

@@ -167,8 +167,8 @@ def _fallback(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     method that returns None shows nothing, one that raises is skipped."""
     data: dict[str, Any] = {}
     meta: dict[str, Any] = {}
-    method = getattr(obj, "_repr_mimebundle_", None)
-    if callable(method) and not isinstance(obj, type):
+    method = _method(obj, "_repr_mimebundle_")
+    if method is not None:
         try:
             found = method(include=None, exclude=None)
         except Exception:
@@ -182,8 +182,8 @@ def _fallback(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     for name, mime in _REPR_METHODS:
         if mime in data:
             continue
-        method = getattr(obj, name, None)
-        if not callable(method) or isinstance(obj, type):
+        method = _method(obj, name)
+        if method is None:
             continue
         try:
             value = method()
@@ -197,6 +197,16 @@ def _fallback(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             data[mime] = value
     data.setdefault("text/plain", _plain(obj))
     return data, meta
+
+
+def _method(obj: Any, name: str) -> Any:
+    """``obj``'s method ``name`` (not a class's), or None: one whose lookup raises is none, as IPython's formatter
+    takes it (the object's own ``__getattr__`` may raise anything)."""
+    try:
+        method = getattr(obj, name, None)
+        return method if callable(method) and not isinstance(obj, type) else None
+    except Exception:
+        return None
 
 
 def _jsonable(mime: str, value: Any) -> Any:
@@ -220,7 +230,10 @@ def _plain(obj: Any) -> str:
 
 def _is_figure(obj: Any) -> bool:
     kind = type(obj)
-    return kind.__module__ == "matplotlib.figure" and kind.__name__ == "Figure"
+    try:
+        return kind.__module__ == "matplotlib.figure" and kind.__name__ == "Figure"
+    except Exception:  # a metaclass of the code's own may make either raise: no figure of matplotlib's
+        return False
 
 
 def _figure_png(figure: Any) -> str | None:
@@ -268,7 +281,7 @@ def counted_streams() -> None:
             old.flush()
             new = io.TextIOWrapper(io.BufferedWriter(counter), encoding=old.encoding, errors=old.errors,
                                    line_buffering=True)
-        except (AttributeError, ValueError, OSError):  # the job replaced or closed it
+        except BaseException:  # the job replaced or closed it (with a stream of its own, raising anything)
             return
         setattr(sys, name, new)
         setattr(sys, f"__{name}__", new)

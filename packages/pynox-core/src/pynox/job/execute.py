@@ -15,7 +15,7 @@ import re
 import socket
 import sys
 import types
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -209,7 +209,7 @@ def _figures(limit: int) -> list[str]:
         from . import figures
 
         return figures.collect(limit)
-    except Exception:  # a figure that cannot be drawn must not cost the code its result
+    except BaseException:  # a figure that cannot be drawn (the code's, raising anything) must not cost it its result
         return []
 
 
@@ -234,15 +234,37 @@ def _shutdown() -> None:
     if threading is not None and threading.active_count() > 1:
         threading._shutdown()
     if atexit._ncallbacks():
-        atexit._run_exitfuncs()
+        hook = sys.unraisablehook
+        sys.unraisablehook = lambda unraisable: hook(_without_this_frame(unraisable))
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            sys.unraisablehook = hook
+
+
+def _without_this_frame(unraisable: Any) -> Any:
+    """A failed exit hook as Python's own exit reports it. Python gives an exception raised in C (a hook that is
+    ``sys.exit``) the traceback of the frame that runs the hooks: here, :func:`_shutdown`, Pynox's own, where the
+    interpreter's exit has none."""
+    traceback = unraisable.exc_traceback
+    while traceback is not None and traceback.tb_frame.f_code is _shutdown.__code__:
+        traceback = traceback.tb_next
+    return type(unraisable)((unraisable.exc_type, unraisable.exc_value, traceback, unraisable.err_msg,
+                             unraisable.object))
 
 
 def _exit_status(exc: SystemExit) -> int:
+    """The status Python's own exit gives ``sys.exit(code)``; the code is the job's object, and may resist."""
     code = exc.code
     if code is None:
         return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
+    try:  # int's own conversion, which an int subclass of the job's cannot redefine (nor its & and <)
+        number = int.__index__(code)  # type: ignore[arg-type]  # any object: a TypeError says it is no int
+    except TypeError:  # not a number (a message): printed, and the status is 1
+        try:
+            print(code, file=sys.stderr)
+        except BaseException:  # its __str__ or the job's stderr failed: nothing printed, as Python prints nothing
+            pass
+        return 1
+    return number & 0xFF if -(1 << 63) <= number < 1 << 63 else 255  # beyond a C long, CPython exits with -1
 

@@ -33,6 +33,11 @@ _OWN_FILES = (*(os.path.join(_HERE, f"{module}.py") for module in ("child", "dis
                                                                       "setup")),
               msgspec.__file__, pynox_host.__file__)
 _MAX_MESSAGE = 2000
+# The rest of an error's text, cut within the pool's own bounds (server/report.py) with the note included: a
+# report over the pool's bound for one is not taken at all, and the job's error is then not said.
+_MAX_TYPE = 96  # a class's name, which the code chooses
+_MAX_PATH = 4000
+_MAX_SOURCE = 960  # one line of source in a traceback entry
 _MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
 _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     MemoryError: "out of memory",
@@ -92,27 +97,30 @@ def flush_streams() -> None:
         try:
             if stream is not None:
                 stream.flush()
-        except Exception:  # the job may have closed or replaced its streams
+        except BaseException:  # the job may have closed or replaced its streams (with ones that raise anything)
             pass
 
 
 def describe(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
     line = _location(exc, name)
-    path = exc.filename if isinstance(exc, OSError) and isinstance(exc.filename, str) else None
+    path = _cut(_string(exc.filename), _MAX_PATH) or None if isinstance(exc, OSError) else None
     # A SyntaxError's str() adds "(agent.py, line 1)": the location is in file and line already.
-    syntax = isinstance(exc, SyntaxError) and isinstance(exc.msg, str) and exc.msg
-    message = exc.msg if syntax else _text(exc) or _DEFAULT_MESSAGES.get(type(exc), "")  # type: ignore[attr-defined]
-    if len(message) > _MAX_MESSAGE:
-        message = message[:_MAX_MESSAGE] + f"... ({len(message) - _MAX_MESSAGE} more characters)"
-    return ErrorInfo(type=type(exc).__name__, message=message, file=name if line else None,
+    syntax = isinstance(exc, SyntaxError) and _string(exc.msg)
+    message = syntax or _text(exc) or _DEFAULT_MESSAGES.get(type(exc), "")
+    message = _cut(message, _MAX_MESSAGE)
+    return ErrorInfo(type=_cut(_TYPE_NAME.__get__(type(exc)), _MAX_TYPE), message=message, file=name if line else None,
                      line=line, path=path, hint=_hint(exc, message, path, spec), traceback=_frames(exc, name))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
 
 
 def _text(exc: BaseException) -> str:
     """``str(exc)``; the job's exception class defines it, and it may fail as any of the job's code may."""
     try:
-        return str(exc)
-    except Exception:
+        return _string(str(exc))
+    except BaseException:  # a KeyboardInterrupt or SystemExit too, as Python's own traceback takes any
         return "<exception str() failed>"  # what Python's own traceback prints then
 
 
@@ -125,7 +133,7 @@ def print_traceback(exc: BaseException) -> None:
             part.stack = traceback.StackSummary.from_list(
                 [frame for frame in part.stack if frame.filename not in _OWN_FILES])
         sys.stderr.write("".join(report.format()))
-    except Exception:  # a broken sys.stderr must not hide the report
+    except BaseException:  # a broken sys.stderr (the job's, raising anything) must not hide the report
         pass
 
 
@@ -144,12 +152,25 @@ def _chain(report: traceback.TracebackException) -> list[traceback.TracebackExce
 
 def _location(exc: BaseException, name: str) -> int | None:
     if isinstance(exc, SyntaxError) and exc.filename == name:
-        return exc.lineno
+        return _number(exc.lineno)
     line = None
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         if frame.f_code.co_filename == name:
             line = lineno
     return line
+
+
+# The fields of a SyntaxError or an ImportError the code raised itself may hold anything it gave them.
+def _number(value: object) -> int | None:
+    return value if type(value) is int else None
+
+
+def _string(value: object) -> str:
+    """``value`` if it is text, as a str (a str of the code's own kind may redefine ``len``), else ""."""
+    return str.__str__(value) if isinstance(value, str) else ""
+
+
+_TYPE_NAME = type.__dict__["__name__"]  # a class's own name, which a metaclass of the code's cannot redefine
 
 
 def _frames_in(exc: BaseException, *modules: str) -> bool:
@@ -160,9 +181,9 @@ def _frames_in(exc: BaseException, *modules: str) -> bool:
 def _frames(exc: BaseException, name: str) -> list[Frame]:
     """Where ``exc`` was raised, outermost first: the frames of the job's own code (``name``), each run of
     other frames (a library's) collapsed into a count; Pynox's own frames are left out."""
-    if isinstance(exc, SyntaxError) and exc.filename == name and exc.lineno:
-        source = (exc.text or "").rstrip("\n") or None
-        return [Frame(file=name, line=exc.lineno, source=source, column=exc.offset)]
+    if isinstance(exc, SyntaxError) and exc.filename == name and _number(exc.lineno):
+        source = _cut(_string(exc.text).rstrip("\n"), _MAX_SOURCE) or None
+        return [Frame(file=name, line=exc.lineno, source=source, column=_number(exc.offset))]
     entries: list[Frame] = []
     others = 0
     for frame in traceback.extract_tb(exc.__traceback__):
@@ -174,7 +195,7 @@ def _frames(exc: BaseException, name: str) -> list[Frame]:
         if others:
             entries.append(Frame(file=None, line=None, source=None, omitted=others))
             others = 0
-        entries.append(Frame(file=name, line=frame.lineno, source=frame.line or None))
+        entries.append(Frame(file=name, line=frame.lineno, source=_cut(frame.line or "", _MAX_SOURCE) or None))
     if others:
         entries.append(Frame(file=None, line=None, source=None, omitted=others))
     if len(entries) > _MAX_FRAMES:  # deep recursion: the way in and the way down, the middle counted
@@ -208,12 +229,12 @@ def _hint(exc: BaseException, message: str, path: str | None, spec: Confinement)
         return hints.memory_hint(spec.memory, style)
     if isinstance(exc, RuntimeError) and message == "can't start new thread" and spec.max_tasks is not None:
         return hints.threads_hint(spec.max_tasks)
-    if isinstance(exc, ModuleNotFoundError) and exc.name:
+    if isinstance(exc, ModuleNotFoundError) and _string(exc.name):
         # Listed from inside the sandbox, which could list them itself; only on this error's path.
         listed = hints.importable((), spec.package_dirs, _MAX_IMPORTABLE)
-        return hints.module_hint(exc.name, listed, spec.installs_packages, style)
-    if isinstance(exc, SyntaxError) and (exc.text or "").lstrip().startswith(("!", "%")):
-        return hints.shell_hint((exc.text or "").strip(), spec.installs_packages, style)
+        return hints.module_hint(_cut(_string(exc.name), _MAX_PATH), listed, spec.installs_packages, style)
+    if isinstance(exc, SyntaxError) and _string(exc.text).lstrip().startswith(("!", "%")):
+        return hints.shell_hint(_cut(_string(exc.text).strip(), _MAX_SOURCE), spec.installs_packages, style)
     if not isinstance(exc, OSError):
         return None
     if exc.errno == errno.EFBIG and spec.max_file_size is not None:

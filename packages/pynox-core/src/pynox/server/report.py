@@ -56,6 +56,8 @@ _MAX_SETUP = 4000
 # Traceback entries: the child keeps its outermost and innermost ten frames and counts the middle in one.
 _MAX_FRAMES = 21
 _MAX_IMAGES = 64  # figures in one result; the rest are counted as dropped
+# A line number or a count of frames: what a 32-bit integer holds, where clients read 64 (a report may say 10**30).
+_MAX_COUNT = (1 << 31) - 1
 
 _decoder = msgspec.json.Decoder(Report)
 
@@ -92,11 +94,24 @@ def _value(value: str | None, limit: int) -> str | None:
     return f"{kept}... ({len(value) - len(kept)} more characters)"
 
 
+def _line(line: int | None) -> int | None:
+    """A line number (1-based), or None: a report may give any integer."""
+    return line if line is not None and 1 <= line <= _MAX_COUNT else None
+
+
+def _column(column: int | None, source: str | None) -> int | None:
+    """A column within its source line, or None (a client draws a caret under it, one space a column)."""
+    return column if column is not None and 1 <= column <= len(source or "") + 1 else None
+
+
 def _frames(frames: list[Frame] | None) -> list[Frame] | None:
     if frames is None:
         return None
-    kept = [Frame(file=_optional(f.file, _MAX_PATH), line=f.line, source=_optional(f.source, _MAX_SOURCE),
-                  column=f.column, omitted=f.omitted) for f in frames[:_MAX_FRAMES]]
+    kept = []
+    for f in frames[:_MAX_FRAMES]:
+        source = _optional(f.source, _MAX_SOURCE)
+        kept.append(Frame(file=_optional(f.file, _MAX_PATH), line=_line(f.line), source=source,
+                          column=_column(f.column, source), omitted=min(max(f.omitted, 0), _MAX_COUNT)))
     if len(frames) > _MAX_FRAMES:
         kept.append(Frame(file=None, line=None, source=None, omitted=len(frames) - _MAX_FRAMES))
     return kept
@@ -104,8 +119,9 @@ def _frames(frames: list[Frame] | None) -> list[Frame] | None:
 
 def _error(error: ErrorInfo) -> ErrorInfo:
     return ErrorInfo(type=bounded(error.type, MAX_ERROR_TYPE), message=bounded(error.message, _MAX_MESSAGE),
-                     file=_optional(error.file, _MAX_PATH), line=error.line, path=_optional(error.path, _MAX_PATH),
-                     hint=_optional(error.hint, _MAX_HINT), traceback=_frames(error.traceback))
+                     file=_optional(error.file, _MAX_PATH), line=_line(error.line),
+                     path=_optional(error.path, _MAX_PATH), hint=_optional(error.hint, _MAX_HINT),
+                     traceback=_frames(error.traceback))
 
 
 def _shape(report: Report) -> Literal["ran", "raised", "exited", "setup"] | None:

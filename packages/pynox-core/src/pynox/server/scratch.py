@@ -170,7 +170,7 @@ class _Directory:
                 os.close(fd)
 
     def listing(self) -> list[ScratchFile]:
-        return [_described(path, st) for path, st in self.walk()]
+        return [_described(path, st) for path, st in self.walk() if _nameable(path)]
 
     def read(self, request: Download | str) -> FileChunk:
         wanted = request if isinstance(request, Download) else Download(path=request)
@@ -267,6 +267,8 @@ class _Directory:
         """Every file with its content, while ``budget`` bytes last (a job's result): one over it has data null."""
         found: list[ScratchFile] = []
         for path, st in self.walk():
+            if not _nameable(path):
+                continue
             data: bytes | None = None
             if st.st_size <= min(budget, self.max_file):
                 try:
@@ -283,6 +285,17 @@ class _Directory:
                 budget -= len(data or b"")
             found.append(_described(path, st, data, with_data=True))
         return found
+
+
+def _nameable(path: str) -> bool:
+    """Whether a protocol line can name ``path``. A name that is not UTF-8 (the job's to choose: os.listdir gives its
+    bytes as lone surrogates) cannot travel in JSON: its file is passed over, as a symlink is; walk() still counts
+    its size against the directory's cap."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ScratchRoot:

@@ -54,6 +54,7 @@ from ..protocol import (
     Request,
     RequestId,
     Result,
+    SessionResult,
     StartError,
     StartErrorEvent,
     encode,
@@ -193,23 +194,11 @@ class _Worker(threading.Thread):
             with contextlib.suppress(OSError):
                 self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             while (job := self._next_job()) is not None:
-                # Taken before its flight starts: a cancel from then on is kept until the job is sent.
-                self.child.take()
-                self.server.admission.taken(job)  # past its queue deadline, it is refused now and never starts
-                # A job cancelled while it was queued has been answered: it never starts.
-                if job.flight.start(self.child.cancel):
-                    # Read after the flight started: a shutdown that escalates later kills it instead.
-                    stopping = self.server.stop_reason
-                    self.busy = True
-                    result = self._serve_safely(job) if stopping is None else self.server.stopped_before_start(job)
-                    if job.spec.scratch is not None:  # the job has ended: what it left there goes with its result
-                        result.files = self.server.scratch.files_of(job.spec.scratch, job.max_output)
-                        self.server.scratch.remove(job.spec.scratch)
-                    self.busy = False
-                    if job.flight.answer():
-                        self.server.finish(result, session=None, step=None)
-                    if self.template is not None:
-                        self.template.after_result()
+                try:
+                    self._take(job)
+                except Exception:  # a bug around the job costs it its result and its template, never this worker
+                    self._failed_around(job)
+                self.busy = False
                 self._after_job()
                 self.server.scratch.remove(job.spec.scratch)
                 self.server.flights.remove(job.flight)
@@ -218,6 +207,36 @@ class _Worker(threading.Thread):
                 self.template.close()
             if self._bell is not None:
                 self.server.jobs.close_bell(self._bell)
+
+    def _take(self, job: _Job) -> None:
+        # Taken before its flight starts: a cancel from then on is kept until the job is sent.
+        self.child.take()
+        self.server.admission.taken(job)  # past its queue deadline, it is refused now and never starts
+        # A job cancelled while it was queued has been answered: it never starts.
+        if job.flight.start(self.child.cancel):
+            # Read after the flight started: a shutdown that escalates later kills it instead.
+            stopping = self.server.stop_reason
+            self.busy = True
+            result = self._serve_safely(job) if stopping is None else self.server.stopped_before_start(job)
+            if job.spec.scratch is not None:  # the job has ended: what it left there goes with its result
+                result.files = self.server.scratch.files_of(job.spec.scratch, job.max_output)
+                self.server.scratch.remove(job.spec.scratch)
+            self.busy = False
+            if job.flight.answer():
+                self.server.finish(result, session=None, step=None)
+            if self.template is not None:
+                self.template.after_result()
+
+    def _failed_around(self, job: _Job) -> None:
+        """Something of ours failed around a job, outside its serving (its queue deadline, its scratch files, the
+        template's turn after it): the job is answered once, if it was not, and the template replaced. Were the
+        exception to end this thread, the pool would have a worker fewer, and the jobs queued for it would wait."""
+        _log.exception("worker %s failed around job %r", self.name, job.id)
+        if self.template is not None:
+            self.template.broken = True  # replaced before the next job
+        if job.flight.answer():
+            self.server.finish(self._worker_error(job, 0, "the pool failed around this job; it was stopped"),
+                               session=None, step=None)
 
     def _next_job(self) -> _Job | None:
         """The next job, as soon as it comes; while none does and the template is still sending the children
@@ -404,11 +423,26 @@ class Server:
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def finish(self, result: Result, *, session: str | None, step: int | None) -> None:
-        self.stats.record(result)
-        # Before the result is written: a listening pool forgets a dropped connection once its last one is.
-        tenant, profile = self.labels.finished(result, session=session, fallback=self.tenant_of(result.id),
-                                               ended=bool(getattr(result, "session_ended", False)))
-        self.output.write(encode(result))
+        """Write ``result``: its request's one answer. Should our own accounting or its encoding fail (a bug), the
+        answer is a PoolWorkerError of the same id, so that the request still has one and its thread lives on."""
+        try:
+            self.stats.record(result)
+            # Before the result is written: a listening pool forgets a dropped connection once its last one is.
+            tenant, profile = self.labels.finished(result, session=session, fallback=self.tenant_of(result.id),
+                                                   ended=bool(getattr(result, "session_ended", False)))
+            line = encode(result)
+        except Exception as exc:
+            _log.exception("the pool could not make the result of %r", result.id)
+            result, tenant, profile = _unwritable(result, exc), self.tenant_of(result.id) or "", ""
+            line = encode(result)
+        self.output.write(line)
+        try:
+            self._trace_and_log(result, session=session, step=step, tenant=tenant, profile=profile)
+        except Exception:  # answered already: a failure here costs the operator a line, not the request its answer
+            _log.exception("the pool could not log the result of %r", result.id)
+
+    def _trace_and_log(self, result: Result, *, session: str | None, step: int | None, tenant: str,
+                       profile: str) -> None:
         if self.spans is not None:
             self.spans.finished(result, session=session, step=step, tenant=tenant, profile=profile)
         trace = self.traces.pop(result.id) if self.traces else None
@@ -658,6 +692,17 @@ class Server:
             self.finish(refusal(request_id, message), session=None, step=None)
             return
         self.finish(self.session_requests.refusal(request_id, message, session), session=session, step=None)
+
+
+def _unwritable(result: Result, exc: Exception) -> Result:
+    """What answers a request whose result the pool failed to make or encode: its id (its session and step), and
+    why, in words of ours only (the result's own fields are what could not be written)."""
+    error = ErrorInfo(type="PoolWorkerError", message=f"the pool could not write this request's result "
+                                                      f"({type(exc).__name__})")
+    if isinstance(result, SessionResult):
+        return SessionResult(id=result.id, exit=WORKER_ERROR_EXIT, error=error, session=result.session,
+                             step=result.step, session_ended=result.session_ended)
+    return Result(id=result.id, exit=WORKER_ERROR_EXIT, error=error)
 
 
 def death_cause(template: Template) -> str:

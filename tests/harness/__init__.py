@@ -8,6 +8,8 @@
 - ``fixtures``: the one factory for the pools and sessions a module shares.
 - ``fd_audit``: a pool run under a descriptor audit (a ``sitecustomize`` on its PYTHONPATH) that reports every
   close of a number its closer no longer owns, with the stacks of both owners.
+- ``pool_bugs``: a bug planted in one of a real pool's own steps (a ``sitecustomize`` on its PYTHONPATH), to test
+  the guard around those steps.
 - ``scrape`` and ``clients``: a pool's metrics read as a scraper reads them; a killed client's teardown.
 - ``tests/sandbox/harness.py``: the sandbox suite's harness (a world outside, each case's control).
 

@@ -581,6 +581,10 @@ class Session(threading.Thread):
             raise _EndedWhileIdle(_how(ended))
         if not step.interrupt.sent(template.child):
             raise _NotRun
+        # stdout, stderr, report, in that order: its display frames come on its report pipe, before its report.
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]
+        for r, _ in pipes:  # the pool's ends never block, as a job's (templates._job_descriptors, Capture.read)
+            os.set_blocking(r, False)
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
@@ -589,13 +593,8 @@ class Session(threading.Thread):
         if forking is not None:  # the steward lets this step's double fork through (see fork_gate.py)
             template.arm_fork(forking.window)
         # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
-        # behind included) runs under this step's deadline. Continued before its pipes are made: its wake
-        # (the kernel's, on another core) overlaps their making; it waits for its frame on its control channel.
+        # behind included) runs under this step's deadline.
         template.continue_child()
-        # stdout, stderr, report, in that order: its display frames come on its report pipe, before its report.
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]
-        for r, _ in pipes:  # the pool's ends never block, as a job's (templates._job_descriptors, Capture.read)
-            os.set_blocking(r, False)
         if channels.control.gettimeout() != 0.0:  # once for the session (see _send_step)
             channels.control.setblocking(False)
         try:

@@ -138,6 +138,66 @@ def test_session_steps_carry_their_execution_count(pool: PoolProcess) -> None:
     pool.run(session="display-counts", close=True)
 
 
+# A thread that keeps showing numbered outputs of ~100 KB (more than a pipe holds: each is written in several
+# pieces), whatever step runs: each step's result must hold whole ones only, never one another step showed.
+_SHOWER = ("import threading, time\nshown = 0\n"
+           "def show():\n    global shown\n    while True:\n"
+           "        shown += 1\n        display({'text/plain': f'{shown} ' + 'x' * 100_000}, raw=True)\n"
+           "        time.sleep(0.002)\n"
+           "threading.Thread(target=show, daemon=True).start()")
+
+
+def _numbers(result: dict) -> list[int]:  # type: ignore[type-arg]
+    numbers = []
+    for output in result.get("outputs", []):
+        number, _, padding = output["data"]["text/plain"].partition(" ")
+        assert padding == "x" * 100_000, f"an output cut or mixed with another: {output['data']['text/plain'][:80]}"
+        numbers.append(int(number))
+    return numbers
+
+
+def test_a_later_steps_display_comes_on_its_report_pipe_and_belongs_to_it_alone(pool: PoolProcess) -> None:
+    """A later step has three pipes (stdout, stderr, report): its display frames come on its report pipe, before
+    its report, so a step costs no fourth pipe. Seen from the code: the display channel's number stays /dev/null
+    in a later step, and display() still reaches the result. A thread that displays across the steps' ends never
+    breaks a report (the step's end waits for its frame, and drops the thread's frames once the report begins),
+    and no output shows in two steps or cut short."""
+    name = "display-later"
+    try:
+        first = pool.run(_SHOWER + "\ntime.sleep(0.05)", session=name, max_output=8 << 20)
+        assert first["exit"] == 0, first
+        seen = [_numbers(first)]
+        for _ in range(6):
+            step = pool.run("import os, stat\nprint(stat.S_ISCHR(os.fstat(10).st_mode))\ntime.sleep(0.1)",
+                            session=name, max_output=8 << 20)
+            assert step["exit"] == 0 and step["session_ended"] is False, step
+            assert step["stdout"] == "True\n", "a later step's display channel number is /dev/null, not a pipe"
+            seen.append(_numbers(step))
+        assert all(seen[1:]), f"the thread's outputs reach the steps it runs in: {seen}"
+        flat = [number for numbers in seen for number in numbers]
+        assert flat == sorted(set(flat)), f"an output shown twice, or out of its order: {seen}"
+        mine = pool.run("display('mine')\n41 + 1", session=name, return_value=True, max_output=8 << 20)
+        assert mine["exit"] == 0, mine
+        assert mine["outputs"][-1]["data"] == {"text/plain": "42"}
+        assert any(o["data"] == {"text/plain": "'mine'"} for o in mine["outputs"]), mine
+    finally:
+        pool.run(session=name, close=True)
+
+
+def test_a_later_step_that_forges_its_report_pipe_gets_no_verdict_from_it(pool: PoolProcess) -> None:
+    """The report pipe of a later step carries frames, then a mark, then the report: code that writes a mark and
+    a report of its own there before the step's leaves a report the pool cannot take, and the session ends at
+    once, as a broken channel does (the pool's verdict), never with the forged one."""
+    name = "display-forged"
+    try:
+        assert pool.run("x = 1", session=name)["exit"] == 0
+        forged = pool.run("import os, struct\nos.write(3, struct.pack('!I', 0xFFFFFFFF) + b'{\"exit\": 0}')\n"
+                          "os.write(3, b'garbage after it')\nraise ValueError('mine')", session=name)
+        assert (forged["error"]["type"], forged["exit"], forged["session_ended"]) == ("PoolWorkerError", 70, True)
+    finally:
+        pool.run(session=name, close=True)
+
+
 def test_ipythons_own_display_works_where_ipython_is_installed(pool: PoolProcess) -> None:
     pytest.importorskip("IPython")
     code = "from IPython.display import HTML, display\ndisplay(HTML('<i>i</i>'))"

@@ -111,3 +111,24 @@ def test_a_step_cancelled_while_it_waits_behind_another_never_runs_and_the_sessi
         _ok(pool.result(running))
         assert _ok(pool.run("print(x)", session=name))["stdout"] == "1\n"
         pool.run(session=name, close=True)
+
+
+def test_an_interrupt_while_a_later_step_displays_keeps_its_outputs_whole_and_its_report(tmp_path: Path) -> None:
+    """A later step's display frames share its report pipe: an interrupt that comes while a frame is written
+    waits until the frame is whole (then raises), so the report after it is still read and the session lives."""
+    with pool_process("--workers=1", cwd=tmp_path, as_written=True) as pool:
+        name = new_id("nb")
+        _ok(pool.run("x = 1", session=name))
+        # Frames of 1 MB, the display budget reset before each (the pool still bounds what it keeps): most of
+        # the step is spent writing frames, so the interrupt most often comes in the middle of one.
+        step = pool.submit(session=name, code="import sys\nshow = sys.modules['pynox.job.display']\nwhile True:\n"
+                           "    show.begin(1 << 40)\n    display({'text/plain': 'y' * (1 << 20)}, raw=True)")
+        _cancel(pool, step, after=0.3)
+        result = pool.result(step)
+        assert result["error"]["type"] == "KeyboardInterrupt" and result["interrupted"] is True, result
+        assert result["session_ended"] is False, result
+        notes = [output["data"]["text/plain"] for output in result["outputs"]
+                 if output["data"]["text/plain"] != "y" * (1 << 20)]
+        assert notes and not [note for note in notes if "left out" not in note or "cut short" in note], notes
+        assert _ok(pool.run("print(x)", session=name))["stdout"] == "1\n"
+        pool.run(session=name, close=True)

@@ -9,6 +9,7 @@ whenever the line was JSON at all, so the client can match the refusal.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from typing import Any, Literal
 
@@ -160,11 +161,18 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
         return self.upload is not None or self.download is not None or self.files is not None
 
     def grant_fields(self) -> list[str]:
-        """The permission and limit fields this request sets (a session step may set none of them)."""
-        names = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "memory", "max_file_size",
+        """The permission and limit fields this request sets (a session step may set none of them). Asked twice
+        on each session step's path: read in one call, and named only if one is set."""
+        values = _grant_values(self)
+        if values.count(None) == len(values):
+            return []
+        return [name for name, value in zip(_GRANT_FIELDS, values, strict=True) if value is not None]
+
+
+_GRANT_FIELDS = ("allow_read", "allow_write", "allow_network", "allow_hosts", "env", "memory", "max_file_size",
                  "package_dirs", "packages", "pip_install", "profile", "functions", "host_globals", "script",
                  "scratch")
-        return [name for name in names if getattr(self, name) is not None]
+_grant_values = operator.attrgetter(*_GRANT_FIELDS)
 
 
 class ReplyBody(msgspec.Struct, forbid_unknown_fields=True):

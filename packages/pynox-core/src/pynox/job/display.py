@@ -18,6 +18,7 @@ after confinement, next to the code: the pool reads the frames as hostile input 
 
 from __future__ import annotations
 
+import _thread
 import base64
 import io
 import json
@@ -27,6 +28,7 @@ import sys
 from typing import Any
 
 from ..wire.descriptors import DISPLAY
+from . import interrupts
 
 __all__ = ["HTML", "JSON", "SVG", "DisplayObject", "Image", "Latex", "Markdown", "display", "hook_ipython",
            "publish", "result"]
@@ -47,6 +49,12 @@ _BINARY = frozenset({"image/png", "image/jpeg", "application/pdf"})
 limit = 1 << 20
 _sent = 0
 _formatter: Any = None
+# Where the frames go: the display channel (a job, a session's first step), or a later session step's report pipe,
+# which carries its frames and then its report (see :func:`seal`); None between two such steps (dropped).
+_channel: int | None = DISPLAY
+# One writer at a time, each frame written whole (a step's interrupt held meanwhile, see interrupts.hold): on a
+# report pipe what follows a frame is read at a frame's start, and the report only after the last whole frame.
+_lock = _thread.allocate_lock()
 
 
 def begin(bytes_limit: int) -> None:
@@ -75,12 +83,46 @@ def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, *,
     _flush()  # what was printed before it reaches the pool before it
     if len(_counters) == 2:  # where it falls in the text, for a streaming job (see counted_streams)
         frame = frame[:-1] + b', "at": [%d, %d]}' % (_counters[0].written, _counters[1].written)
-    try:
-        data_out = _HEADER.pack(len(frame)) + frame
-        while data_out:
-            data_out = data_out[os.write(DISPLAY, data_out):]
-    except OSError:
-        pass  # the pool is not reading (the step is over): nothing to show it to
+    _send(_HEADER.pack(len(frame)) + frame)
+
+
+def _send(data: bytes) -> None:
+    with _lock:
+        if _channel is None:
+            return  # between two session steps: no step to show it in
+        interrupts.hold()
+        try:
+            rest = memoryview(data)
+            while rest:
+                rest = rest[os.write(_channel, rest):]
+        except OSError:
+            pass  # the pool is not reading (the step is over): nothing to show it to
+        finally:
+            pending = interrupts.release()
+    if pending:
+        raise KeyboardInterrupt  # the step's interrupt, which came while the frame was written
+
+
+def channel(fd: int) -> None:
+    """A later session step starts: its frames go to ``fd``, its report pipe."""
+    global _channel
+    with _lock:
+        _channel = fd
+
+
+def forked() -> None:
+    """In a session fork's copy: no thread of the original's runs here, so none holds the lock or a frame."""
+    global _channel, _lock
+    _lock, _channel = _thread.allocate_lock(), None
+    interrupts.release()
+
+
+def seal() -> None:
+    """A later session step's code is over: once the frame being written is whole, no frame goes on its pipe
+    from now on, and its report follows there (its mark first: see job/execute.py), alone on it."""
+    global _channel
+    with _lock:
+        _channel = None
 
 
 def display(*objs: Any, include: Any = None, exclude: Any = None, metadata: dict[str, Any] | None = None,

@@ -19,9 +19,9 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, REPORT, STEP
+from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, OUTPUTS, REPORT, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
-from ..wire.frames import recv_raw
+from ..wire.frames import HEADER, STEP_REPORT, recv_raw
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 from . import display, interrupts
@@ -100,7 +100,9 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
     control = socket.socket(fileno=CONTROL)
     devnull = os.open("/dev/null", os.O_WRONLY)
     step: StepSpec | None = first
+    mark = HEADER.pack(STEP_REPORT)
     while True:
+        later = step is None  # a step the control channel brought: its display frames go on its report pipe
         if step is None:
             try:
                 payload, fds = recv_raw(control)
@@ -118,6 +120,7 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                 if fd != target:
                     os.dup2(fd, target)
                     os.close(fd)
+            display.channel(REPORT)
         try:
             report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
                              return_value=step.return_value, images=step.images, interruptible=True,
@@ -126,12 +129,16 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
             report = Report(exit=1, error=describe(exc, step.name, confinement))
         finally:
             interrupts.forbid()
+        if later:
+            display.seal()  # after its last whole frame: what a thread of its shows from now on is dropped
+        prefix = mark if later else b""  # the report follows the frames, after its mark
         if report.exited:  # sys.exit() or exit(): the session ends with this step
-            finish(REPORT, report)
+            finish(REPORT, report, prefix=prefix)
         flush_streams()
-        write_report(REPORT, report)
-        # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next.
-        for fd in STEP:
+        write_report(REPORT, report, prefix)
+        # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next (and, after
+        # the first step, the display channel's number, which the later steps leave at /dev/null).
+        for fd in (STEP if later else OUTPUTS):
             os.dup2(devnull, fd)
         step = None
 

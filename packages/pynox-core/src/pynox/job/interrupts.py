@@ -18,19 +18,27 @@ keeps the template's ignored signal.
 
 from __future__ import annotations
 
+import _thread
 import signal
 from types import FrameType
 
 from ..wire.signals import INTERRUPT_SIGNAL
 
-__all__ = ["allow", "forbid", "take_interrupts"]
+__all__ = ["allow", "forbid", "hold", "release", "take_interrupts"]
 
 _allowed = False
+# The thread writing a display frame (job/display.py): an interrupt that comes meanwhile in it waits until the
+# frame is whole (pending), so that a frame is never cut short on the pipe it shares with its step's report.
+_holder: int | None = None
+_pending = False
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    global _allowed
+    global _allowed, _pending
     if _allowed:
+        if _holder == _thread.get_ident():  # the handler runs in the main thread: only its own frame holds it
+            _pending = True
+            return
         _allowed = False  # once: the handling of this one is not interrupted in turn
         raise KeyboardInterrupt
 
@@ -49,3 +57,22 @@ def allow() -> None:
 def forbid() -> None:
     global _allowed
     _allowed = False
+
+
+def hold() -> None:
+    """A display frame is being written by this thread (one at a time: under display's lock)."""
+    global _holder
+    _holder = _thread.get_ident()
+
+
+def release() -> bool:
+    """The frame is whole: True if an interrupt came meanwhile (the caller raises it, once)."""
+    global _holder, _pending, _allowed
+    _holder = None
+    if not _pending:
+        return False
+    _pending = False
+    if not _allowed:
+        return False
+    _allowed = False
+    return True

@@ -46,12 +46,13 @@ _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
 }
 
 
-def write_report(report_fd: int, report: Report) -> None:
+def write_report(report_fd: int, report: Report, prefix: bytes = b"") -> None:
+    """``prefix``: a later session step's mark (wire.frames.STEP_REPORT), in the same write as its report."""
     try:
         try:
-            data = msgspec.json.encode(report)
+            data = prefix + msgspec.json.encode(report)
         except UnicodeEncodeError:  # a lone surrogate in a message or value: JSON's UTF-8 cannot carry it
-            data = msgspec.json.encode(_utf8_safe(msgspec.to_builtins(report)))
+            data = prefix + msgspec.json.encode(_utf8_safe(msgspec.to_builtins(report)))
         while data:
             data = data[os.write(report_fd, data):]
     except OSError:
@@ -69,7 +70,7 @@ def _utf8_safe(value: object) -> object:
     return value
 
 
-def finish(report_fd: int, report: Report, *, measured: bool = False) -> NoReturn:
+def finish(report_fd: int, report: Report, *, measured: bool = False, prefix: bytes = b"") -> NoReturn:
     """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner).
 
     ``measured``: a job's normal end. The process stops itself here, its memory intact, so that the pool
@@ -77,7 +78,7 @@ def finish(report_fd: int, report: Report, *, measured: bool = False) -> NoRetur
     waiting for the exit teardown, and the figures are the kernel's, not the job's. A pool that needs
     the exit status instead continues it (SIGCONT)."""
     flush_streams()
-    write_report(report_fd, report)
+    write_report(report_fd, report, prefix)
     if report_fd == REPORT:
         # The three the pool waits for (1, 2, 3) in one system call, so that their EOFs wake its worker once, not
         # once for each; the display channel after them (the pool drains it once those are closed, see

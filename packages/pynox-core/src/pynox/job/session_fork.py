@@ -26,10 +26,10 @@ from ..policy import landlock
 from ..policy.own_process import OwnProcessFilter
 from ..policy.privileges import set_parent_death_signal
 from ..policy.seccomp import syscall_number
-from ..wire.descriptors import CHANNEL, CONTROL, FORK_CHANNEL, FORK_CONTROL, STEP
+from ..wire.descriptors import CHANNEL, CONTROL, FORK_CHANNEL, FORK_CONTROL, OUTPUTS
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.state import FORK_PID
-from . import execute, interrupts, pynox_host
+from . import display, execute, interrupts, pynox_host
 
 __all__ = ["fork"]
 
@@ -72,7 +72,7 @@ def fork() -> None:
 def _become_copy(template: int, channel: bool) -> NoReturn:
     try:
         devnull = os.open("/dev/null", os.O_WRONLY)
-        for fd in STEP:  # the step's pipes are the original's: its result must be the original's alone
+        for fd in OUTPUTS:  # the step's pipes are the original's: its result must be the original's alone
             os.dup2(devnull, fd)
         os.close(devnull)
         os.dup2(FORK_CONTROL, CONTROL)
@@ -85,6 +85,7 @@ def _become_copy(template: int, channel: bool) -> NoReturn:
         if os.getppid() != template:  # the template died before the signal was armed
             os._exit(SETUP_FAILED_EXIT)
         interrupts.forbid()
+        display.forked()  # a frame a thread of the original was writing is not the copy's (nor is its lock)
         # The original's own-process filter (policy/own_process.py) lets a call name the original's pid, not
         # this one's: one for this pid is stacked on it (stricter wins: only 0, the caller, is left), and a
         # session of its own keeps the original's process-group signals (kill(-pid), kill(0)) from reaching

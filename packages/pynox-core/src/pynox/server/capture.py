@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from ..policy.grants import close_all
+from ..wire.frames import HEADER, STEP_REPORT
 from .display import DisplayReader, Shown
 from .outcome import Gathering
 from .streaming import Streamer
@@ -31,14 +32,21 @@ class Capture:
 
     def __init__(self, reads: list[int], outcome: Gathering, max_output: int, *, return_value: bool = False,
                  streamer: Streamer | None = None) -> None:
-        self.stdout, self.stderr, self.report_fd, self.display_fd = reads
+        # Three: a later session step's, whose display frames come on its report pipe (wire.frames.STEP_REPORT).
+        self.stdout, self.stderr, self.report_fd = reads[:3]
+        self.display_fd = reads[3] if len(reads) > 3 else None
         self.display = DisplayReader(max_output, return_value=return_value)
         self.streamer = streamer
         self.pipes = list(reads)
         # The job's output is over when stdout, stderr and the report are closed: a job that closes those and
         # stops (or hands them back) is done, whatever it does with its display channel, which is drained then.
-        self.open = len(reads) - 1
+        self.open = 3
         self._display_ended = False
+        # On a report pipe that carries frames: the bytes of the frame being read still to come, the header
+        # being read, and whether the report began (all that follows its mark is the report).
+        self._frame_left = 0
+        self._header = bytearray()
+        self._in_report = self.display_fd is not None
         self.outcome = outcome
         self.max_output = max_output
         self.report = bytearray()
@@ -64,10 +72,10 @@ class Capture:
         except BlockingIOError:  # emptied by the job through a read end of its own, or a writer reopened by it
             return True
         if not chunk:
-            if fd == self.display_fd:
+            if fd == self.display_fd or (fd == self.report_fd and self.display_fd is None):
                 self._display_ended = True
                 self._shown(self.display.finish())
-            else:
+            if fd != self.display_fd:
                 self.open -= 1
             return False
         self._take(fd, chunk)
@@ -77,12 +85,40 @@ class Capture:
         if fd == self.display_fd:
             self._shown(self.display.feed(chunk))
         elif fd == self.report_fd:
+            if not self._in_report:
+                chunk = self._frames(chunk)
             if len(self.report) + len(chunk) > self.report_limit:
                 self.report.clear()  # not a report the child wrote: ignored, the exit status still counts
             else:
                 self.report += chunk
         else:
             self._keep(fd == self.stdout, chunk)
+
+    def _frames(self, chunk: bytes) -> bytes:
+        """A later session step's report pipe: its display frames, each passed whole to the display reader (which
+        bounds them), until the report's mark; what follows the mark is returned, the report's start."""
+        view = memoryview(chunk)
+        while view:
+            if self._frame_left:
+                part = view[:self._frame_left]
+                self._frame_left -= len(part)
+                view = view[len(part):]
+                self._shown(self.display.feed(bytes(part)))
+                continue
+            need = HEADER.size - len(self._header)
+            self._header += view[:need]
+            view = view[need:]
+            if len(self._header) < HEADER.size:
+                break
+            (size,) = HEADER.unpack(self._header)
+            header = bytes(self._header)
+            self._header.clear()
+            if size == STEP_REPORT:
+                self._in_report = True
+                return bytes(view)
+            self._frame_left = size
+            self._shown(self.display.feed(header))
+        return b""
 
     def _keep(self, is_stdout: bool, chunk: bytes) -> None:
         outcome = self.outcome
@@ -112,6 +148,10 @@ class Capture:
     def drain_display(self) -> None:
         """What the display channel still holds once the job's output is over, without waiting for it."""
         if self._display_ended:
+            return
+        if self.display_fd is None:  # on the report pipe, whose end the loop has not seen (a step killed)
+            self._display_ended = True
+            self._shown(self.display.finish())
             return
         # Asked first: a session's process holds its channel open until it hands it back after its report, and
         # what its code showed was read as the loop watched it, so most often nothing waits there. One poll then,

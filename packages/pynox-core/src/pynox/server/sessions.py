@@ -18,12 +18,14 @@ step that reopens one.
 
 from __future__ import annotations
 
+import array
 import base64
 import contextlib
 import logging
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +41,7 @@ from ..protocol import Closed, Request, RequestId, SessionResult, encode, sessio
 from ..units import format_duration
 from ..wire.descriptors import STEP
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
-from ..wire.frames import Ended, send_frame
+from ..wire.frames import Ended, pack
 from ..wire.spec import ErrorInfo, JobSpec, StepSpec
 from ..wire.state import FORK_CODE
 from . import session_fork
@@ -114,6 +116,28 @@ class FileRequest:
 
 class _EndedWhileIdle(Exception):
     """The session's child ended between two steps."""
+
+
+def _send_step(control: socket.socket, step: StepSpec, fds: list[int], deadline_ns: int) -> None:
+    """A step's frame and descriptors, on the session's control socket, kept non-blocking: one ``sendmsg``,
+    where a socket with a timeout asks ``poll`` first on each send. Only if its buffer is full (a child that
+    stopped reading) does it wait, until the step's deadline (TimeoutError), never longer."""
+    data = pack(msgspec.json.encode(step))
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+    try:
+        sent = control.sendmsg([data], ancillary)
+    except BlockingIOError:
+        sent = -1  # nothing sent, the descriptors neither
+    if sent == len(data):
+        return
+    control.settimeout(max((deadline_ns - time.monotonic_ns()) / 1e9, 1e-3))
+    try:
+        if sent < 0:
+            sent = control.sendmsg([data], ancillary)
+        if sent < len(data):
+            control.sendall(data[sent:])  # the descriptors went with the first byte
+    finally:
+        control.setblocking(False)
 
 
 def _how(ended: Ended) -> str:
@@ -557,7 +581,8 @@ class Session(threading.Thread):
             raise _EndedWhileIdle(_how(ended))
         if not step.interrupt.sent(template.child):
             raise _NotRun
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]  # stdout, stderr, report, display, in that order
+        # stdout, stderr, report, in that order: its display frames come on its report pipe, before its report.
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]
         for r, _ in pipes:  # the pool's ends never block, as a job's (templates._job_descriptors, Capture.read)
             os.set_blocking(r, False)
         # The step's time starts before it is sent: a child that stops reading its control channel (a
@@ -570,13 +595,14 @@ class Session(threading.Thread):
         # Frozen since its last step's result: what it runs from now on (a thread an earlier step left
         # behind included) runs under this step's deadline.
         template.continue_child()
-        if channels.control.gettimeout() != step.timeout:  # set again, even to the same, it costs a system call
-            channels.control.settimeout(step.timeout)
+        if channels.control.gettimeout() != 0.0:  # once for the session (see _send_step)
+            channels.control.setblocking(False)
         try:
-            send_frame(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
+            _send_step(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
                                                   return_value=step.return_value, images=step.max_output,
                                                   stream=step.stream, fork=forking is not None),
-                       [w for _, w in pipes] + (self._fork_ends(forking) if forking else []))
+                       [w for _, w in pipes] + (self._fork_ends(forking) if forking else []),
+                       start + int(step.timeout * 1e9))
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout
         except OSError:

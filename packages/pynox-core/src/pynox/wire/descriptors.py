@@ -28,10 +28,12 @@ FORK_CONTROL = 11
 # And, for a session with host functions, the copy's end of its own host-call channel, until it is put at CHANNEL.
 FORK_CHANNEL = 12
 STAGING = 16  # above every fixed number
-# A job's outputs, report and display channel: what each later step of a session brings, and what a prepared
-# child holds as /dev/null until its job's arrive (job/setup.py, and the native call's layout in policy/).
+# A job's outputs, report and display channel: what a prepared child holds as /dev/null until its job's arrive
+# (job/setup.py, and the native call's layout in policy/), and what a session's first step has.
 OUTPUTS = (STDOUT, STDERR, REPORT, DISPLAY)
-STEP = OUTPUTS
+# What each later step of a session brings: its display frames come on its report pipe, before its report
+# (wire.frames.STEP_REPORT marks where the report starts), so a step costs three pipes, not four.
+STEP = (STDOUT, STDERR, REPORT)
 
 
 def sent_with_job(host_channel: bool, session: bool) -> tuple[int, ...]:

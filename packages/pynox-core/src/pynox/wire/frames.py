@@ -29,14 +29,15 @@ import msgspec
 from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init", "NotForked",
-    "Prepare",
-    "Prepared", "Ready", "Reaped",
-    "Spawn", "Spawned", "Started", "TemplateFailed", "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw",
-    "send_frame", "template_decoder",
+    "HEADER", "STEP_REPORT", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init",
+    "NotForked", "Prepare", "Prepared", "Ready", "Reaped", "Spawn", "Spawned", "Started", "TemplateFailed",
+    "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw", "send_frame", "template_decoder",
 ]
 
 HEADER = struct.Struct("!I")
+# On a later session step's report pipe (wire.descriptors.STEP): display frames (a HEADER, then the frame), then this
+# in a HEADER's place, then the step's report, to the pipe's end. No display frame is that long.
+STEP_REPORT = 0xFFFFFFFF
 MAX_FRAME = 64 << 20  # code and script are bounded by the 1 MiB request line far below this
 _MAX_FDS = MAX_GRANTS + 10  # a job's own descriptors (at most nine), then one per grant
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import atexit
 import builtins
+import fcntl
 import linecache
 import os
 import re
@@ -19,7 +20,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, OUTPUTS, REPORT, STEP
+from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, OUTPUTS, REPORT, STAGING, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import HEADER, STEP_REPORT, recv_raw
 from ..wire.host_channel import PIP_FUNCTION
@@ -114,12 +115,7 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                 os._exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
             if len(fds) != len(STEP) + step.fork * (1 + confinement.host_channel):
                 os._exit(SETUP_FAILED_EXIT)
-            # Received at the lowest free numbers: FORK_CONTROL or FORK_CHANNEL may be one (the others are held
-            # open), but only as the first of the two: it is moved before the second is put there.
-            for target, fd in zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False):
-                if fd != target:
-                    os.dup2(fd, target)
-                    os.close(fd)
+            _place(list(zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False)))
             display.channel(REPORT)
         try:
             report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
@@ -141,6 +137,24 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
         for fd in (STEP if later else OUTPUTS):
             os.dup2(devnull, fd)
         step = None
+
+
+def _place(moves: list[tuple[int, int]]) -> None:
+    """Each (target, received descriptor): the descriptor put at its target number. They were received at the
+    lowest free numbers, and the code may have closed any of its own (a host channel, a number below the
+    targets): one may sit at a target still to be filled, which filling it would overwrite. Then every one is
+    moved above all targets first (never on a step's common path: there they arrive below the fork's numbers)."""
+    targets = {target for target, _ in moves}
+    if any(fd in targets and fd != target for target, fd in moves):
+        staged = []
+        for target, fd in moves:
+            staged.append((target, fcntl.fcntl(fd, fcntl.F_DUPFD, STAGING)))
+            os.close(fd)
+        moves = staged
+    for target, fd in moves:
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
 
 
 _PIP_LINE = re.compile(r"^(?P<indent>[ \t]*)%pip[ \t]+(?P<words>install\b[^\n]*)$", re.MULTILINE)

@@ -10,9 +10,11 @@ is ``SETUP_FAILED_EXIT`` (125).
 
 from __future__ import annotations
 
+import fcntl
 import linecache
 import os
 import socket
+import sys
 import types
 from typing import NoReturn
 
@@ -20,10 +22,10 @@ from ..policy import Runtime
 from ..policy.grants import close_all
 from ..policy.native import NativeCall
 from ..policy.privileges import ProcessName
-from ..wire.descriptors import CONTROL, REPORT, handed_to_prepared, sent_with_job
+from ..wire.descriptors import CONTROL, REPORT, STAGING, handed_to_prepared, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import pack, recv_raw
-from ..wire.payload import decode_payload, encode_payload
+from ..wire.payload import encode_payload, read_payload
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 
 # session_state, session_fork: loaded with the template, so a session's save, restore and fork steps find
@@ -32,7 +34,7 @@ from . import display, preload_warm, pynox_host, session_fork, session_state  # 
 from .execute import execute, new_main, serve_session
 from .native_setup import confine_steps
 from .report import finish, flush_streams, write_report
-from .setup import READ, Setup, run_steps
+from .setup import READ, Setup, arrange, run_steps
 
 __all__ = ["Setup", "job_setup", "prepare_template", "prepared_setup", "run_job", "run_prepared"]
 
@@ -184,9 +186,22 @@ def _warm_up(confinement: Confinement) -> None:
     others, so the warm-up costs the child little more CPU than the job then saves. Output and report go to
     /dev/null: the job's own descriptors are not here yet."""
     try:
-        payload = decode_payload(_WARM_UP_PAYLOAD)
-        report = execute(types.ModuleType("__warm_up__"), payload.code, None, payload.name, payload.args,
-                         confinement)
+        # The payload read as the job's is (read_payload), from a pipe: its 64 KiB read buffer's heap pages and
+        # the reader's code, ~7 faults.
+        reads, writes = os.pipe()
+        try:
+            os.write(writes, _WARM_UP_PAYLOAD)
+        finally:
+            os.close(writes)
+        payload = read_payload(reads)
+        # The job's __main__ made as the job's is (new_main, ~30 faults: sys.modules, builtins, the import
+        # system's finders): all of it is the same for every job of this confinement, and the job's own
+        # new_main makes it again (a new module; the same display hooks, found in place); only the package
+        # directories it adds to sys.path are put back, or the job would find them twice.
+        path = sys.path[:]
+        main = new_main(confinement, payload)
+        sys.path[:] = path
+        report = execute(main, payload.code, None, payload.name, payload.args, confinement)
         linecache.cache.pop(payload.name, None)  # execute's copy of the source, for tracebacks
         flush_streams()
         write_report(REPORT, report)
@@ -199,5 +214,17 @@ def _warm_up(confinement: Confinement) -> None:
         _READY_NAME.take()
         if confinement.host_channel:
             pynox_host.warm_up(calls=2)
+        # The hand-over's arranging (setup.arrange: its code and calls, ~10 faults), last, of every descriptor
+        # the child holds onto its own number. Confined, it holds none above STAGING (arranging closed them), and
+        # any there would be closed by the hand-over's own arranging: this one closes nothing that one keeps.
+        arrange([(fd, fd) for fd in range(STAGING) if _held(fd)])
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs
         pass
+
+
+def _held(fd: int) -> bool:
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        return False
+    return True

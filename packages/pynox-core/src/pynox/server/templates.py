@@ -832,12 +832,6 @@ class Template:
             try:
                 send_frame(prepared.control, HandOver(), [own[target] for target in handed_to_prepared(
                     confinement.host_channel, confinement.session)])
-                # The child is woken by a unix socket's "sync" wake-up, which tells the scheduler the sender
-                # sleeps next, so it is often queued on this CPU: it then waited for this thread's ~100 µs of
-                # work before its poll (the steward, the pipes' ends closed, the capture made), ~95 µs from its
-                # waking to a CPU against ~30 on the other one (perf sched, 10 ms apart). That work is not due
-                # before the child's first output (~300 µs on): yielding lets the child run first.
-                os.sched_yield()
             except OSError:  # it died while it waited (killed from outside): the template reports its end
                 self.prepared.release(prepared)
                 # And should it live (a send refused for another reason), the EOF ends it, as no Discard will.

@@ -5,7 +5,7 @@ copies a page (~1-2 µs on this VM), and in CPython 3.11 every object a child to
 count), so Python run cold in a child (code the template never ran) costs about a fault per object it touches.
 docs/performance.md ("The child's page faults, attributed") says where a `print(1)` child's ~490 land. A child
 prepared ahead has taken most of them once it waits for its job: fork, CPython's after-fork work, the setup, the
-warm-up. Each path has its bound, generous: a child confined by the native call takes ~480 on 3.11 today, one
+warm-up. Each path has its bound, generous: a child confined by the native call takes ~470 on 3.11 today, one
 confined by the Python steps ($PYNOX_NATIVE=0) ~600 (~410 and ~580 before the warm-up took the job's own first
 faults: making __main__, reading a payload, arranging descriptors). Either fails if a source of ~40 faults comes
 back, such as an after-fork hook. The control shows one: a template that preloads logging (which imports
@@ -35,9 +35,9 @@ pytestmark = [pytest.mark.timeout(120),
 # 575-579 through the Python steps, 635-654 with the hook (after the kernel-setup and template-trim merges: 640
 # was inside the hook's range). Since the warm-up also reads its payload from a pipe, makes __main__ and arranges
 # its descriptors as the job then does (faults taken before the job, not in it: docs/performance.md, "The
-# prepared child's path after the hand-over"): 482 natively, 554 with the hook; 602-604 through the Python steps,
-# 676-681 with the hook. Bounds, not targets: each about midway between the two.
-BOUNDS = {"1": 518, "0": 640}
+# prepared child's path after the hand-over"): 466 natively, 539 with the hook; 598-600 through the Python steps,
+# 673-674 with the hook. Bounds, not targets: each about midway between the two.
+BOUNDS = {"1": 502, "0": 636}
 PATHS = pytest.mark.parametrize("native", ["1", "0"], ids=["native call", "Python steps"])
 
 

@@ -10,7 +10,6 @@ is ``SETUP_FAILED_EXIT`` (125).
 
 from __future__ import annotations
 
-import fcntl
 import linecache
 import os
 import socket
@@ -22,7 +21,7 @@ from ..policy import Runtime
 from ..policy.grants import close_all
 from ..policy.native import NativeCall
 from ..policy.privileges import ProcessName
-from ..wire.descriptors import CONTROL, REPORT, STAGING, handed_to_prepared, sent_with_job
+from ..wire.descriptors import CONTROL, OUTPUTS, REPORT, handed_to_prepared, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import pack, recv_raw
 from ..wire.payload import encode_payload, read_payload
@@ -214,17 +213,10 @@ def _warm_up(confinement: Confinement) -> None:
         _READY_NAME.take()
         if confinement.host_channel:
             pynox_host.warm_up(calls=2)
-        # The hand-over's arranging (setup.arrange: its code and calls, ~10 faults), last, of every descriptor
-        # the child holds onto its own number. Confined, it holds none above STAGING (arranging closed them), and
-        # any there would be closed by the hand-over's own arranging: this one closes nothing that one keeps.
-        arrange([(fd, fd) for fd in range(STAGING) if _held(fd)])
+        # The hand-over's arranging (setup.arrange: its code and calls, ~10 faults), last, of the descriptors a
+        # prepared child holds once confined (setup._arrange_descriptors: standard input, the outputs it warms up
+        # on, its control socket) each onto its own number. Any other it held would be closed by the hand-over's
+        # own arranging: this one closes nothing that one keeps. One not open fails its staging, before any move.
+        arrange([(fd, fd) for fd in (0, *OUTPUTS, CONTROL)])
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs
         pass
-
-
-def _held(fd: int) -> bool:
-    try:
-        fcntl.fcntl(fd, fcntl.F_GETFD)
-    except OSError:
-        return False
-    return True

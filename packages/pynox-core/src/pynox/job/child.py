@@ -30,7 +30,7 @@ from ..wire.spec import Confinement, Payload, Report, StepSpec
 # session_state, session_fork: loaded with the template, so a session's save, restore and fork steps find
 # them in memory.
 from . import display, preload_warm, pynox_host, session_fork, session_state  # noqa: F401
-from .execute import execute, new_main, serve_session
+from .execute import execute, new_main, prepare_jobs, serve_session
 from .native_setup import confine_steps
 from .report import finish, flush_streams, write_report
 from .setup import READ, Setup, arrange, run_steps
@@ -42,10 +42,12 @@ def prepare_template() -> None:
     """In the template, once the operator's modules are preloaded and before any job exists: build what every
     job would otherwise build for itself from them (IPython's display formatter, see display.prepare), and
     warm the host functions' call path (see pynox_host.warm_up) and the preloaded modules' common paths (see
-    preload_warm)."""
+    preload_warm); then set up what every job's interpreter has beside its own __main__ (see
+    execute.prepare_jobs)."""
     display.prepare()
     pynox_host.warm_up()
     preload_warm.warm_preloaded()
+    prepare_jobs()
 
 
 # The Setup a child works on is built by the template, before the fork (job_setup, prepared_setup): Setup.__init__
@@ -193,10 +195,10 @@ def _warm_up(confinement: Confinement) -> None:
         finally:
             os.close(writes)
         payload = read_payload(reads)
-        # The job's __main__ made as the job's is (new_main, ~30 faults: sys.modules, builtins, the import
-        # system's finders): all of it is the same for every job of this confinement, and the job's own
-        # new_main makes it again (a new module; the same display hooks, found in place); only the package
-        # directories it adds to sys.path are put back, or the job would find them twice.
+        # The job's __main__ made as the job's is (new_main: sys.modules, sys.path; what is the same for every
+        # job, display and the import system's finders, the template set up once, see execute.prepare_jobs):
+        # the job's own new_main makes it again (a new module); only the package directories it adds to
+        # sys.path are put back, or the job would find them twice.
         path = sys.path[:]
         main = new_main(confinement, payload)
         sys.path[:] = path

@@ -37,9 +37,10 @@ pytestmark = [pytest.mark.timeout(120),
 # its descriptors as the job then does (faults taken before the job, not in it: docs/performance.md, "The
 # prepared child's path after the hand-over"): 466 natively, 539 with the hook; 598-600 through the Python steps,
 # 673-674 with the hook. Since the template sets up once what every job's interpreter has beside its __main__
-# (display, IPython's finder, pip's stop: execute.prepare_jobs), which each child's new_main wrote: 455 natively,
-# 525 with the hook; 585-587 through the Python steps, 655-658 with the hook. Bounds, not targets: each about
-# midway between the two.
+# (display, IPython's finder, pip's stop: execute.prepare_jobs), which each child's new_main wrote, and the
+# warm-up takes its package directories back out of sys.path rather than copying it whole: 451-459 natively (one
+# pool differs from the next by a few), 519-525 with the hook; 585-588 through the Python steps, 653-658 with the
+# hook. Bounds, not targets: each about midway between the two.
 BOUNDS = {"1": 490, "0": 621}
 PATHS = pytest.mark.parametrize("native", ["1", "0"], ids=["native call", "Python steps"])
 

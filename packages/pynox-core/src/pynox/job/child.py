@@ -198,10 +198,9 @@ def _warm_up(confinement: Confinement) -> None:
         # The job's __main__ made as the job's is (new_main: sys.modules, sys.path; what is the same for every
         # job, display and the import system's finders, the template set up once, see execute.prepare_jobs):
         # the job's own new_main makes it again (a new module); only the package directories it adds to
-        # sys.path are put back, or the job would find them twice.
-        path = sys.path[:]
+        # sys.path are taken out again (new_main put them first), or the job would find them twice.
         main = new_main(confinement, payload)
-        sys.path[:] = path
+        del sys.path[:len(confinement.package_dirs)]
         report = execute(main, payload.code, None, payload.name, payload.args, confinement)
         linecache.cache.pop(payload.name, None)  # execute's copy of the source, for tracebacks
         flush_streams()

@@ -5,8 +5,8 @@ copies a page (~1-2 µs on this VM), and in CPython 3.11 every object a child to
 count), so Python run cold in a child (code the template never ran) costs about a fault per object it touches.
 docs/performance.md ("The child's page faults, attributed") says where a `print(1)` child's ~490 land. A child
 prepared ahead has taken most of them once it waits for its job: fork, CPython's after-fork work, the setup, the
-warm-up. Each path has its bound, generous: a child confined by the native call takes ~470 on 3.11 today, one
-confined by the Python steps ($PYNOX_NATIVE=0) ~600 (433 and 565 before the warm-up took the job's own first
+warm-up. Each path has its bound, generous: a child confined by the native call takes ~455 on 3.11 today, one
+confined by the Python steps ($PYNOX_NATIVE=0) ~590 (433 and 565 before the warm-up took the job's own first
 faults: making __main__, reading a payload, arranging descriptors). Either fails if a source of ~40 faults comes
 back, such as an after-fork hook. The control shows one: a template that preloads logging (which imports
 threading, whose hook rebuilds its locks in every child) gives its children ~60-80 faults more. Faults are counts,

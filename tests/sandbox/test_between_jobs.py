@@ -283,7 +283,7 @@ print(sorted(linecache.cache), sorted(os.listdir('/proc/self/fd')), sys.argv, so
       [getattr(sys, name, None) for name in ('last_type', 'last_value')], sorted(vars(builtins)),
       sys.stdout.line_buffering, [type(finder).__name__ for finder in sys.meta_path], len(warnings.filters),
       sys.exc_info(), signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []),
-      sorted(vars(sys.modules['__main__'])), os.umask(0o22))
+      sorted(vars(sys.modules['__main__'])), os.umask(0o22), sys.path)
 """
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import linecache
 import os
 import socket
+import sys
 import types
 from typing import NoReturn
 
@@ -20,19 +21,19 @@ from ..policy import Runtime
 from ..policy.grants import close_all
 from ..policy.native import NativeCall
 from ..policy.privileges import ProcessName
-from ..wire.descriptors import CONTROL, REPORT, handed_to_prepared, sent_with_job
+from ..wire.descriptors import CONTROL, OUTPUTS, REPORT, handed_to_prepared, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import pack, recv_raw
-from ..wire.payload import decode_payload, encode_payload
+from ..wire.payload import encode_payload, read_payload
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 
 # session_state, session_fork: loaded with the template, so a session's save, restore and fork steps find
 # them in memory.
 from . import display, preload_warm, pynox_host, session_fork, session_state  # noqa: F401
-from .execute import execute, new_main, serve_session
+from .execute import execute, new_main, prepare_jobs, serve_session
 from .native_setup import confine_steps
 from .report import finish, flush_streams, write_report
-from .setup import READ, Setup, run_steps
+from .setup import READ, Setup, arrange, run_steps
 
 __all__ = ["Setup", "job_setup", "prepare_template", "prepared_setup", "run_job", "run_prepared"]
 
@@ -41,10 +42,12 @@ def prepare_template() -> None:
     """In the template, once the operator's modules are preloaded and before any job exists: build what every
     job would otherwise build for itself from them (IPython's display formatter, see display.prepare), and
     warm the host functions' call path (see pynox_host.warm_up) and the preloaded modules' common paths (see
-    preload_warm)."""
+    preload_warm); then set up what every job's interpreter has beside its own __main__ (see
+    execute.prepare_jobs)."""
     display.prepare()
     pynox_host.warm_up()
     preload_warm.warm_preloaded()
+    prepare_jobs()
 
 
 # The Setup a child works on is built by the template, before the fork (job_setup, prepared_setup): Setup.__init__
@@ -184,9 +187,21 @@ def _warm_up(confinement: Confinement) -> None:
     others, so the warm-up costs the child little more CPU than the job then saves. Output and report go to
     /dev/null: the job's own descriptors are not here yet."""
     try:
-        payload = decode_payload(_WARM_UP_PAYLOAD)
-        report = execute(types.ModuleType("__warm_up__"), payload.code, None, payload.name, payload.args,
-                         confinement)
+        # The payload read as the job's is (read_payload), from a pipe: its 64 KiB read buffer's heap pages and
+        # the reader's code, ~7 faults.
+        reads, writes = os.pipe()
+        try:
+            os.write(writes, _WARM_UP_PAYLOAD)
+        finally:
+            os.close(writes)
+        payload = read_payload(reads)
+        # The job's __main__ made as the job's is (new_main: sys.modules, sys.path; what is the same for every
+        # job, display and the import system's finders, the template set up once, see execute.prepare_jobs):
+        # the job's own new_main makes it again (a new module); only the package directories it adds to
+        # sys.path are taken out again (new_main put them first), or the job would find them twice.
+        main = new_main(confinement, payload)
+        del sys.path[:len(confinement.package_dirs)]
+        report = execute(main, payload.code, None, payload.name, payload.args, confinement)
         linecache.cache.pop(payload.name, None)  # execute's copy of the source, for tracebacks
         flush_streams()
         write_report(REPORT, report)
@@ -199,5 +214,10 @@ def _warm_up(confinement: Confinement) -> None:
         _READY_NAME.take()
         if confinement.host_channel:
             pynox_host.warm_up(calls=2)
+        # The hand-over's arranging (setup.arrange: its code and calls, ~10 faults), last, of the descriptors a
+        # prepared child holds once confined (setup._arrange_descriptors: standard input, the outputs it warms up
+        # on, its control socket) each onto its own number. Any other it held would be closed by the hand-over's
+        # own arranging: this one closes nothing that one keeps. One not open fails its staging, before any move.
+        arrange([(fd, fd) for fd in (0, *OUTPUTS, CONTROL)])
     except Exception:  # a warm-up is an optimisation: whatever fails here, the job still runs
         pass

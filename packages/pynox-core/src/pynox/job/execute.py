@@ -28,7 +28,7 @@ from ..wire.spec import Confinement, Payload, Report, StepSpec
 from . import display, interrupts
 from .report import describe, finish, flush_streams, print_traceback, write_report
 
-__all__ = ["execute", "new_main", "serve_session"]
+__all__ = ["execute", "new_main", "prepare_jobs", "serve_session"]
 
 _MAX_VALUE = 256 << 10  # characters of a trailing value's repr (the pool cuts it to max_output bytes)
 # Top-level `await` works in job code: such code compiles to a coroutine, which runs on a fresh event loop.
@@ -44,18 +44,26 @@ def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
         module = sys.modules["pynox_host.aio" if payload.host_globals == "await" else "pynox_host"]
         main.__dict__.update({name: getattr(module, name) for name in payload.functions})
     sys.modules["__main__"] = main
+    if payload.script is not None:
+        sys.path.insert(0, os.path.dirname(payload.script))
+    sys.path[:0] = confinement.package_dirs
+    _reseed()
+    return main
+
+
+def prepare_jobs() -> None:
+    """In the template, before it forks any child: what every job's interpreter has beside its own ``__main__``,
+    the same for every job, so that each child inherits it rather than writing it (a child that did wrote ~30
+    pages it shares with the template, copy-on-write: ``builtins``, ``sys.modules``, the import system's
+    finders). The template runs no job's code, nor pip, nor IPython's display: none of this changes its own
+    work."""
     # display() as IPython makes it: a builtin, and importable with the notebook's display classes.
     builtins.display = display.display  # type: ignore[attr-defined]
     sys.modules["pynox_display"] = display
     display.hook_ipython()
-    if payload.script is not None:
-        sys.path.insert(0, os.path.dirname(payload.script))
-    sys.path[:0] = confinement.package_dirs
     # pip cannot work here (no network, a read-only environment) and would say so only in a traceback it
     # catches, returning a status the code ignores: importing it fails instead, with a hint (job/report.py).
     sys.modules.setdefault("pip", None)  # type: ignore[arg-type]  # None: Python's own "import halted"
-    _reseed()
-    return main
 
 
 def execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],

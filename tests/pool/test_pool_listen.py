@@ -173,7 +173,9 @@ def test_a_dropped_connection_ends_its_jobs_and_fails_its_calls(tmp_path: Path, 
     calling = (f"import os, time\nfrom pynox_host import lookup, HostError\n"
                f"open({str(gate / 'caller-pid')!r}, 'w').write(str(os.getpid()))\n"
                f"try:\n    lookup('k')\nexcept HostError as exc:\n"
-               f"    open({str(gate / 'host-error')!r}, 'w').write(str(exc))\n"
+               # Whole or not at all (the cancel's kill may come between an open and its write): a rename.
+               f"    open({str(gate / 'host-error.part')!r}, 'w').write(str(exc))\n"
+               f"    os.rename({str(gate / 'host-error.part')!r}, {str(gate / 'host-error')!r})\n"
                "time.sleep(60)\n")
     with pool_process("--workers=2", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
         client = ListenClient(str(path))

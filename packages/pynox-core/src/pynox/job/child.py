@@ -14,17 +14,16 @@ import linecache
 import os
 import socket
 import sys
-import types
 from typing import NoReturn
 
-from ..policy import Runtime
+from ..policy import MAX_FD, Runtime
 from ..policy.grants import close_all
-from ..policy.native import NativeCall
+from ..policy.native import NativeCall, hand_over_call
 from ..policy.privileges import ProcessName
-from ..wire.descriptors import CONTROL, OUTPUTS, REPORT, handed_to_prepared, sent_with_job
+from ..wire.descriptors import CLAIM, CONTROL, OUTPUTS, PAYLOAD, REPORT, STAGING, handed_to_prepared, sent_with_job
 from ..wire.exits import SETUP_FAILED_EXIT
-from ..wire.frames import pack, recv_raw
-from ..wire.payload import encode_payload, read_payload
+from ..wire.frames import MAX_FRAME, pack, recv_raw
+from ..wire.payload import CLAIMED, encode_payload, read_payload
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 
 # session_state, session_fork: loaded with the template, so a session's save, restore and fork steps find
@@ -67,14 +66,21 @@ def job_setup(confinement: Confinement, runtime: Runtime, fds: list[int], grants
 
 def prepared_setup(confinement: Confinement, runtime: Runtime, control: int, grants: list[int],
                    native_call: NativeCall | None = None) -> Setup:
-    """In the template: what :func:`run_prepared` works on; ``control``: the child's end of its control socket."""
-    return Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True, native_call=native_call)
+    """In the template: what :func:`run_prepared` works on; ``control``: the child's end of its control socket.
+    A child confined natively takes its job natively too (see :func:`_await_job`)."""
+    hand_over = hand_over_call(CONTROL, (*handed_to_prepared(confinement.host_channel, confinement.session), 0),
+                               _HANDED_NAME_TEXT[confinement.session], STAGING, MAX_FD,
+                               MAX_FRAME) if runtime.native is not None else None
+    return Setup(confinement, runtime, grants, [control], (CONTROL,), prepared=True, native_call=native_call,
+                 hand_over=hand_over)
 
 
 def run_job(setup: Setup) -> NoReturn:
     """A child forked for its job (``setup``: :func:`job_setup`, made by the template before the fork)."""
-    payload = _ready_or_fail(setup, run_steps(setup, confine_steps(setup)) or run_steps(setup, READ))
-    _run_or_serve(setup.confinement, new_main(setup.confinement, payload), payload)
+    failure = run_steps(setup, confine_steps(setup)) or run_steps(setup, READ)
+    if failure is not None or setup.payload is None:
+        _fail(setup, failure)
+    _run_or_serve(setup.confinement, setup.payload)
 
 
 def run_prepared(setup: Setup) -> NoReturn:
@@ -95,36 +101,37 @@ def run_prepared(setup: Setup) -> NoReturn:
     if failure is not None:
         _no_listener(setup.at(CONTROL))
     else:
-        _warm_up(confinement)
+        _warm_up(setup, hand_over=setup.hand_over is not None and setup.arranged)
     _await_job(setup)
-    payload = _ready_or_fail(setup, failure or run_steps(setup, READ))
-    _run_or_serve(confinement, new_main(confinement, payload), payload)
+    failure = failure or run_steps(setup, READ)
+    if failure is not None or setup.payload is None:
+        _fail(setup, failure)
+    _run_or_serve(confinement, setup.payload)
 
 
-def _run_or_serve(confinement: Confinement, main: types.ModuleType, payload: Payload) -> NoReturn:
-    """Run the job; a session's child runs its first step (which came as the job), then serves the next ones."""
+# From the job's payload to its end in one function, and the failure's path in another, called only on a failure:
+# each function a child runs that its template never ran writes its code object (a copy-on-write fault on the
+# job's path, as the job's first call of each was).
+def _run_or_serve(confinement: Confinement, payload: Payload) -> NoReturn:
+    """Run the job as ``__main__``; a session's child runs its first step (which came as the job), then serves the
+    next ones."""
+    main = new_main(confinement, payload)
     if confinement.session:
         serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
                                                   return_value=payload.return_value, images=payload.images,
                                                   stream=payload.stream))
-    _run(confinement, main, payload)
+    finish(REPORT, execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
+                           return_value=payload.return_value, images=payload.images, stream=payload.stream),
+           measured=True)
 
 
-def _ready_or_fail(setup: Setup, failure: str | None) -> Payload:
-    """The job's payload, once every step was done; if one was not, report why (where the job's report
-    descriptor is now) and exit without running the code."""
-    if failure is None and setup.payload is not None:
-        return setup.payload
+def _fail(setup: Setup, failure: str | None) -> NoReturn:
+    """A step was not done (or the job could not be read): report why, where the job's report descriptor is now,
+    and exit without running the code."""
     report = setup.at(REPORT)
     if report is None:  # no report descriptor came with the job: the exit status alone says it
         os._exit(SETUP_FAILED_EXIT)
     finish(report, Report(exit=SETUP_FAILED_EXIT, setup_error=failure or "could not read the job"))
-
-
-def _run(confinement: Confinement, main: types.ModuleType, payload: Payload) -> NoReturn:
-    finish(REPORT, execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
-                           return_value=payload.return_value, images=payload.images, stream=payload.stream),
-           measured=True)
 
 
 def _no_listener(control: int | None) -> None:
@@ -150,6 +157,15 @@ def _await_job(setup: Setup) -> None:
     control = setup.at(CONTROL)
     if control is None:
         os._exit(SETUP_FAILED_EXIT)
+    if setup.hand_over is not None and setup.arranged:
+        # Natively (policy/_confine.c, take_job): the same frame read, the same name, the same check and the same
+        # arrangement, in one call that writes none of the template's objects (the Python path below wrote ~30 of
+        # its pages, each a copy-on-write fault on the job's path). Its control socket is at CONTROL, as the
+        # call was laid out for, once confined.
+        take_job, args = setup.hand_over
+        if take_job(*args):
+            os._exit(SETUP_FAILED_EXIT)  # no job came, the frame was not the protocol's, or a descriptor not placed
+        return
     try:
         with socket.socket(fileno=control) as control_socket:
             _, fds = recv_raw(control_socket)
@@ -168,15 +184,40 @@ def _await_job(setup: Setup) -> None:
         os._exit(SETUP_FAILED_EXIT)
 
 
-# A prepared child's name once its job arrived, laid out in the template.
-_HANDED_NAMES = {False: ProcessName("pynox-job"), True: ProcessName("pynox-session")}
+# A prepared child's name once its job arrived (by whether it is a session's), laid out in the template.
+_HANDED_NAME_TEXT = {False: "pynox-job", True: "pynox-session"}
+_HANDED_NAMES = {session: ProcessName(name) for session, name in _HANDED_NAME_TEXT.items()}
 _READY_NAME = ProcessName("pynox-ready")  # a prepared child's name until then (setup.name_of)
 # What the warm-up reads as its payload: a job's own path from the decoder on, without a descriptor.
 _WARM_UP_PAYLOAD = encode_payload(Payload(code="print(1)", script=None, name="<warm-up>", args=[], env={},
                                           functions=[]))
 
 
-def _warm_up(confinement: Confinement) -> None:
+def _rehearse_read(setup: Setup, reads: int) -> Payload:
+    """The job's own READ step (setup._read_job: the payload read, the environment, the claim), on the warm-up's
+    payload at PAYLOAD and a claim of its own at CLAIM: its functions run cold after the hand-over wrote their code
+    objects, ~5 faults on the job's path. Both numbers are closed again by the step itself, before any job exists
+    (the hand-over puts the job's own there). A job with host functions reads only its payload here: the step
+    would install a host module on a channel that is not there yet."""
+    if setup.confinement.host_channel or setup.payload is not None:
+        return read_payload(reads)
+    claim_reads, claim_writes = os.pipe()
+    try:
+        os.write(claim_writes, CLAIMED)
+    finally:
+        os.close(claim_writes)
+    for fd, number in ((reads, PAYLOAD), (claim_reads, CLAIM)):
+        if fd != number:
+            os.dup2(fd, number)
+            os.close(fd)
+    failure = run_steps(setup, READ)
+    payload, setup.payload = setup.payload, None
+    if failure is not None or payload is None:
+        raise RuntimeError(failure)
+    return payload
+
+
+def _warm_up(setup: Setup, *, hand_over: bool) -> None:
     """Run, before the job exists, the path every job runs once it has its payload: decode it, compile and
     run the code (``execute``, the job's own function), flush, encode and write the report; and, for a job
     with host functions, the call path.
@@ -186,6 +227,7 @@ def _warm_up(confinement: Confinement) -> None:
     job's critical path; running the job's own functions rather than a likeness of them takes those and no
     others, so the warm-up costs the child little more CPU than the job then saves. Output and report go to
     /dev/null: the job's own descriptors are not here yet."""
+    confinement = setup.confinement
     try:
         # The payload read as the job's is (read_payload), from a pipe: its 64 KiB read buffer's heap pages and
         # the reader's code, ~7 faults.
@@ -194,7 +236,7 @@ def _warm_up(confinement: Confinement) -> None:
             os.write(writes, _WARM_UP_PAYLOAD)
         finally:
             os.close(writes)
-        payload = read_payload(reads)
+        payload = _rehearse_read(setup, reads)
         # The job's __main__ made as the job's is (new_main: sys.modules, sys.path; what is the same for every
         # job, display and the import system's finders, the template set up once, see execute.prepare_jobs):
         # the job's own new_main makes it again (a new module); only the package directories it adds to
@@ -205,6 +247,10 @@ def _warm_up(confinement: Confinement) -> None:
         linecache.cache.pop(payload.name, None)  # execute's copy of the source, for tracebacks
         flush_streams()
         write_report(REPORT, report)
+        if confinement.host_channel:
+            pynox_host.warm_up(calls=2)
+        if hand_over:  # the hand-over is one native call, which writes none of the template's objects
+            return
         # The hand-over's receiving end (a socket object, recvmsg, a descriptor received), over a socketpair.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with ours, theirs:
@@ -212,8 +258,6 @@ def _warm_up(confinement: Confinement) -> None:
             close_all(recv_raw(ours)[1])
         # The hand-over's renaming (ctypes' call path into libc, ~12 faults), to the name the child has already.
         _READY_NAME.take()
-        if confinement.host_channel:
-            pynox_host.warm_up(calls=2)
         # The hand-over's arranging (setup.arrange: its code and calls, ~10 faults), last, of the descriptors a
         # prepared child holds once confined (setup._arrange_descriptors: standard input, the outputs it warms up
         # on, its control socket) each onto its own number. Any other it held would be closed by the hand-over's

@@ -22,7 +22,7 @@ import msgspec
 
 from ..policy import MAX_FD, Runtime, add_environment, build_ruleset, confine
 from ..policy.limits import first_to_be_killed
-from ..policy.native import NativeCall, NativeFailure
+from ..policy.native import HandOverCall, NativeCall, NativeFailure
 from ..policy.privileges import set_parent_death_signal, set_process_name
 from ..wire.descriptors import (
     CHANNEL,
@@ -55,10 +55,12 @@ class Setup:
     on ``CONTROL`` (it has no job yet: its outputs and report are /dev/null until the job's arrive)."""
 
     def __init__(self, confinement: Confinement, runtime: Runtime, grants: list[int], sent: list[int],
-                 targets: tuple[int, ...], *, prepared: bool, native_call: NativeCall | None = None) -> None:
+                 targets: tuple[int, ...], *, prepared: bool, native_call: NativeCall | None = None,
+                 hand_over: HandOverCall | None = None) -> None:
         self.confinement, self.runtime, self.grants = confinement, runtime, grants
         self.sent, self.targets, self.prepared = sent, targets, prepared
         self.native_call = native_call  # laid out by the template before the fork (job/native_setup.py)
+        self.hand_over = hand_over  # a prepared child's native hand-over, laid out the same way (job/child.py)
         self.arranged = False
         self.ruleset: int | None = None
         self.listener: int | None = None

@@ -625,9 +625,143 @@ static PyObject *identities(PyObject *self, PyObject *args) {
     return packed;
 }
 
+/* take_job(control, targets, expected, name, staging, max_fd, max_frame): a prepared child's hand-over, as
+ * job/child.py's Python path makes it (_await_job, Setup.handed), in one call once it is confined: wait on its
+ * control socket for the server's HandOver frame (its descriptors in SCM_RIGHTS with the header, the frame read
+ * whole and dropped, as wire.frames.recv_raw reads it), take the job's name (PR_SET_NAME; a name is for
+ * operators: its failure is ignored, as there), check that exactly ``expected`` descriptors came, and put the
+ * i-th of them at targets[i] and standard input (targets' last, 0) where it is, every other descriptor closed
+ * (setup.arrange: each staged above every target first, then put at its number; the runs of unused numbers
+ * closed with close_range). A prepared child's Python path wrote ~30 of the template's pages there (a socket
+ * object, recvmsg's list and tuples, an array, arrange's lists), each a copy-on-write fault on the job's path.
+ *
+ * Returns 0 once the job's descriptors are in place; 1 when no job came (the socket closed or failed: the server
+ * gave the child up), 2 when the frame broke the protocol (too long, truncated, the wrong number of
+ * descriptors), 3 when a descriptor could not be placed. The caller exits on anything but 0 without running
+ * anything (SETUP_FAILED_EXIT), as the Python path does. */
+#define MAX_HANDED 16
+static PyObject *take_job(PyObject *self, PyObject *args) {
+    (void)self;
+    int control, expected, staging;
+    unsigned int max_fd;
+    Py_ssize_t max_frame;
+    PyObject *targets_tuple, *name;
+    if (!PyArg_ParseTuple(args, "iO!iSiIn", &control, &PyTuple_Type, &targets_tuple, &expected, &name, &staging,
+                          &max_fd, &max_frame))
+        return NULL;
+    Py_ssize_t n_targets = PyTuple_GET_SIZE(targets_tuple);
+    if (n_targets < 1 || n_targets > MAX_HANDED || expected != n_targets - 1 || staging <= 0 || staging > MAX_ITEMS) {
+        PyErr_SetString(PyExc_ValueError, "take_job: bad arguments");
+        return NULL;
+    }
+    int targets[MAX_HANDED];
+    for (Py_ssize_t i = 0; i < n_targets; i++) {
+        long target = PyLong_AsLong(PyTuple_GET_ITEM(targets_tuple, i));
+        if (target < 0 || target >= staging) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "take_job: a target outside [0, staging)");
+            return NULL;
+        }
+        targets[i] = (int)target;
+    }
+    int code = 0;
+    int fds[MAX_HANDED + 1], n = 0;
+    unsigned char header[4];
+    union {
+        char buffer[CMSG_SPACE(sizeof(int) * (MAX_HANDED + 1))];
+        struct cmsghdr align;
+    } ancillary;
+    struct iovec part = {header, sizeof(header)};
+    struct msghdr message = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = ancillary.buffer,
+                             .msg_controllen = sizeof(ancillary.buffer)};
+    ssize_t got;
+    do
+        got = recvmsg(control, &message, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    if (got <= 0)
+        return PyLong_FromLong(1);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&message); c != NULL; c = CMSG_NXTHDR(&message, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (n < MAX_HANDED + 1)
+                fds[n++] = fd;
+            else
+                code = 2;
+        }
+    }
+    if (message.msg_flags & MSG_CTRUNC)
+        code = 2;  /* descriptors the kernel dropped: never the job's full set */
+    /* the rest of the header, then the frame's body, read and dropped (a HandOver carries nothing) */
+    while (code == 0 && (size_t)got < sizeof(header)) {
+        ssize_t more = recv(control, header + got, sizeof(header) - (size_t)got, 0);
+        if (more < 0 && errno == EINTR)
+            continue;
+        if (more <= 0)
+            code = 1;
+        else
+            got += more;
+    }
+    if (code == 0) {
+        uint32_t size = ((uint32_t)header[0] << 24) | ((uint32_t)header[1] << 16) | ((uint32_t)header[2] << 8)
+                        | header[3];
+        if ((Py_ssize_t)size > max_frame)
+            code = 2;
+        char body[256];
+        while (code == 0 && size > 0) {
+            ssize_t more = recv(control, body, size < sizeof(body) ? size : sizeof(body), 0);
+            if (more < 0 && errno == EINTR)
+                continue;
+            if (more <= 0)
+                code = 1;
+            else
+                size -= (uint32_t)more;
+        }
+    }
+    if (code != 0)
+        return PyLong_FromLong(code);  /* the descriptors received go with the child's exit */
+    prctl(PR_SET_NAME, (unsigned long)PyBytes_AS_STRING(name), 0, 0, 0);  /* as ProcessName.take: ignored if refused */
+    if (n != expected)
+        return PyLong_FromLong(2);
+    fds[n] = 0;  /* standard input stays at 0 */
+    int staged[MAX_HANDED];
+    char used[MAX_ITEMS];
+    memset(used, 0, sizeof(used));
+    for (Py_ssize_t i = 0; i < n_targets; i++)
+        if ((staged[i] = fcntl(fds[i], F_DUPFD, staging)) < 0)
+            return PyLong_FromLong(3);
+    for (Py_ssize_t i = 0; i < n_targets; i++) {
+        if (dup2(staged[i], targets[i]) < 0)
+            return PyLong_FromLong(3);
+        used[targets[i]] = 1;
+    }
+    for (int fd = 0; fd < staging;) {
+        if (used[fd]) {
+            fd++;
+            continue;
+        }
+        int last = fd;
+        while (last + 1 < staging && !used[last + 1])
+            last++;
+        if (syscall(SYS_close_range, fd, last, 0) < 0)
+            for (int each = fd; each <= last; each++)
+                close(each);
+        fd = last + 1;
+    }
+    if (syscall(SYS_close_range, staging, max_fd - 1, 0) < 0)
+        for (unsigned int fd = (unsigned int)staging; fd < max_fd; fd++)
+            close((int)fd);
+    return PyLong_FromLong(0);
+}
+
 static PyMethodDef methods[] = {
     {"confine", confine, METH_VARARGS,
      "Confine the calling (single-threaded, just forked) child: see pynox.policy.native."},
+    {"take_job", take_job, METH_VARARGS,
+     "A prepared child's hand-over: its job's descriptors received and placed, its name taken: see job/child.py."},
     {"identities", identities, METH_VARARGS,
      "The (st_dev, st_ino) of each path, packed as native uint64 pairs ((0, 0): none): see RuntimeRules."},
     {NULL, NULL, 0, NULL},

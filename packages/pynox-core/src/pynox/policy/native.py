@@ -15,6 +15,7 @@ tests/sandbox/test_native_confine.py reads what each path installed from outside
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -28,8 +29,8 @@ from .privileges import SECUREBITS
 if TYPE_CHECKING:
     from .seccomp import LoadableFilter
 
-__all__ = ["APPLY_POLICY", "ARRANGE", "BUILD_RULESET", "TAKE_INTERRUPTS", "NativeCall", "NativeFailure", "NativePlan",
-           "load_error", "path_identities", "plan"]
+__all__ = ["APPLY_POLICY", "ARRANGE", "BUILD_RULESET", "TAKE_INTERRUPTS", "HandOverCall", "NativeCall", "NativeFailure",
+           "NativePlan", "hand_over_call", "load_error", "path_identities", "plan"]
 
 _confine, _load_error = load("pynox.policy", "_confine")
 
@@ -41,6 +42,20 @@ def path_identities(paths: tuple[bytes, ...]) -> bytes | None:
         return None
     identities: bytes = _confine.identities(paths)
     return identities
+
+
+# A prepared child's hand-over in one native call (``_confine.take_job``), and its arguments: laid out by the template.
+HandOverCall = tuple[Callable[..., int], tuple[object, ...]]
+
+
+def hand_over_call(control: int, targets: tuple[int, ...], name: str, staging: int, max_fd: int,
+                   max_frame: int) -> HandOverCall | None:
+    """What a prepared child calls once confined to take its job (job/child.py), laid out in the template; None
+    where the extension did not load (the Python path takes it). ``targets``: each handed descriptor's number,
+    in the order the server sends them, then standard input's (0), which stays where it is."""
+    if _confine is None:
+        return None
+    return _confine.take_job, (control, targets, len(targets) - 1, name.encode()[:15], staging, max_fd, max_frame)
 
 
 def load_error() -> str | None:

@@ -17,10 +17,10 @@ import msgspec
 
 from .spec import Payload
 
-__all__ = ["claim", "decode_payload", "encode_payload", "new_claim", "new_payload", "read_payload", "take_back",
-           "write_payload"]
+__all__ = ["CLAIMED", "claim", "decode_payload", "encode_payload", "new_claim", "new_payload", "read_payload",
+           "take_back", "write_payload"]
 
-_CLAIMED = (1).to_bytes(8, sys.byteorder)  # what a read of the claim gives its one taker
+CLAIMED = (1).to_bytes(8, sys.byteorder)  # what a read of the claim gives its one taker
 
 _decoder = msgspec.json.Decoder(Payload)
 
@@ -63,7 +63,7 @@ def new_claim() -> int:
 def claim(fd: int) -> bool:
     """In the child: take the job; False if the server took it back."""
     try:
-        return os.read(fd, 8) == _CLAIMED
+        return os.read(fd, 8) == CLAIMED
     except BlockingIOError:
         return False
 

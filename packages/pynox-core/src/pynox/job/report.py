@@ -20,6 +20,7 @@ import msgspec
 
 from .. import hints
 from ..wire.descriptors import DISPLAY, REPORT, STDERR, STDOUT
+from ..wire.report_bounds import MAX_ERROR_TYPE, MAX_PATH, MAX_SOURCE, within
 from ..wire.spec import Confinement, ErrorInfo, Frame, Report
 from . import pynox_host
 from .setup import close_quietly
@@ -32,12 +33,11 @@ _HERE = os.path.dirname(__file__)
 _OWN_FILES = (*(os.path.join(_HERE, f"{module}.py") for module in ("child", "display", "execute", "report",
                                                                       "setup")),
               msgspec.__file__, pynox_host.__file__)
-_MAX_MESSAGE = 2000
-# The rest of an error's text, cut within the pool's own bounds (server/report.py) with the note included: a
-# report over the pool's bound for one is not taken at all, and the job's error is then not said.
-_MAX_TYPE = 96  # a class's name, which the code chooses
-_MAX_PATH = 4000
-_MAX_SOURCE = 960  # one line of source in a traceback entry
+_MAX_MESSAGE = 2000  # tighter than the pool's bound: a message is read by a model
+# The rest of an error's text, cut within the pool's own bounds with the note included (wire/report_bounds.py).
+_MAX_TYPE = within(MAX_ERROR_TYPE)  # a class's name, which the code chooses
+_MAX_PATH = within(MAX_PATH)
+_MAX_SOURCE = within(MAX_SOURCE)  # one line of source in a traceback entry
 _MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
 _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     MemoryError: "out of memory",

@@ -38,6 +38,9 @@ _MAX_MESSAGE = 2000  # tighter than the pool's bound: a message is read by a mod
 _MAX_TYPE = within(MAX_ERROR_TYPE)  # a class's name, which the code chooses
 _MAX_PATH = within(MAX_PATH)
 _MAX_SOURCE = within(MAX_SOURCE)  # one line of source in a traceback entry
+# Exceptions of a chain (raised while handling another, or from it) printed to stderr: the last ones. Python prints
+# every one, and a chain of 10,000 made a traceback of megabytes.
+_MAX_CHAIN = 64
 _MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
 _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     MemoryError: "out of memory",
@@ -129,13 +132,43 @@ def print_traceback(exc: BaseException) -> None:
     """The traceback Python would print, without our own frames: the model should see its code, not ours."""
     try:
         sys.stdout.flush()
-        report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        report = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+        left_out = _cut_chain(report)
         for part in _chain(report):
             part.stack = traceback.StackSummary.from_list(
                 [frame for frame in part.stack if frame.filename not in _OWN_FILES])
-        sys.stderr.write("".join(report.format()))
+        text = "".join(report.format())
+        if left_out:  # said where they would be, first (the earliest exception is printed first)
+            text = f"... ({left_out} earlier exceptions of this chain are not shown)\n\n{text}"
+        sys.stderr.write(text)
     except BaseException:  # a broken sys.stderr (the job's, raising anything) must not hide the report
         pass
+
+
+def _cut_chain(report: traceback.TracebackException) -> int:
+    """Keep the last ``_MAX_CHAIN`` exceptions of the chain Python prints (each one's cause, or else its context
+    unless suppressed), those nearest to where the error was raised; return how many earlier ones were cut."""
+    part: traceback.TracebackException | None = report
+    for _ in range(_MAX_CHAIN - 1):
+        assert part is not None
+        part = _printed_before(part)
+        if part is None:
+            return 0
+    assert part is not None
+    last, left_out = part, 0
+    earlier = _printed_before(last)
+    while earlier is not None:
+        left_out += 1
+        earlier = _printed_before(earlier)
+    last.__cause__ = last.__context__ = None
+    return left_out
+
+
+def _printed_before(part: traceback.TracebackException) -> traceback.TracebackException | None:
+    """The exception Python's traceback prints before ``part`` (TracebackException.format's choice)."""
+    if part.__cause__ is not None:
+        return part.__cause__
+    return part.__context__ if part.__context__ is not None and not part.__suppress_context__ else None
 
 
 def _chain(report: traceback.TracebackException) -> list[traceback.TracebackException]:

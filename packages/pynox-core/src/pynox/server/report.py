@@ -8,7 +8,8 @@ Python outcome, one of four shapes:
 shape     report                        exit status the pool gives it
 ========  ============================  =====================================
 ran       no error, not exited          0
-raised    ``error``                     1 (whatever number the report states)
+raised    ``error`` (and ``exited``     1 (whatever number the report states)
+          if its process ends with it)
 exited    ``exited``, ``exit`` 0-255    that number: ``sys.exit(N)`` is the job's own
 setup     ``setup_error`` and nothing   125, only if the job was never claimed
           else
@@ -67,6 +68,9 @@ class JobWord:
     return_value: str | None = None
     images: list[str] = field(default_factory=list)
     images_dropped: int = 0
+    # Its process ends with this report (an exit, or a session step whose child can serve no other: its code took
+    # the session's control channel): a session's pool waits for the end, which ends the session.
+    ends: bool = False
 
 
 def bounded(text: str, limit: int) -> str:
@@ -123,7 +127,7 @@ def _shape(report: Report) -> Literal["ran", "raised", "exited", "setup"] | None
         plain = report.error is None and not report.exited and report.return_value is None and not report.images
         return "setup" if plain and report.exit == SETUP_FAILED_EXIT else None
     if report.error is not None:
-        return None if report.exited else "raised"
+        return "raised"
     if report.exited:
         return "exited" if 0 <= report.exit <= 255 else None
     return "ran"
@@ -150,5 +154,5 @@ def read_report(raw: bytes, *, value_limit: int, image_limit: int) -> JobWord | 
         shape, {"ran": 0, "raised": 1, "exited": report.exit}[shape],
         error=_error(report.error) if report.error is not None else None,
         return_value=_value(report.return_value, value_limit), images=images,
-        images_dropped=dropped + max(len(report.images) - _MAX_IMAGES, 0),
+        images_dropped=dropped + max(len(report.images) - _MAX_IMAGES, 0), ends=report.exited,
     )

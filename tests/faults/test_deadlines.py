@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import procfs
+from tests.harness.job_code import CLOSE_OUTPUTS
 from tests.pool.pool_driver import pool_process, proc_table, refused, wait_gone
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,9 +29,7 @@ channel.sendall((struct.pack('!I', len(payload)) + payload) * 20_000)
 log = open('grant/trace', 'a', buffering=1)
 log.write(f'pid {os.getpid()}\\n')
 os.write(3, b'{"exit": 0}')
-for fd in (1, 2, 3):
-    os.close(fd)
-end = time.monotonic() + 20
+""" + CLOSE_OUTPUTS + """end = time.monotonic() + 20
 while time.monotonic() < end:
     channel.recv(512)
     log.write(f'{time.monotonic()}\\n')
@@ -137,7 +136,7 @@ def test_a_cancelled_slow_reader_ends_at_the_cancel(tmp_path: Path) -> None:
     """The same reader, without a report of its own and with a long timeout: a cancel ends it at once."""
     (tmp_path / "grant").mkdir()
     trace = tmp_path / "grant" / "trace"
-    code = _SLOW_READER.replace("os.write(3, b'{\"exit\": 0}')\nfor fd in (1, 2, 3):\n    os.close(fd)\n", "")
+    code = _SLOW_READER.replace("os.write(3, b'{\"exit\": 0}')\n" + CLOSE_OUTPUTS, "")
     assert code != _SLOW_READER
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         job = pool.submit(code=code, functions=["search"], allow_write=["grant"], timeout="60s")

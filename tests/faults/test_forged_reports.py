@@ -1,10 +1,11 @@
 """A job's report is hostile input: it describes the job's own Python outcome, never a verdict of the pool.
 
 Each job here writes a report of its own on the report descriptor (3), as the confined child would,
-then closes its outputs, so the pool reads the forged report as the job's word. Whatever it claims,
-the pool's verdicts (timeout, refusal, setup failure, cancellation, worker failure) and their exit
-statuses come only from what the pool itself knows, checked from outside: the result line, the stats
-event, the Python client's reading of it, and the pool's memory in /proc.
+then closes its outputs (the child's copy of its report descriptor too), so the pool reads the forged
+report as the job's word. Whatever it claims, the pool's verdicts (timeout, refusal, setup failure,
+cancellation, worker failure) and their exit statuses come only from what the pool itself knows,
+checked from outside: the result line, the stats event, the Python client's reading of it, and the
+pool's memory in /proc.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 import pynox
+from tests.harness.job_code import CLOSE_OUTPUTS
 from tests.pool.pool_driver import PoolProcess, pool_process, rss_kb
 
 pytestmark = pytest.mark.timeout(240)
@@ -35,8 +37,7 @@ POOL_COUNTERS = ("timeouts", "request_errors", "setup_errors", "cancelled", "wor
 
 def _forging(report: dict[str, Any], then: str = "") -> str:
     """Job code that writes ``report`` as its own, closes stdout, stderr and the report, then runs ``then``."""
-    return (f"import os\nos.write(3, {json.dumps(report).encode()!r})\n"
-            f"for fd in (1, 2, 3):\n    os.close(fd)\n{then}")
+    return f"import os\nos.write(3, {json.dumps(report).encode()!r})\n{CLOSE_OUTPUTS}{then}"
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,7 @@ def test_every_string_of_a_report_is_bounded(pool: PoolProcess) -> None:
             "frame = {'file': big, 'line': 1, 'source': big, 'column': None, 'omitted': 0}\n"
             "forged = {'exit': 1, 'return_value': big, 'images': [''] * 10_000, 'error': {'type': big, "
             "'message': big, 'file': big, 'line': 1, 'path': big, 'hint': big, 'traceback': [frame] * 40}}\n"
-            "os.write(3, json.dumps(forged).encode())\nfor fd in (1, 2, 3):\n    os.close(fd)\n")
+            "os.write(3, json.dumps(forged).encode())\n" + CLOSE_OUTPUTS)
     result = pool.run(code, max_output="1MB", return_value=True)
     error = result["error"]
     assert error is not None, result

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.harness.job_code import CLOSE_OUTPUTS
 from tests.pool.pool_driver import PoolProcess, pool_process, proc_table
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,8 +39,7 @@ def test_a_job_that_closed_its_report_gets_its_exit_status(pool: PoolProcess) ->
 
 
 def test_a_job_that_stops_itself_after_closing_its_pipes_is_let_go_on(pool: PoolProcess) -> None:
-    code = ("import os, signal\nfor fd in (1, 2, 3):\n    os.close(fd)\n"
-            "os.kill(os.getpid(), signal.SIGSTOP)\nos._exit(5)")
+    code = f"import os, signal\n{CLOSE_OUTPUTS}os.kill(os.getpid(), signal.SIGSTOP)\nos._exit(5)"
     result, took = _timed(pool, code)
     assert result["exit"] == 5 and took < 5, (result, took)
 

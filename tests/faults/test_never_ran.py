@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.job_code import CLOSE_OUTPUTS
 from tests.pool.pool_driver import PoolProcess, descendants, pool_process, proc_table, wait_gone, zygotes
 
 pytestmark = pytest.mark.timeout(120)
@@ -207,7 +208,8 @@ def test_a_job_that_reports_early_and_goes_on_is_stopped_at_its_report(tmp_path:
     nothing it does afterwards may happen (the host reads the grant as final)."""
     out = tmp_path / "out"
     out.mkdir()
-    code = ("import os, time\nos.write(3, b'{\"exit\": 0}')\nfor fd in (1, 2, 3):\n    os.close(fd)\n"
+    early = f"os.write(3, b'{{\"exit\": 0}}')\n{CLOSE_OUTPUTS}"
+    code = (f"import os, time\n{early}"
             f"time.sleep(1)\nopen({str(out / 'after')!r}, 'w').write('too late')")
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         result = pool.run(code, allow_write=[str(out)], timeout="10s")
@@ -217,7 +219,8 @@ def test_a_job_that_reports_early_and_goes_on_is_stopped_at_its_report(tmp_path:
         assert pool.run("print('next')")["stdout"] == "next\n"
     # Control: the same code without the early report writes the file.
     with pool_process("--workers=1", cwd=tmp_path) as pool:
-        honest = code.replace("os.write(3, b'{\"exit\": 0}')\nfor fd in (1, 2, 3):\n    os.close(fd)\n", "")
+        honest = code.replace(early, "")
+        assert honest != code
         assert pool.run(honest, allow_write=[str(out)], timeout="10s")["exit"] == 0
         assert (out / "after").read_text() == "too late"
 

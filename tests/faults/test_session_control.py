@@ -1,7 +1,7 @@
 """A session child that stops reading its control channel costs its own step, never a pool thread.
 
-The job replaces its control descriptor with a socketpair of its own and keeps the real one open, so
-the next step's frame fills the socket buffer (about 208 KiB) and nobody reads it. The step must
+The job makes the child's loop sleep where it would receive its next step, the control channel still
+open, so the next step's frame fills the socket buffer (about 208 KiB) and nobody reads it. The step must
 still end at its deadline, the session with it, and the pool must still drain and exit on EOF.
 """
 
@@ -16,7 +16,9 @@ from tests.pool.pool_driver import pool_process
 
 pytestmark = pytest.mark.timeout(60)
 
-_HIJACK = "import os, socket\nkeep = os.dup(5)\nmine, other = socket.socketpair()\nos.dup2(mine.fileno(), 5)"
+# The session's loop receives its steps with this function: the job's code makes it sleep instead (putting another
+# socket at the control channel's number no longer does it: the child puts its channel back after each step).
+_HIJACK = "import sys, time\nsys.modules['pynox.job.execute'].recv_raw = lambda control: time.sleep(3600)"
 _BIG_STEP = "x = 0\n" * 60_000 + "print('big step ran')"  # about 360 KiB of code
 
 

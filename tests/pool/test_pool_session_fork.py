@@ -176,10 +176,12 @@ def test_a_copy_that_never_says_its_pid_is_killed(tmp_path: Path) -> None:
     it and kills every child of the template it does not serve; the original goes on. (A copy that also kept
     the step's pipes would hold the fork step open to its deadline: the original's code harming itself.)"""
     with pool_process("--workers=1", cwd=tmp_path) as pool:
-        # It hands the step's pipes back (else the fork step would run to its deadline, the original's own doing).
+        # It hands the step's pipes back (else the fork step would run to its deadline, the original's own doing),
+        # with the original's copies of its report and control descriptors (job/report.py, job/execute.py), above
+        # the fork's own two.
         _ok(pool.run("x = 1\nimport os, time, pynox.job.session_fork as fork\ndef mute(template, channel):\n"
-                     "    for fd in (1, 2, 3, 10):\n        os.close(fd)\n    time.sleep(3600)\n"
-                     "fork._become_copy = mute", session="s"))
+                     "    for fd in (1, 2, 3, 10):\n        os.close(fd)\n    os.closerange(13, 1024)\n"
+                     "    time.sleep(3600)\nfork._become_copy = mute", session="s"))
         template = procfs.stat(_pid(pool, "s")).ppid
         answer = pool.run(session="s", fork=new_id("copy"))
         assert answer["error"] is not None and "did not say its pid" in answer["error"]["message"], answer

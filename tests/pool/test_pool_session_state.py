@@ -141,6 +141,24 @@ def test_a_state_over_the_cap_is_neither_saved_nor_taken(keyed: PoolProcess) -> 
     refused(keyed.run(session=new_id("big"), restore=oversized), "larger than this pool takes")
 
 
+def test_what_a_variable_prints_as_it_is_pickled_does_not_cost_the_state(pool: PoolProcess) -> None:
+    """A ``__reduce__`` that printed past the save step's output cap (the state's base64 and 64 KiB) cut the state's
+    line off: the save failed, saying the state was larger than the pool takes. What it prints is dropped, as the
+    save's other output is."""
+    name = new_id("loud")
+    _ok(pool.run("import os\nclass Loud:\n    def __reduce__(self):\n        print('x' * 3_000_000)\n"
+                 "        os.write(1, b'y' * 3_000_000)\n        return (Loud, ())\nloud = Loud()\nsmall = 42",
+                 session=name))
+    saved = _ok(pool.run(session=name, save=True))
+    assert saved["skipped"] == [], saved["skipped"]
+    restored = new_id("loud")
+    _ok(pool.run(session=restored, restore=saved["state"]))
+    step = _ok(pool.run("print(small, type(loud).__name__)", session=restored))
+    assert step["stdout"] == "42 Loud\n", step
+    # Control: what the session prints in a step of its own is its output as ever.
+    assert _ok(pool.run("print('x' * 10)", session=name))["stdout"] == "x" * 10 + "\n"
+
+
 def test_the_largest_state_and_its_skipped_names_fit_one_protocol_line(pool: PoolProcess) -> None:
     # The default cap (720 KiB), nearly filled, and more unpicklable variables with long names than the
     # answer lists: the save's answer and the restore's request each stay within the 1 MiB line.

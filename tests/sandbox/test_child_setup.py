@@ -72,12 +72,12 @@ def test_a_job_finds_the_same_descriptors_in_a_fresh_and_in_a_prepared_child(
     _wait_prepared(pool)
     prepared = _descriptors(pool.run(_DESCRIPTORS, allow_write=[str(tmp_path)], functions=functions))
     assert prepared == fresh
-    # Standard input reads nothing and writes nowhere; the outputs, the report and the display channel are
-    # pipes. The payload, the claim, the ruleset and the metadata socket are closed before the code runs; the
-    # host channel is there only where functions are declared.
+    # Standard input reads nothing and writes nowhere; the outputs, the report (and the child's copy of it, which
+    # its report is written on) and the display channel are pipes. The payload, the claim, the ruleset and the
+    # metadata socket are closed before the code runs; the host channel is there only where functions are declared.
     assert fresh["0"] == ["r", "/dev/null"], fresh
-    assert {fresh[fd][1] for fd in ("1", "2", "3", "10")} == {"pipe"}, fresh
-    assert set(fresh) == {"0", "1", "2", "3", "10", *(["4"] if functions else [])}, fresh
+    assert {fresh[fd][1] for fd in ("1", "2", "3", "10", "16")} == {"pipe"}, fresh
+    assert set(fresh) == {"0", "1", "2", "3", "10", "16", *(["4"] if functions else [])}, fresh
 
 
 def test_a_setup_failure_in_a_prepared_child_is_the_same_setup_error(pool: PoolProcess) -> None:

@@ -10,6 +10,7 @@ is ``SETUP_FAILED_EXIT`` (125).
 
 from __future__ import annotations
 
+import builtins
 import linecache
 import os
 import socket
@@ -31,10 +32,13 @@ from ..wire.spec import Confinement, Payload, Report, StepSpec
 from . import display, preload_warm, pynox_host, session_fork, session_state  # noqa: F401
 from .execute import execute, new_main, prepare_jobs, serve_session
 from .native_setup import confine_steps
-from .report import finish, flush_streams, write_report
+from .report import finish, flush_streams, unreported, write_report
 from .setup import READ, Setup, arrange, run_steps
 
 __all__ = ["Setup", "job_setup", "prepare_template", "prepared_setup", "run_job", "run_prepared"]
+# Builtins as they were in the template (see report.py): the code's own changes to them (BaseException, len) do
+# not reach how its end is handled.
+globals()["__builtins__"] = dict(vars(builtins))
 
 
 def prepare_template() -> None:
@@ -120,9 +124,12 @@ def _run_or_serve(confinement: Confinement, payload: Payload) -> NoReturn:
         serve_session(confinement, main, StepSpec(code=payload.code or "", name=payload.name, args=payload.args,
                                                   return_value=payload.return_value, images=payload.images,
                                                   stream=payload.stream))
-    finish(REPORT, execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
-                           return_value=payload.return_value, images=payload.images, stream=payload.stream),
-           measured=True)
+    try:
+        report = execute(main, payload.code, payload.script, payload.name, payload.args, confinement,
+                         return_value=payload.return_value, images=payload.images, stream=payload.stream)
+    except BaseException as failure:  # the code broke what execute's end uses: the report says so, not exit 125
+        report = Report(exit=1, error=unreported(failure))
+    finish(REPORT, report, measured=True)
 
 
 def _fail(setup: Setup, failure: str | None) -> NoReturn:

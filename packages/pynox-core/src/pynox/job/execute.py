@@ -26,7 +26,16 @@ from ..wire.frames import HEADER, STEP_REPORT, recv_raw
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 from . import display, interrupts
-from .report import describe, finish, flush_streams, print_traceback, write_report
+from .report import (
+    control_lost,
+    described,
+    finish,
+    flush_streams,
+    keep_channel,
+    print_traceback,
+    unreported,
+    write_report,
+)
 
 __all__ = ["execute", "new_main", "prepare_jobs", "serve_session"]
 
@@ -35,6 +44,11 @@ _MAX_VALUE = 256 << 10  # characters of a trailing value's repr (the pool cuts i
 _COMPILE_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect into every job
 _step_decoder = msgspec.json.Decoder(StepSpec)
+# Builtins as they were in the template (see report.py): the code's own changes to them (BaseException, len) do
+# not reach how its end is handled.
+globals()["__builtins__"] = dict(vars(builtins))
+# What a session's loop hands its steps over with, bound before any step's code could replace them (see report.py).
+_dup2, _close, _exit, _fcntl, _fstat = os.dup2, os.close, os._exit, fcntl.fcntl, os.fstat
 
 
 def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
@@ -70,6 +84,7 @@ def execute(main: types.ModuleType, code: str | None, script: str | None, name: 
             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False,
             images: int = 0, interruptible: bool = False, stream: bool = False) -> Report:
     """``interruptible``: a session's step, which the pool's interrupt signal interrupts while its code runs."""
+    keep_channel()
     sys.argv = [name, *args]
     main.__file__ = name
     display.begin(images)
@@ -93,7 +108,7 @@ def execute(main: types.ModuleType, code: str | None, script: str | None, name: 
     except BaseException as exc:
         interrupts.forbid()
         print_traceback(exc)
-        return Report(exit=1, error=describe(exc, name, confinement), images=_figures(images))
+        return Report(exit=1, error=described(exc, name, confinement), images=_figures(images))
     return Report(exit=0, return_value=value, images=drawn)
 
 
@@ -107,6 +122,8 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
     global serving
     serving = (confinement, main)
     control = socket.socket(fileno=CONTROL)
+    channel = _identity(CONTROL)
+    _keep_control()
     devnull = os.open("/dev/null", os.O_WRONLY)
     step: StepSpec | None = first
     mark = HEADER.pack(STEP_REPORT)
@@ -116,13 +133,15 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
             try:
                 payload, fds = recv_raw(control)
             except (EOFError, OSError):
-                os._exit(0)
+                _exit(0)
+            except BaseException:  # the code broke what receiving uses (socket's constants, say): no step can come
+                _exit(SETUP_FAILED_EXIT)
             try:
                 step = _step_decoder.decode(payload)
             except msgspec.DecodeError:
-                os._exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
+                _exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
             if len(fds) != len(STEP) + step.fork * (1 + confinement.host_channel):
-                os._exit(SETUP_FAILED_EXIT)
+                _exit(SETUP_FAILED_EXIT)
             _place(list(zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False)))
             display.channel(REPORT)
         try:
@@ -130,9 +149,17 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                              return_value=step.return_value, images=step.images, interruptible=True,
                              stream=step.stream)
         except KeyboardInterrupt as exc:  # the interrupt landed after the code, as execute handled its end
-            report = Report(exit=1, error=describe(exc, step.name, confinement))
+            report = Report(exit=1, error=described(exc, step.name, confinement))
+        except BaseException as failure:  # the code broke what execute's end uses: the session cannot go on
+            interrupts.forbid()
+            finish(REPORT, Report(exit=1, exited=True, error=unreported(failure)), prefix=mark if later else b"")
         finally:
             interrupts.forbid()
+        if not report.exited and _identity(CONTROL) != channel and not _restore_control(channel):
+            # The code closed the control channel and its copy, or put other files at their numbers: no step can
+            # come, and the session ends here, saying why (its loop would have ended it at the next step, silently).
+            report = Report(exit=1, exited=True, error=control_lost(report.error), images=report.images)
+            finish(REPORT, report, prefix=mark if later else b"")
         if later:
             display.seal()  # after its last whole frame: what a thread of its shows from now on is dropped
         prefix = mark if later else b""  # the report follows the frames, after its mark
@@ -143,8 +170,41 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
         # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next (and, after
         # the first step, the display channel's number, which the later steps leave at /dev/null).
         for fd in (STEP if later else OUTPUTS):
-            os.dup2(devnull, fd)
+            _dup2(devnull, fd)
         step = None
+
+
+# A copy of the session's control channel, above the fixed numbers: code that closes descriptor 5 or puts another
+# file there (its own business, as any descriptor is) has it put back after its step, and the session goes on.
+control_copy: int | None = None
+
+
+def _keep_control() -> None:
+    global control_copy
+    try:
+        control_copy = _fcntl(CONTROL, fcntl.F_DUPFD_CLOEXEC, STAGING)
+    except OSError:
+        control_copy = None
+
+
+def _restore_control(channel: tuple[int, int] | None) -> bool:
+    """Put the control channel back at its number from its copy; False if the copy is not it any more."""
+    if control_copy is None or _identity(control_copy) != channel:
+        return False
+    try:
+        _dup2(control_copy, CONTROL)
+    except OSError:
+        return False
+    return True
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """Which open file ``fd`` is (device, inode), or None if it is not open."""
+    try:
+        facts = _fstat(fd)
+    except OSError:
+        return None
+    return facts.st_dev, facts.st_ino
 
 
 def _place(moves: list[tuple[int, int]]) -> None:
@@ -156,13 +216,13 @@ def _place(moves: list[tuple[int, int]]) -> None:
     if any(fd in targets and fd != target for target, fd in moves):
         staged = []
         for target, fd in moves:
-            staged.append((target, fcntl.fcntl(fd, fcntl.F_DUPFD, STAGING)))
-            os.close(fd)
+            staged.append((target, _fcntl(fd, fcntl.F_DUPFD, STAGING)))
+            _close(fd)
         moves = staged
     for target, fd in moves:
         if fd != target:
-            os.dup2(fd, target)
-            os.close(fd)
+            _dup2(fd, target)
+            _close(fd)
 
 
 _PIP_LINE = re.compile(r"^(?P<indent>[ \t]*)%pip[ \t]+(?P<words>install\b[^\n]*)$", re.MULTILINE)

@@ -8,7 +8,9 @@ would print goes to stderr without Pynox's own frames.
 
 from __future__ import annotations
 
+import builtins
 import errno
+import fcntl
 import linecache
 import os
 import signal
@@ -19,12 +21,30 @@ from typing import NoReturn
 import msgspec
 
 from .. import hints
-from ..wire.descriptors import DISPLAY, REPORT, STDERR, STDOUT
+from ..policy import MAX_FD
+from ..wire.descriptors import CONTROL, DISPLAY, REPORT, STAGING, STDERR, STDOUT
+from ..wire.report_bounds import MAX_ERROR_TYPE, MAX_PATH, MAX_SOURCE, within
 from ..wire.spec import Confinement, ErrorInfo, Frame, Report
 from . import pynox_host
 from .setup import close_quietly
 
-__all__ = ["describe", "finish", "flush_streams", "print_traceback", "write_report"]
+__all__ = ["control_lost", "described", "drop_channel", "finish", "flush_streams", "keep_channel", "print_traceback",
+           "unreported", "write_report"]
+
+# What the report is made and sent with, bound here once, in the template, before any job: the job's code may
+# replace anything in the modules it shares with this one (os.write, msgspec.json.encode, signal.SIGSTOP, builtins
+# such as len or isinstance), and a report made with what the code left there was lost with it (the child raised,
+# and the job ended with exit 125 and no error). This module's functions look names up in a copy of builtins made
+# now, not in the builtins module the code can change (a function keeps the builtins of the module it is defined in).
+globals()["__builtins__"] = dict(vars(builtins))
+_encode = msgspec.json.Encoder().encode
+_to_builtins = msgspec.to_builtins
+_write, _close, _closerange, _kill, _getpid, _exit = os.write, os.close, os.closerange, os.kill, os.getpid, os._exit
+_fcntl, _DUPFD = fcntl.fcntl, fcntl.F_DUPFD_CLOEXEC
+_STOP = int(signal.SIGSTOP)
+# The report's own descriptor, copied above the fixed numbers before the code runs (keep_channel): code that closes
+# descriptor 3 or puts another file there (its own business, as any descriptor is) does not lose the report with it.
+_channel: int | None = None
 
 _HERE = os.path.dirname(__file__)
 # Pynox's own frames, left out of what the model sees: the job's code runs below execute.py's frames,
@@ -32,12 +52,14 @@ _HERE = os.path.dirname(__file__)
 _OWN_FILES = (*(os.path.join(_HERE, f"{module}.py") for module in ("child", "display", "execute", "report",
                                                                       "setup")),
               msgspec.__file__, pynox_host.__file__)
-_MAX_MESSAGE = 2000
-# The rest of an error's text, cut within the pool's own bounds (server/report.py) with the note included: a
-# report over the pool's bound for one is not taken at all, and the job's error is then not said.
-_MAX_TYPE = 96  # a class's name, which the code chooses
-_MAX_PATH = 4000
-_MAX_SOURCE = 960  # one line of source in a traceback entry
+_MAX_MESSAGE = 2000  # tighter than the pool's bound: a message is read by a model
+# The rest of an error's text, cut within the pool's own bounds with the note included (wire/report_bounds.py).
+_MAX_TYPE = within(MAX_ERROR_TYPE)  # a class's name, which the code chooses
+_MAX_PATH = within(MAX_PATH)
+_MAX_SOURCE = within(MAX_SOURCE)  # one line of source in a traceback entry
+# Exceptions of a chain (raised while handling another, or from it) printed to stderr: the last ones. Python prints
+# every one, and a chain of 10,000 made a traceback of megabytes.
+_MAX_CHAIN = 64
 _MAX_FRAMES = 20  # own frames in an error's traceback: the outermost and innermost kept, the middle counted
 _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
     MemoryError: "out of memory",
@@ -46,17 +68,61 @@ _DEFAULT_MESSAGES: dict[type[BaseException], str] = {
 }
 
 
+def keep_channel() -> None:
+    """Before the job's code (or a session step's) runs: its report will be written on a copy of the report
+    descriptor, at a number of no meaning to the code, which the report closes."""
+    global _channel
+    drop_channel()
+    try:
+        _channel = _fcntl(REPORT, _DUPFD, STAGING)
+    except OSError:  # no report descriptor: the report's write will say nothing either
+        _channel = None
+
+
+def drop_channel() -> None:
+    """Close the copy without a report on it (a session fork's copy: the step's report is the original's)."""
+    global _channel
+    channel, _channel = _channel, None
+    if channel is not None:
+        try:
+            _close(channel)
+        except OSError:
+            pass
+
+
 def write_report(report_fd: int, report: Report, prefix: bytes = b"") -> None:
-    """``prefix``: a later session step's mark (wire.frames.STEP_REPORT), in the same write as its report."""
+    """``prefix``: a later session step's mark (wire.frames.STEP_REPORT), in the same write as its report.
+
+    Never raises: a report that cannot be encoded is replaced by one that says so (:func:`unreported`)."""
+    global _channel
+    fd = report_fd
+    if report_fd == REPORT and _channel is not None:
+        fd, _channel = _channel, None
     try:
         try:
-            data = prefix + msgspec.json.encode(report)
+            data = prefix + _encode(report)
         except UnicodeEncodeError:  # a lone surrogate in a message or value: JSON's UTF-8 cannot carry it
-            data = prefix + msgspec.json.encode(_utf8_safe(msgspec.to_builtins(report)))
+            data = prefix + _encode(_utf8_safe(_to_builtins(report)))
+    except BaseException as failure:  # something of the code's in the report (a str subclass...) broke it
+        data = prefix + _encode(Report(exit=1, error=unreported(failure)))
+    if fd != report_fd:
+        sent = _send(fd, data)
+        try:
+            _close(fd)
+        except OSError:
+            pass
+        if sent:
+            return
+    _send(report_fd, data)  # the copy was closed by the code too (os.closerange): the report's own number, if open
+
+
+def _send(fd: int, data: bytes) -> bool:
+    try:
         while data:
-            data = data[os.write(report_fd, data):]
+            data = data[_write(fd, data):]
     except OSError:
-        pass
+        return False
+    return True
 
 
 def _utf8_safe(value: object) -> object:
@@ -82,15 +148,16 @@ def finish(report_fd: int, report: Report, *, measured: bool = False, prefix: by
     if report_fd == REPORT:
         # The three the pool waits for (1, 2, 3) in one system call, so that their EOFs wake its worker once, not
         # once for each; the display channel after them (the pool drains it once those are closed, see
-        # server/capture.py).
-        os.closerange(STDOUT, REPORT + 1)
-        close_quietly(DISPLAY)
+        # server/capture.py), with every other: a copy of an output the code made (os.dup(1)) would hold its pipe
+        # open while the process is stopped, and the pool would wait for its end until the job's deadline.
+        _closerange(STDOUT, REPORT + 1)
+        _closerange(REPORT + 1, MAX_FD)
     else:
         for fd in (STDOUT, STDERR, DISPLAY, report_fd):
             close_quietly(fd)
     if measured:
-        os.kill(os.getpid(), signal.SIGSTOP)
-    os._exit(report.exit)
+        _kill(_getpid(), _STOP)
+    _exit(report.exit)
 
 
 def flush_streams() -> None:
@@ -100,6 +167,36 @@ def flush_streams() -> None:
                 stream.flush()
         except BaseException:  # the job may have closed or replaced its streams (with ones that raise anything)
             pass
+
+
+def described(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
+    """:func:`describe`, or, where the code broke what describing uses (traceback's functions, say), its class's
+    name and a message that says so: the code's error is reported either way."""
+    try:
+        return describe(exc, name, spec)
+    except BaseException as failure:
+        return ErrorInfo(type=_cut(_TYPE_NAME.__get__(type(exc)), _MAX_TYPE),
+                         message=f"{_cut(_text(exc), _MAX_MESSAGE)} (Pynox could not describe this error further: "
+                                 f"{_broke(failure)}; stderr has its traceback)")
+
+
+def unreported(failure: BaseException) -> ErrorInfo:
+    """The error of a job whose report could not be made: how its code ended is not known."""
+    return ErrorInfo(type=_cut(_TYPE_NAME.__get__(type(failure)), _MAX_TYPE),
+                     message=f"Pynox could not report how the code ended: {_broke(failure)}")
+
+
+def control_lost(error: ErrorInfo | None) -> ErrorInfo:
+    """A session step whose code closed the session's control channel, or put another file at its number."""
+    own = f" (the step's own error, {error.type}, is on stderr)" if error is not None else ""
+    return ErrorInfo(type="OSError", message=f"the session's control channel (descriptor {CONTROL}) was closed or "
+                                             f"replaced by this step's code: the session cannot take another step "
+                                             f"and ends here{own}")
+
+
+def _broke(failure: BaseException) -> str:
+    return (f"the code replaced or broke something its report is made with, which raised "
+            f"{_cut(_TYPE_NAME.__get__(type(failure)), _MAX_TYPE)}: {_cut(_text(failure), _MAX_SOURCE)}")
 
 
 def describe(exc: BaseException, name: str, spec: Confinement) -> ErrorInfo:
@@ -129,13 +226,43 @@ def print_traceback(exc: BaseException) -> None:
     """The traceback Python would print, without our own frames: the model should see its code, not ours."""
     try:
         sys.stdout.flush()
-        report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        report = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+        left_out = _cut_chain(report)
         for part in _chain(report):
             part.stack = traceback.StackSummary.from_list(
                 [frame for frame in part.stack if frame.filename not in _OWN_FILES])
-        sys.stderr.write("".join(report.format()))
+        text = "".join(report.format())
+        if left_out:  # said where they would be, first (the earliest exception is printed first)
+            text = f"... ({left_out} earlier exceptions of this chain are not shown)\n\n{text}"
+        sys.stderr.write(text)
     except BaseException:  # a broken sys.stderr (the job's, raising anything) must not hide the report
         pass
+
+
+def _cut_chain(report: traceback.TracebackException) -> int:
+    """Keep the last ``_MAX_CHAIN`` exceptions of the chain Python prints (each one's cause, or else its context
+    unless suppressed), those nearest to where the error was raised; return how many earlier ones were cut."""
+    part: traceback.TracebackException | None = report
+    for _ in range(_MAX_CHAIN - 1):
+        assert part is not None
+        part = _printed_before(part)
+        if part is None:
+            return 0
+    assert part is not None
+    last, left_out = part, 0
+    earlier = _printed_before(last)
+    while earlier is not None:
+        left_out += 1
+        earlier = _printed_before(earlier)
+    last.__cause__ = last.__context__ = None
+    return left_out
+
+
+def _printed_before(part: traceback.TracebackException) -> traceback.TracebackException | None:
+    """The exception Python's traceback prints before ``part`` (TracebackException.format's choice)."""
+    if part.__cause__ is not None:
+        return part.__cause__
+    return part.__context__ if part.__context__ is not None and not part.__suppress_context__ else None
 
 
 def _chain(report: traceback.TracebackException) -> list[traceback.TracebackException]:

@@ -30,6 +30,7 @@ from ..wire.descriptors import CHANNEL, CONTROL, FORK_CHANNEL, FORK_CONTROL, OUT
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.state import FORK_PID
 from . import display, execute, interrupts, pynox_host
+from .report import drop_channel
 
 __all__ = ["fork"]
 
@@ -75,6 +76,10 @@ def _become_copy(template: int, channel: bool) -> NoReturn:
         for fd in OUTPUTS:  # the step's pipes are the original's: its result must be the original's alone
             os.dup2(devnull, fd)
         os.close(devnull)
+        drop_channel()  # the copy of the step's report descriptor (report.py): the original's
+        if execute.control_copy is not None:  # the original's control channel's copy (execute.py): not the copy's
+            os.close(execute.control_copy)
+            execute.control_copy = None
         os.dup2(FORK_CONTROL, CONTROL)
         os.close(FORK_CONTROL)
         if channel:  # pynox_host's socket is at CHANNEL: from now on it is the copy's own channel

@@ -12,9 +12,12 @@ this writes (server/session_state.py), and a restore unpickles only here, in a p
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import sys
 import types
+from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 
@@ -40,6 +43,38 @@ def save() -> None:
     import cloudpickle  # type: ignore[import-untyped]  # imported only by a save: no cost to any other job
 
     variables = _variables()
+    with _quiet():
+        data, skipped = _pickled(variables, cloudpickle)
+    line = MARK + msgspec.json.encode(JobState(data=data, skipped=skipped)).decode() + "\n"
+    encoded = line.encode()
+    view = memoryview(encoded)
+    while view:  # one line on the step's stdout, whole, past any buffering of sys.stdout
+        written = os.write(1, view)
+        view = view[written:]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """What the session's objects print while they are pickled (a ``__reduce__`` of its own) goes nowhere: the pool
+    drops a save step's other output anyway, and output past its cap cost the state its line (the pool then said
+    the state was too large)."""
+    sys.stdout.flush()
+    kept = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    try:
+        yield
+    finally:
+        try:
+            sys.stdout.flush()  # what it left in the buffer, to /dev/null too
+        except Exception:  # the session's code may have replaced or closed its stdout
+            pass
+        os.dup2(kept, 1)
+        os.close(kept)
+
+
+def _pickled(variables: dict[str, object], cloudpickle: Any) -> tuple[bytes, list[Skipped]]:
     skipped: list[Skipped] = []
     try:
         # All together first: variables that share an object still share it after a restore.
@@ -54,13 +89,7 @@ def save() -> None:
             else:
                 kept[name] = value
         data = cloudpickle.dumps(kept, protocol=5)
-    line = MARK + msgspec.json.encode(JobState(data=data, skipped=skipped)).decode() + "\n"
-    sys.stdout.flush()
-    encoded = line.encode()
-    view = memoryview(encoded)
-    while view:  # one line on the step's stdout, whole, past any buffering of sys.stdout
-        written = os.write(1, view)
-        view = view[written:]
+    return data, skipped
 
 
 def restore() -> None:

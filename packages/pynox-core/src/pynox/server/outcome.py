@@ -217,14 +217,11 @@ def traceback_at(stderr: str, error: ErrorInfo | None) -> int | None:
         starts = [i for i, line in enumerate(lines) if line.startswith(mark)]
     if not starts:
         return None
-    start = starts[-1]
-    while start >= 3 and lines[start - 3] == "\n" and lines[start - 2].rstrip("\n") in _CHAINED \
-            and lines[start - 1] == "\n":
-        earlier = [i for i in starts if i < start - 3]
-        if not earlier:
-            break
-        start = earlier[-1]
-    return sum(len(line) for line in lines[:start])
+    at = len(starts) - 1  # the last traceback, then each it was chained to, walking back: once over the starts
+    while at > 0 and (start := starts[at]) >= 3 and lines[start - 3] == "\n" \
+            and lines[start - 2].rstrip("\n") in _CHAINED and lines[start - 1] == "\n":
+        at -= 1  # the start before it (lines start-3 to start-1 are no start)
+    return sum(len(line) for line in lines[:starts[at]])
 
 
 AnyResult = TypeVar("AnyResult", bound=Result)

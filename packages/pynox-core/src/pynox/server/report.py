@@ -8,7 +8,8 @@ Python outcome, one of four shapes:
 shape     report                        exit status the pool gives it
 ========  ============================  =====================================
 ran       no error, not exited          0
-raised    ``error``                     1 (whatever number the report states)
+raised    ``error`` (and ``exited``     1 (whatever number the report states)
+          if its process ends with it)
 exited    ``exited``, ``exit`` 0-255    that number: ``sys.exit(N)`` is the job's own
 setup     ``setup_error`` and nothing   125, only if the job was never claimed
           else
@@ -41,20 +42,14 @@ from typing import Literal
 import msgspec
 
 from ..wire.exits import SETUP_FAILED_EXIT
+from ..wire.report_bounds import MAX_ERROR_TYPE, MAX_FRAMES, MAX_HINT, MAX_MESSAGE, MAX_PATH, MAX_SETUP, MAX_SOURCE
 from ..wire.spec import ErrorInfo, Frame, Report
 from .figures import images_on_the_wire
 
-__all__ = ["MAX_ERROR_TYPE", "JobWord", "bounded", "read_report"]
+__all__ = ["JobWord", "bounded", "read_report"]
 
-# Characters of each string from a report; the child's own caps are tighter (a message: 2,000).
-MAX_ERROR_TYPE = 128  # a class name; Python's longest builtin is 25
-_MAX_MESSAGE = 4000
-_MAX_PATH = 4096  # PATH_MAX: an error's file and path, a frame's file
-_MAX_HINT = 8000  # a path hint lists the grants
-_MAX_SOURCE = 1000  # one line of source in a traceback entry
-_MAX_SETUP = 4000
-# Traceback entries: the child keeps its outermost and innermost ten frames and counts the middle in one.
-_MAX_FRAMES = 21
+# Each string of a report and its traceback entries are bounded by wire/report_bounds.py (the child's own cuts
+# are within those bounds).
 _MAX_IMAGES = 64  # figures in one result; the rest are counted as dropped
 # A line number or a count of frames: what a 32-bit integer holds, where clients read 64 (a report may say 10**30).
 _MAX_COUNT = (1 << 31) - 1
@@ -73,6 +68,9 @@ class JobWord:
     return_value: str | None = None
     images: list[str] = field(default_factory=list)
     images_dropped: int = 0
+    # Its process ends with this report (an exit, or a session step whose child can serve no other: its code took
+    # the session's control channel): a session's pool waits for the end, which ends the session.
+    ends: bool = False
 
 
 def bounded(text: str, limit: int) -> str:
@@ -108,19 +106,19 @@ def _frames(frames: list[Frame] | None) -> list[Frame] | None:
     if frames is None:
         return None
     kept = []
-    for f in frames[:_MAX_FRAMES]:
-        source = _optional(f.source, _MAX_SOURCE)
-        kept.append(Frame(file=_optional(f.file, _MAX_PATH), line=_line(f.line), source=source,
+    for f in frames[:MAX_FRAMES]:
+        source = _optional(f.source, MAX_SOURCE)
+        kept.append(Frame(file=_optional(f.file, MAX_PATH), line=_line(f.line), source=source,
                           column=_column(f.column, source), omitted=min(max(f.omitted, 0), _MAX_COUNT)))
-    if len(frames) > _MAX_FRAMES:
-        kept.append(Frame(file=None, line=None, source=None, omitted=len(frames) - _MAX_FRAMES))
+    if len(frames) > MAX_FRAMES:
+        kept.append(Frame(file=None, line=None, source=None, omitted=len(frames) - MAX_FRAMES))
     return kept
 
 
 def _error(error: ErrorInfo) -> ErrorInfo:
-    return ErrorInfo(type=bounded(error.type, MAX_ERROR_TYPE), message=bounded(error.message, _MAX_MESSAGE),
-                     file=_optional(error.file, _MAX_PATH), line=_line(error.line),
-                     path=_optional(error.path, _MAX_PATH), hint=_optional(error.hint, _MAX_HINT),
+    return ErrorInfo(type=bounded(error.type, MAX_ERROR_TYPE), message=bounded(error.message, MAX_MESSAGE),
+                     file=_optional(error.file, MAX_PATH), line=_line(error.line),
+                     path=_optional(error.path, MAX_PATH), hint=_optional(error.hint, MAX_HINT),
                      traceback=_frames(error.traceback))
 
 
@@ -129,7 +127,7 @@ def _shape(report: Report) -> Literal["ran", "raised", "exited", "setup"] | None
         plain = report.error is None and not report.exited and report.return_value is None and not report.images
         return "setup" if plain and report.exit == SETUP_FAILED_EXIT else None
     if report.error is not None:
-        return None if report.exited else "raised"
+        return "raised"
     if report.exited:
         return "exited" if 0 <= report.exit <= 255 else None
     return "ran"
@@ -150,11 +148,11 @@ def read_report(raw: bytes, *, value_limit: int, image_limit: int) -> JobWord | 
     if shape is None:
         return None
     if shape == "setup":
-        return JobWord("setup", SETUP_FAILED_EXIT, setup_error=bounded(report.setup_error or "", _MAX_SETUP))
+        return JobWord("setup", SETUP_FAILED_EXIT, setup_error=bounded(report.setup_error or "", MAX_SETUP))
     images, dropped = images_on_the_wire(report.images[:_MAX_IMAGES], image_limit)
     return JobWord(
         shape, {"ran": 0, "raised": 1, "exited": report.exit}[shape],
         error=_error(report.error) if report.error is not None else None,
         return_value=_value(report.return_value, value_limit), images=images,
-        images_dropped=dropped + max(len(report.images) - _MAX_IMAGES, 0),
+        images_dropped=dropped + max(len(report.images) - _MAX_IMAGES, 0), ends=report.exited,
     )

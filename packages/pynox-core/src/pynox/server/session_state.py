@@ -89,9 +89,11 @@ class StateKeeper:
             return result  # the step failed (its process ended, it timed out, the pickler's import failed)
         lines = result.stdout.split("\n")
         found = [i for i, line in enumerate(lines) if line.startswith(MARK)]
-        if result.stdout_truncated:
-            return self._failed(result, f"the session's state is larger than this pool takes "
-                                        f"({format_size(self.max_size)}, max_session_state)")
+        if result.stdout_truncated and (not found or found[-1] == len(lines) - 1):  # no whole line of a state
+            return self._failed(result, f"the save step's output was cut at its cap before its state was whole: the "
+                                        f"session's state is larger than this pool takes "
+                                        f"({format_size(self.max_size)}, max_session_state), or the session's threads "
+                                        f"printed past the cap")
         if not found:
             return self._failed(result, "the save step wrote no state")
         index = found[-1]

@@ -31,7 +31,7 @@ __all__ = ["DURATION_BUCKETS", "MAX_ERROR_TYPES", "OTHER_ERRORS", "OUTCOMES", "Q
            "Stats", "classify", "log_line"]
 
 # Distinct error types counted by name, first come first counted, besides the pool's own (always by name);
-# each name is at most report.MAX_ERROR_TYPE characters, so a stats event stays a few kilobytes.
+# each name is at most wire.report_bounds.MAX_ERROR_TYPE characters, so a stats event stays a few kilobytes.
 MAX_ERROR_TYPES = 64
 # Not a Python class name (the parentheses), so no exception of a job's code is counted under it by mistake.
 OTHER_ERRORS = "(other)"

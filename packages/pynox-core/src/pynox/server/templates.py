@@ -1093,7 +1093,8 @@ class Template:
             # A step's process lives on, so no exit status will speak for it: a report the pool cannot take
             # leaves the step without an outcome. The session is ended now, as a broken channel is, rather
             # than kept waiting until its deadline for an end that is not coming.
-            life.violated("its session step wrote a report the pool could not take")
+            life.violated("its session step left no report the pool could take: its code closed or replaced the "
+                          "step's report descriptor (3), or wrote over its report")
             self.child.kill()
         if life.due(now):
             life.time_out(now)
@@ -1142,7 +1143,7 @@ class Template:
         if word is None:  # no report the pool can take: the kernel's exit status is all there is
             return True
         # A setup failure ends the process (a later step's cannot be taken: _enforce ends the session).
-        return word.shape == "setup" or (serving.session and word.shape == "exited")
+        return word.shape == "setup" or (serving.session and word.ends)
 
     def _broken_step_report(self, serving: _Serving) -> bool:
         """A step's pipes closed, its process still runs, and its report is none the pool can take: missing

@@ -75,6 +75,10 @@ from ..wire.frames import (
 from ..wire.signals import INTERRUPT_SIGNAL
 from ..wire.spec import Confinement
 
+# A forked child's last resort, bound here: the job's code may have replaced os._exit itself, and a child whose
+# exit raised would go on as the template.
+_child_exit = os._exit
+
 # Not built, or built from another source: every cycle is served in Python.
 _fork_loop, _ = load("pynox.template", "_fork_loop")
 
@@ -341,7 +345,7 @@ class _Children:
             try:  # never returns; should it raise, the child must not go on as the template
                 run_job(setup)
             finally:
-                os._exit(SETUP_FAILED_EXIT)
+                _child_exit(SETUP_FAILED_EXIT)
         close_all(own_fds)  # the child has them; the payload among them was never read here
         if confinement.session:  # a fork's copy is orphaned here, not to init (see adopt)
             prctl(_PR_SET_CHILD_SUBREAPER, 1, what="PR_SET_CHILD_SUBREAPER")
@@ -390,7 +394,7 @@ class _Children:
             try:  # never returns; should it raise, the child must not go on as the template
                 run_prepared(setup)
             finally:
-                os._exit(SETUP_FAILED_EXIT)
+                _child_exit(SETUP_FAILED_EXIT)
         child_end.close()
         child = self._add(pid, lineage, prepared=True)
         try:
@@ -658,7 +662,7 @@ def _serve(sock: socket.socket, runtime: Runtime, prepared: int) -> None:
                     try:
                         run_prepared(setup)
                     finally:
-                        os._exit(SETUP_FAILED_EXIT)
+                        _child_exit(SETUP_FAILED_EXIT)
             # What is registered now: a descriptor closed while this wait's events are handled may be reused
             # (a new child's pidfd) before its own event comes, which must then not be taken for the new one's.
             watched = children.by_pidfd.copy()

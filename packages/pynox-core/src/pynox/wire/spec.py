@@ -152,7 +152,8 @@ class Report(msgspec.Struct):
     exit: int
     error: ErrorInfo | None = None
     setup_error: str | None = None
-    # The code called sys.exit(): in a session, the process ends with this step.
+    # The process ends with this report: the code called sys.exit() (no error), or, with an error, a session step's
+    # code took what the child needs to serve another step. In a session, the session ends with this step.
     exited: bool = False
     # repr() of the trailing expression's value, when asked and it was not None.
     return_value: str | None = None

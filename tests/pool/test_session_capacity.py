@@ -3,7 +3,8 @@
 Every session's template is forked from the pool's zygote (server/zygote.py), so the pages of the warm
 interpreter are shared: an idle session costs what its template and child wrote since, a few MiB, where a
 template started by exec for each cost 12-13 MiB with nothing preloaded. A pool holds a dozen descriptors per
-session; the 70th session or so used to get numbers ``select`` refuses, and its step failed.
+session; the 70th session or so used to get numbers ``select`` refuses, and its step failed. Nor does an idle
+pool wake itself much: a look on a timer costs the pool's CPU at every step of a busy session too.
 """
 
 from __future__ import annotations
@@ -82,3 +83,28 @@ def test_an_idle_forked_session_is_closed_and_its_processes_end_but_not_the_zygo
         assert fresh["stdout"] == "False\n"
         assert proc_table()[zygote][3] == ZYGOTE  # the zygote outlives the sessions it forked templates for
         pool.run(session="second", close=True)
+
+
+def _woken(pid: int) -> int:
+    """How often the threads of ``pid`` have gone to sleep and been woken (their voluntary context switches)."""
+    total = 0
+    for task in procfs.tasks(pid):
+        try:
+            total += procfs.status_number(f"{pid}/task/{task}", "voluntary_ctxt_switches")
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def test_an_idle_pool_with_its_zygote_wakes_about_once_a_second() -> None:
+    """The zygote's watch (server/zygote.py) waits for a report or a wake-up, never on a timer: it looked five
+    times a second. What is left is the idle sessions' reaper, once a second."""
+    with pool_process("--workers=1") as pool:
+        _ok(pool.run("x = 0", session="warm"))  # the zygote and its watch are started
+        assert len([pid for pid in descendants(pool.pid) if proc_table()[pid][3] == ZYGOTE]) == 1
+        time.sleep(0.5)
+        before = _woken(pool.pid)
+        time.sleep(3.0)
+        woken = _woken(pool.pid) - before
+        assert woken <= 6, f"the pool's threads were woken {woken} times in 3 s while it was idle"
+        _ok(pool.run("x += 1\nprint(x)", session="warm"))

@@ -50,17 +50,24 @@ limit = 1 << 20
 _sent = 0
 _formatter: Any = None
 # Where the frames go: the display channel (a job, a session's first step), or a later session step's report pipe,
-# which carries its frames and then its report (see :func:`seal`); None between two such steps (dropped).
+# which carries its frames and then its report (see :func:`begin`, :func:`seal`); None between two such steps (dropped).
 _channel: int | None = DISPLAY
 # One writer at a time, each frame written whole (a step's interrupt held meanwhile, see interrupts.hold): on a
 # report pipe what follows a frame is read at a frame's start, and the report only after the last whole frame.
 _lock = _thread.allocate_lock()
 
 
-def begin(bytes_limit: int) -> None:
-    """A job or a session step starts: its display outputs are bounded anew."""
-    global limit, _sent
+def begin(bytes_limit: int, to: int | None = None) -> None:
+    """A job or a session step starts: its display outputs are bounded anew; with ``to``, they go there (a later
+    session step's report pipe, which carries its frames and then its report), else where they went."""
+    global limit, _sent, _channel
     limit, _sent = bytes_limit or (1 << 20), 0
+    if to is not None and to != _channel:
+        if _channel is None:  # sealed: no thread is inside a frame (each saw None under the lock, or will see ``to``)
+            _channel = to
+        else:  # a session's first step's display channel: a thread's frame on it is whole first
+            with _lock:
+                _channel = to
 
 
 def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, *,
@@ -101,13 +108,6 @@ def _send(data: bytes) -> None:
             pending = interrupts.release()
     if pending:
         raise KeyboardInterrupt  # the step's interrupt, which came while the frame was written
-
-
-def channel(fd: int) -> None:
-    """A later session step starts: its frames go to ``fd``, its report pipe."""
-    global _channel
-    with _lock:
-        _channel = fd
 
 
 def forked() -> None:

@@ -22,7 +22,7 @@ import msgspec
 
 from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, OUTPUTS, REPORT, STAGING, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
-from ..wire.frames import HEADER, STEP_REPORT, recv_raw
+from ..wire.frames import HEADER, STEP_REPORT, recv_alone
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 from . import display, interrupts
@@ -49,6 +49,9 @@ _step_decoder = msgspec.json.Decoder(StepSpec)
 globals()["__builtins__"] = dict(vars(builtins))
 # What a session's loop hands its steps over with, bound before any step's code could replace them (see report.py).
 _dup2, _close, _exit, _fcntl, _fstat = os.dup2, os.close, os._exit, fcntl.fcntl, os.fstat
+# Where a later step's descriptors go, a fork step's included: one received at any of them needs _place's care.
+_STEP_TARGETS = frozenset((*STEP, FORK_CONTROL, FORK_CHANNEL))
+_STEP_COUNT = len(STEP)
 
 
 def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
@@ -82,18 +85,30 @@ def prepare_jobs() -> None:
 
 def execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False,
-            images: int = 0, interruptible: bool = False, stream: bool = False) -> Report:
-    """``interruptible``: a session's step, which the pool's interrupt signal interrupts while its code runs."""
+            images: int = 0, interruptible: bool = False, stream: bool = False, frames_to: int | None = None) -> Report:
+    """``interruptible``: a session's step, which the pool's interrupt signal interrupts while its code runs.
+    ``frames_to``: where its display frames go, if not where they went (a later session step's report pipe)."""
     keep_channel()
     sys.argv = [name, *args]
     main.__file__ = name
-    display.begin(images)
-    _line_buffered(stream)
+    display.begin(images, frames_to)
+    # A streaming job's stdout reaches the pool line by line (a pipe makes Python buffer it in blocks), and what
+    # it writes is counted, so that each display output says where it falls in the text (see
+    # display.counted_streams); a session step that does not stream goes back to blocks. Inline: a session's
+    # every step passes here.
+    if stream:
+        display.counted_streams()
+    try:
+        if sys.stdout is not None and sys.stdout.line_buffering != stream:
+            sys.stdout.reconfigure(line_buffering=stream)  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):  # the job replaced or closed its stdout
+        pass
     try:
         source = code if code is not None else _read_script(script or "")
         # Tracebacks then show the model its own lines, as they would for a file on disk.
         linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-        if PIP_FUNCTION in getattr(sys.modules.get("pynox_host"), "__all__", ()):
+        # Only source with a `%pip` line asks whether the session may install (most steps have none).
+        if "%pip" in source and PIP_FUNCTION in getattr(sys.modules.get("pynox_host"), "__all__", ()):
             source = _pip_lines(source)  # line for line: tracebacks still point at the model's own lines
         if interruptible:
             interrupts.allow()
@@ -131,30 +146,36 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
         later = step is None  # a step the control channel brought: its display frames go on its report pipe
         if step is None:
             try:
-                payload, fds = recv_raw(control)
+                payload, fds = recv_alone(control)  # the pool sends the next step only once this one is over
             except (EOFError, OSError):
                 _exit(0)
+            except ValueError:
+                _exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol
             except BaseException:  # the code broke what receiving uses (socket's constants, say): no step can come
                 _exit(SETUP_FAILED_EXIT)
             try:
                 step = _step_decoder.decode(payload)
             except msgspec.DecodeError:
                 _exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
-            if len(fds) != len(STEP) + step.fork * (1 + confinement.host_channel):
+            count = len(fds)
+            if count != _STEP_COUNT + step.fork * (1 + confinement.host_channel):
                 _exit(SETUP_FAILED_EXIT)
-            _place(list(zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False)))
-            display.channel(REPORT)
+            if count == _STEP_COUNT and _STEP_TARGETS.isdisjoint(fds):  # a step's common case: nothing in the way
+                for target, fd in zip(STEP, fds, strict=True):
+                    _dup2(fd, target)
+                    _close(fd)
+            else:
+                _place(list(zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False)))
         try:
             report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
                              return_value=step.return_value, images=step.images, interruptible=True,
-                             stream=step.stream)
+                             stream=step.stream, frames_to=REPORT if later else None)
         except KeyboardInterrupt as exc:  # the interrupt landed after the code, as execute handled its end
+            # (the interrupt's handler forbade the next one as it raised this: see interrupts._interrupt)
             report = Report(exit=1, error=described(exc, step.name, confinement))
         except BaseException as failure:  # the code broke what execute's end uses: the session cannot go on
             interrupts.forbid()
             finish(REPORT, Report(exit=1, exited=True, error=unreported(failure)), prefix=mark if later else b"")
-        finally:
-            interrupts.forbid()
         if not report.exited and _identity(CONTROL) != channel and not _restore_control(channel):
             # The code closed the control channel and its copy, or put other files at their numbers: no step can
             # come, and the session ends here, saying why (its loop would have ended it at the next step, silently).
@@ -267,19 +288,6 @@ def _run(source: str, name: str, namespace: dict[str, object], *, return_value: 
         return None
     display.result(value)  # its MIME bundle, as the cell's execute_result
     return _shown(value)
-
-
-def _line_buffered(stream: bool) -> None:
-    """A streaming job's stdout reaches the pool line by line (a pipe makes Python buffer it in blocks), and
-    what it writes is counted, so that each display output says where it falls in the text (see
-    display.counted_streams); a session step that does not stream goes back to blocks."""
-    if stream:
-        display.counted_streams()
-    try:
-        if sys.stdout is not None and sys.stdout.line_buffering != stream:
-            sys.stdout.reconfigure(line_buffering=stream)  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):  # the job replaced or closed its stdout
-        pass
 
 
 def _shown(value: object) -> str:

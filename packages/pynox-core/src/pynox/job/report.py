@@ -161,7 +161,9 @@ def finish(report_fd: int, report: Report, *, measured: bool = False, prefix: by
 
 
 def flush_streams() -> None:
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+    out, err, first_out, first_err = sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__
+    # The original streams only where the job replaced them (most often the same objects: flushed once).
+    for stream in (out, err, None if first_out is out else first_out, None if first_err is err else first_err):
         try:
             if stream is not None:
                 stream.flush()

@@ -41,6 +41,7 @@ __all__ = ["InterruptState", "StepInterrupt"]
 
 
 class InterruptState(enum.Enum):
+    __hash__ = object.__hash__  # by identity, as lifecycle.ChildState's (a C slot, not a Python call)
     WAITING = "waiting"
     NOT_RUN = "not run"
     SENT = "sent"

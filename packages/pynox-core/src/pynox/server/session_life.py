@@ -47,6 +47,7 @@ __all__ = ["SessionLife", "SessionState"]
 
 
 class SessionState(enum.Enum):
+    __hash__ = object.__hash__  # by identity, as lifecycle.ChildState's (a C slot, not a Python call)
     OPENING = "opening"
     RUNNING = "running"
     IDLE = "idle"

@@ -31,7 +31,7 @@ from .spec import MAX_GRANTS, Confinement
 __all__ = [
     "HEADER", "STEP_REPORT", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init",
     "NotForked", "Prepare", "Prepared", "Ready", "Reaped", "Spawn", "Spawned", "Started", "TemplateFailed",
-    "init_decoder", "pack", "recv_exact", "recv_frame", "recv_raw", "send_frame", "template_decoder",
+    "init_decoder", "pack", "recv_alone", "recv_exact", "recv_frame", "recv_raw", "send_frame", "template_decoder",
 ]
 
 HEADER = struct.Struct("!I")
@@ -40,6 +40,7 @@ HEADER = struct.Struct("!I")
 STEP_REPORT = 0xFFFFFFFF
 MAX_FRAME = 64 << 20  # code and script are bounded by the 1 MiB request line far below this
 _MAX_FDS = MAX_GRANTS + 10  # a job's own descriptors (at most nine), then one per grant
+_ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * 4)  # room for as many descriptors (C ints), asked once
 
 
 class Init(msgspec.Struct, tag=True):
@@ -201,14 +202,18 @@ def send_frame(sock: socket.socket, message: msgspec.Struct, fds: list[int] | tu
 
 def recv_exact(sock: socket.socket, size: int, *, closed: str = "the other side closed the template socket") -> bytes:
     """Exactly ``size`` bytes; ``EOFError(closed)`` if the other side closes first."""
+    chunk = sock.recv(min(size, 1 << 20)) if size else b""
+    if len(chunk) == size:  # most often all at once (a frame's payload after its header): nothing to join
+        return chunk
     chunks: list[bytes] = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
+    while True:
         if not chunk:
             raise EOFError(closed)
         chunks.append(chunk)
         size -= len(chunk)
-    return b"".join(chunks)
+        if not size:
+            return b"".join(chunks)
+        chunk = sock.recv(min(size, 1 << 20))
 
 
 def pack(payload: bytes) -> bytes:
@@ -243,7 +248,7 @@ class FrameBuffer:
 def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     fds = array.array("i")
     try:
-        header, ancillary, _flags, _addr = sock.recvmsg(HEADER.size, socket.CMSG_SPACE(_MAX_FDS * fds.itemsize))
+        header, ancillary, _flags, _addr = sock.recvmsg(HEADER.size, _ANCILLARY)
     except ConnectionResetError:
         # The other side closed with our last frame unread (a job answered before it was reaped): an end.
         raise EOFError("the other side closed the template socket") from None
@@ -258,6 +263,33 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     if size > MAX_FRAME:
         raise ValueError(f"template frame of {size} bytes exceeds {MAX_FRAME}")
     return recv_exact(sock, size), list(fds)
+
+
+def recv_alone(sock: socket.socket, at_once: int = 1 << 16) -> tuple[bytes, list[int]]:
+    """:func:`recv_raw` where the other side sends one frame and sends no other until it is answered (a session's
+    control channel, one step at a time): header, descriptors and up to ``at_once`` bytes of payload in one
+    ``recvmsg``, where recv_raw asks twice. More than the frame is a broken protocol (``ValueError``)."""
+    fds = array.array("i")
+    try:
+        data, ancillary, _flags, _addr = sock.recvmsg(HEADER.size + at_once, _ANCILLARY)
+    except ConnectionResetError:
+        raise EOFError("the other side closed the socket") from None
+    for level, kind, cmsg in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(cmsg[: len(cmsg) - (len(cmsg) % fds.itemsize)])
+    if not data:
+        raise EOFError("the other side closed the socket")
+    if len(data) < HEADER.size:
+        data += recv_exact(sock, HEADER.size - len(data))
+    (size,) = HEADER.unpack_from(data)
+    if size > MAX_FRAME:
+        raise ValueError(f"a frame of {size} bytes exceeds {MAX_FRAME}")
+    payload = data[HEADER.size:]
+    if len(payload) > size:
+        raise ValueError("more than one frame where one was sent")
+    if len(payload) < size:
+        payload += recv_exact(sock, size - len(payload))
+    return payload, list(fds)
 
 
 def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 # The session's loop receives its steps with this function: the job's code makes it sleep instead (putting another
 # socket at the control channel's number no longer does it: the child puts its channel back after each step).
-_HIJACK = "import sys, time\nsys.modules['pynox.job.execute'].recv_raw = lambda control: time.sleep(3600)"
+_HIJACK = "import sys, time\nsys.modules['pynox.job.execute'].recv_alone = lambda control: time.sleep(3600)"
 _BIG_STEP = "x = 0\n" * 60_000 + "print('big step ran')"  # about 360 KiB of code
 
 

@@ -175,6 +175,28 @@ static int set_limit(int resource, long long soft, long long hard) {
     return setrlimit(resource, &bound);
 }
 
+/* Close every descriptor but the targets marked in used[] (numbers below staging): each run of unused numbers below
+ * staging in one close_range, then everything from staging to last (the staged copies among them); one close each
+ * where close_range is missing (before Linux 5.9). The arrangement's end, in confine and in take_job. */
+static void close_all_but(const char *used, int staging, int last) {
+    for (int fd = 0; fd < staging;) {
+        if (used[fd]) {
+            fd++;
+            continue;
+        }
+        int end = fd;
+        while (end + 1 < staging && !used[end + 1])
+            end++;
+        if (syscall(SYS_close_range, fd, end, 0) < 0)
+            for (int each = fd; each <= end; each++)
+                close(each);
+        fd = end + 1;
+    }
+    if (syscall(SYS_close_range, staging, last, 0) < 0)
+        for (int fd = staging; fd <= last; fd++)
+            close(fd);
+}
+
 static PyObject *confine(PyObject *self, PyObject *args) {
     (void)self;
     int parent_pid, exit_status, ruleset_target, staging, max_fd, uid, gid, handover, keep_handover, stop_before;
@@ -426,23 +448,7 @@ static PyObject *confine(PyObject *self, PyObject *args) {
             if (targets[i] >= 0 && targets[i] < staging && targets[i] < MAX_ITEMS)
                 used[targets[i]] = 1;
         }
-        /* every run of unused numbers below staging in one close_range (one close each where it is missing) */
-        for (int fd = 0; fd < staging;) {
-            if (used[fd]) {
-                fd++;
-                continue;
-            }
-            int last = fd;
-            while (last + 1 < staging && !used[last + 1])
-                last++;
-            if (syscall(SYS_close_range, fd, last, 0) < 0)
-                for (int each = fd; each <= last; each++)
-                    close(each);
-            fd = last + 1;
-        }
-        if (syscall(SYS_close_range, staging, max_fd, 0) < 0)
-            for (int fd = staging; fd < max_fd; fd++)
-                close(fd);
+        close_all_but(used, staging, max_fd - 1);
         ruleset = ruleset_target;
     }
 
@@ -738,22 +744,7 @@ static PyObject *take_job(PyObject *self, PyObject *args) {
             return PyLong_FromLong(3);
         used[targets[i]] = 1;
     }
-    for (int fd = 0; fd < staging;) {
-        if (used[fd]) {
-            fd++;
-            continue;
-        }
-        int last = fd;
-        while (last + 1 < staging && !used[last + 1])
-            last++;
-        if (syscall(SYS_close_range, fd, last, 0) < 0)
-            for (int each = fd; each <= last; each++)
-                close(each);
-        fd = last + 1;
-    }
-    if (syscall(SYS_close_range, staging, max_fd - 1, 0) < 0)
-        for (unsigned int fd = (unsigned int)staging; fd < max_fd; fd++)
-            close((int)fd);
+    close_all_but(used, staging, (int)max_fd - 1);
     return PyLong_FromLong(0);
 }
 

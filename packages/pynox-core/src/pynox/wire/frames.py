@@ -245,16 +245,22 @@ class FrameBuffer:
         return frames
 
 
-def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
+def _received(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors a ``recvmsg`` received (``SCM_RIGHTS``; a truncated last one dropped)."""
     fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    return list(fds)
+
+
+def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     try:
         header, ancillary, _flags, _addr = sock.recvmsg(HEADER.size, _ANCILLARY)
     except ConnectionResetError:
         # The other side closed with our last frame unread (a job answered before it was reaped): an end.
         raise EOFError("the other side closed the template socket") from None
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    fds = _received(ancillary)
     if not header:
         raise EOFError("the other side closed the template socket")
     if len(header) < HEADER.size:
@@ -262,21 +268,18 @@ def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     (size,) = HEADER.unpack(header)
     if size > MAX_FRAME:
         raise ValueError(f"template frame of {size} bytes exceeds {MAX_FRAME}")
-    return recv_exact(sock, size), list(fds)
+    return recv_exact(sock, size), fds
 
 
 def recv_alone(sock: socket.socket, at_once: int = 1 << 16) -> tuple[bytes, list[int]]:
     """:func:`recv_raw` where the other side sends one frame and sends no other until it is answered (a session's
     control channel, one step at a time): header, descriptors and up to ``at_once`` bytes of payload in one
     ``recvmsg``, where recv_raw asks twice. More than the frame is a broken protocol (``ValueError``)."""
-    fds = array.array("i")
     try:
         data, ancillary, _flags, _addr = sock.recvmsg(HEADER.size + at_once, _ANCILLARY)
     except ConnectionResetError:
         raise EOFError("the other side closed the socket") from None
-    for level, kind, cmsg in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(cmsg[: len(cmsg) - (len(cmsg) % fds.itemsize)])
+    fds = _received(ancillary)
     if not data:
         raise EOFError("the other side closed the socket")
     if len(data) < HEADER.size:
@@ -289,7 +292,7 @@ def recv_alone(sock: socket.socket, at_once: int = 1 << 16) -> tuple[bytes, list
         raise ValueError("more than one frame where one was sent")
     if len(payload) < size:
         payload += recv_exact(sock, size - len(payload))
-    return payload, list(fds)
+    return payload, fds
 
 
 def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared

@@ -254,45 +254,36 @@ def _received(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     return list(fds)
 
 
-def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
+def recv_raw(sock: socket.socket, at_once: int = 0) -> tuple[bytes, list[int]]:
+    """One frame and the descriptors sent with it. ``at_once``: payload bytes asked for in the same ``recvmsg`` as the
+    header, for a socket whose other side sends no second frame before this one is answered (:func:`recv_alone`);
+    more than the frame there is a broken protocol (``ValueError``)."""
     try:
-        header, ancillary, _flags, _addr = sock.recvmsg(HEADER.size, _ANCILLARY)
+        data, ancillary, _flags, _addr = sock.recvmsg(HEADER.size + at_once, _ANCILLARY)
     except ConnectionResetError:
         # The other side closed with our last frame unread (a job answered before it was reaped): an end.
         raise EOFError("the other side closed the template socket") from None
     fds = _received(ancillary)
-    if not header:
-        raise EOFError("the other side closed the template socket")
-    if len(header) < HEADER.size:
-        header += recv_exact(sock, HEADER.size - len(header))
-    (size,) = HEADER.unpack(header)
-    if size > MAX_FRAME:
-        raise ValueError(f"template frame of {size} bytes exceeds {MAX_FRAME}")
-    return recv_exact(sock, size), fds
-
-
-def recv_alone(sock: socket.socket, at_once: int = 1 << 16) -> tuple[bytes, list[int]]:
-    """:func:`recv_raw` where the other side sends one frame and sends no other until it is answered (a session's
-    control channel, one step at a time): header, descriptors and up to ``at_once`` bytes of payload in one
-    ``recvmsg``, where recv_raw asks twice. More than the frame is a broken protocol (``ValueError``)."""
-    try:
-        data, ancillary, _flags, _addr = sock.recvmsg(HEADER.size + at_once, _ANCILLARY)
-    except ConnectionResetError:
-        raise EOFError("the other side closed the socket") from None
-    fds = _received(ancillary)
     if not data:
-        raise EOFError("the other side closed the socket")
+        raise EOFError("the other side closed the template socket")
     if len(data) < HEADER.size:
         data += recv_exact(sock, HEADER.size - len(data))
     (size,) = HEADER.unpack_from(data)
     if size > MAX_FRAME:
-        raise ValueError(f"a frame of {size} bytes exceeds {MAX_FRAME}")
+        raise ValueError(f"template frame of {size} bytes exceeds {MAX_FRAME}")
     payload = data[HEADER.size:]
     if len(payload) > size:
         raise ValueError("more than one frame where one was sent")
     if len(payload) < size:
         payload += recv_exact(sock, size - len(payload))
     return payload, fds
+
+
+def recv_alone(sock: socket.socket, at_once: int = 1 << 16) -> tuple[bytes, list[int]]:
+    """:func:`recv_raw` where the other side sends one frame and sends no other until it is answered (a session's
+    control channel, one step at a time): header, descriptors and up to ``at_once`` bytes of payload in one
+    ``recvmsg``, where recv_raw asks twice."""
+    return recv_raw(sock, at_once)
 
 
 def recv_frame(sock: socket.socket) -> tuple[Init | Ready | TemplateFailed | Started | Prepared | Ended | Unprepared

@@ -142,7 +142,11 @@ def test_a_prepared_child_killed_from_outside_costs_no_job(tmp_path: Path) -> No
 def test_a_session_child_killed_from_outside_ends_the_session(tmp_path: Path) -> None:
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         assert pool.run("x = 1", session="nb")["exit"] == 0
-        step = pool.submit(session="nb", code="import time\ntime.sleep(30)")
+        # A session's process lives between its steps: killed before it takes the step, the step did not run
+        # (a PoolWorkerError saying to send it again). The step's first output shows it running.
+        step = pool.submit(session="nb", code="import time\nprint('started', flush=True)\ntime.sleep(30)",
+                           stream=True)
+        _until(lambda: pool.events(step), "the step's first output")
         child, _ = _running_job(pool)
         os.kill(child, signal.SIGKILL)
         result = pool.result(step)

@@ -1226,7 +1226,7 @@ class Template:
         if self.broken:
             return
         try:
-            self._settle()
+            self._settle(look=False)  # no look once settled: the next job has one before its hand-over (run)
             self._settle_memory()
             if self._made is None:
                 with contextlib.suppress(OSError):  # none to spare now (EMFILE): the job makes its own, or says so
@@ -1245,14 +1245,15 @@ class Template:
             except OSError as exc:
                 raise PoolWorkerError(f"cannot read the template's memory cgroup: {exc}") from None
 
-    def _settle(self) -> None:
-        """Before the next job: collect the end of a child answered from its report (see _finish)."""
+    def _settle(self, *, look: bool = True) -> None:
+        """Before the next job: collect the end of a child answered from its report (see _finish). ``look``: and
+        read what else the template said meanwhile (see _settle_prepared)."""
         child = self.child
         if child.state is ChildState.ENDED:  # reported after its result left (see _await_end)
             self._close_metadata()
             child.release()
         if child.state is not ChildState.ANSWERED:
-            self._settle_prepared()
+            self._settle_prepared(look=look)
             return
         assert child.deadline is not None
         clock = ServingLife(child.deadline, _GRACE_NS)  # its job's clock goes on (see serving.py)
@@ -1269,15 +1270,19 @@ class Template:
             if ready:
                 self._receive_between_jobs()
         child.release()
-        self._settle_prepared()
+        self._settle_prepared(look=look)
 
-    def _settle_prepared(self) -> None:
+    def _settle_prepared(self, *, look: bool = True) -> None:
         """Before the next job: read what the template said meanwhile about prepared children (those it is
         preparing now, whose frames are due in the time of a fork; one that died while it waited). While none
-        waits, the next job waits for the first that is due; once one waits, the rest come during that job."""
+        waits, the next job waits for the first that is due; once one waits, the rest come during that job.
+        ``look=False`` (after a result): only wait for the first due, without a look at the socket once none is
+        (a poll that finds nothing, back to back): the next job's ``run`` looks before its hand-over."""
         deadline = time.monotonic() + _KILL_GRACE
         while True:
             due = self.prepared.due and not self.prepared.waiting
+            if not due and not look:
+                return
             wait = max(deadline - time.monotonic(), 0) if due else 0
             if not readable(self.sock.fileno(), wait):
                 if due:

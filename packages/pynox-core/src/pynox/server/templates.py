@@ -1233,7 +1233,7 @@ class Template:
         if self.broken:
             return
         try:
-            self._settle(look=False)  # no look once settled: the next job has one before its hand-over (run)
+            self._settle()
             self._settle_memory()
             if self._made is None:
                 with contextlib.suppress(OSError):  # none to spare now (EMFILE): the job makes its own, or says so
@@ -1252,15 +1252,14 @@ class Template:
             except OSError as exc:
                 raise PoolWorkerError(f"cannot read the template's memory cgroup: {exc}") from None
 
-    def _settle(self, *, look: bool = True) -> None:
-        """Before the next job: collect the end of a child answered from its report (see _finish). ``look``: and
-        read what else the template said meanwhile (see _settle_prepared)."""
+    def _settle(self) -> None:
+        """Before the next job: collect the end of a child answered from its report (see _finish)."""
         child = self.child
         if child.state is ChildState.ENDED:  # reported after its result left (see _await_end)
             self._close_metadata()
             child.release()
         if child.state is not ChildState.ANSWERED:
-            self._settle_prepared(look=look)
+            self._settle_prepared()
             return
         assert child.deadline is not None
         clock = ServingLife(child.deadline, _GRACE_NS)  # its job's clock goes on (see serving.py)
@@ -1276,19 +1275,15 @@ class Template:
             if self._frame_within((clock.wake() - now) / 1e9):
                 self._receive_between_jobs()
         child.release()
-        self._settle_prepared(look=look)
+        self._settle_prepared()
 
-    def _settle_prepared(self, *, look: bool = True) -> None:
+    def _settle_prepared(self) -> None:
         """Before the next job: read what the template said meanwhile about prepared children (those it is
         preparing now, whose frames are due in the time of a fork; one that died while it waited). While none
-        waits, the next job waits for the first that is due; once one waits, the rest come during that job.
-        ``look=False`` (after a result): only wait for the first due, without a look at the socket once none is
-        (a poll that finds nothing, back to back): the next job's ``run`` looks before its hand-over."""
+        waits, the next job waits for the first that is due; once one waits, the rest come during that job."""
         deadline = time.monotonic() + _KILL_GRACE
         while True:
             due = self.prepared.due and not self.prepared.waiting
-            if not due and not look:
-                return
             wait = max(deadline - time.monotonic(), 0) if due else 0
             if not self._frame_within(wait):
                 if due:

@@ -30,11 +30,11 @@ def _plant() -> None:
 
         record = stats.Stats.record
 
-        def record_planted(self: Any, result: Any) -> None:
+        def record_planted(self: Any, result: Any) -> str:
             # The pool's answer in its place (an error) is counted.
             if str(result.id).startswith("bug-") and result.error is None:
                 raise PlantedBug("planted in Stats.record")
-            record(self, result)
+            return record(self, result)
 
         stats.Stats.record = record_planted  # type: ignore[method-assign]
 

@@ -125,12 +125,14 @@ def _watch_ooms(path: str) -> int | None:
     return events
 
 
-def _drain(events: int) -> int:
+def _drain(events: int, poller: select.poll | None = None) -> int:
     """What an eventfd counted since it was last read (non-blocking: 0 if nothing). Asked first: most often it
     counted nothing, and a poll says so in one system call, as the read that failed did, without the exception
-    that read raised (~2 µs, at every job's and every session step's mark)."""
-    poller = select.poll()
-    poller.register(events, select.POLLIN)
+    that read raised (~2 µs, at every job's and every session step's mark). ``poller``: one kept with ``events``
+    registered (a template's, asked by the one thread serving it), else one is made."""
+    if poller is None:
+        poller = select.poll()
+        poller.register(events, select.POLLIN)
     if not poller.poll(0):
         return 0
     try:
@@ -324,6 +326,10 @@ class MemoryCounter:
         self._hits = 0
         # v1: the OOMs of this cgroup's limit and its ancestors' (see _watch_ooms), counted as read.
         self._oom_events = _watch_ooms(path) if version == 1 else None
+        self._oom_poll: select.poll | None = None  # its poller, made once (see _drain)
+        if self._oom_events is not None:
+            self._oom_poll = select.poll()
+            self._oom_poll.register(self._oom_events, select.POLLIN)
         self._ooms = 0
         self.settle()
 
@@ -344,7 +350,7 @@ class MemoryCounter:
         if self.version == 2:
             return _fields(self._read("events", 4096), b"oom").get(b"oom", 0)
         if self._oom_events is not None:
-            self._ooms += _drain(self._oom_events)
+            self._ooms += _drain(self._oom_events, self._oom_poll)
         return self._ooms
 
     def mark(self) -> None:
@@ -445,7 +451,7 @@ class MemoryCounter:
         self._fds.clear()
         if self._oom_events is not None:
             os.close(self._oom_events)
-            self._oom_events = None
+            self._oom_events = self._oom_poll = None
 
 
 @dataclass

@@ -51,6 +51,20 @@ def to_job(request: Request, *, cwd: str, runtime_paths: Sequence[str], hint_sty
                       defaults=defaults, files_at_memory=not memory_counted()), grants.max_output
 
 
+# A job's request as its resolution sees it, but for its code (see Resolver._alike_key).
+_Alike = tuple[bytes, tuple[int, int] | None, bool]
+_ALIKE_KEPT = 64  # resolutions kept; all dropped when one more comes (a client varying its limits job by job)
+
+
+def _resolved_alike(spec: JobSpec, request: Request) -> bool:
+    """Whether every job with ``request``'s fields but its code resolves to ``spec`` but for its code: nothing
+    of it was found on disk (no path granted, its profile's included: a path is resolved and checked again for
+    each job, as it may have changed), and it names no package nor a scratch directory."""
+    confinement = spec.confinement
+    return not (confinement.allow_read or confinement.allow_write or confinement.package_dirs or spec.payload.script
+                or spec.packages or spec.pip_dir or request.scratch)
+
+
 @dataclass
 class Job:
     """A request accepted to run as a job, on its way to a worker."""
@@ -88,12 +102,22 @@ class Resolver:
         # A job that read the key could sign a state another client's session then restores (session_state.py).
         self._pool_secrets = ({"session_key_file": os.path.realpath(options.session_key_file)}
                               if options.session_key_file else {})
+        # Jobs that name no path resolve alike but for their code (see _resolved_alike): each kept with its key.
+        self._alike: dict[_Alike, tuple[JobSpec, int]] = {}
+        self._alike_under: tuple[object, object] | None = None  # the config and runtime paths they were made under
 
     def resolve(self, request: Request, *, session: bool = False) -> tuple[JobSpec, int]:
         """The job ``request`` runs as (a session's, with ``session``), and its output cap."""
         config = self.options.config
         # The paths are judged against the ceiling by to_job, on the resolution it grants.
         run_as = config.run_as(request.profile, self._run_as_of(request.id))
+        alike = None if session else self._alike_key(request, run_as)
+        if alike is not None and (known := self._alike.get(alike)) is not None:
+            spec, max_output = known
+            self._within_budget(request.id, spec)
+            return msgspec.structs.replace(spec, payload=msgspec.structs.replace(spec.payload, code=request.code)), \
+                max_output
+        given = request
         request = bounded(request, config, self.cwd, check_paths=False)
         # No job may write where the pool keeps the environments it installs.
         runtime_paths = [*self.read_paths, self.installer.root]
@@ -102,12 +126,7 @@ class Resolver:
                                   uid=run_as[0] if run_as else None, gid=run_as[1] if run_as else None,
                                   pool_files=self._pool_files, pool_secrets=self._pool_secrets)
         self.scratch.refuse_overlap(spec)
-        budget = self.budget_of(request.id)
-        if budget is not None and budget.memory is not None and spec.confinement.memory > budget.memory:
-            # Its own limit could never be reached: the budget would kill it first, and report that.
-            raise RequestError(f"memory: this request's limit of {format_size(spec.confinement.memory)} is above "
-                               f"the memory_budget of tenant {budget.name!r} ({format_size(budget.memory)}), which "
-                               f"all its jobs and sessions share; ask for at most {format_size(budget.memory)}")
+        self._within_budget(request.id, spec)
         if self.installer.problem() is None:  # its hints then name the packages grant
             spec = msgspec.structs.replace(
                 spec, confinement=msgspec.structs.replace(spec.confinement, installs_packages=True))
@@ -127,7 +146,34 @@ class Resolver:
             spec = msgspec.structs.replace(spec, confinement=confinement, payload=payload, pip_dir=directory)
         # Where this job may write, a later job's grant must not follow a symlink: it may have planted one.
         self._written.update(spec.confinement.allow_write)
+        if alike is not None and _resolved_alike(spec, given):
+            if len(self._alike) >= _ALIKE_KEPT:
+                self._alike.clear()
+            self._alike[alike] = (spec, max_output)
         return spec, max_output
+
+    def _alike_key(self, request: Request, run_as: tuple[int, int] | None) -> _Alike | None:
+        """What a job's resolution depends on besides its code: every other field of its request (its id and
+        trace context aside), the user it runs as (its tenant's, its profile's or the pool's), and whether this
+        pool installs packages (its hints say so); None for a request that could name a path. Kept ones are
+        dropped when the config or the runtime paths they were resolved under are not the pool's any more."""
+        if request.script is not None or request.allow_read or request.allow_write or request.package_dirs \
+                or request.packages or request.pip_install or request.scratch:
+            return None
+        under = (self.options.config, self.read_paths)
+        if self._alike_under is None or self._alike_under[0] is not under[0] or self._alike_under[1] is not under[1]:
+            self._alike.clear()
+            self._alike_under = under
+        fields = msgspec.json.encode(msgspec.structs.replace(request, id=None, code=None, traceparent=None))
+        return fields, run_as, self.installer.problem() is None
+
+    def _within_budget(self, request_id: RequestId | None, spec: JobSpec) -> None:
+        budget = self.budget_of(request_id)
+        if budget is not None and budget.memory is not None and spec.confinement.memory > budget.memory:
+            # Its own limit could never be reached: the budget would kill it first, and report that.
+            raise RequestError(f"memory: this request's limit of {format_size(spec.confinement.memory)} is above "
+                               f"the memory_budget of tenant {budget.name!r} ({format_size(budget.memory)}), which "
+                               f"all its jobs and sessions share; ask for at most {format_size(budget.memory)}")
 
     def job(self, request: Request, arrived_ns: int) -> Job:
         """``request``, read at ``arrived_ns``, as a job: resolved, its scratch directory made if it asks for one,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..protocol import Histogram, RequestId, Result
-from .stats import DURATION_BUCKETS, QUEUE_BUCKETS, Buckets, classify
+from .stats import DURATION_BUCKETS, QUEUE_BUCKETS, Buckets
 
 __all__ = ["DEFAULT_TENANT", "Labelled", "Labels"]
 
@@ -82,10 +82,12 @@ class Labels:
             profile = self._session_profile[session]
         self._by_id.setdefault(_key(request_id), []).append((tenant or DEFAULT_TENANT, profile or ""))
 
-    def finished(self, result: Result, *, session: str | None, fallback: str | None, ended: bool) -> tuple[str, str]:
-        """Count ``result`` under its request's labels, and return them. A result of no labelled request (a line
-        the pool could not parse, a refused close) is counted under ``fallback``'s tenant and no profile, so that
-        the labelled counts add up to the pool's."""
+    def finished(self, result: Result, outcome: str, *, session: str | None, fallback: str | None,
+                 ended: bool) -> tuple[str, str]:
+        """Count ``result`` under its request's labels as ``outcome`` (its class, as the pool's counts took it:
+        :meth:`Stats.record`), and return them. A result of no labelled request (a line the pool could not parse,
+        a refused close) is counted under ``fallback``'s tenant and no profile, so that the labelled counts add
+        up to the pool's."""
         key = _key(result.id)
         with self._lock:
             waiting = self._by_id.get(key)
@@ -97,7 +99,7 @@ class Labels:
                 labels = (fallback or DEFAULT_TENANT, "")
             if ended and session is not None:
                 self._session_profile.pop(session, None)
-            self._outcomes[(*labels, classify(result))] += 1
+            self._outcomes[(*labels, outcome)] += 1
             # Made once per label pair (setdefault would build one on every result, to throw it away).
             if result.refused is not True:
                 durations = self._durations.get(labels)

@@ -361,10 +361,13 @@ class ScratchRoot:
             return []
 
     def remove(self, path: str | None) -> None:
-        """Remove a scratch directory and everything in it (nothing it holds is followed: rmtree by descriptors)."""
+        """Remove a scratch directory and everything in it (nothing it holds is followed: rmtree by descriptors).
+        None: none (a job that asked for none, as most do: no lock taken)."""
+        if path is None:
+            return
         with self._lock:
-            directory = self._dirs.pop(path, None) if path is not None else None
-        if directory is None or path is None:
+            directory = self._dirs.pop(path, None)
+        if directory is None:
             return
         os.close(directory.fd)
         shutil.rmtree(os.path.basename(path), dir_fd=self._fd, ignore_errors=True)

@@ -426,9 +426,9 @@ class Server:
         """Write ``result``: its request's one answer. Should our own accounting or its encoding fail (a bug), the
         answer is a PoolWorkerError of the same id, so that the request still has one and its thread lives on."""
         try:
-            self.stats.record(result)
+            outcome = self.stats.record(result)
             # Before the result is written: a listening pool forgets a dropped connection once its last one is.
-            tenant, profile = self.labels.finished(result, session=session, fallback=self.tenant_of(result.id),
+            tenant, profile = self.labels.finished(result, outcome, session=session, fallback=self.tenant_of(result.id),
                                                    ended=bool(getattr(result, "session_ended", False)))
             line = encode(result)
         except Exception as exc:

@@ -120,9 +120,11 @@ class Stats:
         self._sessions: Counter[str] = Counter()  # opened, closed, expired
         self._budget_kills: Counter[str] = Counter()  # by tenant: killed by its memory_budget (the pool's verdict)
 
-    def record(self, result: Result) -> None:
+    def record(self, result: Result) -> str:
+        """Count ``result``; its outcome (see :func:`classify`), which its labels are counted under too."""
+        outcome = classify(result)
         with self._lock:
-            self._outcomes[classify(result)] += 1
+            self._outcomes[outcome] += 1
             if result.error is not None:
                 self._errors[self._error_key(result.error.type)] += 1
             self._duration_ms_total += result.duration_ms
@@ -134,6 +136,7 @@ class Stats:
                 self._waits.observe(result.queue_us)
             elif result.queue_us:  # refused for its queue deadline: it waited, and the wait is the news
                 self._waits.observe(result.queue_us)
+        return outcome
 
     def _error_key(self, error_type: str) -> str:
         if error_type in self._errors or error_type in _POOL_TYPES or len(self._named) < MAX_ERROR_TYPES:

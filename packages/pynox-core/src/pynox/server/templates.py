@@ -421,6 +421,10 @@ class Template:
         else:
             self.process, parent = self._start(stderr)
         self.sock = parent
+        # The socket's poller for the reads between jobs (_settle, read_prepared: the thread serving the template),
+        # made once where each look made one and registered the socket anew.
+        self._between = select.poll()
+        self._between.register(parent.fileno(), select.POLLIN)
         self.broken = False
         self.cgroups: cgroups.TemplateGroup | None = None
         self._job_cpu = job_cpu
@@ -523,6 +527,8 @@ class Template:
         copy._family = original._family
         copy._family.join(copy)
         copy.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        copy._between = select.poll()
+        copy._between.register(copy.sock.fileno(), select.POLLIN)
         try:
             bounds = cgroups.available()
             if bounds.hierarchies():
@@ -553,6 +559,7 @@ class Template:
         """Stop the template: closing its socket ends it; a stuck one is killed. A handle shared with a
         session fork's copies (see adopt) ends its own child only, and the last one the process."""
         self.sock.close()
+        self._between = select.poll()  # its number may be another descriptor's from now on
         last = self._family is None or self._family.leave(self)
         if last:
             try:
@@ -1265,8 +1272,7 @@ class Template:
             if clock.grace_over(now):
                 self.broken = True
                 raise PoolWorkerError("the template did not reap a finished job in time", started=False)
-            ready = readable(self.sock.fileno(), (clock.wake() - now) / 1e9)
-            if ready:
+            if self._frame_within((clock.wake() - now) / 1e9):
                 self._receive_between_jobs()
         child.release()
         self._settle_prepared()
@@ -1279,7 +1285,7 @@ class Template:
         while True:
             due = self.prepared.due and not self.prepared.waiting
             wait = max(deadline - time.monotonic(), 0) if due else 0
-            if not readable(self.sock.fileno(), wait):
+            if not self._frame_within(wait):
                 if due:
                     self.broken = True
                     raise PoolWorkerError("the template did not prepare its next child in time", started=False)
@@ -1298,13 +1304,17 @@ class Template:
         if self.broken:
             return
         try:
-            while readable(self.sock.fileno(), 0):
+            while self._frame_within(0):
                 self._receive_between_jobs()
         except PoolWorkerError:
             self.broken = True
         except Exception:  # a bug here must cost this template, never the worker thread
             _log.exception("the pool failed while reading its template's prepared children")
             self.broken = True
+
+    def _frame_within(self, timeout: float) -> bool:
+        """:func:`readable` of the template's socket, through the poller kept for it (``timeout`` in seconds)."""
+        return bool(self._between.poll(max(timeout, 0.0) * 1000))
 
     def _receive_between_jobs(self) -> None:
         try:

@@ -247,6 +247,8 @@ class FrameBuffer:
 
 def _received(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     """The descriptors a ``recvmsg`` received (``SCM_RIGHTS``; a truncated last one dropped)."""
+    if not ancillary:  # most frames carry none (a template's Ended): no array made to read nothing
+        return []
     fds = array.array("i")
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

@@ -175,21 +175,23 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
             report = Report(exit=1, error=described(exc, step.name, confinement))
         except BaseException as failure:  # the code broke what execute's end uses: the session cannot go on
             interrupts.forbid()
-            finish(REPORT, Report(exit=1, exited=True, error=unreported(failure)), prefix=mark if later else b"")
+            finish(REPORT, Report(exit=1, exited=True, error=unreported(failure)), prefix=mark)
         if not report.exited and _identity(CONTROL) != channel and not _restore_control(channel):
             # The code closed the control channel and its copy, or put other files at their numbers: no step can
             # come, and the session ends here, saying why (its loop would have ended it at the next step, silently).
             report = Report(exit=1, exited=True, error=control_lost(report.error), images=report.images)
-            finish(REPORT, report, prefix=mark if later else b"")
+            finish(REPORT, report, prefix=mark)
         if later:
             display.seal()  # after its last whole frame: what a thread of its shows from now on is dropped
-        prefix = mark if later else b""  # the report follows the frames, after its mark
+        # Every step's report follows its mark and its length (a later step's after its frames): the pool takes
+        # the step as over once it has read them, not once every copy of the step's pipes is closed (a copy the
+        # code keeps, os.dup(1), would hold them open until the step's deadline).
         if report.exited:  # sys.exit() or exit(): the session ends with this step
-            finish(REPORT, report, prefix=prefix)
+            finish(REPORT, report, prefix=mark)
         flush_streams()
-        write_report(REPORT, report, prefix)
-        # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next (and, after
-        # the first step, the display channel's number, which the later steps leave at /dev/null).
+        write_report(REPORT, report, mark)
+        # Hand the step's pipes back; keep 1-3 valid for the next (and, after the first step, the display
+        # channel's number, which the later steps leave at /dev/null).
         for fd in (STEP if later else OUTPUTS):
             _dup2(devnull, fd)
         step = None

@@ -31,7 +31,7 @@ class Capture:
     """The pool's read ends of one job's (or one session step's) pipes: stdout, stderr, report, display."""
 
     def __init__(self, reads: list[int], outcome: Gathering, max_output: int, *, return_value: bool = False,
-                 streamer: Streamer | None = None) -> None:
+                 streamer: Streamer | None = None, session: bool = False) -> None:
         # Three: a later session step's, whose display frames come on its report pipe (wire.frames.STEP_REPORT).
         self.stdout, self.stderr, self.report_fd = reads[:3]
         self.display_fd = reads[3] if len(reads) > 3 else None
@@ -40,6 +40,8 @@ class Capture:
         self.pipes = list(reads)
         # The job's output is over when stdout, stderr and the report are closed: a job that closes those and
         # stops (or hands them back) is done, whatever it does with its display channel, which is drained then.
+        # A session step's is over as soon as its whole report is read (its mark, its length, that many bytes):
+        # then what stdout and stderr hold is read, and the step is over, whoever still holds a copy of its pipes.
         self.open = 3
         self._display_ended = False
         # On a report pipe that carries frames: the bytes of the frame being read still to come, the header
@@ -47,6 +49,11 @@ class Capture:
         self._frame_left = 0
         self._header = bytearray()
         self._in_report = self.display_fd is not None
+        # A session step's report: its length once its mark and length are read (None before), and whether the
+        # first bytes of a first step's report pipe are still to be told apart: its mark (a step's report), or a
+        # setup failure's report, which has no mark and ends with the pipe.
+        self._report_size: int | None = None
+        self._first_bytes = session and self._in_report
         self.outcome = outcome
         self.max_output = max_output
         self.report = bytearray()
@@ -75,7 +82,7 @@ class Capture:
             if fd == self.display_fd or (fd == self.report_fd and self.display_fd is None):
                 self._display_ended = True
                 self._shown(self.display.finish())
-            if fd != self.display_fd:
+            if fd != self.display_fd and self.open:
                 self.open -= 1
             return False
         self._take(fd, chunk)
@@ -85,9 +92,11 @@ class Capture:
         if fd == self.display_fd:
             self._shown(self.display.feed(chunk))
         elif fd == self.report_fd:
-            if not self._in_report:
+            if not self._in_report or self._first_bytes:
                 chunk = self._frames(chunk)
-            if len(self.report) + len(chunk) > self.report_limit:
+            if self._report_size is not None:
+                self._step_report(chunk)
+            elif len(self.report) + len(chunk) > self.report_limit:
                 self.report.clear()  # not a report the child wrote: ignored, the exit status still counts
             else:
                 self.report += chunk
@@ -96,9 +105,24 @@ class Capture:
 
     def _frames(self, chunk: bytes) -> bytes:
         """A later session step's report pipe: its display frames, each passed whole to the display reader (which
-        bounds them), until the report's mark; what follows the mark is returned, the report's start."""
+        bounds them), until the report's mark; what follows the mark is returned, the report's start (its length
+        first). A first step's: its mark, or (not one) the start of a setup failure's report, returned whole."""
         view = memoryview(chunk)
         while view:
+            if self._first_bytes:
+                need = HEADER.size - len(self._header)
+                self._header += view[:need]
+                view = view[need:]
+                if len(self._header) < HEADER.size:
+                    break
+                self._first_bytes = False
+                if HEADER.unpack(self._header)[0] != STEP_REPORT:
+                    header = bytes(self._header)
+                    self._header.clear()
+                    return header + bytes(view)
+                self._header.clear()
+                self._report_size = -1  # its mark is read: the report's length comes next
+                return bytes(view)
             if self._frame_left:
                 part = view[:self._frame_left]
                 self._frame_left -= len(part)
@@ -115,10 +139,50 @@ class Capture:
             self._header.clear()
             if size == STEP_REPORT:
                 self._in_report = True
+                self._report_size = -1  # its length comes first
                 return bytes(view)
             self._frame_left = size
             self._shown(self.display.feed(header))
         return b""
+
+    def _step_report(self, chunk: bytes) -> None:
+        """A session step's report: its length (a HEADER after its mark), then that many bytes; once all are read,
+        stdout and stderr are read of what they hold and the step is over. A length beyond what a child writes
+        leaves no report (the step's process still runs: the pool ends the session, see templates._enforce);
+        bytes after the report are not the step's (a frame a thread wrote after it) and are dropped."""
+        if self._report_size == -1:
+            need = HEADER.size - len(self._header)
+            self._header += chunk[:need]
+            chunk = chunk[need:]
+            if len(self._header) < HEADER.size:
+                return
+            (size,) = HEADER.unpack(self._header)
+            self._header.clear()
+            if size > self.report_limit:
+                size = 0  # no report the pool takes: the step is over without one
+                self.report.clear()
+            self._report_size = size
+        size = self._report_size
+        if self.open == 0 or size is None:
+            return  # read after the step was over: not its own
+        self.report += chunk[:size - len(self.report)]
+        if len(self.report) >= size:
+            self._over()
+
+    def _over(self) -> None:
+        """A session step's report is read whole (or cannot be): what its stdout and stderr hold is read now,
+        without waiting for their ends (a copy of them the step's code kept would hold those until its
+        deadline), and the step is over."""
+        self.open = 0
+        for fd in (self.stdout, self.stderr):
+            try:
+                for _ in range(_HUNG_UP_READS):  # bounded: a thread of the step's may still be writing
+                    chunk = os.read(fd, _READ_CHUNK)
+                    if not chunk:
+                        break
+                    self._keep(fd == self.stdout, chunk)
+            except BlockingIOError:
+                pass
 
     def _keep(self, is_stdout: bool, chunk: bytes) -> None:
         outcome = self.outcome

@@ -923,7 +923,7 @@ class Template:
             hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
         capture = Capture(reads, outcome, max_output,
                           return_value=spec.payload.return_value if return_value is None else return_value,
-                          streamer=streamer)
+                          streamer=streamer, session=session)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:
             outbox.resume()  # it was frozen since its last step: its time to read its answers starts now

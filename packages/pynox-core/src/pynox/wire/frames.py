@@ -36,7 +36,8 @@ __all__ = [
 
 HEADER = struct.Struct("!I")
 # On a later session step's report pipe (wire.descriptors.STEP): display frames (a HEADER, then the frame), then this
-# in a HEADER's place, then the step's report, to the pipe's end. No display frame is that long.
+# in a HEADER's place, then the report's length (a HEADER) and the report. No display frame is that long. A session's
+# first step writes its report the same way on its own report pipe (its frames have their own channel).
 STEP_REPORT = 0xFFFFFFFF
 MAX_FRAME = 64 << 20  # code and script are bounded by the 1 MiB request line far below this
 _MAX_FDS = MAX_GRANTS + 10  # a job's own descriptors (at most nine), then one per grant

@@ -148,3 +148,20 @@ def test_a_report_forged_with_the_steps_own_number_ends_the_session_at_the_next_
         assert after["error"]["type"] == "PoolWorkerError" and after["session_ended"] is True, after
     finally:
         pool.run(session=name, close=True)
+
+
+def test_what_a_leftover_thread_floods_counts_against_the_step_that_reads_it(pool: PoolProcess) -> None:
+    """A thread's flood after its step ended is the next step's output: cut at that step's max_output, said
+    truncated, every byte counted in its usage, and the step after it starts clean."""
+    name = new_id("flood")
+    try:
+        _ok(pool.run("import os, threading, time\nout = os.dup(1)\n"
+                     "def flood():\n    time.sleep(0.2)\n    os.write(out, b'x' * 300_000)\n"
+                     "flooder = threading.Thread(target=flood)\nflooder.start()", session=name))
+        flooded = _ok(pool.run("flooder.join()", session=name, max_output="64k"))
+        assert flooded["stdout_truncated"] is True and len(flooded["stdout"]) == 64 << 10, flooded["usage"]
+        assert flooded["usage"]["stdout_bytes"] == 300_000, flooded["usage"]
+        clean = _ok(pool.run("print('clean')", session=name))
+        assert (clean["stdout"], clean["stdout_truncated"]) == ("clean\n", False), clean
+    finally:
+        pool.run(session=name, close=True)

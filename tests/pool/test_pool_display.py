@@ -157,11 +157,11 @@ def _numbers(result: dict) -> list[int]:  # type: ignore[type-arg]
 
 
 def test_a_later_steps_display_comes_on_its_report_pipe_and_belongs_to_it_alone(pool: PoolProcess) -> None:
-    """A later step has three pipes (stdout, stderr, report): its display frames come on its report pipe, before
-    its report, so a step costs no fourth pipe. Seen from the code: the display channel's number stays /dev/null
-    in a later step, and display() still reaches the result. A thread that displays across the steps' ends never
-    breaks a report (the step's end waits for its frame, and drops the thread's frames once the report begins),
-    and no output shows in two steps or cut short."""
+    """A later step's display frames come on the session's report pipe, before its report, so a step costs no
+    fourth pipe. Seen from the code: the display channel's number stays /dev/null in a later step, and display()
+    still reaches the result. A thread that displays across the steps' ends never breaks a report (the step's end
+    waits for its frame, and the thread's next frame follows the report, read with the next step), and no output
+    shows in two steps or cut short."""
     name = "display-later"
     try:
         first = pool.run(_SHOWER + "\ntime.sleep(0.05)", session=name, max_output=8 << 20)

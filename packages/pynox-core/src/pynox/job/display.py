@@ -25,6 +25,7 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..wire.descriptors import DISPLAY
@@ -49,8 +50,9 @@ _BINARY = frozenset({"image/png", "image/jpeg", "application/pdf"})
 limit = 1 << 20
 _sent = 0
 _formatter: Any = None
-# Where the frames go: the display channel (a job, a session's first step), or a later session step's report pipe,
-# which carries its frames and then its report (see :func:`begin`, :func:`seal`); None between two such steps (dropped).
+# Where the frames go: the display channel (a job, a session's first step), or the session's report pipe, which
+# carries each later step's frames and then its report (see :func:`begin`, :func:`after_frames`); None in a session
+# fork's copy until its first step.
 _channel: int | None = DISPLAY
 # One writer at a time, each frame written whole (a step's interrupt held meanwhile, see interrupts.hold): on a
 # report pipe what follows a frame is read at a frame's start, and the report only after the last whole frame.
@@ -63,7 +65,7 @@ def begin(bytes_limit: int, to: int | None = None) -> None:
     global limit, _sent, _channel
     limit, _sent = bytes_limit or (1 << 20), 0
     if to is not None and to != _channel:
-        if _channel is None:  # sealed: no thread is inside a frame (each saw None under the lock, or will see ``to``)
+        if _channel is None:  # a fork's copy: no thread is inside a frame (each saw None under the lock, or sees it)
             _channel = to
         else:  # a session's first step's display channel: a thread's frame on it is whole first
             with _lock:
@@ -96,7 +98,7 @@ def publish(data: dict[str, Any], metadata: dict[str, Any] | None = None, *,
 def _send(data: bytes) -> None:
     with _lock:
         if _channel is None:
-            return  # between two session steps: no step to show it in
+            return  # a fork's copy before its first step: no step to show it in
         interrupts.hold()
         try:
             rest = memoryview(data)
@@ -117,12 +119,16 @@ def forked() -> None:
     interrupts.release()
 
 
-def seal() -> None:
-    """A later session step's code is over: once the frame being written is whole, no frame goes on its pipe
-    from now on, and its report follows there (its mark first: see job/execute.py), alone on it."""
+def after_frames(to: int, write: Callable[..., None], *args: Any) -> None:
+    """A session step's code is over: ``write(to, *args)`` (its report, after its mark, on the session's report
+    pipe ``to``) runs once the frame being written is whole, and no frame comes between; from then on frames go
+    to ``to``, where the pool reads what a thread the step left running shows with the next step (job/execute.py)."""
     global _channel
     with _lock:
-        _channel = None
+        try:
+            write(to, *args)
+        finally:
+            _channel = to
 
 
 def display(*objs: Any, include: Any = None, exclude: Any = None, metadata: dict[str, Any] | None = None,

@@ -20,7 +20,18 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from ..wire.descriptors import CONTROL, FORK_CHANNEL, FORK_CONTROL, OUTPUTS, REPORT, STAGING, STEP
+from ..wire.descriptors import (
+    CONTROL,
+    DISPLAY,
+    FORK_CHANNEL,
+    FORK_CONTROL,
+    FORK_OUTPUTS,
+    REPORT,
+    STAGING,
+    STDERR,
+    STDOUT,
+    STEP,
+)
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.frames import HEADER, STEP_REPORT, recv_alone
 from ..wire.host_channel import PIP_FUNCTION
@@ -49,9 +60,6 @@ _step_decoder = msgspec.json.Decoder(StepSpec)
 globals()["__builtins__"] = dict(vars(builtins))
 # What a session's loop hands its steps over with, bound before any step's code could replace them (see report.py).
 _dup2, _close, _exit, _fcntl, _fstat = os.dup2, os.close, os._exit, fcntl.fcntl, os.fstat
-# Where a later step's descriptors go, a fork step's included: one received at any of them needs _place's care.
-_STEP_TARGETS = frozenset((*STEP, FORK_CONTROL, FORK_CHANNEL))
-_STEP_COUNT = len(STEP)
 
 
 def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
@@ -85,10 +93,13 @@ def prepare_jobs() -> None:
 
 def execute(main: types.ModuleType, code: str | None, script: str | None, name: str, args: list[str],
             confinement: Confinement, *, shutdown: bool = True, return_value: bool = False,
-            images: int = 0, interruptible: bool = False, stream: bool = False, frames_to: int | None = None) -> Report:
+            images: int = 0, interruptible: bool = False, stream: bool = False, frames_to: int | None = None,
+            keep_report: bool = True) -> Report:
     """``interruptible``: a session's step, which the pool's interrupt signal interrupts while its code runs.
-    ``frames_to``: where its display frames go, if not where they went (a later session step's report pipe)."""
-    keep_channel()
+    ``frames_to``: where its display frames go, if not where they went (a later session step's report pipe).
+    ``keep_report``: copy the report's descriptor for this job (a session keeps its own copy for its life)."""
+    if keep_report:
+        keep_channel()
     sys.argv = [name, *args]
     main.__file__ = name
     display.begin(images, frames_to)
@@ -133,17 +144,25 @@ serving: tuple[Confinement, types.ModuleType] | None = None
 
 def serve_session(confinement: Confinement, main: types.ModuleType, first: StepSpec | None) -> NoReturn:
     """Run steps until the pool closes the control channel. An exception keeps the session; an exit ends it.
-    ``first``: the step that came as the job (None: a fork's copy, which waits for its first step)."""
+    ``first``: the step that came as the job (None: a fork's copy, which waits for its first step).
+
+    The session keeps its first step's stdout, stderr and report pipes for its life (a fork's copy, the three its
+    fork step brought): each step's report, after its mark and head (wire.frames.STEP_REPORT), tells the pool the
+    step is over, and what a thread a step left running writes later stays on those pipes, read with the step that
+    runs then. After each step, descriptors 1, 2 and 3 are put back from copies above the fixed numbers: a step
+    that closed or replaced one leaves the next its outputs."""
     global serving
     serving = (confinement, main)
     control = socket.socket(fileno=CONTROL)
     channel = _identity(CONTROL)
     _keep_control()
-    devnull = os.open("/dev/null", os.O_WRONLY)
+    kept = _keep_outputs()
+    report_to = kept[2] if kept is not None else REPORT  # the report (and later steps' frames) on the kept copy
+    fork_targets = (FORK_CONTROL, *((FORK_CHANNEL,) if confinement.host_channel else ()), *FORK_OUTPUTS)
     step: StepSpec | None = first
     mark = HEADER.pack(STEP_REPORT)
     while True:
-        later = step is None  # a step the control channel brought: its display frames go on its report pipe
+        later = step is None  # a step the control channel brought: its display frames go on the report pipe
         if step is None:
             try:
                 payload, fds = recv_alone(control)  # the pool sends the next step only once this one is over
@@ -157,42 +176,128 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                 step = _step_decoder.decode(payload)
             except msgspec.DecodeError:
                 _exit(SETUP_FAILED_EXIT)  # the pool broke its own protocol: end the session rather than guess
-            count = len(fds)
-            if count != _STEP_COUNT + step.fork * (1 + confinement.host_channel):
-                _exit(SETUP_FAILED_EXIT)
-            if count == _STEP_COUNT and _STEP_TARGETS.isdisjoint(fds):  # a step's common case: nothing in the way
-                for target, fd in zip(STEP, fds, strict=True):
-                    _dup2(fd, target)
-                    _close(fd)
-            else:
-                _place(list(zip((*STEP, FORK_CONTROL, FORK_CHANNEL), fds, strict=False)))
+            if fds or step.fork or step.outputs:  # new outputs for the session; a fork step's: the copy's own
+                targets = (*(STEP if step.outputs else ()), *(fork_targets if step.fork else ()))
+                if len(fds) != len(targets):
+                    _exit(SETUP_FAILED_EXIT)
+                _place(list(zip(targets, fds, strict=True)))
+                if step.outputs:  # an earlier step's code closed every copy of one of the session's pipes
+                    kept = _keep_outputs()
+                    report_to = kept[2] if kept is not None else REPORT
+        prefix = mark + HEADER.pack(step.serial & 0xFFFFFFFF)  # the report's length follows (report.write_report)
         try:
             report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
                              return_value=step.return_value, images=step.images, interruptible=True,
-                             stream=step.stream, frames_to=REPORT if later else None)
+                             stream=step.stream, frames_to=report_to if later else None, keep_report=False)
         except KeyboardInterrupt as exc:  # the interrupt landed after the code, as execute handled its end
             # (the interrupt's handler forbade the next one as it raised this: see interrupts._interrupt)
             report = Report(exit=1, error=described(exc, step.name, confinement))
         except BaseException as failure:  # the code broke what execute's end uses: the session cannot go on
             interrupts.forbid()
-            finish(REPORT, Report(exit=1, exited=True, error=unreported(failure)), prefix=mark if later else b"")
+            finish(report_to, Report(exit=1, exited=True, error=unreported(failure)), prefix=prefix)
         if not report.exited and _identity(CONTROL) != channel and not _restore_control(channel):
             # The code closed the control channel and its copy, or put other files at their numbers: no step can
             # come, and the session ends here, saying why (its loop would have ended it at the next step, silently).
             report = Report(exit=1, exited=True, error=control_lost(report.error), images=report.images)
-            finish(REPORT, report, prefix=mark if later else b"")
-        if later:
-            display.seal()  # after its last whole frame: what a thread of its shows from now on is dropped
-        prefix = mark if later else b""  # the report follows the frames, after its mark
+            finish(report_to, report, prefix=prefix)
         if report.exited:  # sys.exit() or exit(): the session ends with this step
-            finish(REPORT, report, prefix=prefix)
+            finish(report_to, report, prefix=prefix)
         flush_streams()
-        write_report(REPORT, report, prefix)
-        # Hand the step's pipes back (EOF tells the pool the step is over); keep 1-3 valid for the next (and, after
-        # the first step, the display channel's number, which the later steps leave at /dev/null).
-        for fd in (STEP if later else OUTPUTS):
-            _dup2(devnull, fd)
+        if kept is not None and not _restore_outputs(kept):
+            # The code closed a copy too (os.closerange): each is made again from 1, 2 or 3 where that is still the
+            # session's pipe. One closed everywhere ended its pipe: the pool saw it, and sends new ones with the next
+            # step; if it was the report's, the step has no report, and the pool ends the session, saying why.
+            kept = _repair_outputs(kept)
+            report_to = kept[2] if kept is not None else REPORT
+        # The step's report, after its last whole frame; a frame a thread of it shows from now on follows it on the
+        # same pipe, and the pool reads it with the next step. The pool takes the step as over once it has read
+        # the report, whatever still holds a copy of the pipes (os.dup(1) in the code).
+        display.after_frames(report_to, write_report, report, prefix)
+        if not later:
+            _quiet_display()  # the first step's display channel: its later steps' frames go on the report pipe
         step = None
+
+
+# Copies of the session's stdout, stderr and report, above the fixed numbers, for the session's life: 1, 2 and 3
+# are put back from them after each step, and the report is written on the third (see serve_session).
+outputs_copy: tuple[int, int, int] | None = None
+
+
+# Which pipe each copy is (device, inode): a copy the code closed is found again at 1, 2 or 3 by it.
+_outputs_identity: list[tuple[int, int] | None] = []
+
+
+def _keep_outputs() -> tuple[int, int, int] | None:
+    """Copies of 1, 2 and 3 (the session's pipes), in place of any made before."""
+    global outputs_copy, _outputs_identity
+    for fd in outputs_copy or ():
+        if fd >= 0:
+            try:
+                _close(fd)
+            except OSError:
+                pass
+    outputs_copy = None
+    made: list[int] = []
+    try:
+        for fd in STEP:
+            made.append(_fcntl(fd, fcntl.F_DUPFD_CLOEXEC, STAGING))
+    except OSError:  # no room above the fixed numbers: the session writes on 1, 2 and 3 themselves
+        for fd in made:
+            _close(fd)
+        return None
+    outputs_copy = (made[0], made[1], made[2])
+    _outputs_identity = [_identity(fd) for fd in made]
+    return outputs_copy
+
+
+def _repair_outputs(kept: tuple[int, int, int]) -> tuple[int, int, int]:
+    """After a step whose code closed or replaced a copy: each copy that is not its pipe any more is made again
+    from its number (1, 2, 3) if that still is the pipe (else -1: that pipe is gone for this process), and the
+    numbers put back from the copies left. Never on a step's common path."""
+    global outputs_copy
+    repaired = list(kept)
+    for index, (target, fd) in enumerate(zip(STEP, kept, strict=True)):
+        pipe = _outputs_identity[index] if index < len(_outputs_identity) else None
+        if pipe is not None and _identity(fd) == pipe:
+            continue
+        repaired[index] = -1  # the number is the code's now (closed, or another file): left to it
+        if pipe is not None and _identity(target) == pipe:
+            try:
+                repaired[index] = _fcntl(target, fcntl.F_DUPFD_CLOEXEC, STAGING)
+            except OSError:
+                pass
+    for target, fd in zip(STEP, repaired, strict=True):
+        if fd >= 0:
+            try:
+                _dup2(fd, target)
+            except OSError:
+                pass
+    outputs_copy = (repaired[0], repaired[1], repaired[2])
+    return outputs_copy
+
+
+def _restore_outputs(kept: tuple[int, int, int]) -> bool:
+    """Put the session's outputs back at 1, 2 and 3 (three ``dup2``: the code may have closed or replaced any of
+    them, its own business); False if a copy is gone."""
+    try:
+        _dup2(kept[0], STDOUT)
+        _dup2(kept[1], STDERR)
+        _dup2(kept[2], REPORT)
+    except OSError:
+        return False
+    return True
+
+
+def _quiet_display() -> None:
+    try:
+        devnull = os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _dup2(devnull, DISPLAY)
+    except OSError:
+        pass
+    _close(devnull)
 
 
 # A copy of the session's control channel, above the fixed numbers: code that closes descriptor 5 or puts another

@@ -23,13 +23,14 @@ import msgspec
 from .. import hints
 from ..policy import MAX_FD
 from ..wire.descriptors import CONTROL, DISPLAY, REPORT, STAGING, STDERR, STDOUT
+from ..wire.frames import HEADER
 from ..wire.report_bounds import MAX_ERROR_TYPE, MAX_PATH, MAX_SOURCE, within
 from ..wire.spec import Confinement, ErrorInfo, Frame, Report
 from . import pynox_host
 from .setup import close_quietly
 
 __all__ = ["control_lost", "described", "drop_channel", "finish", "flush_streams", "keep_channel", "print_traceback",
-           "unreported", "write_report"]
+            "unreported", "write_report"]
 
 # What the report is made and sent with, bound here once, in the template, before any job: the job's code may
 # replace anything in the modules it shares with this one (os.write, msgspec.json.encode, signal.SIGSTOP, builtins
@@ -41,6 +42,7 @@ _encode = msgspec.json.Encoder().encode
 _to_builtins = msgspec.to_builtins
 _write, _close, _closerange, _kill, _getpid, _exit = os.write, os.close, os.closerange, os.kill, os.getpid, os._exit
 _fcntl, _DUPFD = fcntl.fcntl, fcntl.F_DUPFD_CLOEXEC
+_length = HEADER.pack
 _STOP = int(signal.SIGSTOP)
 # The report's own descriptor, copied above the fixed numbers before the code runs (keep_channel): code that closes
 # descriptor 3 or puts another file there (its own business, as any descriptor is) does not lose the report with it.
@@ -91,7 +93,9 @@ def drop_channel() -> None:
 
 
 def write_report(report_fd: int, report: Report, prefix: bytes = b"") -> None:
-    """``prefix``: a later session step's mark (wire.frames.STEP_REPORT), in the same write as its report.
+    """``prefix``: a session step's mark (wire.frames.STEP_REPORT), in the same write as its report, which then
+    goes with its length (a HEADER) between the two: the pool takes the step as over once it has read that many
+    bytes of report, whoever still holds a copy of the step's pipes.
 
     Never raises: a report that cannot be encoded is replaced by one that says so (:func:`unreported`)."""
     global _channel
@@ -100,11 +104,13 @@ def write_report(report_fd: int, report: Report, prefix: bytes = b"") -> None:
         fd, _channel = _channel, None
     try:
         try:
-            data = prefix + _encode(report)
+            data = _encode(report)
         except UnicodeEncodeError:  # a lone surrogate in a message or value: JSON's UTF-8 cannot carry it
-            data = prefix + _encode(_utf8_safe(_to_builtins(report)))
+            data = _encode(_utf8_safe(_to_builtins(report)))
     except BaseException as failure:  # something of the code's in the report (a str subclass...) broke it
-        data = prefix + _encode(Report(exit=1, error=unreported(failure)))
+        data = _encode(Report(exit=1, error=unreported(failure)))
+    if prefix:
+        data = prefix + _length(len(data)) + data
     if fd != report_fd:
         sent = _send(fd, data)
         try:

@@ -6,12 +6,12 @@ page tables are copied once (the double fork first designed copied them twice an
 path). It goes through only because the pool armed the steward's gate for this one call (server/fork_gate.py);
 the job's own code, before or after, is refused as always. A raw clone skips glibc's fork bookkeeping, so the
 copy's thread control block keeps the original's tid: ``raise()`` and ``pthread_kill()`` would name the original,
-and the own-process filter the copy stacks refuses them (it may name only ``0``). The copy leaves the step's
-pipes to the original, takes the control channel the step brought (at FORK_CONTROL) for its own (and the host
-channel, with ``pynox_host`` renewed on it: the original's calls in flight are not the copy's), arms its
-parent-death signal, stacks its own-process filter, leads a session of its own, says its pid on that channel
-and stops itself: the pool checks all of it from ``/proc`` (it trusts none of what runs here), has the template
-adopt it, and continues it with its first step, which it serves as the original serves its own.
+and the own-process filter the copy stacks refuses them (it may name only ``0``). The copy leaves the session's
+pipes to the original and takes the three the step brought (at FORK_OUTPUTS) for its own, the control channel (at
+FORK_CONTROL) and the host channel, with ``pynox_host`` renewed on it (the original's calls in flight are not the
+copy's), arms its parent-death signal, stacks its own-process filter, leads a session of its own, says its pid on
+that channel and stops itself: the pool checks all of it from ``/proc`` (it trusts none of what runs here), has the
+template adopt it, and continues it with its first step, which it serves as the original serves its own.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..policy import landlock
 from ..policy.own_process import OwnProcessFilter
 from ..policy.privileges import set_parent_death_signal
 from ..policy.seccomp import syscall_number
-from ..wire.descriptors import CHANNEL, CONTROL, FORK_CHANNEL, FORK_CONTROL, OUTPUTS
+from ..wire.descriptors import CHANNEL, CONTROL, DISPLAY, FORK_CHANNEL, FORK_CONTROL, FORK_OUTPUTS, STEP
 from ..wire.exits import SETUP_FAILED_EXIT
 from ..wire.state import FORK_PID
 from . import display, execute, interrupts, pynox_host
@@ -66,17 +66,27 @@ def fork() -> None:
     os.close(FORK_CONTROL)
     if channel:
         os.close(FORK_CHANNEL)
+    for fd in FORK_OUTPUTS:  # the copy's pipes
+        os.close(fd)
     if pid < 0:
         raise OSError(error, f"the session fork's clone failed: {os.strerror(error)}")
 
 
 def _become_copy(template: int, channel: bool) -> NoReturn:
     try:
+        # The session's pipes are the original's (its results must be the original's alone): the copy's own, which
+        # the fork step brought, take their numbers, and the original's copies of them (execute.py) are closed.
+        for target, fd in zip(STEP, FORK_OUTPUTS, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
         devnull = os.open("/dev/null", os.O_WRONLY)
-        for fd in OUTPUTS:  # the step's pipes are the original's: its result must be the original's alone
-            os.dup2(devnull, fd)
+        os.dup2(devnull, DISPLAY)
         os.close(devnull)
-        drop_channel()  # the copy of the step's report descriptor (report.py): the original's
+        drop_channel()  # a copy of a report descriptor (report.py), if one was made: the original's
+        for fd in execute.outputs_copy or ():
+            if fd >= 0:
+                os.close(fd)
+        execute.outputs_copy = None
         if execute.control_copy is not None:  # the original's control channel's copy (execute.py): not the copy's
             os.close(execute.control_copy)
             execute.control_copy = None

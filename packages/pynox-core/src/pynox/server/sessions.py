@@ -39,7 +39,6 @@ from ..grants import bounded, parse_request_duration, parse_request_size
 from ..policy.cgroups import TenantGroup
 from ..protocol import Closed, Request, RequestId, SessionResult, encode, session_refusal
 from ..units import format_duration
-from ..wire.descriptors import STEP
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ended, pack
 from ..wire.spec import ErrorInfo, JobSpec, StepSpec
@@ -123,7 +122,7 @@ def _send_step(control: socket.socket, step: StepSpec, fds: list[int], deadline_
     where a socket with a timeout asks ``poll`` first on each send. Only if its buffer is full (a child that
     stopped reading) does it wait, until the step's deadline (TimeoutError), never longer."""
     data = pack(msgspec.json.encode(step))
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     try:
         sent = control.sendmsg([data], ancillary)
     except BlockingIOError:
@@ -581,10 +580,13 @@ class Session(threading.Thread):
             raise _EndedWhileIdle(_how(ended))
         if not step.interrupt.sent(template.child):
             raise _NotRun
-        # stdout, stderr, report, in that order: its display frames come on its report pipe, before its report.
-        pipes = [os.pipe2(os.O_CLOEXEC) for _ in STEP]
-        for r, _ in pipes:  # the pool's ends never block, as a job's (templates._job_descriptors, Capture.read)
-            os.set_blocking(r, False)
+        # A step brings no descriptors (its outputs are the session's), unless an earlier step's code closed every
+        # copy of one of them: then three new ones. A fork step brings the copy's channels and pipes too.
+        renewed = channels.make_outputs() if channels.stream.broken or channels.outputs is None else []
+        outputs = channels.outputs
+        assert outputs is not None
+        # The step's report must bear its number (see capture.py): one the code wrote itself is not taken.
+        channels.stream.serial = self.steps
         # The step's time starts before it is sent: a child that stops reading its control channel (a
         # full socket buffer) costs the step its deadline, never the pool a thread.
         start = time.monotonic_ns()
@@ -597,26 +599,30 @@ class Session(threading.Thread):
         template.continue_child()
         if channels.control.gettimeout() != 0.0:  # once for the session (see _send_step)
             channels.control.setblocking(False)
+        copy_outputs = forking.channels.make_outputs() if forking is not None else []
         try:
             _send_step(channels.control, StepSpec(code=step.code, name=step.name, args=step.args,
                                                   return_value=step.return_value, images=step.max_output,
-                                                  stream=step.stream, fork=forking is not None),
-                       [w for _, w in pipes] + (self._fork_ends(forking) if forking else []),
+                                                  stream=step.stream, fork=forking is not None, serial=self.steps,
+                                                  outputs=bool(renewed)),
+                       renewed + (self._fork_ends(forking) + copy_outputs if forking is not None else []),
                        start + int(step.timeout * 1e9))
         except TimeoutError:
             template.kill_child()  # collect() then finds the deadline passed and reports the timeout
         except OSError:
-            pass  # the child is gone; the template's Ended frame says how, the empty pipes end the step
+            pass  # the child is gone; the template's Ended frame says how, the pipes' ends end the step
         finally:
-            for _, w in pipes:
-                os.close(w)
+            for fd in renewed:
+                os.close(fd)
             if forking is not None:  # the copy has them, or no copy will be made
+                for fd in copy_outputs:
+                    os.close(fd)
                 forking.channels.job_control.close()
                 if forking.channels.job_channel is not None:
                     forking.channels.job_channel.close()
-        return template.collect([r for r, _ in pipes], self.spec, step.timeout, step.max_output, start,
+        return template.collect(outputs, self.spec, step.timeout, step.max_output, start,
                                 calls=calls, outbox=channels.outbox, session=True, return_value=step.return_value,
-                                streamer=self._streamer(step))
+                                streamer=self._streamer(step), stream=channels.stream)
 
     @staticmethod
     def _fork_ends(forking: _Forking) -> list[int]:

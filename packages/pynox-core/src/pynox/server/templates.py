@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -67,7 +67,7 @@ from ..wire.frames import (
 )
 from ..wire.payload import new_claim, new_payload, take_back, write_payload
 from ..wire.spec import Confinement, JobSpec
-from .capture import Capture
+from .capture import Capture, SessionStream
 from .figures import matplotlib_setup
 from .fork_gate import ForkWindow
 from .hostcalls import JobCalls, Outbox, ProtocolViolation
@@ -274,13 +274,17 @@ def template_environment() -> dict[str, str]:
 
 @dataclass
 class SessionChannels:
-    """The pool's and the child's ends of a session's control and host-call channels, and the outbox of
-    the host-call channel, which its steps share."""
+    """The pool's and the child's ends of a session's control and host-call channels, the outbox of the
+    host-call channel, and the pool's ends of its stdout, stderr and report pipes, which its steps share."""
 
     control: socket.socket
     job_control: socket.socket
     job_channel: socket.socket | None
     outbox: Outbox | None  # the pool's end of the host-call channel, in the outbox that owns it
+    # The read ends of the session's stdout, stderr and report pipes, kept for its life (non-blocking): its first
+    # step's (Template.run), or, for a fork's copy, those its fork step made (make_outputs). None until then.
+    outputs: list[int] | None = None
+    stream: SessionStream = field(default_factory=SessionStream)
 
     @classmethod
     def create(cls, with_functions: bool) -> SessionChannels:
@@ -288,12 +292,34 @@ class SessionChannels:
         channel, job_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if with_functions else (None, None)
         return cls(control, job_control, job_channel, Outbox(channel) if channel is not None else None)
 
+    def make_outputs(self) -> list[int]:
+        """New stdout, stderr and report pipes (a fork's copy's own; a session's whose step closed every copy of
+        one): the read ends kept here, in place of any before, the write ends returned (for the step's frame; the
+        caller closes them once sent)."""
+        if self.outputs is not None:
+            close_all(self.outputs)
+            self.outputs = None
+        self.stream = SessionStream()
+        made: list[int] = []
+        try:
+            for _ in range(3):
+                made += os.pipe2(os.O_CLOEXEC)
+                os.set_blocking(made[-2], False)  # the pool's end never blocks (see _job_descriptors)
+        except BaseException:
+            close_all(made)
+            raise
+        self.outputs = made[0::2]
+        return made[1::2]
+
     def close(self) -> None:
         if self.outbox is not None:
             self.outbox.close()  # never waits: a frozen child reads nothing
         for sock in (self.control, self.job_control, self.job_channel):
             if sock is not None:
                 sock.close()
+        outputs, self.outputs = self.outputs, None
+        if outputs is not None:  # what a thread of the session wrote after its last step is dropped with it
+            close_all(outputs)
 
 
 class _Watched:
@@ -724,11 +750,13 @@ class Template:
             for sock in extra:  # the child has its own copies now
                 sock.close()
             close_all([payload, *reads])
+        if session is not None:  # its stdout, stderr and report are the session's, for its life
+            session.outputs = [pipes[0][0], pipes[1][0], pipes[2][0]]
         try:
             try:
                 outcome = self.collect([r for r, _ in pipes], spec, spec.confinement.timeout, max_output, start,
                                        calls=calls, outbox=outbox, session=session is not None, claim=claim,
-                                       streamer=streamer)
+                                       streamer=streamer, stream=session.stream if session is not None else None)
             except PoolWorkerError as exc:
                 if exc.started and take_back(claim):  # no child claimed the job: it never began
                     raise PoolWorkerError(str(exc), started=False) from None
@@ -913,9 +941,9 @@ class Template:
     def collect(self, reads: list[int], spec: JobSpec, timeout: float, max_output: int, start: int, *,
                 calls: CallSink | None, outbox: Outbox | None, session: bool,
                 claim: int | None = None, return_value: bool | None = None,
-                streamer: Streamer | None = None) -> Gathering:
-        """Read a job's (or a step's) pipes to EOF, relay host calls, enforce the deadline: what the pool
-        gathered of it, which its caller freezes into its outcome once it knows whether a cancel killed it.
+                streamer: Streamer | None = None, stream: SessionStream | None = None) -> Gathering:
+        """Read a job's pipes to EOF (a session step's to its report), relay host calls, enforce the deadline: what
+        the pool gathered of it, which its caller freezes into its outcome once it knows whether a cancel killed it.
 
         ``claim``: the job's claim (see payload.py), for a job or a session's first step; the pool takes the
         job's word on a setup failure only if no child claimed it, since the code runs only after the claim.
@@ -923,14 +951,16 @@ class Template:
         session's child is frozen at once, and the teardown of its pipes and host channel only closes
         and drops, whatever the job still reads or writes; a job's child is then killed (_finish)
         unless it has ended. ``return_value``: the step asked for its trailing value (default: the spec's);
-        ``streamer``: the request streams, and its events are sent before this returns."""
+        ``streamer``: the request streams, and its events are sent before this returns. ``stream``: a session
+        step's, whose stdout, stderr and report pipes are the session's, kept open: the step is over at its
+        report (see capture.py)."""
         outcome = Gathering()
         hosts = self._steward.hosts if self._steward is not None else None  # the steward is closed by _finish
         if hosts is not None:
             hosts.refused.clear()  # a session's earlier steps' refusals explain nothing of this one
         capture = Capture(reads, outcome, max_output,
                           return_value=spec.payload.return_value if return_value is None else return_value,
-                          streamer=streamer)
+                          streamer=streamer, session=stream)
         job_calls = calls(outbox) if calls is not None and outbox is not None else None
         if session and outbox is not None:
             outbox.resume()  # it was frozen since its last step: its time to read its answers starts now
@@ -1060,9 +1090,9 @@ class Template:
     # -- the loop ------------------------------------------------------------------------------------------
     def _loop(self, serving: _Serving) -> None:
         """Until the job is over: its process ended (or was answered) and its pipes closed; for a session
-        step, its pipes closed (the child hands them back), unless the child died or exited meanwhile."""
+        step, its report read (the session's pipes stay open), unless the child died or exited meanwhile."""
         sel, capture = serving.sel, serving.capture
-        for fd in capture.pipes:
+        for fd in capture.reads:
             sel.register(fd, select.POLLIN, functools.partial(self._on_pipe, fd))
         if self.child.state is not ChildState.ENDED:
             sel.register(self.sock, select.POLLIN, self._on_template)
@@ -1155,8 +1185,9 @@ class Template:
         return word.shape == "setup" or (serving.session and word.ends)
 
     def _broken_step_report(self, serving: _Serving) -> bool:
-        """A step's pipes closed, its process still runs, and its report is none the pool can take: missing
-        or not of a step's shapes (a setup failure only on a first step, whose claim the pool holds)."""
+        """A step is over (its report read, or its pipes closed), its process still runs, and its report is none the
+        pool can take: missing, not the step's, or not of a step's shapes (a setup failure only on a first step,
+        whose claim the pool holds)."""
         if self.child.state is ChildState.ENDED or serving.life.dead:
             return False
         word = serving.read_word()

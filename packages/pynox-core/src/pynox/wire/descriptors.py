@@ -9,8 +9,8 @@ here once, for all three and for the session's steps.
 from __future__ import annotations
 
 __all__ = [
-    "CHANNEL", "CLAIM", "CONTROL", "DISPLAY", "FORK_CHANNEL", "FORK_CONTROL", "METADATA", "OUTPUTS", "PAYLOAD",
-    "REPORT", "RULESET", "STAGING", "STDERR", "STDOUT", "STEP", "handed_to_prepared", "sent_with_job",
+    "CHANNEL", "CLAIM", "CONTROL", "DISPLAY", "FORK_CHANNEL", "FORK_CONTROL", "FORK_OUTPUTS", "METADATA", "OUTPUTS",
+    "PAYLOAD", "REPORT", "RULESET", "STAGING", "STDERR", "STDOUT", "STEP", "handed_to_prepared", "sent_with_job",
 ]
 
 STDOUT, STDERR, REPORT = 1, 2, 3
@@ -31,9 +31,11 @@ STAGING = 16  # above every fixed number
 # A job's outputs, report and display channel: what a prepared child holds as /dev/null until its job's arrive
 # (job/setup.py, and the native call's layout in policy/), and what a session's first step has.
 OUTPUTS = (STDOUT, STDERR, REPORT, DISPLAY)
-# What each later step of a session brings: its display frames come on its report pipe, before its report
-# (wire.frames.STEP_REPORT marks where the report starts), so a step costs three pipes, not four.
+# A session's outputs: its first step's stdout, stderr and report pipes, which it keeps for its life (a later step
+# brings none; its display frames come on the report pipe, before its report: wire.frames.STEP_REPORT).
 STEP = (STDOUT, STDERR, REPORT)
+# A session fork's step: the copy's own stdout, stderr and report pipes, until the copy puts them at STEP.
+FORK_OUTPUTS = (13, 14, 15)
 
 
 def sent_with_job(host_channel: bool, session: bool) -> tuple[int, ...]:

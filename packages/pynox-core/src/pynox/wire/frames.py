@@ -29,15 +29,19 @@ import msgspec
 from .spec import MAX_GRANTS, Confinement
 
 __all__ = [
-    "HEADER", "STEP_REPORT", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge", "HandOver", "Init",
-    "NotForked", "Prepare", "Prepared", "Ready", "Reaped", "Spawn", "Spawned", "Started", "TemplateFailed",
-    "init_decoder", "pack", "recv_alone", "recv_exact", "recv_frame", "recv_raw", "send_frame", "template_decoder",
+    "HEADER", "REPORT_HEAD", "STEP_REPORT", "Adopt", "Discard", "Ended", "Fork", "FrameBuffer", "FrameTooLarge",
+    "HandOver", "Init", "NotForked", "Prepare", "Prepared", "Ready", "Reaped", "Spawn", "Spawned", "Started",
+    "TemplateFailed", "init_decoder", "pack", "recv_alone", "recv_exact", "recv_frame", "recv_raw", "send_frame",
+    "template_decoder",
 ]
 
 HEADER = struct.Struct("!I")
-# On a later session step's report pipe (wire.descriptors.STEP): display frames (a HEADER, then the frame), then this
-# in a HEADER's place, then the step's report, to the pipe's end. No display frame is that long.
+# On a session's report pipe (wire.descriptors.STEP), kept for its life: display frames (a HEADER, then the frame),
+# then this in a HEADER's place, then REPORT_HEAD (the step's serial, the report's length) and the report; then the
+# next step's. No display frame is that long. A session's first step writes its report the same way on the same
+# pipe (its frames have their own channel, that step only).
 STEP_REPORT = 0xFFFFFFFF
+REPORT_HEAD = struct.Struct("!II")
 MAX_FRAME = 64 << 20  # code and script are bounded by the 1 MiB request line far below this
 _MAX_FDS = MAX_GRANTS + 10  # a job's own descriptors (at most nine), then one per grant
 _ANCILLARY = socket.CMSG_SPACE(_MAX_FDS * 4)  # room for as many descriptors (C ints), asked once

@@ -117,10 +117,16 @@ class StepSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     return_value: bool = False
     images: int = 0
     stream: bool = False
-    # A session fork's step (see job/session_fork.py): its frame brings one more descriptor, the copy's end
-    # of its own control channel, put at FORK_CONTROL, and with host functions another, the copy's end of its
-    # own host-call channel, put at FORK_CHANNEL.
+    # A session fork's step (see job/session_fork.py): its frame brings the copy's end of its own control channel,
+    # put at FORK_CONTROL, with host functions the copy's end of its own host-call channel, put at FORK_CHANNEL,
+    # and the write ends of the copy's own stdout, stderr and report pipes, put at FORK_OUTPUTS.
     fork: bool = False
+    # The step's number in its session, which its report's head repeats (wire.frames.STEP_REPORT): a report
+    # that is not this step's (one the code wrote itself, then the step's own after it) is none the pool takes.
+    serial: int = 0
+    # The frame brings new stdout, stderr and report pipes for the session (first, before a fork's): an earlier
+    # step's code closed every copy of one of them.
+    outputs: bool = False
 
 
 class Frame(msgspec.Struct, omit_defaults=False):

@@ -118,8 +118,9 @@ def forked() -> None:
 
 
 def seal() -> None:
-    """A later session step's code is over: once the frame being written is whole, no frame goes on its pipe
-    from now on, and its report follows there (its mark first: see job/execute.py), alone on it."""
+    """A session step's code is over: once the frame being written is whole, no frame goes on its pipe from now on.
+    A later step's report follows there (its mark first: see job/execute.py), alone on it; the first step's display
+    channel gets /dev/null at its number, which a frame half written would have been cut short by."""
     global _channel
     with _lock:
         _channel = None

@@ -181,8 +181,9 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
             # come, and the session ends here, saying why (its loop would have ended it at the next step, silently).
             report = Report(exit=1, exited=True, error=control_lost(report.error), images=report.images)
             finish(REPORT, report, prefix=mark if later else b"")
-        if later:
-            display.seal()  # after its last whole frame: what a thread of its shows from now on is dropped
+        # After its last whole frame, on its report pipe or (the first step) the display channel its outputs' end
+        # puts /dev/null at: what a thread of its shows from now on is dropped, never cut short there.
+        display.seal()
         prefix = mark if later else b""  # the report follows the frames, after its mark
         if report.exited:  # sys.exit() or exit(): the session ends with this step
             finish(REPORT, report, prefix=prefix)

@@ -140,7 +140,12 @@ def test_a_cancelled_slow_reader_ends_at_the_cancel(tmp_path: Path) -> None:
     assert code != _SLOW_READER
     with pool_process("--workers=1", cwd=tmp_path) as pool:
         job = pool.submit(code=code, functions=["search"], allow_write=["grant"], timeout="60s")
-        time.sleep(1.0)
+        # Cancelled once it reads its answers slowly (its trace has a line of that loop). A second's sleep instead
+        # came before it had sent its calls under load, its trace not yet written (2 of 7 loops of this file).
+        end = time.monotonic() + 30
+        while not (trace.exists() and len(trace.read_text().splitlines()) >= 2):
+            assert time.monotonic() < end and not pool.responses(job), pool.responses(job)
+            time.sleep(0.02)
         asked = time.monotonic()
         assert pool.result(pool.submit(cancel=job))["cancelled"] == job
         result = pool.result(job, timeout=30)

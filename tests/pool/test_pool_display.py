@@ -184,6 +184,42 @@ def test_a_later_steps_display_comes_on_its_report_pipe_and_belongs_to_it_alone(
         pool.run(session=name, close=True)
 
 
+# A session's first step starts a thread that shows one output, and ends once the thread has written half of its
+# frame: the thread's writes go through a stand-in for the display module's ``os`` that stops it there for 0.5 s.
+_HALF_A_FRAME_AT_THE_END = """
+import os as real_os, sys, threading, time
+halfway = threading.Event()
+class _Halts:
+    def __getattr__(self, name):
+        return getattr(real_os, name)
+    def write(self, fd, data):
+        if halfway.is_set():
+            return real_os.write(fd, data)
+        written = real_os.write(fd, bytes(data[:len(data) // 2]))
+        halfway.set()
+        time.sleep(0.5)
+        return written
+sys.modules['pynox.job.display'].os = _Halts()
+threading.Thread(target=lambda: display({'text/plain': 'y' * 1000}, raw=True), daemon=True).start()
+halfway.wait(10)
+"""
+
+
+def test_a_first_steps_end_waits_for_the_frame_a_thread_is_writing(pool: PoolProcess) -> None:
+    """As a later step's (above): the end of a session's first step waits until the frame a thread of its is
+    writing is whole, and the thread's frames after it are dropped. The first step's display channel was put back
+    to /dev/null under the writing thread, its frame cut short (1 in a loaded run of the suite, by the test above;
+    every time here, where the thread is held halfway through its frame as the step ends)."""
+    name = "display-first-end"
+    try:
+        first = pool.run(_HALF_A_FRAME_AT_THE_END, session=name)
+        assert first["exit"] == 0 and first["session_ended"] is False, first
+        assert [output["data"] for output in first["outputs"]] == [{"text/plain": "y" * 1000}], first["outputs"]
+        assert pool.run("print('next')", session=name)["stdout"] == "next\n"
+    finally:
+        pool.run(session=name, close=True)
+
+
 def test_a_later_step_that_forges_its_report_pipe_gets_no_verdict_from_it(pool: PoolProcess) -> None:
     """The report pipe of a later step carries frames, then a mark, then the report: code that writes a mark and
     a report of its own there before the step's leaves a report the pool cannot take, and the session ends at

@@ -132,3 +132,32 @@ def test_an_interrupt_while_a_later_step_displays_keeps_its_outputs_whole_and_it
         assert notes and not [note for note in notes if "left out" not in note or "cut short" in note], notes
         assert _ok(pool.run("print(x)", session=name))["stdout"] == "1\n"
         pool.run(session=name, close=True)
+
+
+# The session's child holds the next step between taking it and running its code: as it files the step's source
+# for tracebacks (job/execute.py, before the step's code may be interrupted), it says so on its stdout and sleeps.
+# (Only the step's own source, named in its argv by then: not a file a traceback's formatting files.)
+_SLOW_START = ("import linecache, os, sys, time\nclass _Slow(dict):\n    def __setitem__(self, key, value):\n"
+               "        if key == sys.argv[0]:\n            os.write(1, b'taken\\n')\n            time.sleep(1.5)\n"
+               "        super().__setitem__(key, value)\nlinecache.cache = _Slow(linecache.cache)")
+
+
+def test_a_cancel_that_comes_before_the_steps_code_runs_interrupts_it_as_it_starts(tmp_path: Path) -> None:
+    """The pool has sent the step; its process has it and has not begun its code (under load, a step's start
+    takes that long): the interrupt came where the child drops it, and the step ran on to be killed past its
+    grace, its session ended, as though it had swallowed a KeyboardInterrupt it never saw. The interrupt is
+    sent again until the step takes it: the step's code is interrupted as it starts, its session lives on. The
+    window is held open from inside (the session's first step slows the next one's start); the control: the
+    same step, left alone, runs its code."""
+    with pool_process("--workers=1", "--interrupt-grace=5s", cwd=tmp_path, as_written=True) as pool:
+        name = new_id("nb")
+        _ok(pool.run("x = 1\n" + _SLOW_START, session=name))
+        control = _ok(pool.run("print('ran')", session=name))
+        assert control["stdout"] == "taken\nran\n", control
+        step = pool.submit(session=name, code="while True:\n    pass", stream=True)
+        pool.wait_for(lambda m: m.get("id") == step and m.get("event") == "stream")  # it has the step: "taken"
+        result = pool.result(pool.result(pool.submit(cancel=step))["cancelled"], timeout=30)
+        assert result["error"]["type"] == "KeyboardInterrupt" and result["interrupted"] is True, result
+        assert result["session_ended"] is False, result
+        assert _ok(pool.run("print(x)", session=name))["stdout"] == "taken\n1\n"
+        pool.run(session=name, close=True)

@@ -85,6 +85,25 @@ def test_an_interrupt_sends_its_signal_and_the_step_ending_within_its_grace_is_n
         _end(process, life)
 
 
+def test_an_interrupt_is_sent_again_until_the_step_is_over_and_never_after() -> None:
+    """A process drops an interrupt that comes before its step's code runs (job/interrupts.py): sent once, it was
+    lost, and the step ran on to its kill. It is sent again until the step is over; after, never."""
+    process, life = _child()
+    try:
+        interrupt = StepInterrupt(10.0)
+        assert interrupt.sent(life) and interrupt.interrupt() is True
+        assert process.stdout is not None
+        assert [process.stdout.readline() for _ in range(3)] == ["int\n"] * 3
+        interrupt.over()
+        time.sleep(0.5)  # room for any that would still come: at most the one sent as it ended
+        process.kill()
+        process.wait()
+        assert process.stdout.read().count("int\n") <= 1
+        assert not interrupt.killed
+    finally:
+        _end(process, life)
+
+
 def test_past_its_grace_the_process_is_killed_once() -> None:
     process, life = _child()
     try:

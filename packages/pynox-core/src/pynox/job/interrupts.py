@@ -6,7 +6,9 @@ child takes it as ``KeyboardInterrupt``
 only while the step's code runs (:func:`allow` to :func:`forbid`), at most once
 per step: arriving between steps, or while the child writes its report or waits
 for the next step, it would end the session's loop itself, so it is dropped
-there (the pool kills the process once its grace is over). Code that catches it
+there. The pool sends it again until the step is over (server/interrupts.py):
+one that came as the child took its step, before the code ran, is taken once
+the code runs; the pool kills the process once its grace is over. Code that catches it
 or installs its own handler keeps running, until the pool's kill.
 
 The template ignores the signal (and SIGINT, whose stop is the server's

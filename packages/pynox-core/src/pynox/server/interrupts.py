@@ -15,14 +15,18 @@ A cancel sends the interrupt signal (wire/signals.py: not SIGINT, which a
 supervisor sends the whole pool) through the child's pidfd (:meth:`ChildLife.signal`):
 the job raises ``KeyboardInterrupt`` in the step's code (job/interrupts.py),
 and the step ends as an exception ends it, its session alive. ``INTERRUPTED``:
-if the step is not over within the grace (its code caught the interrupt, or
-sits in native code), its process is killed, once, through the pidfd, and the
-session ends with the step (``KILLED``). ``OVER``: the session's thread has
-the step's outcome; nothing here signals the process any more, so an interrupt
-never reaches the next step.
+the signal is sent again every :data:`RESEND` seconds, for the process drops
+one that comes before the step's code runs (it has the step and is still
+placing its descriptors or filing its source: long, under load) and takes one
+per step. If the step is not over within the grace (its code caught the
+interrupt, or sits in native code), its process is killed, once, through the
+pidfd, and the session ends with the step (``KILLED``). ``OVER``: the
+session's thread has the step's outcome; nothing here signals the process any
+more. (One sent as the step ended waits in the stopped process and comes as it
+is continued for its next step, before that step's code runs: dropped.)
 
 The grace never extends a step's deadline: the deadline kill (templates.py)
-runs on its own clock. A timer thread per interrupt kills; the session's
+runs on its own clock. A thread per interrupt resends and kills; the session's
 thread ends its life (:meth:`StepInterrupt.over`), under one lock with the
 kill, so the session's thread knows for sure whether its process was killed.
 Any other move is a bug in the server, refused as a :class:`PoolError`.
@@ -32,12 +36,17 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 
 from ..errors import PoolError
 from ..wire.signals import INTERRUPT_SIGNAL
 from .lifecycle import ChildLife
 
-__all__ = ["InterruptState", "StepInterrupt"]
+__all__ = ["RESEND", "InterruptState", "StepInterrupt"]
+
+# Seconds between two interrupt signals to a step not over yet. Sent once, an interrupt that came as the process
+# took the step was lost (dropped before the code ran), and the step ran on to its kill, its session ended.
+RESEND = 0.05
 
 
 class InterruptState(enum.Enum):
@@ -70,7 +79,7 @@ class StepInterrupt:
         self._child: ChildLife | None = None
         self._lock = threading.Lock()
         self._state = InterruptState.WAITING
-        self._timer: threading.Timer | None = None
+        self._over = threading.Event()  # the step is over: the resending thread stops
         self.was_interrupted = False  # the interrupt signal was sent while the step ran
         self.killed = False  # its process was killed, the grace over
         self.before_its_process = False  # killed as its process arrived: a first step that had none yet
@@ -115,19 +124,24 @@ class StepInterrupt:
                 return True
             self.was_interrupted = True
             self._child.signal(INTERRUPT_SIGNAL)
-            self._timer = threading.Timer(self._grace, self._grace_over)
-            self._timer.daemon = True
-            self._timer.start()
+            threading.Thread(target=self._resend, args=(time.monotonic() + self._grace,), daemon=True,
+                             name="step-interrupt").start()
             return True
 
-    def _grace_over(self) -> None:
-        with self._lock:
-            if self._state is not InterruptState.INTERRUPTED:
-                return  # the step ended within its grace
-            self._move(InterruptState.KILLED)
-            self.killed = True
-            assert self._child is not None  # INTERRUPTED came from SENT
-            self._child.kill()
+    def _resend(self, grace_over: float) -> None:
+        """Send the interrupt again until the step is over; past the grace, kill its process."""
+        while not self._over.wait(max(min(RESEND, grace_over - time.monotonic()), 0.0)):
+            with self._lock:
+                if self._state is not InterruptState.INTERRUPTED:
+                    return  # the step ended within its grace
+                assert self._child is not None  # INTERRUPTED came from SENT
+                if time.monotonic() < grace_over:
+                    self._child.signal(INTERRUPT_SIGNAL)
+                    continue
+                self._move(InterruptState.KILLED)
+                self.killed = True
+                self._child.kill()
+                return
 
     def over(self) -> None:
         """The session's thread has the step's outcome: no signal of this interrupt reaches the process
@@ -136,9 +150,7 @@ class StepInterrupt:
             if self._state in (InterruptState.WAITING, InterruptState.NOT_RUN, InterruptState.OVER):
                 return  # it never reached the process, or was over already
             self._move(InterruptState.OVER)
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
+        self._over.set()
 
     @property
     def not_run(self) -> bool:

@@ -148,6 +148,17 @@ def test_a_session_step_that_replaces_builtins_keeps_its_session(pool: PoolProce
     pool.run(session=name, close=True)
 
 
+def test_a_first_session_step_that_replaces_what_its_end_uses_keeps_its_session(pool: PoolProcess) -> None:
+    """The first step's end quiets its display channel and copies its pipes after the step's code ran: with the
+    module's own names, looked up then (``os.open``), the next step found the session's process gone (exit 125)."""
+    name = new_id("first-end")
+    first = pool.run("import os\nos.open = None\nkept = 'yes'", session=name, timeout=_FAR)
+    assert (first["exit"], first["error"], first["session_ended"]) == (0, None, False), first
+    after = pool.run("print(kept)", session=name, timeout=_FAR)
+    assert (after["exit"], after["stdout"], after["session_ended"], after["step"]) == (0, "yes\n", False, 2), after
+    pool.run(session=name, close=True)
+
+
 # -- a deep chain of exceptions ------------------------------------------------------------------------------------
 
 _CHAIN = ("e = ValueError(0)\nfor i in range({n}):\n    try:\n        raise e\n    except ValueError:\n"

@@ -59,7 +59,8 @@ _step_decoder = msgspec.json.Decoder(StepSpec)
 # not reach how its end is handled.
 globals()["__builtins__"] = dict(vars(builtins))
 # What a session's loop hands its steps over with, bound before any step's code could replace them (see report.py).
-_dup2, _close, _exit, _fcntl, _fstat = os.dup2, os.close, os._exit, fcntl.fcntl, os.fstat
+_dup2, _close, _exit, _fcntl, _fstat, _open = os.dup2, os.close, os._exit, fcntl.fcntl, os.fstat, os.open
+_F_DUPFD, _F_DUPFD_CLOEXEC, _DEVNULL_FLAGS = fcntl.F_DUPFD, fcntl.F_DUPFD_CLOEXEC, os.O_WRONLY | os.O_CLOEXEC
 
 
 def new_main(confinement: Confinement, payload: Payload) -> types.ModuleType:
@@ -240,7 +241,7 @@ def _keep_outputs() -> tuple[int, int, int] | None:
     made: list[int] = []
     try:
         for fd in STEP:
-            made.append(_fcntl(fd, fcntl.F_DUPFD_CLOEXEC, STAGING))
+            made.append(_fcntl(fd, _F_DUPFD_CLOEXEC, STAGING))
     except OSError:  # no room above the fixed numbers: the session writes on 1, 2 and 3 themselves
         for fd in made:
             _close(fd)
@@ -263,7 +264,7 @@ def _repair_outputs(kept: tuple[int, int, int]) -> tuple[int, int, int]:
         repaired[index] = -1  # the number is the code's now (closed, or another file): left to it
         if pipe is not None and _identity(target) == pipe:
             try:
-                repaired[index] = _fcntl(target, fcntl.F_DUPFD_CLOEXEC, STAGING)
+                repaired[index] = _fcntl(target, _F_DUPFD_CLOEXEC, STAGING)
             except OSError:
                 pass
     for target, fd in zip(STEP, repaired, strict=True):
@@ -290,7 +291,7 @@ def _restore_outputs(kept: tuple[int, int, int]) -> bool:
 
 def _quiet_display() -> None:
     try:
-        devnull = os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC)
+        devnull = _open("/dev/null", _DEVNULL_FLAGS)
     except OSError:
         return
     try:
@@ -308,7 +309,7 @@ control_copy: int | None = None
 def _keep_control() -> None:
     global control_copy
     try:
-        control_copy = _fcntl(CONTROL, fcntl.F_DUPFD_CLOEXEC, STAGING)
+        control_copy = _fcntl(CONTROL, _F_DUPFD_CLOEXEC, STAGING)
     except OSError:
         control_copy = None
 
@@ -342,7 +343,7 @@ def _place(moves: list[tuple[int, int]]) -> None:
     if any(fd in targets and fd != target for target, fd in moves):
         staged = []
         for target, fd in moves:
-            staged.append((target, _fcntl(fd, fcntl.F_DUPFD, STAGING)))
+            staged.append((target, _fcntl(fd, _F_DUPFD, STAGING)))
             _close(fd)
         moves = staged
     for target, fd in moves:

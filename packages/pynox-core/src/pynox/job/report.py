@@ -30,7 +30,7 @@ from . import pynox_host
 from .setup import close_quietly
 
 __all__ = ["control_lost", "described", "drop_channel", "finish", "flush_streams", "keep_channel", "print_traceback",
-            "unreported", "write_report"]
+           "unreported", "write_report"]
 
 # What the report is made and sent with, bound here once, in the template, before any job: the job's code may
 # replace anything in the modules it shares with this one (os.write, msgspec.json.encode, signal.SIGSTOP, builtins

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -231,3 +232,41 @@ def test_the_size_caps(tmp_path: Path) -> None:
         root = scratch.parent
         pool.run(session=name, close=True)
     assert not root.exists()  # the pool's root goes with it
+
+
+# A chdir into each new directory makes a tree as deep as the job likes; shutil.rmtree recursed once a level.
+_DEEP = "import os\nprint(os.getcwd())\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n" \
+        "os.symlink({outside!r}, 'out')\nopen('leaf.txt', 'w').write('x')\nprint(os.getcwd().count('/d'))"
+
+
+def test_a_tree_thousands_deep_is_removed_and_the_pool_serves_on(pool: PoolProcess, outside: Path) -> None:
+    result = _ok(pool.run(_DEEP.format(outside=str(outside.parent)), scratch=True))
+    scratch, depth = result["stdout"].splitlines()
+    assert depth == "1500" and result["files"] == []  # deeper than a listing looks
+    assert not Path(scratch).exists()
+    assert _ok(pool.run("print(2)"))["stdout"] == "2\n"
+    assert outside.exists(), "the removal followed the symlink out"
+
+
+def test_a_dead_pools_tree_thousands_deep_is_swept_at_the_next_start(tmp_path: Path, outside: Path) -> None:
+    parent = tmp_path / "scratch"
+    parent.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = parent / f"pynox-scratch-{dead.pid}-left"
+    left.mkdir()
+    here = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=here)
+        below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=here)
+        os.close(here)
+        here = below
+    os.symlink(outside.parent, "out", dir_fd=here)
+    os.close(here)
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[pool]\nscratch_dir = "{parent}"\n')
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        assert _ok(pool.run("print(1)"))["stdout"] == "1\n"
+        assert not left.exists()
+    assert outside.exists(), "the sweep followed the symlink out"
+    assert list(parent.iterdir()) == []

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import ctypes
 import errno
 import mimetypes
@@ -48,6 +47,7 @@ from ..protocol import (
     Upload,
     Uploaded,
 )
+from ..trees import remove_path, remove_tree
 from ..units import format_size
 from ..wire.spec import MAX_GRANTS, JobSpec
 
@@ -361,7 +361,7 @@ class ScratchRoot:
             return []
 
     def remove(self, path: str | None) -> None:
-        """Remove a scratch directory and everything in it (nothing it holds is followed: rmtree by descriptors).
+        """Remove a scratch directory and everything in it (nothing it holds is followed: trees.remove_tree).
         None: none (a job that asked for none, as most do: no lock taken)."""
         if path is None:
             return
@@ -378,85 +378,7 @@ class ScratchRoot:
         for path in paths:
             self.remove(path)
         os.close(self._fd)
-        _remove_named(self.path)
-
-
-# Directories remove_tree holds open at once. The job chooses how deep its tree is (a chdir into each new directory
-# makes one thousands deep): shutil.rmtree recursed once a level (RecursionError past ~1,000, which ended the pool)
-# and held a descriptor each.
-_MAX_OPEN = 32
-
-
-def remove_tree(parent: int, name: str) -> None:
-    """Remove ``name`` in the directory ``parent`` and everything beneath it, following no symlink, without
-    recursion and never raising OSError (what cannot be removed stays). At most _MAX_OPEN directories are open at
-    once: a directory deeper than that is first moved up into ``parent``, beside ``name`` (``name-deep-N``: a
-    pool's start sweeps it by the same prefix if this is cut short), and removed in its turn."""
-    pending = [name]
-    moved = 0
-    while pending:
-        top = pending.pop()
-        try:
-            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-        except FileNotFoundError:
-            continue
-        except OSError:  # not a directory (or a symlink): a file's name
-            with contextlib.suppress(OSError):
-                os.unlink(top, dir_fd=parent)
-            continue
-        # Each open directory, its name in the one above it, and its subdirectories not yet removed.
-        chain: list[tuple[int, str, list[str]]] = [(fd, top, _empty_but_directories(fd))]
-        while chain:
-            fd, here, below = chain[-1]
-            if below:
-                child = below.pop()
-                if len(chain) >= _MAX_OPEN:
-                    moved += 1
-                    with contextlib.suppress(OSError):
-                        os.rename(child, f"{name}-deep-{moved}", src_dir_fd=fd, dst_dir_fd=parent)
-                        pending.append(f"{name}-deep-{moved}")
-                    continue
-                try:
-                    opened = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                except OSError:
-                    continue
-                chain.append((opened, child, _empty_but_directories(opened)))
-                continue
-            chain.pop()
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.rmdir(here, dir_fd=chain[-1][0] if chain else parent)
-
-
-def _empty_but_directories(fd: int) -> list[str]:
-    """Unlink everything in the open directory ``fd`` that is not a directory; the names of its directories."""
-    directories: list[str] = []
-    try:
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        directories.append(entry.name)
-                    else:
-                        os.unlink(entry.name, dir_fd=fd)
-                except OSError:
-                    continue
-    except OSError:
-        pass
-    return directories
-
-
-def _remove_named(path: str) -> None:
-    """remove_tree of an absolute ``path``."""
-    head, name = os.path.split(path)
-    try:
-        parent = os.open(head or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        remove_tree(parent, name)
-    finally:
-        os.close(parent)
+        remove_path(self.path)
 
 
 def _alive(pid: int) -> bool:
@@ -485,7 +407,7 @@ def _sweep(parent: str) -> None:
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            _remove_named(path)
+            remove_path(path)
 
 
 def answer(directory: _Directory | None, session: str, request: Request) -> FilesListed | Uploaded | Downloaded:

@@ -616,3 +616,58 @@ def test_a_forks_copy_is_one_of_its_tenants_sessions(tmp_path: Path, run_dir: Pa
             again = original.fork()
             assert again.run("x").return_value == "'root'"
         _stop(pool)
+
+
+def _stats(path: Path) -> dict[str, Any]:
+    client = ListenClient(str(path))
+    client.wait_for(lambda m: True)
+    client.send(id="stats", stats=True)
+    stats = client.result("stats")
+    client.close()
+    return stats
+
+
+def test_a_dropped_connection_is_read_no_more(tmp_path: Path, run_dir: Path) -> None:
+    """A connection dropped because its results cannot be written (here: its client shut its own reading side,
+    as a client that stopped reading does to the pool's outbox) is read no more: the lines its client goes on
+    writing run nothing, and its tenant's max_jobs is not held by them. Before, the pool read on: each such job
+    ran for nobody, its result had no connection to reach, and the tenant's count never came down: two of them
+    and the tenant was refused for good ("has 2 jobs in flight")."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 2\n")
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=2", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(path))
+            assert _first_line(raw)["event"] == "ready"
+            raw.shutdown(socket.SHUT_RD)  # every line the pool writes to it from now on fails
+
+            def job(number: int) -> bytes:
+                code = f"open({str(ran / str(number))!r}, 'w').close()"
+                return json.dumps({"id": number, "code": code, "allow_write": [str(ran)]}).encode() + b"\n"
+
+            raw.sendall(job(0))  # runs; writing its result fails, and the connection is dropped
+            end = time.monotonic() + DEADLINE
+            while _stats(path)["jobs"] < 1:
+                assert time.monotonic() < end, "the first job never ended"
+                time.sleep(0.05)
+            time.sleep(0.5)  # its result's write has failed by now
+            for number in (1, 2, 3):
+                try:
+                    raw.sendall(job(number))
+                except OSError:  # the pool closed it: as good
+                    break
+            time.sleep(1.0)
+        assert sorted(os.listdir(ran)) == ["0"], "the pool ran jobs for a connection it had dropped"
+        other = ListenClient(str(path))
+        other.wait_for(lambda m: True)
+        for number in (10, 11):
+            other.send(id=number, code="print(1)")
+        for number in (10, 11):
+            result = other.result(number)
+            assert result["exit"] == 0, result["error"]
+        other.close()
+        _stop(pool)

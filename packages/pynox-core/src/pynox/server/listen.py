@@ -243,13 +243,21 @@ class Router(Output):
                 self._connections.pop(connection.number, None)
 
     def drop(self, connection: Connection, why: str) -> None:
-        """The connection is gone: fail its host calls, cancel its jobs, close its sessions (once)."""
+        """The connection is gone: read no more of it, fail its host calls, cancel its jobs, close its sessions
+        (once)."""
         with self._lock:
             if not connection.alive:
                 return
             connection.stop_writing()
             if connection.in_flight <= 0:
                 self._connections.pop(connection.number, None)
+        # Its reader ends now (its poll sees the end): a client whose results can no longer be written (it stopped
+        # reading, or shut its reading side) must not go on starting work that nobody will be answered for, and
+        # whose tenant's count would never come down (no connection is left to route the result to).
+        try:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed by its reader
+            pass
         _log.info("connection %d (%s, tenant %s) dropped: %s", connection.number, connection.peer,
                   connection.tenant.name, why)
         server = self.server
@@ -282,11 +290,15 @@ class Router(Output):
         connection, _ = self._owner(pool_id)
         return connection.tenant.settings.run_as if connection is not None else None
 
-    def count(self, connection: Connection, pool_id: str) -> None:
-        """A request of ``connection`` that will be answered with a result."""
+    def count(self, connection: Connection, pool_id: str) -> bool:
+        """A request of ``connection`` that will be answered with a result; False (nothing counted) when the
+        connection was dropped meanwhile: the request must not run."""
         with self._lock:
+            if not connection.alive:
+                return False
             connection.in_flight += 1
             connection.counted[pool_id] += 1
+            return True
 
     def connections(self) -> list[Connection]:
         with self._lock:
@@ -426,6 +438,8 @@ class Listener:
         why = "the client closed it"
         try:
             for line in reader:
+                if not connection.alive:  # dropped: the lines it wrote after are not read (see Router.drop)
+                    break
                 router.handling(connection)
                 try:
                     self._handle(server, router, connection, line, reader.read_ns)
@@ -476,7 +490,9 @@ class Listener:
                     session_ended=bool(message.open or message.grant_fields()))
                 connection.send(encode(answer))
                 return
-            router.count(connection, inside_id)
+            if not router.count(connection, inside_id):  # dropped since its line was read: undone, not run
+                connection.tenant.answered()
+                return
         if pool_session is not None:
             connection.sessions.add(pool_session)
         if message.fork is not None:  # the copy is this connection's session, closed with it

@@ -671,3 +671,33 @@ def test_a_dropped_connection_is_read_no_more(tmp_path: Path, run_dir: Path) -> 
             assert result["exit"] == 0, result["error"]
         other.close()
         _stop(pool)
+
+
+def test_a_sessions_file_requests_leave_its_tenants_max_jobs(tmp_path: Path, run_dir: Path) -> None:
+    """A session's files, upload and download count among its tenant's requests in flight while they wait, and
+    their answers (which carry no exit) end that. Before, each one held one of the tenant's max_jobs for good:
+    after one listing, a tenant with max_jobs = 1 was refused every job and step until the pool restarted."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="open", session="nb", open=True, scratch=True, code="open('a.txt', 'w').write('a')")
+        assert client.result("open")["exit"] == 0
+        client.send(id="files", session="nb", files=True)
+        assert [entry["path"] for entry in client.result("files")["files"]] == ["a.txt"]
+        client.send(id="up", session="nb", upload={"path": "b.txt", "data": "Yg=="})
+        assert client.result("up")["uploaded"]["size"] == 1
+        client.send(id="down", session="nb", download="b.txt")
+        assert client.result("down")["downloaded"]["data"] == "Yg=="
+        client.send(id="step", session="nb", code="print(open('b.txt').read())")
+        step = client.result("step")
+        assert step["stdout"] == "b\n", step["error"]
+        client.send(id="job", code="print(1)")
+        job = client.result("job")
+        assert job["exit"] == 0, job["error"]
+        client.close()
+        _stop(pool)
+

@@ -71,6 +71,9 @@ _RESERVED_PER_SESSION = 8
 _REFUSALS_LOGGED_EVERY = 1.0  # seconds: a flood of refused connections is one warning a second, with its count
 _OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
 _SD_LISTEN_FDS_START = 3
+# A line with one of these is the one answer to a request counted in flight (see Router._account): a result has
+# an exit; the answers to a session's files, upload and download have none.
+_FINAL_KEYS = ("exit", "files", "uploaded", "downloaded")
 _decoder = msgspec.json.Decoder()
 
 
@@ -225,11 +228,13 @@ class Router(Output):
             return None, None
 
     def _account(self, connection: Connection, pool_id: str | None, message: dict[str, Any]) -> None:
-        """A job's or step's one result ends what it held; a closed answer or an ended session frees a session."""
+        """A request's one answer ends what it held (a job's or step's result; a session's files, upload or
+        download, answered without an exit); a closed answer or an ended session frees a session."""
         session = message.get("session")
         pool_session = connection.tag + session if isinstance(session, str) else None
         ended = bool(message.get("closed") or message.get("session_ended"))
-        if "exit" not in message or pool_id is None or not connection.counted.get(pool_id):
+        final = any(key in message for key in _FINAL_KEYS)
+        if not final or pool_id is None or not connection.counted.get(pool_id):
             if ended and pool_session is not None:
                 connection.tenant.session_closed(pool_session)
             return

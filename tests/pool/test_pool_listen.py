@@ -701,3 +701,39 @@ def test_a_sessions_file_requests_leave_its_tenants_max_jobs(tmp_path: Path, run
         client.close()
         _stop(pool)
 
+
+def test_results_left_unread_by_all_clients_together_are_bounded(tmp_path: Path, run_dir: Path) -> None:
+    """Ten connections each leave 56 MB of results unread (under the 64 MiB that drops one): past 256 MiB
+    unread in all, the connection that left the most is dropped, so the pool's memory is bounded by that, not
+    by its number of connections. Before, none was dropped and the pool held all 560 MB (64 GiB with the
+    default 1,024 connections)."""
+    path = run_dir / "pool.sock"
+    code = "import sys\nsys.stdout.write('o' * 1_000_000)\nsys.stderr.write('e' * 1_000_000)"
+    per_connection = 28  # results of 2 MB each
+    with pool_process("--workers=2", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+        silent: list[socket.socket] = []
+        for _ in range(10):
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.connect(str(path))
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the results wait in the pool, not here
+            raw.sendall(b"".join(json.dumps({"id": i, "code": code}).encode() + b"\n"
+                                 for i in range(per_connection)))
+            silent.append(raw)
+        end = time.monotonic() + DEADLINE * 4
+        while (stats := _stats(path))["in_flight"] or stats["jobs"] < per_connection:
+            assert time.monotonic() < end, stats
+            time.sleep(0.2)
+        peak_mib = procfs.status_number(pool.pid, "VmHWM") >> 10
+        dropped = 0
+        for raw in silent:
+            raw.settimeout(DEADLINE)
+            lines = raw.makefile("rb")
+            results = 0
+            while results < per_connection and (line := lines.readline()):  # all of them, or its end
+                results += b'"exit"' in line
+            dropped += results < per_connection
+            raw.close()
+        print(f"\n{dropped} of 10 connections dropped; the pool's peak resident memory {peak_mib} MiB")
+        assert dropped, "no connection was dropped with 560 MB of results unread"
+        assert peak_mib < 480, f"the pool's peak resident memory was {peak_mib} MiB"
+        _stop(pool)

@@ -11,7 +11,9 @@ to the connection it belongs to, with the client's own names restored.
 - A line the server answers with no id (a line that is not JSON) goes to the connection whose line is
   being handled: intake handles one line at a time, on that connection's thread.
 - Each connection's results leave through an outbox of its own, written by a thread of its own: a client
-  that stops reading holds up nobody else; past ``_OUTBOX_LIMIT`` bytes unread it is dropped.
+  that stops reading holds up nobody else; past ``_OUTBOX_LIMIT`` bytes unread it is dropped, and when all
+  connections together leave more than ``_UNREAD_LIMIT`` unread, the one that left the most is dropped: the
+  pool's memory is bounded by that, not by its count of connections times the outbox's limit.
 - A dropped connection (EOF, an error, an overfull outbox): its pending host calls fail with HostError,
   its jobs and steps are cancelled and its sessions closed, through the server's own cancel and close.
 
@@ -70,6 +72,10 @@ _RESERVED_PER_WORKER = 32
 _RESERVED_PER_SESSION = 8
 _REFUSALS_LOGGED_EVERY = 1.0  # seconds: a flood of refused connections is one warning a second, with its count
 _OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
+# Bytes of results all connections together may leave unread: past it, the connection that left the most is
+# dropped. Without it the bound was 64 MiB times max_connections (64 GiB by default): ten connections of one
+# tenant, each sending stats requests and reading nothing, took the pool from 33 MiB to 725 MiB resident.
+_UNREAD_LIMIT = 256 << 20
 _SD_LISTEN_FDS_START = 3
 # A line with one of these is the one answer to a request counted in flight (see Router._account): a result has
 # an exit; the answers to a session's files, upload and download have none.
@@ -104,6 +110,11 @@ class Connection:
         """The pool's id for this connection's ``request_id``: its tag, then the id as JSON (1, 1.0, "1" stay apart)."""
         return self.tag + msgspec.json.encode(request_id).decode()
 
+    @property
+    def unread(self) -> int:
+        """Bytes of results written to its outbox and not yet to its socket."""
+        return self._out_bytes
+
     def send(self, line: bytes) -> None:
         with self._cond:
             if not self.alive:
@@ -112,8 +123,11 @@ class Connection:
             self._out_bytes += len(line)
             over = self._out_bytes > _OUTBOX_LIMIT
             self._cond.notify()
+        total = self._router.unread(len(line))
         if over:
             self._router.drop(self, f"it left more than {_OUTBOX_LIMIT >> 20} MiB of results unread")
+        elif total > _UNREAD_LIMIT:
+            self._router.drop_most_unread()
 
     def _write_loop(self) -> None:
         while True:
@@ -124,6 +138,7 @@ class Connection:
                     return
                 line = self._out.popleft()
                 self._out_bytes -= len(line)
+            self._router.unread(-len(line))
             try:
                 self.sock.sendall(line)
             except OSError:
@@ -134,7 +149,9 @@ class Connection:
         with self._cond:
             self.alive = False
             self._out.clear()
+            cleared, self._out_bytes = self._out_bytes, 0
             self._cond.notify()
+        self._router.unread(-cleared)
 
     def flush(self, timeout: float) -> None:
         """Let the outbox drain (at the pool's end), for at most ``timeout`` seconds."""
@@ -157,6 +174,23 @@ class Router(Output):
         self._local = threading.local()  # .connection: whose line this thread is handling
         self.ready_line: bytes | None = None
         self.server: Server | None = None
+        self._unread_lock = threading.Lock()
+        self._unread = 0  # bytes in every connection's outbox
+
+    def unread(self, change: int) -> int:
+        """Add ``change`` to the bytes all outboxes hold; what they now hold."""
+        with self._unread_lock:
+            self._unread += change
+            return self._unread
+
+    def drop_most_unread(self) -> None:
+        """All clients together left more than the pool keeps for them: the one that left the most is dropped."""
+        with self._lock:
+            live = [connection for connection in self._connections.values() if connection.alive]
+        if live:
+            worst = max(live, key=lambda connection: connection.unread)
+            self.drop(worst, f"its clients left more than {_UNREAD_LIMIT >> 20} MiB of results unread together, "
+                             f"and this one the most ({worst.unread >> 20} MiB)")
 
     def add(self, connection: Connection) -> None:
         with self._lock:

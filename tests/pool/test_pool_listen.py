@@ -737,3 +737,31 @@ def test_results_left_unread_by_all_clients_together_are_bounded(tmp_path: Path,
         assert dropped, "no connection was dropped with 560 MB of results unread"
         assert peak_mib < 480, f"the pool's peak resident memory was {peak_mib} MiB"
         _stop(pool)
+
+
+def test_a_request_under_the_line_limit_is_not_refused_for_the_connections_tag(tmp_path: Path,
+                                                                             run_dir: Path) -> None:
+    """The pool's own name of a request (the connection's tag, then the id as JSON) is longer than the line the
+    client sent: an id of 300,000 quotes (600 KB on the wire) is 1.2 MB as the pool's, and a line just under
+    the limit grows past it by the tag. Each runs, answered under the client's id. Before, each was refused as
+    a line "of 1200036 bytes" the client never sent, answered with no id (a client waiting for its id waited
+    for good), and held one of its tenant's max_jobs for good."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        quotes = '"' * 300_000
+        client.send(id=quotes, code="print(1)")
+        result = client.result(quotes)
+        assert result["exit"] == 0, result["error"]
+        bare = len(json.dumps({"id": "near", "code": "print(2)\n#"}))
+        client.send(id="near", code="print(2)\n#" + "#" * ((1 << 20) - 8 - bare))  # 8 bytes under the limit
+        result = client.result("near")
+        assert result["stdout"] == "2\n", result["error"]
+        client.send(id="after", code="print(3)")
+        assert client.result("after")["stdout"] == "3\n"
+        client.close()
+        _stop(pool)

@@ -540,7 +540,7 @@ class Listener:
             message, id=inside_id, session=pool_session,
             fork=connection.tag + message.fork if message.fork is not None else None,
             cancel=connection.inside(message.cancel) if message.cancel is not None else None)
-        server.handle_line(encode(inside), arrived_ns)
+        server.handle_request(inside, arrived_ns)  # not as a line: the tags make it longer than the client's
 
     def close(self) -> None:
         if self.path is not None:

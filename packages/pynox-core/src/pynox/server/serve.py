@@ -628,6 +628,19 @@ class Server:
             self._refuse(request_id, f"the pool failed while reading this request ({type(exc).__name__}); "
                                      "nothing ran")
 
+    def handle_request(self, message: Request, arrived_ns: int) -> None:
+        """Answer one request a listening pool's connection already parsed from its line (then renamed with its
+        tag, which makes it longer than the line was: parsed again, a line just under the limit, or an id of
+        quotes, would be refused for a size the client never sent). As :meth:`handle_line` otherwise."""
+        try:
+            with self._intake:
+                self._arrived_ns = arrived_ns
+                self._handle_message(message)
+        except Exception as exc:
+            _log.exception("the pool failed while reading a request")
+            self._refuse(message.id, f"the pool failed while reading this request ({type(exc).__name__}); "
+                                     "nothing ran")
+
     def _handle_line(self, line: bytes | TooLong) -> None:
         """Route one line to the module that decides it; what it answers leaves through finish or output."""
         if isinstance(line, TooLong):  # intake: a reply fails its call, a request is refused
@@ -639,6 +652,9 @@ class Server:
         except LineError as exc:
             self._refuse(exc.request_id, str(exc))
             return
+        self._handle_message(message)
+
+    def _handle_message(self, message: Request | Reply) -> None:
         if isinstance(message, Reply):  # the host's answer to a job's call
             if (problem := self.calls.answer(message.reply)) is not None:
                 self._refuse(None, problem)

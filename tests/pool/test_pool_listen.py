@@ -765,3 +765,27 @@ def test_a_request_under_the_line_limit_is_not_refused_for_the_connections_tag(t
         assert client.result("after")["stdout"] == "3\n"
         client.close()
         _stop(pool)
+
+
+def test_a_listening_pools_log_names_requests_as_their_clients_do(tmp_path: Path, run_dir: Path) -> None:
+    """A job's log line carries the request's id and session as its client named them (the docs' "the request's
+    id"), with its tenant beside them, and its message says what the client was told. Before, they were the
+    pool's inner names: id '~1~"job"', session '~1~nb', and "no queued or running job has the id '~1~"gone"'"."""
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="job", code="print(1)")
+        client.send(id=7, session="nb", code="x = 1")
+        client.send(id="cancel", cancel="gone")
+        told = client.result("cancel")["error"]["message"]
+        for request_id in ("job", 7):
+            assert client.result(request_id)["exit"] == 0
+        client.close()
+        _stop(pool)
+    jobs = {json.dumps(line["id"]): line for line in pool.log_lines() if line.get("event") == "job"}
+    assert set(jobs) == {'"job"', "7", '"cancel"'}, list(jobs)
+    assert (jobs["7"]["session"], jobs["7"]["tenant"]) == ("nb", "default")
+    assert jobs['"cancel"']["message"] == told
+    assert "~" not in told, told

@@ -324,6 +324,21 @@ class Router(Output):
         connection, _ = self._owner(pool_id)
         return connection.tenant.name if connection is not None else None
 
+    def own_names(self, pool_id: RequestId | None) -> tuple[RequestId | None, str]:
+        """The id a pool id stands for, as its client gave it, and its connection's tag (for its log line; the
+        connection may be gone); an id that is not the pool's (a line the pool could not parse, on its
+        connection's thread) is the client's own, and has no tag."""
+        current: Connection | None = getattr(self._local, "connection", None)
+        if not isinstance(pool_id, str) or (current is not None and not pool_id.startswith(current.tag)):
+            return pool_id, ""
+        number, sep, rest = pool_id.removeprefix("~").partition("~")
+        if not pool_id.startswith("~") or not sep or not number.isdigit():
+            return pool_id, ""
+        try:
+            return _decoder.decode(rest), _tag(int(number))
+        except msgspec.DecodeError:
+            return pool_id, ""
+
     def run_as_of(self, pool_id: RequestId | None) -> tuple[int, int] | None:
         """The user the jobs of the connection a pool id belongs to run as, when its tenant names one."""
         connection, _ = self._owner(pool_id)
@@ -368,6 +383,7 @@ class Listener:
         descriptor is its stdin reader's)."""
         router.server = server
         server.tenant_of = router.tenant_of
+        server.own_names = router.own_names
         server.run_as_of = router.run_as_of
         limit = _raise_open_files()
         reserved = (_RESERVED + _RESERVED_PER_WORKER * server.options.workers

@@ -374,6 +374,10 @@ class Server:
         self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
         # The user a request's jobs run as, when its tenant says (see listen.py), over a profile's and [pool] run_as.
         self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
+        # A listening pool's request id as its client gave it, and the connection's tag the pool's names carry
+        # (see listen.Router.own_names); on stdin, the id itself and no tag.
+        self.own_names: Callable[[RequestId | None], tuple[RequestId | None, str]] = lambda request_id: (
+            request_id, "")
         # The cgroups of each tenant with a memory_budget or cpu_weight (see policy/cgroups.py TenantGroup), made
         # as the pool starts: where none can be made, the pool does not start (never without the budget).
         self.budgets: dict[str, cgroups.TenantGroup] = {}
@@ -454,6 +458,11 @@ class Server:
                 line.traceparent = trace
             # On stdin there is one client: its lines name no tenant (the metrics call it "default").
             line.tenant, line.profile = tenant if self.options.listen is not None else None, profile or None
+            own_id, tag = self.own_names(line.id)
+            if tag:  # the request as its client named it, and the message as its client was told it
+                line.id = own_id
+                line.session = line.session.removeprefix(tag) if line.session is not None else None
+                line.message = line.message.replace(tag, "") if line.message is not None else None
             self._log(encode(line))
 
     def log_event(self, event: PoolEventName, message: str, *, retry: int | None = None,

@@ -789,3 +789,20 @@ def test_a_listening_pools_log_names_requests_as_their_clients_do(tmp_path: Path
     assert (jobs["7"]["session"], jobs["7"]["tenant"]) == ("nb", "default")
     assert jobs['"cancel"']["message"] == told
     assert "~" not in told, told
+
+
+def test_a_session_name_of_256_characters_opens_through_a_listening_pool(tmp_path: Path, run_dir: Path) -> None:
+    """Session names of 1 to 256 characters are the client's, whatever its connection's tag adds in the pool.
+    Before, 254 to 256 characters were refused on connection 1 ("a name of 1 to 256 characters is required"),
+    and more of them on a connection of a larger number. 257 is refused, as on stdin."""
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="long", session="n" * 256, code="print(1)")
+        result = client.result("long")
+        assert (result["exit"], result["session"]) == (0, "n" * 256), result["error"]
+        client.send(id="over", session="n" * 257, code="print(1)")
+        assert "1 to 256 characters" in client.result("over")["error"]["message"]
+        client.close()
+        _stop(pool)

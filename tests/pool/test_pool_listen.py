@@ -710,7 +710,8 @@ def test_results_left_unread_by_all_clients_together_are_bounded(tmp_path: Path,
     path = run_dir / "pool.sock"
     code = "import sys\nsys.stdout.write('o' * 1_000_000)\nsys.stderr.write('e' * 1_000_000)"
     per_connection = 28  # results of 2 MB each
-    with pool_process("--workers=2", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+    with pool_process("--workers=2", f"--listen=unix:{path}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
         silent: list[socket.socket] = []
         for _ in range(10):
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -737,6 +738,12 @@ def test_results_left_unread_by_all_clients_together_are_bounded(tmp_path: Path,
         assert dropped, "no connection was dropped with 560 MB of results unread"
         assert peak_mib < 480, f"the pool's peak resident memory was {peak_mib} MiB"
         _stop(pool)
+    # The operator sees each client cut off, and how many connections the pool serves.
+    logged = pool.log_lines()
+    cut = [line for line in logged if line.get("level") == "WARNING" and "unread together" in line["message"]]
+    assert len(cut) == dropped, logged
+    [listening] = [line for line in logged if line["event"] == "listening"]
+    assert "at most 1024 connections at once" in listening["message"], listening
 
 
 def test_a_request_under_the_line_limit_is_not_refused_for_the_connections_tag(tmp_path: Path,

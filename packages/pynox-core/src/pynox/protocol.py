@@ -514,7 +514,7 @@ class JobLogLine(msgspec.Struct, kw_only=True):
 
 PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",
                         "config_warning", "bound_not_in_force", "log", "template_died", "template_replaced",
-                        "zygote_died"]
+                        "zygote_died", "listening"]
 
 
 class PoolLogEvent(msgspec.Struct, kw_only=True, omit_defaults=True):

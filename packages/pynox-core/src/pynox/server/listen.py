@@ -125,7 +125,7 @@ class Connection:
             self._cond.notify()
         total = self._router.unread(len(line))
         if over:
-            self._router.drop(self, f"it left more than {_OUTBOX_LIMIT >> 20} MiB of results unread")
+            self._router.drop(self, f"it left more than {_OUTBOX_LIMIT >> 20} MiB of results unread", warn=True)
         elif total > _UNREAD_LIMIT:
             self._router.drop_most_unread()
 
@@ -190,7 +190,7 @@ class Router(Output):
         if live:
             worst = max(live, key=lambda connection: connection.unread)
             self.drop(worst, f"its clients left more than {_UNREAD_LIMIT >> 20} MiB of results unread together, "
-                             f"and this one the most ({worst.unread >> 20} MiB)")
+                             f"and this one the most ({worst.unread >> 20} MiB)", warn=True)
 
     def add(self, connection: Connection) -> None:
         with self._lock:
@@ -281,9 +281,10 @@ class Router(Output):
             if not connection.alive and connection.in_flight <= 0:
                 self._connections.pop(connection.number, None)
 
-    def drop(self, connection: Connection, why: str) -> None:
+    def drop(self, connection: Connection, why: str, *, warn: bool = False) -> None:
         """The connection is gone: read no more of it, fail its host calls, cancel its jobs, close its sessions
-        (once)."""
+        (once). ``warn``: a client cut off (for what it left unread) is the operator's business, a warning; one
+        that closed or failed is not."""
         with self._lock:
             if not connection.alive:
                 return
@@ -297,8 +298,8 @@ class Router(Output):
             connection.sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # already closed by its reader
             pass
-        _log.info("connection %d (%s, tenant %s) dropped: %s", connection.number, connection.peer,
-                  connection.tenant.name, why)
+        _log.log(logging.WARNING if warn else logging.INFO, "connection %d (%s, tenant %s) dropped: %s",
+                 connection.number, connection.peer, connection.tenant.name, why)
         server = self.server
         if server is None:  # pragma: no cover - connections are served only once the server is
             return
@@ -395,7 +396,8 @@ class Listener:
         if most < server.options.max_connections:
             _log.warning("[pool] max_connections is %d, but the open-file limit %d leaves room for %d beside the "
                          "pool's own work: serving at most %d", server.options.max_connections, limit, room, most)
-        _log.info("listening on %s: at most %d connections at once (open-file limit %d)", self.address, most, limit)
+        server.log_event("listening", f"listening on {self.address}: at most {most} connections at once (open-file "
+                                      f"limit {limit})")
         live = threading.BoundedSemaphore(most)
         spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         while not server.drained.is_set():

@@ -740,7 +740,7 @@ def test_results_left_unread_by_all_clients_together_are_bounded(tmp_path: Path,
         _stop(pool)
     # The operator sees each client cut off, and how many connections the pool serves.
     logged = pool.log_lines()
-    cut = [line for line in logged if line.get("level") == "WARNING" and "unread together" in line["message"]]
+    cut = [line for line in logged if line.get("level") == "WARNING" and "for its clients together" in line["message"]]
     assert len(cut) == dropped, logged
     [listening] = [line for line in logged if line["event"] == "listening"]
     assert "at most 1024 connections at once" in listening["message"], listening
@@ -813,3 +813,38 @@ def test_a_session_name_of_256_characters_opens_through_a_listening_pool(tmp_pat
         assert "1 to 256 characters" in client.result("over")["error"]["message"]
         client.close()
         _stop(pool)
+
+
+def test_lines_left_unfinished_by_all_clients_together_are_bounded(tmp_path: Path, run_dir: Path) -> None:
+    """300 connections each send a line of nearly 1 MiB but not its newline, and stall: past 256 MiB held for
+    all clients together, the one held the most for is dropped, with a warning, and the others are served.
+    Before, the pool held all 300 MiB for as long as they stalled (1 GiB under the default max_connections)."""
+    path = run_dir / "pool.sock"
+    head = b'{"id": 1, "code": "#'
+    unfinished = head + b"x" * ((1 << 20) - 100 - len(head))
+    with pool_process("--workers=1", f"--listen=unix:{path}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
+        stalled: list[socket.socket] = []
+        for _ in range(300):
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.connect(str(path))
+            raw.sendall(unfinished)
+            stalled.append(raw)
+        end = time.monotonic() + DEADLINE
+        while not any(line.get("level") == "WARNING" for line in pool.log_lines()):
+            assert time.monotonic() < end, "no connection was dropped"
+            time.sleep(0.1)
+        time.sleep(1.0)  # every line sent has been read by now
+        held_mib = procfs.status_number(pool.pid, "VmRSS") >> 10
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="served", code="print(1)")
+        assert client.result("served")["exit"] == 0
+        client.close()
+        for raw in stalled:
+            raw.close()
+        _stop(pool)
+    cut = [line for line in pool.log_lines() if line.get("level") == "WARNING"]
+    print(f"\n{len(cut)} of 300 stalled connections dropped; the pool's resident memory {held_mib} MiB")
+    assert all("lines unfinished" in line["message"] for line in cut), cut
+    assert held_mib < 400, f"the pool's resident memory was {held_mib} MiB"

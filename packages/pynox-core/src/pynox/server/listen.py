@@ -11,9 +11,10 @@ to the connection it belongs to, with the client's own names restored.
 - A line the server answers with no id (a line that is not JSON) goes to the connection whose line is
   being handled: intake handles one line at a time, on that connection's thread.
 - Each connection's results leave through an outbox of its own, written by a thread of its own: a client
-  that stops reading holds up nobody else; past ``_OUTBOX_LIMIT`` bytes unread it is dropped, and when all
-  connections together leave more than ``_UNREAD_LIMIT`` unread, the one that left the most is dropped: the
-  pool's memory is bounded by that, not by its count of connections times the outbox's limit.
+  that stops reading holds up nobody else; past ``_OUTBOX_LIMIT`` bytes unread it is dropped, and when the pool
+  holds more than ``_UNREAD_LIMIT`` for all connections together (results unread, lines not yet finished), the
+  one it holds the most for is dropped: the pool's memory is bounded by that, not by its count of connections
+  times what one may hold.
 - A dropped connection (EOF, an error, an overfull outbox): its pending host calls fail with HostError,
   its jobs and steps are cancelled and its sessions closed, through the server's own cancel and close.
 
@@ -72,9 +73,10 @@ _RESERVED_PER_WORKER = 32
 _RESERVED_PER_SESSION = 8
 _REFUSALS_LOGGED_EVERY = 1.0  # seconds: a flood of refused connections is one warning a second, with its count
 _OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
-# Bytes of results all connections together may leave unread: past it, the connection that left the most is
-# dropped. Without it the bound was 64 MiB times max_connections (64 GiB by default): ten connections of one
-# tenant, each sending stats requests and reading nothing, took the pool from 33 MiB to 725 MiB resident.
+# Bytes the pool may hold for all connections together, results unread and lines not yet finished: past it, the
+# connection it holds the most for is dropped. Without it the bound was 65 MiB times max_connections (65 GiB by
+# default): ten connections of one tenant, each sending stats requests and reading nothing, took the pool from
+# 33 MiB to 725 MiB resident, and 200 that each sent a line of 1 MiB but its newline took 220 MiB more.
 _UNREAD_LIMIT = 256 << 20
 _SD_LISTEN_FDS_START = 3
 # A line with one of these is the one answer to a request counted in flight (see Router._account): a result has
@@ -100,6 +102,7 @@ class Connection:
         self.in_flight = 0  # its requests that will still be answered (results come back through the router)
         self.counted: collections.Counter[str] = collections.Counter()  # those requests, by the pool's id
         self.alive = True
+        self.unfinished = 0  # bytes of a line its client has not finished, held by its reader
         self._out: collections.deque[bytes] = collections.deque()
         self._out_bytes = 0
         self._cond = threading.Condition()
@@ -111,9 +114,17 @@ class Connection:
         return self.tag + msgspec.json.encode(request_id).decode()
 
     @property
-    def unread(self) -> int:
-        """Bytes of results written to its outbox and not yet to its socket."""
-        return self._out_bytes
+    def held(self) -> int:
+        """Bytes the pool holds for it: results written to its outbox and not yet to its socket, and the line
+        its client has not finished."""
+        return self._out_bytes + self.unfinished
+
+    def holding(self, unfinished: int) -> None:
+        """Its reader holds ``unfinished`` bytes of a line not yet finished."""
+        total = self._router.unread(unfinished - self.unfinished)
+        self.unfinished = unfinished
+        if total > _UNREAD_LIMIT:
+            self._router.drop_most_unread()
 
     def send(self, line: bytes) -> None:
         with self._cond:
@@ -184,13 +195,14 @@ class Router(Output):
             return self._unread
 
     def drop_most_unread(self) -> None:
-        """All clients together left more than the pool keeps for them: the one that left the most is dropped."""
+        """The pool holds more than it keeps for all clients together: the one it holds the most for is dropped."""
         with self._lock:
             live = [connection for connection in self._connections.values() if connection.alive]
         if live:
-            worst = max(live, key=lambda connection: connection.unread)
-            self.drop(worst, f"its clients left more than {_UNREAD_LIMIT >> 20} MiB of results unread together, "
-                             f"and this one the most ({worst.unread >> 20} MiB)", warn=True)
+            worst = max(live, key=lambda connection: connection.held)
+            self.drop(worst, f"the pool holds more than {_UNREAD_LIMIT >> 20} MiB for its clients together (results "
+                             f"unread, lines unfinished), and for this one the most ({worst.held >> 20} MiB)",
+                      warn=True)
 
     def add(self, connection: Connection) -> None:
         with self._lock:
@@ -283,7 +295,7 @@ class Router(Output):
 
     def drop(self, connection: Connection, why: str, *, warn: bool = False) -> None:
         """The connection is gone: read no more of it, fail its host calls, cancel its jobs, close its sessions
-        (once). ``warn``: a client cut off (for what it left unread) is the operator's business, a warning; one
+        (once). ``warn``: a client cut off (for what the pool held for it) is the operator's business, a warning; one
         that closed or failed is not."""
         with self._lock:
             if not connection.alive:
@@ -491,7 +503,7 @@ class Listener:
         if router.ready_line is not None:
             connection.send(router.ready_line)
         _log.info("connection %d from %s: tenant %s", connection.number, peer, tenant.name)
-        reader = LineReader(sock.fileno(), self._never[0], server.drained.is_set)
+        reader = LineReader(sock.fileno(), self._never[0], server.drained.is_set, connection.holding)
         why = "the client closed it"
         try:
             for line in reader:
@@ -505,6 +517,7 @@ class Listener:
         except OSError as exc:
             why = f"reading it failed ({exc.strerror or exc})"
         router.drop(connection, why if not server.drained.is_set() else "the pool stopped")
+        connection.holding(0)  # its reader ends: what it held is freed
 
     def _handle(self, server: Server, router: Router, connection: Connection, line: bytes | TooLong,
                 arrived_ns: int) -> None:

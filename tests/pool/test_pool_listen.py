@@ -848,3 +848,32 @@ def test_lines_left_unfinished_by_all_clients_together_are_bounded(tmp_path: Pat
     print(f"\n{len(cut)} of 300 stalled connections dropped; the pool's resident memory {held_mib} MiB")
     assert all("lines unfinished" in line["message"] for line in cut), cut
     assert held_mib < 400, f"the pool's resident memory was {held_mib} MiB"
+
+
+def test_a_tenants_refusals_are_counted_and_logged(tmp_path: Path, run_dir: Path) -> None:
+    """A request refused for its tenant's bounds is one of the pool's refusals: in the stats' request_errors and
+    a job log line with its tenant, as every other refusal is. Before, the operator saw none of them. Its id
+    may be one the client has in flight: the refusal does not end that one's count (a third job is refused)."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    path = run_dir / "pool.sock"
+    gate = tmp_path / "open"
+    with pool_process("--workers=2", f"--listen=unix:{path}", f"--config={config}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="x", code=f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+                    timeout="60s")
+        client.send(id="x", code="print(2)")  # the same id: refused, and the first still counts
+        client.send(id="y", code="print(3)")
+        refused = client.wait_for(lambda m: m.get("id") == "y")
+        assert "max_jobs" in (refused["error"] or {}).get("message", ""), refused
+        client.send(id="stats", stats=True)
+        assert client.result("stats")["request_errors"] == 2
+        gate.touch()
+        client.wait_for(lambda m: m.get("id") == "x" and m["exit"] == 0)
+        client.close()
+        _stop(pool)
+    logged = [line for line in pool.log_lines() if line.get("event") == "job" and line["error"] == "RequestError"]
+    assert sorted(line["id"] for line in logged) == ["x", "y"], logged
+    assert all(line["tenant"] == "own" and "max_jobs" in line["message"] for line in logged), logged

@@ -211,6 +211,10 @@ class Router(Output):
     def handling(self, connection: Connection | None) -> None:
         self._local.connection = connection
 
+    def uncounted(self, on: bool) -> None:
+        """Whether the lines this thread writes now answer a request that was never counted (a tenant's refusal)."""
+        self._local.uncounted = on
+
     def write(self, line: bytes) -> None:
         try:
             message = _decoder.decode(line)
@@ -255,7 +259,8 @@ class Router(Output):
             error["message"] = error["message"].replace(connection.tag, "")
         if message.get("event") == "call" and isinstance(message.get("call_id"), int):
             connection.calls.add(message["call_id"])
-        self._account(connection, pool_id, message)
+        if not getattr(self._local, "uncounted", False):
+            self._account(connection, pool_id, message)
         connection.send(msgspec.json.encode(message) + b"\n")
 
     def _owner(self, pool_id: Any) -> tuple[Connection | None, Any]:
@@ -555,10 +560,16 @@ class Listener:
                 if problem is not None and pool_copy is not None:
                     connection.tenant.session_closed(pool_copy)
             if problem is not None:
-                answer = refusal(message.id, problem) if message.session is None else session_refusal(
-                    message.id, problem, session=message.session,
+                answer = refusal(inside_id, problem) if message.session is None else session_refusal(
+                    inside_id, problem, session=connection.tag + message.session,
                     session_ended=bool(message.open or message.grant_fields()))
-                connection.send(encode(answer))
+                # Through the server's end of a request, as every refusal: in its stats, metrics and log. It was
+                # never counted, so it ends nothing (its id may be another request's of this connection in flight).
+                router.uncounted(True)
+                try:
+                    server.finish(answer, session=pool_session, step=None)
+                finally:
+                    router.uncounted(False)
                 return
             if not router.count(connection, inside_id):  # dropped since its line was read: undone, not run
                 connection.tenant.answered()

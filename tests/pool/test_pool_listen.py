@@ -616,3 +616,264 @@ def test_a_forks_copy_is_one_of_its_tenants_sessions(tmp_path: Path, run_dir: Pa
             again = original.fork()
             assert again.run("x").return_value == "'root'"
         _stop(pool)
+
+
+def _stats(path: Path) -> dict[str, Any]:
+    client = ListenClient(str(path))
+    client.wait_for(lambda m: True)
+    client.send(id="stats", stats=True)
+    stats = client.result("stats")
+    client.close()
+    return stats
+
+
+def test_a_dropped_connection_is_read_no_more(tmp_path: Path, run_dir: Path) -> None:
+    """A connection dropped because its results cannot be written (here: its client shut its own reading side,
+    as a client that stopped reading does to the pool's outbox) is read no more: the lines its client goes on
+    writing run nothing, and its tenant's max_jobs is not held by them. Before, the pool read on: each such job
+    ran for nobody, its result had no connection to reach, and the tenant's count never came down: two of them
+    and the tenant was refused for good ("has 2 jobs in flight")."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 2\n")
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=2", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(path))
+            assert _first_line(raw)["event"] == "ready"
+            raw.shutdown(socket.SHUT_RD)  # every line the pool writes to it from now on fails
+
+            def job(number: int) -> bytes:
+                code = f"open({str(ran / str(number))!r}, 'w').close()"
+                return json.dumps({"id": number, "code": code, "allow_write": [str(ran)]}).encode() + b"\n"
+
+            raw.sendall(job(0))  # runs; writing its result fails, and the connection is dropped
+            end = time.monotonic() + DEADLINE
+            while _stats(path)["jobs"] < 1:
+                assert time.monotonic() < end, "the first job never ended"
+                time.sleep(0.05)
+            time.sleep(0.5)  # its result's write has failed by now
+            for number in (1, 2, 3):
+                try:
+                    raw.sendall(job(number))
+                except OSError:  # the pool closed it: as good
+                    break
+            time.sleep(1.0)
+        assert sorted(os.listdir(ran)) == ["0"], "the pool ran jobs for a connection it had dropped"
+        other = ListenClient(str(path))
+        other.wait_for(lambda m: True)
+        for number in (10, 11):
+            other.send(id=number, code="print(1)")
+        for number in (10, 11):
+            result = other.result(number)
+            assert result["exit"] == 0, result["error"]
+        other.close()
+        _stop(pool)
+
+
+def test_a_sessions_file_requests_leave_its_tenants_max_jobs(tmp_path: Path, run_dir: Path) -> None:
+    """A session's files, upload and download count among its tenant's requests in flight while they wait, and
+    their answers (which carry no exit) end that. Before, each one held one of the tenant's max_jobs for good:
+    after one listing, a tenant with max_jobs = 1 was refused every job and step until the pool restarted."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="open", session="nb", open=True, scratch=True, code="open('a.txt', 'w').write('a')")
+        assert client.result("open")["exit"] == 0
+        client.send(id="files", session="nb", files=True)
+        assert [entry["path"] for entry in client.result("files")["files"]] == ["a.txt"]
+        client.send(id="up", session="nb", upload={"path": "b.txt", "data": "Yg=="})
+        assert client.result("up")["uploaded"]["size"] == 1
+        client.send(id="down", session="nb", download="b.txt")
+        assert client.result("down")["downloaded"]["data"] == "Yg=="
+        client.send(id="step", session="nb", code="print(open('b.txt').read())")
+        step = client.result("step")
+        assert step["stdout"] == "b\n", step["error"]
+        client.send(id="job", code="print(1)")
+        job = client.result("job")
+        assert job["exit"] == 0, job["error"]
+        client.close()
+        _stop(pool)
+
+
+def test_results_left_unread_by_all_clients_together_are_bounded(tmp_path: Path, run_dir: Path) -> None:
+    """Ten connections each leave 56 MB of results unread (under the 64 MiB that drops one): past 256 MiB
+    unread in all, the connection that left the most is dropped, so the pool's memory is bounded by that, not
+    by its number of connections. Before, none was dropped and the pool held all 560 MB (64 GiB with the
+    default 1,024 connections)."""
+    path = run_dir / "pool.sock"
+    code = "import sys\nsys.stdout.write('o' * 1_000_000)\nsys.stderr.write('e' * 1_000_000)"
+    per_connection = 28  # results of 2 MB each
+    with pool_process("--workers=2", f"--listen=unix:{path}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
+        silent: list[socket.socket] = []
+        for _ in range(10):
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.connect(str(path))
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the results wait in the pool, not here
+            raw.sendall(b"".join(json.dumps({"id": i, "code": code}).encode() + b"\n"
+                                 for i in range(per_connection)))
+            silent.append(raw)
+        end = time.monotonic() + DEADLINE * 4
+        while (stats := _stats(path))["in_flight"] or stats["jobs"] < per_connection:
+            assert time.monotonic() < end, stats
+            time.sleep(0.2)
+        peak_mib = procfs.status_number(pool.pid, "VmHWM") >> 10
+        dropped = 0
+        for raw in silent:
+            raw.settimeout(DEADLINE)
+            lines = raw.makefile("rb")
+            results = 0
+            while results < per_connection and (line := lines.readline()):  # all of them, or its end
+                results += b'"exit"' in line
+            dropped += results < per_connection
+            raw.close()
+        print(f"\n{dropped} of 10 connections dropped; the pool's peak resident memory {peak_mib} MiB")
+        assert dropped, "no connection was dropped with 560 MB of results unread"
+        assert peak_mib < 480, f"the pool's peak resident memory was {peak_mib} MiB"
+        _stop(pool)
+    # The operator sees each client cut off, and how many connections the pool serves.
+    logged = pool.log_lines()
+    cut = [line for line in logged if line.get("level") == "WARNING" and "for its clients together" in line["message"]]
+    assert len(cut) == dropped, logged
+    [listening] = [line for line in logged if line["event"] == "listening"]
+    assert "at most 1024 connections at once" in listening["message"], listening
+
+
+def test_a_request_under_the_line_limit_is_not_refused_for_the_connections_tag(tmp_path: Path,
+                                                                             run_dir: Path) -> None:
+    """The pool's own name of a request (the connection's tag, then the id as JSON) is longer than the line the
+    client sent: an id of 300,000 quotes (600 KB on the wire) is 1.2 MB as the pool's, and a line just under
+    the limit grows past it by the tag. Each runs, answered under the client's id. Before, each was refused as
+    a line "of 1200036 bytes" the client never sent, answered with no id (a client waiting for its id waited
+    for good), and held one of its tenant's max_jobs for good."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        quotes = '"' * 300_000
+        client.send(id=quotes, code="print(1)")
+        result = client.result(quotes)
+        assert result["exit"] == 0, result["error"]
+        bare = len(json.dumps({"id": "near", "code": "print(2)\n#"}))
+        client.send(id="near", code="print(2)\n#" + "#" * ((1 << 20) - 8 - bare))  # 8 bytes under the limit
+        result = client.result("near")
+        assert result["stdout"] == "2\n", result["error"]
+        client.send(id="after", code="print(3)")
+        assert client.result("after")["stdout"] == "3\n"
+        client.close()
+        _stop(pool)
+
+
+def test_a_listening_pools_log_names_requests_as_their_clients_do(tmp_path: Path, run_dir: Path) -> None:
+    """A job's log line carries the request's id and session as its client named them (the docs' "the request's
+    id"), with its tenant beside them, and its message says what the client was told. Before, they were the
+    pool's inner names: id '~1~"job"', session '~1~nb', and "no queued or running job has the id '~1~"gone"'"."""
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="job", code="print(1)")
+        client.send(id=7, session="nb", code="x = 1")
+        client.send(id="cancel", cancel="gone")
+        told = client.result("cancel")["error"]["message"]
+        for request_id in ("job", 7):
+            assert client.result(request_id)["exit"] == 0
+        client.close()
+        _stop(pool)
+    jobs = {json.dumps(line["id"]): line for line in pool.log_lines() if line.get("event") == "job"}
+    assert set(jobs) == {'"job"', "7", '"cancel"'}, list(jobs)
+    assert (jobs["7"]["session"], jobs["7"]["tenant"]) == ("nb", "default")
+    assert jobs['"cancel"']["message"] == told
+    assert "~" not in told, told
+
+
+def test_a_session_name_of_256_characters_opens_through_a_listening_pool(tmp_path: Path, run_dir: Path) -> None:
+    """Session names of 1 to 256 characters are the client's, whatever its connection's tag adds in the pool.
+    Before, 254 to 256 characters were refused on connection 1 ("a name of 1 to 256 characters is required"),
+    and more of them on a connection of a larger number. 257 is refused, as on stdin."""
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", cwd=tmp_path, check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="long", session="n" * 256, code="print(1)")
+        result = client.result("long")
+        assert (result["exit"], result["session"]) == (0, "n" * 256), result["error"]
+        client.send(id="over", session="n" * 257, code="print(1)")
+        assert "1 to 256 characters" in client.result("over")["error"]["message"]
+        client.close()
+        _stop(pool)
+
+
+def test_lines_left_unfinished_by_all_clients_together_are_bounded(tmp_path: Path, run_dir: Path) -> None:
+    """300 connections each send a line of nearly 1 MiB but not its newline, and stall: past 256 MiB held for
+    all clients together, the one held the most for is dropped, with a warning, and the others are served.
+    Before, the pool held all 300 MiB for as long as they stalled (1 GiB under the default max_connections)."""
+    path = run_dir / "pool.sock"
+    head = b'{"id": 1, "code": "#'
+    unfinished = head + b"x" * ((1 << 20) - 100 - len(head))
+    with pool_process("--workers=1", f"--listen=unix:{path}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
+        stalled: list[socket.socket] = []
+        for _ in range(300):
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.connect(str(path))
+            raw.sendall(unfinished)
+            stalled.append(raw)
+        end = time.monotonic() + DEADLINE
+        while not any(line.get("level") == "WARNING" for line in pool.log_lines()):
+            assert time.monotonic() < end, "no connection was dropped"
+            time.sleep(0.1)
+        time.sleep(1.0)  # every line sent has been read by now
+        held_mib = procfs.status_number(pool.pid, "VmRSS") >> 10
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="served", code="print(1)")
+        assert client.result("served")["exit"] == 0
+        client.close()
+        for raw in stalled:
+            raw.close()
+        _stop(pool)
+    cut = [line for line in pool.log_lines() if line.get("level") == "WARNING"]
+    print(f"\n{len(cut)} of 300 stalled connections dropped; the pool's resident memory {held_mib} MiB")
+    assert all("lines unfinished" in line["message"] for line in cut), cut
+    assert held_mib < 400, f"the pool's resident memory was {held_mib} MiB"
+
+
+def test_a_tenants_refusals_are_counted_and_logged(tmp_path: Path, run_dir: Path) -> None:
+    """A request refused for its tenant's bounds is one of the pool's refusals: in the stats' request_errors and
+    a job log line with its tenant, as every other refusal is. Before, the operator saw none of them. Its id
+    may be one the client has in flight: the refusal does not end that one's count (a third job is refused)."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    path = run_dir / "pool.sock"
+    gate = tmp_path / "open"
+    with pool_process("--workers=2", f"--listen=unix:{path}", f"--config={config}", "--log=json", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        client.wait_for(lambda m: True)
+        client.send(id="x", code=f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+                    timeout="60s")
+        client.send(id="x", code="print(2)")  # the same id: refused, and the first still counts
+        client.send(id="y", code="print(3)")
+        refused = client.wait_for(lambda m: m.get("id") == "y")
+        assert "max_jobs" in (refused["error"] or {}).get("message", ""), refused
+        client.send(id="stats", stats=True)
+        assert client.result("stats")["request_errors"] == 2
+        gate.touch()
+        client.wait_for(lambda m: m.get("id") == "x" and m["exit"] == 0)
+        client.close()
+        _stop(pool)
+    logged = [line for line in pool.log_lines() if line.get("event") == "job" and line["error"] == "RequestError"]
+    assert sorted(line["id"] for line in logged) == ["x", "y"], logged
+    assert all(line["tenant"] == "own" and "max_jobs" in line["message"] for line in logged), logged

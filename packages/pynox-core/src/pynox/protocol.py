@@ -514,7 +514,7 @@ class JobLogLine(msgspec.Struct, kw_only=True):
 
 PoolEventName = Literal["start", "ready", "start_error", "signal", "drain", "stop", "exit", "template_error",
                         "config_warning", "bound_not_in_force", "log", "template_died", "template_replaced",
-                        "zygote_died"]
+                        "zygote_died", "listening"]
 
 
 class PoolLogEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -813,6 +813,9 @@ def _check_shape(request: Request) -> None:
         if extra:
             raise refuse(f"a cancel request takes only id and cancel, got {', '.join(extra)}")
         return
+    # Checked here, on the name as the client gave it: a listening pool's tag makes the pool's own name longer.
+    if request.session is not None and not 1 <= len(request.session) <= 256:
+        raise refuse("session: a name of 1 to 256 characters is required")
     if request.file_request():
         given = [f for f in ("upload", "download", "files") if getattr(request, f) is not None]
         extra = [f for f in request.__struct_fields__

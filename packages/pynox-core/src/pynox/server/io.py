@@ -50,8 +50,11 @@ class LineReader:
     """Lines of ``fd`` until EOF or until ``stopping()`` is true (checked when ``wakeup_fd`` is written);
     then :meth:`rest` gives the complete lines already written, so that they can be answered too."""
 
-    def __init__(self, fd: int, wakeup_fd: int, stopping: Callable[[], bool]) -> None:
+    def __init__(self, fd: int, wakeup_fd: int, stopping: Callable[[], bool],
+                 holding: Callable[[int], None] | None = None) -> None:
+        """``holding``: told, after each read, how many bytes of an unfinished line the reader now holds."""
         self._fd = fd
+        self._holding = holding
         self._wakeup = wakeup_fd
         self._stopping = stopping
         self._buffer = bytearray()
@@ -76,6 +79,8 @@ class LineReader:
                 self._eof = True
                 break
             yield from self._lines(chunk)
+            if self._holding is not None:
+                self._holding(len(self._buffer))
         if self._stopping():
             return
         yield from self._last()

@@ -11,7 +11,10 @@ to the connection it belongs to, with the client's own names restored.
 - A line the server answers with no id (a line that is not JSON) goes to the connection whose line is
   being handled: intake handles one line at a time, on that connection's thread.
 - Each connection's results leave through an outbox of its own, written by a thread of its own: a client
-  that stops reading holds up nobody else; past ``_OUTBOX_LIMIT`` bytes unread it is dropped.
+  that stops reading holds up nobody else; past ``_OUTBOX_LIMIT`` bytes unread it is dropped, and when the pool
+  holds more than ``_UNREAD_LIMIT`` for all connections together (results unread, lines not yet finished), the
+  one it holds the most for is dropped: the pool's memory is bounded by that, not by its count of connections
+  times what one may hold.
 - A dropped connection (EOF, an error, an overfull outbox): its pending host calls fail with HostError,
   its jobs and steps are cancelled and its sessions closed, through the server's own cancel and close.
 
@@ -70,7 +73,15 @@ _RESERVED_PER_WORKER = 32
 _RESERVED_PER_SESSION = 8
 _REFUSALS_LOGGED_EVERY = 1.0  # seconds: a flood of refused connections is one warning a second, with its count
 _OUTBOX_LIMIT = 64 << 20  # bytes of results a client may leave unread before it is dropped
+# Bytes the pool may hold for all connections together, results unread and lines not yet finished: past it, the
+# connection it holds the most for is dropped. Without it the bound was 65 MiB times max_connections (65 GiB by
+# default): ten connections of one tenant, each sending stats requests and reading nothing, took the pool from
+# 33 MiB to 725 MiB resident, and 200 that each sent a line of 1 MiB but its newline took 220 MiB more.
+_UNREAD_LIMIT = 256 << 20
 _SD_LISTEN_FDS_START = 3
+# A line with one of these is the one answer to a request counted in flight (see Router._account): a result has
+# an exit; the answers to a session's files, upload and download have none.
+_FINAL_KEYS = ("exit", "files", "uploaded", "downloaded")
 _decoder = msgspec.json.Decoder()
 
 
@@ -91,6 +102,7 @@ class Connection:
         self.in_flight = 0  # its requests that will still be answered (results come back through the router)
         self.counted: collections.Counter[str] = collections.Counter()  # those requests, by the pool's id
         self.alive = True
+        self.unfinished = 0  # bytes of a line its client has not finished, held by its reader
         self._out: collections.deque[bytes] = collections.deque()
         self._out_bytes = 0
         self._cond = threading.Condition()
@@ -101,6 +113,19 @@ class Connection:
         """The pool's id for this connection's ``request_id``: its tag, then the id as JSON (1, 1.0, "1" stay apart)."""
         return self.tag + msgspec.json.encode(request_id).decode()
 
+    @property
+    def held(self) -> int:
+        """Bytes the pool holds for it: results written to its outbox and not yet to its socket, and the line
+        its client has not finished."""
+        return self._out_bytes + self.unfinished
+
+    def holding(self, unfinished: int) -> None:
+        """Its reader holds ``unfinished`` bytes of a line not yet finished."""
+        total = self._router.unread(unfinished - self.unfinished)
+        self.unfinished = unfinished
+        if total > _UNREAD_LIMIT:
+            self._router.drop_most_unread()
+
     def send(self, line: bytes) -> None:
         with self._cond:
             if not self.alive:
@@ -109,8 +134,11 @@ class Connection:
             self._out_bytes += len(line)
             over = self._out_bytes > _OUTBOX_LIMIT
             self._cond.notify()
+        total = self._router.unread(len(line))
         if over:
-            self._router.drop(self, f"it left more than {_OUTBOX_LIMIT >> 20} MiB of results unread")
+            self._router.drop(self, f"it left more than {_OUTBOX_LIMIT >> 20} MiB of results unread", warn=True)
+        elif total > _UNREAD_LIMIT:
+            self._router.drop_most_unread()
 
     def _write_loop(self) -> None:
         while True:
@@ -121,6 +149,7 @@ class Connection:
                     return
                 line = self._out.popleft()
                 self._out_bytes -= len(line)
+            self._router.unread(-len(line))
             try:
                 self.sock.sendall(line)
             except OSError:
@@ -131,7 +160,9 @@ class Connection:
         with self._cond:
             self.alive = False
             self._out.clear()
+            cleared, self._out_bytes = self._out_bytes, 0
             self._cond.notify()
+        self._router.unread(-cleared)
 
     def flush(self, timeout: float) -> None:
         """Let the outbox drain (at the pool's end), for at most ``timeout`` seconds."""
@@ -154,6 +185,24 @@ class Router(Output):
         self._local = threading.local()  # .connection: whose line this thread is handling
         self.ready_line: bytes | None = None
         self.server: Server | None = None
+        self._unread_lock = threading.Lock()
+        self._unread = 0  # bytes in every connection's outbox
+
+    def unread(self, change: int) -> int:
+        """Add ``change`` to the bytes all outboxes hold; what they now hold."""
+        with self._unread_lock:
+            self._unread += change
+            return self._unread
+
+    def drop_most_unread(self) -> None:
+        """The pool holds more than it keeps for all clients together: the one it holds the most for is dropped."""
+        with self._lock:
+            live = [connection for connection in self._connections.values() if connection.alive]
+        if live:
+            worst = max(live, key=lambda connection: connection.held)
+            self.drop(worst, f"the pool holds more than {_UNREAD_LIMIT >> 20} MiB for its clients together (results "
+                             f"unread, lines unfinished), and for this one the most ({worst.held >> 20} MiB)",
+                      warn=True)
 
     def add(self, connection: Connection) -> None:
         with self._lock:
@@ -161,6 +210,10 @@ class Router(Output):
 
     def handling(self, connection: Connection | None) -> None:
         self._local.connection = connection
+
+    def uncounted(self, on: bool) -> None:
+        """Whether the lines this thread writes now answer a request that was never counted (a tenant's refusal)."""
+        self._local.uncounted = on
 
     def write(self, line: bytes) -> None:
         try:
@@ -206,7 +259,8 @@ class Router(Output):
             error["message"] = error["message"].replace(connection.tag, "")
         if message.get("event") == "call" and isinstance(message.get("call_id"), int):
             connection.calls.add(message["call_id"])
-        self._account(connection, pool_id, message)
+        if not getattr(self._local, "uncounted", False):
+            self._account(connection, pool_id, message)
         connection.send(msgspec.json.encode(message) + b"\n")
 
     def _owner(self, pool_id: Any) -> tuple[Connection | None, Any]:
@@ -225,11 +279,13 @@ class Router(Output):
             return None, None
 
     def _account(self, connection: Connection, pool_id: str | None, message: dict[str, Any]) -> None:
-        """A job's or step's one result ends what it held; a closed answer or an ended session frees a session."""
+        """A request's one answer ends what it held (a job's or step's result; a session's files, upload or
+        download, answered without an exit); a closed answer or an ended session frees a session."""
         session = message.get("session")
         pool_session = connection.tag + session if isinstance(session, str) else None
         ended = bool(message.get("closed") or message.get("session_ended"))
-        if "exit" not in message or pool_id is None or not connection.counted.get(pool_id):
+        final = any(key in message for key in _FINAL_KEYS)
+        if not final or pool_id is None or not connection.counted.get(pool_id):
             if ended and pool_session is not None:
                 connection.tenant.session_closed(pool_session)
             return
@@ -242,16 +298,25 @@ class Router(Output):
             if not connection.alive and connection.in_flight <= 0:
                 self._connections.pop(connection.number, None)
 
-    def drop(self, connection: Connection, why: str) -> None:
-        """The connection is gone: fail its host calls, cancel its jobs, close its sessions (once)."""
+    def drop(self, connection: Connection, why: str, *, warn: bool = False) -> None:
+        """The connection is gone: read no more of it, fail its host calls, cancel its jobs, close its sessions
+        (once). ``warn``: a client cut off (for what the pool held for it) is the operator's business, a warning; one
+        that closed or failed is not."""
         with self._lock:
             if not connection.alive:
                 return
             connection.stop_writing()
             if connection.in_flight <= 0:
                 self._connections.pop(connection.number, None)
-        _log.info("connection %d (%s, tenant %s) dropped: %s", connection.number, connection.peer,
-                  connection.tenant.name, why)
+        # Its reader ends now (its poll sees the end): a client whose results can no longer be written (it stopped
+        # reading, or shut its reading side) must not go on starting work that nobody will be answered for, and
+        # whose tenant's count would never come down (no connection is left to route the result to).
+        try:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed by its reader
+            pass
+        _log.log(logging.WARNING if warn else logging.INFO, "connection %d (%s, tenant %s) dropped: %s",
+                 connection.number, connection.peer, connection.tenant.name, why)
         server = self.server
         if server is None:  # pragma: no cover - connections are served only once the server is
             return
@@ -277,16 +342,35 @@ class Router(Output):
         connection, _ = self._owner(pool_id)
         return connection.tenant.name if connection is not None else None
 
+    def own_names(self, pool_id: RequestId | None) -> tuple[RequestId | None, str]:
+        """The id a pool id stands for, as its client gave it, and its connection's tag (for its log line; the
+        connection may be gone); an id that is not the pool's (a line the pool could not parse, on its
+        connection's thread) is the client's own, and has no tag."""
+        current: Connection | None = getattr(self._local, "connection", None)
+        if not isinstance(pool_id, str) or (current is not None and not pool_id.startswith(current.tag)):
+            return pool_id, ""
+        number, sep, rest = pool_id.removeprefix("~").partition("~")
+        if not pool_id.startswith("~") or not sep or not number.isdigit():
+            return pool_id, ""
+        try:
+            return _decoder.decode(rest), _tag(int(number))
+        except msgspec.DecodeError:
+            return pool_id, ""
+
     def run_as_of(self, pool_id: RequestId | None) -> tuple[int, int] | None:
         """The user the jobs of the connection a pool id belongs to run as, when its tenant names one."""
         connection, _ = self._owner(pool_id)
         return connection.tenant.settings.run_as if connection is not None else None
 
-    def count(self, connection: Connection, pool_id: str) -> None:
-        """A request of ``connection`` that will be answered with a result."""
+    def count(self, connection: Connection, pool_id: str) -> bool:
+        """A request of ``connection`` that will be answered with a result; False (nothing counted) when the
+        connection was dropped meanwhile: the request must not run."""
         with self._lock:
+            if not connection.alive:
+                return False
             connection.in_flight += 1
             connection.counted[pool_id] += 1
+            return True
 
     def connections(self) -> list[Connection]:
         with self._lock:
@@ -317,6 +401,7 @@ class Listener:
         descriptor is its stdin reader's)."""
         router.server = server
         server.tenant_of = router.tenant_of
+        server.own_names = router.own_names
         server.run_as_of = router.run_as_of
         limit = _raise_open_files()
         reserved = (_RESERVED + _RESERVED_PER_WORKER * server.options.workers
@@ -328,7 +413,8 @@ class Listener:
         if most < server.options.max_connections:
             _log.warning("[pool] max_connections is %d, but the open-file limit %d leaves room for %d beside the "
                          "pool's own work: serving at most %d", server.options.max_connections, limit, room, most)
-        _log.info("listening on %s: at most %d connections at once (open-file limit %d)", self.address, most, limit)
+        server.log_event("listening", f"listening on {self.address}: at most {most} connections at once (open-file "
+                                      f"limit {limit})")
         live = threading.BoundedSemaphore(most)
         spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         while not server.drained.is_set():
@@ -422,10 +508,12 @@ class Listener:
         if router.ready_line is not None:
             connection.send(router.ready_line)
         _log.info("connection %d from %s: tenant %s", connection.number, peer, tenant.name)
-        reader = LineReader(sock.fileno(), self._never[0], server.drained.is_set)
+        reader = LineReader(sock.fileno(), self._never[0], server.drained.is_set, connection.holding)
         why = "the client closed it"
         try:
             for line in reader:
+                if not connection.alive:  # dropped: the lines it wrote after are not read (see Router.drop)
+                    break
                 router.handling(connection)
                 try:
                     self._handle(server, router, connection, line, reader.read_ns)
@@ -434,6 +522,7 @@ class Listener:
         except OSError as exc:
             why = f"reading it failed ({exc.strerror or exc})"
         router.drop(connection, why if not server.drained.is_set() else "the pool stopped")
+        connection.holding(0)  # its reader ends: what it held is freed
 
     def _handle(self, server: Server, router: Router, connection: Connection, line: bytes | TooLong,
                 arrived_ns: int) -> None:
@@ -471,12 +560,20 @@ class Listener:
                 if problem is not None and pool_copy is not None:
                     connection.tenant.session_closed(pool_copy)
             if problem is not None:
-                answer = refusal(message.id, problem) if message.session is None else session_refusal(
-                    message.id, problem, session=message.session,
+                answer = refusal(inside_id, problem) if message.session is None else session_refusal(
+                    inside_id, problem, session=connection.tag + message.session,
                     session_ended=bool(message.open or message.grant_fields()))
-                connection.send(encode(answer))
+                # Through the server's end of a request, as every refusal: in its stats, metrics and log. It was
+                # never counted, so it ends nothing (its id may be another request's of this connection in flight).
+                router.uncounted(True)
+                try:
+                    server.finish(answer, session=pool_session, step=None)
+                finally:
+                    router.uncounted(False)
                 return
-            router.count(connection, inside_id)
+            if not router.count(connection, inside_id):  # dropped since its line was read: undone, not run
+                connection.tenant.answered()
+                return
         if pool_session is not None:
             connection.sessions.add(pool_session)
         if message.fork is not None:  # the copy is this connection's session, closed with it
@@ -485,7 +582,7 @@ class Listener:
             message, id=inside_id, session=pool_session,
             fork=connection.tag + message.fork if message.fork is not None else None,
             cancel=connection.inside(message.cancel) if message.cancel is not None else None)
-        server.handle_line(encode(inside), arrived_ns)
+        server.handle_request(inside, arrived_ns)  # not as a line: the tags make it longer than the client's
 
     def close(self) -> None:
         if self.path is not None:

@@ -374,6 +374,10 @@ class Server:
         self.tenant_of: Callable[[RequestId | None], str | None] = lambda _: None
         # The user a request's jobs run as, when its tenant says (see listen.py), over a profile's and [pool] run_as.
         self.run_as_of: Callable[[RequestId | None], tuple[int, int] | None] = lambda _: None
+        # A listening pool's request id as its client gave it, and the connection's tag the pool's names carry
+        # (see listen.Router.own_names); on stdin, the id itself and no tag.
+        self.own_names: Callable[[RequestId | None], tuple[RequestId | None, str]] = lambda request_id: (
+            request_id, "")
         # The cgroups of each tenant with a memory_budget or cpu_weight (see policy/cgroups.py TenantGroup), made
         # as the pool starts: where none can be made, the pool does not start (never without the budget).
         self.budgets: dict[str, cgroups.TenantGroup] = {}
@@ -454,6 +458,11 @@ class Server:
                 line.traceparent = trace
             # On stdin there is one client: its lines name no tenant (the metrics call it "default").
             line.tenant, line.profile = tenant if self.options.listen is not None else None, profile or None
+            own_id, tag = self.own_names(line.id)
+            if tag:  # the request as its client named it, and the message as its client was told it
+                line.id = own_id
+                line.session = line.session.removeprefix(tag) if line.session is not None else None
+                line.message = line.message.replace(tag, "") if line.message is not None else None
             self._log(encode(line))
 
     def log_event(self, event: PoolEventName, message: str, *, retry: int | None = None,
@@ -628,6 +637,19 @@ class Server:
             self._refuse(request_id, f"the pool failed while reading this request ({type(exc).__name__}); "
                                      "nothing ran")
 
+    def handle_request(self, message: Request, arrived_ns: int) -> None:
+        """Answer one request a listening pool's connection already parsed from its line (then renamed with its
+        tag, which makes it longer than the line was: parsed again, a line just under the limit, or an id of
+        quotes, would be refused for a size the client never sent). As :meth:`handle_line` otherwise."""
+        try:
+            with self._intake:
+                self._arrived_ns = arrived_ns
+                self._handle_message(message)
+        except Exception as exc:
+            _log.exception("the pool failed while reading a request")
+            self._refuse(message.id, f"the pool failed while reading this request ({type(exc).__name__}); "
+                                     "nothing ran")
+
     def _handle_line(self, line: bytes | TooLong) -> None:
         """Route one line to the module that decides it; what it answers leaves through finish or output."""
         if isinstance(line, TooLong):  # intake: a reply fails its call, a request is refused
@@ -639,6 +661,9 @@ class Server:
         except LineError as exc:
             self._refuse(exc.request_id, str(exc))
             return
+        self._handle_message(message)
+
+    def _handle_message(self, message: Request | Reply) -> None:
         if isinstance(message, Reply):  # the host's answer to a job's call
             if (problem := self.calls.answer(message.reply)) is not None:
                 self._refuse(None, problem)

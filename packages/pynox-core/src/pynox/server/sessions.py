@@ -902,8 +902,6 @@ class SessionRequests:
                                session_ended=existing is None or existing.closing)
 
     def _request(self, request: Request, name: str, arrived_ns: int) -> None:
-        if not name or len(name) > 256:
-            raise RequestError("session: a name of 1 to 256 characters is required")
         if request.close:
             if not self.registry.close(name, request.id):
                 raise RequestError(f"close: there is no open session named {quoted(name)}")

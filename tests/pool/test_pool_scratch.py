@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -231,3 +232,95 @@ def test_the_size_caps(tmp_path: Path) -> None:
         root = scratch.parent
         pool.run(session=name, close=True)
     assert not root.exists()  # the pool's root goes with it
+
+
+# What a job leaves in its scratch directory is its choice, in number and in depth: the pool's removal of it must
+# cost the job's result nothing past its deadline, and no depth may break the pool, at its exit or the next start.
+_MANY_FILES = """
+import os
+import subprocess
+made = 0
+while True:
+    for _ in range(1000):
+        os.close(os.open(str(made), os.O_CREAT | os.O_WRONLY))
+        made += 1
+    if made % 50_000 == 0:
+        print(made, flush=True)
+"""
+
+_DEEP = 3000  # directories in a chain: beyond Python's recursion limit, and a descriptor each for a recursive rmtree
+
+
+@pytest.fixture
+def own_scratch_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A config whose scratch_dir is the test's own (no other pool of this machine sweeps there), and that dir;
+    removed by rm, whatever a failure left there (pytest's own removal of tmp_path recurses, as rmtree did)."""
+    place = tmp_path / "scratch"
+    place.mkdir()
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[pool]\nscratch_dir = {str(place)!r}\n")
+    try:
+        yield config, place
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(place)], check=True, timeout=60)
+
+
+def test_a_jobs_many_files_cost_its_result_nothing_past_its_deadline(tmp_path: Path,
+                                                                    own_scratch_dir: tuple[Path, Path]) -> None:
+    """A job that makes empty files in its scratch directory until its deadline: its result comes at that deadline,
+    and the worker serves the next job at once. The pool removed them before the result (a 4 s job answered
+    after 7-8 s with ~300,000 files), while its worker served no one."""
+    config, place = own_scratch_dir
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        started = time.monotonic()
+        result = pool.run(_MANY_FILES, scratch=True, timeout="4s", wait=120)
+        took = time.monotonic() - started
+        assert result["exit"] == 124, result
+        made = int(result["stdout"].split()[-1])
+        assert made >= 50_000, result["stdout"]  # the attack took place
+        assert len(result["files"]) <= 10_000  # a bounded look: at most 10,000 entries
+        assert took < 4 + 1.5, f"a job with a 4 s deadline and {made} files was answered after {took:.1f} s"
+        begun = time.monotonic()
+        assert _ok(pool.run("print('next')", wait=60))["stdout"] == "next\n"
+        assert time.monotonic() - begun < 2, "the worker was held after the result"
+    assert list(place.iterdir()) == []  # the files went with the pool, all of them
+
+
+def test_a_deep_tree_a_job_leaves_is_removed_and_the_pool_lives_on(tmp_path: Path,
+                                                                   own_scratch_dir: tuple[Path, Path]) -> None:
+    """A chain of 3,000 directories in a job's scratch directory: the job's result is its own, the next job runs,
+    and the pool removes the tree and exits 0. shutil.rmtree recursed: RecursionError at the pool's exit (exit 1,
+    the tree left behind)."""
+    config, place = own_scratch_dir
+    deep = (f"import os\nfor _ in range({_DEEP}):\n    os.mkdir('a')\n    os.chdir('a')\n"
+            "os.chdir(os.environ['PYNOX_SCRATCH'])\nprint('deep')")
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        assert _ok(pool.run(deep, scratch=True, wait=60))["stdout"] == "deep\n"
+        session, scratch = _open(pool, deep)  # a session's, removed when it closes
+        pool.run(session=session, close=True)
+        assert not scratch.exists()
+        assert _ok(pool.run("print('next')", scratch=True))["stdout"] == "next\n"
+    assert list(place.iterdir()) == []
+
+
+def test_a_deep_tree_left_by_a_pool_that_died_does_not_stop_the_next_one(tmp_path: Path,
+                                                                         own_scratch_dir: tuple[Path, Path]) -> None:
+    """A root of a pool that died (its pid gone) holding a chain of 3,000 directories: the next pool with the same
+    scratch_dir sweeps it and starts. The sweep's rmtree recursed: every later pool died at start."""
+    config, place = own_scratch_dir
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = place / f"pynox-scratch-{dead.pid}-leftover"
+    left.mkdir()
+    fd = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(_DEEP):
+            os.mkdir("a", dir_fd=fd)
+            below = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+    finally:
+        os.close(fd)
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        assert _ok(pool.run("print('started')"))["stdout"] == "started\n"
+        assert not left.exists()

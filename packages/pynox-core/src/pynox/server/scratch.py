@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import ctypes
 import errno
+import itertools
+import logging
 import mimetypes
 import os
+import queue
 import secrets
-import shutil
 import stat
 import tempfile
 import threading
@@ -53,6 +56,8 @@ from ..wire.spec import MAX_GRANTS, JobSpec
 
 __all__ = ["VARIABLE", "ScratchRoot", "answer"]
 
+_log = logging.getLogger(__name__)
+
 _PREFIX = "pynox-scratch-"
 _SYS_OPENAT2 = 437  # the same number on every architecture
 _RESOLVE_NO_XDEV = 0x01
@@ -63,6 +68,8 @@ _RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | _R
 _MAX_PATH = 1024
 _MAX_ENTRIES = 10_000  # entries a listing looks at: the job chooses how many there are
 _MAX_DEPTH = 32
+_GONE = ".gone-"  # a directory on its way out: renamed in the root at once, emptied by the remover's thread
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 VARIABLE = "PYNOX_SCRATCH"
 
 
@@ -149,7 +156,10 @@ class _Directory:
             while pending:
                 prefix, fd, depth = pending.pop()
                 try:
-                    names = sorted(os.listdir(fd))
+                    # Only as many names as may still be looked at are read: a directory of millions is the job's
+                    # to make, and reading it whole cost the pool their memory and the time to sort them.
+                    with os.scandir(fd) as entries:
+                        names = sorted(entry.name for entry in itertools.islice(entries, _MAX_ENTRIES + 1 - seen))
                     for name in names:
                         seen += 1
                         if seen > _MAX_ENTRIES:
@@ -287,6 +297,56 @@ class _Directory:
         return found
 
 
+def _empty(top: int) -> None:
+    """Remove everything in the directory ``top`` (a descriptor), following nothing. What is in it is a job's to
+    choose, in number and in depth: each directory found below is first moved up into ``top`` (a rename on one file
+    system) and emptied from there, so no depth costs a recursion or a descriptor per level (shutil.rmtree's
+    did both: a chain of 3,000 directories raised RecursionError). What cannot be removed is passed over."""
+    pending: list[str | None] = [None]  # None: top itself; else a name in top
+    while pending:
+        current = pending.pop()
+        try:
+            fd = top if current is None else os.open(current, _DIRECTORY, dir_fd=top)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        if not entry.is_dir(follow_symlinks=False):
+                            os.unlink(entry.name, dir_fd=fd)
+                        elif current is None:
+                            pending.append(entry.name)
+                        else:
+                            moved = _GONE + secrets.token_hex(12)
+                            os.rename(entry.name, moved, src_dir_fd=fd, dst_dir_fd=top)
+                            pending.append(moved)
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+        finally:
+            if fd != top:
+                os.close(fd)
+        if current is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(current, dir_fd=top)
+
+
+def _remove(parent: int, name: str) -> None:
+    """Remove the directory ``name`` in ``parent`` with all it holds (see :func:`_empty`)."""
+    try:
+        fd = os.open(name, _DIRECTORY, dir_fd=parent)
+    except OSError:
+        return
+    try:
+        _empty(fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=parent)
+
+
 def _nameable(path: str) -> bool:
     """Whether a protocol line can name ``path``. A name that is not UTF-8 (the job's to choose: os.listdir gives its
     bytes as lone surrogates) cannot travel in JSON: its file is passed over, as a symlink is; walk() still counts
@@ -313,6 +373,10 @@ class ScratchRoot:
         self._max_file, self._max_total = max_file, max_total
         self._lock = threading.Lock()
         self._dirs: dict[str, _Directory] = {}
+        # Directories removed are emptied here, on a thread of its own, started with the first: the work is the
+        # size of what the job left, so it is done after the result and off every thread that serves jobs.
+        self._gone: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._remover: threading.Thread | None = None
 
     def refuse_overlap(self, spec: JobSpec) -> None:
         """RequestError if a grant of ``spec`` lies in the root, or is a write grant that holds it: every scratch
@@ -361,24 +425,47 @@ class ScratchRoot:
             return []
 
     def remove(self, path: str | None) -> None:
-        """Remove a scratch directory and everything in it (nothing it holds is followed: rmtree by descriptors).
-        None: none (a job that asked for none, as most do: no lock taken)."""
+        """Remove a scratch directory and everything in it: gone from its path at once (renamed in the root), its
+        contents removed after, on the remover's thread (nothing it holds is followed). None: none (a job that
+        asked for none, as most do: no lock taken)."""
         if path is None:
             return
         with self._lock:
             directory = self._dirs.pop(path, None)
-        if directory is None:
-            return
-        os.close(directory.fd)
-        shutil.rmtree(os.path.basename(path), dir_fd=self._fd, ignore_errors=True)
+            if directory is None:
+                return
+            os.close(directory.fd)
+            gone = _GONE + secrets.token_hex(12)
+            try:
+                os.rename(os.path.basename(path), gone, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+            except OSError:
+                return  # swept at the pool's exit
+            if self._remover is None:
+                self._remover = threading.Thread(target=self._remove_gone, name="pynox-scratch-remover", daemon=True)
+                self._remover.start()
+        self._gone.put(gone)
+
+    def _remove_gone(self) -> None:
+        while (name := self._gone.get()) is not None:
+            try:
+                _remove(self._fd, name)
+            except Exception:  # a bug here must not leave later directories behind; the exit sweeps the rest
+                _log.exception("removing scratch directory %s failed", name)
 
     def close(self) -> None:
         with self._lock:
             paths = list(self._dirs)
         for path in paths:
             self.remove(path)
+        with self._lock:
+            remover, self._remover = self._remover, None
+        if remover is not None:
+            self._gone.put(None)
+            remover.join()
+        _empty(self._fd)
         os.close(self._fd)
-        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)
 
 
 def _alive(pid: int) -> bool:
@@ -407,7 +494,14 @@ def _sweep(parent: str) -> None:
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            shutil.rmtree(path, ignore_errors=True)
+            try:
+                fd = os.open(parent, _DIRECTORY)
+            except OSError:
+                return
+            try:
+                _remove(fd, name)
+            finally:
+                os.close(fd)
 
 
 def answer(directory: _Directory | None, session: str, request: Request) -> FilesListed | Uploaded | Downloaded:

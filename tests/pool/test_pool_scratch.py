@@ -324,3 +324,35 @@ def test_a_deep_tree_left_by_a_pool_that_died_does_not_stop_the_next_one(tmp_pat
     with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
         assert _ok(pool.run("print('started')"))["stdout"] == "started\n"
         assert not left.exists()
+
+
+_LONG_NAMES = """
+import os
+for _ in range(4):
+    os.mkdir("d" * 240)
+    os.chdir("d" * 240)
+for i in range(9_990):
+    os.close(os.open(f"{i:05d}" + "f" * 25, os.O_CREAT | os.O_WRONLY))
+for _ in range(3):
+    os.mkdir("e" * 240)
+    os.chdir("e" * 240)
+os.close(os.open("beyond", os.O_CREAT | os.O_WRONLY))
+os.chdir(os.environ["PYNOX_SCRATCH"])
+print("made")
+"""
+
+
+def test_the_names_of_a_jobs_files_are_bounded_as_their_contents_are(pool: PoolProcess) -> None:
+    """10,000 files whose paths are 1,000 characters each (the job's to choose): a job's result names them within its
+    max_output, a session's listing within 4 MiB, and a path no request could name (over 1,024 characters) is
+    passed over. The result of a job with max_output 64k named 10 MB of paths, a listing as much."""
+    result = _ok(pool.run(_LONG_NAMES, scratch=True, max_output="64k", wait=60))
+    named = sum(len(file["path"]) for file in result["files"])
+    assert 0 < named <= 64 << 10, f"a job with max_output 64k had {named} bytes of paths in its result"
+    assert all(len(file["path"]) <= 1024 for file in result["files"])
+    session, _ = _open(pool, _LONG_NAMES)
+    listed = pool.run(session=session, files=True)["files"]
+    named = sum(len(file["path"]) for file in listed)
+    assert 64 << 10 < named <= 4 << 20, f"a listing named {named} bytes of paths"
+    assert all(len(file["path"]) <= 1024 for file in listed)
+    pool.run(session=session, close=True)

@@ -68,6 +68,9 @@ _RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | _R
 _MAX_PATH = 1024
 _MAX_ENTRIES = 10_000  # entries a listing looks at: the job chooses how many there are
 _MAX_DEPTH = 32
+# Bytes of paths a listing names (a session's files request): the job chooses its names, and 10,000 of 4,000
+# characters made one answer of 40 MB. A job's result's own files name at most its max_output bytes of paths.
+_MAX_LISTED = 4 << 20
 _GONE = ".gone-"  # a directory on its way out: renamed in the root at once, emptied by the remover's thread
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 VARIABLE = "PYNOX_SCRATCH"
@@ -180,7 +183,17 @@ class _Directory:
                 os.close(fd)
 
     def listing(self) -> list[ScratchFile]:
-        return [_described(path, st) for path, st in self.walk() if _nameable(path)]
+        return [_described(path, st) for path, st in self._nameable_within(_MAX_LISTED)]
+
+    def _nameable_within(self, room: int) -> Iterator[tuple[str, os.stat_result]]:
+        """The files :meth:`walk` finds that a request can name, until their paths come to ``room`` bytes."""
+        for path, st in self.walk():
+            if not _nameable(path):
+                continue
+            room -= len(path)
+            if room < 0:
+                return
+            yield path, st
 
     def read(self, request: Download | str) -> FileChunk:
         wanted = request if isinstance(request, Download) else Download(path=request)
@@ -274,11 +287,10 @@ class _Directory:
             os.close(parent)
 
     def collect(self, budget: int) -> list[ScratchFile]:
-        """Every file with its content, while ``budget`` bytes last (a job's result): one over it has data null."""
+        """Every file with its content, while ``budget`` bytes last (a job's result): one over it has data null; and
+        files named while their paths come to ``budget`` bytes too."""
         found: list[ScratchFile] = []
-        for path, st in self.walk():
-            if not _nameable(path):
-                continue
+        for path, st in self._nameable_within(budget):
             data: bytes | None = None
             if st.st_size <= min(budget, self.max_file):
                 try:
@@ -350,7 +362,10 @@ def _remove(parent: int, name: str) -> None:
 def _nameable(path: str) -> bool:
     """Whether a protocol line can name ``path``. A name that is not UTF-8 (the job's to choose: os.listdir gives its
     bytes as lone surrogates) cannot travel in JSON: its file is passed over, as a symlink is; walk() still counts
-    its size against the directory's cap."""
+    its size against the directory's cap. Nor can one longer than a request's path may be (the job's to choose too,
+    through directories it enters one by one): a download could not name it."""
+    if len(path) > _MAX_PATH:
+        return False
     try:
         path.encode()
     except UnicodeEncodeError:

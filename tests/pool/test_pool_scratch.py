@@ -269,7 +269,8 @@ def test_a_jobs_many_files_cost_its_result_nothing_past_its_deadline(tmp_path: P
                                                                     own_scratch_dir: tuple[Path, Path]) -> None:
     """A job that makes empty files in its scratch directory until its deadline: its result comes at that deadline,
     and the worker serves the next job at once. The pool removed them before the result (a 4 s job answered
-    after 7-8 s with ~300,000 files), while its worker served no one."""
+    after 7-8 s with ~300,000 files), while its worker served no one. The control, a tmpfs, in
+    test_memory_counted.py."""
     config, place = own_scratch_dir
     with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
         started = time.monotonic()
@@ -282,8 +283,16 @@ def test_a_jobs_many_files_cost_its_result_nothing_past_its_deadline(tmp_path: P
         assert took < 4 + 1.5, f"a job with a 4 s deadline and {made} files was answered after {took:.1f} s"
         begun = time.monotonic()
         assert _ok(pool.run("print('next')", wait=60))["stdout"] == "next\n"
-        assert time.monotonic() - begun < 2, "the worker was held after the result"
+        # On a tmpfs the files are pages of the template's memory cgroup: its worker removes them before its next
+        # job, whose memory limit is set from what that cgroup holds (test_memory_counted.py). Elsewhere, at once.
+        if not _on_a_tmpfs(place):
+            assert time.monotonic() - begun < 2, "the worker was held after the result"
     assert list(place.iterdir()) == []  # the files went with the pool, all of them
+
+
+def _on_a_tmpfs(place: Path) -> bool:
+    found = subprocess.run(["stat", "-f", "-c", "%T", str(place)], check=True, capture_output=True, text=True)
+    return found.stdout.strip() in ("tmpfs", "ramfs")
 
 
 def test_a_deep_tree_a_job_leaves_is_removed_and_the_pool_lives_on(tmp_path: Path,

@@ -39,7 +39,7 @@ import msgspec
 
 from ..errors import RequestError, cut
 from ..paths import beneath
-from ..policy._libc import syscall
+from ..policy._libc import libc, syscall
 from ..protocol import (
     FILE_CHUNK,
     Download,
@@ -74,6 +74,23 @@ _MAX_LISTED = 4 << 20
 _GONE = ".gone-"  # a directory on its way out: renamed in the root at once, emptied by the remover's thread
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 VARIABLE = "PYNOX_SCRATCH"
+
+
+# File systems whose files are pages of memory, charged to the memory cgroup of the job that wrote them.
+_IN_MEMORY = frozenset({0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
+
+
+class _StatFs(ctypes.Structure):
+    # struct statfs begins with f_type (__fsword_t: a long on x86-64 and aarch64); room for the rest of it.
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_long * 31)]
+
+
+def _in_memory(fd: int) -> bool:
+    """Whether the file system of ``fd`` keeps its files in memory (a tmpfs: often the temporary directory)."""
+    found = _StatFs()
+    if libc.fstatfs(fd, ctypes.byref(found)) != 0:
+        return True  # unknown: the safe answer (removed before the next job, see ScratchRoot.remove)
+    return found.f_type in _IN_MEMORY
 
 
 class _OpenHow(ctypes.Structure):
@@ -384,6 +401,11 @@ class ScratchRoot:
         if run_as is not None or others:  # others: a profile's or a tenant's run_as
             os.chmod(self.path, 0o711)  # the jobs' user passes through to its directory; it lists nothing
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # On a tmpfs, what a job left is pages charged to its template's memory cgroup until removed: the next
+        # job's limit there is set from what that cgroup holds, so a removal still going on as it starts would
+        # free room beyond that job's memory (a job limited to 128m held 200 MiB as 100 MiB were removed). There
+        # a directory is removed on the thread that removes it, before that thread serves its next job.
+        self._in_memory = _in_memory(self._fd)
         self._run_as = run_as
         self._max_file, self._max_total = max_file, max_total
         self._lock = threading.Lock()
@@ -440,21 +462,37 @@ class ScratchRoot:
             return []
 
     def remove(self, path: str | None) -> None:
-        """Remove a scratch directory and everything in it: gone from its path at once (renamed in the root), its
-        contents removed after, on the remover's thread (nothing it holds is followed). None: none (a job that
-        asked for none, as most do: no lock taken)."""
+        """Remove a scratch directory and everything in it (see :meth:`detach` and :meth:`dispose`). None: none
+        (a job that asked for none, as most do: no lock taken)."""
+        if path is not None:
+            self.dispose(self.detach(path))
+
+    def detach(self, path: str | None) -> str | None:
+        """Take a scratch directory from its owner: gone from its path at once (renamed in the root); the name
+        it has now, for :meth:`dispose`, or None if there is none."""
         if path is None:
-            return
+            return None
         with self._lock:
             directory = self._dirs.pop(path, None)
             if directory is None:
-                return
+                return None
             os.close(directory.fd)
             gone = _GONE + secrets.token_hex(12)
             try:
                 os.rename(os.path.basename(path), gone, src_dir_fd=self._fd, dst_dir_fd=self._fd)
             except OSError:
-                return  # swept at the pool's exit
+                return None  # swept at the pool's exit
+            return gone
+
+    def dispose(self, gone: str | None) -> None:
+        """Remove what :meth:`detach` took, everything in it (nothing it holds is followed): on the remover's
+        thread; on a tmpfs, before this returns."""
+        if gone is None:
+            return
+        if self._in_memory:
+            _remove(self._fd, gone)
+            return
+        with self._lock:
             if self._remover is None:
                 self._remover = threading.Thread(target=self._remove_gone, name="pynox-scratch-remover", daemon=True)
                 self._remover.start()

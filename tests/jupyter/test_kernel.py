@@ -170,6 +170,23 @@ def test_restart_starts_afresh_and_shutdown_leaves_nothing(kernel: tuple[KernelM
     assert not _alive(pid)
 
 
+def test_shutdown_removes_a_home_the_code_made_thousands_deep(kernel: tuple[KernelManager, BlockingKernelClient],
+                                                             granted: Path) -> None:
+    """The kernel's home is the code's to fill; its removal at shutdown follows no symlink and does not recurse
+    (shutil.rmtree raised RecursionError a thousand levels down, and the home stayed)."""
+    manager, client = kernel
+    (granted / "kept.txt").write_text("kept")
+    reply, outputs = _execute(client, "import os\nhome = os.environ['HOME']\nos.chdir(home)\n"
+                                      "for _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n"
+                                      f"os.symlink({str(granted)!r}, 'out')\nos.chdir(home)\nprint(home)")
+    assert reply["status"] == "ok", reply
+    home = Path(next(content["text"] for kind, content in outputs if kind == "stream").strip())
+    assert home.is_dir()
+    manager.shutdown_kernel(now=False)
+    assert not home.exists()
+    assert (granted / "kept.txt").read_text() == "kept", "the removal followed the symlink out"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

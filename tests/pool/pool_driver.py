@@ -175,7 +175,8 @@ _JOB_NAMES = ("pynox-job", "pynox-session")
 
 
 def jobs_of(root: int) -> list[int]:
-    """The running job and session processes below a pool (depth 2), prepared children excluded."""
+    """The job and session processes below a pool (depth 2), prepared children excluded. A session's process is
+    here between its steps too: a step is known to run by what it shows (its first streamed output), not by this."""
     table = proc_table()
     return [pid for pid, depth in descendants(root, table).items() if depth == 2 and table[pid][3] in _JOB_NAMES]
 
@@ -580,13 +581,14 @@ class PoolProcess:
 
 def sleeping_family(pool: PoolProcess, deadline: float = 30.0) -> None:
     """Give ``pool`` (two workers) a session ``nb`` holding ``x = 1`` whose next step, and two plain jobs, sleep a
-    minute; returns once all three run (what a test that kills the pool, or part of it, then looks for)."""
+    minute; returns once all three run (what a test that kills the pool, or part of it, then looks for). The
+    session's process is there between its steps too, so the step is known to run by its first streamed output."""
     assert pool.run("x = 1", session="nb")["exit"] == 0
-    pool.submit(session="nb", code="import time\ntime.sleep(60)")
+    step = pool.submit(session="nb", code="import time\nprint('started', flush=True)\ntime.sleep(60)", stream=True)
     for _ in range(2):
         pool.submit(code="import time\ntime.sleep(60)")
     end = time.monotonic() + deadline
-    while len(jobs_of(pool.pid)) != 3:
+    while not pool.events(step) or len(jobs_of(pool.pid)) != 3:
         assert time.monotonic() < end, f"two jobs and a session step were not running within {deadline}s"
         time.sleep(0.05)
 

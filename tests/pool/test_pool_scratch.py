@@ -234,11 +234,50 @@ def test_the_size_caps(tmp_path: Path) -> None:
     assert not root.exists()  # the pool's root goes with it
 
 
-# What a job leaves in its scratch directory is its choice, in number and in depth: the pool's removal of it must
-# cost the job's result nothing past its deadline, and no depth may break the pool, at its exit or the next start.
+# A chdir into each new directory makes a tree as deep as the job likes; shutil.rmtree recursed once a level.
+_DEEP = "import os\nscratch = os.getcwd()\nprint(scratch)\n" \
+        "for _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\n" \
+        "os.symlink({outside!r}, 'out')\nopen('leaf.txt', 'w').write('x')\n" \
+        "print(len(os.path.relpath(os.getcwd(), scratch).split('/')))"
+
+
+def test_a_tree_thousands_deep_is_removed_and_the_pool_serves_on(pool: PoolProcess, outside: Path) -> None:
+    result = _ok(pool.run(_DEEP.format(outside=str(outside.parent)), scratch=True))
+    scratch, depth = result["stdout"].splitlines()
+    assert depth == "1500" and result["files"] == []  # deeper than a listing looks
+    assert not Path(scratch).exists()
+    assert _ok(pool.run("print(2)"))["stdout"] == "2\n"
+    assert outside.exists(), "the removal followed the symlink out"
+
+
+def test_a_dead_pools_tree_thousands_deep_is_swept_at_the_next_start(tmp_path: Path, outside: Path) -> None:
+    parent = tmp_path / "scratch"
+    parent.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = parent / f"pynox-scratch-{dead.pid}-left"
+    left.mkdir()
+    here = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):
+        os.mkdir("d", dir_fd=here)
+        below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=here)
+        os.close(here)
+        here = below
+    os.symlink(outside.parent, "out", dir_fd=here)
+    os.close(here)
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[pool]\nscratch_dir = "{parent}"\n')
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        assert _ok(pool.run("print(1)"))["stdout"] == "1\n"
+        assert not left.exists()
+    assert outside.exists(), "the sweep followed the symlink out"
+    assert list(parent.iterdir()) == []
+
+
+# What a job leaves in its scratch directory is its choice, in number as in depth: the pool's removal of it must
+# cost the job's result nothing past its deadline.
 _MANY_FILES = """
 import os
-import subprocess
 made = 0
 while True:
     for _ in range(1000):
@@ -247,8 +286,6 @@ while True:
     if made % 50_000 == 0:
         print(made, flush=True)
 """
-
-_DEEP = 3000  # directories in a chain: beyond Python's recursion limit, and a descriptor each for a recursive rmtree
 
 
 @pytest.fixture
@@ -293,46 +330,6 @@ def test_a_jobs_many_files_cost_its_result_nothing_past_its_deadline(tmp_path: P
 def _on_a_tmpfs(place: Path) -> bool:
     found = subprocess.run(["stat", "-f", "-c", "%T", str(place)], check=True, capture_output=True, text=True)
     return found.stdout.strip() in ("tmpfs", "ramfs")
-
-
-def test_a_deep_tree_a_job_leaves_is_removed_and_the_pool_lives_on(tmp_path: Path,
-                                                                   own_scratch_dir: tuple[Path, Path]) -> None:
-    """A chain of 3,000 directories in a job's scratch directory: the job's result is its own, the next job runs,
-    and the pool removes the tree and exits 0. shutil.rmtree recursed: RecursionError at the pool's exit (exit 1,
-    the tree left behind)."""
-    config, place = own_scratch_dir
-    deep = (f"import os\nfor _ in range({_DEEP}):\n    os.mkdir('a')\n    os.chdir('a')\n"
-            "os.chdir(os.environ['PYNOX_SCRATCH'])\nprint('deep')")
-    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
-        assert _ok(pool.run(deep, scratch=True, wait=60))["stdout"] == "deep\n"
-        session, scratch = _open(pool, deep)  # a session's, removed when it closes
-        pool.run(session=session, close=True)
-        assert not scratch.exists()
-        assert _ok(pool.run("print('next')", scratch=True))["stdout"] == "next\n"
-    assert list(place.iterdir()) == []
-
-
-def test_a_deep_tree_left_by_a_pool_that_died_does_not_stop_the_next_one(tmp_path: Path,
-                                                                         own_scratch_dir: tuple[Path, Path]) -> None:
-    """A root of a pool that died (its pid gone) holding a chain of 3,000 directories: the next pool with the same
-    scratch_dir sweeps it and starts. The sweep's rmtree recursed: every later pool died at start."""
-    config, place = own_scratch_dir
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    left = place / f"pynox-scratch-{dead.pid}-leftover"
-    left.mkdir()
-    fd = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(_DEEP):
-            os.mkdir("a", dir_fd=fd)
-            below = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = below
-    finally:
-        os.close(fd)
-    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
-        assert _ok(pool.run("print('started')"))["stdout"] == "started\n"
-        assert not left.exists()
 
 
 _LONG_NAMES = """

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from ipykernel.kernelbase import Kernel
 from IPython.core.inputtransformer2 import TransformerManager
 
 from pynox import OutputEvent, Pool, PynoxError, Result, Session, StreamText, __version__
+from pynox.trees import remove_path
 
 from ._outputs import CellOutput, decode_failure, decode_outputs
 from ._refusals import refusal
@@ -203,5 +203,5 @@ class PynoxKernel(Kernel):
         pool, self._pool = self._pool, None
         if pool is not None:
             await asyncio.to_thread(pool.close, timeout=_CLOSE_TIMEOUT)
-        shutil.rmtree(self._home, ignore_errors=True)
+        remove_path(self._home)  # the code's to fill: as deep as it likes, with symlinks out
         return {"status": "ok", "restart": restart}

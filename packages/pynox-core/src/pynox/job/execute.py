@@ -33,7 +33,7 @@ from ..wire.descriptors import (
     STEP,
 )
 from ..wire.exits import SETUP_FAILED_EXIT
-from ..wire.frames import HEADER, STEP_REPORT, recv_alone
+from ..wire.frames import recv_alone
 from ..wire.host_channel import PIP_FUNCTION
 from ..wire.spec import Confinement, Payload, Report, StepSpec
 from . import display, interrupts
@@ -161,7 +161,6 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
     report_to = kept[2] if kept is not None else REPORT  # the report (and later steps' frames) on the kept copy
     fork_targets = (FORK_CONTROL, *((FORK_CHANNEL,) if confinement.host_channel else ()), *FORK_OUTPUTS)
     step: StepSpec | None = first
-    mark = HEADER.pack(STEP_REPORT)
     while True:
         later = step is None  # a step the control channel brought: its display frames go on the report pipe
         if step is None:
@@ -185,7 +184,7 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
                 if step.outputs:  # an earlier step's code closed every copy of one of the session's pipes
                     kept = _keep_outputs()
                     report_to = kept[2] if kept is not None else REPORT
-        prefix = mark + HEADER.pack(step.serial & 0xFFFFFFFF)  # the report's length follows (report.write_report)
+        serial = step.serial  # the report's head (report.write_report)
         try:
             report = execute(main, step.code, None, step.name, step.args, confinement, shutdown=False,
                              return_value=step.return_value, images=step.images, interruptible=True,
@@ -195,14 +194,14 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
             report = Report(exit=1, error=described(exc, step.name, confinement))
         except BaseException as failure:  # the code broke what execute's end uses: the session cannot go on
             interrupts.forbid()
-            finish(report_to, Report(exit=1, exited=True, error=unreported(failure)), prefix=prefix)
+            finish(report_to, Report(exit=1, exited=True, error=unreported(failure)), serial=serial)
         if not report.exited and _identity(CONTROL) != channel and not _restore_control(channel):
             # The code closed the control channel and its copy, or put other files at their numbers: no step can
             # come, and the session ends here, saying why (its loop would have ended it at the next step, silently).
             report = Report(exit=1, exited=True, error=control_lost(report.error), images=report.images)
-            finish(report_to, report, prefix=prefix)
+            finish(report_to, report, serial=serial)
         if report.exited:  # sys.exit() or exit(): the session ends with this step
-            finish(report_to, report, prefix=prefix)
+            finish(report_to, report, serial=serial)
         flush_streams()
         if kept is not None and not _restore_outputs(kept):
             # The code closed a copy too (os.closerange): each is made again from 1, 2 or 3 where that is still the
@@ -213,7 +212,7 @@ def serve_session(confinement: Confinement, main: types.ModuleType, first: StepS
         # The step's report, after its last whole frame; a frame a thread of it shows from now on follows it on the
         # same pipe, and the pool reads it with the next step. The pool takes the step as over once it has read
         # the report, whatever still holds a copy of the pipes (os.dup(1) in the code).
-        display.after_frames(report_to, write_report, report, prefix)
+        display.after_frames(report_to, write_report, report, serial)
         if not later:
             _quiet_display()  # the first step's display channel: its later steps' frames go on the report pipe
         step = None
@@ -228,9 +227,10 @@ outputs_copy: tuple[int, int, int] | None = None
 _outputs_identity: list[tuple[int, int] | None] = []
 
 
-def _keep_outputs() -> tuple[int, int, int] | None:
-    """Copies of 1, 2 and 3 (the session's pipes), in place of any made before."""
-    global outputs_copy, _outputs_identity
+def drop_outputs() -> None:
+    """Close the copies of the session's pipes (before new ones are made, and in a session fork's copy, whose pipes
+    are its own)."""
+    global outputs_copy
     for fd in outputs_copy or ():
         if fd >= 0:
             try:
@@ -238,6 +238,12 @@ def _keep_outputs() -> tuple[int, int, int] | None:
             except OSError:
                 pass
     outputs_copy = None
+
+
+def _keep_outputs() -> tuple[int, int, int] | None:
+    """Copies of 1, 2 and 3 (the session's pipes), in place of any made before."""
+    global outputs_copy, _outputs_identity
+    drop_outputs()
     made: list[int] = []
     try:
         for fd in STEP:

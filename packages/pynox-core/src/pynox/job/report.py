@@ -23,7 +23,7 @@ import msgspec
 from .. import hints
 from ..policy import MAX_FD
 from ..wire.descriptors import CONTROL, DISPLAY, REPORT, STAGING, STDERR, STDOUT
-from ..wire.frames import HEADER
+from ..wire.frames import HEADER, REPORT_HEAD, STEP_REPORT
 from ..wire.report_bounds import MAX_ERROR_TYPE, MAX_PATH, MAX_SOURCE, within
 from ..wire.spec import Confinement, ErrorInfo, Frame, Report
 from . import pynox_host
@@ -42,7 +42,8 @@ _encode = msgspec.json.Encoder().encode
 _to_builtins = msgspec.to_builtins
 _write, _close, _closerange, _kill, _getpid, _exit = os.write, os.close, os.closerange, os.kill, os.getpid, os._exit
 _fcntl, _DUPFD = fcntl.fcntl, fcntl.F_DUPFD_CLOEXEC
-_length = HEADER.pack
+_STEP_MARK = HEADER.pack(STEP_REPORT)
+_head = REPORT_HEAD.pack
 _STOP = int(signal.SIGSTOP)
 # The report's own descriptor, copied above the fixed numbers before the code runs (keep_channel): code that closes
 # descriptor 3 or puts another file there (its own business, as any descriptor is) does not lose the report with it.
@@ -92,10 +93,10 @@ def drop_channel() -> None:
             pass
 
 
-def write_report(report_fd: int, report: Report, prefix: bytes = b"") -> None:
-    """``prefix``: a session step's mark (wire.frames.STEP_REPORT), in the same write as its report, which then
-    goes with its length (a HEADER) between the two: the pool takes the step as over once it has read that many
-    bytes of report, whoever still holds a copy of the step's pipes.
+def write_report(report_fd: int, report: Report, serial: int | None = None) -> None:
+    """``serial``: a session step's number. Its report then goes after the step's mark and head (the serial and the
+    report's length: wire.frames.STEP_REPORT), in the same write: the pool takes the step as over once it has read
+    that many bytes of report, whoever still holds a copy of the step's pipes.
 
     Never raises: a report that cannot be encoded is replaced by one that says so (:func:`unreported`)."""
     global _channel
@@ -109,8 +110,8 @@ def write_report(report_fd: int, report: Report, prefix: bytes = b"") -> None:
             data = _encode(_utf8_safe(_to_builtins(report)))
     except BaseException as failure:  # something of the code's in the report (a str subclass...) broke it
         data = _encode(Report(exit=1, error=unreported(failure)))
-    if prefix:
-        data = prefix + _length(len(data)) + data
+    if serial is not None:
+        data = _STEP_MARK + _head(serial & 0xFFFFFFFF, len(data)) + data
     if fd != report_fd:
         sent = _send(fd, data)
         try:
@@ -142,7 +143,7 @@ def _utf8_safe(value: object) -> object:
     return value
 
 
-def finish(report_fd: int, report: Report, *, measured: bool = False, prefix: bytes = b"") -> NoReturn:
+def finish(report_fd: int, report: Report, *, measured: bool = False, serial: int | None = None) -> NoReturn:
     """Flush, write the report, close the outputs before exiting (the reader sees EOF sooner).
 
     ``measured``: a job's normal end. The process stops itself here, its memory intact, so that the pool
@@ -150,7 +151,7 @@ def finish(report_fd: int, report: Report, *, measured: bool = False, prefix: by
     waiting for the exit teardown, and the figures are the kernel's, not the job's. A pool that needs
     the exit status instead continues it (SIGCONT)."""
     flush_streams()
-    write_report(report_fd, report, prefix)
+    write_report(report_fd, report, serial)
     if report_fd == REPORT:
         # The three the pool waits for (1, 2, 3) in one system call, so that their EOFs wake its worker once, not
         # once for each; the display channel after them (the pool drains it once those are closed, see

@@ -83,10 +83,7 @@ def _become_copy(template: int, channel: bool) -> NoReturn:
         os.dup2(devnull, DISPLAY)
         os.close(devnull)
         drop_channel()  # a copy of a report descriptor (report.py), if one was made: the original's
-        for fd in execute.outputs_copy or ():
-            if fd >= 0:
-                os.close(fd)
-        execute.outputs_copy = None
+        execute.drop_outputs()
         if execute.control_copy is not None:  # the original's control channel's copy (execute.py): not the copy's
             os.close(execute.control_copy)
             execute.control_copy = None

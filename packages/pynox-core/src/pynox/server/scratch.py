@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import ctypes
 import errno
 import itertools
@@ -51,6 +50,7 @@ from ..protocol import (
     Upload,
     Uploaded,
 )
+from ..trees import remove_path, remove_tree
 from ..units import format_size
 from ..wire.spec import MAX_GRANTS, JobSpec
 
@@ -72,7 +72,6 @@ _MAX_DEPTH = 32
 # characters made one answer of 40 MB. A job's result's own files name at most its max_output bytes of paths.
 _MAX_LISTED = 4 << 20
 _GONE = ".gone-"  # a directory on its way out: renamed in the root at once, emptied by the remover's thread
-_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 VARIABLE = "PYNOX_SCRATCH"
 
 
@@ -326,56 +325,6 @@ class _Directory:
         return found
 
 
-def _empty(top: int) -> None:
-    """Remove everything in the directory ``top`` (a descriptor), following nothing. What is in it is a job's to
-    choose, in number and in depth: each directory found below is first moved up into ``top`` (a rename on one file
-    system) and emptied from there, so no depth costs a recursion or a descriptor per level (shutil.rmtree's
-    did both: a chain of 3,000 directories raised RecursionError). What cannot be removed is passed over."""
-    pending: list[str | None] = [None]  # None: top itself; else a name in top
-    while pending:
-        current = pending.pop()
-        try:
-            fd = top if current is None else os.open(current, _DIRECTORY, dir_fd=top)
-        except OSError:
-            continue
-        try:
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    try:
-                        if not entry.is_dir(follow_symlinks=False):
-                            os.unlink(entry.name, dir_fd=fd)
-                        elif current is None:
-                            pending.append(entry.name)
-                        else:
-                            moved = _GONE + secrets.token_hex(12)
-                            os.rename(entry.name, moved, src_dir_fd=fd, dst_dir_fd=top)
-                            pending.append(moved)
-                    except OSError:
-                        continue
-        except OSError:
-            pass
-        finally:
-            if fd != top:
-                os.close(fd)
-        if current is not None:
-            with contextlib.suppress(OSError):
-                os.rmdir(current, dir_fd=top)
-
-
-def _remove(parent: int, name: str) -> None:
-    """Remove the directory ``name`` in ``parent`` with all it holds (see :func:`_empty`)."""
-    try:
-        fd = os.open(name, _DIRECTORY, dir_fd=parent)
-    except OSError:
-        return
-    try:
-        _empty(fd)
-    finally:
-        os.close(fd)
-    with contextlib.suppress(OSError):
-        os.rmdir(name, dir_fd=parent)
-
-
 def _nameable(path: str) -> bool:
     """Whether a protocol line can name ``path``. A name that is not UTF-8 (the job's to choose: os.listdir gives its
     bytes as lone surrogates) cannot travel in JSON: its file is passed over, as a symlink is; walk() still counts
@@ -490,7 +439,7 @@ class ScratchRoot:
         if gone is None:
             return
         if self._in_memory:
-            _remove(self._fd, gone)
+            remove_tree(self._fd, gone)
             return
         with self._lock:
             if self._remover is None:
@@ -501,7 +450,7 @@ class ScratchRoot:
     def _remove_gone(self) -> None:
         while (name := self._gone.get()) is not None:
             try:
-                _remove(self._fd, name)
+                remove_tree(self._fd, name)
             except Exception:  # a bug here must not leave later directories behind; the exit sweeps the rest
                 _log.exception("removing scratch directory %s failed", name)
 
@@ -515,10 +464,8 @@ class ScratchRoot:
         if remover is not None:
             self._gone.put(None)
             remover.join()
-        _empty(self._fd)
         os.close(self._fd)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.path)
+        remove_path(self.path)
 
 
 def _alive(pid: int) -> bool:
@@ -547,14 +494,7 @@ def _sweep(parent: str) -> None:
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            try:
-                fd = os.open(parent, _DIRECTORY)
-            except OSError:
-                return
-            try:
-                _remove(fd, name)
-            finally:
-                os.close(fd)
+            remove_path(path)
 
 
 def answer(directory: _Directory | None, session: str, request: Request) -> FilesListed | Uploaded | Downloaded:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -300,3 +301,30 @@ def test_a_pip_line_without_the_opt_in_is_a_syntax_error_whose_hint_says_how(poo
     assert "pip_install" in result["error"]["hint"] and 'packages=["PACKAGE"]' in result["error"]["hint"]
     pool.run(session="no-pip", close=True)
     refused(pool.run("print(1)", pip_install=True), "pip_install: only a session takes it")
+
+
+def test_a_sessions_pip_installs_run_one_at_a_time_across_its_steps(setup: Setup) -> None:
+    """A step starts `%pip install` on a thread and ends at once; the install goes on after it, as it should. The
+    next step's `%pip install` is refused while that one runs: one install at a time per session, not per step.
+    Before, every step started one more (each a thread of the pool's and, past max_installs, a wait for a slot
+    every other session's and job's install queued behind), so one session could hold the pool's installs."""
+    with pool_process(f"--config={_slow(setup, 'steps', 2)}", "--workers=1", cwd=setup.root) as pool:
+        session = "pip-steps"
+        started = pool.run("import threading, pynox_host\n"
+                           "threading.Thread(target=pynox_host._pynox_pip, args=('install tinypkg',), daemon=True)"
+                           ".start()\nimport time\ntime.sleep(0.5)\nprint('left running')",
+                           session=session, pip_install=True, wait=30)
+        assert started["stdout"] == "left running\n", started
+        second = pool.run("import pynox_host\ntry:\n    print(pynox_host._pynox_pip('install tinydep'))\n"
+                          "except pynox_host.HostError as exc:\n    print('refused:', exc)",
+                          session=session, wait=60)
+        assert second["stdout"].startswith("refused: %pip install: another install of this session"), second
+        # Once it is over, the session installs again.
+        deadline = time.monotonic() + 60
+        while True:
+            third = pool.run("%pip install tinydep\nimport tinydep\nprint(tinydep.BASE)", session=session, wait=60)
+            if third["exit"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert third["stdout"].endswith("40\n"), third
+        pool.run(session=session, close=True)

@@ -272,3 +272,93 @@ def test_a_dead_pools_tree_thousands_deep_is_swept_at_the_next_start(tmp_path: P
         assert not left.exists()
     assert outside.exists(), "the sweep followed the symlink out"
     assert list(parent.iterdir()) == []
+
+
+# What a job leaves in its scratch directory is its choice, in number as in depth: the pool's removal of it must
+# cost the job's result nothing past its deadline.
+_MANY_FILES = """
+import os
+made = 0
+while True:
+    for _ in range(1000):
+        os.close(os.open(str(made), os.O_CREAT | os.O_WRONLY))
+        made += 1
+    if made % 50_000 == 0:
+        print(made, flush=True)
+"""
+
+
+@pytest.fixture
+def own_scratch_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A config whose scratch_dir is the test's own (no other pool of this machine sweeps there), and that dir;
+    removed by rm, whatever a failure left there (pytest's own removal of tmp_path recurses, as rmtree did)."""
+    place = tmp_path / "scratch"
+    place.mkdir()
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[pool]\nscratch_dir = {str(place)!r}\n")
+    try:
+        yield config, place
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(place)], check=True, timeout=60)
+
+
+def test_a_jobs_many_files_cost_its_result_nothing_past_its_deadline(tmp_path: Path,
+                                                                    own_scratch_dir: tuple[Path, Path]) -> None:
+    """A job that makes empty files in its scratch directory until its deadline: its result comes at that deadline,
+    and the worker serves the next job at once. The pool removed them before the result (a 4 s job answered
+    after 7-8 s with ~300,000 files), while its worker served no one. The control, a tmpfs, in
+    test_memory_counted.py."""
+    config, place = own_scratch_dir
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        started = time.monotonic()
+        result = pool.run(_MANY_FILES, scratch=True, timeout="4s", wait=120)
+        took = time.monotonic() - started
+        assert result["exit"] == 124, result
+        made = int(result["stdout"].split()[-1])
+        assert made >= 50_000, result["stdout"]  # the attack took place
+        assert len(result["files"]) <= 10_000  # a bounded look: at most 10,000 entries
+        assert took < 4 + 1.5, f"a job with a 4 s deadline and {made} files was answered after {took:.1f} s"
+        begun = time.monotonic()
+        assert _ok(pool.run("print('next')", wait=60))["stdout"] == "next\n"
+        # On a tmpfs the files are pages of the template's memory cgroup: its worker removes them before its next
+        # job, whose memory limit is set from what that cgroup holds (test_memory_counted.py). Elsewhere, at once.
+        if not _on_a_tmpfs(place):
+            assert time.monotonic() - begun < 2, "the worker was held after the result"
+    assert list(place.iterdir()) == []  # the files went with the pool, all of them
+
+
+def _on_a_tmpfs(place: Path) -> bool:
+    found = subprocess.run(["stat", "-f", "-c", "%T", str(place)], check=True, capture_output=True, text=True)
+    return found.stdout.strip() in ("tmpfs", "ramfs")
+
+
+_LONG_NAMES = """
+import os
+for _ in range(4):
+    os.mkdir("d" * 240)
+    os.chdir("d" * 240)
+for i in range(9_990):
+    os.close(os.open(f"{i:05d}" + "f" * 25, os.O_CREAT | os.O_WRONLY))
+for _ in range(3):
+    os.mkdir("e" * 240)
+    os.chdir("e" * 240)
+os.close(os.open("beyond", os.O_CREAT | os.O_WRONLY))
+os.chdir(os.environ["PYNOX_SCRATCH"])
+print("made")
+"""
+
+
+def test_the_names_of_a_jobs_files_are_bounded_as_their_contents_are(pool: PoolProcess) -> None:
+    """10,000 files whose paths are 1,000 characters each (the job's to choose): a job's result names them within its
+    max_output, a session's listing within 4 MiB, and a path no request could name (over 1,024 characters) is
+    passed over. The result of a job with max_output 64k named 10 MB of paths, a listing as much."""
+    result = _ok(pool.run(_LONG_NAMES, scratch=True, max_output="64k", wait=60))
+    named = sum(len(file["path"]) for file in result["files"])
+    assert 0 < named <= 64 << 10, f"a job with max_output 64k had {named} bytes of paths in its result"
+    assert all(len(file["path"]) <= 1024 for file in result["files"])
+    session, _ = _open(pool, _LONG_NAMES)
+    listed = pool.run(session=session, files=True)["files"]
+    named = sum(len(file["path"]) for file in listed)
+    assert 64 << 10 < named <= 4 << 20, f"a listing named {named} bytes of paths"
+    assert all(len(file["path"]) <= 1024 for file in listed)
+    pool.run(session=session, close=True)

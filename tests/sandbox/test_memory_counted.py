@@ -396,3 +396,48 @@ def test_usage_says_what_a_job_left_in_shared_memory(tmp_path: Path, tmpfs: Path
         assert result["usage"].get("shmem_kb", 0) >= 32 * 1024, result["usage"]
         plain = pool.run("print(1)")  # control: a job that leaves nothing there has nothing said
         assert plain["usage"].get("shmem_kb", 0) < 32 * 1024, plain["usage"]
+
+
+_MANY_PAGES = """
+page = b"x" * 4096
+for name in range(25_000):
+    with open(str(name), "wb", buffering=0) as file:
+        file.write(page)
+print("left", 25_000 * 4096 >> 20, "MiB")
+"""
+
+_GROW = """
+import mmap
+held = []
+try:
+    for _ in range(200):
+        chunk = mmap.mmap(-1, 1 << 20)
+        chunk.write(b"y" * (1 << 20))
+        held.append(chunk)
+except MemoryError:
+    print("MemoryError at", len(held), "MiB")
+else:
+    print("held", len(held), "MiB")
+"""
+
+
+@pytest.mark.needs_root("the tmpfs is mounted by the test; an ordinary user's pool has no memory cgroup")
+def test_what_a_job_left_in_a_scratch_directory_on_a_tmpfs_is_gone_before_the_next_job_starts(
+        tmp_path: Path, tmpfs: Path) -> None:
+    """The pool's scratch directories on a tmpfs (often the temporary directory): a job leaves 97 MiB there in 25,000
+    files, and the next job, on the same template with memory=128m, tries to hold 200 MiB. Its limit is set from
+    what the template's cgroup holds as it starts: had the pool still been removing the files then (it removes them
+    after the result), their pages, freed meanwhile, would be room beyond its memory (held 200 MiB, 1 run in 3)."""
+    _counted()
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[pool]\nscratch_dir = {str(tmpfs)!r}\n")
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        for _ in range(4):
+            left = pool.submit(code=_MANY_PAGES, scratch=True, memory="160m", timeout="30s")
+            grows = pool.submit(code=_GROW, memory="128m", timeout="30s")
+            assert pool.result(left, timeout=60)["stdout"] == "left 97 MiB\n"
+            result = pool.result(grows, timeout=60)
+            assert "held" not in result["stdout"], result  # MemoryError in the job, or the kernel's kill
+            assert result["exit"] == 1, result
+        # The control: with its memory, the same job holds what it asks for.
+        assert pool.run(_GROW, memory="400m", timeout="30s", wait=60)["stdout"] == "held 200 MiB\n"

@@ -87,6 +87,11 @@ class CallRegistry:
         # `%pip install` of a session opened with pip_install: (the session's directory, the line's words)
         # -> what to tell the job, or raises with why not; the pool's own, on a thread of its own per call.
         self.pip: Callable[[str, list[str]], str] | None = None
+        # Sessions (by their pip directory) with an install running: one at a time per session, not per step.
+        # An install goes on after the step that asked for it ends, so a flag of the step's let each later step
+        # start one more: a thread of the pool's each, and past max_installs a wait for a slot that every other
+        # session's and job's install queued behind.
+        self._pip_busy: set[str] = set()
 
     def open(self, request_id: RequestId, functions: list[str], outbox: Outbox,
              pip_dir: str | None = None) -> JobCalls:
@@ -302,7 +307,6 @@ class JobCalls:
         self._outstanding: dict[int, tuple[int, int]] = {}  # call id -> (bytes of its frame, the job's tag)
         self._lock = threading.Lock()
         self._closed = False
-        self._pip_running = False  # a `%pip install` of this step is being served
 
     def readable(self, chunk: bytes) -> None:
         """Handle bytes from the job. Raises :class:`ProtocolViolation` for garbage."""
@@ -332,10 +336,12 @@ class JobCalls:
             if self.calls > MAX_CALLS:
                 self.answer(call.tag, f"this task reached its limit of {MAX_CALLS} host calls")
                 return
-            with self._lock:
-                busy, self._pip_running = self._pip_running, True
-            if busy:  # one at a time per step: a job cannot pile up the pool's threads
-                self.answer(call.tag, "%pip install: another install of this step is still running")
+            with self.registry._lock:
+                busy = self.pip_dir in self.registry._pip_busy
+                self.registry._pip_busy.add(self.pip_dir)
+            if busy:  # one at a time per session: a session cannot pile up the pool's threads nor its installs
+                self.answer(call.tag, "%pip install: another install of this session is still running (one "
+                                      "started by an earlier step goes on after it); try again when it is over")
                 return
             # Answered by the pool itself, never the client; off the thread that reads the job (and keeps
             # its deadline). The wait counts against the step's timeout, as any host call's does.
@@ -375,8 +381,8 @@ class JobCalls:
         except Exception as exc:  # its message is for the model: why not, and what to do
             self.answer(call.tag, str(exc))
         finally:
-            with self._lock:
-                self._pip_running = False
+            with self.registry._lock:
+                self.registry._pip_busy.discard(self.pip_dir)
 
     def answered(self, call_id: int) -> int:
         """The call is answered (or failed): its tag, for the answer."""

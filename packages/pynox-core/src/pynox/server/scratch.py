@@ -23,8 +23,11 @@ import base64
 import binascii
 import ctypes
 import errno
+import itertools
+import logging
 import mimetypes
 import os
+import queue
 import secrets
 import stat
 import tempfile
@@ -35,7 +38,7 @@ import msgspec
 
 from ..errors import RequestError, cut
 from ..paths import beneath
-from ..policy._libc import syscall
+from ..policy._libc import libc, syscall
 from ..protocol import (
     FILE_CHUNK,
     Download,
@@ -53,6 +56,8 @@ from ..wire.spec import MAX_GRANTS, JobSpec
 
 __all__ = ["VARIABLE", "ScratchRoot", "answer"]
 
+_log = logging.getLogger(__name__)
+
 _PREFIX = "pynox-scratch-"
 _SYS_OPENAT2 = 437  # the same number on every architecture
 _RESOLVE_NO_XDEV = 0x01
@@ -63,7 +68,28 @@ _RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | _R
 _MAX_PATH = 1024
 _MAX_ENTRIES = 10_000  # entries a listing looks at: the job chooses how many there are
 _MAX_DEPTH = 32
+# Bytes of paths a listing names (a session's files request): the job chooses its names, and 10,000 of 4,000
+# characters made one answer of 40 MB. A job's result's own files name at most its max_output bytes of paths.
+_MAX_LISTED = 4 << 20
+_GONE = ".gone-"  # a directory on its way out: renamed in the root at once, emptied by the remover's thread
 VARIABLE = "PYNOX_SCRATCH"
+
+
+# File systems whose files are pages of memory, charged to the memory cgroup of the job that wrote them.
+_IN_MEMORY = frozenset({0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
+
+
+class _StatFs(ctypes.Structure):
+    # struct statfs begins with f_type (__fsword_t: a long on x86-64 and aarch64); room for the rest of it.
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_long * 31)]
+
+
+def _in_memory(fd: int) -> bool:
+    """Whether the file system of ``fd`` keeps its files in memory (a tmpfs: often the temporary directory)."""
+    found = _StatFs()
+    if libc.fstatfs(fd, ctypes.byref(found)) != 0:
+        return True  # unknown: the safe answer (removed before the next job, see ScratchRoot.remove)
+    return found.f_type in _IN_MEMORY
 
 
 class _OpenHow(ctypes.Structure):
@@ -149,7 +175,10 @@ class _Directory:
             while pending:
                 prefix, fd, depth = pending.pop()
                 try:
-                    names = sorted(os.listdir(fd))
+                    # Only as many names as may still be looked at are read: a directory of millions is the job's
+                    # to make, and reading it whole cost the pool their memory and the time to sort them.
+                    with os.scandir(fd) as entries:
+                        names = sorted(entry.name for entry in itertools.islice(entries, _MAX_ENTRIES + 1 - seen))
                     for name in names:
                         seen += 1
                         if seen > _MAX_ENTRIES:
@@ -170,7 +199,17 @@ class _Directory:
                 os.close(fd)
 
     def listing(self) -> list[ScratchFile]:
-        return [_described(path, st) for path, st in self.walk() if _nameable(path)]
+        return [_described(path, st) for path, st in self._nameable_within(_MAX_LISTED)]
+
+    def _nameable_within(self, room: int) -> Iterator[tuple[str, os.stat_result]]:
+        """The files :meth:`walk` finds that a request can name, until their paths come to ``room`` bytes."""
+        for path, st in self.walk():
+            if not _nameable(path):
+                continue
+            room -= len(path)
+            if room < 0:
+                return
+            yield path, st
 
     def read(self, request: Download | str) -> FileChunk:
         wanted = request if isinstance(request, Download) else Download(path=request)
@@ -264,11 +303,10 @@ class _Directory:
             os.close(parent)
 
     def collect(self, budget: int) -> list[ScratchFile]:
-        """Every file with its content, while ``budget`` bytes last (a job's result): one over it has data null."""
+        """Every file with its content, while ``budget`` bytes last (a job's result): one over it has data null; and
+        files named while their paths come to ``budget`` bytes too."""
         found: list[ScratchFile] = []
-        for path, st in self.walk():
-            if not _nameable(path):
-                continue
+        for path, st in self._nameable_within(budget):
             data: bytes | None = None
             if st.st_size <= min(budget, self.max_file):
                 try:
@@ -290,7 +328,10 @@ class _Directory:
 def _nameable(path: str) -> bool:
     """Whether a protocol line can name ``path``. A name that is not UTF-8 (the job's to choose: os.listdir gives its
     bytes as lone surrogates) cannot travel in JSON: its file is passed over, as a symlink is; walk() still counts
-    its size against the directory's cap."""
+    its size against the directory's cap. Nor can one longer than a request's path may be (the job's to choose too,
+    through directories it enters one by one): a download could not name it."""
+    if len(path) > _MAX_PATH:
+        return False
     try:
         path.encode()
     except UnicodeEncodeError:
@@ -309,10 +350,19 @@ class ScratchRoot:
         if run_as is not None or others:  # others: a profile's or a tenant's run_as
             os.chmod(self.path, 0o711)  # the jobs' user passes through to its directory; it lists nothing
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # On a tmpfs, what a job left is pages charged to its template's memory cgroup until removed: the next
+        # job's limit there is set from what that cgroup holds, so a removal still going on as it starts would
+        # free room beyond that job's memory (a job limited to 128m held 200 MiB as 100 MiB were removed). There
+        # a directory is removed on the thread that removes it, before that thread serves its next job.
+        self._in_memory = _in_memory(self._fd)
         self._run_as = run_as
         self._max_file, self._max_total = max_file, max_total
         self._lock = threading.Lock()
         self._dirs: dict[str, _Directory] = {}
+        # Directories removed are emptied here, on a thread of its own, started with the first: the work is the
+        # size of what the job left, so it is done after the result and off every thread that serves jobs.
+        self._gone: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._remover: threading.Thread | None = None
 
     def refuse_overlap(self, spec: JobSpec) -> None:
         """RequestError if a grant of ``spec`` lies in the root, or is a write grant that holds it: every scratch
@@ -361,22 +411,59 @@ class ScratchRoot:
             return []
 
     def remove(self, path: str | None) -> None:
-        """Remove a scratch directory and everything in it (nothing it holds is followed: trees.remove_tree).
-        None: none (a job that asked for none, as most do: no lock taken)."""
+        """Remove a scratch directory and everything in it (see :meth:`detach` and :meth:`dispose`). None: none
+        (a job that asked for none, as most do: no lock taken)."""
+        if path is not None:
+            self.dispose(self.detach(path))
+
+    def detach(self, path: str | None) -> str | None:
+        """Take a scratch directory from its owner: gone from its path at once (renamed in the root); the name
+        it has now, for :meth:`dispose`, or None if there is none."""
         if path is None:
-            return
+            return None
         with self._lock:
             directory = self._dirs.pop(path, None)
-        if directory is None:
+            if directory is None:
+                return None
+            os.close(directory.fd)
+            gone = _GONE + secrets.token_hex(12)
+            try:
+                os.rename(os.path.basename(path), gone, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+            except OSError:
+                return None  # swept at the pool's exit
+            return gone
+
+    def dispose(self, gone: str | None) -> None:
+        """Remove what :meth:`detach` took, everything in it (nothing it holds is followed): on the remover's
+        thread; on a tmpfs, before this returns."""
+        if gone is None:
             return
-        os.close(directory.fd)
-        remove_tree(self._fd, os.path.basename(path))
+        if self._in_memory:
+            remove_tree(self._fd, gone)
+            return
+        with self._lock:
+            if self._remover is None:
+                self._remover = threading.Thread(target=self._remove_gone, name="pynox-scratch-remover", daemon=True)
+                self._remover.start()
+        self._gone.put(gone)
+
+    def _remove_gone(self) -> None:
+        while (name := self._gone.get()) is not None:
+            try:
+                remove_tree(self._fd, name)
+            except Exception:  # a bug here must not leave later directories behind; the exit sweeps the rest
+                _log.exception("removing scratch directory %s failed", name)
 
     def close(self) -> None:
         with self._lock:
             paths = list(self._dirs)
         for path in paths:
             self.remove(path)
+        with self._lock:
+            remover, self._remover = self._remover, None
+        if remover is not None:
+            self._gone.put(None)
+            remover.join()
         os.close(self._fd)
         remove_path(self.path)
 

@@ -218,12 +218,16 @@ class _Worker(threading.Thread):
             stopping = self.server.stop_reason
             self.busy = True
             result = self._serve_safely(job) if stopping is None else self.server.stopped_before_start(job)
+            leftover = None
             if job.spec.scratch is not None:  # the job has ended: what it left there goes with its result
                 result.files = self.server.scratch.files_of(job.spec.scratch, job.max_output)
-                self.server.scratch.remove(job.spec.scratch)
+                leftover = self.server.scratch.detach(job.spec.scratch)  # gone from its path with its result
             self.busy = False
             if job.flight.answer():
                 self.server.finish(result, session=None, step=None)
+            # Its contents are removed once the result has left: the work is the size of what the job left (on
+            # the remover's thread; on a tmpfs here, before this worker's next job, see ScratchRoot.dispose).
+            self.server.scratch.dispose(leftover)
             if self.template is not None:
                 self.template.after_result()
 

@@ -23,10 +23,10 @@ import base64
 import binascii
 import ctypes
 import errno
+import logging
 import mimetypes
 import os
 import secrets
-import shutil
 import stat
 import tempfile
 import threading
@@ -52,6 +52,8 @@ from ..units import format_size
 from ..wire.spec import MAX_GRANTS, JobSpec
 
 __all__ = ["VARIABLE", "ScratchRoot", "answer"]
+
+_log = logging.getLogger(__name__)
 
 _PREFIX = "pynox-scratch-"
 _SYS_OPENAT2 = 437  # the same number on every architecture
@@ -370,7 +372,7 @@ class ScratchRoot:
         if directory is None:
             return
         os.close(directory.fd)
-        shutil.rmtree(os.path.basename(path), dir_fd=self._fd, ignore_errors=True)
+        _remove_tree(self._fd, os.path.basename(path))
 
     def close(self) -> None:
         with self._lock:
@@ -378,7 +380,7 @@ class ScratchRoot:
         for path in paths:
             self.remove(path)
         os.close(self._fd)
-        shutil.rmtree(self.path, ignore_errors=True)
+        _remove_path(self.path)
 
 
 def _alive(pid: int) -> bool:
@@ -407,7 +409,95 @@ def _sweep(parent: str) -> None:
         except OSError:
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_path(path)
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _remove_path(path: str) -> None:
+    try:
+        parent = os.open(os.path.dirname(path), _DIRECTORY)
+    except OSError:
+        return
+    try:
+        _remove_tree(parent, os.path.basename(path))
+    finally:
+        os.close(parent)
+
+
+def _remove_tree(parent: int, name: str) -> bool:
+    """Remove ``name`` beneath the directory ``parent`` and all it holds; True if it is gone.
+
+    A job chooses how deep its directories go, so this is a loop, never a recursion (shutil.rmtree recurses once a
+    level until 3.12: 1,000 levels raised RecursionError in the pool's thread), and it holds two descriptors at
+    most, whatever the depth: it goes down through each directory by its descriptor (a symlink is unlinked, never
+    followed) and back up through ``..``, checked to be the very directory it came from (device and inode). The
+    job's process is gone when its directory is removed, so nothing changes beneath; if something does, or cannot
+    be removed, it stops there and leaves the rest (logged), as ``ignore_errors`` did.
+    """
+    try:
+        top = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if not stat.S_ISDIR(top.st_mode):
+            os.unlink(name, dir_fd=parent)
+            return True
+        fd = os.open(name, _DIRECTORY, dir_fd=parent)
+    except FileNotFoundError:
+        return True
+    except OSError as error:
+        _log.warning("could not remove a scratch directory %s: %s", name, error.strerror)
+        return False
+    # For each level from the top down to fd's: the directory's (device, inode), and the subdirectories it still
+    # holds (listed once, as the level was entered: wide directories cost no listing per child).
+    levels: list[tuple[tuple[int, int], list[str]]] = []
+    names: list[str] = []  # the name of each level below the top, in its parent
+    try:
+        here = os.fstat(fd)
+        if (here.st_dev, here.st_ino) != (top.st_dev, top.st_ino):
+            return False
+        while True:
+            if len(levels) == len(names):  # fd's level is new: list it, unlink all but its directories
+                with os.scandir(fd) as listing:
+                    entries = list(listing)
+                subdirectories = []
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirectories.append(entry.name)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+                levels.append(((here.st_dev, here.st_ino), subdirectories))
+            pending = levels[-1][1]
+            if pending:
+                name_below = pending.pop()
+                below = os.open(name_below, _DIRECTORY, dir_fd=fd)
+                here = os.fstat(below)
+                os.close(fd)
+                fd = below
+                if here.st_dev != top.st_dev:  # nothing here may be another filesystem: leave it alone
+                    return False
+                names.append(name_below)
+                continue
+            if not names:
+                break  # the top holds nothing now
+            up = os.open("..", _DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            here = os.fstat(fd)
+            levels.pop()
+            if (here.st_dev, here.st_ino) != levels[-1][0]:
+                return False
+            os.rmdir(names.pop(), dir_fd=fd)
+    except OSError as error:
+        _log.warning("could not remove all of the scratch directory %s: %s", name, error.strerror)
+        return False
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except OSError as error:
+        _log.warning("could not remove the scratch directory %s: %s", name, error.strerror)
+        return False
+    return True
 
 
 def answer(directory: _Directory | None, session: str, request: Request) -> FilesListed | Uploaded | Downloaded:

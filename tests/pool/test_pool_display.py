@@ -257,6 +257,24 @@ def test_ipythons_own_display_works_where_ipython_is_installed(pool: PoolProcess
     assert shown["data"]["text/html"] == "<i>i</i>", "IPython's display() is the job's, not a print of the object"
 
 
+@pytest.mark.parametrize("module", ["pynox_display", "IPython.display"])
+def test_a_display_handle_is_returned_and_its_updates_are_shown(pool: PoolProcess, module: str) -> None:
+    # `h = display(x, display_id=True); h.update(y)`, a notebook's progress line: display returned None, and
+    # the code raised AttributeError. Each update is one more output (a result replaces none in place).
+    if module == "IPython.display":
+        pytest.importorskip("IPython")
+    code = (f"from {module} import display\n"
+            "h = display('start', display_id=True)\n"
+            "h.update('half')\nh.display('again')\n"
+            "named = display('x', display_id='mine')\n"
+            "print(type(h).__name__, len(h.display_id), named.display_id, display('no id'))")
+    result = pool.run(code)
+    assert result["exit"] == 0, result
+    assert result["stdout"] == "DisplayHandle 16 mine None\n", result
+    shown = [o["data"]["text/plain"] for o in result["outputs"]]
+    assert shown == ["'start'", "'half'", "'again'", "'x'", "'no id'"], shown
+
+
 def test_a_pool_that_preloads_ipythons_formatter_displays_with_it(workdir: Path) -> None:
     """The operator's preload makes IPython's formatter the template's (built once, shared by every job): its
     text/plain is IPython's pretty printer's (``<T at 0x...>``), not repr()'s (``<T object at 0x...>``)."""

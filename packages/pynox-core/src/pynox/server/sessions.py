@@ -818,6 +818,10 @@ class SessionRegistry:
         with self.lock:
             session = self._sessions.get(name)
             if session is None or session.closing:
+                why = self.ended.why(name) if session is None else None
+                if why is not None:  # it held files: say they are gone, and why
+                    raise RequestError(f"there is no open session named {name!r}: it ended ({why}), and its "
+                                       "scratch directory with it")
                 raise RequestError(f"there is no open session named {name!r}: a file request goes to a session "
                                    'opened with "scratch": true')
             if session.pending >= MAX_PENDING_STEPS:

@@ -170,6 +170,28 @@ def test_restart_starts_afresh_and_shutdown_leaves_nothing(kernel: tuple[KernelM
     assert not _alive(pid)
 
 
+def test_shutdown_removes_a_home_whose_directories_the_notebook_nested_deep(
+        kernel: tuple[KernelManager, BlockingKernelClient]) -> None:
+    # The kernel's home is the session's to write. Removed with shutil.rmtree (recursive on 3.11), 3,000 nested
+    # directories raised RecursionError in the kernel's shutdown: the home was left behind in the temporary
+    # directory (and the shutdown answered nothing).
+    manager, client = kernel
+    code = ("import os\nhome = os.environ['HOME']\nos.chdir(home)\nfor _ in range(3000):\n    os.mkdir('d')\n"
+            "    os.chdir('d')\nos.chdir(home)\nprint(home)")
+    reply, messages = _execute(client, code)
+    assert reply["status"] == "ok", reply
+    home = Path("".join(m["text"] for kind, m in messages if kind == "stream" and m["name"] == "stdout").strip())
+    try:
+        assert home.name.startswith("pynox-kernel-") and (home / "d" / "d").is_dir()
+        manager.shutdown_kernel(now=False)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and home.exists():
+            time.sleep(0.1)
+        assert not home.exists()
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(home)], check=True, timeout=60)  # pytest's own cleanup recurses
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

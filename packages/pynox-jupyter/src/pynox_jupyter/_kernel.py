@@ -19,6 +19,7 @@ import asyncio
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -203,5 +204,14 @@ class PynoxKernel(Kernel):
         pool, self._pool = self._pool, None
         if pool is not None:
             await asyncio.to_thread(pool.close, timeout=_CLOSE_TIMEOUT)
-        shutil.rmtree(self._home, ignore_errors=True)
+        _remove_home(self._home)
         return {"status": "ok", "restart": restart}
+
+
+def _remove_home(home: str) -> None:
+    """Remove the kernel's home, whose tree the notebook's code chose (its session could write there)."""
+    try:
+        shutil.rmtree(home, ignore_errors=True)
+    except RecursionError:  # nested deeper than rmtree recurses (until Python 3.12): rm walks it in a loop
+        subprocess.run(["rm", "-rf", "--", home], check=False, timeout=_CLOSE_TIMEOUT * 12,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

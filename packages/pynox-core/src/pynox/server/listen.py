@@ -473,7 +473,7 @@ class Listener:
             if problem is not None:
                 answer = refusal(message.id, problem) if message.session is None else session_refusal(
                     message.id, problem, session=message.session,
-                    session_ended=bool(message.open or message.grant_fields()))
+                    session_ended=pool_session is None or not alive(pool_session))
                 connection.send(encode(answer))
                 return
             router.count(connection, inside_id)

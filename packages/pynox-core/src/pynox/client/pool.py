@@ -958,7 +958,16 @@ class Session(PoolSession):
 
     def _after(self, reply: Answer, opening: int, reopened: str | None = None) -> Result:
         self._ended_with(reply, opening)
-        result = _result(reply)
+        try:
+            result = _result(reply)
+        except RequestError as exc:
+            if reopened is None or opening >= 0:
+                raise
+            with self._lock:  # not opened: the run that does open it says so again
+                self._ended = self._ended or reopened
+            raise RequestError(f"{exc} [The session's earlier process was gone ({reopened}), and a new one could "
+                               "not be opened: variables, imports and functions defined in earlier runs are "
+                               "gone.]") from None
         with self._lock:
             self.steps += 1
             unreported, self._unreported = self._unreported, None

@@ -393,3 +393,20 @@ def test_the_client_waits_as_long_as_the_ready_event_says_without_reading_the_co
     with Pool(workers=1) as plain:
         assert plain.ready["longest_timeout"] == 30.0
         assert 30.0 <= plain._patience(Request(code="1"), 1) < 900.0
+
+
+def test_a_session_that_cannot_be_opened_again_says_its_state_was_gone_then_and_later(tmp_path: Path) -> None:
+    # The pool closed the session (session_idle) and has no room for it now (max_sessions): the run is refused.
+    # The refusal said only "max_sessions", and once there was room the next run said nothing of the lost state.
+    config = tmp_path / "pynox.toml"
+    config.write_text('[pool]\nsession_idle = "1s"\nmax_sessions = 1\n')
+    with Pool(workers=1, config=config) as pool, pool.session() as first:
+        first.run("x = 1").raise_for_error()
+        time.sleep(2.5)  # closed by the pool after 1s without a step
+        with pool.session() as other:
+            other.run("y = 2").raise_for_error()  # takes the only room
+            with pytest.raises(RequestError, match=r"max_sessions.*earlier process was gone"):
+                first.run("print('x' in globals())")
+        fresh = first.run("print('x' in globals())")
+        assert fresh.stdout == "False\n" and fresh.session_reopened is not None, fresh
+        assert "gone" in fresh.text

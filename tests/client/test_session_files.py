@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,33 @@ def test_a_session_that_ends_takes_its_files_with_it(pool: Pool) -> None:
         assert session.run("import time\ntime.sleep(30)").timed_out
         assert session.files() == []  # a new session: the earlier files went with the earlier process
         assert session.run("import os\nprint(os.path.exists('kept.txt'))").stdout == "False\n"
+
+
+def test_a_file_request_that_opens_a_new_process_leaves_its_note_to_the_next_run(pool: Pool) -> None:
+    # After a timeout, files() opens a new process with an empty step whose result the caller never sees: its
+    # session_reopened went with it, and the next run said nothing of the variables that were gone.
+    with pool.session(scratch=True, timeout="1s") as session:
+        session.run("x = 1").raise_for_error()
+        assert session.run("import time\ntime.sleep(30)").timed_out
+        assert session.files() == []
+        fresh = session.run("print('x' in globals())")
+        assert fresh.stdout == "False\n" and fresh.session_reopened is not None, fresh
+        assert "timed out" in fresh.session_reopened and "gone" in fresh.text, fresh.text
+        assert session.run("print(1)").session_reopened is None  # said once
+
+
+def test_a_file_request_to_a_session_the_pool_closed_when_idle_says_so_and_so_does_the_next_run(
+        tmp_path: Path) -> None:
+    config = tmp_path / "pynox.toml"
+    config.write_text('[pool]\nsession_idle = "1s"\n')
+    with Pool(workers=1, config=config) as idle, idle.session(scratch=True) as session:
+        session.run("x = 1\nopen('kept.txt', 'w').write('x')").raise_for_error()
+        time.sleep(2.5)  # the pool closes it after 1s without a step (its sweep may take a while more)
+        with pytest.raises(RequestError, match="session_idle"):
+            session.download("kept.txt")
+        assert session.files() == []  # a new process, its directory empty
+        fresh = session.run("print('x' in globals())")
+        assert fresh.stdout == "False\n" and "session_idle" in (fresh.session_reopened or ""), fresh
 
 
 def test_a_plain_run_gets_its_files_in_its_result(pool: Pool) -> None:

@@ -115,6 +115,22 @@ def test_a_restore_that_raises_in_the_new_process_raises_and_leaves_no_half_sess
     restored.close()
 
 
+
+@pytest.mark.parametrize("end", ["import os; os._exit(7)", "import os; os._exit(0)"])
+def test_a_restore_whose_process_ends_raises_and_never_runs_the_step_without_the_state(pool: Pool, end: str) -> None:
+    # The state's code ends the process as it is loaded, with no Python error in the answer: the restore failed
+    # all the same. Before, the first run went on in a fresh process without the state (a note to the model only).
+    with pool.session() as session:
+        session.run(f"class Ends:\n    def __reduce__(self):\n        return (exec, ({end!r},))\n"
+                    "e = Ends()\nkept = 1").raise_for_error()
+        saved = session.save()
+    restored = pool.session(restore=saved)
+    with pytest.raises(SessionStateError, match="could not be restored"):
+        restored.run("print('kept' in globals())")
+    assert not restored.alive
+    assert restored.run("print('kept' in globals())").stdout == "False\n"
+    restored.close()
+
 @pytest.mark.skipif(importlib.util.find_spec("pandas") is None, reason="pandas is not installed")
 def test_a_dataframe_survives_a_save_and_restore(pool: Pool) -> None:
     with pool.session(timeout=60) as session:

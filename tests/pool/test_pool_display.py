@@ -48,6 +48,20 @@ def test_without_return_value_there_is_no_execute_result(pool: PoolProcess) -> N
     assert "outputs" not in pool.run("print(1)"), "a job that displays nothing has no outputs field"
 
 
+@pytest.mark.parametrize("code", ["ran = 6 * 7\nran;", "ran = [6 * 7]\nsorted(\n    ran);  # done\n",
+                                  "ran = 1; ran;"])
+def test_a_trailing_semicolon_hides_the_value_as_in_ipython(pool: PoolProcess, code: str) -> None:
+    # `plt.plot(x);` in a notebook shows the figure, not the list of lines: IPython's rule. It came back as an
+    # execute_result (and a return_value) all the same.
+    result = pool.run(code + "\nprint(ran)", return_value=False)  # the code runs whole either way
+    assert result["exit"] == 0, result
+    quiet = pool.run(code, return_value=True)
+    assert quiet["exit"] == 0 and "outputs" not in quiet and quiet["return_value"] is None, quiet
+    shown = pool.run(code.rstrip().rstrip(";").rstrip() if "#" not in code else "ran = [1]\nran  # done; not quiet",
+                     return_value=True)
+    assert _types(shown) == [("execute_result", ["text/plain"])], shown  # control: without it, the value shows
+
+
 def test_a_dataframe_and_its_style_come_back_as_html(pool: PoolProcess) -> None:
     pytest.importorskip("pandas")
     code = "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2]})\ndisplay(df.style)\ndf"
@@ -241,6 +255,24 @@ def test_ipythons_own_display_works_where_ipython_is_installed(pool: PoolProcess
     assert result["exit"] == 0, result
     [shown] = result["outputs"]
     assert shown["data"]["text/html"] == "<i>i</i>", "IPython's display() is the job's, not a print of the object"
+
+
+@pytest.mark.parametrize("module", ["pynox_display", "IPython.display"])
+def test_a_display_handle_is_returned_and_its_updates_are_shown(pool: PoolProcess, module: str) -> None:
+    # `h = display(x, display_id=True); h.update(y)`, a notebook's progress line: display returned None, and
+    # the code raised AttributeError. Each update is one more output (a result replaces none in place).
+    if module == "IPython.display":
+        pytest.importorskip("IPython")
+    code = (f"from {module} import display\n"
+            "h = display('start', display_id=True)\n"
+            "h.update('half')\nh.display('again')\n"
+            "named = display('x', display_id='mine')\n"
+            "print(type(h).__name__, len(h.display_id), named.display_id, display('no id'))")
+    result = pool.run(code)
+    assert result["exit"] == 0, result
+    assert result["stdout"] == "DisplayHandle 16 mine None\n", result
+    shown = [o["data"]["text/plain"] for o in result["outputs"]]
+    assert shown == ["'start'", "'half'", "'again'", "'x'", "'no id'"], shown
 
 
 def test_a_pool_that_preloads_ipythons_formatter_displays_with_it(workdir: Path) -> None:

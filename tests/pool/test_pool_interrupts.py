@@ -66,6 +66,24 @@ def test_a_step_that_swallows_the_interrupt_is_killed_after_the_grace(tmp_path: 
         pool.run(session=name, close=True)
 
 
+def test_a_step_whose_code_gave_the_interrupt_its_default_action_is_cancelled_not_a_crash(tmp_path: Path) -> None:
+    # The step's code reset the pool's interrupt signal to SIG_DFL (a real-time signal's default ends the process):
+    # the cancel's own signal ended it. That is the client's cancel, as a kill past the grace is; it was answered
+    # as a crash ("SignalError: the process was killed by signal 36") and the next step's note blamed the step.
+    with pool_process("--workers=1", cwd=tmp_path, as_written=True) as pool:
+        name = new_id("nb")
+        _ok(pool.run("import signal\nfor n in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):\n"
+                     "    signal.signal(n, signal.SIG_DFL)\nx = 1", session=name))
+        step = pool.submit(session=name, code="import time\ntime.sleep(30)")
+        _cancel(pool, step)
+        result = pool.result(step)
+        assert result["error"]["type"] == "CancelledError" and result["exit"] == 130, result
+        assert result["session_ended"] is True and "interrupted" not in result, result
+        fresh = pool.run("print('x' in dir())", session=name)
+        assert fresh["stdout"] == "False\n" and "cancelled" in fresh["session_reopened"], fresh
+        pool.run(session=name, close=True)
+
+
 def test_the_deadline_holds_while_a_grace_is_pending(tmp_path: Path) -> None:
     """No code runs after its deadline: a 1 s step cancelled at 0.7 s, with 10 s of grace, ends at 1 s."""
     (tmp_path / "out").mkdir()

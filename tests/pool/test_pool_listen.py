@@ -877,3 +877,40 @@ def test_a_tenants_refusals_are_counted_and_logged(tmp_path: Path, run_dir: Path
     logged = [line for line in pool.log_lines() if line.get("event") == "job" and line["error"] == "RequestError"]
     assert sorted(line["id"] for line in logged) == ["x", "y"], logged
     assert all(line["tenant"] == "own" and "max_jobs" in line["message"] for line in logged), logged
+
+
+def test_a_tenant_bound_to_profiles_opens_no_session_without_one(tmp_path: Path, run_dir: Path) -> None:
+    """Every session's first request of a tenant with ``profiles`` names one of them. A code-only request (or a
+    restore) to a name with no open session opens one, so it is a first request: it opened a session with the pool's
+    defaults, past the tenant's profiles (a job naming none was refused). Later steps need no profile."""
+    if os.geteuid() != 0:
+        pytest.skip("the tenant names root")
+    config = tmp_path / "pynox.toml"
+    config.write_text('[profiles.analysis]\ntimeout = "5s"\n\n'
+                      '[tenants.ops]\nusers = ["root"]\nprofiles = ["analysis"]\n')
+    path = run_dir / "pool.sock"
+    with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
+                      check_exit=False) as pool:
+        client = ListenClient(str(path))
+        try:
+            assert client.wait_for(lambda m: True)["event"] == "ready"
+            rule = "tenant 'ops' may run only under its profiles (analysis)"
+            client.send(id="job", code="print(1)")
+            assert rule in client.result("job")["error"]["message"]  # the control: a job naming none
+            client.send(id="bare", session="nb", code="x = 1")
+            refused = client.result("bare")
+            assert rule in refused["error"]["message"] and refused["session_ended"] is True, refused
+            client.send(id="restore", session="nb", restore="cHlub3g=")
+            assert rule in client.result("restore")["error"]["message"]
+            client.send(id="first", session="nb", code="x = 1", profile="analysis")
+            assert client.result("first")["exit"] == 0
+            client.send(id="later", session="nb", code="print(x)")  # a later step: code only
+            later = client.result("later")
+            assert (later["exit"], later["stdout"]) == (0, "1\n"), later
+            client.send(id="ends", session="nb", code="import os\nos._exit(3)")
+            assert client.result("ends")["session_ended"] is True
+            client.send(id="again", session="nb", code="print('x' in dir())")  # would open a new one: refused
+            assert rule in client.result("again")["error"]["message"]
+        finally:
+            client.close()
+        _stop(pool)

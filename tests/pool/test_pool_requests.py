@@ -334,6 +334,15 @@ def test_package_dirs_field_makes_a_directory_importable(pool: PoolProcess, work
     assert pool.run("import request_helpers")["error"]["type"] == "ModuleNotFoundError"
 
 
+def test_a_missing_submodule_of_an_installed_package_is_not_called_a_missing_package(pool: PoolProcess) -> None:
+    # `import json.tools2`: json is there, its submodule is not. The hint said "json is not installed in this
+    # sandbox" and listed what is, sending the model after a package it has.
+    hint = pool.run("import json.tools2")["error"]["hint"]
+    assert "json is not installed" not in hint and "json.tools2" in hint and "json is installed" in hint, hint
+    control = pool.run("import not_a_module_here.sub")["error"]["hint"]
+    assert "not_a_module_here is not installed" in control, control
+
+
 def test_profile_unknown_without_config_is_refused(pool: PoolProcess) -> None:
     refused(pool.run("print(1)", profile="analysis"), "analysis")
 

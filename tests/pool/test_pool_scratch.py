@@ -250,30 +250,6 @@ def test_a_tree_thousands_deep_is_removed_and_the_pool_serves_on(pool: PoolProce
     assert outside.exists(), "the removal followed the symlink out"
 
 
-def test_a_dead_pools_tree_thousands_deep_is_swept_at_the_next_start(tmp_path: Path, outside: Path) -> None:
-    parent = tmp_path / "scratch"
-    parent.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    left = parent / f"pynox-scratch-{dead.pid}-left"
-    left.mkdir()
-    here = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
-    for _ in range(1500):
-        os.mkdir("d", dir_fd=here)
-        below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=here)
-        os.close(here)
-        here = below
-    os.symlink(outside.parent, "out", dir_fd=here)
-    os.close(here)
-    config = tmp_path / "pynox.toml"
-    config.write_text(f'[pool]\nscratch_dir = "{parent}"\n')
-    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
-        assert _ok(pool.run("print(1)"))["stdout"] == "1\n"
-        assert not left.exists()
-    assert outside.exists(), "the sweep followed the symlink out"
-    assert list(parent.iterdir()) == []
-
-
 # What a job leaves in its scratch directory is its choice, in number as in depth: the pool's removal of it must
 # cost the job's result nothing past its deadline.
 _MANY_FILES = """
@@ -362,3 +338,53 @@ def test_the_names_of_a_jobs_files_are_bounded_as_their_contents_are(pool: PoolP
     assert 64 << 10 < named <= 4 << 20, f"a listing named {named} bytes of paths"
     assert all(len(file["path"]) <= 1024 for file in listed)
     pool.run(session=session, close=True)
+
+
+_NEST = ("import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nopen('leaf.txt', 'w').write('x')\n"
+         "os.chdir(os.environ['PYNOX_SCRATCH'])\n")
+
+
+def _nested(top: Path, depth: int) -> None:
+    """``depth`` directories one in another beneath ``top``, made as a job makes them (by descending)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def deep_parent(tmp_path: Path) -> Iterator[Path]:
+    """A scratch_dir whose trees go away whatever the test's outcome: pytest's own cleanup (shutil.rmtree, recursive
+    on 3.11) raises RecursionError on a tree as deep, and every later pytest run of this user with it."""
+    parent = tmp_path / "scratch"
+    parent.mkdir()
+    yield parent
+    subprocess.run(["rm", "-rf", "--", str(parent)], check=True, timeout=60)
+
+
+def test_directories_nested_deeper_than_pythons_recursion_limit_are_removed(tmp_path: Path, deep_parent: Path) -> None:
+    # A job chooses how deep its directories go. Removed with shutil.rmtree (recursive on 3.11), 3,000 levels raised
+    # RecursionError in the pool: a job's result was PoolWorkerError, a session's close got no answer (its thread
+    # died), the pool exited 1 leaving its root, and every later pool with the same scratch_dir failed to start.
+    parent = deep_parent
+    left = parent / "pynox-scratch-4194305-left"  # a root a pool that died left (a pid above any pid_max), as deep
+    left.mkdir()
+    _nested(left, 3000)
+    config = tmp_path / "pynox.toml"
+    config.write_text(f'[pool]\nscratch_dir = "{parent}"\n')
+    with pool_process(f"--config={config}", "--workers=1", cwd=tmp_path) as pool:
+        assert not left.exists()  # swept as the pool started
+        job = _ok(pool.run(_NEST + "print(os.getcwd())", scratch=True))
+        assert not Path(job["stdout"].strip()).exists()
+        name, scratch = _open(pool, _NEST)
+        assert pool.run(session=name, close=True)["closed"] is True
+        assert not scratch.exists()
+        name, scratch = _open(pool, _NEST)  # left open: removed as the pool exits
+        root = scratch.parent
+    assert not root.exists()
+    assert os.listdir(parent) == []

@@ -159,6 +159,21 @@ def test_what_a_variable_prints_as_it_is_pickled_does_not_cost_the_state(pool: P
     assert _ok(pool.run("print('x' * 10)", session=name))["stdout"] == "x" * 10 + "\n"
 
 
+def test_a_variable_named_or_failing_in_text_that_is_not_utf8_is_skipped_not_the_whole_save(
+        pool: PoolProcess) -> None:
+    # globals() takes any string as a name, and a pickler's message may quote the value: a lone surrogate in a
+    # skipped one's name or reason could not be encoded, and the whole save failed (UnicodeEncodeError).
+    name = new_id("odd")
+    _ok(pool.run("class Odd:\n    def __reduce__(self):\n        raise TypeError('no ' + chr(0xdc80))\n"
+                 "globals()['gen' + chr(0xd800)] = (n for n in range(3))\nodd = Odd()\nkept = 7", session=name))
+    saved = _ok(pool.run(session=name, save=True))
+    skipped = {item["name"]: item["reason"] for item in saved["skipped"]}
+    assert set(skipped) == {"gen\\ud800", "odd"} and "no \\udc80" in skipped["odd"], skipped
+    restored = new_id("odd")
+    _ok(pool.run(session=restored, restore=saved["state"]))
+    assert _ok(pool.run("print(kept)", session=restored))["stdout"] == "7\n"
+
+
 def test_the_largest_state_and_its_skipped_names_fit_one_protocol_line(pool: PoolProcess) -> None:
     # The default cap (720 KiB), nearly filled, and more unpicklable variables with long names than the
     # answer lists: the save's answer and the restore's request each stay within the 1 MiB line.

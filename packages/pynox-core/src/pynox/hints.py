@@ -193,9 +193,13 @@ def _ask_for(name: str, installs: bool, style: Style) -> str:
     return "Work with what is installed, or ask the host to add it."
 
 
-def module_hint(name: str, importable: Sequence[str], installs: bool, style: Style) -> str:
-    """A ModuleNotFoundError: the module is not here, what is, and how it could be."""
+def module_hint(name: str, importable: Sequence[str], installs: bool, style: Style, *, top_found: bool = False) -> str:
+    """A ModuleNotFoundError: the module is not here, what is, and how it could be. ``top_found``: its top-level
+    package is importable, only this submodule of it is not (``import json.tools2``)."""
     top = name.split(".")[0]
+    if top_found and top != name:
+        return (f"{top} is installed, but it has no module {name}: check the name (pkgutil.iter_modules("
+                f"{top}.__path__) lists its submodules).")
     if top == "pip":
         return ("pip does not run in this sandbox: code cannot install packages (no network, and the "
                 f"environment is read-only). {_ask_for('PACKAGE', installs, style)}")

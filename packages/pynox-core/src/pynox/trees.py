@@ -10,77 +10,73 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 
 __all__ = ["remove_path", "remove_tree"]
 
-# Directories remove_tree holds open at once, however deep the tree.
-_MAX_OPEN = 32
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MOVED = ".pynox-moved-"  # a directory moved up into the top one, to be emptied from there
 
 
 def remove_tree(parent: int, name: str) -> None:
-    """Remove ``name`` in the directory ``parent`` and everything beneath it, following no symlink, without
-    recursion and never raising OSError (what cannot be removed stays). At most _MAX_OPEN directories are open at
-    once: a directory deeper than that is first moved up into ``parent``, beside ``name`` (as ``name-deep-N``, which
-    a sweep by ``name``'s prefix finds too if this is cut short), and removed in its turn."""
-    pending = [name]
-    moved = 0
-    while pending:
-        top = pending.pop()
-        try:
-            fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-        except FileNotFoundError:
-            continue
-        except OSError:  # not a directory (or a symlink): a file's name
-            with contextlib.suppress(OSError):
-                os.unlink(top, dir_fd=parent)
-            continue
-        # Each open directory, its name in the one above it, and its subdirectories not yet removed.
-        chain: list[tuple[int, str, list[str]]] = [(fd, top, _empty_but_directories(fd))]
-        while chain:
-            fd, here, below = chain[-1]
-            if below:
-                child = below.pop()
-                if len(chain) >= _MAX_OPEN:
-                    moved += 1
-                    with contextlib.suppress(OSError):
-                        os.rename(child, f"{name}-deep-{moved}", src_dir_fd=fd, dst_dir_fd=parent)
-                        pending.append(f"{name}-deep-{moved}")
-                    continue
-                try:
-                    opened = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                except OSError:
-                    continue
-                chain.append((opened, child, _empty_but_directories(opened)))
-                continue
-            chain.pop()
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.rmdir(here, dir_fd=chain[-1][0] if chain else parent)
-
-
-def _empty_but_directories(fd: int) -> list[str]:
-    """Unlink everything in the open directory ``fd`` that is not a directory; the names of its directories."""
-    directories: list[str] = []
+    """Remove ``name`` in the directory ``parent`` and everything beneath it (a file or a symlink: itself alone).
+    What cannot be removed stays."""
     try:
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        directories.append(entry.name)
-                    else:
-                        os.unlink(entry.name, dir_fd=fd)
-                except OSError:
-                    continue
-    except OSError:
-        pass
-    return directories
+        top = os.open(name, _DIRECTORY, dir_fd=parent)
+    except FileNotFoundError:
+        return
+    except OSError:  # not a directory, or a symlink to one
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=parent)
+        return
+    try:
+        _empty(top)
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=parent)
+
+
+def _empty(top: int) -> None:
+    """Remove everything in the open directory ``top``. Each directory found below one of its own is first moved
+    up into ``top`` (a rename within one file system) and emptied from there: two directories open at a time,
+    whatever the depth, and nothing leaves ``top`` while it is emptied (a removal cut short leaves it all there)."""
+    pending: list[str | None] = [None]  # None: top itself; else a directory's name in top
+    while pending:
+        current = pending.pop()
+        try:
+            fd = top if current is None else os.open(current, _DIRECTORY, dir_fd=top)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        if not entry.is_dir(follow_symlinks=False):
+                            os.unlink(entry.name, dir_fd=fd)
+                        elif current is None:
+                            pending.append(entry.name)
+                        else:
+                            moved = _MOVED + secrets.token_hex(12)
+                            os.rename(entry.name, moved, src_dir_fd=fd, dst_dir_fd=top)
+                            pending.append(moved)
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+        finally:
+            if fd != top:
+                os.close(fd)
+        if current is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(current, dir_fd=top)
 
 
 def remove_path(path: str) -> None:
-    """remove_tree of an absolute ``path``."""
+    """:func:`remove_tree` of an absolute ``path``."""
     head, name = os.path.split(path)
     try:
-        parent = os.open(head or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parent = os.open(head or "/", _DIRECTORY)
     except OSError:
         return
     try:

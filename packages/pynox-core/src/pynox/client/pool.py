@@ -895,6 +895,9 @@ class Session(PoolSession):
         self._open = False  # the pool holds a process for it, as far as this client knows
         self._opening = 0  # counts the requests that opened it: a step learns only about its own process
         self._ended: str | None = None  # why its last process ended, as this client saw it
+        # Why an earlier process was gone, from a step that opened a new one the caller never saw (the empty step
+        # a file request opens it with): the next run's result says it.
+        self._unreported: str | None = None
         self._opened_on: _Transport | None = None  # the pool process the session's first request went to
         self._running: list[concurrent.futures.Future[Any]] = []  # its steps sent and not answered, in order
         self._lock = threading.Lock()
@@ -942,7 +945,12 @@ class Session(PoolSession):
         with self._lock:
             if self._opening == abs(opening) and self._open:
                 self._open = False
-                if reply.refused:  # a refused first request: no process of it ever held any state
+                if reply.refused and opening < 0:  # a refused first request: no process of it ever held any state
+                    return
+                if reply.refused:  # a later request (a file's, a save) to a process the pool no longer holds
+                    restarted = self._opened_on is not None and self._opened_on is not self.pool._process
+                    self._ended = ("the pool was restarted since the session was opened" if restarted else
+                                   "the pool no longer held it")
                     return
                 error = reply.error
                 self._ended = (f"step {reply.step} ended it ({error.type})" if error is not None and reply.step
@@ -950,10 +958,20 @@ class Session(PoolSession):
 
     def _after(self, reply: Answer, opening: int, reopened: str | None = None) -> Result:
         self._ended_with(reply, opening)
-        result = _result(reply)
+        try:
+            result = _result(reply)
+        except RequestError as exc:
+            if reopened is None or opening >= 0:
+                raise
+            with self._lock:  # not opened: the run that does open it says so again
+                self._ended = self._ended or reopened
+            raise RequestError(f"{exc} [The session's earlier process was gone ({reopened}), and a new one could "
+                               "not be opened: variables, imports and functions defined in earlier runs are "
+                               "gone.]") from None
         with self._lock:
             self.steps += 1
-        reopened = result.session_reopened or reopened
+            unreported, self._unreported = self._unreported, None
+        reopened = result.session_reopened or reopened or unreported
         return dataclasses.replace(result, session_reopened=reopened) if reopened else result
 
     def _step_functions(self, functions: Mapping[str, HostFunction] | None) -> Mapping[str, HostFunction]:
@@ -1137,9 +1155,11 @@ class Session(PoolSession):
 
         def send(message: Request) -> Answer:
             if not self.alive:
-                self.run("pass", return_value=False).raise_for_error()
+                opened = self.run("pass", return_value=False)
+                opened.raise_for_error()
                 with self._lock:
                     self.steps -= 1  # the empty step that opened it is not one of the caller's
+                    self._unreported = opened.session_reopened  # its note is the caller's next run's
             with self._lock:
                 opening = self._opening
             reply: Answer = self.pool._wait_for(

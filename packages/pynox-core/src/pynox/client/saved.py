@@ -44,7 +44,12 @@ class SavedSession:
 
 def _state_error(result: SessionResult, what: str) -> SessionStateError:
     error = result.error
-    detail = f"{error.type}: {error.message}" if error is not None else "no state came back"
+    if error is not None:
+        detail = f"{error.type}: {error.message}"
+    elif result.session_ended:
+        detail = f"its process ended (exit status {result.exit})"
+    else:
+        detail = "no state came back"
     return SessionStateError(f"{what}: {detail}")
 
 
@@ -98,6 +103,7 @@ def restore(session: Session, state: bytes) -> None:
     session._ended_with(reply, opening)
     if reply.refused:
         raise RequestError(reply.error.message if reply.error else "the pool refused the restore")
-    if reply.error is not None:
+    if reply.error is not None or reply.session_ended or reply.exit != 0:
+        # The state's code may end the process as it loads (os._exit) with no Python error: failed all the same.
         session.close()  # a process without the state must not pass for the restored session
         raise _state_error(reply, "the session's state could not be restored")

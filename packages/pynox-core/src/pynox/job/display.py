@@ -31,8 +31,8 @@ from typing import Any
 from ..wire.descriptors import DISPLAY
 from . import interrupts
 
-__all__ = ["HTML", "JSON", "SVG", "DisplayObject", "Image", "Latex", "Markdown", "display", "hook_ipython",
-           "publish", "result"]
+__all__ = ["HTML", "JSON", "SVG", "DisplayHandle", "DisplayObject", "Image", "Latex", "Markdown", "display",
+           "hook_ipython", "publish", "result"]
 
 _HEADER = struct.Struct("!I")
 _MAX_PLAIN = 256 << 10  # characters of a text/plain repr, as execute.py cuts a trailing value's
@@ -131,16 +131,34 @@ def after_frames(to: int, write: Callable[..., None], *args: Any) -> None:
             _channel = to
 
 
+class DisplayHandle:
+    """What ``display(..., display_id=...)`` returns, as IPython's does, so that notebook code that keeps one
+    (``handle.update(progress)``) runs. A result keeps every output in order and replaces none in place, so an
+    update is shown as one more output."""
+
+    def __init__(self, display_id: Any) -> None:
+        self.display_id = display_id
+
+    def __repr__(self) -> str:
+        return f"<DisplayHandle display_id={self.display_id}>"
+
+    def display(self, obj: Any, **kwargs: Any) -> None:
+        display(obj, display_id=self.display_id, update=True, **kwargs)
+
+    def update(self, obj: Any, **kwargs: Any) -> None:
+        display(obj, display_id=self.display_id, update=True, **kwargs)
+
+
 def display(*objs: Any, include: Any = None, exclude: Any = None, metadata: dict[str, Any] | None = None,
             transient: Any = None, display_id: Any = None, raw: bool = False, clear: bool = False,
-            **kwargs: Any) -> None:
+            **kwargs: Any) -> DisplayHandle | None:
     """Show each object as a notebook does, in order: its MIME bundle becomes a ``display_data`` output.
     ``raw=True``: each object is a bundle already (a dict of MIME type to data). Where the code runs an
-    IPython shell of its own (a kernel inside the session), IPython's display publishes through it."""
+    IPython shell of its own (a kernel inside the session), IPython's display publishes through it. With a
+    ``display_id`` (``True`` for a new one), a :class:`DisplayHandle`, as IPython returns."""
     if _ipython_display is not None and _shell_running():
-        _ipython_display(*objs, include=include, exclude=exclude, metadata=metadata, transient=transient,
-                         display_id=display_id, raw=raw, clear=clear, **kwargs)
-        return
+        return _ipython_display(*objs, include=include, exclude=exclude, metadata=metadata,  # type: ignore[no-any-return]
+                                transient=transient, display_id=display_id, raw=raw, clear=clear, **kwargs)
     for obj in objs:
         if raw:
             if isinstance(obj, dict):
@@ -149,6 +167,9 @@ def display(*objs: Any, include: Any = None, exclude: Any = None, metadata: dict
         data, meta = bundle(obj, include=include, exclude=exclude)
         if data:  # empty: the object displayed itself (_ipython_display_)
             publish(data, {**meta, **(metadata or {})})
+    if display_id is None or kwargs.get("update"):
+        return None
+    return DisplayHandle(os.urandom(8).hex() if display_id is True else display_id)
 
 
 def result(value: Any) -> None:

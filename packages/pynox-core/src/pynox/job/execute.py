@@ -379,6 +379,9 @@ def _run(source: str, name: str, namespace: dict[str, object], *, return_value: 
         tree = ast.parse(source, name)
         tail = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         assert tail is None or isinstance(tail, ast.Expr)
+        if tail is not None and _quiet(source, tail):
+            tree.body.append(tail)  # run as a statement: a trailing ';' hides its value, as IPython's does
+            tail = None
         body = compile(tree, name, "exec", flags=_COMPILE_FLAGS)
         last = compile(ast.Expression(tail.value), name, "eval", flags=_COMPILE_FLAGS) if tail else None
     if (body.co_flags | (last.co_flags if last else 0)) & _CO_COROUTINE:
@@ -400,6 +403,19 @@ def _run(source: str, name: str, namespace: dict[str, object], *, return_value: 
         return None
     display.result(value)  # its MIME bundle, as the cell's execute_result
     return _shown(value)
+
+
+def _quiet(source: str, tail: ast.Expr) -> bool:
+    """Whether a ';' follows the final expression statement ``tail`` (IPython's rule: ``plt.plot(x);`` shows no
+    value). Nothing but whitespace, semicolons, comments and line continuations can follow the last statement, so
+    the text after it is read as such, without tokenizing the cell again."""
+    if tail.end_lineno is None or tail.end_col_offset is None:
+        return False
+    lines = source.splitlines()
+    rest = [lines[tail.end_lineno - 1].encode()[tail.end_col_offset:].decode(errors="replace"),
+            *lines[tail.end_lineno:]]
+    after = "".join(line.partition("#")[0] for line in rest)
+    return after.replace("\\", "").strip().startswith(";")
 
 
 def _shown(value: object) -> str:

@@ -360,6 +360,21 @@ def _starts_a_process(exc: BaseException) -> bool:
 _MAX_IMPORTABLE = 40  # names in a hint: the rest are counted
 
 
+def _importable(name: str) -> bool:
+    """Whether the top-level package of the dotted ``name`` can be imported here (found, not imported)."""
+    top = name.partition(".")[0]
+    if top == name or not top.isidentifier():
+        return False
+    if top in sys.modules:
+        return True
+    import importlib.util  # on this error's path only
+
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _hint(exc: BaseException, message: str, path: str | None, spec: Confinement) -> str | None:
     style = spec.hint_style
     if isinstance(exc, MemoryError):
@@ -368,8 +383,9 @@ def _hint(exc: BaseException, message: str, path: str | None, spec: Confinement)
         return hints.threads_hint(spec.max_tasks)
     if isinstance(exc, ModuleNotFoundError) and _string(exc.name):
         # Listed from inside the sandbox, which could list them itself; only on this error's path.
+        name = _cut(_string(exc.name), _MAX_PATH)
         listed = hints.importable((), spec.package_dirs, _MAX_IMPORTABLE)
-        return hints.module_hint(_cut(_string(exc.name), _MAX_PATH), listed, spec.installs_packages, style)
+        return hints.module_hint(name, listed, spec.installs_packages, style, top_found=_importable(name))
     if isinstance(exc, SyntaxError) and _string(exc.text).lstrip().startswith(("!", "%")):
         return hints.shell_hint(_cut(_string(exc.text).strip(), _MAX_SOURCE), spec.installs_packages, style)
     if not isinstance(exc, OSError):

@@ -85,11 +85,17 @@ def _pickled(variables: dict[str, object], cloudpickle: Any) -> tuple[bytes, lis
             try:
                 cloudpickle.dumps(value, protocol=5)
             except Exception as exc:
-                skipped.append(Skipped(name=name, reason=f"{type(exc).__name__}: {exc}"[:_MAX_REASON]))
+                skipped.append(Skipped(name=_text(name), reason=_text(f"{type(exc).__name__}: {exc}"[:_MAX_REASON])))
             else:
                 kept[name] = value
         data = cloudpickle.dumps(kept, protocol=5)
     return data, skipped
+
+
+def _text(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (a name set through globals(), a value quoted in a message)
+    as its escape, so that it cannot cost the whole save its line."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def restore() -> None:

@@ -562,7 +562,7 @@ class Listener:
             if problem is not None:
                 answer = refusal(inside_id, problem) if message.session is None else session_refusal(
                     inside_id, problem, session=connection.tag + message.session,
-                    session_ended=bool(message.open or message.grant_fields()))
+                    session_ended=pool_session is None or not alive(pool_session))
                 # Through the server's end of a request, as every refusal: in its stats, metrics and log. It was
                 # never counted, so it ends nothing (its id may be another request's of this connection in flight).
                 router.uncounted(True)
@@ -578,6 +578,11 @@ class Listener:
             connection.sessions.add(pool_session)
         if message.fork is not None:  # the copy is this connection's session, closed with it
             connection.sessions.add(connection.tag + message.fork)
+        if (connection.tenant.settings.profiles is not None and pool_session is not None and message.open is None
+                and message.code is not None and message.restore is None and not message.grant_fields()):
+            # Admitted as a later step (its session was open): it must not open one with the pool's defaults if
+            # the session ends (idle) before the pool takes it; the tenant's first requests name a profile.
+            message = msgspec.structs.replace(message, open=False)
         inside = msgspec.structs.replace(
             message, id=inside_id, session=pool_session,
             fork=connection.tag + message.fork if message.fork is not None else None,

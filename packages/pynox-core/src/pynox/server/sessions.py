@@ -41,6 +41,7 @@ from ..protocol import Closed, Request, RequestId, SessionResult, encode, sessio
 from ..units import format_duration
 from ..wire.exits import CANCELLED_EXIT, REFUSED_EXIT, WORKER_ERROR_EXIT
 from ..wire.frames import Ended, pack
+from ..wire.signals import INTERRUPT_SIGNAL
 from ..wire.spec import ErrorInfo, JobSpec, StepSpec
 from ..wire.state import FORK_CODE
 from . import session_fork
@@ -506,6 +507,12 @@ class Session(threading.Thread):
                 f"{CLIENT_CANCELLED}; it did not end within {format_duration(self.registry.interrupt_grace)} of "
                 "its KeyboardInterrupt")
             gathered.ended = True
+        elif step.interrupt.was_interrupted and gathered.signal == INTERRUPT_SIGNAL and not gathered.timed_out:
+            # Its code gave the interrupt signal its default action back (a real-time signal's ends the process):
+            # the cancel's own signal ended it. The client's cancel, as a kill past the grace is; never a crash.
+            gathered.cancelled = f"{CLIENT_CANCELLED}; its interrupt signal ended the process (its code had " \
+                                 "taken away the handler that makes it a KeyboardInterrupt)"
+            gathered.ended = True
         outcome = gathered.freeze(self.spec, step.timeout)
         if (budget_killed := gathered.budget_killed) is not None:  # killed at its tenant's budget, as told
             self.registry.budget_kill(budget_killed)
@@ -811,6 +818,10 @@ class SessionRegistry:
         with self.lock:
             session = self._sessions.get(name)
             if session is None or session.closing:
+                why = self.ended.why(name) if session is None else None
+                if why is not None:  # it held files: say they are gone, and why
+                    raise RequestError(f"there is no open session named {name!r}: it ended ({why}), and its "
+                                       "scratch directory with it")
                 raise RequestError(f"there is no open session named {name!r}: a file request goes to a session "
                                    'opened with "scratch": true')
             if session.pending >= MAX_PENDING_STEPS:

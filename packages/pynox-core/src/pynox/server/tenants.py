@@ -79,7 +79,11 @@ class Tenant:
         ``pool_name``: the session's name as the pool knows it, for a session request; ``alive``: whether the
         pool still holds a session (one closed for being idle says nothing on the wire)."""
         limits = self.settings
-        opens = request.session is None or bool(request.open or request.grant_fields())
+        # A request opens a session when it says so (open, grants, a restore), and also when it carries code to
+        # a name the pool holds no session under: the protocol opens one then, with the pool's defaults.
+        opens = request.session is None or bool(request.open or request.grant_fields()) or \
+            request.restore is not None or (request.open is None and request.code is not None and
+                                            pool_name is not None and not alive(pool_name))
         if limits.profiles is not None and opens and request.profile not in limits.profiles:
             return (f"tenant {quoted(self.name)} may run only under its profiles ({', '.join(limits.profiles)}); "
                     f"this request names {quoted(request.profile) if request.profile else 'none'}")

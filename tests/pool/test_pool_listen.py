@@ -618,6 +618,13 @@ def test_a_forks_copy_is_one_of_its_tenants_sessions(tmp_path: Path, run_dir: Pa
         _stop(pool)
 
 
+def _own_tenant(tmp_path: Path, max_jobs: int) -> Path:
+    """A config whose one tenant, ``own``, is the test's own user, with ``max_jobs``."""
+    config = tmp_path / "pynox.toml"
+    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = {max_jobs}\n")
+    return config
+
+
 def _stats(path: Path) -> dict[str, Any]:
     client = ListenClient(str(path))
     client.wait_for(lambda m: True)
@@ -633,8 +640,7 @@ def test_a_dropped_connection_is_read_no_more(tmp_path: Path, run_dir: Path) -> 
     writing run nothing, and its tenant's max_jobs is not held by them. Before, the pool read on: each such job
     ran for nobody, its result had no connection to reach, and the tenant's count never came down: two of them
     and the tenant was refused for good ("has 2 jobs in flight")."""
-    config = tmp_path / "pynox.toml"
-    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 2\n")
+    config = _own_tenant(tmp_path, max_jobs=2)
     ran = tmp_path / "ran"
     ran.mkdir()
     path = run_dir / "pool.sock"
@@ -677,8 +683,7 @@ def test_a_sessions_file_requests_leave_its_tenants_max_jobs(tmp_path: Path, run
     """A session's files, upload and download count among its tenant's requests in flight while they wait, and
     their answers (which carry no exit) end that. Before, each one held one of the tenant's max_jobs for good:
     after one listing, a tenant with max_jobs = 1 was refused every job and step until the pool restarted."""
-    config = tmp_path / "pynox.toml"
-    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    config = _own_tenant(tmp_path, max_jobs=1)
     path = run_dir / "pool.sock"
     with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
                       check_exit=False) as pool:
@@ -753,8 +758,7 @@ def test_a_request_under_the_line_limit_is_not_refused_for_the_connections_tag(t
     the limit grows past it by the tag. Each runs, answered under the client's id. Before, each was refused as
     a line "of 1200036 bytes" the client never sent, answered with no id (a client waiting for its id waited
     for good), and held one of its tenant's max_jobs for good."""
-    config = tmp_path / "pynox.toml"
-    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    config = _own_tenant(tmp_path, max_jobs=1)
     path = run_dir / "pool.sock"
     with pool_process("--workers=1", f"--listen=unix:{path}", f"--config={config}", cwd=tmp_path,
                       check_exit=False) as pool:
@@ -854,8 +858,7 @@ def test_a_tenants_refusals_are_counted_and_logged(tmp_path: Path, run_dir: Path
     """A request refused for its tenant's bounds is one of the pool's refusals: in the stats' request_errors and
     a job log line with its tenant, as every other refusal is. Before, the operator saw none of them. Its id
     may be one the client has in flight: the refusal does not end that one's count (a third job is refused)."""
-    config = tmp_path / "pynox.toml"
-    config.write_text(f"[tenants.own]\nuids = [{os.geteuid()}]\nmax_jobs = 1\n")
+    config = _own_tenant(tmp_path, max_jobs=1)
     path = run_dir / "pool.sock"
     gate = tmp_path / "open"
     with pool_process("--workers=2", f"--listen=unix:{path}", f"--config={config}", "--log=json", cwd=tmp_path,

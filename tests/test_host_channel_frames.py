@@ -21,9 +21,9 @@ import pytest
 
 from pynox.job import pynox_host
 from pynox.protocol import LineError, Reply, ReplyBody, parse_line
-from pynox.server.hostcalls import _call_decoder
+from pynox.server.hostcalls import CallRegistry, Outbox, _call_decoder
 from pynox.wire.frames import HEADER
-from pynox.wire.host_channel import MAX_ANSWER, HostAnswer, HostCall, encode_frame, tag_size
+from pynox.wire.host_channel import MAX_ANSWER, PIP_FUNCTION, HostAnswer, HostCall, encode_frame, tag_size
 from tests.harness import procfs
 
 pytestmark = pytest.mark.pure
@@ -272,3 +272,28 @@ def test_a_bad_reply_line_is_refused_saying_why(line: bytes, message: str) -> No
     with pytest.raises(LineError, match=message):
         parse_line(line)
 
+
+
+def test_a_pip_install_the_pool_could_not_start_leaves_the_sessions_next_one_free(
+        channel: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session runs one `%pip install` at a time. When no thread can be had for one (a pool at its threads'
+    limit), the job is told so, and the session's next install is served: before, the failed start left the
+    session marked as installing for good (every later install refused as 'still running'), and its error
+    escaped the reader of the job's channel."""
+    job, pool = channel
+    registry = CallRegistry(emit=lambda _: None, on_call=lambda: None)
+    installed = threading.Event()
+    registry.pip = lambda directory, words: (installed.set(), f"installed {' '.join(words[1:])}")[1]
+    calls = registry.open("step", [], Outbox(pool), pip_dir="/pip/session")
+    frame = encode_frame(HostCall(tag=1, function=PIP_FUNCTION, args=["install six"], kwargs={}))
+    with monkeypatch.context() as patched:
+        def no_thread(self: threading.Thread) -> None:
+            raise RuntimeError("can't start new thread")
+        patched.setattr(threading.Thread, "start", no_thread)
+        calls.readable(bytes(frame))
+    reader = pynox_host._Channel(job)
+    refused = reader._take()
+    assert refused.tag == 1 and "could not start" in str(refused.error), refused
+    calls.readable(bytes(encode_frame(HostCall(tag=2, function=PIP_FUNCTION, args=["install six"], kwargs={}))))
+    assert installed.wait(10)
+    assert reader._take() == HostAnswer(tag=2, result="installed six")

@@ -345,7 +345,12 @@ class JobCalls:
                 return
             # Answered by the pool itself, never the client; off the thread that reads the job (and keeps
             # its deadline). The wait counts against the step's timeout, as any host call's does.
-            threading.Thread(target=self._pip, args=(call,), name="pynox-pip", daemon=True).start()
+            try:
+                threading.Thread(target=self._pip, args=(call,), name="pynox-pip", daemon=True).start()
+            except RuntimeError:  # no thread to be had: the session's next install must not find this one running
+                with self.registry._lock:
+                    self.registry._pip_busy.discard(self.pip_dir)
+                self.answer(call.tag, "%pip install: the pool could not start the install now; try again")
             return
         if call.function not in self.functions:
             # Forged: pynox_host only has declared names. The client never sees this call.

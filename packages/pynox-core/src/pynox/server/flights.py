@@ -207,14 +207,15 @@ class Flights:
         with self._lock:
             return [flight for flights in self._by_id.values() for flight in flights]
 
-    def cancel(self, target: RequestId, acknowledge: Callable[[], None]) -> None:
+    def cancel(self, target: RequestId, acknowledge: Callable[[], None], shown: RequestId | None = None) -> None:
         """The client's ``{"cancel": target}``: every queued or running flight with that id ends, and each still
         gets its one result, as cancelled. ``acknowledge`` answers the cancel itself, before the results of the
-        flights it answered while queued. RequestError (the cancel is refused) when none was queued or running."""
+        flights it answered while queued. RequestError (the cancel is refused) when none was queued or running,
+        naming ``shown`` (the id as its client gave it, where the pool's own differs: a listening pool's)."""
         ended = [(flight, how) for flight in self.find(target) if (how := flight.cancel()) is not Cancel.FINISHED]
         if not ended:
-            raise RequestError(f"cancel: no queued or running job has the id {quoted(target)}; it may have "
-                               "finished already")
+            raise RequestError(f"cancel: no queued or running job has the id "
+                               f"{quoted(target if shown is None else shown)}; it may have finished already")
         acknowledge()
         for flight, how in ended:
             if how is Cancel.QUEUED:

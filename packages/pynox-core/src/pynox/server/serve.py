@@ -701,7 +701,7 @@ class Server:
     def _cancel(self, request_id: RequestId, target: RequestId) -> None:
         answer = encode(CancelAnswer(id=request_id, cancelled=target))
         try:
-            self.flights.cancel(target, lambda: self.output.write(answer))
+            self.flights.cancel(target, lambda: self.output.write(answer), shown=self.own_names(target)[0])
         except RequestError as exc:
             self._refuse(request_id, str(exc))
 

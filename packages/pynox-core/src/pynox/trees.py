@@ -1,6 +1,6 @@
 """Removing a directory tree that confined code made: as deep and as wide as the code liked, with symlinks in it.
 
-A job's scratch directory, a Jupyter kernel's home: the code chooses what is in them. ``shutil.rmtree`` recursed
+A job's scratch directory: the code chooses what is in it. ``shutil.rmtree`` recursed
 once a level (RecursionError past ~1,000 levels: a ``chdir`` into each new directory makes one thousands deep,
 and the error ended the pool) and held a descriptor a level. Nothing here follows a symlink, recurses, or raises
 OSError.

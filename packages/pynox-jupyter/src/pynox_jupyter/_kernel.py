@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +28,6 @@ from ipykernel.kernelbase import Kernel
 from IPython.core.inputtransformer2 import TransformerManager
 
 from pynox import OutputEvent, Pool, PynoxError, Result, Session, StreamText, __version__
-from pynox.trees import remove_path
 
 from ._outputs import CellOutput, decode_failure, decode_outputs
 from ._refusals import refusal
@@ -203,5 +204,19 @@ class PynoxKernel(Kernel):
         pool, self._pool = self._pool, None
         if pool is not None:
             await asyncio.to_thread(pool.close, timeout=_CLOSE_TIMEOUT)
-        remove_path(self._home)  # the code's to fill: as deep as it likes, with symlinks out
+        _remove_home(self._home)
         return {"status": "ok", "restart": restart}
+
+
+def _remove_home(home: str) -> None:
+    """Remove the kernel's home, whose tree the notebook's code chose (its session may write there): as deep as it
+    likes, with symlinks out (neither removal follows one). The core removes its own such trees without recursion
+    (pynox/trees.py, not part of its public surface); here rm walks a tree too deep for rmtree."""
+    try:
+        shutil.rmtree(home, ignore_errors=True)
+    except RecursionError:  # nested deeper than rmtree recurses (until Python 3.12)
+        try:
+            subprocess.run(["rm", "-rf", "--", home], check=False, timeout=_CLOSE_TIMEOUT * 12,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):  # no rm here: the home stays in the temporary directory
+            pass
